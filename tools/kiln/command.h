@@ -1,0 +1,38 @@
+// How a `kiln` subcommand plugs into the front end.
+//
+// Each tools/kiln/cmd_<name>.cc defines add_<name>_command(): it adds a CLI11 subcommand with
+// its flags and returns the function to run when that subcommand is chosen. The function returns
+// a Status; main() prints a failing Status as one message and exits with its exit_code().
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+#include "common/status.h"
+
+namespace kiln::cli {
+
+using RunFn = std::function<Status()>;
+
+RunFn add_prep_command(CLI::App& root);
+RunFn add_inspect_command(CLI::App& root);
+RunFn add_tokenizer_command(CLI::App& root);
+RunFn add_tagger_command(CLI::App& root);
+RunFn add_stream_command(CLI::App& root);
+RunFn add_train_command(CLI::App& root);
+RunFn add_mix_command(CLI::App& root);
+RunFn add_plan_command(CLI::App& root);
+
+// A subcommand that is not built yet: --help works, running it says so and exits 2.
+RunFn add_unbuilt_command(CLI::App& root, const std::string& name, const std::string& what);
+
+// Adds the common "--config FILE" and repeatable "--set key.path=value" options.
+struct ConfigFlags {
+  std::string config_file;
+  std::vector<std::string> sets;
+};
+void add_config_flags(CLI::App* app, ConfigFlags* flags);
+
+}  // namespace kiln::cli
