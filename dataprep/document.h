@@ -1,0 +1,31 @@
+// One input document as it flows through `kiln prep`.
+// Owned by the prep pipeline (dataprep/prep_*); annotate.h fills the annotation fields.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+struct Document {
+  // Position in the deterministic global order: inputs sorted by path, then line (0-based).
+  uint64_t index = 0;
+  std::string id;            // input "id", else "<file stem>:<line>" (text folders: relative path)
+  std::string text;          // the original text (after optional UTF-8 repair); never normalised
+  std::string source;        // input "source" or ""
+  std::string url;           // input "url" or ""
+  std::string input_domain;  // input "domain" or ""
+  std::string file;          // input file path
+  uint64_t line = 0;         // 1-based line in `file` (0 for text-folder documents)
+  nlohmann::json carried = nlohmann::json::object();  // "meta" and unknown fields, carried as-is
+
+  // Filled by Annotator::annotate().
+  std::string domain;        // final domain (validated: no '.', '/', non-empty)
+  std::string domain_by;     // which rule or model assigned it, e.g. "rule:code", "default"
+  std::vector<uint32_t> tokens;  // token ids (empty when no tokenizer is configured)
+};
+
+}  // namespace kiln
