@@ -1,0 +1,185 @@
+// The training data loader: reads a `kiln prep` dataset (manifest.json + tar shards) and yields
+// packed, domain-mixed batches for one data-parallel rank. See docs/LOADER.md for the algorithm.
+//
+// What it guarantees:
+// - Partitioning: for every domain and epoch, the domain's samples (shuffled from
+//   (seed, epoch, domain)) are split into `dp_world` disjoint parts at sample granularity, so any
+//   world size works, even one larger than the shard count. Every rank yields exactly
+//   `micro_batch` sequences per step, so no rank runs dry before the others; a rank whose part of
+//   a domain is used up starts that domain's next epoch (epochs are counted per domain). Parts
+//   differ by at most one sample; the tokens of the last partial sequence of an epoch continue
+//   into the next epoch (nothing is dropped).
+// - Mixture: the domain of every sequence slot is decided from (seed, sequence index, weights), the
+//   same on every rank; each rank fills the slot from its own part. Weights can be replaced
+//   between any two steps (set_weights); the change is recorded in the state's history.
+// - Packing: documents of one domain are joined, each followed by the manifest tokenizer's
+//   eos_id, and cut into sequences of seq_len + 1 tokens; a document that does not fit continues
+//   in the next sequence of that domain. No token is dropped or duplicated.
+// - Prefetch: `workers` threads read, decompress and pack shards ahead; a bounded queue holds up
+//   to `prefetch_depth` assembled batches. Memory is bounded by these settings and the shard
+//   size, not by the dataset size. Batch::wait_ms reports how long next_batch() blocked.
+// - State: state() is small (per domain: epoch and position within the epoch's order; the
+//   weights history) and restore() continues with exactly the batches that would have come next,
+//   without replaying from the start. Restoring the merged states of all ranks of a run with a
+//   different world size continues the current epochs without repeating or skipping a sample.
+// - Errors: a missing shard, a checksum mismatch or a malformed member is a kData Status naming
+//   the shard and member; with skip_bad_shards the shard is skipped, counted and logged instead.
+//
+// Thread safety: a Loader is driven by one thread (next_batch, set_weights, state, restore are not
+// safe to call concurrently with each other); it owns its worker threads and joins them in the
+// destructor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/manifest.h"
+#include "common/status.h"
+
+namespace kiln {
+
+struct LoaderOptions {
+  int64_t seq_len = 1024;    // a sequence holds seq_len + 1 tokens (inputs [0,T), targets [1,T])
+  int64_t micro_batch = 8;   // sequences per batch (per rank)
+  int dp_rank = 0;           // this rank's data-parallel index, 0 <= dp_rank < dp_world
+  int dp_world = 1;          // data-parallel world size (tensor-parallel peers share a dp_rank)
+  uint64_t seed = 0;         // shared by all ranks: shuffles and mixture decisions
+  // Domain weights (any non-negative numbers; normalised; domains not named get 0).
+  // Empty: the manifest's token shares.
+  std::map<std::string, double> weights;
+  int prefetch_depth = 4;    // batches assembled ahead (>= 1)
+  int workers = 2;           // threads that read, decompress and pack shards (>= 1)
+  bool skip_bad_shards = false;  // skip (count, log) an unreadable shard instead of failing
+  bool verify_checksums = true;  // check each shard's XXH3-64 against the manifest before use
+  bool sample_ids = false;       // parse "id" from <key>.json into DocSpan::id (kiln stream)
+};
+
+// A piece of one document held by a sequence.
+struct DocSpan {
+  uint32_t shard = 0;       // index into Manifest::shards
+  uint32_t member = 0;      // index of the sample within its shard (tar order)
+  uint64_t epoch = 0;       // epoch of the domain this piece was read in
+  uint32_t doc_offset = 0;  // document token index of the first token held (0: the doc starts here)
+  uint32_t length = 0;      // tokens held, counting the document's trailing eos if it is held
+  uint32_t seq_offset = 0;  // position in the sequence of the first token held
+  bool ends = false;        // the document's eos is held here (the document ends in this sequence)
+  std::string id;           // the input id as raw JSON (e.g. "\"doc-7\"" or "17") when
+                            // LoaderOptions::sample_ids, else empty
+};
+
+// One step's data for this rank. Rows are sequences of seq_len + 1 tokens.
+struct Batch {
+  int64_t step = 0;         // 0-based step index of this batch
+  int64_t micro_batch = 0;  // rows
+  int64_t seq_len = 0;      // row length is seq_len + 1
+  std::vector<uint32_t> tokens;            // micro_batch * (seq_len + 1), row-major
+  std::vector<int32_t> domains;            // domain id per row (see Loader::domain_names)
+  std::vector<std::vector<DocSpan>> docs;  // per row, the document pieces in order
+  double wait_ms = 0;  // time next_batch() blocked waiting for this batch
+
+  std::span<const uint32_t> row(int64_t i) const {
+    return {tokens.data() + i * (seq_len + 1), static_cast<size_t>(seq_len + 1)};
+  }
+  // Offsets in row i where a new document begins (for attention masks and position resets).
+  std::vector<int32_t> doc_starts(int64_t i) const;
+};
+
+// Serialisable loader position. A state from state() holds one rank; merge() combines the states
+// of all ranks of a run so it can be restored with any world size.
+struct LoaderState {
+  // Positions [begin, end) of a domain's shuffled sample order of `epoch`; the first
+  // `skip_tokens` tokens of the sample at `begin` were already emitted.
+  struct Interval {
+    uint64_t epoch = 0;
+    uint64_t begin = 0;
+    uint64_t end = 0;
+    uint64_t skip_tokens = 0;
+  };
+  struct DomainCursor {
+    std::vector<Interval> pending;  // read these first, in order
+    uint64_t next_epoch = 0;        // then this rank's part of epoch next_epoch, next_epoch+1, ...
+    uint64_t sequences = 0;         // sequences of this domain emitted by this rank so far
+  };
+  struct RankCursor {
+    int rank = 0;
+    std::map<std::string, DomainCursor> domains;
+  };
+  struct WeightChange {
+    int64_t step = 0;                       // first step the weights apply to
+    std::map<std::string, double> weights;  // normalised, every domain named
+  };
+
+  uint64_t dataset = 0;  // fingerprint of the manifest's shard list; restore() checks it
+  uint64_t seed = 0;
+  int world = 1;             // dp_world the cursors were made for
+  int64_t step = 0;          // batches consumed (the next batch's step)
+  uint64_t mix_index = 0;    // sequence slots mixed so far (position of the mixture sequence)
+  std::vector<WeightChange> weights_history;  // in step order; the first applies from step 0
+  std::vector<RankCursor> ranks;  // this rank only, or all `world` ranks after merge()
+  uint64_t skipped_shards = 0;
+
+  std::string to_json() const;  // compact, deterministic
+  static Result<LoaderState> from_json(std::string_view text, const std::string& origin = "");
+  // Combines the states of every rank of one run (same dataset, seed, world, step). kConfig on a
+  // mismatch or a missing / duplicated rank.
+  static Result<LoaderState> merge(const std::vector<LoaderState>& per_rank);
+};
+
+struct LoaderStats {
+  struct Domain {
+    std::string name;
+    uint64_t epoch = 0;      // epoch of the sample the next sequence starts in
+    uint64_t sequences = 0;  // sequences emitted (this rank)
+  };
+  std::vector<Domain> domains;
+  int64_t step = 0;             // the next batch's step
+  uint64_t shards_read = 0;     // shard reads completed by the workers
+  uint64_t tar_bytes = 0;       // uncompressed tar bytes of those reads (estimated from members)
+  uint64_t tokens = 0;          // tokens emitted in consumed batches
+  uint64_t skipped_shards = 0;  // bad shards skipped (skip_bad_shards)
+  double wait_ms_total = 0;     // total time next_batch() blocked
+};
+
+class Loader {
+ public:
+  // Validates options and weights against the manifest (kConfig naming the option / domain) and
+  // starts the workers. The manifest must name an eos_id.
+  static Result<std::unique_ptr<Loader>> open(Manifest manifest, LoaderOptions options);
+  // Reads the manifest (a file or a directory holding manifest.json) first.
+  static Result<std::unique_ptr<Loader>> open(const std::string& manifest_path,
+                                              LoaderOptions options);
+  virtual ~Loader() = default;
+
+  // The next batch; blocks until it is ready (Batch::wait_ms says how long). A read error is
+  // returned here (kData naming the shard and member) and repeats on later calls.
+  virtual Result<Batch> next_batch() = 0;
+
+  // Replaces the weights from the next batch on (names as in the manifest; normalised; unnamed
+  // domains get 0). Recorded in the state's weights history. kConfig on unknown domains, negative
+  // or non-finite values, or all zero; kData when a weighted domain has no samples.
+  virtual Status set_weights(const std::map<std::string, double>& weights) = 0;
+  // Normalised weights in effect for the next batch, every domain named.
+  virtual std::map<std::string, double> weights() const = 0;
+
+  // Position after the last batch returned by next_batch(). Cheap; call it at checkpoint time.
+  virtual LoaderState state() const = 0;
+  // Continues from `state`: either this rank's own state (same world size) or a merged state of
+  // all ranks (any world size). Prefetched batches are discarded. The state's seed and weights
+  // history replace the options'. kConfig when the state does not fit this dataset or world.
+  virtual Status restore(const LoaderState& state) = 0;
+
+  // Domain names in id order (sorted by name, as in the manifest).
+  virtual const std::vector<std::string>& domain_names() const = 0;
+  // The id of a domain, or -1.
+  virtual int domain_id(std::string_view name) const = 0;
+  virtual const Manifest& manifest() const = 0;
+  virtual const LoaderOptions& options() const = 0;
+  virtual LoaderStats stats() const = 0;
+};
+
+}  // namespace kiln
