@@ -42,7 +42,8 @@ enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
 // Hyper-parameters of one AdamW step (Loshchilov & Hutter: decoupled weight decay).
 //   g = grad * grad_scale                      (grad_scale folds 1/loss_scale and clipping)
 //   m = beta1 m + (1-beta1) g ;  v = beta2 v + (1-beta2) g^2
-//   p = p - lr * ( (m / (1-beta1^step)) / (sqrt(v / (1-beta2^step)) + eps) + weight_decay * p )
+//   p = p (1 - lr weight_decay) - lr / (1-beta1^step) * m / (sqrt(v) / sqrt(1-beta2^step) + eps)
+// evaluated in the same order as torch.optim.AdamW (bias corrections in fp64).
 struct AdamWParams {
   float lr = 1e-3f;
   float beta1 = 0.9f;

@@ -1,0 +1,60 @@
+// Fused softmax + cross-entropy over the vocabulary. Each row is handled start to finish by one
+// task: max, exp and sum, loss, then (optionally) the gradient written over the row, so no
+// probability tensor is ever materialised and dlogits may alias logits.
+#include "common/status.h"
+#include "kernels/cpu/internal.h"
+#include "kernels/ops.h"
+
+namespace kiln::cpu {
+
+using namespace detail;
+
+template <typename T>
+void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* logits,
+                                   const int32_t* targets, float dloss, int BT, int V, int Vp) {
+  KILN_CHECK(V > 0 && Vp >= V, "crossentropy: need 0 < V <= Vp");
+  parallel_chunks(static_cast<size_t>(BT), 4, [&](size_t rb, size_t re) {
+    for (size_t r = rb; r < re; ++r) {
+      const int32_t target = targets[r];
+      KILN_CHECK(target < V, "crossentropy: target id out of range");
+      T* drow = dlogits ? dlogits + r * Vp : nullptr;
+      if (target < 0) {
+        losses[r] = 0.0f;
+        if (drow) std::memset(static_cast<void*>(drow), 0, sizeof(T) * Vp);
+        continue;
+      }
+      const float* x = row_as_float(logits + r * Vp, V, 0);
+      const float m = row_max(x, V);
+      const float xt = x[target];
+      if (drow == nullptr) {
+        float acc[16] = {};
+        int c = 0;
+        for (; c + 16 <= V; c += 16)
+          for (int j = 0; j < 16; ++j) acc[j] += fast_exp(x[c + j] - m);
+        for (; c < V; ++c) acc[c & 15] += fast_exp(x[c] - m);
+        losses[r] = std::log(reduce16(acc)) + m - xt;
+        continue;
+      }
+      // e = exp(x - m) in fp32 (in place over the row for float, where dlogits may be logits).
+      float* e = std::is_same_v<T, float> ? reinterpret_cast<float*>(drow) : scratch(V, 1);
+      for (int c = 0; c < V; ++c) e[c] = fast_exp(x[c] - m);
+      const float sum = row_sum(e, V);
+      losses[r] = std::log(sum) + m - xt;
+      const float k = dloss / sum;
+      for (int c = 0; c < V; ++c) e[c] *= k;
+      e[target] -= dloss;
+      narrow(drow, e, V);
+      for (int c = V; c < Vp; ++c) drow[c] = from_float<T>(0.0f);
+    }
+  });
+}
+
+#define KILN_INSTANTIATE(T)                                                                 \
+  template void crossentropy_forward_backward<T>(T*, float*, const T*, const int32_t*, float, \
+                                                 int, int, int);
+KILN_INSTANTIATE(float)
+KILN_INSTANTIATE(bf16)
+KILN_INSTANTIATE(fp16)
+#undef KILN_INSTANTIATE
+
+}  // namespace kiln::cpu
