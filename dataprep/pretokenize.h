@@ -1,0 +1,53 @@
+// Pre-tokenisation: splitting text into the "words" that byte-level BPE merges within.
+//
+// Two hand-written scanners over Unicode categories (utf8proc), no regex engine:
+//
+//  kGpt2  exactly GPT-2's pattern
+//           's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//         (\s = Unicode White_Space, as in the `regex` module GPT-2 used). Used for vocabularies
+//         loaded from vocab.json + merges.txt so token ids match GPT-2's exactly.
+//
+//  kKiln  the default for tokenizers Kiln trains ("kiln-v1"). GPT-2's rules with four changes:
+//         - CJK (Han ideographs, Hiragana, Katakana, Bopomofo) runs are words of their own, never
+//           glued to Latin letters ("GPU训练" -> "GPU", "训练"), and a run is cut into chunks of at
+//           most `cjk_chunk` characters (default 4). Chinese has no spaces, so a GPT-2 "word" is a
+//           whole clause; chunking keeps pre-tokens short (fast training and encoding, cacheable)
+//           while merges still see the 2-4 character words that make up most Chinese text.
+//         - digits are grouped in at most 3 (" 12345" -> " 123", "45"), as in modern tokenizers;
+//         - combining marks (\p{M}) continue a letter run, so decomposed accents stay in words;
+//         - contractions match case-insensitively, and a whitespace run holding line breaks
+//           splits after its last line break ("\n\n    x" -> "\n\n", "   ", " x").
+//
+// Invalid UTF-8 bytes are single "other" characters, so the pieces always concatenate back to
+// the input exactly (decode(encode(x)) == x holds for any bytes). Pure functions, thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kiln {
+
+enum class PretokenizerKind { kGpt2, kKiln };
+
+struct PretokenizerSpec {
+  PretokenizerKind kind = PretokenizerKind::kKiln;
+  uint32_t cjk_chunk = 4;  // kKiln only: max CJK characters per piece (0 = whole runs)
+};
+
+// "gpt2" / "kiln-v1".
+const char* pretokenizer_name(PretokenizerKind kind);
+Result<PretokenizerKind> parse_pretokenizer_name(std::string_view name);
+
+// Appends the pieces of `text` to *out (views into `text`). The pieces are non-empty and
+// concatenate to `text`.
+void pretokenize(std::string_view text, const PretokenizerSpec& spec,
+                 std::vector<std::string_view>* out);
+
+// True for a code point in the CJK ranges used by kKiln (and by the `zh` tagging rule).
+bool is_cjk_codepoint(int32_t cp);
+
+}  // namespace kiln
