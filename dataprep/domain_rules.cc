@@ -316,16 +316,23 @@ std::vector<std::string> DomainRules::domains() const {
   return {out.begin(), out.end()};
 }
 
+std::set<std::string> DomainRules::rules_from_input_domain() const {
+  std::set<std::string> out;
+  for (const auto& r : impl_->rules)
+    if (r.domain_from == "domain") out.insert(r.name);
+  return out;
+}
+
 std::string_view DomainRules::builtin_yaml() { return kDefaultDomainRulesYaml; }
 
 Status validate_domain_name(std::string_view name) {
-  if (name.empty()) return Status::config("a domain name must not be empty");
-  if (name.size() > 64) return Status::config("domain name '" + std::string(name) + "' is longer than 64 bytes");
-  for (unsigned char c : name) {
-    if (c == '.' || c == '/' || c == '\\' || c <= 0x20 || c == 0x7F)
-      return Status::config("domain name '" + std::string(name) +
-                            "' may not contain '.', '/', '\\', spaces or control characters");
-  }
+  bool ok = !name.empty() && name.size() <= 64;
+  for (char c : name)
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '_' || c == '-');
+  if (!ok)
+    return Status::config("domain name '" + std::string(name) +
+                          "' must be 1-64 characters of A-Z a-z 0-9 _ -");
   return Status::ok();
 }
 

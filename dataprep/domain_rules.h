@@ -32,6 +32,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,8 +42,8 @@
 
 namespace kiln {
 
-// A domain name is used in paths: non-empty, at most 64 bytes, no '.', '/', '\\', whitespace or
-// control characters. A kConfig Status naming the problem otherwise.
+// A domain name is used in paths and file names: 1-64 characters of [A-Za-z0-9_-] (the same rule
+// the JSONL reader applies to an input "domain" field). A kConfig Status otherwise.
 Status validate_domain_name(std::string_view name);
 
 // Text statistics used by the content conditions (exposed for tests and `kiln inspect`).
@@ -79,6 +80,8 @@ class DomainRules {
   // The first matching rule, or nullopt.
   std::optional<DomainMatch> match(const Document& doc) const;
   size_t size() const;
+  // Names of the rules that take the domain from the input's "domain" field.
+  std::set<std::string> rules_from_input_domain() const;
   // Every domain a fixed `domain:` rule can assign (domain_from rules add others at run time).
   std::vector<std::string> domains() const;
 

@@ -1,0 +1,157 @@
+// The annotation stage of `kiln prep`: domain (rules, then an optional fastText model) and tokens.
+//
+// Domain decision per document:
+//   1. the rules (domains.rules, default configs/prep/domains.yaml), first match wins;
+//   2. when a fastText model is configured (domains.model) and the document's domain did not come
+//      from its own input "domain" field, the model's top label replaces the rules' answer if its
+//      probability is at least domains.model_threshold; below it the rules' answer stands;
+//   3. otherwise domains.default.
+// domain_by records which: "rule:<name>", "model", or "default".
+//
+// Tokens: tokenizer.path names a tokenizer file (Kiln JSON, or a GPT-2 vocab.json with merges.txt
+// beside it); "" trains a byte-level BPE tokenizer of tokenizer.vocab_size on the kept texts
+// (a deterministic, evenly spread sample of at most tokenizer.train_bytes); "none" disables
+// tokenization (no .tokens.npy).
+#include "dataprep/annotate.h"
+
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include "common/hash.h"
+#include "common/log.h"
+#include "dataprep/domain_rules.h"
+#include "dataprep/tagger.h"
+#include "dataprep/tokenizer.h"
+
+namespace kiln {
+namespace {
+
+class RulesAnnotator final : public Annotator {
+ public:
+  Status annotate(Document& doc) const override {
+    std::optional<DomainMatch> m = rules_.match(doc);
+    // A domain read from the input's own "domain" field is never overridden by the model.
+    bool declared = m && declared_rules_.count(m->rule);
+    if (m) {
+      doc.domain = m->domain;
+      doc.domain_by = "rule:" + m->rule;
+    } else {
+      doc.domain = default_domain_;
+      doc.domain_by = "default";
+    }
+    if (model_ && !declared) {
+      auto p = model_->predict(doc.text);
+      if (p && p->probability >= model_threshold_) {
+        doc.domain = p->domain;
+        doc.domain_by = "model";
+      }
+    }
+    doc.tokens.clear();
+    if (tokenizer_) tokenizer_->encode(doc.text, &doc.tokens);
+    return Status::ok();
+  }
+
+  Result<ManifestTokenizer> save_tokenizer(const std::string& out_dir) const override {
+    if (!tokenizer_) return ManifestTokenizer{};
+    std::string path = (std::filesystem::path(out_dir) / "tokenizer.json").string();
+    KILN_RETURN_IF_ERROR(tokenizer_->save(path));
+    ManifestTokenizer t;
+    t.path = "tokenizer.json";
+    t.vocab_size = tokenizer_->vocab_size();
+    t.eos_id = tokenizer_->eos_id();
+    return t;
+  }
+
+  DomainRules rules_;
+  std::set<std::string> declared_rules_;
+  std::string default_domain_;
+  std::unique_ptr<FastTextTagger> model_;
+  double model_threshold_ = 0.5;
+  std::optional<Tokenizer> tokenizer_;
+};
+
+// An evenly spread, deterministic sample of at most max_bytes of the texts: each text is kept
+// when a hash of its position falls under the sampling rate, so the sample does not favour the
+// inputs that sort first.
+std::vector<std::string_view> sample_texts(const std::vector<std::string>& texts,
+                                           uint64_t max_bytes) {
+  uint64_t total = 0;
+  for (const auto& t : texts) total += t.size();
+  std::vector<std::string_view> out;
+  if (total <= max_bytes) {
+    out.assign(texts.begin(), texts.end());
+    return out;
+  }
+  double rate = double(max_bytes) / double(total);
+  uint64_t cut = uint64_t(rate * 18446744073709551615.0);
+  uint64_t taken = 0;
+  for (uint64_t i = 0; i < texts.size(); ++i) {
+    if (xxh3_64(&i, sizeof(i), 0x6b696c6e) >= cut) continue;
+    if (taken + texts[i].size() > max_bytes) continue;
+    taken += texts[i].size();
+    out.push_back(texts[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool Annotator::needs_training_texts(const Config& prep_config) {
+  auto path = prep_config.get<std::string>("tokenizer.path");
+  return path.is_ok() && path->empty();
+}
+
+Result<std::unique_ptr<Annotator>> Annotator::create(const Config& c,
+                                                     const std::vector<std::string>& training_texts) {
+  auto a = std::make_unique<RulesAnnotator>();
+  KILN_ASSIGN_OR_RETURN(a->default_domain_, c.get<std::string>("domains.default"));
+  Status st = validate_domain_name(a->default_domain_);
+  if (!st.is_ok()) return std::move(st).with_key("domains.default");
+
+  KILN_ASSIGN_OR_RETURN(std::string rules_path, c.get<std::string>("domains.rules"));
+  auto rules = DomainRules::load(rules_path);
+  if (!rules.is_ok()) return std::move(rules).take_status().prefixed("domains.rules");
+  a->rules_ = std::move(rules).value();
+  a->declared_rules_ = a->rules_.rules_from_input_domain();
+
+  KILN_ASSIGN_OR_RETURN(std::string model_path, c.get<std::string>("domains.model"));
+  KILN_ASSIGN_OR_RETURN(a->model_threshold_, c.get<double>("domains.model_threshold"));
+  if (!(a->model_threshold_ >= 0 && a->model_threshold_ <= 1))
+    return Status::config("must be in [0, 1]").with_key("domains.model_threshold");
+  if (!model_path.empty()) {
+    auto model = FastTextTagger::load(model_path);
+    if (!model.is_ok()) return std::move(model).take_status().with_key("domains.model");
+    a->model_ = std::move(model).value();
+  }
+
+  KILN_ASSIGN_OR_RETURN(std::string tok_path, c.get<std::string>("tokenizer.path"));
+  if (tok_path == "none") {
+    // No tokenizer: documents carry no tokens.
+  } else if (!tok_path.empty()) {
+    auto tok = Tokenizer::load(tok_path);
+    if (!tok.is_ok()) return std::move(tok).take_status().with_key("tokenizer.path");
+    a->tokenizer_ = std::move(tok).value();
+  } else {
+    KILN_ASSIGN_OR_RETURN(int64_t vocab, c.get<int64_t>("tokenizer.vocab_size"));
+    KILN_ASSIGN_OR_RETURN(int64_t train_bytes, c.get<int64_t>("tokenizer.train_bytes"));
+    if (vocab < 257 || vocab > (int64_t(1) << 31))
+      return Status::config("must be between 257 and 2^31").with_key("tokenizer.vocab_size");
+    if (train_bytes <= 0) return Status::config("must be positive").with_key("tokenizer.train_bytes");
+    TokenizerTrainOptions opts;
+    opts.vocab_size = size_t(vocab);
+    auto sample = sample_texts(training_texts, uint64_t(train_bytes));
+    uint64_t bytes = 0;
+    for (auto s : sample) bytes += s.size();
+    KILN_LOG_INFO("training a {}-token BPE tokenizer on {} documents ({:.1f} MiB)", vocab,
+                  sample.size(), double(bytes) / (1 << 20));
+    auto tok = Tokenizer::train(sample, opts);
+    if (!tok.is_ok()) return std::move(tok).take_status().with_key("tokenizer.vocab_size");
+    a->tokenizer_ = std::move(tok).value();
+    KILN_LOG_INFO("tokenizer: {} tokens ({} merges)", a->tokenizer_->vocab_size(),
+                  a->tokenizer_->num_merges());
+  }
+  return std::unique_ptr<Annotator>(std::move(a));
+}
+
+}  // namespace kiln
