@@ -138,8 +138,8 @@ struct LoaderStats {
   };
   std::vector<Domain> domains;
   int64_t step = 0;             // the next batch's step
-  uint64_t shards_read = 0;     // shard reads completed by the workers
-  uint64_t tar_bytes = 0;       // uncompressed tar bytes of those reads (estimated from members)
+  uint64_t shards_read = 0;     // shard reads completed by the workers since open / restore
+  uint64_t tar_bytes = 0;       // uncompressed tar bytes of those reads
   uint64_t tokens = 0;          // tokens emitted in consumed batches
   uint64_t skipped_shards = 0;  // bad shards skipped (skip_bad_shards)
   double wait_ms_total = 0;     // total time next_batch() blocked

@@ -1,0 +1,227 @@
+// LoaderState serialisation and merging; Batch helpers.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "common/hash.h"
+#include "loader/loader.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr const char* kStateFormat = "kiln-loader-state/1";
+
+using nlohmann::json;
+
+Status bad(const std::string& origin, const std::string& key, const std::string& what) {
+  Status st = Status::config("loader state: " + what).with_key(key);
+  if (!origin.empty()) st.with_file(origin);
+  return st;
+}
+
+}  // namespace
+
+std::vector<int32_t> Batch::doc_starts(int64_t i) const {
+  std::vector<int32_t> out;
+  for (const DocSpan& s : docs[i]) {
+    if (s.doc_offset == 0) out.push_back(static_cast<int32_t>(s.seq_offset));
+  }
+  return out;
+}
+
+std::string LoaderState::to_json() const {
+  json j = json::object();
+  j["format"] = kStateFormat;
+  j["dataset"] = hex64(dataset);
+  j["seed"] = seed;
+  j["world"] = world;
+  j["step"] = step;
+  j["mix_index"] = mix_index;
+  j["skipped_shards"] = skipped_shards;
+  json hist = json::array();
+  for (const auto& h : weights_history) {
+    json w = json::object();
+    for (const auto& [name, value] : h.weights) w[name] = value;
+    hist.push_back({{"step", h.step}, {"weights", w}});
+  }
+  j["weights_history"] = hist;
+  json ranks_json = json::array();
+  for (const auto& r : ranks) {
+    json doms = json::object();
+    for (const auto& [name, c] : r.domains) {
+      json pending = json::array();
+      for (const auto& iv : c.pending) {
+        pending.push_back({iv.epoch, iv.begin, iv.end, iv.skip_tokens});
+      }
+      doms[name] = {{"next_epoch", c.next_epoch}, {"sequences", c.sequences},
+                    {"pending", pending}};
+    }
+    ranks_json.push_back({{"rank", r.rank}, {"domains", doms}});
+  }
+  j["ranks"] = ranks_json;
+  return j.dump();
+}
+
+Result<LoaderState> LoaderState::from_json(std::string_view text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    return bad(origin, "", std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) return bad(origin, "", "expected a JSON object");
+  LoaderState s;
+  // Typed field access with the key named on error.
+  auto need = [&](const json& obj, const char* key, const std::string& path) -> Result<json> {
+    auto it = obj.find(key);
+    if (it == obj.end()) return bad(origin, path, "missing");
+    return *it;
+  };
+  auto as_u64 = [&](const json& v, const std::string& path) -> Result<uint64_t> {
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+      return bad(origin, path, "expected a non-negative integer");
+    }
+    return v.get<uint64_t>();
+  };
+  try {
+    KILN_ASSIGN_OR_RETURN(json fmt, need(j, "format", "format"));
+    if (!fmt.is_string() || fmt.get<std::string>() != kStateFormat) {
+      return bad(origin, "format", std::string("expected \"") + kStateFormat + "\"");
+    }
+    KILN_ASSIGN_OR_RETURN(json ds, need(j, "dataset", "dataset"));
+    if (!ds.is_string()) return bad(origin, "dataset", "expected 16 hex digits");
+    auto fp = parse_hex64(ds.get<std::string>());
+    if (!fp) return bad(origin, "dataset", "expected 16 hex digits");
+    s.dataset = *fp;
+    KILN_ASSIGN_OR_RETURN(json v, need(j, "seed", "seed"));
+    KILN_ASSIGN_OR_RETURN(s.seed, as_u64(v, "seed"));
+    KILN_ASSIGN_OR_RETURN(v, need(j, "world", "world"));
+    KILN_ASSIGN_OR_RETURN(uint64_t world, as_u64(v, "world"));
+    if (world < 1 || world > (1u << 24)) return bad(origin, "world", "out of range");
+    s.world = static_cast<int>(world);
+    KILN_ASSIGN_OR_RETURN(v, need(j, "step", "step"));
+    KILN_ASSIGN_OR_RETURN(uint64_t step, as_u64(v, "step"));
+    s.step = static_cast<int64_t>(step);
+    KILN_ASSIGN_OR_RETURN(v, need(j, "mix_index", "mix_index"));
+    KILN_ASSIGN_OR_RETURN(s.mix_index, as_u64(v, "mix_index"));
+    if (auto it = j.find("skipped_shards"); it != j.end()) {
+      KILN_ASSIGN_OR_RETURN(s.skipped_shards, as_u64(*it, "skipped_shards"));
+    }
+    KILN_ASSIGN_OR_RETURN(json hist, need(j, "weights_history", "weights_history"));
+    if (!hist.is_array()) return bad(origin, "weights_history", "expected an array");
+    int64_t prev_step = -1;
+    for (size_t i = 0; i < hist.size(); ++i) {
+      const std::string path = "weights_history[" + std::to_string(i) + "]";
+      if (!hist[i].is_object()) return bad(origin, path, "expected an object");
+      WeightChange wc;
+      KILN_ASSIGN_OR_RETURN(v, need(hist[i], "step", path + ".step"));
+      KILN_ASSIGN_OR_RETURN(uint64_t st, as_u64(v, path + ".step"));
+      wc.step = static_cast<int64_t>(st);
+      if (wc.step <= prev_step) return bad(origin, path + ".step", "steps must increase");
+      prev_step = wc.step;
+      KILN_ASSIGN_OR_RETURN(v, need(hist[i], "weights", path + ".weights"));
+      if (!v.is_object()) return bad(origin, path + ".weights", "expected an object");
+      for (const auto& [name, w] : v.items()) {
+        if (!w.is_number() || !std::isfinite(w.get<double>()) || w.get<double>() < 0) {
+          return bad(origin, path + ".weights." + name, "expected a non-negative number");
+        }
+        wc.weights[name] = w.get<double>();
+      }
+      s.weights_history.push_back(std::move(wc));
+    }
+    KILN_ASSIGN_OR_RETURN(json ranks_json, need(j, "ranks", "ranks"));
+    if (!ranks_json.is_array() || ranks_json.empty()) {
+      return bad(origin, "ranks", "expected a non-empty array");
+    }
+    for (size_t i = 0; i < ranks_json.size(); ++i) {
+      const std::string path = "ranks[" + std::to_string(i) + "]";
+      const json& rj = ranks_json[i];
+      if (!rj.is_object()) return bad(origin, path, "expected an object");
+      RankCursor rc;
+      KILN_ASSIGN_OR_RETURN(v, need(rj, "rank", path + ".rank"));
+      KILN_ASSIGN_OR_RETURN(uint64_t rank, as_u64(v, path + ".rank"));
+      if (rank >= world) return bad(origin, path + ".rank", "not below world");
+      rc.rank = static_cast<int>(rank);
+      KILN_ASSIGN_OR_RETURN(json doms, need(rj, "domains", path + ".domains"));
+      if (!doms.is_object()) return bad(origin, path + ".domains", "expected an object");
+      for (const auto& [name, dj] : doms.items()) {
+        const std::string dpath = path + ".domains." + name;
+        if (!dj.is_object()) return bad(origin, dpath, "expected an object");
+        DomainCursor c;
+        KILN_ASSIGN_OR_RETURN(v, need(dj, "next_epoch", dpath + ".next_epoch"));
+        KILN_ASSIGN_OR_RETURN(c.next_epoch, as_u64(v, dpath + ".next_epoch"));
+        KILN_ASSIGN_OR_RETURN(v, need(dj, "sequences", dpath + ".sequences"));
+        KILN_ASSIGN_OR_RETURN(c.sequences, as_u64(v, dpath + ".sequences"));
+        KILN_ASSIGN_OR_RETURN(json pending, need(dj, "pending", dpath + ".pending"));
+        if (!pending.is_array()) return bad(origin, dpath + ".pending", "expected an array");
+        for (size_t k = 0; k < pending.size(); ++k) {
+          const std::string ppath = dpath + ".pending[" + std::to_string(k) + "]";
+          const json& pj = pending[k];
+          if (!pj.is_array() || pj.size() != 4) {
+            return bad(origin, ppath, "expected [epoch, begin, end, skip_tokens]");
+          }
+          Interval iv;
+          KILN_ASSIGN_OR_RETURN(iv.epoch, as_u64(pj[0], ppath));
+          KILN_ASSIGN_OR_RETURN(iv.begin, as_u64(pj[1], ppath));
+          KILN_ASSIGN_OR_RETURN(iv.end, as_u64(pj[2], ppath));
+          KILN_ASSIGN_OR_RETURN(iv.skip_tokens, as_u64(pj[3], ppath));
+          if (iv.begin > iv.end) return bad(origin, ppath, "begin is past end");
+          c.pending.push_back(iv);
+        }
+        rc.domains[name] = std::move(c);
+      }
+      s.ranks.push_back(std::move(rc));
+    }
+  } catch (const json::exception& e) {
+    return bad(origin, "", std::string("malformed: ") + e.what());
+  }
+  std::set<int> seen;
+  for (const auto& r : s.ranks) {
+    if (!seen.insert(r.rank).second) {
+      return bad(origin, "ranks", "rank " + std::to_string(r.rank) + " appears twice");
+    }
+  }
+  return s;
+}
+
+Result<LoaderState> LoaderState::merge(const std::vector<LoaderState>& per_rank) {
+  if (per_rank.empty()) return Status::config("loader state merge: no states given");
+  LoaderState out = per_rank.front();
+  out.ranks.clear();
+  out.skipped_shards = 0;
+  for (const LoaderState& s : per_rank) {
+    auto mismatch = [&](const char* what) {
+      return Status::config(std::string("loader state merge: states differ in '") + what +
+                            "' (they must come from the same run and step)")
+          .with_key(what);
+    };
+    if (s.dataset != out.dataset) return mismatch("dataset");
+    if (s.seed != out.seed) return mismatch("seed");
+    if (s.world != out.world) return mismatch("world");
+    if (s.step != out.step) return mismatch("step");
+    if (s.mix_index != out.mix_index) return mismatch("mix_index");
+    if (s.weights_history.size() != out.weights_history.size()) return mismatch("weights_history");
+    for (size_t i = 0; i < s.weights_history.size(); ++i) {
+      if (s.weights_history[i].step != out.weights_history[i].step ||
+          s.weights_history[i].weights != out.weights_history[i].weights) {
+        return mismatch("weights_history");
+      }
+    }
+    out.skipped_shards += s.skipped_shards;
+    for (const auto& r : s.ranks) out.ranks.push_back(r);
+  }
+  std::sort(out.ranks.begin(), out.ranks.end(),
+            [](const RankCursor& a, const RankCursor& b) { return a.rank < b.rank; });
+  for (size_t i = 0; i < out.ranks.size(); ++i) {
+    if (i > 0 && out.ranks[i].rank == out.ranks[i - 1].rank) {
+      return Status::config("loader state merge: rank " + std::to_string(out.ranks[i].rank) +
+                            " given twice");
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln
