@@ -1,9 +1,178 @@
+// kiln tokenizer train | encode | decode — see dataprep/tokenizer.h and docs/TOKENIZER.md.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+
+#include "common/log.h"
+#include "dataprep/tokenizer.h"
+#include "dataprep/tokenizer_io.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
+namespace {
+
+struct TokenizerFlags {
+  // train
+  size_t vocab_size = 0;
+  std::vector<std::string> inputs;
+  std::string output;
+  std::vector<std::string> specials;
+  uint64_t min_frequency = 2;
+  std::string pretokenizer = "kiln-v1";
+  uint32_t cjk_chunk = 4;
+  std::string max_bytes = "0";
+  std::string export_dir;
+  // encode / decode
+  std::string tokenizer, vocab, merges;
+};
+
+Result<Tokenizer> load_for_use(const TokenizerFlags& f) {
+  if (!f.tokenizer.empty()) {
+    if (!f.vocab.empty() || !f.merges.empty())
+      return Status::usage("give either --tokenizer or --vocab with --merges, not both");
+    return Tokenizer::load(f.tokenizer);
+  }
+  if (f.vocab.empty() || f.merges.empty())
+    return Status::usage("give --tokenizer FILE, or --vocab vocab.json with --merges merges.txt");
+  return Tokenizer::load_gpt2(f.vocab, f.merges);
+}
+
+std::string read_stdin() {
+  std::string data;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), stdin)) > 0) data.append(buf, n);
+  return data;
+}
+
+Result<uint64_t> parse_size(const std::string& text) {
+  // Plain bytes or with a K/M/G suffix (binary units).
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  if (i == 0) return Status::usage("--max-bytes: not a size: '" + text + "'");
+  uint64_t v = std::stoull(text.substr(0, i));
+  std::string unit = text.substr(i);
+  if (unit.empty() || unit == "B") return v;
+  if (unit == "K" || unit == "KiB") return v << 10;
+  if (unit == "M" || unit == "MiB") return v << 20;
+  if (unit == "G" || unit == "GiB") return v << 30;
+  return Status::usage("--max-bytes: unknown unit '" + unit + "' (use K, M, G)");
+}
+
+Status run_train(const TokenizerFlags& f) {
+  TokenizerTrainOptions opts;
+  opts.vocab_size = f.vocab_size;
+  opts.min_frequency = f.min_frequency;
+  if (!f.specials.empty()) opts.special_tokens = f.specials;
+  auto kind = parse_pretokenizer_name(f.pretokenizer);
+  if (!kind.is_ok()) return Status::usage("--pretokenizer: " + kind.status().message());
+  opts.pretokenizer.kind = *kind;
+  opts.pretokenizer.cjk_chunk = f.cjk_chunk;
+  KILN_ASSIGN_OR_RETURN(uint64_t max_bytes, parse_size(f.max_bytes));
+  auto t0 = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(TrainingTexts input, read_training_texts(f.inputs, max_bytes));
+  if (input.texts.empty()) return Status::data("no text found in the inputs");
+  if (input.skipped_lines)
+    KILN_LOG_WARN("skipped {} JSONL lines without a string \"text\"", input.skipped_lines);
+  if (input.truncated) KILN_LOG_INFO("stopped reading at --max-bytes {}", max_bytes);
+  std::vector<std::string_view> views(input.texts.begin(), input.texts.end());
+  auto t1 = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::train(views, opts));
+  auto t2 = std::chrono::steady_clock::now();
+  KILN_RETURN_IF_ERROR(tok.save(f.output));
+  if (!f.export_dir.empty())
+    KILN_RETURN_IF_ERROR(tok.save_gpt2(f.export_dir + "/vocab.json", f.export_dir + "/merges.txt"));
+  double read_s = std::chrono::duration<double>(t1 - t0).count();
+  double train_s = std::chrono::duration<double>(t2 - t1).count();
+  std::printf("trained %zu tokens (%zu merges) on %zu texts, %.1f MiB from %llu files "
+              "(read %.1f s, train %.1f s) -> %s\n",
+              tok.vocab_size(), tok.num_merges(), input.texts.size(),
+              double(input.bytes) / (1 << 20), (unsigned long long)input.files, read_s, train_s,
+              f.output.c_str());
+  if (tok.vocab_size() < f.vocab_size)
+    std::printf("note: the text has too few repeated pairs for %zu tokens\n", f.vocab_size);
+  return Status::ok();
+}
+
+Status run_encode(const TokenizerFlags& f) {
+  KILN_ASSIGN_OR_RETURN(Tokenizer tok, load_for_use(f));
+  std::string text = read_stdin();
+  std::vector<uint32_t> ids = tok.encode(text);
+  std::string out;
+  out.reserve(ids.size() * 6 + 1);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out.push_back(' ');
+    out += std::to_string(ids[i]);
+  }
+  out.push_back('\n');
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return Status::ok();
+}
+
+Status run_decode(const TokenizerFlags& f) {
+  KILN_ASSIGN_OR_RETURN(Tokenizer tok, load_for_use(f));
+  KILN_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, parse_token_ids(read_stdin()));
+  KILN_ASSIGN_OR_RETURN(std::string text, tok.decode(ids));
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return Status::ok();
+}
+
+void add_use_flags(CLI::App* app, TokenizerFlags* f) {
+  app->add_option("--tokenizer", f->tokenizer,
+                  "tokenizer file (Kiln JSON, or a vocab.json with merges.txt beside it)");
+  app->add_option("--vocab", f->vocab, "GPT-2 style vocab.json (with --merges)");
+  app->add_option("--merges", f->merges, "GPT-2 style merges.txt (with --vocab)");
+}
+
+}  // namespace
 
 RunFn add_tokenizer_command(CLI::App& root) {
-  return add_unbuilt_command(root, "tokenizer", "train a BPE tokenizer, encode and decode text");
+  auto flags = std::make_shared<TokenizerFlags>();
+  CLI::App* cmd = root.add_subcommand("tokenizer", "train a BPE tokenizer, encode and decode text");
+  cmd->require_subcommand(1);
+
+  CLI::App* train = cmd->add_subcommand("train", "train a byte-level BPE tokenizer on text files");
+  train->add_option("--vocab-size", flags->vocab_size,
+                    "vocabulary size, including special and byte tokens")
+      ->required()
+      ->check(CLI::Range(size_t(257), size_t(1) << 31));
+  train->add_option("--input", flags->inputs,
+                    "text / JSONL files or folders (JSONL: the \"text\" field; .gz/.zst ok)")
+      ->required()
+      ->take_all();
+  train->add_option("--output", flags->output, "tokenizer JSON file to write")->required();
+  train->add_option("--special", flags->specials,
+                    "special tokens, ids 0.. in order; the first is end-of-text "
+                    "(default: <|endoftext|>)")
+      ->take_all();
+  train->add_option("--min-frequency", flags->min_frequency,
+                    "stop when the most frequent pair occurs fewer times")
+      ->capture_default_str();
+  train->add_option("--pretokenizer", flags->pretokenizer, "kiln-v1 or gpt2")
+      ->capture_default_str();
+  train->add_option("--cjk-chunk", flags->cjk_chunk,
+                    "kiln-v1: max CJK characters per pre-token (0 = whole runs)")
+      ->capture_default_str();
+  train->add_option("--max-bytes", flags->max_bytes, "read at most this much text (0 = all; K/M/G)")
+      ->capture_default_str();
+  train->add_option("--export-gpt2", flags->export_dir,
+                    "also write vocab.json and merges.txt into this folder");
+
+  CLI::App* encode = cmd->add_subcommand(
+      "encode", "read text on standard input, print its token ids space-separated on one line");
+  add_use_flags(encode, flags.get());
+  CLI::App* decode = cmd->add_subcommand(
+      "decode", "read token ids (whitespace-separated) on standard input, print the text");
+  add_use_flags(decode, flags.get());
+
+  return [flags, train, encode, decode] {
+    if (train->parsed()) return run_train(*flags);
+    if (encode->parsed()) return run_encode(*flags);
+    if (decode->parsed()) return run_decode(*flags);
+    return Status::usage("choose train, encode or decode");
+  };
 }
 
 }  // namespace kiln::cli

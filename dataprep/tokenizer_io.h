@@ -1,0 +1,38 @@
+// Reading texts for `kiln tokenizer train` (and ids for `kiln tokenizer decode`).
+//
+// Inputs are files or folders (walked recursively, sorted, names starting with '.' skipped).
+// A file whose name ends in .jsonl / .ndjson / .json (optionally + .gz / .zst / .xz / .bz2) is
+// JSONL: the "text" string of every line is one text; lines that are not JSON objects with a
+// string "text" are counted as skipped. Any other file is one text (decompressed when its name
+// ends in a compression suffix). Decompression goes through libarchive's raw format.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kiln {
+
+struct TrainingTexts {
+  std::vector<std::string> texts;
+  uint64_t bytes = 0;
+  uint64_t files = 0;
+  uint64_t skipped_lines = 0;
+  bool truncated = false;  // stopped at max_bytes
+};
+
+// Reads texts in sorted path order until max_bytes of text (0 = no limit). Missing paths are
+// kUsage errors naming them; unreadable or corrupt files kIo / kData naming the file.
+Result<TrainingTexts> read_training_texts(const std::vector<std::string>& paths,
+                                          uint64_t max_bytes = 0);
+
+// Whole file contents, decompressed when the name ends in .gz / .zst / .xz / .bz2.
+Result<std::string> read_maybe_compressed(const std::string& path);
+
+// Parses whitespace-separated decimal token ids. kData naming the first bad item.
+Result<std::vector<uint32_t>> parse_token_ids(std::string_view text);
+
+}  // namespace kiln
