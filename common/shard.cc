@@ -120,6 +120,11 @@ class ShardSink {
     if (fd_ < 0) return Status::from_errno("open for writing", path);
     out_.resize(kIoBufferBytes);
     if (compression == ShardCompression::kZstd) {
+      if (level < ZSTD_minCLevel() || level > ZSTD_maxCLevel() || level == 0) {
+        return Status::config("zstd level " + std::to_string(level) + " is out of range (" +
+                              std::to_string(ZSTD_minCLevel()) + ".." +
+                              std::to_string(ZSTD_maxCLevel()) + ", not 0)");
+      }
       cctx_ = ZSTD_createCCtx();
       if (!cctx_) return Status::internal("ZSTD_createCCtx failed");
       size_t r = ZSTD_CCtx_setParameter(cctx_, ZSTD_c_compressionLevel, level);

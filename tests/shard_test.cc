@@ -350,6 +350,30 @@ TEST_F(ShardTest, WriterPathMustMatchCompression) {
   EXPECT_FALSE(fs::exists(path("x.tar.partial")));
 }
 
+TEST_F(ShardTest, ZstdLevels) {
+  auto samples = make_samples(20);
+  uint64_t size_1 = 0, size_19 = 0;
+  for (int level : {1, 19, -5}) {
+    std::string p = path("l" + std::to_string(level + 10) + ".tar.zst");
+    auto w = ShardWriter::open(p, ShardCompression::kZstd, level);
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    for (const auto& s : samples) ASSERT_TRUE((*w)->add(s).is_ok());
+    auto info = (*w)->close();
+    ASSERT_TRUE(info.is_ok());
+    if (level == 1) size_1 = info->bytes;
+    if (level == 19) size_19 = info->bytes;
+    auto back = ShardReader::read_all(p);
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(back->size(), samples.size());
+  }
+  EXPECT_LT(size_19, size_1);
+  for (int level : {0, 23, -200000}) {
+    auto w = ShardWriter::open(path("bad.tar.zst"), ShardCompression::kZstd, level);
+    EXPECT_EQ(w.status().code(), StatusCode::kConfig) << level;
+  }
+  EXPECT_FALSE(fs::exists(path("bad.tar.zst.partial")));
+}
+
 TEST_F(ShardTest, UnclosedWriterLeavesNothing) {
   {
     auto w = ShardWriter::open(path("u.tar.zst"), ShardCompression::kZstd);
