@@ -1,9 +1,143 @@
+// kiln mix set RUN d1=w1 d2=w2 ... | kiln mix show RUN
+// Writes / reads RUN/control/mixture.json, which a running `kiln train` polls between steps.
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+
+#include "common/config.h"
+#include "engine/mixture_control.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
+namespace {
+
+struct MixArgs {
+  std::string run_dir;
+  std::vector<std::string> assignments;
+};
+
+// The domains and weights the run last reported (last line of RUN/metrics.jsonl), if any.
+std::optional<nlohmann::json> last_metrics(const std::string& run_dir) {
+  std::ifstream in(std::filesystem::path(run_dir) / "metrics.jsonl");
+  if (!in) return std::nullopt;
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  if (last.empty()) return std::nullopt;
+  try {
+    return nlohmann::json::parse(last);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // a line being written
+  }
+}
+
+std::string format_weights(const engine::DomainWeights& w) {
+  std::string out;
+  auto norm = engine::normalized(w);
+  for (const auto& [k, v] : w) {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "  %-20s %10.4g  (%.1f%%)\n", k.c_str(), v, 100.0 * norm[k]);
+    out += buf;
+  }
+  return out;
+}
+
+Status run_set(const MixArgs& args) {
+  if (!std::filesystem::is_directory(args.run_dir)) {
+    return Status::usage("run directory does not exist: " + args.run_dir);
+  }
+  if (args.assignments.empty()) return Status::usage("expected at least one DOMAIN=WEIGHT");
+  engine::DomainWeights weights;
+  for (const auto& a : args.assignments) {
+    auto eq = a.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == a.size()) {
+      return Status::usage("expected DOMAIN=WEIGHT, got '" + a + "'");
+    }
+    std::string name = a.substr(0, eq);
+    std::string num = a.substr(eq + 1);
+    char* end = nullptr;
+    errno = 0;
+    double v = std::strtod(num.c_str(), &end);
+    if (errno != 0 || end != num.c_str() + num.size() || !std::isfinite(v) || v < 0) {
+      return Status::usage("weight for '" + name + "' must be a finite number >= 0, got '" + num +
+                           "'");
+    }
+    if (weights.count(name)) return Status::usage("domain '" + name + "' given twice");
+    weights[name] = v;
+  }
+  // Check names against the domains the run reports, when it has reported any.
+  if (auto m = last_metrics(args.run_dir); m && m->contains("domain_weights") &&
+                                            (*m)["domain_weights"].is_object()) {
+    std::vector<std::string> known;
+    for (auto it = (*m)["domain_weights"].begin(); it != (*m)["domain_weights"].end(); ++it)
+      known.push_back(it.key());
+    if (!known.empty()) {
+      std::set<std::string> known_set(known.begin(), known.end());
+      for (const auto& [name, v] : weights) {
+        if (known_set.count(name)) continue;
+        std::string hint = closest_match(name, known);
+        return Status::usage("the run has no domain '" + name + "'" +
+                             (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+      }
+    }
+  }
+  KILN_RETURN_IF_ERROR(engine::write_mixture(args.run_dir, weights));
+  std::printf("wrote %s\n%s", engine::mixture_path(args.run_dir).c_str(),
+              format_weights(weights).c_str());
+  return Status::ok();
+}
+
+Status run_show(const MixArgs& args) {
+  if (!std::filesystem::is_directory(args.run_dir)) {
+    return Status::usage("run directory does not exist: " + args.run_dir);
+  }
+  auto file = engine::read_mixture(args.run_dir);
+  if (!file.is_ok()) {
+    std::printf("control file %s is invalid (the run ignores it): %s\n",
+                engine::mixture_path(args.run_dir).c_str(), file.status().to_string().c_str());
+  } else if (!file->has_value()) {
+    std::printf("no control file (%s): the run uses its configured mixture\n",
+                engine::mixture_path(args.run_dir).c_str());
+  } else {
+    std::printf("control file %s:\n%s", engine::mixture_path(args.run_dir).c_str(),
+                format_weights(**file).c_str());
+  }
+  if (auto m = last_metrics(args.run_dir); m && m->contains("domain_weights")) {
+    engine::DomainWeights in_effect;
+    for (auto it = (*m)["domain_weights"].begin(); it != (*m)["domain_weights"].end(); ++it)
+      if (it.value().is_number()) in_effect[it.key()] = it.value().get<double>();
+    std::printf("in effect at step %s:\n%s", m->value("step", nlohmann::json()).dump().c_str(),
+                format_weights(in_effect).c_str());
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 RunFn add_mix_command(CLI::App& root) {
-  return add_unbuilt_command(root, "mix", "show or set the live domain mixture of a run");
+  CLI::App* mix = root.add_subcommand("mix", "show or set the live domain mixture of a run");
+  mix->require_subcommand(1);
+  auto args = std::make_shared<MixArgs>();
+  CLI::App* set = mix->add_subcommand(
+      "set", "write RUN/control/mixture.json; a running `kiln train` applies it at its next step");
+  set->add_option("run", args->run_dir, "run directory")->required();
+  set->add_option("weights", args->assignments, "DOMAIN=WEIGHT ... (weights are normalised; "
+                                                "domains not named get 0)")
+      ->required();
+  CLI::App* show = mix->add_subcommand("show", "print the control file and the weights in effect");
+  show->add_option("run", args->run_dir, "run directory")->required();
+  return [args, set, show]() -> Status {
+    if (set->parsed()) return run_set(*args);
+    if (show->parsed()) return run_show(*args);
+    return Status::usage("expected 'kiln mix set' or 'kiln mix show'");
+  };
 }
 
 }  // namespace kiln::cli

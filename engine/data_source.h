@@ -1,0 +1,51 @@
+// Where training batches come from: the loader (a `kiln prep` dataset) or synthetic data.
+//
+// A DataSource yields micro-batches of (micro_batch, seq_len) inputs and next-token targets with
+// a domain per sequence, takes new domain weights between steps, and saves / restores its
+// position as a JSON string (stored in checkpoints) so a resumed run sees exactly the batches
+// that would have come next. Driven by one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/mixture_control.h"
+#include "engine/train_config.h"
+
+namespace kiln::engine {
+
+struct MicroBatch {
+  int64_t rows = 0, seq_len = 0;
+  std::vector<int32_t> inputs;   // rows * seq_len
+  std::vector<int32_t> targets;  // rows * seq_len
+  std::vector<int32_t> domains;  // rows: index into DataSource::domains()
+  double wait_ms = 0;            // time spent waiting for this batch
+};
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual Status next(MicroBatch* out) = 0;
+  virtual const std::vector<std::string>& domains() const = 0;
+  // Normalised weights in effect for the next batch, every domain named.
+  virtual DomainWeights weights() const = 0;
+  // Replaces the weights from the next batch on (unnamed domains get 0). kConfig when invalid.
+  virtual Status set_weights(const DomainWeights& weights) = 0;
+  virtual std::string state() const = 0;
+  virtual Status restore(const std::string& state) = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Synthetic data (no manifest): two learnable domains, "markov" (a sparse random bigram chain:
+// each token has 4 equally likely successors, so the best loss is ln 4 = 1.386) and "repeat"
+// (a random 16-token motif repeated; predictable after its first period). Every token is a pure
+// function of (seed, sequence slot, position); the state is the slot counter plus the weights.
+std::unique_ptr<DataSource> make_synthetic_source(const TrainConfig& config);
+
+// The loader over data.manifest, or synthetic data when data.manifest is empty.
+Result<std::unique_ptr<DataSource>> open_data_source(const TrainConfig& config);
+
+}  // namespace kiln::engine

@@ -1,0 +1,133 @@
+#include "engine/mixture_control.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "common/atomic_file.h"
+#include "common/config.h"
+#include "common/hash.h"
+#include "common/log.h"
+
+namespace kiln::engine {
+namespace fs = std::filesystem;
+
+namespace {
+constexpr size_t kMaxControlBytes = 1 << 20;
+}
+
+std::string mixture_path(const std::string& run_dir) {
+  return (fs::path(run_dir) / "control" / "mixture.json").string();
+}
+
+Result<DomainWeights> parse_mixture_json(const std::string& text, const std::string& origin,
+                                         const std::set<std::string>& known_domains) {
+  if (text.size() > kMaxControlBytes) {
+    return Status::data("mixture file is larger than 1 MiB").with_file(origin);
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::data(std::string("invalid JSON: ") + e.what()).with_file(origin);
+  }
+  if (!j.is_object() || !j.contains("weights")) {
+    return Status::data("expected {\"weights\": {\"<domain>\": <number>, ...}}").with_file(origin);
+  }
+  const nlohmann::json& w = j["weights"];
+  if (!w.is_object()) return Status::data("\"weights\" must be an object").with_file(origin);
+  DomainWeights out;
+  double total = 0;
+  std::vector<std::string> known(known_domains.begin(), known_domains.end());
+  for (auto it = w.begin(); it != w.end(); ++it) {
+    const std::string& name = it.key();
+    if (!known_domains.empty() && !known_domains.count(name)) {
+      std::string hint = closest_match(name, known);
+      return Status::data("unknown domain '" + name + "'" +
+                          (hint.empty() ? "" : " (did you mean '" + hint + "'?)"))
+          .with_file(origin).with_key("weights." + name);
+    }
+    if (!it.value().is_number()) {
+      return Status::data("weight must be a number").with_file(origin).with_key("weights." + name);
+    }
+    double v = it.value().get<double>();
+    if (!std::isfinite(v) || v < 0) {
+      return Status::data("weight must be a finite number >= 0").with_file(origin)
+          .with_key("weights." + name);
+    }
+    out[name] = v;
+    total += v;
+  }
+  if (!(total > 0) || !std::isfinite(total)) {
+    return Status::data("weights must sum to more than 0").with_file(origin);
+  }
+  return out;
+}
+
+std::string mixture_to_json(const DomainWeights& weights) {
+  nlohmann::json w = nlohmann::json::object();
+  for (const auto& [k, v] : weights) w[k] = v;
+  nlohmann::json j;
+  j["weights"] = w;
+  return j.dump() + "\n";
+}
+
+Status write_mixture(const std::string& run_dir, const DomainWeights& weights) {
+  std::string text = mixture_to_json(weights);
+  auto check = parse_mixture_json(text, "<weights>");
+  if (!check.is_ok()) return Status::usage(check.status().message());
+  return write_file_atomic(mixture_path(run_dir), text);
+}
+
+Result<std::optional<DomainWeights>> read_mixture(const std::string& run_dir) {
+  const std::string path = mixture_path(run_dir);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::optional<DomainWeights>();
+  KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  KILN_ASSIGN_OR_RETURN(DomainWeights w, parse_mixture_json(text, path));
+  return std::optional<DomainWeights>(std::move(w));
+}
+
+DomainWeights normalized(const DomainWeights& weights) {
+  double total = 0;
+  for (const auto& [k, v] : weights) total += v;
+  DomainWeights out;
+  for (const auto& [k, v] : weights) out[k] = total > 0 ? v / total : 0.0;
+  return out;
+}
+
+MixtureWatcher::MixtureWatcher(std::string run_dir, std::set<std::string> known_domains)
+    : path_(mixture_path(run_dir)), known_(std::move(known_domains)) {}
+
+std::optional<DomainWeights> MixtureWatcher::poll() {
+  std::error_code ec;
+  if (!fs::exists(path_, ec)) return std::nullopt;
+  auto size = fs::file_size(path_, ec);
+  if (ec) return std::nullopt;
+  std::string text;
+  if (size > kMaxControlBytes) {
+    text.assign(kMaxControlBytes + 1, ' ');  // parse reports "too large"
+  } else {
+    auto r = read_file(path_);
+    if (!r.is_ok()) {
+      // A file being replaced can vanish between exists() and open(); try again next step.
+      return std::nullopt;
+    }
+    text = std::move(r).value();
+  }
+  const uint64_t h = xxh3_64(text) | 1;  // never 0, so 0 means "nothing applied"
+  if (h == applied_hash_ || h == last_bad_hash_) return std::nullopt;
+  auto parsed = parse_mixture_json(text, path_, known_);
+  if (!parsed.is_ok()) {
+    last_bad_hash_ = h;
+    ++rejected_;
+    KILN_LOG_WARN("ignoring the mixture control file: {}", parsed.status().to_string());
+    return std::nullopt;
+  }
+  applied_hash_ = h;
+  return std::move(parsed).value();
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,285 @@
+#include "engine/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace kiln::engine {
+namespace {
+
+// Sizes (elements) of one block's activations, per micro-batch.
+struct BlockSizes {
+  size_t btc, bt, lse;
+  BlockSizes(const ModelConfig& m, int64_t B) {
+    bt = static_cast<size_t>(B * m.seq_len);
+    btc = bt * static_cast<size_t>(m.d_model);
+    lse = static_cast<size_t>(B * m.n_heads * m.seq_len);
+  }
+  // T-typed values kept per block: ln1 1, qkv 3, atty 1, res2 1, ln2 1, fch 4, gelu 4 (x btc).
+  // fp32 statistics: ln1/ln2 mean+rstd (4 x bt) and the attention logsumexp.
+};
+
+size_t head_rows(const ModelConfig& m, int64_t B, size_t elem, int64_t requested) {
+  const size_t bt = static_cast<size_t>(B * m.seq_len);
+  if (requested > 0) return std::min<size_t>(bt, static_cast<size_t>(requested));
+  const size_t target = (size_t{8} << 20) / (static_cast<size_t>(m.vocab_size) * elem);
+  return std::clamp<size_t>(target, 1, bt);
+}
+
+size_t elem_size(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
+
+}  // namespace
+
+ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precision p,
+                                        Recompute mode) {
+  const BlockSizes s(m, B);
+  const size_t e = elem_size(p);
+  const size_t L = static_cast<size_t>(m.n_layers);
+  // Per block, split into what can be recomputed by "selective" and the rest.
+  const size_t sel_bytes = (s.btc + 4 * s.btc) * e + s.lse * 4;                   // atty, gelu, lse
+  const size_t rest_bytes = (s.btc + 3 * s.btc + s.btc + s.btc + 4 * s.btc) * e + 4 * s.bt * 4;
+  ActivationMemory a;
+  // Block inputs x[0..L] (x[L] feeds the final norm) + final norm output and statistics.
+  a.kept_bytes = (L + 1) * s.btc * e + s.btc * e + 2 * s.bt * 4;
+  switch (mode) {
+    case Recompute::kNone:
+      a.kept_bytes += L * (sel_bytes + rest_bytes);
+      break;
+    case Recompute::kSelective:
+      a.kept_bytes += L * rest_bytes;
+      a.recompute_bytes = sel_bytes;
+      break;
+    case Recompute::kFull:
+      a.recompute_bytes = sel_bytes + rest_bytes;
+      break;
+  }
+  const size_t rows = head_rows(m, B, e, 0);
+  // proj scratch, dresidual, dlnf, 2 x (B,T,C) grads, dqkv, dfch, dgelu; logits chunk.
+  a.working_bytes = (s.btc * 5 + 3 * s.btc + 8 * s.btc) * e + rows * m.vocab_size * e;
+  return a;
+}
+
+namespace {
+
+template <typename T>
+class GptModel final : public Model {
+ public:
+  using K = CpuBackend;
+
+  GptModel(ParamStore* params, int64_t B, Recompute mode, int64_t head_chunk)
+      : p_(params), m_(params->model()), B_(B), mode_(mode), s_(m_, B) {
+    const size_t L = static_cast<size_t>(m_.n_layers);
+    const size_t e = sizeof(T);
+    head_rows_ = head_rows(m_, B, e, head_chunk);
+    x_.resize(L + 1);
+    for (auto& x : x_) x.resize(s_.btc);
+    // Kept-or-recomputed block buffers: one set per block, or one shared set.
+    const size_t rest_sets = mode == Recompute::kFull ? 1 : L;
+    const size_t sel_sets = mode == Recompute::kNone ? L : 1;
+    rest_.resize(rest_sets);
+    for (auto& r : rest_) {
+      r.ln1.resize(s_.btc);
+      r.qkv.resize(3 * s_.btc);
+      r.res2.resize(s_.btc);
+      r.ln2.resize(s_.btc);
+      r.fch.resize(4 * s_.btc);
+      r.stats.resize(4 * s_.bt);
+    }
+    sel_.resize(sel_sets);
+    for (auto& r : sel_) {
+      r.atty.resize(s_.btc);
+      r.gelu.resize(4 * s_.btc);
+      r.lse.resize(s_.lse);
+    }
+    lnf_.resize(s_.btc);
+    lnf_stats_.resize(2 * s_.bt);
+    proj_.resize(s_.btc);
+    dres_.resize(s_.btc);
+    dlnf_.resize(s_.btc);
+    dbtc1_.resize(s_.btc);
+    dbtc2_.resize(s_.btc);
+    dqkv_.resize(3 * s_.btc);
+    dfch_.resize(4 * s_.btc);
+    dgelu_.resize(4 * s_.btc);
+    logits_.resize(head_rows_ * static_cast<size_t>(m_.vocab_size));
+    mem_ = plan_activation_memory(m_, B, params->precision(), mode);
+    mem_.working_bytes += logits_.bytes();
+    mem_.working_bytes -= head_rows(m_, B, e, 0) * static_cast<size_t>(m_.vocab_size) * e;
+  }
+
+  void forward_backward(const int32_t* inputs, const int32_t* targets, float dloss,
+                        float* losses) override {
+    forward_blocks(inputs);
+    head(targets, losses, dloss, /*backward=*/true);
+    backward_blocks(inputs);
+  }
+
+  void forward(const int32_t* inputs, const int32_t* targets, float* losses) override {
+    forward_blocks(inputs);
+    head(targets, losses, 0.0f, /*backward=*/false);
+  }
+
+  ActivationMemory activation_memory() const override { return mem_; }
+  int64_t micro_batch() const override { return B_; }
+  Recompute recompute() const override { return mode_; }
+
+ private:
+  struct RestBuffers {  // kept by none and selective
+    AlignedBuffer<T> ln1, qkv, res2, ln2, fch;
+    AlignedBuffer<float> stats;  // ln1 mean, ln1 rstd, ln2 mean, ln2 rstd (bt each)
+  };
+  struct SelBuffers {  // kept only by none
+    AlignedBuffer<T> atty, gelu;
+    AlignedBuffer<float> lse;
+  };
+  struct Acts {
+    T *ln1, *qkv, *atty, *res2, *ln2, *fch, *gelu;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
+  };
+
+  Acts acts(size_t l) {
+    RestBuffers& r = rest_[rest_.size() == 1 ? 0 : l];
+    SelBuffers& s = sel_[sel_.size() == 1 ? 0 : l];
+    float* st = r.stats.data();
+    return Acts{r.ln1.data(), r.qkv.data(), s.atty.data(), r.res2.data(), r.ln2.data(),
+                r.fch.data(), s.gelu.data(), st, st + s_.bt, st + 2 * s_.bt, st + 3 * s_.bt,
+                s.lse.data()};
+  }
+
+  T* w(int t) { return p_->work<T>(t); }
+  float* g(int t) { return p_->grad(t); }
+
+  int B() const { return static_cast<int>(B_); }
+  int Tn() const { return static_cast<int>(m_.seq_len); }
+  int C() const { return static_cast<int>(m_.d_model); }
+  int NH() const { return static_cast<int>(m_.n_heads); }
+
+  // Block l from x_[l]; writes x_[l+1] unless `recompute` (which stops after the GELU).
+  void block_forward(size_t l, bool recompute) {
+    const BlockTensors& bt = p_->block(static_cast<int>(l));
+    Acts a = acts(l);
+    const T* x = x_[l].data();
+    K::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w(bt.ln1_w), w(bt.ln1_b), B(), Tn(), C());
+    K::matmul_forward(a.qkv, a.ln1, w(bt.qkv_w), w(bt.qkv_b), B(), Tn(), C(), 3 * C());
+    K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), C(), NH());
+    K::matmul_forward(proj_.data(), a.atty, w(bt.attn_proj_w), w(bt.attn_proj_b), B(), Tn(), C(),
+                      C());
+    K::residual_forward(a.res2, x, proj_.data(), s_.btc);
+    K::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w(bt.ln2_w), w(bt.ln2_b), B(),
+                         Tn(), C());
+    K::matmul_forward(a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), 4 * C());
+    K::gelu_forward(a.gelu, a.fch, 4 * s_.btc);
+    if (recompute) return;
+    K::matmul_forward(proj_.data(), a.gelu, w(bt.fc_proj_w), w(bt.fc_proj_b), B(), Tn(), 4 * C(),
+                      C());
+    K::residual_forward(x_[l + 1].data(), a.res2, proj_.data(), s_.btc);
+  }
+
+  void forward_blocks(const int32_t* inputs) {
+    K::encoder_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
+    for (size_t l = 0; l < x_.size() - 1; ++l) block_forward(l, false);
+    K::layernorm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt,
+                         x_.back().data(), w(p_->lnf_w()), w(p_->lnf_b()), B(), Tn(), C());
+  }
+
+  // LM head + cross-entropy in row chunks; with backward, also dlnf and dwte, then d(x_L).
+  void head(const int32_t* targets, float* losses, float dloss, bool backward) {
+    const int V = static_cast<int>(m_.vocab_size);
+    const size_t bt = s_.bt;
+    T* wte = w(p_->wte());
+    if (backward) zero(dlnf_);
+    for (size_t r0 = 0; r0 < bt; r0 += head_rows_) {
+      const int n = static_cast<int>(std::min(head_rows_, bt - r0));
+      const T* in = lnf_.data() + r0 * C();
+      K::matmul_forward(logits_.data(), in, wte, nullptr, 1, n, C(), V);
+      K::crossentropy_forward_backward(backward ? logits_.data() : nullptr, losses + r0,
+                                       logits_.data(), targets + r0, dloss, n, V, V);
+      if (backward) {
+        K::matmul_backward(dlnf_.data() + r0 * C(), g(p_->wte()), nullptr, logits_.data(), in, wte,
+                           1, n, C(), V);
+      }
+    }
+    if (!backward) return;
+    zero(dres_);
+    K::layernorm_backward(dres_.data(), g(p_->lnf_w()), g(p_->lnf_b()), dlnf_.data(),
+                          x_.back().data(), w(p_->lnf_w()), lnf_stats_.data(),
+                          lnf_stats_.data() + s_.bt, B(), Tn(), C());
+  }
+
+  // dres_ holds d(x_L) on entry and d(x_0) on exit; parameter gradients accumulate.
+  void backward_blocks(const int32_t* inputs) {
+    for (size_t l = x_.size() - 1; l-- > 0;) {
+      const BlockTensors& bt = p_->block(static_cast<int>(l));
+      if (mode_ == Recompute::kFull) {
+        block_forward(l, true);
+      }
+      Acts a = acts(l);
+      if (mode_ == Recompute::kSelective) {
+        K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), C(), NH());
+        K::gelu_forward(a.gelu, a.fch, 4 * s_.btc);
+      }
+      const T* x = x_[l].data();
+      // MLP: res3 = res2 + proj(gelu(fc(ln2(res2)))).
+      zero(dgelu_);
+      K::matmul_backward(dgelu_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres_.data(), a.gelu,
+                         w(bt.fc_proj_w), B(), Tn(), 4 * C(), C());
+      zero(dfch_);
+      K::gelu_backward(dfch_.data(), a.fch, dgelu_.data(), 4 * s_.btc);
+      zero(dbtc1_);
+      K::matmul_backward(dbtc1_.data(), g(bt.fc_w), g(bt.fc_b), dfch_.data(), a.ln2, w(bt.fc_w),
+                         B(), Tn(), C(), 4 * C());
+      K::layernorm_backward(dres_.data(), g(bt.ln2_w), g(bt.ln2_b), dbtc1_.data(), a.res2,
+                            w(bt.ln2_w), a.ln2_mean, a.ln2_rstd, B(), Tn(), C());
+      // Attention: res2 = x + proj(attn(qkv(ln1(x)))).
+      zero(dbtc1_);
+      K::matmul_backward(dbtc1_.data(), g(bt.attn_proj_w), g(bt.attn_proj_b), dres_.data(), a.atty,
+                         w(bt.attn_proj_w), B(), Tn(), C(), C());
+      zero(dqkv_);
+      K::attention_backward(dqkv_.data(), dbtc1_.data(), a.qkv, a.atty, a.lse, B(), Tn(), C(),
+                            NH());
+      zero(dbtc2_);
+      K::matmul_backward(dbtc2_.data(), g(bt.qkv_w), g(bt.qkv_b), dqkv_.data(), a.ln1, w(bt.qkv_w),
+                         B(), Tn(), C(), 3 * C());
+      K::layernorm_backward(dres_.data(), g(bt.ln1_w), g(bt.ln1_b), dbtc2_.data(), x, w(bt.ln1_w),
+                            a.ln1_mean, a.ln1_rstd, B(), Tn(), C());
+    }
+    K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(), C());
+  }
+
+  template <typename U>
+  static void zero(AlignedBuffer<U>& b) {
+    std::memset(static_cast<void*>(b.data()), 0, b.bytes());
+  }
+
+  ParamStore* p_;
+  ModelConfig m_;
+  int64_t B_;
+  Recompute mode_;
+  BlockSizes s_;
+  size_t head_rows_ = 0;
+  std::vector<AlignedBuffer<T>> x_;
+  std::vector<RestBuffers> rest_;
+  std::vector<SelBuffers> sel_;
+  AlignedBuffer<T> lnf_, proj_, dres_, dlnf_, dbtc1_, dbtc2_, dqkv_, dfch_, dgelu_, logits_;
+  AlignedBuffer<float> lnf_stats_;
+  ActivationMemory mem_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> Model::create(ParamStore* params, int64_t micro_batch, Recompute mode,
+                                     int64_t head_chunk_rows) {
+  switch (params->precision()) {
+    case Precision::kFp32:
+      return std::make_unique<GptModel<float>>(params, micro_batch, mode, head_chunk_rows);
+    case Precision::kBf16:
+      return std::make_unique<GptModel<bf16>>(params, micro_batch, mode, head_chunk_rows);
+    case Precision::kFp16:
+      return std::make_unique<GptModel<fp16>>(params, micro_batch, mode, head_chunk_rows);
+  }
+  return nullptr;
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,62 @@
+// The GPT-2 decoder: token + learned position embeddings, pre-LayerNorm blocks (causal multi-head
+// attention, GELU MLP 4x), final LayerNorm, LM head tied to the token embedding.
+//
+// The model owns its activation buffers (sized for one micro-batch at construction) and reads
+// and writes parameters and fp32 gradients in a ParamStore it does not own. Every operator comes
+// from the kernel API (kernels/ops.h); the storage type of activations and working parameters is
+// the run's precision (fp32, bf16 or fp16), parameter gradients are fp32.
+//
+// Activation checkpointing (engine/train_config.h Recompute):
+//   none       every block keeps ln1, qkv, attention output + logsumexp, res2, ln2, fc, gelu
+//   selective  the attention output/logsumexp and the GELU output are recomputed in backward
+//              (from qkv and fc) instead of kept: about 5 of 16 values per token and channel
+//   full       only block inputs are kept; each block's forward is rerun before its backward
+// Recomputation reruns the same deterministic kernels, so all three give bit-identical results.
+//
+// The LM head and the fused softmax + cross-entropy run in chunks of rows, so the (tokens x vocab)
+// logits never exist at once. Not thread-safe: one model per training thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/params.h"
+#include "engine/train_config.h"
+
+namespace kiln::engine {
+
+struct ActivationMemory {
+  size_t kept_bytes = 0;       // activations kept from forward to backward
+  size_t recompute_bytes = 0;  // buffers for recomputed activations (one block's worth, shared)
+  size_t working_bytes = 0;    // transient buffers: gradients of activations, head chunk, scratch
+  size_t total() const { return kept_bytes + recompute_bytes + working_bytes; }
+};
+
+// What a model of this shape allocates for one micro-batch of `micro_batch` sequences.
+ActivationMemory plan_activation_memory(const ModelConfig& model, int64_t micro_batch,
+                                        Precision precision, Recompute mode);
+
+class Model {
+ public:
+  // params must outlive the model. head_chunk_rows 0: chosen so a logits chunk is ~8 MiB.
+  static std::unique_ptr<Model> create(ParamStore* params, int64_t micro_batch, Recompute mode,
+                                       int64_t head_chunk_rows = 0);
+  virtual ~Model() = default;
+
+  // One micro-batch: inputs and targets are (micro_batch, seq_len) token ids; a target < 0 is
+  // ignored (loss 0, no gradient). Runs forward, the loss and backward, ACCUMULATING the fp32
+  // parameter gradients of dloss * sum(losses) into the ParamStore (zero them before the first
+  // micro-batch of a step). losses receives the per-token cross-entropy (natural log, unscaled).
+  virtual void forward_backward(const int32_t* inputs, const int32_t* targets, float dloss,
+                                float* losses) = 0;
+  // Forward and per-token losses only.
+  virtual void forward(const int32_t* inputs, const int32_t* targets, float* losses) = 0;
+
+  virtual ActivationMemory activation_memory() const = 0;
+  virtual int64_t micro_batch() const = 0;
+  virtual Recompute recompute() const = 0;
+};
+
+}  // namespace kiln::engine

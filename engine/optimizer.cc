@@ -1,0 +1,65 @@
+#include "engine/optimizer.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace kiln::engine {
+
+StepStats AdamW::inspect(const ParamStore& params, double loss_scale) const {
+  const double clip = config_.clip_grad;
+  std::vector<const float*> ptrs;
+  std::vector<size_t> sizes;
+  for (const auto& u : params.units()) {
+    ptrs.push_back(u.grad.data());
+    sizes.push_back(u.numel);
+  }
+  const double ss = cpu::sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()));
+  StepStats s;
+  s.grad_norm = std::sqrt(ss) / loss_scale;
+  s.finite = std::isfinite(s.grad_norm);
+  if (s.finite && clip > 0 && s.grad_norm > clip) s.clip_coef = clip / (s.grad_norm + 1e-6);
+  return s;
+}
+
+StepStats AdamW::step(ParamStore& params, double lr, double loss_scale) {
+  StepStats s = inspect(params, loss_scale);
+  if (s.finite) apply(params, lr, loss_scale, s);
+  return s;
+}
+
+void AdamW::apply(ParamStore& params, double lr, double loss_scale, const StepStats& s) {
+  KILN_CHECK(s.finite, "AdamW::apply with non-finite gradients");
+  ++updates_;
+  AdamWParams hp;
+  hp.lr = static_cast<float>(lr);
+  hp.beta1 = config_.beta1;
+  hp.beta2 = config_.beta2;
+  hp.eps = config_.eps;
+  hp.grad_scale = static_cast<float>(s.clip_coef / loss_scale);
+  hp.step = updates_;
+  const auto& tensors = params.tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int t = static_cast<int>(i);
+    hp.weight_decay = tensors[i].decay ? config_.weight_decay : 0.0f;
+    float* p = params.master(t);
+    float* m = params.exp_avg(t);
+    float* v = params.exp_avg_sq(t);
+    const float* g = params.grad(t);
+    const size_t n = tensors[i].numel;
+    switch (params.precision()) {
+      case Precision::kFp32:
+        cpu::adamw_update(p, m, v, g, n, hp);
+        break;
+      case Precision::kBf16:
+        cpu::adamw_update(p, m, v, g, n, hp, params.work<bf16>(t));
+        break;
+      case Precision::kFp16:
+        cpu::adamw_update(p, m, v, g, n, hp, params.work<fp16>(t));
+        break;
+    }
+  }
+}
+
+}  // namespace kiln::engine

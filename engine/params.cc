@@ -1,0 +1,185 @@
+#include "engine/params.h"
+
+#include <tbb/parallel_for.h>
+
+#include <cmath>
+
+#include "common/hash.h"
+#include "engine/rng.h"
+#include "kernels/ops.h"
+
+namespace kiln::engine {
+namespace {
+constexpr size_t kAlign = 16;  // elements (64 bytes of fp32)
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases)
+    : model_(model), precision_(precision), decay_norms_and_biases_(decay_norms_and_biases) {
+  const int64_t V = model.vocab_size, C = model.d_model, T = model.seq_len;
+  add_unit("embed");
+  wte_ = add(0, "wte", {V, C}, TensorRole::kEmbedding);
+  wpe_ = add(0, "wpe", {T, C}, TensorRole::kEmbedding);
+  for (int l = 0; l < model.n_layers; ++l) {
+    const std::string p = "blocks." + std::to_string(l) + ".";
+    add_unit("blocks." + std::to_string(l));
+    const int u = static_cast<int>(units_.size()) - 1;
+    BlockTensors b;
+    b.ln1_w = add(u, p + "ln1.weight", {C}, TensorRole::kNormGain);
+    b.ln1_b = add(u, p + "ln1.bias", {C}, TensorRole::kNormBias);
+    b.qkv_w = add(u, p + "attn.qkv.weight", {3 * C, C}, TensorRole::kMatrix);
+    b.qkv_b = add(u, p + "attn.qkv.bias", {3 * C}, TensorRole::kBias);
+    b.attn_proj_w = add(u, p + "attn.proj.weight", {C, C}, TensorRole::kResidualOut);
+    b.attn_proj_b = add(u, p + "attn.proj.bias", {C}, TensorRole::kBias);
+    b.ln2_w = add(u, p + "ln2.weight", {C}, TensorRole::kNormGain);
+    b.ln2_b = add(u, p + "ln2.bias", {C}, TensorRole::kNormBias);
+    b.fc_w = add(u, p + "mlp.fc.weight", {4 * C, C}, TensorRole::kMatrix);
+    b.fc_b = add(u, p + "mlp.fc.bias", {4 * C}, TensorRole::kBias);
+    b.fc_proj_w = add(u, p + "mlp.proj.weight", {C, 4 * C}, TensorRole::kResidualOut);
+    b.fc_proj_b = add(u, p + "mlp.proj.bias", {C}, TensorRole::kBias);
+    blocks_.push_back(b);
+  }
+  add_unit("final");
+  const int uf = static_cast<int>(units_.size()) - 1;
+  lnf_w_ = add(uf, "ln_f.weight", {C}, TensorRole::kNormGain);
+  lnf_b_ = add(uf, "ln_f.bias", {C}, TensorRole::kNormBias);
+
+  const bool low = precision != Precision::kFp32;
+  for (auto& u : units_) {
+    u.numel = round_up(u.numel, 64);
+    u.master.resize(u.numel);
+    u.grad.resize(u.numel);
+    u.m.resize(u.numel);
+    u.v.resize(u.numel);
+    if (low) u.lp.resize(u.numel);
+  }
+}
+
+void ParamStore::add_unit(const std::string& name) {
+  units_.emplace_back();
+  units_.back().name = name;
+}
+
+int ParamStore::add(int unit, const std::string& name, std::vector<int64_t> shape,
+                    TensorRole role) {
+  ParamTensor t;
+  t.name = name;
+  t.shape = std::move(shape);
+  t.unit = unit;
+  t.numel = 1;
+  for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
+  t.role = role;
+  const bool is_vector = role == TensorRole::kBias || role == TensorRole::kNormGain ||
+                         role == TensorRole::kNormBias;
+  t.decay = !is_vector || decay_norms_and_biases_;
+  ParamUnit& u = units_[unit];
+  t.offset = round_up(u.numel, kAlign);
+  u.numel = t.offset + t.numel;
+  tensors_.push_back(std::move(t));
+  u.tensors.push_back(static_cast<int>(tensors_.size()) - 1);
+  return static_cast<int>(tensors_.size()) - 1;
+}
+
+DType ParamStore::work_dtype() const {
+  switch (precision_) {
+    case Precision::kFp32: return DType::kF32;
+    case Precision::kBf16: return DType::kBF16;
+    case Precision::kFp16: return DType::kF16;
+  }
+  return DType::kF32;
+}
+
+int ParamStore::find(const std::string& name) const {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (tensors_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+void ParamStore::init(uint64_t seed) {
+  const double L = static_cast<double>(model_.n_layers);
+  const double std0 = model_.init_std;
+  // DeepNet (Wang et al. 2022) decoder init: Xavier-normal, with gain beta = (8N)^(-1/4) on the
+  // value projection, attention output and both MLP matrices (N = layers).
+  const double beta = std::pow(8.0 * L, -0.25);
+  for (auto& u : units_) {
+    std::memset(u.master.data(), 0, u.master.bytes());
+    std::memset(u.grad.data(), 0, u.grad.bytes());
+    std::memset(u.m.data(), 0, u.m.bytes());
+    std::memset(u.v.data(), 0, u.v.bytes());
+  }
+  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+    const ParamTensor& t = tensors_[ti];
+    float* w = master(static_cast<int>(ti));
+    if (t.role == TensorRole::kBias || t.role == TensorRole::kNormBias) continue;  // zeros
+    if (t.role == TensorRole::kNormGain) {
+      for (size_t i = 0; i < t.numel; ++i) w[i] = 1.0f;
+      continue;
+    }
+    const uint64_t stream = xxh3_64(t.name);
+    const size_t cols = static_cast<size_t>(t.shape.back());
+    // std per row: DeepNet's q/k/v split needs rows of qkv to differ.
+    auto row_std = [&](size_t row) -> double {
+      if (model_.init == InitScheme::kGpt2) {
+        return t.role == TensorRole::kResidualOut ? std0 / std::sqrt(2.0 * L) : std0;
+      }
+      if (t.role == TensorRole::kEmbedding) return std0;
+      const double fan_out = static_cast<double>(t.shape[0]);
+      const double fan_in = static_cast<double>(cols);
+      const bool is_qkv = t.name.find("attn.qkv") != std::string::npos;
+      if (is_qkv) {  // q, k, v are three (C, C) matrices
+        const double c = fan_in;
+        const double xavier = std::sqrt(2.0 / (c + c));
+        const bool is_v = row >= static_cast<size_t>(2 * model_.d_model);
+        return is_v ? beta * xavier : xavier;
+      }
+      return beta * std::sqrt(2.0 / (fan_in + fan_out));
+    };
+    const size_t rows = t.numel / cols;
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, rows, 64),
+                      [&](const tbb::blocked_range<size_t>& r) {
+                        for (size_t row = r.begin(); row != r.end(); ++row) {
+                          const double s = row_std(row);
+                          for (size_t c = 0; c < cols; ++c) {
+                            const size_t i = row * cols + c;
+                            w[i] = static_cast<float>(s * random_normal(seed, stream, i));
+                          }
+                        }
+                      });
+  }
+  sync_low_precision();
+}
+
+void ParamStore::sync_low_precision() {
+  if (precision_ == Precision::kFp32) return;
+  for (auto& u : units_) {
+    if (precision_ == Precision::kBf16) {
+      cpu::cast(reinterpret_cast<bf16*>(u.lp.data()), u.master.data(), u.numel);
+    } else {
+      cpu::cast(reinterpret_cast<fp16*>(u.lp.data()), u.master.data(), u.numel);
+    }
+  }
+}
+
+void ParamStore::zero_grads() {
+  for (auto& u : units_) std::memset(u.grad.data(), 0, u.grad.bytes());
+}
+
+size_t ParamStore::num_params() const {
+  size_t n = 0;
+  for (const auto& t : tensors_) n += t.numel;
+  return n;
+}
+
+size_t ParamStore::padded_numel() const {
+  size_t n = 0;
+  for (const auto& u : units_) n += u.numel;
+  return n;
+}
+
+size_t ParamStore::state_bytes() const {
+  size_t n = 0;
+  for (const auto& u : units_) n += u.master.bytes() + u.grad.bytes() + u.m.bytes() + u.v.bytes() + u.lp.bytes();
+  return n;
+}
+
+}  // namespace kiln::engine

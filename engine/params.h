@@ -1,0 +1,163 @@
+// Model parameters, gradients and optimizer state in per-unit flat buffers.
+//
+// A "unit" is the granule the distributed engine shards, gathers and frees: the embeddings
+// (wte, wpe), each transformer block, and the final LayerNorm. Each unit owns five flat buffers
+// of the same padded length: fp32 master weights, fp32 gradients, AdamW first and second moments
+// (fp32), and - for bf16/fp16 - the low-precision working copy that forward/backward read.
+// Tensors are views at fixed, 64-byte-aligned offsets inside their unit; padding is zero and stays
+// zero (its gradient is never written). Names follow "blocks.3.attn.qkv.weight"; matrices are
+// (out_features, in_features) row-major, as torch.nn.Linear.
+//
+// Initialisation is a pure function of (seed, tensor name, element index) (engine/rng.h), so any
+// shard of any tensor can be initialised on its own and the values do not depend on threads.
+// Not thread-safe for concurrent mutation; the training loop owns it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/train_config.h"
+#include "kernels/dtype.h"
+
+namespace kiln::engine {
+
+// 64-byte-aligned, zero-initialised array of trivially copyable T. Move-only.
+template <typename T>
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t n) { resize(n); }
+  void resize(size_t n) {
+    size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
+    T* p = n ? static_cast<T*>(std::aligned_alloc(64, bytes)) : nullptr;
+    KILN_CHECK(n == 0 || p != nullptr, "out of memory");
+    if (p) std::memset(static_cast<void*>(p), 0, bytes);
+    data_.reset(p);
+    size_ = n;
+  }
+  void clear() { data_.reset(); size_ = 0; }
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  size_t bytes() const { return size_ * sizeof(T); }
+  bool empty() const { return size_ == 0; }
+  T& operator[](size_t i) { return data_.get()[i]; }
+  const T& operator[](size_t i) const { return data_.get()[i]; }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data_;
+  size_t size_ = 0;
+};
+
+enum class TensorRole {
+  kEmbedding,      // wte, wpe
+  kMatrix,         // linear weights
+  kResidualOut,    // linear weights that write into the residual stream (attn.proj, mlp.proj)
+  kBias,
+  kNormGain,
+  kNormBias,
+};
+
+struct ParamTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int unit = 0;
+  size_t offset = 0;  // elements from the start of its unit
+  size_t numel = 0;
+  TensorRole role = TensorRole::kMatrix;
+  bool decay = true;  // AdamW weight decay applies
+};
+
+struct ParamUnit {
+  std::string name;           // "embed", "blocks.3", "final"
+  std::vector<int> tensors;   // indices into ParamStore::tensors()
+  size_t numel = 0;           // padded length of every buffer below
+  AlignedBuffer<float> master;
+  AlignedBuffer<float> grad;
+  AlignedBuffer<float> m;
+  AlignedBuffer<float> v;
+  AlignedBuffer<uint16_t> lp;  // bf16/fp16 bits; empty in fp32
+};
+
+// Indices of one block's tensors.
+struct BlockTensors {
+  int ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, fc_proj_w,
+      fc_proj_b;
+};
+
+class ParamStore {
+ public:
+  ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases = false);
+
+  // GPT-2 or DeepNet-style initialisation of the master weights (zeroes grads and moments, then
+  // refreshes the low-precision copy).
+  void init(uint64_t seed);
+  // Refreshes every unit's low-precision copy from its master weights (round to nearest even).
+  void sync_low_precision();
+  void zero_grads();
+
+  const ModelConfig& model() const { return model_; }
+  Precision precision() const { return precision_; }
+  DType work_dtype() const;
+  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  std::vector<ParamUnit>& units() { return units_; }
+  const std::vector<ParamUnit>& units() const { return units_; }
+  int find(const std::string& name) const;  // -1 when absent
+
+  // Tensor views.
+  float* master(int t) { return units_[tensors_[t].unit].master.data() + tensors_[t].offset; }
+  float* grad(int t) { return units_[tensors_[t].unit].grad.data() + tensors_[t].offset; }
+  float* exp_avg(int t) { return units_[tensors_[t].unit].m.data() + tensors_[t].offset; }
+  float* exp_avg_sq(int t) { return units_[tensors_[t].unit].v.data() + tensors_[t].offset; }
+  const float* master(int t) const { return units_[tensors_[t].unit].master.data() + tensors_[t].offset; }
+  const float* grad(int t) const { return units_[tensors_[t].unit].grad.data() + tensors_[t].offset; }
+  const float* exp_avg(int t) const { return units_[tensors_[t].unit].m.data() + tensors_[t].offset; }
+  const float* exp_avg_sq(int t) const { return units_[tensors_[t].unit].v.data() + tensors_[t].offset; }
+  // The working (forward/backward) copy in storage type T; T must match work_dtype().
+  template <typename T>
+  T* work(int t);
+
+  int wte() const { return wte_; }
+  int wpe() const { return wpe_; }
+  int lnf_w() const { return lnf_w_; }
+  int lnf_b() const { return lnf_b_; }
+  const BlockTensors& block(int l) const { return blocks_[l]; }
+
+  size_t num_params() const;         // unpadded
+  size_t padded_numel() const;       // all units
+  size_t state_bytes() const;        // all buffers of all units
+
+ private:
+  void add_unit(const std::string& name);
+  int add(int unit, const std::string& name, std::vector<int64_t> shape, TensorRole role);
+  ModelConfig model_;
+  Precision precision_;
+  bool decay_norms_and_biases_;
+  std::vector<ParamTensor> tensors_;
+  std::vector<ParamUnit> units_;
+  std::vector<BlockTensors> blocks_;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+};
+
+template <typename T>
+T* ParamStore::work(int t) {
+  KILN_CHECK(dtype_of<T>() == work_dtype(), "ParamStore::work with the wrong dtype");
+  ParamUnit& u = units_[tensors_[t].unit];
+  if constexpr (std::is_same_v<T, float>) {
+    return u.master.data() + tensors_[t].offset;
+  } else {
+    return reinterpret_cast<T*>(u.lp.data()) + tensors_[t].offset;
+  }
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,134 @@
+#include "engine/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+
+#include "common/atomic_file.h"
+
+namespace kiln::engine {
+
+size_t safetensors_dtype_size(const std::string& dtype) {
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "BF16" || dtype == "F16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "U8" || dtype == "I8" || dtype == "BOOL") return 1;
+  return 0;
+}
+
+namespace {
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+}  // namespace
+
+Status write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  // nlohmann::ordered_json keeps insertion order, so the header bytes are deterministic.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = meta;
+  }
+  size_t offset = 0;
+  for (const auto& t : tensors) {
+    size_t esize = safetensors_dtype_size(t.dtype);
+    KILN_CHECK(esize != 0, "unknown safetensors dtype " + t.dtype);
+    size_t count = 1;
+    for (int64_t d : t.shape) count *= static_cast<size_t>(d);
+    KILN_CHECK(count * esize == t.bytes, "tensor " + t.name + " size does not match its shape");
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
+  }
+  std::string head = header.dump();
+  while (head.size() % 8 != 0) head.push_back(' ');
+  uint64_t n = head.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  AtomicFile f;
+  KILN_RETURN_IF_ERROR(f.open(path));
+  KILN_RETURN_IF_ERROR(f.write(std::string_view(reinterpret_cast<const char*>(len), 8)));
+  KILN_RETURN_IF_ERROR(f.write(head));
+  for (const auto& t : tensors) {
+    KILN_RETURN_IF_ERROR(f.write(std::string_view(static_cast<const char*>(t.data), t.bytes)));
+  }
+  return f.commit();
+}
+
+Result<SafetensorsFile> SafetensorsFile::read(const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+  KILN_ASSIGN_OR_RETURN(f.bytes_, read_file(path));
+  if (f.bytes_.size() < 8) return Status::data("truncated safetensors file").with_file(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(f.bytes_[i])) << (8 * i);
+  if (n > f.bytes_.size() - 8 || n > (100u << 20)) {
+    return Status::data("safetensors header length out of range").with_file(path);
+  }
+  f.data_start_ = 8 + n;
+  const size_t data_size = f.bytes_.size() - f.data_start_;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(f.bytes_.substr(8, n));
+  } catch (const nlohmann::json::exception& e) {
+    return Status::data(std::string("safetensors header is not JSON: ") + e.what()).with_file(path);
+  }
+  if (!header.is_object()) return Status::data("safetensors header is not an object").with_file(path);
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it.value().is_object()) return Status::data("bad __metadata__").with_file(path);
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        if (!m.value().is_string()) return Status::data("metadata values must be strings").with_file(path);
+        f.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const auto& v = it.value();
+    Entry e;
+    try {
+      e.dtype = v.at("dtype").get<std::string>();
+      e.shape = v.at("shape").get<std::vector<int64_t>>();
+      auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
+      if (offs.size() != 2) throw std::runtime_error("data_offsets");
+      e.begin = offs[0];
+      e.end = offs[1];
+    } catch (const std::exception&) {
+      return Status::data("malformed tensor entry").with_file(path).with_key(it.key());
+    }
+    size_t esize = safetensors_dtype_size(e.dtype);
+    size_t count = 1;
+    for (int64_t d : e.shape) {
+      if (d < 0) return Status::data("negative dimension").with_file(path).with_key(it.key());
+      count *= static_cast<size_t>(d);
+    }
+    if (esize == 0 || e.begin > e.end || e.end > data_size || e.end - e.begin != count * esize) {
+      return Status::data("tensor bytes do not match dtype/shape or lie outside the file")
+          .with_file(path).with_key(it.key());
+    }
+    f.index_[it.key()] = e;
+  }
+  return f;
+}
+
+Result<const void*> SafetensorsFile::get(const std::string& name, const std::string& dtype,
+                                         const std::vector<int64_t>& shape) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return Status::data("missing tensor").with_file(path_).with_key(name);
+  if (it->second.dtype != dtype || it->second.shape != shape) {
+    return Status::data("expected " + dtype + " " + shape_text(shape) + ", found " +
+                        it->second.dtype + " " + shape_text(it->second.shape))
+        .with_file(path_).with_key(name);
+  }
+  return static_cast<const void*>(bytes_.data() + data_start_ + it->second.begin);
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : index_) out.push_back(k);
+  return out;
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,57 @@
+// safetensors files (https://github.com/huggingface/safetensors): the tensor format of Kiln
+// checkpoints, readable by the wider ecosystem (safetensors / transformers in Python).
+//
+// Layout: 8-byte little-endian header length N, N bytes of JSON
+// {"<name>": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}}
+// padded with spaces to a multiple of 8, then the tensor bytes, contiguous, in the order given.
+// Writing is atomic (common/atomic_file.h). Reading validates the header (offsets inside the file,
+// contiguous, sizes = product(shape) * element size) and names the file and tensor on error.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kiln::engine {
+
+struct TensorView {
+  std::string name;
+  std::string dtype;  // "F32", "BF16", "F16", "I64", "U8"
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+size_t safetensors_dtype_size(const std::string& dtype);  // 0 when unknown
+
+Status write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
+
+// A whole file read into memory. Not thread-safe for concurrent loads; reads are const.
+class SafetensorsFile {
+ public:
+  static Result<SafetensorsFile> read(const std::string& path);
+  // The tensor's bytes, checking dtype and shape. Data error naming file and tensor otherwise.
+  Result<const void*> get(const std::string& name, const std::string& dtype,
+                          const std::vector<int64_t>& shape) const;
+  bool has(const std::string& name) const { return index_.count(name) != 0; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  std::vector<std::string> names() const;
+
+ private:
+  struct Entry {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    size_t begin = 0, end = 0;
+  };
+  std::string path_;
+  std::string bytes_;
+  size_t data_start_ = 0;
+  std::map<std::string, Entry> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace kiln::engine

@@ -1,0 +1,129 @@
+// The training configuration: the `kiln train` schema (YAML defaults), parsed and validated.
+//
+// Sections follow ../shared/DESIGN.md "Train config": model, parallel, precision, loss_scale,
+// optimizer, schedule, activation_checkpointing, data, checkpoint, stability, run, device.
+// parse_train_config() checks every value and names the key on error (a config error, exit 2).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+
+namespace kiln::engine {
+
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class Recompute { kNone, kSelective, kFull };  // activation checkpointing
+enum class InitScheme { kGpt2, kDeepNet };
+enum class ScheduleKind { kConstant, kCosine, kWsd };
+enum class DecayShape { kLinear, kCosine, kOneMinusSqrt };
+
+const char* precision_name(Precision p);
+const char* recompute_name(Recompute r);
+
+struct ModelConfig {
+  int64_t vocab_size = 8192;
+  int64_t d_model = 256;
+  int64_t n_layers = 4;
+  int64_t n_heads = 4;
+  int64_t seq_len = 256;  // also the size of the learned position table
+  InitScheme init = InitScheme::kGpt2;
+  float init_std = 0.02f;
+};
+
+// Dynamic loss scaling (fp16 only), DeepSpeed/Megatron semantics: an overflow skips the step and
+// spends one unit of hysteresis; when hysteresis is spent the scale is multiplied by
+// backoff_factor (not below min_scale). After growth_interval consecutive clean steps the scale is
+// multiplied by growth_factor and hysteresis is refilled.
+struct LossScaleConfig {
+  double initial = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  int64_t hysteresis = 2;
+  double min_scale = 1.0;
+};
+
+struct OptimizerConfig {
+  double lr = 6e-4;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float clip_grad = 1.0f;             // global-norm clip; 0 disables
+  bool decay_norms_and_biases = false;  // by default only matrices and embeddings decay
+};
+
+struct ScheduleConfig {
+  ScheduleKind kind = ScheduleKind::kCosine;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;     // 0: run.steps
+  double min_lr_ratio = 0.1;   // floor = lr * min_lr_ratio
+  double decay_fraction = 0.2; // wsd: the final fraction of total_steps that decays
+  DecayShape decay_shape = DecayShape::kOneMinusSqrt;  // wsd decay shape
+};
+
+struct DataConfig {
+  std::string manifest;             // "" : synthetic data
+  int64_t micro_batch = 8;
+  int64_t grad_accum = 1;
+  std::map<std::string, double> mixture;  // empty: the manifest's token shares
+  int64_t prefetch_depth = 4;       // batches the loader prepares ahead
+  int64_t workers = 1;              // loader worker threads
+};
+
+struct ParallelConfig {
+  int64_t tp = 1;
+  int64_t zero_stage = 0;
+  int64_t prefetch = 1;  // ZeRO-3: layers gathered ahead (distributed engine)
+};
+
+struct CheckpointConfig {
+  int64_t every_steps = 0;  // 0: only at the end of the run
+  int64_t keep_last = 3;    // 0: keep all
+};
+
+struct StabilityConfig {
+  bool skip_nonfinite = true;  // skip a step whose gradients hold inf/NaN (all precisions)
+  // Testing hook: after backward at these steps, one gradient value is set to +inf so the real
+  // overflow path runs (skip, count, loss-scale backoff).
+  std::vector<int64_t> inject_overflow_at;
+};
+
+struct RunConfig {
+  std::string dir = "runs/default";
+  int64_t steps = 100;
+  uint64_t seed = 1234;
+  int64_t log_every = 1;  // console line every N steps (metrics.jsonl gets every step)
+  int64_t threads = 0;    // host threads for kernels; 0: all cores
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  ParallelConfig parallel;
+  Precision precision = Precision::kFp32;
+  LossScaleConfig loss_scale;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  Recompute activation_checkpointing = Recompute::kNone;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  StabilityConfig stability;
+  RunConfig run;
+  std::string device = "cpu";
+};
+
+// The YAML defaults: the schema of `kiln train` configs.
+extern const char* const kTrainConfigDefaults;
+// Config paths whose children are free-form (domain names).
+std::vector<std::string> train_config_open_paths();
+
+// Loads file + sets over the defaults (see common/config.h).
+Result<Config> load_train_config(const std::string& file, const std::vector<std::string>& sets);
+// Typed, validated view. Errors are kConfig with the key.
+Result<TrainConfig> parse_train_config(const Config& cfg);
+
+}  // namespace kiln::engine

@@ -1,0 +1,392 @@
+#include "engine/trainer.h"
+
+#include <nlohmann/json.hpp>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/atomic_file.h"
+#include "common/log.h"
+#include "engine/schedule.h"
+#include "kernels/ops.h"
+
+namespace kiln::engine {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string human_count(double v) {
+  char buf[32];
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+// JSON has no inf/NaN: those become null.
+nlohmann::json number_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+std::string step_record_json(const StepRecord& r) {
+  nlohmann::ordered_json j;
+  j["step"] = r.step;
+  j["loss"] = number_or_null(r.loss);
+  j["lr"] = r.lr;
+  j["grad_norm"] = number_or_null(r.grad_norm);
+  j["loss_scale"] = r.loss_scale ? nlohmann::ordered_json(*r.loss_scale) : nlohmann::ordered_json(nullptr);
+  j["tokens"] = r.tokens;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["step_ms"] = r.step_ms;
+  j["skipped"] = r.skipped;
+  if (r.skipped) j["skip_reason"] = r.skip_reason;
+  j["clip_coef"] = r.clip_coef;
+  nlohmann::ordered_json dl = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : r.domain_loss) dl[k] = number_or_null(v);
+  j["domain_loss"] = dl;
+  nlohmann::ordered_json dw = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : r.domain_weights) dw[k] = v;
+  j["domain_weights"] = dw;
+  j["loader_wait_ms"] = r.loader_wait_ms;
+  return j.dump();
+}
+
+Trainer::~Trainer() {
+  if (metrics_) std::fclose(metrics_);
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
+                                               const std::string& config_yaml,
+                                               const TrainOptions& options) {
+  if (config.device != "cpu") {
+    return Status::unimplemented("device '" + config.device +
+                                 "': this build trains on the CPU only (set device: cpu)")
+        .with_key("device");
+  }
+  if (config.parallel.tp != 1 || config.parallel.zero_stage != 0) {
+    return Status::unimplemented(
+        "tensor parallelism and ZeRO need the distributed engine; set parallel.tp: 1 and "
+        "parallel.zero_stage: 0 for single-process training")
+        .with_key(config.parallel.tp != 1 ? "parallel.tp" : "parallel.zero_stage");
+  }
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->config_ = config;
+  t->config_yaml_ = config_yaml;
+  t->options_ = options;
+  cpu::set_num_threads(static_cast<int>(config.run.threads));
+
+  KILN_ASSIGN_OR_RETURN(t->data_, open_data_source(config));
+  t->params_ = std::make_unique<ParamStore>(config.model, config.precision,
+                                            config.optimizer.decay_norms_and_biases);
+  t->params_->init(config.run.seed);
+  t->optimizer_ = std::make_unique<AdamW>(config.optimizer);
+  t->scaler_ = LossScaler(config.loss_scale, config.precision == Precision::kFp16);
+  t->model_ = Model::create(t->params_.get(), config.data.micro_batch,
+                            config.activation_checkpointing);
+  std::set<std::string> domains(t->data_->domains().begin(), t->data_->domains().end());
+  t->mixture_ = std::make_unique<MixtureWatcher>(config.run.dir, domains);
+  t->state_.seed = config.run.seed;
+  t->state_.scaler = t->scaler_.state();
+
+  KILN_RETURN_IF_ERROR(t->prepare_run_dir());
+
+  // Report sizes: parameters, model states, activations per checkpointing mode.
+  const auto& m = config.model;
+  KILN_LOG_INFO("model: {} parameters (vocab {}, d_model {}, {} layers, {} heads, seq {}), {}",
+                human_count(static_cast<double>(t->params_->num_params())), m.vocab_size,
+                m.d_model, m.n_layers, m.n_heads, m.seq_len, precision_name(config.precision));
+  KILN_LOG_INFO("model states (weights, grads, AdamW moments{}): {}",
+                config.precision == Precision::kFp32 ? "" : ", low-precision copy",
+                mib(t->params_->state_bytes()));
+  const ActivationMemory none = plan_activation_memory(m, config.data.micro_batch,
+                                                       config.precision, Recompute::kNone);
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    ActivationMemory a = plan_activation_memory(m, config.data.micro_batch, config.precision, r);
+    const size_t stored = a.kept_bytes + a.recompute_bytes;
+    const size_t base = none.kept_bytes + none.recompute_bytes;
+    KILN_LOG_INFO("activations ({}{}): kept {} + recompute buffers {} = {}; saves {} vs none",
+                  recompute_name(r), r == config.activation_checkpointing ? ", this run" : "",
+                  mib(a.kept_bytes), mib(a.recompute_bytes), mib(stored),
+                  mib(base > stored ? base - stored : 0));
+  }
+  KILN_LOG_INFO("data: {}", t->data_->describe());
+
+  if (options.resume) {
+    auto latest = latest_checkpoint(config.run.dir);
+    if (!latest.is_ok() && latest.status().code() != StatusCode::kNotFound) {
+      return std::move(latest).take_status();
+    }
+    if (latest.is_ok()) {
+      KILN_RETURN_IF_ERROR(load_checkpoint(*latest, t->params_.get(), &t->state_));
+      if (t->state_.seed != config.run.seed) {
+        return Status::config("run.seed differs from the checkpoint's (" +
+                              std::to_string(t->state_.seed) + ")")
+            .with_key("run.seed");
+      }
+      KILN_RETURN_IF_ERROR(t->data_->restore(t->state_.data_state).prefixed("restoring data state"));
+      t->scaler_.set_state(t->state_.scaler);
+      t->optimizer_->set_updates(t->state_.adam_updates);
+      t->mixture_->set_applied_hash(t->state_.mixture_hash);
+      t->last_saved_step_ = t->state_.step;
+      KILN_LOG_INFO("resumed from {} (step {}, {} tokens)", *latest, t->state_.step,
+                    t->state_.tokens);
+    } else {
+      KILN_LOG_WARN("--resume: no checkpoint in {}; starting from step 0", config.run.dir);
+    }
+  }
+  // metrics.jsonl: keep the lines up to the step we continue from, then append.
+  const std::string metrics_path = (fs::path(config.run.dir) / "metrics.jsonl").string();
+  {
+    std::string kept;
+    std::ifstream in(metrics_path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      try {
+        auto j = nlohmann::json::parse(line);
+        if (j.at("step").get<int64_t>() <= t->state_.step) kept += line + "\n";
+      } catch (const std::exception&) {
+        // a torn last line from a killed run: dropped
+      }
+    }
+    KILN_RETURN_IF_ERROR(write_file_atomic(metrics_path, kept));
+  }
+  t->metrics_ = std::fopen(metrics_path.c_str(), "ab");
+  if (!t->metrics_) return Status::from_errno("open for appending", metrics_path);
+  return t;
+}
+
+Status Trainer::prepare_run_dir() {
+  const fs::path dir(config_.run.dir);
+  std::error_code ec;
+  fs::create_directories(dir / "control", ec);
+  if (ec) return Status::io("cannot create run directory: " + ec.message()).with_file(dir.string());
+  const bool has_run = fs::exists(dir / "metrics.jsonl") || fs::exists(dir / "checkpoints");
+  if (has_run && !options_.resume) {
+    if (!options_.overwrite) {
+      return Status::usage("run directory " + dir.string() +
+                           " already holds a run: continue it with --resume, or start over with "
+                           "--overwrite, or choose another run.dir");
+    }
+    fs::remove(dir / "metrics.jsonl", ec);
+    fs::remove_all(dir / "checkpoints", ec);
+    if (ec) return Status::io("cannot clear the old run: " + ec.message()).with_file(dir.string());
+  }
+  return write_file_atomic((dir / "config.yaml").string(), config_yaml_);
+}
+
+Result<StepRecord> Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepRecord rec;
+  rec.step = state_.step + 1;
+
+  // Live mixture changes apply from this step's batch on.
+  if (auto w = mixture_->poll()) {
+    Status st = data_->set_weights(*w);
+    if (st.is_ok()) {
+      KILN_LOG_INFO("step {}: domain weights changed to {}", rec.step, mixture_to_json(normalized(*w)));
+    } else {
+      KILN_LOG_WARN("step {}: ignoring the mixture control file: {}", rec.step, st.to_string());
+    }
+  }
+  rec.domain_weights = data_->weights();
+
+  // Fetch the step's micro-batches first, so the loss is a mean over all valid targets.
+  const int64_t accum = config_.data.grad_accum;
+  batches_.resize(accum);
+  int64_t valid = 0;
+  const int64_t V = config_.model.vocab_size;
+  for (auto& b : batches_) {
+    KILN_RETURN_IF_ERROR(data_->next(&b));
+    rec.loader_wait_ms += b.wait_ms;
+    for (size_t i = 0; i < b.inputs.size(); ++i) {
+      if (b.inputs[i] < 0 || b.inputs[i] >= V || b.targets[i] >= V) {
+        return Status::data("token id " + std::to_string(std::max(b.inputs[i], b.targets[i])) +
+                            " is outside the model's vocabulary (model.vocab_size " +
+                            std::to_string(V) + ")");
+      }
+      valid += b.targets[i] >= 0;
+    }
+  }
+  const double scale = scaler_.scale();
+  const float dloss = static_cast<float>(scale / std::max<int64_t>(1, valid));
+  params_->zero_grads();
+  double loss_sum = 0;
+  std::vector<double> dom_sum(data_->domains().size(), 0.0);
+  std::vector<int64_t> dom_count(data_->domains().size(), 0);
+  const int64_t T = config_.model.seq_len;
+  for (auto& b : batches_) {
+    losses_.resize(b.rows * T);
+    model_->forward_backward(b.inputs.data(), b.targets.data(), dloss, losses_.data());
+    for (int64_t r = 0; r < b.rows; ++r) {
+      double row = 0;
+      int64_t n = 0;
+      for (int64_t i = 0; i < T; ++i) {
+        if (b.targets[r * T + i] < 0) continue;
+        row += losses_[r * T + i];
+        ++n;
+      }
+      loss_sum += row;
+      const int d = b.domains[r];
+      if (d >= 0 && d < static_cast<int>(dom_sum.size())) {
+        dom_sum[d] += row;
+        dom_count[d] += n;
+      }
+    }
+  }
+  rec.loss = loss_sum / std::max<int64_t>(1, valid);
+  for (size_t d = 0; d < dom_sum.size(); ++d) {
+    if (dom_count[d] > 0) rec.domain_loss[data_->domains()[d]] = dom_sum[d] / dom_count[d];
+  }
+  const auto& inject = config_.stability.inject_overflow_at;
+  if (std::find(inject.begin(), inject.end(), rec.step) != inject.end()) {
+    params_->grad(0)[0] = std::numeric_limits<float>::infinity();
+    KILN_LOG_WARN("step {}: injecting an overflow (stability.inject_overflow_at)", rec.step);
+  }
+
+  rec.lr = learning_rate(config_.schedule, config_.optimizer.lr, state_.step);
+  StepStats stats = optimizer_->inspect(*params_, scale);
+  rec.grad_norm = stats.grad_norm;
+  rec.clip_coef = stats.clip_coef;
+  if (stats.finite) {
+    optimizer_->apply(*params_, rec.lr, scale, stats);
+  } else {
+    rec.skipped = true;
+    rec.skip_reason = "overflow";
+    if (!scaler_.enabled() && !config_.stability.skip_nonfinite) {
+      return Status::internal("step " + std::to_string(rec.step) +
+                              ": gradients hold inf/NaN (stability.skip_nonfinite is false)");
+    }
+  }
+  const double before = scaler_.scale();
+  scaler_.update(!stats.finite);
+  if (rec.skipped) {
+    ++state_.skipped_steps;
+    KILN_LOG_WARN("step {}: skipped, gradients hold inf/NaN{} ({} skipped so far)", rec.step,
+                  scaler_.enabled()
+                      ? fmt::format("; loss scale {} -> {}", before, scaler_.scale())
+                      : std::string(),
+                  state_.skipped_steps);
+  }
+  if (scaler_.enabled()) rec.loss_scale = scale;
+
+  state_.step = rec.step;
+  state_.tokens += valid;
+  state_.adam_updates = optimizer_->updates();
+  state_.scaler = scaler_.state();
+  rec.tokens = state_.tokens;
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rec.step_ms = secs * 1e3;
+  rec.tokens_per_s = secs > 0 ? static_cast<double>(valid) / secs : 0.0;
+  KILN_RETURN_IF_ERROR(append_metrics(rec));
+  history_.push_back(rec);
+  return rec;
+}
+
+Status Trainer::append_metrics(const StepRecord& r) {
+  const std::string line = step_record_json(r) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), metrics_) != line.size() ||
+      std::fflush(metrics_) != 0) {
+    return Status::from_errno("write", (fs::path(config_.run.dir) / "metrics.jsonl").string());
+  }
+  return Status::ok();
+}
+
+void Trainer::print_progress(const StepRecord& r) {
+  std::string line = fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | "
+                                 "{} tok/s | {:.0f} ms",
+                                 r.step, std::to_string(config_.run.steps).size(),
+                                 config_.run.steps, r.loss, r.lr, r.grad_norm,
+                                 human_count(r.tokens_per_s), r.step_ms);
+  if (r.loss_scale) line += fmt::format(" | scale {:g}", *r.loss_scale);
+  if (r.skipped) line += " | SKIPPED (" + r.skip_reason + ")";
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+Status Trainer::save() {
+  state_.data_state = data_->state();
+  state_.mixture_hash = mixture_->applied_hash();
+  state_.scaler = scaler_.state();
+  state_.adam_updates = optimizer_->updates();
+  const auto t0 = std::chrono::steady_clock::now();
+  KILN_RETURN_IF_ERROR(save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
+                                       config_.checkpoint.keep_last));
+  last_saved_step_ = state_.step;
+  KILN_LOG_INFO("checkpoint {} written ({:.0f} ms)", checkpoint_dir_name(state_.step),
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count());
+  return Status::ok();
+}
+
+Status Trainer::run() {
+  g_stop_signal.store(0);
+  auto old_int = std::signal(SIGINT, on_stop_signal);
+  auto old_term = std::signal(SIGTERM, on_stop_signal);
+  struct Restore {
+    decltype(old_int) i, t;
+    ~Restore() {
+      std::signal(SIGINT, i);
+      std::signal(SIGTERM, t);
+    }
+  } restore{old_int, old_term};
+
+  const int64_t first = state_.step;
+  if (first >= config_.run.steps) {
+    KILN_LOG_INFO("nothing to do: the run is at step {} of run.steps {}", first, config_.run.steps);
+  }
+  double first_loss = NAN, last_loss = NAN;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (state_.step < config_.run.steps) {
+    KILN_ASSIGN_OR_RETURN(StepRecord rec, step());
+    if (std::isnan(first_loss)) first_loss = rec.loss;
+    last_loss = rec.loss;
+    if (options_.console &&
+        (rec.step % config_.run.log_every == 0 || rec.step == first + 1 || rec.skipped ||
+         rec.step == config_.run.steps)) {
+      print_progress(rec);
+    }
+    const int64_t every = config_.checkpoint.every_steps;
+    if (every > 0 && rec.step % every == 0) KILN_RETURN_IF_ERROR(save());
+    if (int sig = g_stop_signal.load()) {
+      if (last_saved_step_ != state_.step) KILN_RETURN_IF_ERROR(save());
+      return Status::internal("stopped by signal " + std::to_string(sig) + " after step " +
+                              std::to_string(state_.step) +
+                              "; checkpoint saved, continue with --resume");
+    }
+  }
+  if (last_saved_step_ != state_.step && state_.step > 0) KILN_RETURN_IF_ERROR(save());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  if (state_.step > first) {
+    KILN_LOG_INFO("trained steps {}..{} in {:.1f} s: loss {:.4f} -> {:.4f}; {} steps skipped; "
+                  "peak memory {}",
+                  first + 1, state_.step, secs, first_loss, last_loss, state_.skipped_steps,
+                  mib(static_cast<size_t>(ru.ru_maxrss) * 1024));
+  }
+  return Status::ok();
+}
+
+}  // namespace kiln::engine

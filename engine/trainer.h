@@ -1,0 +1,99 @@
+// The single-process training loop behind `kiln train`.
+//
+// Trainer::open() prepares RUN (config.yaml, metrics.jsonl, checkpoints/, control/), builds the
+// parameters, model, optimizer, loss scaler and data source, and - with resume - continues from
+// RUN/checkpoints/latest exactly (weights, moments, scaler, data position, step and token counts;
+// metrics lines after the checkpoint's step are dropped). run() trains until run.steps:
+// each optimizer step polls RUN/control/mixture.json, runs grad_accum micro-batches, checks the
+// gradients for inf/NaN (skipping and counting the step, and backing off the fp16 loss scale),
+// clips, updates, appends one line to metrics.jsonl, prints a progress line every run.log_every
+// steps and checkpoints every checkpoint.every_steps steps and at the end. SIGINT/SIGTERM finish
+// the current step, checkpoint and stop. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/checkpoint.h"
+#include "engine/data_source.h"
+#include "engine/loss_scaler.h"
+#include "engine/mixture_control.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "engine/params.h"
+#include "engine/train_config.h"
+
+namespace kiln::engine {
+
+struct TrainOptions {
+  bool resume = false;     // continue from RUN/checkpoints/latest (fresh start when none)
+  bool overwrite = false;  // allow a fresh start in a RUN that already holds metrics/checkpoints
+  bool console = true;     // print progress lines on stdout
+};
+
+// One optimizer step as written to metrics.jsonl.
+struct StepRecord {
+  int64_t step = 0;  // 1-based
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;                   // NaN/inf when the gradients overflowed
+  std::optional<double> loss_scale;       // fp16 only
+  int64_t tokens = 0;                     // cumulative
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  bool skipped = false;
+  std::string skip_reason;                // "overflow" (inf/NaN gradients) when skipped
+  double clip_coef = 1;
+  std::map<std::string, double> domain_loss;
+  DomainWeights domain_weights;
+  double loader_wait_ms = 0;
+};
+std::string step_record_json(const StepRecord& r);  // one line, no newline
+
+class Trainer {
+ public:
+  static Result<std::unique_ptr<Trainer>> open(const TrainConfig& config,
+                                               const std::string& config_yaml,
+                                               const TrainOptions& options);
+  ~Trainer();
+
+  // Trains until run.steps (or a stop signal). Returns ok at the end of the run.
+  Status run();
+  // One optimizer step (metrics line included, no checkpoint).
+  Result<StepRecord> step();
+  Status save();
+
+  const TrainerState& state() const { return state_; }
+  const std::vector<StepRecord>& history() const { return history_; }
+  ParamStore& params() { return *params_; }
+
+ private:
+  Trainer() = default;
+  Status prepare_run_dir();
+  Status append_metrics(const StepRecord& r);
+  void print_progress(const StepRecord& r);
+
+  TrainConfig config_;
+  std::string config_yaml_;
+  TrainOptions options_;
+  std::unique_ptr<ParamStore> params_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  LossScaler scaler_;
+  std::unique_ptr<DataSource> data_;
+  std::unique_ptr<MixtureWatcher> mixture_;
+  TrainerState state_;
+  std::vector<StepRecord> history_;
+  std::vector<MicroBatch> batches_;
+  std::vector<float> losses_;
+  FILE* metrics_ = nullptr;
+  int64_t last_saved_step_ = -1;
+};
+
+}  // namespace kiln::engine
