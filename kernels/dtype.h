@@ -6,7 +6,8 @@
 //
 // Conversions:
 //   * up-casts (bf16 -> float, fp16 -> float) are exact for every bit pattern (NaN stays NaN with
-//     its sign, subnormal fp16 values become normal floats);
+//     its sign and payload; fp16 NaNs come out quiet, as the F16C instructions make them;
+//     subnormal fp16 values become normal floats);
 //   * down-casts (float -> bf16, float -> fp16) round to nearest, ties to even; finite values
 //     beyond the target range become +-inf (bf16 keeps fp32's range, so only values that round
 //     past bf16's largest finite value overflow), fp16 subnormals are produced with correct
@@ -97,8 +98,8 @@ KILN_HD inline float fp16_to_float(fp16 x) {
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
   uint32_t u;
-  if (exp == 0x1f) {  // inf / NaN (payload kept, shifted into the fp32 mantissa)
-    u = sign | 0x7f800000u | (mant << 13);
+  if (exp == 0x1f) {  // inf, or NaN: payload kept, quiet bit set (as F16C / CUDA convert it)
+    u = sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0u);
   } else if (exp != 0) {  // normal
     u = sign | ((exp + 112u) << 23) | (mant << 13);
   } else if (mant == 0) {  // +-0
