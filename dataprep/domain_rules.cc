@@ -437,6 +437,27 @@ double cjk_share(std::string_view text, size_t max_bytes) {
   return letters ? double(cjk) / double(letters) : 0.0;
 }
 
+// Skips a leading block comment ("/* ... */") and "//" comment lines: source files often open
+// with a long licence comment that says nothing about the code after it.
+std::string_view skip_leading_comments(std::string_view text) {
+  while (true) {
+    size_t first = text.find_first_not_of(" \t\r\n");
+    if (first == std::string_view::npos) return {};
+    std::string_view rest = text.substr(first);
+    if (rest.starts_with("/*")) {
+      size_t end = rest.find("*/", 2);
+      if (end == std::string_view::npos) return {};
+      text = rest.substr(end + 2);
+    } else if (rest.starts_with("//")) {
+      size_t nl = rest.find('\n');
+      if (nl == std::string_view::npos) return {};
+      text = rest.substr(nl + 1);
+    } else {
+      return text;
+    }
+  }
+}
+
 double code_score(std::string_view text, size_t max_bytes) {
   static const char* const kKeywords[] = {
       "#include", "#define", "#if",    "#endif",    "#pragma", "#!",       "import ",   "from ",
@@ -444,7 +465,7 @@ double code_score(std::string_view text, size_t max_bytes) {
       "typedef ", "extern ", "public:", "private:", "function ", "var ",   "let ",      "fn ",
       "package ", "//",      "/*",     "*/",        "template", "namespace ", "using ", "if (",
       "for (",    "while (", "} else", "else {",    "enum ",   "union ",   "#else",     "#undef"};
-  std::string_view h = head(text, max_bytes);
+  std::string_view h = head(skip_leading_comments(text), max_bytes);
   uint64_t lines = 0, end_lines = 0, kw_lines = 0, nonspace = 0, symbols = 0;
   size_t pos = 0;
   while (pos < h.size()) {

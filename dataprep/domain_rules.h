@@ -50,7 +50,8 @@ Status validate_domain_name(std::string_view name);
 // Share of CJK characters (pretokenize.h's is_cjk_codepoint) among all letters, over the first
 // `max_bytes` bytes; 0 when there are no letters.
 double cjk_share(std::string_view text, size_t max_bytes = 8192);
-// Code-likeness in [0, 1] over the first `max_bytes`: 0.45 * symbol density ({}[]()<>;=#*&|\_
+// Code-likeness in [0, 1] over the first `max_bytes` after any leading /* */ or // comments (a
+// licence header says nothing about the code): 0.45 * symbol density ({}[]()<>;=#*&|\_
 // among non-space characters, saturating at 12%) + 0.30 * share of lines ending in ; { or }
 // (saturating at 35%) + 0.25 * share of lines starting with a code keyword or directive
 // (#include, def, return, //, ...; saturating at 25%). Prose scores below 0.1, C headers and

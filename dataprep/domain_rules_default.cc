@@ -39,6 +39,11 @@ rules:
     domain: legal
     path: ["*/common-licenses/*", "*/doc/*/copyright", "copyright", "LICENSE", "LICENSE.*",
            "LICENCE", "LICENCE.*", "COPYING", "COPYING.*", "NOTICE"]
+  # Code by content: symbol density, statement-like line ends, code keywords (see TAGGING.md).
+  - name: code-content
+    domain: code
+    code_score: 0.5
+  # (after code-content: source files often open with a licence header)
   - name: legal-text
     domain: legal
     head_bytes: 512
@@ -49,11 +54,6 @@ rules:
                     "Creative Commons Legal Code", "Redistribution and use in source and binary",
                     "Permission is hereby granted, free of charge",
                     "copyright-format/1.0", "This package was debianized by"]
-
-  # Code by content: symbol density, statement-like line ends, code keywords (see TAGGING.md).
-  - name: code-content
-    domain: code
-    code_score: 0.5
 )yaml";
 
 }  // namespace kiln
