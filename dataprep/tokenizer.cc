@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "common/atomic_file.h"
+#include "common/hash.h"
 #include "dataprep/bpe.h"
 
 namespace kiln {
@@ -61,13 +63,55 @@ bool valid_utf8(std::string_view s) {
 
 // ---- per-thread encode cache -------------------------------------------------------------------
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+// A per-thread cache of encoded words: open addressing over XXH3 hashes, with the word bytes and
+// token ids kept in two arenas (no allocation per entry). Cleared whole when it fills up.
+class WordCache {
+ public:
+  WordCache() { reset(); }
+  // Appends the cached tokens of `word` to *out and returns true, or returns false.
+  bool find(std::string_view word, uint64_t hash, std::vector<uint32_t>* out) const {
+    for (uint64_t slot = hash & kMask;; slot = (slot + 1) & kMask) {
+      const Entry& e = entries_[slot];
+      if (e.word_len == 0) return false;
+      if (e.hash == hash && e.word_len == word.size() &&
+          std::memcmp(words_.data() + e.word_off, word.data(), word.size()) == 0) {
+        out->insert(out->end(), tokens_.begin() + e.tok_off, tokens_.begin() + e.tok_off + e.tok_len);
+        return true;
+      }
+    }
+  }
+  void insert(std::string_view word, uint64_t hash, const uint32_t* tokens, size_t n) {
+    if (size_ * 2 >= kSlots || words_.size() + word.size() > kMaxArena ||
+        tokens_.size() + n > kMaxArena)
+      reset();
+    uint64_t slot = hash & kMask;
+    while (entries_[slot].word_len != 0) slot = (slot + 1) & kMask;
+    entries_[slot] = {hash, uint32_t(words_.size()), uint32_t(word.size()),
+                      uint32_t(tokens_.size()), uint32_t(n)};
+    words_.append(word);
+    tokens_.insert(tokens_.end(), tokens, tokens + n);
+    ++size_;
+  }
+
+ private:
+  struct Entry {
+    uint64_t hash;
+    uint32_t word_off, word_len, tok_off, tok_len;
+  };
+  static constexpr uint64_t kSlots = 1 << 17;
+  static constexpr uint64_t kMask = kSlots - 1;
+  static constexpr size_t kMaxArena = 1 << 24;
+  void reset() {
+    entries_.assign(kSlots, Entry{0, 0, 0, 0, 0});
+    words_.clear();
+    tokens_.clear();
+    size_ = 0;
+  }
+  std::vector<Entry> entries_;
+  std::string words_;
+  std::vector<uint32_t> tokens_;
+  size_t size_ = 0;
 };
-using WordCache =
-    std::unordered_map<std::string, std::vector<uint32_t>, StringHash, std::equal_to<>>;
-constexpr size_t kMaxCacheEntries = 1 << 18;
 constexpr size_t kMaxCachedWordBytes = 64;
 
 std::string json_string(std::string_view s) { return nlohmann::json(std::string(s)).dump(); }
@@ -118,19 +162,19 @@ struct Tokenizer::Impl {
     pretokenize(text, pre, &pieces);
     WordCache& cache = caches.local();
     for (std::string_view piece : pieces) {
+      if (piece.size() == 1) {  // a single byte is its own token
+        out->push_back(model.byte_ids()[static_cast<unsigned char>(piece[0])]);
+        continue;
+      }
       if (piece.size() > kMaxCachedWordBytes) {
         model.encode_word(piece, out);
         continue;
       }
-      auto it = cache.find(piece);
-      if (it != cache.end()) {
-        out->insert(out->end(), it->second.begin(), it->second.end());
-        continue;
-      }
+      uint64_t hash = xxh3_64(piece);
+      if (cache.find(piece, hash, out)) continue;
       size_t before = out->size();
       model.encode_word(piece, out);
-      if (cache.size() >= kMaxCacheEntries) cache.clear();
-      cache.emplace(std::string(piece), std::vector<uint32_t>(out->begin() + before, out->end()));
+      cache.insert(piece, hash, out->data() + before, out->size() - before);
     }
   }
 };
