@@ -35,11 +35,12 @@ struct DatasetSpec {
   int64_t eos_id = 0;
   ShardCompression compression = ShardCompression::kZstd;
   uint64_t seed = 1;
+  bool numeric_ids = false;  // "id": <number> in <key>.json instead of "<domain>-<n>"
 };
 
 struct TruthDoc {
   std::string domain;
-  std::string id;  // "<domain>-<n>"
+  std::string id;  // the id as raw JSON: "\"<domain>-<n>\"" or a number
   std::vector<uint32_t> tokens;
 };
 
@@ -82,7 +83,8 @@ inline Result<Dataset> make_dataset(const std::string& dir, const DatasetSpec& s
     for (uint64_t i = 0; i < d.docs; ++i) {
       TruthDoc doc;
       doc.domain = d.name;
-      doc.id = d.name + "-" + std::to_string(i);
+      doc.id = spec.numeric_ids ? std::to_string(1000 * (&d - spec.domains.data()) + i)
+                                : "\"" + d.name + "-" + std::to_string(i) + "\"";
       const uint64_t n = d.min_tokens + test_rng(&rng) % (d.max_tokens - d.min_tokens + 1);
       for (uint64_t t = 0; t < n; ++t) {
         doc.tokens.push_back(1 + static_cast<uint32_t>(test_rng(&rng) % (spec.vocab_size - 1)));
@@ -90,7 +92,7 @@ inline Result<Dataset> make_dataset(const std::string& dir, const DatasetSpec& s
       ShardSample s;
       s.key = d.name + "_" + std::to_string(i);
       s.members.push_back({"txt", "text of " + doc.id});
-      s.members.push_back({"json", "{\"id\":\"" + doc.id + "\",\"domain\":\"" + d.name +
+      s.members.push_back({"json", "{\"id\":" + doc.id + ",\"domain\":\"" + d.name +
                                        "\",\"tokens\":" + std::to_string(n) + "}"});
       s.members.push_back({"tokens.npy", npy_encode(doc.tokens, dtype)});
       KILN_RETURN_IF_ERROR(writer.add(s, n));

@@ -1,9 +1,78 @@
+// kiln stream OUT --world W --rank R --steps N [--seq-len T --micro-batch B --seed S]
+//   [--weights d1=w1,d2=w2] [--state-in F]... [--state-out F] — see loader/stream.h.
+#include <cstdio>
+#include <memory>
+
+#include "loader/stream.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
 
 RunFn add_stream_command(CLI::App& root) {
-  return add_unbuilt_command(root, "stream", "run the loader alone and print what each rank sees");
+  struct Flags {
+    StreamOptions options;
+    std::string weights;
+    int world = 0;
+    int rank = -1;
+  };
+  auto f = std::make_shared<Flags>();
+  auto& o = f->options;
+  CLI::App* cmd = root.add_subcommand(
+      "stream",
+      "run the loader alone and print what one data-parallel rank sees: one JSON line per "
+      "sequence {\"step\",\"rank\",\"domain\",\"samples\":[input ids]}");
+  cmd->add_option("OUT", o.dataset, "the output folder of kiln prep (or its manifest.json)")
+      ->required();
+  cmd->add_option("--world", f->world,
+                  "data-parallel world size (default: from mpirun's environment, else 1)")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--rank", f->rank,
+                  "data-parallel rank, 0 <= R < W (default: from mpirun's environment, else 0)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--steps", o.steps, "batches to read")->required()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seq-len", o.loader.seq_len, "tokens per sequence, plus one for the targets")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--micro-batch", o.loader.micro_batch, "sequences per step and rank")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--seed", o.loader.seed, "shuffle and mixture seed (shared by all ranks)")
+      ->capture_default_str();
+  cmd->add_option("--weights", f->weights,
+                  "domain weights d1=w1,d2=w2 (normalised; domains not named get 0; default: the "
+                  "manifest's token shares, or the state's weights with --state-in)")
+      ->type_name("D=W,...");
+  cmd->add_option("--state-in", o.state_in,
+                  "continue from a loader state; give the states of all ranks of a run to "
+                  "continue it with a different --world")
+      ->type_name("FILE")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--state-out", o.state_out,
+                  "write the loader state after the last step ('{rank}' is replaced by the rank)")
+      ->type_name("FILE");
+  cmd->add_option("--workers", o.loader.workers, "reader threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--prefetch", o.loader.prefetch_depth, "batches prepared ahead")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_flag("--skip-bad-shards", o.loader.skip_bad_shards,
+                "skip (count and log) unreadable shards instead of stopping");
+  return [f]() -> Status {
+    auto& o = f->options;
+    auto [env_rank, env_world] = rank_and_world_from_env();
+    o.loader.dp_world = f->world > 0 ? f->world : env_world;
+    o.loader.dp_rank = f->rank >= 0 ? f->rank : (env_world > 1 ? env_rank : 0);
+    if (o.loader.dp_rank >= o.loader.dp_world) {
+      return Status::usage("--rank " + std::to_string(o.loader.dp_rank) + " is not below --world " +
+                           std::to_string(o.loader.dp_world))
+          .with_key("--rank");
+    }
+    if (!f->weights.empty()) {
+      KILN_ASSIGN_OR_RETURN(o.loader.weights, parse_weights_flag(f->weights));
+    }
+    return run_stream(o, stdout);
+  };
 }
 
 }  // namespace kiln::cli

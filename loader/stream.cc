@@ -1,0 +1,141 @@
+#include "loader/stream.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "common/atomic_file.h"
+#include "common/log.h"
+
+namespace kiln {
+
+Result<std::map<std::string, double>> parse_weights_flag(const std::string& text) {
+  std::map<std::string, double> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = text.find(',', at);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string item = text.substr(at, comma - at);
+    at = comma + 1;
+    if (item.empty()) {
+      if (comma == text.size()) break;
+      continue;
+    }
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Status::usage("--weights: expected domain=weight, got '" + item + "'")
+          .with_key("--weights");
+    }
+    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
+    char* end = nullptr;
+    const double w = std::strtod(value.c_str(), &end);
+    if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(w) || w < 0) {
+      return Status::usage("--weights: weight of '" + name + "' must be a number >= 0, got '" +
+                           value + "'")
+          .with_key("--weights");
+    }
+    if (!out.emplace(name, w).second) {
+      return Status::usage("--weights: domain '" + name + "' given twice").with_key("--weights");
+    }
+  }
+  if (out.empty()) return Status::usage("--weights: no domain=weight given").with_key("--weights");
+  return out;
+}
+
+std::pair<int, int> rank_and_world_from_env() {
+  const char* pairs[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                            {"PMIX_RANK", "PMIX_SIZE"},
+                            {"PMI_RANK", "PMI_SIZE"},
+                            {"SLURM_PROCID", "SLURM_NTASKS"}};
+  for (const auto& p : pairs) {
+    const char* r = std::getenv(p[0]);
+    const char* w = std::getenv(p[1]);
+    if (r && w) {
+      const int rank = std::atoi(r), world = std::atoi(w);
+      if (world >= 1 && rank >= 0 && rank < world) return {rank, world};
+    }
+  }
+  return {0, 1};
+}
+
+namespace {
+
+void append_json_string(std::string* out, const std::string& s) {
+  out->push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\n': out->append("\\n"); break;
+      case '\t': out->append("\\t"); break;
+      case '\r': out->append("\\r"); break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out->append(buf);
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+}  // namespace
+
+Status run_stream(const StreamOptions& options, std::FILE* out) {
+  if (options.steps < 0) return Status::usage("--steps must be >= 0").with_key("--steps");
+  LoaderOptions lo = options.loader;
+  lo.sample_ids = true;
+  // Weights given on the command line are applied after a restore (and recorded in its history).
+  const std::map<std::string, double> flag_weights = lo.weights;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::open(options.dataset, lo));
+  if (!options.state_in.empty()) {
+    std::vector<LoaderState> states;
+    for (const std::string& path : options.state_in) {
+      KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+      KILN_ASSIGN_OR_RETURN(LoaderState s, LoaderState::from_json(text, path));
+      states.push_back(std::move(s));
+    }
+    LoaderState state = states.front();
+    if (states.size() > 1) {
+      KILN_ASSIGN_OR_RETURN(state, LoaderState::merge(states));
+    }
+    KILN_RETURN_IF_ERROR(loader->restore(state));
+    if (!flag_weights.empty()) KILN_RETURN_IF_ERROR(loader->set_weights(flag_weights));
+  }
+  const auto& names = loader->domain_names();
+  std::string buf;
+  for (int64_t i = 0; i < options.steps; ++i) {
+    KILN_ASSIGN_OR_RETURN(Batch b, loader->next_batch());
+    buf.clear();
+    for (int64_t r = 0; r < b.micro_batch; ++r) {
+      buf += "{\"step\":" + std::to_string(b.step) + ",\"rank\":" + std::to_string(lo.dp_rank) +
+             ",\"domain\":";
+      append_json_string(&buf, names[b.domains[r]]);
+      buf += ",\"samples\":[";
+      for (size_t k = 0; k < b.docs[r].size(); ++k) {
+        if (k) buf.push_back(',');
+        buf += b.docs[r][k].id;  // raw JSON (string or number) from <key>.json
+      }
+      buf += "]}\n";
+    }
+    // One write per batch keeps lines whole when several ranks share a terminal or pipe.
+    if (std::fwrite(buf.data(), 1, buf.size(), out) != buf.size() || std::fflush(out) != 0) {
+      return Status::io("writing the stream to standard output failed");
+    }
+  }
+  if (!options.state_out.empty()) {
+    std::string path = options.state_out;
+    for (size_t p; (p = path.find("{rank}")) != std::string::npos;) {
+      path.replace(p, 6, std::to_string(lo.dp_rank));
+    }
+    KILN_RETURN_IF_ERROR(write_file_atomic(path, loader->state().to_json() + "\n"));
+  }
+  const LoaderStats st = loader->stats();
+  KILN_LOG_DEBUG("kiln stream: rank {} of {}: {} steps, {} shard reads, waited {:.1f} ms",
+                 lo.dp_rank, lo.dp_world, options.steps, st.shards_read, st.wait_ms_total);
+  return Status::ok();
+}
+
+}  // namespace kiln

@@ -1,0 +1,36 @@
+// `kiln stream`: the loader alone, printing what one data-parallel rank sees — one JSON line per
+// sequence: {"step": S, "rank": R, "domain": "name", "samples": [input ids of the documents whose
+// tokens the sequence holds, in order]} (ids as stored in each sample's <key>.json "id": strings
+// or numbers). See ../shared/DESIGN.md "Command line".
+#pragma once
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "loader/loader.h"
+
+namespace kiln {
+
+struct StreamOptions {
+  std::string dataset;  // prep output folder or its manifest.json
+  LoaderOptions loader; // dp_rank / dp_world / seq_len / micro_batch / seed / weights ...
+  int64_t steps = 0;
+  std::vector<std::string> state_in;  // one state, or the states of all ranks (merged)
+  std::string state_out;              // "" = none; "{rank}" is replaced by the rank
+};
+
+// Parses "d1=w1,d2=w2" (a weight is a finite number >= 0). kUsage naming --weights otherwise.
+Result<std::map<std::string, double>> parse_weights_flag(const std::string& text);
+
+// Data-parallel rank and world size from an MPI launcher's environment (Open MPI, MPICH/PMI,
+// PMIx, Slurm), or {0, 1} when not launched by one.
+std::pair<int, int> rank_and_world_from_env();
+
+// Runs the loader for `steps` batches and writes the lines to `out`; writes the state after the
+// last batch to state_out (atomically) when set.
+Status run_stream(const StreamOptions& options, std::FILE* out);
+
+}  // namespace kiln
