@@ -122,6 +122,58 @@ TEST_F(ManifestTest, WriteReadRoundTrip) {
   EXPECT_EQ(read_manifest((dir_ / "nope").string()).status().code(), StatusCode::kNotFound);
 }
 
+// The whole prep output path: the same samples written twice (rolling shards per domain plus the
+// manifest) give byte-identical files.
+TEST_F(ManifestTest, SameSamplesTwiceGiveIdenticalShardsAndManifest) {
+  auto write_dataset = [&](const std::string& root) {
+    Manifest m;
+    m.tokenizer = {"tokenizer.json", 50257, 50256};
+    for (const std::string domain : {"code", "web"}) {
+      RollingShardWriter::Options o;
+      o.dir = root + "/shards/" + domain;
+      o.prefix = domain;
+      o.max_samples = 7;
+      RollingShardWriter w(o);
+      for (int i = 0; i < 20; ++i) {
+        ShardSample s;
+        s.key = domain + "-" + std::to_string(i);
+        s.members.push_back({"txt", std::string(100 + i * 13, static_cast<char>('a' + i % 26))});
+        s.members.push_back({"json", "{\"id\": " + std::to_string(i) + "}"});
+        ASSERT_TRUE(w.add(s, 10 + i).is_ok());
+      }
+      auto shards = w.finish();
+      ASSERT_TRUE(shards.is_ok()) << shards.status().to_string();
+      for (const auto& info : *shards) m.add_shard(info, domain, root);
+    }
+    ASSERT_TRUE(write_manifest(root + "/manifest.json", m).is_ok());
+  };
+  std::string a = (dir_ / "a").string(), b = (dir_ / "b").string();
+  write_dataset(a);
+  write_dataset(b);
+  size_t files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(a)) {
+    if (!e.is_regular_file()) continue;
+    ++files;
+    std::string rel = fs::relative(e.path(), a).string();
+    EXPECT_EQ(*read_file(e.path().string()), *read_file(b + "/" + rel)) << rel;
+  }
+  EXPECT_EQ(files, 7u);  // 3 + 3 shards and the manifest
+  Result<Manifest> m = read_manifest(a);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_EQ(m->shards.size(), 6u);
+  EXPECT_EQ(m->shards[0].path, "shards/code/code-000000.tar.zst");
+  EXPECT_EQ(m->domains.at("web").samples, 20u);
+  EXPECT_EQ(m->domains.at("web").tokens, 20u * 10 + 190);
+  for (const ManifestShard& s : m->shards) {
+    ShardReaderOptions opt;
+    opt.expected_xxh3 = s.xxh3;
+    auto samples = ShardReader::read_all(m->shard_path(s), opt);
+    ASSERT_TRUE(samples.is_ok()) << samples.status().to_string();
+    EXPECT_EQ(samples->size(), s.samples);
+    EXPECT_EQ(fs::file_size(m->shard_path(s)), s.bytes);
+  }
+}
+
 TEST_F(ManifestTest, ReadsDesignDocExampleWithoutDomainBytes) {
   const char* text = R"({"format": "kiln-shards/1",
  "tokenizer": {"path": "tokenizer.json", "vocab_size": 8192, "eos_id": 0},
