@@ -12,7 +12,6 @@
 #include <zstd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -756,77 +755,6 @@ TEST_F(ShardTest, KilledWriterLeavesOnlyPartial) {
   }
   EXPECT_EQ(partial, 1);
   EXPECT_EQ(complete, 3);
-}
-
-// ---- fixtures for tests/python/shard_interop.py ----------------------------------------------
-// Skipped unless KILN_SHARD_INTEROP_DIR is set; the Python suite runs them around its checks.
-
-const char* interop_dir() { return std::getenv("KILN_SHARD_INTEROP_DIR"); }
-
-// Each sample's json member says what the other tools must find: the member exts in file order,
-// the token ids and their dtype.
-std::vector<ShardSample> interop_samples() {
-  std::vector<ShardSample> v;
-  for (int i = 0; i < 6; ++i) {
-    ShardSample s;
-    s.key = i == 5 ? "long_" + std::string(150, 'k') : "sample-" + std::to_string(i);
-    bool wide = i % 2 == 1;
-    std::vector<uint32_t> tokens;
-    for (int t = 0; t < 3 + i * 50; ++t) tokens.push_back((wide ? 70000u : 1u) + t * 7 + i);
-    std::string tok_json;
-    for (uint32_t t : tokens) tok_json += (tok_json.empty() ? "" : ",") + std::to_string(t);
-    bool extra = i % 3 == 0;
-    std::string exts = extra ? R"(["txt","json","tokens.npy","meta.json"])"
-                             : R"(["txt","json","tokens.npy"])";
-    s.members.push_back({"tokens.npy", npy_encode(tokens, wide ? NpyDtype::kU32 : NpyDtype::kU16)});
-    if (extra) s.members.push_back({"meta.json", "{\"extra\": true}"});
-    s.members.push_back({"json", "{\"key\": \"" + s.key + "\", \"exts\": " + exts +
-                                     ", \"dtype\": \"" + (wide ? "uint32" : "uint16") +
-                                     "\", \"tokens\": [" + tok_json + "]}"});
-    s.members.push_back({"txt", "text of sample " + std::to_string(i) + "\nline two\n"});
-    v.push_back(std::move(s));
-  }
-  return v;
-}
-
-TEST(ShardInterop, WriteFixtures) {
-  if (!interop_dir()) GTEST_SKIP() << "set KILN_SHARD_INTEROP_DIR (run by shard_interop.py)";
-  std::string dir = interop_dir();
-  for (ShardCompression c : {ShardCompression::kZstd, ShardCompression::kNone}) {
-    Result<ShardInfo> info =
-        write_shard(dir + "/kiln" + shard_extension(c), interop_samples(), c);
-    ASSERT_TRUE(info.is_ok()) << info.status().to_string();
-  }
-}
-
-// Reads the shards Python's tarfile and GNU tar wrote: every sample's tokens.npy must decode to
-// the ids its json lists, and the members must come back in file order.
-TEST(ShardInterop, ReadForeignShards) {
-  if (!interop_dir()) GTEST_SKIP() << "set KILN_SHARD_INTEROP_DIR (run by shard_interop.py)";
-  std::string dir = interop_dir();
-  int files = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::string name = e.path().filename().string();
-    if (!name.starts_with("foreign")) continue;
-    ++files;
-    auto samples = ShardReader::read_all(e.path().string());
-    ASSERT_TRUE(samples.is_ok()) << samples.status().to_string();
-    ASSERT_EQ(samples->size(), 4u) << name;
-    for (const ShardSample& s : *samples) {
-      const ShardMember* json = s.find("json");
-      const ShardMember* npy = s.find("tokens.npy");
-      ASSERT_TRUE(json && npy) << name << " " << s.key;
-      std::vector<uint32_t> ids;
-      Status st = npy_decode(npy->data, &ids);
-      ASSERT_TRUE(st.is_ok()) << name << " " << s.key << ": " << st.to_string();
-      std::string want;
-      for (uint32_t t : ids) want += (want.empty() ? "" : ",") + std::to_string(t);
-      EXPECT_NE(json->data.find("\"tokens\": [" + want + "]"), std::string::npos)
-          << name << " " << s.key << ": " << json->data;
-      EXPECT_EQ(s.members[0].ext, "txt");
-    }
-  }
-  EXPECT_GE(files, 3);
 }
 
 }  // namespace
