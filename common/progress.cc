@@ -73,6 +73,8 @@ void Progress::finish() {
   if (tty_) {
     std::fprintf(stderr, "\r\033[K%s\n", line().c_str());
     std::fflush(stderr);
+  } else {
+    KILN_LOG_INFO("{} (done)", line());
   }
 }
 
