@@ -9,6 +9,21 @@ using namespace detail;
 namespace {
 constexpr size_t kChunk = 1 << 14;
 
+void adamw_chunk(float* __restrict p, float* __restrict m, float* __restrict v,
+                 const float* __restrict grads, size_t n, float gs, float b1, float b2,
+                 float one_minus_b1, float one_minus_b2, float eps, float bc2_sqrt,
+                 float step_size, float decay) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grads[i] * gs;  // gs == 1 is exact
+    const float mi = m[i] * b1 + g * one_minus_b1;
+    const float vi = v[i] * b2 + (g * g) * one_minus_b2;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+    p[i] = p[i] * decay - step_size * (mi / denom);
+  }
+}
+
 template <typename L>
 void adamw_impl(float* params, float* m, float* v, const float* grads, size_t n,
                 const AdamWParams& hp, L* params_lp) {
@@ -26,15 +41,8 @@ void adamw_impl(float* params, float* m, float* v, const float* grads, size_t n,
   const float one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(hp.beta2));
   const float gs = hp.grad_scale;
   parallel_chunks(n, kChunk, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) {
-      const float g = gs == 1.0f ? grads[i] : grads[i] * gs;
-      const float mi = m[i] * b1 + g * one_minus_b1;
-      const float vi = v[i] * b2 + (g * g) * one_minus_b2;
-      m[i] = mi;
-      v[i] = vi;
-      const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-      params[i] = params[i] * decay - step_size * (mi / denom);
-    }
+    adamw_chunk(params + b, m + b, v + b, grads + b, e - b, gs, b1, b2, one_minus_b1, one_minus_b2,
+                eps, bc2_sqrt, step_size, decay);
     if constexpr (!std::is_same_v<L, float>) {
       if (params_lp) narrow(params_lp + b, params + b, e - b);
     }

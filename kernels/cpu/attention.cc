@@ -7,8 +7,9 @@
 // saved logsumexp (P = exp(q k^T * scale - lse)) and accumulates dq, dk, dv in a fixed order, so
 // the result is deterministic without atomics. D = rowsum(dO * O) replaces the softmax Jacobian
 // sum (FlashAttention-2).
-// Inner loops are arranged so the innermost loop runs along a contiguous dimension without a
-// reduction (keys stored transposed for q k^T and dO v^T), which compilers vectorise.
+// The block products (64 x 64 x head_size) use a small register-tiled GEMM (gemm_acc) with keys
+// stored transposed, so the innermost loops run along contiguous memory without reductions and
+// vectorise; softmax rows use the vectorised exp.
 #include "common/status.h"
 #include "kernels/cpu/internal.h"
 #include "kernels/ops.h"
@@ -21,18 +22,83 @@ namespace {
 constexpr int kBlockQ = 64;
 constexpr int kBlockK = 64;
 
-// S[r][c] = sum_d A[r][d] * Bt[d][c] for r < m, c < n; A is m x k (row stride k), Bt is k x ldb.
-inline void block_a_bt(float* S, int lds, const float* A, int m, int k, const float* Bt, int ldb,
-                       int n) {
-  for (int r = 0; r < m; ++r) {
-    float* s = S + static_cast<size_t>(r) * lds;
-    for (int c = 0; c < n; ++c) s[c] = 0.0f;
-    const float* a = A + static_cast<size_t>(r) * k;
-    for (int d = 0; d < k; ++d) {
-      const float ad = a[d];
-      const float* bt = Bt + static_cast<size_t>(d) * ldb;
-      for (int c = 0; c < n; ++c) s[c] += ad * bt[c];
+// C[m x n] += A[m x k] @ B[k x n], all row-major with the given row strides. An 8 x 16 tile of C
+// is held in eight 16-float vector registers (GCC vector extensions: one zmm each with AVX-512,
+// two ymm with AVX2) for the whole k loop; edges fall back to plain loops. Every element sums
+// over d = 0..k-1 in order, so results do not depend on the tiling.
+typedef float VecF16 __attribute__((vector_size(64)));
+
+inline VecF16 load16(const float* p) {
+  VecF16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store16(float* p, VecF16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+
+inline void gemm_acc(float* __restrict C, int ldc, const float* __restrict A, int lda,
+                     const float* __restrict B, int ldb, int m, int n, int k) {
+  constexpr int MR = 8, NR = 16;
+  const int m_main = m / MR * MR, n_main = n / NR * NR;
+  for (int r0 = 0; r0 < m_main; r0 += MR) {
+    const float* a0 = A + static_cast<size_t>(r0) * lda;
+    for (int c0 = 0; c0 < n_main; c0 += NR) {
+      float* c = C + static_cast<size_t>(r0) * ldc + c0;
+      VecF16 acc0 = load16(c), acc1 = load16(c + ldc), acc2 = load16(c + 2 * ldc),
+             acc3 = load16(c + 3 * ldc), acc4 = load16(c + 4 * ldc), acc5 = load16(c + 5 * ldc),
+             acc6 = load16(c + 6 * ldc), acc7 = load16(c + 7 * ldc);
+      const float* b = B + c0;
+      for (int d = 0; d < k; ++d, b += ldb) {
+        const VecF16 bv = load16(b);
+        const float* a = a0 + d;
+        acc0 += a[0] * bv;
+        acc1 += a[lda] * bv;
+        acc2 += a[2 * lda] * bv;
+        acc3 += a[3 * lda] * bv;
+        acc4 += a[4 * lda] * bv;
+        acc5 += a[5 * lda] * bv;
+        acc6 += a[6 * lda] * bv;
+        acc7 += a[7 * lda] * bv;
+      }
+      store16(c, acc0);
+      store16(c + ldc, acc1);
+      store16(c + 2 * ldc, acc2);
+      store16(c + 3 * ldc, acc3);
+      store16(c + 4 * ldc, acc4);
+      store16(c + 5 * ldc, acc5);
+      store16(c + 6 * ldc, acc6);
+      store16(c + 7 * ldc, acc7);
     }
+    if (n_main < n) {
+      for (int i = 0; i < MR; ++i) {
+        float* c = C + static_cast<size_t>(r0 + i) * ldc;
+        for (int d = 0; d < k; ++d) {
+          const float a = A[static_cast<size_t>(r0 + i) * lda + d];
+          const float* b = B + static_cast<size_t>(d) * ldb;
+          for (int j = n_main; j < n; ++j) c[j] += a * b[j];
+        }
+      }
+    }
+  }
+  for (int r = m_main; r < m; ++r) {
+    float* c = C + static_cast<size_t>(r) * ldc;
+    for (int d = 0; d < k; ++d) axpy(c, A[static_cast<size_t>(r) * lda + d], B + static_cast<size_t>(d) * ldb, n);
+  }
+}
+
+// dst[c][r] = src[r][c] for r < m, c < n.
+inline void transpose(float* __restrict dst, int ldd, const float* __restrict src, int lds, int m,
+                      int n) {
+  for (int r = 0; r < m; ++r)
+    for (int c = 0; c < n; ++c) dst[static_cast<size_t>(c) * ldd + r] = src[static_cast<size_t>(r) * lds + c];
+}
+
+// p = exp(p * scale - lse); ds = p * (dp - D)   (ds holds dp on entry)
+inline void softmax_backward_row(float* __restrict p, float* __restrict ds, float scale, float lse,
+                                 float D, int n) {
+  for (int c = 0; c < n; ++c) {
+    const float pc = fast_exp(p[c] * scale - lse);
+    p[c] = pc;
+    ds[c] = pc * (ds[c] - D);
   }
 }
 
@@ -57,58 +123,52 @@ void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, in
 
     float* Q = scratch(static_cast<size_t>(kBlockQ) * hs, 0);
     float* KtV = scratch(static_cast<size_t>(2) * kBlockK * hs, 1);
-    float* Kt = KtV;                       // hs x kBlockK
+    float* Kt = KtV;                                     // hs x kBlockK
     float* V = KtV + static_cast<size_t>(kBlockK) * hs;  // kBlockK x hs
     float* S = scratch(static_cast<size_t>(kBlockQ) * kBlockK, 2);
     float* acc = scratch(static_cast<size_t>(kBlockQ) * (hs + 2), 3);
-    float* O = acc;
-    float* m = acc + static_cast<size_t>(kBlockQ) * hs;
-    float* l = m + kBlockQ;
+    float* O = acc;                                      // kBlockQ x hs
+    float* m = acc + static_cast<size_t>(kBlockQ) * hs;  // running max
+    float* l = m + kBlockQ;                              // running sum
 
     for (int r = 0; r < nq; ++r) {
       const T* q = base + static_cast<size_t>(i0 + r) * C3 + static_cast<size_t>(h) * hs;
       float* qr = Q + static_cast<size_t>(r) * hs;
-      for (int d = 0; d < hs; ++d) qr[d] = to_float(q[d]) * scale;
+      widen(qr, q, hs);
+      scal(qr, scale, hs);
       m[r] = -HUGE_VALF;
       l[r] = 0.0f;
-      std::fill(O + static_cast<size_t>(r) * hs, O + static_cast<size_t>(r + 1) * hs, 0.0f);
     }
+    std::fill(O, O + static_cast<size_t>(nq) * hs, 0.0f);
     const int last_key = i0 + nq - 1;
     for (int j0 = 0; j0 <= last_key; j0 += kBlockK) {
       const int nk = std::min(kBlockK, last_key + 1 - j0);
       for (int c = 0; c < nk; ++c) {
         const T* kv = base + static_cast<size_t>(j0 + c) * C3 + static_cast<size_t>(h) * hs;
-        const T* k = kv + C;
-        const T* v = kv + 2 * static_cast<size_t>(C);
-        for (int d = 0; d < hs; ++d) Kt[static_cast<size_t>(d) * kBlockK + c] = to_float(k[d]);
-        float* vr = V + static_cast<size_t>(c) * hs;
-        for (int d = 0; d < hs; ++d) vr[d] = to_float(v[d]);
+        float* vrow = V + static_cast<size_t>(c) * hs;
+        widen(vrow, kv + C, hs);  // the key row, staged in V's row and transposed into Kt
+        for (int d = 0; d < hs; ++d) Kt[static_cast<size_t>(d) * kBlockK + c] = vrow[d];
+        widen(vrow, kv + 2 * static_cast<size_t>(C), hs);
       }
-      block_a_bt(S, kBlockK, Q, nq, hs, Kt, kBlockK, nk);
+      std::fill(S, S + static_cast<size_t>(nq) * kBlockK, 0.0f);
+      gemm_acc(S, kBlockK, Q, hs, Kt, kBlockK, nq, nk, hs);
       const bool diagonal = j0 + nk - 1 > i0;  // some keys lie after some queries
       for (int r = 0; r < nq; ++r) {
         float* s = S + static_cast<size_t>(r) * kBlockK;
-        int valid = nk;
-        if (diagonal) valid = std::min(nk, i0 + r - j0 + 1);
-        float bmax = row_max(s, valid);
-        float m_new = std::max(m[r], bmax);
-        float corr = fast_exp(m[r] - m_new);
-        for (int c = 0; c < valid; ++c) s[c] = fast_exp(s[c] - m_new);
+        const int valid = diagonal ? std::min(nk, i0 + r - j0 + 1) : nk;
+        const float m_new = std::max(m[r], row_max(s, valid));
+        const float corr = fast_exp(m[r] - m_new);
+        exp_shifted(s, s, m_new, valid);
+        for (int c = valid; c < nk; ++c) s[c] = 0.0f;
         l[r] = l[r] * corr + row_sum(s, valid);
         m[r] = m_new;
-        float* o = O + static_cast<size_t>(r) * hs;
-        for (int d = 0; d < hs; ++d) o[d] *= corr;
-        for (int c = 0; c < valid; ++c) {
-          const float p = s[c];
-          const float* vr = V + static_cast<size_t>(c) * hs;
-          for (int d = 0; d < hs; ++d) o[d] += p * vr[d];
-        }
+        scal(O + static_cast<size_t>(r) * hs, corr, hs);
       }
+      gemm_acc(O, hs, S, kBlockK, V, hs, nq, hs, nk);
     }
     for (int r = 0; r < nq; ++r) {
       float* o = O + static_cast<size_t>(r) * hs;
-      const float inv = 1.0f / l[r];
-      for (int d = 0; d < hs; ++d) o[d] *= inv;
+      scal(o, 1.0f / l[r], hs);
       narrow(out + (static_cast<size_t>(b) * T_ + i0 + r) * C + static_cast<size_t>(h) * hs, o, hs);
       lse[(static_cast<size_t>(b) * NH + h) * T_ + i0 + r] = m[r] + std::log(l[r]);
     }
@@ -130,7 +190,7 @@ void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const 
     const T* base = qkv + static_cast<size_t>(b) * T_ * C3;
     const float* L = lse + (static_cast<size_t>(b) * NH + h) * T_;
 
-    // Per-head fp32 copies (linear in T): Q, K, V, dO, dQ accumulator, D.
+    // Per-head fp32 copies (linear in T): Q, K, V, dO, the dQ accumulator, D.
     float* buf = scratch(5 * Ths + T_, 0);
     float* Q = buf;
     float* K = Q + Ths;
@@ -145,95 +205,67 @@ void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const 
       widen(V + static_cast<size_t>(t) * hs, row + 2 * static_cast<size_t>(C), hs);
       const size_t o_off = (static_cast<size_t>(b) * T_ + t) * C + static_cast<size_t>(h) * hs;
       widen(dO + static_cast<size_t>(t) * hs, dout + o_off, hs);
-      // D = rowsum(dO * O), with O as stored by forward.
-      float* orow = dQ + static_cast<size_t>(t) * hs;  // dQ is zeroed below; borrow it here
+      // D = rowsum(dO * O), with O as stored by forward (dQ's row is borrowed as a buffer).
+      float* orow = dQ + static_cast<size_t>(t) * hs;
       widen(orow, out + o_off, hs);
       D[t] = row_dot(dO + static_cast<size_t>(t) * hs, orow, hs);
     }
     std::fill(dQ, dQ + Ths, 0.0f);
 
     float* tb = scratch(static_cast<size_t>(2) * hs * kBlockK, 1);
-    float* Kt = tb;                                   // hs x kBlockK
+    float* Kt = tb;                                      // hs x kBlockK
     float* Vt = tb + static_cast<size_t>(hs) * kBlockK;  // hs x kBlockK
-    float* sb = scratch(static_cast<size_t>(2) * kBlockQ * kBlockK, 2);
-    float* P = sb;                                       // kBlockQ x kBlockK
-    float* dS = sb + static_cast<size_t>(kBlockQ) * kBlockK;  // kBlockQ x kBlockK
-    float* kv = scratch(static_cast<size_t>(2) * kBlockK * hs + hs, 3);
-    float* dK = kv;                                     // kBlockK x hs
+    const size_t blk = static_cast<size_t>(kBlockQ) * kBlockK;
+    float* sb = scratch(4 * blk, 2);
+    float* P = sb;              // kBlockQ x kBlockK
+    float* dS = sb + blk;       // kBlockQ x kBlockK
+    float* Pt = sb + 2 * blk;   // kBlockK x kBlockQ
+    float* dSt = sb + 3 * blk;  // kBlockK x kBlockQ
+    float* kv = scratch(static_cast<size_t>(2) * kBlockK * hs, 3);
+    float* dK = kv;                                      // kBlockK x hs
     float* dV = kv + static_cast<size_t>(kBlockK) * hs;  // kBlockK x hs
-    float* tmp = dV + static_cast<size_t>(kBlockK) * hs;  // hs
 
     for (int j0 = 0; j0 < T_; j0 += kBlockK) {
       const int nk = std::min(kBlockK, T_ - j0);
-      for (int c = 0; c < nk; ++c) {
-        const float* k = K + static_cast<size_t>(j0 + c) * hs;
-        const float* v = V + static_cast<size_t>(j0 + c) * hs;
-        for (int d = 0; d < hs; ++d) {
-          Kt[static_cast<size_t>(d) * kBlockK + c] = k[d];
-          Vt[static_cast<size_t>(d) * kBlockK + c] = v[d];
-        }
-      }
-      std::fill(dK, dK + static_cast<size_t>(2) * kBlockK * hs, 0.0f);  // dK and dV
+      transpose(Kt, kBlockK, K + static_cast<size_t>(j0) * hs, hs, nk, hs);
+      transpose(Vt, kBlockK, V + static_cast<size_t>(j0) * hs, hs, nk, hs);
+      std::fill(kv, kv + static_cast<size_t>(2) * kBlockK * hs, 0.0f);  // dK and dV
       // Query blocks aligned to kBlockQ starting at the block that holds key j0.
       for (int i0 = (j0 / kBlockQ) * kBlockQ; i0 < T_; i0 += kBlockQ) {
         const int nq = std::min(kBlockQ, T_ - i0);
         const float* Qi = Q + static_cast<size_t>(i0) * hs;
         const float* dOi = dO + static_cast<size_t>(i0) * hs;
-        block_a_bt(P, kBlockK, Qi, nq, hs, Kt, kBlockK, nk);     // raw scores
-        block_a_bt(dS, kBlockK, dOi, nq, hs, Vt, kBlockK, nk);   // dP = dO V^T
+        std::fill(sb, sb + 2 * blk, 0.0f);
+        gemm_acc(P, kBlockK, Qi, hs, Kt, kBlockK, nq, nk, hs);    // raw scores
+        gemm_acc(dS, kBlockK, dOi, hs, Vt, kBlockK, nq, nk, hs);  // dP = dO V^T
         for (int r = 0; r < nq; ++r) {
           const int i = i0 + r;
           float* p = P + static_cast<size_t>(r) * kBlockK;
           float* ds = dS + static_cast<size_t>(r) * kBlockK;
           const int valid = std::max(0, std::min(nk, i - j0 + 1));
-          const float li = L[i];
-          const float Di = D[i];
-          for (int c = 0; c < valid; ++c) {
-            p[c] = fast_exp(p[c] * scale - li);
-            ds[c] = p[c] * (ds[c] - Di);
-          }
-          for (int c = valid; c < nk; ++c) {
-            p[c] = 0.0f;
-            ds[c] = 0.0f;
-          }
-          // dQ_i += dS K_j (scale applied at the end).
-          float* dq = dQ + static_cast<size_t>(i) * hs;
-          for (int c = 0; c < valid; ++c) {
-            const float w = ds[c];
-            const float* k = K + static_cast<size_t>(j0 + c) * hs;
-            for (int d = 0; d < hs; ++d) dq[d] += w * k[d];
-          }
+          softmax_backward_row(p, ds, scale, L[i], D[i], valid);
+          for (int c = valid; c < nk; ++c) p[c] = ds[c] = 0.0f;
         }
-        // dV_j += P^T dO_i ; dK_j += dS^T Q_i  (rows in order).
-        for (int r = 0; r < nq; ++r) {
-          const float* p = P + static_cast<size_t>(r) * kBlockK;
-          const float* ds = dS + static_cast<size_t>(r) * kBlockK;
-          const float* dorow = dOi + static_cast<size_t>(r) * hs;
-          const float* qrow = Qi + static_cast<size_t>(r) * hs;
-          for (int c = 0; c < nk; ++c) {
-            const float pc = p[c];
-            const float dc = ds[c];
-            float* dv = dV + static_cast<size_t>(c) * hs;
-            float* dk = dK + static_cast<size_t>(c) * hs;
-            for (int d = 0; d < hs; ++d) {
-              dv[d] += pc * dorow[d];
-              dk[d] += dc * qrow[d];
-            }
-          }
-        }
+        // dQ_i += dS K_j ; dV_j += P^T dO_i ; dK_j += dS^T Q_i  (scale applied at the end).
+        gemm_acc(dQ + static_cast<size_t>(i0) * hs, hs, dS, kBlockK, K + static_cast<size_t>(j0) * hs,
+                 hs, nq, hs, nk);
+        transpose(Pt, kBlockQ, P, kBlockK, nq, nk);
+        transpose(dSt, kBlockQ, dS, kBlockK, nq, nk);
+        gemm_acc(dV, hs, Pt, kBlockQ, dOi, hs, nk, hs, nq);
+        gemm_acc(dK, hs, dSt, kBlockQ, Qi, hs, nk, hs, nq);
       }
       for (int c = 0; c < nk; ++c) {
         T* row = dqkv + (static_cast<size_t>(b) * T_ + j0 + c) * C3 + static_cast<size_t>(h) * hs;
         float* dk = dK + static_cast<size_t>(c) * hs;
-        for (int d = 0; d < hs; ++d) tmp[d] = dk[d] * scale;
-        add_row(row + C, tmp, hs);
+        scal(dk, scale, hs);
+        add_row(row + C, dk, hs);
         add_row(row + 2 * static_cast<size_t>(C), dV + static_cast<size_t>(c) * hs, hs);
       }
     }
     for (int t = 0; t < T_; ++t) {
       T* row = dqkv + (static_cast<size_t>(b) * T_ + t) * C3 + static_cast<size_t>(h) * hs;
       float* dq = dQ + static_cast<size_t>(t) * hs;
-      for (int d = 0; d < hs; ++d) dq[d] *= scale;
+      scal(dq, scale, hs);
       add_row(row, dq, hs);
     }
   });

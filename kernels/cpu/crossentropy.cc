@@ -26,22 +26,14 @@ void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* log
       const float* x = row_as_float(logits + r * Vp, V, 0);
       const float m = row_max(x, V);
       const float xt = x[target];
-      if (drow == nullptr) {
-        float acc[16] = {};
-        int c = 0;
-        for (; c + 16 <= V; c += 16)
-          for (int j = 0; j < 16; ++j) acc[j] += fast_exp(x[c + j] - m);
-        for (; c < V; ++c) acc[c & 15] += fast_exp(x[c] - m);
-        losses[r] = std::log(reduce16(acc)) + m - xt;
-        continue;
-      }
-      // e = exp(x - m) in fp32 (in place over the row for float, where dlogits may be logits).
-      float* e = std::is_same_v<T, float> ? reinterpret_cast<float*>(drow) : scratch(V, 1);
-      for (int c = 0; c < V; ++c) e[c] = fast_exp(x[c] - m);
+      // e = exp(x - m) in fp32 (in place over the row for float with a gradient, where dlogits
+      // may be logits; otherwise in scratch).
+      float* e = (std::is_same_v<T, float> && drow) ? reinterpret_cast<float*>(drow) : scratch(V, 1);
+      exp_shifted(e, x, m, V);
       const float sum = row_sum(e, V);
       losses[r] = std::log(sum) + m - xt;
-      const float k = dloss / sum;
-      for (int c = 0; c < V; ++c) e[c] *= k;
+      if (drow == nullptr) continue;
+      scal(e, dloss / sum, V);
       e[target] -= dloss;
       narrow(drow, e, V);
       for (int c = V; c < Vp; ++c) drow[c] = from_float<T>(0.0f);

@@ -12,6 +12,27 @@ constexpr size_t kSub = 1024;  // sub-block widened to fp32 at a time
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluA = 0.044715f;
 
+void gelu_fwd_f32(float* __restrict y, const float* __restrict x, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    const float u = kGeluK * (xi + kGeluA * xi * xi * xi);
+    y[i] = 0.5f * xi * (1.0f + fast_tanh(u));
+  }
+}
+
+// g = gelu'(x) * dy
+void gelu_bwd_f32(float* __restrict g, const float* __restrict x, const float* __restrict dy,
+                  size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    const float u = kGeluK * (xi + kGeluA * xi * xi * xi);
+    const float t = fast_tanh(u);
+    const float dudx = kGeluK * (1.0f + 3.0f * kGeluA * xi * xi);
+    const float grad = 0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * dudx;
+    g[i] = grad * dy[i];
+  }
+}
+
 // Runs body(offset, len, views...) over [0,n) in fixed chunks, giving fp32 views of the inputs.
 // For float inputs the views are the arrays themselves.
 template <typename T, typename Body>
@@ -26,13 +47,19 @@ template <typename T>
 void gelu_forward(T* out, const Same<T>* inp, size_t N) {
   for_blocks<T>(N, [&](size_t off, size_t len) {
     const float* x = row_as_float(inp + off, len, 0);
-    float* y = std::is_same_v<T, float> ? reinterpret_cast<float*>(out + off) : scratch(len, 1);
-    for (size_t i = 0; i < len; ++i) {
-      const float xi = x[i];
-      const float u = kGeluK * (xi + kGeluA * xi * xi * xi);
-      y[i] = 0.5f * xi * (1.0f + fast_tanh(u));
+    if constexpr (std::is_same_v<T, float>) {
+      if (out + off == x) {  // in place
+        float* y = scratch(len, 1);
+        gelu_fwd_f32(y, x, len);
+        std::memcpy(out + off, y, len * sizeof(float));
+      } else {
+        gelu_fwd_f32(out + off, x, len);
+      }
+    } else {
+      float* y = scratch(len, 1);
+      gelu_fwd_f32(y, x, len);
+      narrow(out + off, y, len);
     }
-    narrow(out + off, y, len);
   });
 }
 
@@ -42,14 +69,7 @@ void gelu_backward(Same<T>* dinp, const T* inp, const Same<T>* dout, size_t N) {
     const float* x = row_as_float(inp + off, len, 0);
     const float* dy = row_as_float(dout + off, len, 1);
     float* g = scratch(len, 2);
-    for (size_t i = 0; i < len; ++i) {
-      const float xi = x[i];
-      const float u = kGeluK * (xi + kGeluA * xi * xi * xi);
-      const float t = fast_tanh(u);
-      const float dudx = kGeluK * (1.0f + 3.0f * kGeluA * xi * xi);
-      const float grad = 0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * dudx;
-      g[i] = grad * dy[i];
-    }
+    gelu_bwd_f32(g, x, dy, len);
     add_row(dinp + off, g, len);
   });
 }

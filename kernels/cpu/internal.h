@@ -86,15 +86,11 @@ inline float row_sq_dev(const float* x, float c, size_t n) {
   return reduce16(acc);
 }
 
-inline float row_max(const float* x, size_t n) {
-  float acc[16];
-  for (int j = 0; j < 16; ++j) acc[j] = -HUGE_VALF;
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] = std::max(acc[j], x[i + j]);
-  for (; i < n; ++i) acc[i & 15] = std::max(acc[i & 15], x[i]);
-  float m = acc[0];
-  for (int j = 1; j < 16; ++j) m = std::max(m, acc[j]);
+// max is exactly associative, so letting the compiler pick the reduction order is deterministic.
+inline float row_max(const float* __restrict x, size_t n) {
+  float m = -HUGE_VALF;
+#pragma omp simd reduction(max : m)
+  for (size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
   return m;
 }
 
@@ -146,6 +142,21 @@ inline float fast_tanh(float x) {
   return std::copysign(t, x);
 }
 
+// ---- small vector primitives (restrict pointers, scalars by value: they vectorise reliably) ------
+
+// y += a * x
+inline void axpy(float* __restrict y, float a, const float* __restrict x, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+// y *= a
+inline void scal(float* __restrict y, float a, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] *= a;
+}
+// out = exp(in - m); out may equal in.
+inline void exp_shifted(float* out, const float* in, float m, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = fast_exp(in[i] - m);
+}
+
 // ---- rows of T <-> fp32 ----------------------------------------------------------------------------
 
 void widen(float* dst, const bf16* src, size_t n);
@@ -178,7 +189,13 @@ inline void add_row(T* dst, const float* src, size_t n) {
   if constexpr (std::is_same_v<T, float>) {
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = from_float<T>(to_float(dst[i]) + src[i]);
+    float tmp[256];
+    for (size_t off = 0; off < n; off += 256) {
+      const size_t len = std::min<size_t>(256, n - off);
+      widen(tmp, dst + off, len);
+      for (size_t i = 0; i < len; ++i) tmp[i] += src[off + i];
+      narrow(dst + off, tmp, len);
+    }
   }
 }
 
