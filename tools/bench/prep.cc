@@ -1,0 +1,340 @@
+// Full `kiln prep` (read + dedup + tag + tokenize + shard) on a corpus of at least 1 GiB, and the
+// tokenizer's encode throughput, with the peers measured in the same run.
+//
+// 1. Corpus: JSONL files under DIR/corpus (made once, reused): documents are random windows of
+//    20-400 lines of text files already on the machine (/usr/include, /usr/share/doc incl. .gz,
+//    /usr/share/common-licenses, /usr/share/man/zh_CN), so the mix holds code, English docs,
+//    licences and Chinese, with the exact and near duplicates that overlapping windows make.
+// 2. `kiln prep` as a user runs it (the real binary, a child process): wall time, CPU time, peak
+//    RSS (getrusage of the child), per-stage times from stats.json; MB/s per core = input MB /
+//    (stage seconds x cores). Bound in the same run: reading the corpus files (cat to nowhere).
+// 3. Tagging with the default rules (1 thread) and tokenizer encode of a slice of the kept texts with the trained tokenizer and with GPT-2's
+//    vocabulary, on 1 thread and on all cores. Peer in the same run: GPT-2's reference encoder
+//    algorithm in Python (tools/bench/gpt2_reference_encode.py: OpenAI's encoder.py with the
+//    `regex` module) on the first MB of the same text; its ids must equal Kiln's.
+//
+// usage: bench_prep --kiln PATH [--dir DIR] [--bytes N] [--source-dir DIR] [--keep]
+// KILN_BENCH_BYTES overrides the corpus size (default 1 GiB).
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <tbb/global_control.h>
+
+#include "common/atomic_file.h"
+#include "common/shard.h"
+#include "common/manifest.h"
+#include "dataprep/domain_rules.h"
+#include "dataprep/tokenizer.h"
+#include "dataprep/tokenizer_io.h"
+
+namespace fs = std::filesystem;
+using namespace kiln;
+
+namespace {
+
+extern "C" char** environ;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "bench_prep: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+bool looks_like_text(const std::string& s) {
+  if (s.size() < 64) return false;
+  size_t n = std::min<size_t>(s.size(), 8192), bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0) return false;
+    if (c < 0x09 || (c > 0x0d && c < 0x20)) ++bad;
+  }
+  return bad * 100 <= n;
+}
+
+struct SourceFile {
+  std::vector<std::string> lines;
+};
+
+std::vector<SourceFile> load_sources(const std::vector<std::string>& roots, uint64_t max_total) {
+  std::vector<std::string> paths;
+  for (const auto& root : roots) {
+    std::error_code ec;
+    if (!fs::exists(root, ec)) continue;
+    for (auto it = fs::recursive_directory_iterator(root, ec); it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (ec) break;
+      if (it->is_regular_file(ec) && it->file_size(ec) < (8u << 20)) paths.push_back(it->path().string());
+    }
+  }
+  std::sort(paths.begin(), paths.end());
+  std::vector<SourceFile> out;
+  uint64_t total = 0;
+  for (const auto& p : paths) {
+    auto text = read_maybe_compressed(p);
+    if (!text.is_ok() || !looks_like_text(*text)) continue;
+    SourceFile f;
+    size_t pos = 0;
+    while (pos < text->size()) {
+      size_t nl = text->find('\n', pos);
+      if (nl == std::string::npos) nl = text->size();
+      f.lines.push_back(text->substr(pos, nl - pos + 1));
+      pos = nl + 1;
+    }
+    total += text->size();
+    out.push_back(std::move(f));
+    if (total > max_total) break;
+  }
+  return out;
+}
+
+void make_corpus(const std::string& dir, uint64_t bytes, const std::vector<std::string>& roots) {
+  std::printf("making a %.0f MB corpus in %s from text on this machine...\n", bytes / 1e6, dir.c_str());
+  std::fflush(stdout);
+  auto sources = load_sources(roots, 2ull << 30);
+  if (sources.empty()) die("no source text found");
+  uint64_t source_bytes = 0;
+  for (auto& s : sources)
+    for (auto& l : s.lines) source_bytes += l.size();
+  std::printf("  %zu source files, %.0f MB\n", sources.size(), source_bytes / 1e6);
+  fs::create_directories(dir);
+  std::mt19937_64 rng(12345);
+  const int kFiles = 8;
+  uint64_t written = 0, docs = 0;
+  for (int f = 0; f < kFiles; ++f) {
+    std::string path = dir + "/part-" + std::to_string(f) + ".jsonl";
+    std::string buf;
+    while (written < bytes * (f + 1) / kFiles) {
+      const SourceFile& src = sources[rng() % sources.size()];
+      size_t n = src.lines.size();
+      size_t len = std::min<size_t>(n, 20 + rng() % 380);
+      size_t start = n > len ? rng() % (n - len + 1) : 0;
+      std::string text;
+      for (size_t i = start; i < start + len; ++i) text += src.lines[i];
+      if (text.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+      nlohmann::json j = {{"id", "d" + std::to_string(docs)}, {"text", text}};
+      std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+      buf += line;
+      written += line.size();
+      ++docs;
+    }
+    if (!write_file_atomic(path, buf).is_ok()) die("cannot write " + path);
+  }
+  std::printf("  %llu documents, %.0f MB of JSONL\n", (unsigned long long)docs, written / 1e6);
+}
+
+struct ChildRun {
+  int status = -1;
+  double wall_s = 0, cpu_s = 0;
+  long maxrss_kb = 0;
+};
+
+ChildRun run_child(const std::vector<std::string>& args, const std::string& stdout_path = "") {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (!stdout_path.empty())
+    posix_spawn_file_actions_addopen(&fa, 1, stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ChildRun r;
+  double t0 = now_s();
+  pid_t pid;
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) die("cannot run " + args[0]);
+  struct rusage ru {};
+  wait4(pid, &r.status, 0, &ru);
+  r.wall_s = now_s() - t0;
+  r.cpu_s = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+  r.maxrss_kb = ru.ru_maxrss;
+  posix_spawn_file_actions_destroy(&fa);
+  return r;
+}
+
+double encode_mbps(const Tokenizer& tok, const std::vector<std::string_view>& texts, uint64_t bytes,
+                   int threads, uint64_t* tokens) {
+  tbb::global_control gc(tbb::global_control::max_allowed_parallelism, threads);
+  double best = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    double t0 = now_s();
+    auto out = tok.encode_batch(texts);
+    double s = now_s() - t0;
+    *tokens = 0;
+    for (auto& o : out) *tokens += o.size();
+    best = std::max(best, bytes / 1e6 / s);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string kiln, dir = "/tmp/kiln-bench-prep", source_dir;
+  uint64_t bytes = 1ull << 30;
+  if (const char* e = std::getenv("KILN_BENCH_BYTES")) bytes = std::stoull(e);
+  bool keep = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) die("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--kiln") kiln = next();
+    else if (a == "--dir") dir = next();
+    else if (a == "--bytes") bytes = std::stoull(next());
+    else if (a == "--source-dir") source_dir = next();
+    else if (a == "--keep") keep = true;
+    else die("unknown argument " + a);
+  }
+  if (kiln.empty()) die("--kiln PATH is required");
+  const int cores = int(std::thread::hardware_concurrency());
+  const std::string corpus = dir + "/corpus-" + std::to_string(bytes);
+  const std::string out = dir + "/out";
+  if (!fs::exists(corpus + "/part-7.jsonl"))
+    make_corpus(corpus, bytes, {"/usr/include", "/usr/share/doc", "/usr/share/common-licenses",
+                                "/usr/share/man/zh_CN"});
+  uint64_t corpus_bytes = 0;
+  std::vector<std::string> parts;
+  for (auto& e : fs::directory_iterator(corpus)) {
+    corpus_bytes += e.file_size();
+    parts.push_back(e.path().string());
+  }
+  std::sort(parts.begin(), parts.end());
+  const double mb = corpus_bytes / 1e6;
+
+  // Bound: reading the corpus files.
+  std::vector<std::string> cat = {"/bin/cat"};
+  cat.insert(cat.end(), parts.begin(), parts.end());
+  ChildRun read = run_child(cat, "/dev/null");
+
+  fs::remove_all(out);
+  ChildRun prep = run_child({kiln, "prep", "--input", corpus, "--output", out}, dir + "/prep.log");
+  if (!WIFEXITED(prep.status) || WEXITSTATUS(prep.status) != 0)
+    die("kiln prep failed; see " + dir + "/prep.log");
+  auto stats_text = read_file(out + "/stats.json");
+  if (!stats_text.is_ok()) die(stats_text.status().to_string());
+  auto stats = nlohmann::json::parse(*stats_text);
+
+  std::printf("\nprep: %.1f MB JSONL in (%llu docs) -> %llu docs out (%llu exact, %llu near dups, "
+              "%llu rejected), %.1f M tokens, %d cores\n",
+              mb, (unsigned long long)stats["docs_in"].get<uint64_t>(),
+              (unsigned long long)stats["docs_out"].get<uint64_t>(),
+              (unsigned long long)stats["exact_dups"].get<uint64_t>(),
+              (unsigned long long)stats["near_dups"].get<uint64_t>(),
+              (unsigned long long)stats["rejected"].get<uint64_t>(),
+              stats["tokens_out"].get<uint64_t>() / 1e6, cores);
+  std::string domains;
+  for (auto& [name, d] : stats["domains"].items())
+    domains += " " + name + "=" + std::to_string(d["docs"].get<uint64_t>());
+  std::printf("domains:%s\n", domains.c_str());
+  std::printf("%-34s %9s %12s\n", "stage", "seconds", "MB/s/core");
+  for (auto& [stage, s] : stats["timings_s"].items()) {
+    double sec = s.get<double>();
+    std::printf("%-34s %9.2f %12.2f\n", stage.c_str(), sec, sec > 0 ? mb / sec / cores : 0.0);
+  }
+  std::printf("%-34s %9.2f %12.2f   cpu %.1f s, peak RSS %.0f MiB\n", "kiln prep (process, wall)",
+              prep.wall_s, mb / prep.wall_s / cores, prep.cpu_s, prep.maxrss_kb / 1024.0);
+  std::printf("%-34s %9.2f %12.2f   (bound: reading the corpus; prep takes %.1fx)\n",
+              "cat corpus > /dev/null", read.wall_s, mb / read.wall_s / cores,
+              prep.wall_s / read.wall_s);
+
+  // ---- tokenizer ----
+  auto tok = Tokenizer::load(out + "/tokenizer.json");
+  if (!tok.is_ok()) die(tok.status().to_string());
+  std::string gpt2_dir = source_dir.empty() ? "tests/data/gpt2" : source_dir + "/tests/data/gpt2";
+  auto gpt2 = Tokenizer::load_gpt2(gpt2_dir + "/vocab.json", gpt2_dir + "/merges.txt");
+  auto slice = read_training_texts(parts, 256ull << 20);
+  if (!slice.is_ok()) die(slice.status().to_string());
+  std::vector<std::string_view> texts(slice->texts.begin(), slice->texts.end());
+  std::printf("\ntokenizer encode, %.1f MB of corpus text (%zu documents), best of 2\n",
+              slice->bytes / 1e6, texts.size());
+  std::printf("%-40s %10s %12s %10s\n", "", "MB/s", "MB/s/core", "bytes/tok");
+  struct Row {
+    const char* name;
+    const Tokenizer* t;
+  };
+  std::vector<Row> rows = {{"kiln trained (kiln-v1)", &*tok}};
+  if (gpt2.is_ok()) rows.push_back({"kiln GPT-2 vocab (gpt2)", &*gpt2});
+  double kiln_gpt2_1t = 0;
+  for (const auto& row : rows) {
+    for (int threads : {1, cores}) {
+      uint64_t n = 0;
+      double v = encode_mbps(*row.t, texts, slice->bytes, threads, &n);
+      if (row.t == &*gpt2 && threads == 1) kiln_gpt2_1t = v;
+      std::printf("%-40s %10.1f %12.1f %10.2f\n",
+                  (std::string(row.name) + ", " + std::to_string(threads) + " thread(s)").c_str(), v,
+                  v / threads, double(slice->bytes) / double(n));
+      if (cores == 1) break;
+    }
+  }
+
+  // Tagging with the default rules (the per-document work of the annotate step besides encode).
+  {
+    auto rules = DomainRules::load("");
+    if (!rules.is_ok()) die(rules.status().to_string());
+    std::vector<Document> docs(texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+      docs[i].text = std::string(texts[i]);
+      docs[i].file = "corpus.jsonl";
+      docs[i].line = i + 1;
+    }
+    double best = 0;
+    size_t matched = 0;
+    for (int rep = 0; rep < 2; ++rep) {
+      double t0 = now_s();
+      matched = 0;
+      for (const auto& d : docs) matched += rules->match(d).has_value();
+      best = std::max(best, slice->bytes / 1e6 / (now_s() - t0));
+    }
+    std::printf("%-40s %10.1f %12.1f   (%zu of %zu documents matched a rule)\n",
+                "tagging, default rules, 1 thread", best, best, matched, docs.size());
+  }
+
+  // Peer: GPT-2's reference encoder (Python) on the first ~1 MB of the same text.
+  std::string peer_text;
+  for (auto t : texts) {
+    if (peer_text.size() > 1000000) break;
+    peer_text += t;
+  }
+  std::string peer_in = dir + "/peer.txt", peer_ids = dir + "/peer.ids", peer_log = dir + "/peer.out";
+  if (!write_file_atomic(peer_in, peer_text).is_ok()) die("cannot write " + peer_in);
+  std::string script = (source_dir.empty() ? std::string("tools/bench") : source_dir + "/tools/bench") +
+                       "/gpt2_reference_encode.py";
+  ChildRun peer = run_child({"/usr/bin/python3", script, gpt2_dir, peer_in, peer_ids}, peer_log);
+  auto log = read_file(peer_log);
+  double peer_s = 0;
+  if (log.is_ok() && log->rfind("encode_seconds ", 0) == 0) peer_s = std::stod(log->substr(15));
+  if (WIFEXITED(peer.status) && WEXITSTATUS(peer.status) == 0 && gpt2.is_ok() && peer_s > 0) {
+    auto ids_text = read_file(peer_ids);
+    auto ids = parse_token_ids(ids_text.is_ok() ? *ids_text : "");
+    bool same = ids.is_ok() && *ids == gpt2->encode(peer_text);
+    double peer_mbps = peer_text.size() / 1e6 / peer_s;
+    std::printf("%-40s %10.2f %12.2f %10s\n", "peer: GPT-2 reference (Python), 1 thread",
+                peer_mbps, peer_mbps, "");
+    std::printf("  on the same %.1f MB: ids %s Kiln's; Kiln (GPT-2 vocab, 1 thread) is %.0fx the "
+                "peer's speed\n",
+                peer_text.size() / 1e6, same ? "identical to" : "DIFFER from",
+                kiln_gpt2_1t / peer_mbps);
+  } else {
+    std::printf("peer: GPT-2 reference encoder unavailable (needs /usr/bin/python3 with "
+                "python3-regex; tools/setup installs it)\n");
+  }
+  if (!keep) fs::remove_all(out);
+  return 0;
+}
