@@ -1,9 +1,185 @@
+// `kiln prep`: flags -> prep config -> dataprep::run_prep (all logic lives in dataprep/).
+#include <cstdio>
+#include <memory>
+
+#include "comm/comm.h"
+#include "common/config.h"
+#include "dataprep/prep.h"
+#include "dataprep/prep_config.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
+namespace {
+
+struct PrepFlags {
+  ConfigFlags config;
+  std::vector<std::string> inputs;
+  std::string output;
+  double threshold = 0;
+  int threads = 0;
+  std::string memory;
+  int num_perm = 0, bands = 0, rows = 0, ngram = 0;
+  uint64_t seed = 0;
+  bool no_exact = false, no_near = false, no_verify = false, strip_punct = false;
+  std::string utf8;
+  uint64_t max_line_bytes = 0;
+  double max_reject_fraction = 0;
+  std::string compression;
+  uint64_t shard_samples = 0;
+  std::string shard_bytes;
+  std::string default_domain, tokenizer;
+  uint64_t vocab_size = 0;
+  bool overwrite = false, keep_work = false;
+};
+
+const char* const kFooter = R"(
+Inputs: JSONL files (.jsonl/.ndjson/.json, plain, .gz or .zst: one object per line with "text";
+optional "id", "source", "url", "domain", "meta"; other fields are carried), folders (JSONL files
+by name, every other file is one text document) and globs. Files are taken in sorted path order.
+
+Output (OUT):
+  manifest.json            shards per domain with sample/token counts and xxh3 checksums
+  stats.json               docs_in, docs_out, exact_dups, near_dups, rejected_by_reason, domains,
+                           LSH settings and candidate probabilities, cluster sizes, stage timings
+  dedup/removed.jsonl      {"id", "kept", "similarity"} for every removed duplicate
+  rejects/rejects-R.jsonl  every rejected input record with file, line, reason (one file per rank)
+  shards/<domain>/<domain>-NNNNNN.tar.zst   samples <key>.txt, <key>.json[, <key>.tokens.npy]
+  tokenizer.json           when a tokenizer is configured or trained
+docs_in = docs_out + exact_dups + near_dups + rejected, always.
+
+Resume: progress is recorded in OUT/.kiln-prep; after a crash or kill, run the same command
+again and it continues, giving byte-identical output. A finished OUT is left as it is; use
+--overwrite to redo it.
+
+Many processes: mpirun -np N kiln prep ... splits the input files between ranks; the kept set is
+the same as with one process.
+
+Exit codes: 0 ok, 2 bad flag/config, 3 too many rejected input records, 1 other failures.
+Config keys (configs/prep/default.yaml) can be set with --config FILE and --set key=value.
+
+Example:
+  kiln prep --input corpus/ --output out/ --threshold 0.8 --threads 8 --memory 4G
+)";
+
+}  // namespace
 
 RunFn add_prep_command(CLI::App& root) {
-  return add_unbuilt_command(root, "prep", "deduplicate, tag, tokenize and shard a corpus");
+  auto f = std::make_shared<PrepFlags>();
+  CLI::App* sub = root.add_subcommand(
+      "prep", "deduplicate (exact + MinHash-LSH), tag, tokenize and shard a corpus");
+  sub->footer(kFooter);
+  sub->add_option("-i,--input", f->inputs,
+                  "input files, folders or globs (repeatable; config input.paths)")
+      ->type_name("PATH...");
+  sub->add_option("-o,--output", f->output, "output folder OUT (config output)")->type_name("OUT");
+  add_config_flags(sub, &f->config);
+  sub->add_option("--threshold", f->threshold,
+                  "near-duplicate Jaccard threshold in (0,1), default 0.8 (dedup.threshold)")
+      ->type_name("J");
+  sub->add_option("--threads", f->threads, "worker threads, 0 = all cores (threads)");
+  sub->add_option("--memory", f->memory,
+                  "memory budget for dedup tables, e.g. 512M, 4G; beyond it sorted runs spill "
+                  "to OUT/.kiln-prep (memory, default 2G)")
+      ->type_name("SIZE");
+  sub->add_option("--num-perm", f->num_perm, "MinHash permutations, default 128 (dedup.num_perm)");
+  sub->add_option("--bands", f->bands,
+                  "LSH bands; with --rows overrides the choice from the threshold (dedup.bands)");
+  sub->add_option("--rows", f->rows, "LSH rows per band (dedup.rows)");
+  sub->add_option("--ngram", f->ngram,
+                  "shingle size: words, or characters for CJK/Thai/... scripts, default 5 "
+                  "(dedup.ngram)");
+  sub->add_option("--seed", f->seed, "MinHash permutation seed, default 1 (dedup.seed)");
+  sub->add_flag("--no-exact", f->no_exact, "skip exact dedup (dedup.exact=false)");
+  sub->add_flag("--no-near", f->no_near, "skip near-duplicate dedup (dedup.near=false)");
+  sub->add_flag("--no-verify", f->no_verify,
+                "keep LSH candidates without checking their estimated Jaccard (dedup.verify)");
+  sub->add_flag("--strip-punct", f->strip_punct,
+                "ignore punctuation when comparing texts (dedup.strip_punct)");
+  sub->add_option("--utf8", f->utf8,
+                  "invalid UTF-8: 'repair' (U+FFFD, default) or 'reject' (input.utf8)")
+      ->check(CLI::IsMember({"repair", "reject"}));
+  sub->add_option("--max-line-bytes", f->max_line_bytes,
+                  "longer lines / text files are rejected without being loaded, default 16 MiB "
+                  "(input.max_line_bytes)");
+  sub->add_option("--max-reject-fraction", f->max_reject_fraction,
+                  "exit 3 when more of the input is rejected, default 0.05 "
+                  "(input.max_reject_fraction)");
+  sub->add_option("--compression", f->compression, "shards: 'zstd' (default) or 'none'")
+      ->check(CLI::IsMember({"zstd", "none"}));
+  sub->add_option("--shard-samples", f->shard_samples,
+                  "max samples per shard, default 10000 (shards.max_samples)");
+  sub->add_option("--shard-bytes", f->shard_bytes,
+                  "max uncompressed bytes per shard, default 256M (shards.max_bytes)")
+      ->type_name("SIZE");
+  sub->add_option("--default-domain", f->default_domain,
+                  "domain of documents no rule assigns, default web (domains.default)");
+  sub->add_option("--tokenizer", f->tokenizer,
+                  "tokenizer JSON to use; without it one is trained on the kept text "
+                  "(tokenizer.path)")
+      ->type_name("FILE");
+  sub->add_option("--vocab-size", f->vocab_size,
+                  "vocabulary size when training a tokenizer, default 8192 (tokenizer.vocab_size)");
+  sub->add_flag("--overwrite", f->overwrite,
+                "replace an existing dataset or unfinished run in OUT instead of refusing/resuming");
+  sub->add_flag("--keep-work", f->keep_work, "keep OUT/.kiln-prep after success (keep_work)");
+
+  return [f, sub]() -> Status {
+    if (comm::launched_by_mpi() && !comm::mpi_available())
+      return Status::usage("started under mpirun, but this kiln was built without MPI");
+    KILN_ASSIGN_OR_RETURN(Config cfg,
+                          Config::load(kPrepDefaultsYaml, f->config.config_file, f->config.sets));
+    auto set_text = [&](const char* key, const std::string& v) {
+      return cfg.set_node(key, YAML::Node(v));
+    };
+    auto given = [&](const char* name) { return sub->count(name) > 0; };
+    if (!f->inputs.empty()) {
+      YAML::Node list(YAML::NodeType::Sequence);
+      for (const auto& p : f->inputs) list.push_back(p);
+      KILN_RETURN_IF_ERROR(cfg.set_node("input.paths", list));
+    }
+    if (given("--output")) KILN_RETURN_IF_ERROR(set_text("output", f->output));
+    if (given("--threshold")) KILN_RETURN_IF_ERROR(cfg.set("dedup.threshold", std::to_string(f->threshold)));
+    if (given("--threads")) KILN_RETURN_IF_ERROR(cfg.set("threads", std::to_string(f->threads)));
+    if (given("--memory")) KILN_RETURN_IF_ERROR(set_text("memory", f->memory));
+    if (given("--num-perm")) KILN_RETURN_IF_ERROR(cfg.set("dedup.num_perm", std::to_string(f->num_perm)));
+    if (given("--bands")) KILN_RETURN_IF_ERROR(cfg.set("dedup.bands", std::to_string(f->bands)));
+    if (given("--rows")) KILN_RETURN_IF_ERROR(cfg.set("dedup.rows", std::to_string(f->rows)));
+    if (given("--ngram")) KILN_RETURN_IF_ERROR(cfg.set("dedup.ngram", std::to_string(f->ngram)));
+    if (given("--seed")) KILN_RETURN_IF_ERROR(cfg.set("dedup.seed", std::to_string(f->seed)));
+    if (f->no_exact) KILN_RETURN_IF_ERROR(cfg.set("dedup.exact", "false"));
+    if (f->no_near) KILN_RETURN_IF_ERROR(cfg.set("dedup.near", "false"));
+    if (f->no_verify) KILN_RETURN_IF_ERROR(cfg.set("dedup.verify", "false"));
+    if (f->strip_punct) KILN_RETURN_IF_ERROR(cfg.set("dedup.strip_punct", "true"));
+    if (given("--utf8")) KILN_RETURN_IF_ERROR(set_text("input.utf8", f->utf8));
+    if (given("--max-line-bytes"))
+      KILN_RETURN_IF_ERROR(cfg.set("input.max_line_bytes", std::to_string(f->max_line_bytes)));
+    if (given("--max-reject-fraction"))
+      KILN_RETURN_IF_ERROR(
+          cfg.set("input.max_reject_fraction", std::to_string(f->max_reject_fraction)));
+    if (given("--compression")) KILN_RETURN_IF_ERROR(set_text("shards.compression", f->compression));
+    if (given("--shard-samples"))
+      KILN_RETURN_IF_ERROR(cfg.set("shards.max_samples", std::to_string(f->shard_samples)));
+    if (given("--shard-bytes")) {
+      auto b = parse_byte_size(f->shard_bytes);
+      if (!b.is_ok()) return Status::usage("--shard-bytes: " + b.status().message());
+      KILN_RETURN_IF_ERROR(cfg.set("shards.max_bytes", std::to_string(*b)));
+    }
+    if (given("--default-domain")) KILN_RETURN_IF_ERROR(set_text("domains.default", f->default_domain));
+    if (given("--tokenizer")) KILN_RETURN_IF_ERROR(set_text("tokenizer.path", f->tokenizer));
+    if (given("--vocab-size"))
+      KILN_RETURN_IF_ERROR(cfg.set("tokenizer.vocab_size", std::to_string(f->vocab_size)));
+    if (f->keep_work) KILN_RETURN_IF_ERROR(cfg.set("keep_work", "true"));
+
+    comm::ProcessGroup& world = comm::world();
+    PrepRunOptions ro;
+    ro.overwrite = f->overwrite;
+    KILN_ASSIGN_OR_RETURN(PrepResult r, run_prep(cfg, world, ro));
+    if (world.rank() == 0) {
+      std::fputs(r.summary.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return Status::ok();
+  };
 }
 
 }  // namespace kiln::cli

@@ -1,0 +1,696 @@
+// The `kiln prep` driver: settings, inputs, resume state, the stage sequence, the final outputs.
+#include "dataprep/prep.h"
+
+#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <unordered_map>
+
+#include "common/atomic_file.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "common/manifest.h"
+#include "dataprep/prep_internal.h"
+
+namespace kiln {
+namespace fs = std::filesystem;
+using namespace prep;
+
+namespace {
+
+constexpr uint64_t kUnitBytes = uint64_t{256} << 20;
+constexpr uint32_t kUnitFiles = 1024;
+
+// Contiguous, size-balanced blocks of files per rank (global order is preserved by rank order).
+std::vector<uint32_t> split_files(const std::vector<InputFile>& files, int size) {
+  std::vector<uint32_t> begin(size + 1, static_cast<uint32_t>(files.size()));
+  uint64_t total = 0;
+  for (const auto& f : files) total += f.size + 1;
+  begin[0] = 0;
+  uint64_t acc = 0;
+  int r = 1;
+  for (uint32_t i = 0; i < files.size() && r < size; ++i) {
+    // Rank r starts at the first file whose start offset reaches r/size of the bytes.
+    while (r < size && acc >= total * static_cast<uint64_t>(r) / size) begin[r++] = i;
+    acc += files[i].size + 1;
+  }
+  while (r < size) begin[r++] = static_cast<uint32_t>(files.size());
+  for (int k = 1; k <= size; ++k) begin[k] = std::max(begin[k], begin[k - 1]);
+  return begin;
+}
+
+std::vector<Unit> make_units(const std::vector<InputFile>& files, uint32_t first, uint32_t last) {
+  // Testing hook: KILN_PREP_UNIT_FILES=N caps the files per unit (more resume points).
+  uint32_t max_files = kUnitFiles;
+  if (const char* v = std::getenv("KILN_PREP_UNIT_FILES")) max_files = std::max(1, std::atoi(v));
+  std::vector<Unit> units;
+  uint32_t start = first;
+  uint64_t bytes = 0;
+  for (uint32_t i = first; i < last; ++i) {
+    bytes += files[i].size;
+    if (bytes >= kUnitBytes || i + 1 - start >= max_files) {
+      units.push_back({start, i + 1});
+      start = i + 1;
+      bytes = 0;
+    }
+  }
+  if (start < last) units.push_back({start, last});
+  return units;
+}
+
+// Settings that do not change the output bytes are left out of the fingerprint.
+std::string make_fingerprint(const Context& c, nlohmann::json* described) {
+  YAML::Node cfg = YAML::Clone(c.config.root());
+  cfg.remove("output");
+  cfg.remove("threads");
+  cfg.remove("memory");
+  cfg.remove("keep_work");
+  if (cfg["input"]) {
+    cfg["input"].remove("paths");
+    cfg["input"].remove("max_reject_fraction");
+  }
+  YAML::Emitter em;
+  em << cfg;
+  nlohmann::json fp;
+  fp["kiln"] = KILN_VERSION;
+  fp["ranks"] = c.size;
+  fp["config"] = em.c_str();
+  fp["files"] = nlohmann::json::array();
+  for (const auto& f : c.files) fp["files"].push_back({f.path, f.size, f.mtime_ns});
+  *described = fp;
+  return hex64(xxh3_64(fp.dump()));
+}
+
+bool exists(const std::string& p) {
+  std::error_code ec;
+  return fs::exists(p, ec);
+}
+
+const char* const kOutputs[] = {"manifest.json", "stats.json", "shards", "dedup", "rejects",
+                                "tokenizer.json"};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+// "2", "3-4", "5-8", ... power-of-two buckets for the cluster-size histogram.
+std::string size_bucket(uint64_t n) {
+  if (n <= 2) return std::to_string(n);
+  uint64_t hi = 2;
+  while (hi < n) hi *= 2;
+  return std::to_string(hi / 2 + 1) + "-" + std::to_string(hi);
+}
+
+// ---- the state of earlier runs ---------------------------------------------------------------
+
+Result<nlohmann::json> load_marker(const Context& c, int stage) {
+  return read_json_file(c.stage_marker(stage));
+}
+
+Status save_marker(Context& c, int stage, nlohmann::json marker, double seconds) {
+  marker["stage"] = stage_name(stage);
+  marker["seconds"] = seconds;
+  c.timings[stage_name(stage)] = seconds;
+  KILN_RETURN_IF_ERROR(write_json_file(c.stage_marker(stage), marker));
+  crash_point((std::string("stage-") + stage_name(stage)).c_str());
+  return Status::ok();
+}
+
+std::string encode_pairs(const std::vector<DocPair>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0]));
+}
+
+// How far this rank's recorded state goes (every marker present and readable, in order).
+int local_progress(const Context& c) {
+  int done = kNone;
+  for (int s = kScan; s <= kWrite; ++s) {
+    auto m = load_marker(c, s);
+    if (!m.is_ok()) break;
+    done = s;
+  }
+  return done;
+}
+
+Status gather_file_stats(Context& c) {
+  nlohmann::json mine = nlohmann::json::array();
+  for (uint32_t f = c.my_first_file(); f < c.my_last_file(); ++f)
+    mine.push_back(c.file_stats[f].to_json());
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                        comm::allgather_strings(*c.g, mine.dump()));
+  for (int r = 0; r < c.size; ++r) {
+    nlohmann::json j = nlohmann::json::parse(all[r], nullptr, false);
+    uint32_t f = c.rank_file_begin[r];
+    for (const auto& s : j) c.file_stats[f++] = FileStats::from_json(s);
+  }
+  c.file_base.assign(c.files.size(), 0);
+  uint64_t base = 0;
+  for (size_t f = 0; f < c.files.size(); ++f) {
+    c.file_base[f] = base;
+    base += c.file_stats[f].docs_in;
+  }
+  return Status::ok();
+}
+
+Status write_rank_rejects(const Context& c) {
+  std::string all;
+  for (const Unit& u : c.units) {
+    KILN_ASSIGN_OR_RETURN(std::string part, read_file(c.unit_path(u, "rej")));
+    all += part;
+  }
+  return write_file_atomic(c.out + "/rejects/rejects-" + rank_tag(c.rank) + ".jsonl", all);
+}
+
+Status check_reject_fraction(const Context& c) {
+  FileStats total;
+  for (const auto& s : c.file_stats) total.add(s);
+  const uint64_t rejected = total.rejected_total();
+  if (total.docs_in == 0 || rejected <= c.opt.max_reject_fraction * total.docs_in)
+    return Status::ok();
+  std::vector<uint32_t> order(c.files.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return c.file_stats[a].rejected_total() > c.file_stats[b].rejected_total();
+  });
+  std::string msg = fmt("%.1f%%", 100.0 * rejected / total.docs_in) + " of the input records (" +
+                    std::to_string(rejected) + " of " + std::to_string(total.docs_in) +
+                    ") were rejected, over input.max_reject_fraction = " +
+                    fmt("%g", c.opt.max_reject_fraction) + ". Worst files:";
+  for (size_t k = 0; k < order.size() && k < 5; ++k) {
+    const FileStats& s = c.file_stats[order[k]];
+    if (s.rejected_total() == 0) break;
+    int worst = 0;
+    for (int r = 1; r < kRejectReasonCount; ++r)
+      if (s.rejected[r] > s.rejected[worst]) worst = r;
+    msg += "\n  " + c.files[order[k]].path + ": " + std::to_string(s.rejected_total()) + " of " +
+           std::to_string(s.docs_in) + " rejected (mostly " +
+           reject_reason_name(static_cast<RejectReason>(worst)) + ")";
+  }
+  msg += "\nDetails are in " + c.out + "/rejects/. Raise the limit with --max-reject-fraction.";
+  return Status::data(msg);
+}
+
+// ---- final outputs ---------------------------------------------------------------------------
+
+struct Totals {
+  FileStats in;
+  uint64_t exact = 0, near = 0, docs_out = 0, bytes_out = 0, tokens_out = 0;
+  std::map<std::string, DomainStats> domains;
+  std::map<uint64_t, uint64_t> cluster_sizes;  // size -> clusters
+  uint64_t clusters = 0, largest = 1;
+};
+
+Totals compute_totals(const Context& c, const std::vector<WriteResult>& results) {
+  Totals t;
+  for (const auto& s : c.file_stats) t.in.add(s);
+  for (const RemovedEntry& e : c.removed) (e.exact ? t.exact : t.near) += 1;
+  for (const WriteResult& w : results) {
+    t.docs_out += w.docs_out;
+    for (const auto& [name, d] : w.domains) {
+      DomainStats& ds = t.domains[name];
+      ds.docs += d.docs;
+      ds.tokens += d.tokens;
+      ds.bytes += d.bytes;
+      for (const auto& [by, n] : d.domain_by) ds.domain_by[by] += n;
+      t.bytes_out += d.bytes;
+      t.tokens_out += d.tokens;
+    }
+  }
+  std::map<uint64_t, uint64_t> members;  // kept -> removed count
+  for (const RemovedEntry& e : c.removed) ++members[e.kept];
+  for (const auto& [kept, n] : members) {
+    ++t.cluster_sizes[n + 1];
+    t.largest = std::max<uint64_t>(t.largest, n + 1);
+  }
+  t.clusters = members.size();
+  return t;
+}
+
+nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
+  nlohmann::ordered_json s;
+  s["docs_in"] = t.in.docs_in;
+  s["docs_out"] = t.docs_out;
+  s["exact_dups"] = t.exact;
+  s["near_dups"] = t.near;
+  s["rejected"] = t.in.rejected_total();
+  nlohmann::ordered_json reasons = nlohmann::ordered_json::object();
+  for (int r = 0; r < kRejectReasonCount; ++r)
+    reasons[reject_reason_name(static_cast<RejectReason>(r))] = t.in.rejected[r];
+  s["rejected_by_reason"] = reasons;
+  s["repaired_utf8"] = t.in.repaired;
+  s["bytes_in"] = t.in.text_bytes;
+  s["bytes_out"] = t.bytes_out;
+  s["tokens_out"] = t.tokens_out;
+  s["files"] = c.files.size();
+  s["ranks"] = c.size;
+  nlohmann::ordered_json domains = nlohmann::ordered_json::object();
+  for (const auto& [name, d] : t.domains) {
+    nlohmann::ordered_json dj;
+    dj["docs"] = d.docs;
+    dj["tokens"] = d.tokens;
+    dj["bytes"] = d.bytes;
+    dj["domain_by"] = d.domain_by;
+    domains[name] = dj;
+  }
+  s["domains"] = domains;
+  nlohmann::ordered_json dd;
+  dd["exact"] = c.opt.exact;
+  dd["near"] = c.opt.near;
+  dd["threshold"] = c.opt.threshold;
+  dd["num_perm"] = c.opt.num_perm;
+  dd["bands"] = c.opt.lsh.bands;
+  dd["rows"] = c.opt.lsh.rows;
+  dd["bands_rows_from"] = c.opt.lsh_explicit ? "config" : "threshold";
+  dd["ngram"] = c.opt.ngram;
+  dd["seed"] = c.opt.seed;
+  dd["verify"] = c.opt.verify;
+  dd["strip_punct"] = c.opt.strip_punct;
+  nlohmann::ordered_json probs = nlohmann::ordered_json::object();
+  for (double j : {0.5, 0.7, 0.8, 0.9, 0.95})
+    probs[fmt("%g", j)] = std::round(lsh_candidate_probability(j, c.opt.lsh) * 1e6) / 1e6;
+  dd["candidate_probability"] = probs;
+  dd["candidate_pairs"] = c.dedup.candidate_pairs;
+  dd["verified_pairs"] = c.dedup.verified_pairs;
+  dd["spilled_bytes"] = c.dedup.spilled_bytes;
+  dd["clusters"] = t.clusters;
+  dd["largest_cluster"] = t.largest;
+  nlohmann::ordered_json hist = nlohmann::ordered_json::object();
+  std::map<uint64_t, std::pair<std::string, uint64_t>> buckets;  // bucket start -> label, count
+  for (const auto& [size, n] : t.cluster_sizes) {
+    std::string label = size_bucket(size);
+    uint64_t start = std::stoull(label.substr(0, label.find('-')));
+    buckets[start].first = label;
+    buckets[start].second += n;
+  }
+  for (const auto& [start, b] : buckets) hist[b.first] = b.second;
+  dd["cluster_sizes"] = hist;
+  s["dedup"] = dd;
+  nlohmann::ordered_json tok;
+  tok["path"] = c.tokenizer.path;
+  tok["vocab_size"] = c.tokenizer.vocab_size;
+  tok["eos_id"] = c.tokenizer.eos_id;
+  s["tokenizer"] = tok;
+  nlohmann::ordered_json tm = nlohmann::ordered_json::object();
+  double total = 0;
+  for (int st = kScan; st <= kWrite; ++st) {
+    auto it = c.timings.find(stage_name(st));
+    double v = it == c.timings.end() ? 0.0 : it->second;
+    tm[stage_name(st)] = std::round(v * 1000) / 1000;
+    total += v;
+  }
+  tm["total"] = std::round(total * 1000) / 1000;
+  s["timings_s"] = tm;
+  return s;
+}
+
+std::string make_summary(const nlohmann::ordered_json& s, const std::string& out) {
+  auto u = [&](const char* k) { return s.value(k, uint64_t{0}); };
+  std::string text = "kiln prep: " + std::to_string(u("docs_in")) + " documents in, " +
+                     std::to_string(u("docs_out")) + " out (exact duplicates " +
+                     std::to_string(u("exact_dups")) + ", near duplicates " +
+                     std::to_string(u("near_dups")) + ", rejected " +
+                     std::to_string(u("rejected")) + ")\n";
+  if (u("rejected") > 0) {
+    text += "  rejected:";
+    for (const auto& [k, v] : s["rejected_by_reason"].items())
+      if (v.get<uint64_t>() > 0) text += " " + k + " " + std::to_string(v.get<uint64_t>());
+    text += "  (see " + out + "/rejects/)\n";
+  }
+  const auto& d = s["dedup"];
+  LshParams p{d.value("bands", 0), d.value("rows", 0)};
+  if (d.value("near", false)) {
+    text += "  near-dup: Jaccard >= " + fmt("%.2f", d.value("threshold", 0.0)) + ", " +
+            std::to_string(d.value("num_perm", 0)) + " permutations, " +
+            std::to_string(d.value("ngram", 0)) + "-gram shingles; " + describe_lsh(p) + "\n";
+    text += "  clusters: " + std::to_string(d.value("clusters", uint64_t{0})) + " (largest " +
+            std::to_string(d.value("largest_cluster", uint64_t{0})) + "), candidate pairs " +
+            std::to_string(d.value("candidate_pairs", uint64_t{0})) + ", verified " +
+            std::to_string(d.value("verified_pairs", uint64_t{0})) + "\n";
+  }
+  text += "  domains:";
+  for (const auto& [name, dj] : s["domains"].items()) {
+    text += " " + name + " " + std::to_string(dj.value("docs", uint64_t{0})) + " docs (" +
+            human_bytes(static_cast<double>(dj.value("bytes", uint64_t{0}))) + ", " +
+            std::to_string(dj.value("tokens", uint64_t{0})) + " tokens);";
+  }
+  text += "\n  time:";
+  for (const auto& [k, v] : s["timings_s"].items()) text += " " + k + " " + fmt("%.2fs", v.get<double>());
+  text += "\n  output: " + out + "/manifest.json, stats.json, dedup/removed.jsonl, rejects/, shards/\n";
+  return text;
+}
+
+Status final_stage(Context& c, std::string* summary) {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
+                        comm::allgather_strings(*c.g, c.written.to_json().dump()));
+  std::vector<WriteResult> results;
+  for (const auto& b : blobs) {
+    nlohmann::json j = nlohmann::json::parse(b, nullptr, false);
+    if (j.is_discarded()) return Status::internal("bad write result from a rank");
+    results.push_back(WriteResult::from_json(j));
+  }
+  // Global shard numbering per domain, in rank order; ranks rename their own shards.
+  struct Final {
+    std::string path, domain;
+    const WrittenShard* w;
+  };
+  std::vector<Final> finals;
+  std::map<std::string, uint64_t> next_index;
+  std::set<std::string> domains;
+  for (const auto& w : results)
+    for (const auto& s : w.shards) domains.insert(s.domain);
+  Status st;
+  for (const std::string& d : domains) {
+    for (int r = 0; r < c.size; ++r) {
+      for (const WrittenShard& s : results[r].shards) {
+        if (s.domain != d) continue;
+        std::string path = s.path;
+        if (c.size > 1) {
+          std::string ext = s.path.substr(s.path.find(".tar"));
+          char name[64];
+          std::snprintf(name, sizeof name, "-%06llu",
+                        static_cast<unsigned long long>(next_index[d]++));
+          path = "shards/" + d + "/" + d + name + ext;
+          if (r == c.rank && st.is_ok()) {
+            std::string from = c.out + "/" + s.path, to = c.out + "/" + path;
+            if (exists(from)) st = rename_durable(from, to);
+            else if (!exists(to)) st = Status::io("shard missing before renaming").with_file(from);
+          }
+        }
+        finals.push_back({path, d, &s});
+      }
+    }
+  }
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
+  if (c.rank == 0) {
+    Totals t = compute_totals(c, results);
+    uint64_t accounted = t.docs_out + t.exact + t.near + t.in.rejected_total();
+    if (accounted != t.in.docs_in)
+      st = Status::internal("accounting mismatch: docs_in " + std::to_string(t.in.docs_in) +
+                            " != docs_out + exact_dups + near_dups + rejected = " +
+                            std::to_string(accounted));
+    // removed.jsonl
+    std::unordered_map<uint64_t, std::string> ids;
+    for (const auto& w : results)
+      for (const auto& [docid, id] : w.ids) ids[docid] = id;
+    std::string removed;
+    for (const RemovedEntry& e : c.removed) {
+      nlohmann::ordered_json j;
+      auto a = ids.find(e.docid), b = ids.find(e.kept);
+      if (a == ids.end() || b == ids.end()) {
+        st = Status::internal("missing id of a removed document");
+        break;
+      }
+      j["id"] = a->second;
+      j["kept"] = b->second;
+      j["similarity"] = std::round(e.similarity * 1e4) / 1e4;
+      removed += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    }
+    if (st.is_ok()) st = write_file_atomic(c.out + "/dedup/removed.jsonl", removed);
+    nlohmann::ordered_json stats = make_stats(c, t);
+    if (st.is_ok()) st = write_file_atomic(c.out + "/stats.json", stats.dump(2) + "\n");
+    if (st.is_ok()) crash_point("final-removed");
+    if (st.is_ok()) {
+      Manifest m;
+      m.tokenizer = c.tokenizer;
+      for (const Final& f : finals) {
+        ShardInfo info;
+        info.path = c.out + "/" + f.path;
+        info.samples = f.w->samples;
+        info.tokens = f.w->tokens;
+        info.bytes = f.w->bytes;
+        info.xxh3 = f.w->xxh3;
+        m.add_shard(info, f.domain, c.out);
+      }
+      st = write_manifest(c.out + "/manifest.json", m);
+    }
+    if (st.is_ok()) {
+      nlohmann::json done = {{"fingerprint", c.fingerprint}};
+      st = write_json_file(c.work + "/complete.json", done);
+    }
+    if (st.is_ok()) *summary = make_summary(stats, c.out);
+  }
+  return comm::agree(*c.g, std::move(st));
+}
+
+}  // namespace
+
+Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
+                            const PrepRunOptions& run_options) {
+  const auto t_start = std::chrono::steady_clock::now();
+  Context c;
+  c.config = config;
+  c.g = &g;
+  c.rank = g.rank();
+  c.size = g.size();
+  KILN_ASSIGN_OR_RETURN(c.opt, prep_options_from_config(config));
+  if (c.opt.output.empty()) return Status::usage("no output folder given (--output OUT)");
+  if (c.opt.inputs.empty()) return Status::usage("no input given (--input PATH...)");
+  c.out = c.opt.output;
+  while (c.out.size() > 1 && c.out.back() == '/') c.out.pop_back();
+  c.work = c.out + "/.kiln-prep";
+  c.rank_dir = c.work + "/rank-" + rank_tag(c.rank);
+
+  std::unique_ptr<tbb::global_control> threads;
+  if (c.opt.threads > 0)
+    threads = std::make_unique<tbb::global_control>(
+        tbb::global_control::max_allowed_parallelism, static_cast<size_t>(c.opt.threads));
+
+  // Inputs: every rank lists them and they must agree.
+  auto files = discover_inputs(c.opt.inputs);
+  KILN_RETURN_IF_ERROR(comm::agree(g, files.is_ok() ? Status::ok() : files.status()));
+  c.files = std::move(*files);
+  if (c.files.size() >= (size_t{1} << 24))
+    return Status::usage("too many input files (" + std::to_string(c.files.size()) +
+                         "); at most 16777215");
+  {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& f : c.files) list.push_back({f.path, f.size});
+    uint64_t h = xxh3_64(list.dump());
+    KILN_ASSIGN_OR_RETURN(uint64_t hmin, comm::allreduce_value<uint64_t>(g, h, comm::ReduceOp::kMin));
+    KILN_ASSIGN_OR_RETURN(uint64_t hmax, comm::allreduce_value<uint64_t>(g, h, comm::ReduceOp::kMax));
+    if (hmin != hmax) return Status::usage("ranks see different input files (is the input on a shared file system?)");
+  }
+  c.rank_file_begin = split_files(c.files, c.size);
+  c.units = make_units(c.files, c.my_first_file(), c.my_last_file());
+  c.file_stats.assign(c.files.size(), FileStats{});
+  c.layout = RecordLayout::make(c.opt.near, c.opt.lsh.bands, c.opt.num_perm);
+  c.hasher = std::make_unique<MinHasher>(c.opt.num_perm, c.opt.seed);
+  nlohmann::json fp_described;
+  c.fingerprint = make_fingerprint(c, &fp_described);
+
+  // ---- earlier runs in OUT ----
+  PrepResult result;
+  result.lsh = c.opt.lsh;
+  int verdict = 0;  // 0 fresh/resume, 1 complete, 2 conflict
+  std::string why;
+  if (c.rank == 0) {
+    auto complete = read_json_file(c.work + "/complete.json");
+    bool have_outputs = false;
+    for (const char* o : kOutputs) have_outputs |= exists(c.out + "/" + o);
+    if (complete.is_ok() && complete->value("fingerprint", "") == c.fingerprint &&
+        exists(c.out + "/manifest.json")) {
+      verdict = 1;
+    } else if (complete.is_ok() || (have_outputs && !exists(c.rank_dir + "/fingerprint.json"))) {
+      verdict = 2;
+      why = c.out + " already holds a dataset" +
+            std::string(complete.is_ok() ? " made with other settings or inputs" : "");
+    }
+  }
+  {
+    auto fp = read_json_file(c.rank_dir + "/fingerprint.json");
+    if (fp.is_ok() && fp->value("fingerprint", "") != c.fingerprint && verdict == 0) {
+      verdict = 2;
+      why = c.out + " holds an unfinished prep run with other settings or inputs";
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t v, comm::allreduce_value<int64_t>(g, verdict, comm::ReduceOp::kMax));
+  KILN_RETURN_IF_ERROR(comm::bcast_string(g, &why, 0));
+  if (v == 2 && why.empty()) why = c.out + " holds an unfinished prep run with other settings or inputs";
+  if (v == 1 && run_options.overwrite) v = 2;
+  if (v == 1) {
+    if (c.rank == 0) {
+      KILN_ASSIGN_OR_RETURN(std::string stats_text, read_file(c.out + "/stats.json"));
+      nlohmann::ordered_json stats = nlohmann::ordered_json::parse(stats_text, nullptr, false);
+      if (stats.is_discarded()) return Status::data("not valid JSON").with_file(c.out + "/stats.json");
+      result.summary = make_summary(stats, c.out) + "  (already complete: nothing to do)\n";
+      result.docs_in = stats.value("docs_in", uint64_t{0});
+      result.docs_out = stats.value("docs_out", uint64_t{0});
+      result.exact_dups = stats.value("exact_dups", uint64_t{0});
+      result.near_dups = stats.value("near_dups", uint64_t{0});
+      result.rejected = stats.value("rejected", uint64_t{0});
+    }
+    result.already_complete = true;
+    return result;
+  }
+  if (v == 2) {
+    if (!run_options.overwrite)
+      return Status::usage(why + "; rerun with --overwrite to replace it, or choose another --output");
+    if (c.rank == 0) {
+      KILN_LOG_INFO("--overwrite: removing the earlier output in {}", c.out);
+      for (const char* o : kOutputs) KILN_RETURN_IF_ERROR(remove_all(c.out + "/" + o));
+      KILN_RETURN_IF_ERROR(remove_all(c.work));
+    }
+    KILN_RETURN_IF_ERROR(g.barrier());
+    KILN_RETURN_IF_ERROR(remove_all(c.rank_dir));
+  }
+  KILN_RETURN_IF_ERROR(make_dirs(c.rank_dir));
+  KILN_RETURN_IF_ERROR(remove_all(c.tmp_dir()));
+  fp_described["fingerprint"] = c.fingerprint;
+  KILN_RETURN_IF_ERROR(write_json_file(c.rank_dir + "/fingerprint.json", fp_described));
+  KILN_RETURN_IF_ERROR(make_dirs(c.out + "/rejects"));
+  KILN_RETURN_IF_ERROR(make_dirs(c.out + "/dedup"));
+
+  if (c.rank == 0) {
+    KILN_LOG_INFO("prep: {} input files, {} rank(s), threads {}, memory budget {} MiB",
+                  c.files.size(), c.size, tbb::this_task_arena::max_concurrency(),
+                  c.opt.memory_bytes >> 20);
+    if (c.opt.near)
+      KILN_LOG_INFO("near-dup: Jaccard >= {:.2f}, {} permutations ({} kernel), {}-grams; {}",
+                    c.opt.threshold, c.opt.num_perm, c.hasher->kernel(), c.opt.ngram,
+                    describe_lsh(c.opt.lsh));
+  }
+
+  // ---- resume point ----
+  int mine = local_progress(c);
+  KILN_ASSIGN_OR_RETURN(int64_t done, comm::allreduce_value<int64_t>(g, mine, comm::ReduceOp::kMin));
+  result.resumed = done > kNone;
+  if (done > kNone && c.rank == 0)
+    KILN_LOG_INFO("resuming: stages up to '{}' are already done", stage_name(static_cast<int>(done)));
+
+  // Stage 1: scan.
+  if (done >= kScan) {
+    KILN_RETURN_IF_ERROR(comm::agree(g, check_units(c, /*verify=*/false)));
+    auto m = load_marker(c, kScan);
+    if (m.is_ok()) c.timings["scan"] = m->value("seconds", 0.0);
+    KILN_RETURN_IF_ERROR(gather_file_stats(c));
+  } else {
+    auto t0 = std::chrono::steady_clock::now();
+    Status st = scan_stage(c);
+    KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
+    KILN_RETURN_IF_ERROR(gather_file_stats(c));
+    KILN_RETURN_IF_ERROR(comm::agree(g, write_rank_rejects(c)));
+    KILN_RETURN_IF_ERROR(comm::agree(g, save_marker(c, kScan, {}, seconds_since(t0))));
+  }
+  KILN_RETURN_IF_ERROR(check_reject_fraction(c));
+
+  // Stage 2: exact duplicates.
+  if (done >= kExact) {
+    KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, kExact));
+    auto bytes = read_blob(c.rank_dir + "/exact.bin", m.at("blob"));
+    KILN_RETURN_IF_ERROR(comm::agree(g, bytes.is_ok() ? Status::ok() : bytes.status()));
+    c.exact_dups.resize(bytes->size() / 16);
+    std::memcpy(c.exact_dups.data(), bytes->data(), c.exact_dups.size() * 16);
+    c.dedup.spilled_bytes = m.value("spilled_bytes", uint64_t{0});
+    c.timings["exact"] = m.value("seconds", 0.0);
+  } else {
+    auto t0 = std::chrono::steady_clock::now();
+    KILN_RETURN_IF_ERROR(comm::agree(g, check_units(c, /*verify=*/done >= kScan)));
+    KILN_RETURN_IF_ERROR(comm::agree(g, exact_stage(c)));
+    nlohmann::json m, blob;
+    Status st = write_blob(c.rank_dir + "/exact.bin", encode_pairs(c.exact_dups), &blob);
+    m["blob"] = blob;
+    m["spilled_bytes"] = c.dedup.spilled_bytes;
+    if (st.is_ok()) st = save_marker(c, kExact, m, seconds_since(t0));
+    KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
+  }
+
+  // Stage 3: near duplicates and clusters.
+  if (done >= kDedup) {
+    KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, kDedup));
+    auto bytes = read_blob(c.rank_dir + "/removed.bin", m.at("blob"));
+    KILN_RETURN_IF_ERROR(comm::agree(g, bytes.is_ok() ? Status::ok() : bytes.status()));
+    c.removed.resize(bytes->size() / sizeof(RemovedEntry));
+    std::memcpy(c.removed.data(), bytes->data(), c.removed.size() * sizeof(RemovedEntry));
+    c.dedup = DedupStats::from_json(m.at("dedup"));
+    c.timings["dedup"] = m.value("seconds", 0.0);
+  } else {
+    auto t0 = std::chrono::steady_clock::now();
+    KILN_RETURN_IF_ERROR(comm::agree(g, dedup_stage(c)));
+    nlohmann::json m, blob;
+    std::string bytes(reinterpret_cast<const char*>(c.removed.data()),
+                      c.removed.size() * sizeof(RemovedEntry));
+    Status st = write_blob(c.rank_dir + "/removed.bin", bytes, &blob);
+    m["blob"] = blob;
+    m["dedup"] = c.dedup.to_json();
+    if (st.is_ok()) st = save_marker(c, kDedup, m, seconds_since(t0));
+    KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
+    remove_all(c.tmp_dir()).is_ok();
+  }
+
+  // Stage 4: the annotator (domains, tokenizer).
+  if (done >= kAnnotator) {
+    KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, kAnnotator));
+    const auto& t = m.at("tokenizer");
+    c.tokenizer.path = t.value("path", std::string());
+    c.tokenizer.vocab_size = t.value("vocab_size", uint64_t{0});
+    c.tokenizer.eos_id = t.value("eos_id", int64_t{-1});
+    c.timings["annotate"] = m.value("seconds", 0.0);
+    if (done < kWrite) KILN_RETURN_IF_ERROR(comm::agree(g, annotator_stage(c, /*fresh=*/false)));
+  } else {
+    auto t0 = std::chrono::steady_clock::now();
+    KILN_RETURN_IF_ERROR(comm::agree(g, annotator_stage(c, /*fresh=*/true)));
+    nlohmann::json m;
+    m["tokenizer"] = {{"path", c.tokenizer.path},
+                      {"vocab_size", c.tokenizer.vocab_size},
+                      {"eos_id", c.tokenizer.eos_id}};
+    KILN_RETURN_IF_ERROR(comm::agree(g, save_marker(c, kAnnotator, m, seconds_since(t0))));
+  }
+
+  // Stage 5: shards.
+  if (done >= kWrite) {
+    KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, kWrite));
+    c.written = WriteResult::from_json(m.at("result"));
+    c.timings["write"] = m.value("seconds", 0.0);
+  } else {
+    auto t0 = std::chrono::steady_clock::now();
+    KILN_RETURN_IF_ERROR(comm::agree(g, write_stage(c)));
+    nlohmann::json m;
+    m["result"] = c.written.to_json();
+    KILN_RETURN_IF_ERROR(comm::agree(g, save_marker(c, kWrite, m, seconds_since(t0))));
+  }
+
+  // Stage 6: manifest, stats, removed list (rank 0), shard renumbering (every rank).
+  KILN_RETURN_IF_ERROR(final_stage(c, &result.summary));
+  KILN_RETURN_IF_ERROR(g.barrier());
+  if (!c.opt.keep_work) remove_all(c.rank_dir).is_ok();
+
+  // Totals for the caller (identical on every rank).
+  FileStats in;
+  for (const auto& s : c.file_stats) in.add(s);
+  result.docs_in = in.docs_in;
+  result.rejected = in.rejected_total();
+  for (int r = 0; r < kRejectReasonCount; ++r)
+    if (in.rejected[r]) result.rejected_by_reason[reject_reason_name(static_cast<RejectReason>(r))] = in.rejected[r];
+  for (const RemovedEntry& e : c.removed) (e.exact ? result.exact_dups : result.near_dups) += 1;
+  result.docs_out = result.docs_in - result.rejected - result.exact_dups - result.near_dups;
+  if (c.rank == 0)
+    KILN_LOG_INFO("prep finished in {:.1f}s", seconds_since(t_start));
+  return result;
+}
+
+}  // namespace kiln

@@ -1,0 +1,50 @@
+// `kiln prep`: read + validate -> normalise -> exact dedup -> MinHash -> LSH -> clusters ->
+// annotate (domain, tokens) -> shards, with the outputs of ../shared/DESIGN.md "Prep output":
+//   OUT/manifest.json  OUT/stats.json  OUT/dedup/removed.jsonl  OUT/rejects/  OUT/shards/
+//   OUT/tokenizer.json (when the annotator has a tokenizer)
+//
+// Stages run in order and are recorded under OUT/.kiln-prep/ (input units with checksums, then
+// each finished stage), so the same command after a crash or kill -9 resumes and produces
+// byte-identical output. With a ProcessGroup of N ranks (mpirun), ranks split the input files,
+// exchange exact and band hashes by owner rank, resolve clusters globally (the kept set equals
+// the single-process one) and write their own shards; rank 0 writes the manifest and stats.
+// Every rank must call run_prep() with the same config. docs/PREP.md explains it all.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "comm/comm.h"
+#include "common/config.h"
+#include "common/status.h"
+#include "dataprep/lsh.h"
+
+namespace kiln {
+
+struct PrepRunOptions {
+  // Discard an existing dataset or unfinished run in the output folder instead of refusing or
+  // resuming.
+  bool overwrite = false;
+};
+
+struct PrepResult {
+  uint64_t docs_in = 0;
+  uint64_t docs_out = 0;
+  uint64_t exact_dups = 0;
+  uint64_t near_dups = 0;
+  uint64_t rejected = 0;
+  std::map<std::string, uint64_t> rejected_by_reason;
+  LshParams lsh;
+  bool already_complete = false;  // the output was complete before this call
+  bool resumed = false;           // some stages were taken from an earlier, interrupted run
+  std::string summary;            // multi-line human summary (rank 0)
+};
+
+// Runs (or resumes) prep with a config built from kPrepDefaultsYaml (dataprep/prep_config.h).
+// Errors: kUsage/kConfig for bad settings, kData (exit 3) when the rejected share exceeds
+// input.max_reject_fraction (naming the worst files), kIo/kInternal otherwise.
+Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& group,
+                            const PrepRunOptions& options = {});
+
+}  // namespace kiln

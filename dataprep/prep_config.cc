@@ -1,0 +1,168 @@
+#include "dataprep/prep_config.h"
+
+#include <cctype>
+#include <cmath>
+
+namespace kiln {
+
+const char* const kPrepDefaultsYaml = R"(
+input:
+  paths: []
+  max_line_bytes: 16777216
+  utf8: repair
+  max_reject_fraction: 0.05
+output: ""
+threads: 0
+memory: 2G
+keep_work: false
+dedup:
+  exact: true
+  near: true
+  threshold: 0.8
+  num_perm: 128
+  bands: 0
+  rows: 0
+  fp_weight: 0.05
+  fn_weight: 0.95
+  ngram: 5
+  seed: 1
+  verify: true
+  strip_punct: false
+domains:
+  default: web
+  rules: ""
+  model: ""
+  model_threshold: 0.5
+tokenizer:
+  path: ""
+  vocab_size: 8192
+  train_bytes: 67108864
+shards:
+  compression: zstd
+  level: 3
+  max_samples: 10000
+  max_bytes: 268435456
+)";
+
+Result<uint64_t> parse_byte_size(const std::string& text) {
+  std::string s;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(c);
+  if (s.empty()) return Status::config("empty size");
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return Status::config("not a size: '" + text + "' (e.g. 512M, 2G)");
+  double value = 0;
+  try {
+    value = std::stod(s.substr(0, i));
+  } catch (...) {
+    return Status::config("not a size: '" + text + "'");
+  }
+  std::string unit = s.substr(i);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double mult = 1;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "K" || unit == "KB" || unit == "KIB") mult = 1024.0;
+  else if (unit == "M" || unit == "MB" || unit == "MIB") mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GB" || unit == "GIB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TB" || unit == "TIB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return Status::config("unknown size unit '" + unit + "' in '" + text + "' (use K, M, G)");
+  return static_cast<uint64_t>(std::llround(value * mult));
+}
+
+namespace {
+
+template <typename T>
+Status get_into(const Config& c, const std::string& key, T* out) {
+  auto r = c.get<T>(key);
+  if (!r.is_ok()) return std::move(r).take_status();
+  *out = *r;
+  return Status::ok();
+}
+
+Status range_error(const std::string& key, const std::string& what) {
+  return Status::config(what).with_key(key);
+}
+
+}  // namespace
+
+Result<PrepOptions> prep_options_from_config(const Config& c) {
+  PrepOptions o;
+  YAML::Node paths = c.node("input.paths");
+  if (paths.IsSequence()) {
+    for (const auto& p : paths) o.inputs.push_back(p.as<std::string>());
+  } else if (paths.IsScalar() && !paths.Scalar().empty()) {
+    o.inputs.push_back(paths.Scalar());
+  }
+  KILN_RETURN_IF_ERROR(get_into(c, "output", &o.output));
+  KILN_RETURN_IF_ERROR(get_into(c, "threads", &o.threads));
+  if (o.threads < 0 || o.threads > 4096) return range_error("threads", "must be 0..4096");
+  std::string memory;
+  KILN_RETURN_IF_ERROR(get_into(c, "memory", &memory));
+  auto mem = parse_byte_size(memory);
+  if (!mem.is_ok()) return std::move(mem).take_status().with_key("memory");
+  o.memory_bytes = *mem;
+  if (o.memory_bytes < (1u << 20)) return range_error("memory", "must be at least 1M");
+  KILN_RETURN_IF_ERROR(get_into(c, "keep_work", &o.keep_work));
+
+  KILN_RETURN_IF_ERROR(get_into(c, "input.max_line_bytes", &o.max_line_bytes));
+  if (o.max_line_bytes < 1 || o.max_line_bytes > (uint64_t{1} << 32))
+    return range_error("input.max_line_bytes", "must be 1..4294967296");
+  std::string utf8;
+  KILN_RETURN_IF_ERROR(get_into(c, "input.utf8", &utf8));
+  if (utf8 != "repair" && utf8 != "reject")
+    return range_error("input.utf8", "must be 'repair' or 'reject', got '" + utf8 + "'");
+  o.repair_utf8 = utf8 == "repair";
+  KILN_RETURN_IF_ERROR(get_into(c, "input.max_reject_fraction", &o.max_reject_fraction));
+  if (!(o.max_reject_fraction >= 0 && o.max_reject_fraction <= 1))
+    return range_error("input.max_reject_fraction", "must be in [0, 1]");
+
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.exact", &o.exact));
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.near", &o.near));
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.threshold", &o.threshold));
+  if (!(o.threshold > 0 && o.threshold < 1))
+    return range_error("dedup.threshold", "must be in (0, 1)");
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.num_perm", &o.num_perm));
+  if (o.num_perm < 2 || o.num_perm > 1024) return range_error("dedup.num_perm", "must be 2..1024");
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.ngram", &o.ngram));
+  if (o.ngram < 1 || o.ngram > 64) return range_error("dedup.ngram", "must be 1..64");
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.seed", &o.seed));
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.verify", &o.verify));
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.strip_punct", &o.strip_punct));
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.fp_weight", &o.fp_weight));
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.fn_weight", &o.fn_weight));
+  if (!(o.fp_weight >= 0) || !(o.fn_weight >= 0) || o.fp_weight + o.fn_weight <= 0)
+    return range_error("dedup.fp_weight", "weights must be >= 0 and not both 0");
+  int bands = 0, rows = 0;
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.bands", &bands));
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.rows", &rows));
+  if (bands < 0 || rows < 0) return range_error("dedup.bands", "must be >= 0");
+  if ((bands == 0) != (rows == 0))
+    return range_error(bands == 0 ? "dedup.bands" : "dedup.rows",
+                       "set both dedup.bands and dedup.rows, or neither (0 = from the threshold)");
+  if (bands > 0) {
+    if (static_cast<int64_t>(bands) * rows > o.num_perm)
+      return range_error("dedup.bands", "bands x rows = " + std::to_string(bands) + " x " +
+                                            std::to_string(rows) + " exceeds dedup.num_perm = " +
+                                            std::to_string(o.num_perm));
+    o.lsh = {bands, rows};
+    o.lsh_explicit = true;
+  } else {
+    o.lsh = optimal_lsh_params(o.threshold, o.num_perm, o.fp_weight, o.fn_weight);
+  }
+
+  KILN_RETURN_IF_ERROR(get_into(c, "domains.default", &o.default_domain));
+
+  std::string comp;
+  KILN_RETURN_IF_ERROR(get_into(c, "shards.compression", &comp));
+  if (comp == "zstd") o.compression = ShardCompression::kZstd;
+  else if (comp == "none") o.compression = ShardCompression::kNone;
+  else return range_error("shards.compression", "must be 'zstd' or 'none', got '" + comp + "'");
+  KILN_RETURN_IF_ERROR(get_into(c, "shards.level", &o.level));
+  if (o.level < 1 || o.level > 19) return range_error("shards.level", "must be 1..19");
+  KILN_RETURN_IF_ERROR(get_into(c, "shards.max_samples", &o.max_samples));
+  KILN_RETURN_IF_ERROR(get_into(c, "shards.max_bytes", &o.max_bytes));
+  return o;
+}
+
+}  // namespace kiln

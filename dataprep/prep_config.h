@@ -1,0 +1,57 @@
+// The `kiln prep` configuration: schema with defaults (kPrepDefaultsYaml, documented in
+// configs/prep/default.yaml) and its validated, typed form (PrepOptions).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/shard.h"
+#include "common/status.h"
+#include "dataprep/lsh.h"
+
+namespace kiln {
+
+// YAML defaults of every prep key (the schema Config::load validates against).
+extern const char* const kPrepDefaultsYaml;
+
+struct PrepOptions {
+  std::vector<std::string> inputs;
+  std::string output;
+  int threads = 0;               // 0 = all cores
+  uint64_t memory_bytes = 0;     // budget for dedup tables before spilling
+  bool keep_work = false;
+
+  uint64_t max_line_bytes = 0;
+  bool repair_utf8 = true;
+  double max_reject_fraction = 0.05;
+
+  bool exact = true;
+  bool near = true;
+  double threshold = 0.8;
+  int num_perm = 128;
+  int ngram = 5;
+  uint64_t seed = 0;
+  bool verify = true;
+  bool strip_punct = false;
+  double fp_weight = 0.05;
+  double fn_weight = 0.95;
+  LshParams lsh;                 // resolved: explicit bands/rows or optimal for the threshold
+  bool lsh_explicit = false;
+
+  std::string default_domain;
+
+  ShardCompression compression = ShardCompression::kZstd;
+  int level = 3;
+  uint64_t max_samples = 0;
+  uint64_t max_bytes = 0;
+};
+
+// Validates every value (ranges, enums) and resolves bands x rows; errors name the key.
+Result<PrepOptions> prep_options_from_config(const Config& config);
+
+// "512M", "2G", "1.5GiB", "1048576" -> bytes. kConfig on anything else.
+Result<uint64_t> parse_byte_size(const std::string& text);
+
+}  // namespace kiln

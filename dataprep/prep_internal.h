@@ -1,0 +1,239 @@
+// Internals of the prep pipeline shared by prep*.cc. Not a public interface.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/comm.h"
+#include "common/config.h"
+#include "common/manifest.h"
+#include "common/status.h"
+#include "dataprep/annotate.h"
+#include "dataprep/doc_parser.h"
+#include "dataprep/input.h"
+#include "dataprep/line_reader.h"
+#include "dataprep/lsh.h"
+#include "dataprep/minhash.h"
+#include "dataprep/prep_config.h"
+
+namespace kiln::prep {
+
+// A document's identity during prep: (file index << 40) | ordinal within the file. Sorting docids
+// sorts documents in the global order (files by path, then line).
+constexpr int kFidShift = 40;
+inline uint64_t make_docid(uint64_t fid, uint64_t ordinal) { return (fid << kFidShift) | ordinal; }
+inline uint32_t docid_file(uint64_t d) { return static_cast<uint32_t>(d >> kFidShift); }
+inline uint64_t docid_ordinal(uint64_t d) { return d & ((uint64_t{1} << kFidShift) - 1); }
+
+enum Stage : int { kNone = 0, kScan = 1, kExact = 2, kDedup = 3, kAnnotator = 4, kWrite = 5,
+                   kFinal = 6 };
+const char* stage_name(int stage);
+
+struct FileStats {
+  uint64_t docs_in = 0;
+  uint64_t valid = 0;
+  uint64_t text_bytes = 0;  // of valid documents
+  uint64_t repaired = 0;    // valid after UTF-8 repair
+  std::array<uint64_t, kRejectReasonCount> rejected{};
+  uint64_t rejected_total() const {
+    uint64_t s = 0;
+    for (uint64_t r : rejected) s += r;
+    return s;
+  }
+  void add(const FileStats& o);
+  nlohmann::json to_json() const;
+  static FileStats from_json(const nlohmann::json& j);
+};
+
+// A table record (one per valid document, in docid order):
+//   u64 docid | u64 hash_lo | u64 hash_hi | u32 text_bytes | u32 flags | u64 keys[bands] |
+//   u64 sig[num_perm]            (keys and sig only when near dedup is on)
+struct RecordLayout {
+  int bands = 0;
+  int num_perm = 0;
+  size_t bytes = 32;
+  size_t keys_offset = 32;
+  size_t sig_offset = 32;
+  static RecordLayout make(bool near, int bands, int num_perm);
+};
+constexpr uint32_t kFlagHasSig = 1;
+
+struct RecordView {
+  const uint8_t* p;
+  uint64_t docid() const { return load64(0); }
+  uint64_t hash_lo() const { return load64(8); }
+  uint64_t hash_hi() const { return load64(16); }
+  uint32_t text_bytes() const { return load32(24); }
+  uint32_t flags() const { return load32(28); }
+  uint64_t key(const RecordLayout& l, int b) const { return load64(l.keys_offset + 8 * b); }
+  const uint8_t* sig_bytes(const RecordLayout& l) const { return p + l.sig_offset; }
+  uint64_t load64(size_t off) const;
+  uint32_t load32(size_t off) const;
+};
+
+// Two docids (a duplicate and its leader, or a candidate pair); trivially copyable for comm.
+struct DocPair {
+  uint64_t first = 0;
+  uint64_t second = 0;
+  auto operator<=>(const DocPair&) const = default;
+};
+
+// A run of consecutive input files scanned together into one table (the resume granule).
+struct Unit {
+  uint32_t first = 0;
+  uint32_t last = 0;  // exclusive
+};
+
+struct RemovedEntry {
+  uint64_t docid = 0;
+  uint64_t kept = 0;
+  double similarity = 1.0;
+  uint32_t exact = 0;  // 1 = exact duplicate (of a document whose cluster keeps `kept`)
+  uint32_t pad = 0;
+};
+
+struct DedupStats {
+  uint64_t candidate_pairs = 0;
+  uint64_t verified_pairs = 0;
+  uint64_t spilled_bytes = 0;
+  nlohmann::json to_json() const;
+  static DedupStats from_json(const nlohmann::json& j);
+};
+
+struct DomainStats {
+  uint64_t docs = 0;
+  uint64_t tokens = 0;
+  uint64_t bytes = 0;
+  std::map<std::string, uint64_t> domain_by;
+};
+
+struct WrittenShard {
+  std::string path;  // relative to OUT, as written by this rank
+  std::string domain;
+  uint64_t samples = 0, tokens = 0, bytes = 0, xxh3 = 0;
+};
+
+struct WriteResult {
+  std::vector<WrittenShard> shards;
+  std::map<std::string, DomainStats> domains;
+  std::vector<std::pair<uint64_t, std::string>> ids;  // docid -> id of removed docs and their kept
+  uint64_t docs_out = 0;
+  nlohmann::json to_json() const;
+  static WriteResult from_json(const nlohmann::json& j);
+};
+
+struct Context {
+  Config config;
+  PrepOptions opt;
+  comm::ProcessGroup* g = nullptr;
+  int rank = 0;
+  int size = 1;
+  std::string out;        // output folder
+  std::string work;       // OUT/.kiln-prep
+  std::string rank_dir;   // OUT/.kiln-prep/rank-RRRRR
+  std::vector<InputFile> files;
+  std::vector<uint32_t> rank_file_begin;  // size+1 entries: rank r owns [begin[r], begin[r+1])
+  std::vector<Unit> units;                // this rank's
+  std::unique_ptr<MinHasher> hasher;
+  RecordLayout layout;
+  std::string fingerprint;
+  std::map<std::string, double> timings;  // stage -> seconds (accumulated over runs)
+
+  // After the scan (global, every rank).
+  std::vector<FileStats> file_stats;
+  std::vector<uint64_t> file_base;  // global index of ordinal 0 of each file
+  // After exact dedup (global): (duplicate, leader), sorted by duplicate.
+  std::vector<DocPair> exact_dups;
+  // After near dedup (global): every removed document, sorted by docid.
+  std::vector<RemovedEntry> removed;
+  DedupStats dedup;
+  // After the annotator stage.
+  ManifestTokenizer tokenizer;
+  std::unique_ptr<Annotator> annotator;
+  // After the write stage (this rank).
+  WriteResult written;
+
+  uint32_t file_owner(uint32_t fid) const;
+  uint32_t my_first_file() const { return rank_file_begin[rank]; }
+  uint32_t my_last_file() const { return rank_file_begin[rank + 1]; }
+  uint64_t global_index(uint64_t docid) const {
+    return file_base[docid_file(docid)] + docid_ordinal(docid);
+  }
+  std::string unit_path(const Unit& u, const char* ext) const;
+  std::string stage_marker(int stage) const;
+  std::string tmp_dir() const { return rank_dir + "/tmp"; }
+  bool is_removed(uint64_t docid) const;
+  bool is_exact_dup(uint64_t docid) const;
+};
+
+// Stage implementations (prep_scan.cc, prep_dedup.cc, prep_write.cc). Each is collective:
+// every rank calls it; it returns this rank's status (callers agree() afterwards).
+Status scan_stage(Context& c);
+Status check_units(Context& c, bool verify_checksums);
+Status exact_stage(Context& c);
+Status dedup_stage(Context& c);
+Status annotator_stage(Context& c, bool fresh);
+Status write_stage(Context& c);
+
+// ---- helpers shared by the stages ------------------------------------------------------------
+
+// One batch of raw records read from one input file, in order.
+struct RawItem {
+  uint64_t ordinal = 0;
+  uint64_t line = 0;
+  LineEventKind kind = LineEventKind::kLine;
+  size_t offset = 0;  // into RawBatch::data (kLine)
+  size_t length = 0;  // kLine: text length; kTooLong: the line's length
+  std::string detail;
+};
+struct RawBatch {
+  uint32_t fid = 0;
+  std::string data;
+  std::vector<RawItem> items;
+  std::string_view text(const RawItem& it) const { return {data.data() + it.offset, it.length}; }
+};
+
+// Reads one input file as batches of raw records (blank JSONL lines are skipped, not counted).
+class FileBatcher {
+ public:
+  static Result<std::unique_ptr<FileBatcher>> open(const Context& c, uint32_t fid);
+  // Fills *b (cleared) with up to ~4 MiB / 4096 records. Returns false at the end of the file.
+  Result<bool> next(RawBatch* b);
+  uint64_t disk_bytes() const { return reader_->disk_bytes(); }
+
+ private:
+  uint32_t fid_ = 0;
+  InputKind kind_ = InputKind::kJsonl;
+  std::unique_ptr<LineReader> reader_;
+  uint64_t ordinal_ = 0;
+  bool done_ = false;
+};
+
+// Parses one raw record into doc (or a reject). Sets doc->index/file/line as well.
+ParseResult parse_item(const Context& c, const RawBatch& b, const RawItem& it, bool want_fields,
+                       Document* doc);
+
+// Testing hook for kill -9 tests: when the environment variable KILN_PREP_CRASH_AT is "name" or
+// "name:N", the process kills itself with SIGKILL at that point (the N-th time it is reached).
+// Points: "scan-batch", "scan-unit", "stage-<name>" (after the stage is recorded),
+// "write-doc", "final-removed" (after removed.jsonl, before the manifest).
+void crash_point(const char* name);
+
+// Files listing, JSON helpers.
+Status make_dirs(const std::string& path);
+Status remove_all(const std::string& path);
+std::string rank_tag(int rank);  // "00003"
+Result<nlohmann::json> read_json_file(const std::string& path);
+Status write_json_file(const std::string& path, const nlohmann::json& j);
+// A binary blob with a recorded checksum: "<path>" + marker fields {"bytes","xxh3"}.
+Status write_blob(const std::string& path, const std::string& bytes, nlohmann::json* info);
+Result<std::string> read_blob(const std::string& path, const nlohmann::json& info);
+
+}  // namespace kiln::prep

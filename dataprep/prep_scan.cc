@@ -1,0 +1,267 @@
+// Stage 1 (scan): read + validate every input record of this rank's files, normalise, hash
+// (exact 128-bit), shingle and MinHash the valid ones, and write per-unit tables (one record per
+// valid document) and reject lists. A unit is done when its marker (with the tables' checksums)
+// exists, so a killed scan resumes at unit granularity.
+#include <tbb/parallel_for_each.h>
+#include <tbb/parallel_pipeline.h>
+#include <tbb/task_arena.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "common/atomic_file.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "common/progress.h"
+#include "dataprep/normalize.h"
+#include "dataprep/prep_internal.h"
+#include "dataprep/shingle.h"
+
+namespace kiln::prep {
+namespace {
+
+struct ScanWork {
+  RawBatch raw;
+  std::string table;
+  std::string rejects;
+  FileStats stats;
+};
+
+void append_raw(std::string* out, const void* p, size_t n) {
+  out->append(static_cast<const char*>(p), n);
+}
+
+std::string reject_line(const std::string& file, uint64_t line, RejectReason reason,
+                        const std::string& detail, std::string_view excerpt) {
+  nlohmann::json j;
+  j["file"] = file;
+  j["line"] = line;
+  j["reason"] = reject_reason_name(reason);
+  j["detail"] = detail;
+  if (!excerpt.empty()) j["excerpt"] = std::string(excerpt.substr(0, 200));
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+struct Scratch {
+  Document doc;
+  std::string norm;
+  std::vector<uint64_t> shingles;
+  std::vector<uint64_t> sig;
+  std::vector<uint64_t> keys;
+};
+
+void process_batch(const Context& c, ScanWork* w) {
+  thread_local Scratch s;
+  const RecordLayout& L = c.layout;
+  const NormalizeOptions nopt{c.opt.strip_punct};
+  s.sig.resize(L.num_perm);
+  s.keys.resize(L.bands);
+  w->table.reserve(w->raw.items.size() * L.bytes);
+  for (const RawItem& it : w->raw.items) {
+    ++w->stats.docs_in;
+    ParseResult pr = parse_item(c, w->raw, it, /*want_fields=*/false, &s.doc);
+    if (!pr.ok) {
+      ++w->stats.rejected[static_cast<int>(pr.reason)];
+      std::string_view excerpt = it.kind == LineEventKind::kLine ? w->raw.text(it) : "";
+      w->rejects += reject_line(c.files[w->raw.fid].path, it.line, pr.reason, pr.detail, excerpt);
+      continue;
+    }
+    ++w->stats.valid;
+    w->stats.text_bytes += s.doc.text.size();
+    w->stats.repaired += pr.repaired;
+    normalize_for_dedup(s.doc.text, nopt, &s.norm);
+    Hash128 h = xxh3_128(s.norm);
+    uint64_t docid = make_docid(w->raw.fid, it.ordinal);
+    uint32_t text_bytes = static_cast<uint32_t>(std::min<size_t>(s.doc.text.size(), UINT32_MAX));
+    uint32_t flags = 0;
+    if (L.num_perm > 0) {
+      shingle_hashes(s.norm, c.opt.ngram, &s.shingles);
+      if (!s.shingles.empty()) {
+        c.hasher->signature(s.shingles.data(), s.shingles.size(), s.sig.data());
+        lsh_band_keys(s.sig.data(), c.opt.lsh, s.keys.data());
+        flags |= kFlagHasSig;
+      } else {
+        std::fill(s.sig.begin(), s.sig.end(), kEmptySlot);
+        std::fill(s.keys.begin(), s.keys.end(), 0);
+      }
+    }
+    append_raw(&w->table, &docid, 8);
+    append_raw(&w->table, &h.lo, 8);
+    append_raw(&w->table, &h.hi, 8);
+    append_raw(&w->table, &text_bytes, 4);
+    append_raw(&w->table, &flags, 4);
+    if (L.bands > 0) append_raw(&w->table, s.keys.data(), 8 * s.keys.size());
+    if (L.num_perm > 0) append_raw(&w->table, s.sig.data(), 8 * s.sig.size());
+  }
+}
+
+struct UnitOutput {
+  AtomicFile table, rejects;
+  Xxh3Stream table_hash, rejects_hash;
+  uint64_t table_bytes = 0, rejects_bytes = 0;
+  Status write(const std::string& tbl, const std::string& rej) {
+    if (!tbl.empty()) {
+      KILN_RETURN_IF_ERROR(table.write(tbl));
+      table_hash.update(tbl);
+      table_bytes += tbl.size();
+    }
+    if (!rej.empty()) {
+      KILN_RETURN_IF_ERROR(rejects.write(rej));
+      rejects_hash.update(rej);
+      rejects_bytes += rej.size();
+    }
+    return Status::ok();
+  }
+};
+
+Status scan_file(const Context& c, uint32_t fid, UnitOutput* out, FileStats* stats,
+                 Progress* progress) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<FileBatcher> batcher, FileBatcher::open(c, fid));
+  Status status;
+  std::mutex status_mu;
+  auto fail = [&](Status st) {
+    std::lock_guard lock(status_mu);
+    if (status.is_ok()) status = std::move(st);
+  };
+  uint64_t reported = 0;
+  const size_t tokens = 2 * static_cast<size_t>(tbb::this_task_arena::max_concurrency());
+  tbb::parallel_pipeline(
+      tokens,
+      tbb::make_filter<void, ScanWork*>(
+          tbb::filter_mode::serial_in_order,
+          [&](tbb::flow_control& fc) -> ScanWork* {
+            auto* w = new ScanWork();
+            auto r = batcher->next(&w->raw);
+            if (progress) {
+              uint64_t now = batcher->disk_bytes();
+              progress->add((now >> 20) - (reported >> 20));
+              reported = now;
+            }
+            if (!r.is_ok() || !*r) {
+              if (!r.is_ok()) fail(std::move(r).take_status());
+              delete w;
+              fc.stop();
+              return nullptr;
+            }
+            return w;
+          }) &
+          tbb::make_filter<ScanWork*, ScanWork*>(tbb::filter_mode::parallel,
+                                                 [&](ScanWork* w) {
+                                                   process_batch(c, w);
+                                                   return w;
+                                                 }) &
+          tbb::make_filter<ScanWork*, void>(tbb::filter_mode::serial_in_order, [&](ScanWork* w) {
+            Status st = out->write(w->table, w->rejects);
+            if (!st.is_ok()) fail(std::move(st));
+            stats->add(w->stats);
+            delete w;
+            crash_point("scan-batch");
+          }));
+  return status;
+}
+
+Status scan_unit(const Context& c, const Unit& u, Progress* progress) {
+  UnitOutput out;
+  KILN_RETURN_IF_ERROR(out.table.open(c.unit_path(u, "tbl")));
+  KILN_RETURN_IF_ERROR(out.rejects.open(c.unit_path(u, "rej")));
+  nlohmann::json marker;
+  marker["first"] = u.first;
+  marker["last"] = u.last;
+  marker["files"] = nlohmann::json::array();
+  for (uint32_t fid = u.first; fid < u.last; ++fid) {
+    FileStats st;
+    KILN_RETURN_IF_ERROR(scan_file(c, fid, &out, &st, progress));
+    marker["files"].push_back(st.to_json());
+  }
+  KILN_RETURN_IF_ERROR(out.table.commit());
+  KILN_RETURN_IF_ERROR(out.rejects.commit());
+  marker["table"] = {{"bytes", out.table_bytes}, {"xxh3", hex64(out.table_hash.digest())}};
+  marker["rejects"] = {{"bytes", out.rejects_bytes}, {"xxh3", hex64(out.rejects_hash.digest())}};
+  KILN_RETURN_IF_ERROR(write_json_file(c.unit_path(u, "done"), marker));
+  crash_point("scan-unit");
+  return Status::ok();
+}
+
+// Loads a unit's marker into c.file_stats when the unit is complete (and, with verify, its files
+// match their checksums). Returns false when the unit must be scanned again.
+bool load_unit(Context& c, const Unit& u, bool verify) {
+  auto marker = read_json_file(c.unit_path(u, "done"));
+  if (!marker.is_ok()) return false;
+  const nlohmann::json& m = *marker;
+  try {
+    if (m.at("first").get<uint32_t>() != u.first || m.at("last").get<uint32_t>() != u.last)
+      return false;
+    for (const char* part : {"table", "rejects"}) {
+      std::string path = c.unit_path(u, part == std::string("table") ? "tbl" : "rej");
+      std::error_code ec;
+      uint64_t size = std::filesystem::file_size(path, ec);
+      if (ec || size != m.at(part).at("bytes").get<uint64_t>()) return false;
+      if (verify) {
+        auto h = xxh3_file(path);
+        if (!h.is_ok() || hex64(*h) != m.at(part).at("xxh3").get<std::string>()) {
+          KILN_LOG_WARN("work file {} does not match its checksum; scanning it again", path);
+          return false;
+        }
+      }
+    }
+    const auto& files = m.at("files");
+    if (files.size() != u.last - u.first) return false;
+    for (uint32_t fid = u.first; fid < u.last; ++fid)
+      c.file_stats[fid] = FileStats::from_json(files.at(fid - u.first));
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status check_units(Context& c, bool verify_checksums) {
+  for (const Unit& u : c.units) {
+    if (!load_unit(c, u, verify_checksums))
+      return Status::data("a scan work file is missing or damaged (" + c.unit_path(u, "tbl") +
+                          "); rerun with --overwrite to start again");
+  }
+  return Status::ok();
+}
+
+Status scan_stage(Context& c) {
+  KILN_RETURN_IF_ERROR(make_dirs(c.rank_dir + "/units"));
+  std::vector<Unit> pending;
+  uint64_t pending_bytes = 0;
+  for (const Unit& u : c.units) {
+    if (load_unit(c, u, /*verify=*/true)) continue;
+    pending.push_back(u);
+    for (uint32_t f = u.first; f < u.last; ++f) pending_bytes += c.files[f].size;
+  }
+  if (pending.size() < c.units.size() && c.rank == 0)
+    KILN_LOG_INFO("scan: {} of {} input units already done (resuming)",
+                  c.units.size() - pending.size(), c.units.size());
+  std::unique_ptr<Progress> progress;
+  if (c.rank == 0 && !pending.empty())
+    progress = std::make_unique<Progress>("scan", pending_bytes >> 20, "MiB");
+  Status status;
+  std::mutex mu;
+  tbb::parallel_for_each(pending.begin(), pending.end(), [&](const Unit& u) {
+    {
+      std::lock_guard lock(mu);
+      if (!status.is_ok()) return;
+    }
+    Status st;
+    tbb::this_task_arena::isolate([&] { st = scan_unit(c, u, progress.get()); });
+    if (!st.is_ok()) {
+      std::lock_guard lock(mu);
+      if (status.is_ok()) status = std::move(st);
+    }
+  });
+  if (progress) progress->finish();
+  KILN_RETURN_IF_ERROR(status);
+  // Every unit is done: load the stats of the ones just written.
+  for (const Unit& u : pending)
+    if (!load_unit(c, u, /*verify=*/false))
+      return Status::internal("unit marker missing right after the scan").with_file(
+          c.unit_path(u, "done"));
+  return Status::ok();
+}
+
+}  // namespace kiln::prep

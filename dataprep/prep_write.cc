@@ -1,0 +1,379 @@
+// Stages 4 and 5: build the annotator (training its tokenizer on a sample of kept documents when
+// it needs one) and write the kept documents of this rank, annotated, into per-domain shards.
+#include <tbb/parallel_pipeline.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+
+#include "common/atomic_file.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "common/npy.h"
+#include "common/progress.h"
+#include "common/shard.h"
+#include "dataprep/prep_internal.h"
+
+namespace kiln::prep {
+namespace fs = std::filesystem;
+namespace {
+
+// Runs proc (parallel, one batch at a time) and then out (serial, in input order) over every
+// batch of this rank's files in global order.
+template <typename Work, typename Proc, typename Out>
+Status document_pass(const Context& c, Proc&& proc, Out&& out) {
+  uint32_t fid = c.my_first_file();
+  const uint32_t last = c.my_last_file();
+  std::unique_ptr<FileBatcher> batcher;
+  Status status;
+  std::mutex mu;
+  auto fail = [&](Status st) {
+    std::lock_guard lock(mu);
+    if (status.is_ok()) status = std::move(st);
+  };
+  auto failed = [&] {
+    std::lock_guard lock(mu);
+    return !status.is_ok();
+  };
+  const size_t tokens = 2 * static_cast<size_t>(tbb::this_task_arena::max_concurrency());
+  tbb::parallel_pipeline(
+      tokens,
+      tbb::make_filter<void, Work*>(
+          tbb::filter_mode::serial_in_order,
+          [&](tbb::flow_control& fc) -> Work* {
+            while (!failed() && fid < last) {
+              if (!batcher) {
+                auto b = FileBatcher::open(c, fid);
+                if (!b.is_ok()) {
+                  fail(std::move(b).take_status());
+                  break;
+                }
+                batcher = std::move(*b);
+              }
+              auto* w = new Work();
+              auto more = batcher->next(&w->raw);
+              if (!more.is_ok()) {
+                delete w;
+                fail(std::move(more).take_status());
+                break;
+              }
+              if (*more) return w;
+              delete w;
+              batcher.reset();
+              ++fid;
+            }
+            fc.stop();
+            return nullptr;
+          }) &
+          tbb::make_filter<Work*, Work*>(tbb::filter_mode::parallel,
+                                         [&](Work* w) {
+                                           if (!failed()) {
+                                             Status st = proc(*w);
+                                             if (!st.is_ok()) fail(std::move(st));
+                                           }
+                                           return w;
+                                         }) &
+          tbb::make_filter<Work*, void>(tbb::filter_mode::serial_in_order, [&](Work* w) {
+            if (!failed()) {
+              Status st = out(*w);
+              if (!st.is_ok()) fail(std::move(st));
+            }
+            delete w;
+          }));
+  return status;
+}
+
+uint64_t sample_cut(double p) {
+  if (p >= 1.0) return ~uint64_t{0};
+  if (p <= 0.0) return 0;
+  return static_cast<uint64_t>(p * 18446744073709551616.0);
+}
+
+// Kept texts sampled uniformly (by a hash of their global index) up to tokenizer.train_bytes,
+// gathered on rank 0 in global order. Other ranks get an empty vector.
+Result<std::vector<std::string>> sample_training_texts(const Context& c) {
+  uint64_t train_bytes = c.config.get<uint64_t>("tokenizer.train_bytes").is_ok()
+                             ? *c.config.get<uint64_t>("tokenizer.train_bytes")
+                             : 0;
+  uint64_t kept_bytes = 0;
+  for (uint32_t f = c.my_first_file(); f < c.my_last_file(); ++f) kept_bytes += c.file_stats[f].text_bytes;
+  KILN_ASSIGN_OR_RETURN(uint64_t total,
+                        comm::allreduce_value<uint64_t>(*c.g, kept_bytes, comm::ReduceOp::kSum));
+  // Removed documents are skipped, so aim the rate at the kept share of the bytes.
+  double kept_share = 1.0;
+  uint64_t docs_valid = 0;
+  for (const auto& s : c.file_stats) docs_valid += s.valid;
+  if (docs_valid > 0) kept_share = 1.0 - static_cast<double>(c.removed.size()) / docs_valid;
+  double expected = static_cast<double>(total) * std::max(kept_share, 1e-9);
+  const uint64_t cut = sample_cut(expected > 0 ? train_bytes / expected : 1.0);
+  const uint64_t seed = c.opt.seed ^ 0x746f6b656e697aull;
+  struct Work {
+    RawBatch raw;
+    std::string blob;  // u64 length + bytes per chosen text
+  };
+  std::string mine;
+  Status st = document_pass<Work>(
+      c,
+      [&](Work& w) {
+        Document doc;
+        for (const RawItem& it : w.raw.items) {
+          uint64_t docid = make_docid(w.raw.fid, it.ordinal);
+          uint64_t gi = c.global_index(docid);
+          if (xxh3_64(&gi, sizeof gi, seed) > cut || c.is_removed(docid)) continue;
+          if (!parse_item(c, w.raw, it, false, &doc).ok) continue;
+          uint64_t n = doc.text.size();
+          w.blob.append(reinterpret_cast<const char*>(&n), 8);
+          w.blob.append(doc.text);
+        }
+        return Status::ok();
+      },
+      [&](Work& w) {
+        mine += w.blob;
+        return Status::ok();
+      });
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> blobs, comm::gather_strings(*c.g, mine, 0));
+  std::vector<std::string> texts;
+  for (const std::string& b : blobs) {
+    size_t at = 0;
+    while (at + 8 <= b.size()) {
+      uint64_t n;
+      std::memcpy(&n, b.data() + at, 8);
+      at += 8;
+      texts.emplace_back(b.substr(at, n));
+      at += n;
+    }
+  }
+  return texts;
+}
+
+std::string tokenizer_entry_json(const ManifestTokenizer& t) {
+  nlohmann::json j = {{"path", t.path}, {"vocab_size", t.vocab_size}, {"eos_id", t.eos_id}};
+  return j.dump();
+}
+
+ManifestTokenizer tokenizer_entry_from_json(const std::string& s) {
+  ManifestTokenizer t;
+  nlohmann::json j = nlohmann::json::parse(s, nullptr, false);
+  if (j.is_object()) {
+    t.path = j.value("path", std::string());
+    t.vocab_size = j.value("vocab_size", uint64_t{0});
+    t.eos_id = j.value("eos_id", int64_t{-1});
+  }
+  return t;
+}
+
+std::string sample_key(uint64_t global_index) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%012llu", static_cast<unsigned long long>(global_index));
+  return buf;
+}
+
+bool valid_domain(const std::string& d) {
+  if (d.empty() || d.size() > 64) return false;
+  for (char ch : d)
+    if (ch == '.' || ch == '/' || ch == '\\' || static_cast<unsigned char>(ch) < 0x21) return false;
+  return true;
+}
+
+}  // namespace
+
+Status annotator_stage(Context& c, bool fresh) {
+  const bool training = Annotator::needs_training_texts(c.config);
+  const std::string copy = c.rank_dir + "/tokenizer.json";
+  auto create_from_copy = [&]() -> Status {
+    Config cfg = c.config;
+    KILN_RETURN_IF_ERROR(cfg.set_node("tokenizer.path", YAML::Node(copy)));
+    KILN_ASSIGN_OR_RETURN(c.annotator, Annotator::create(cfg, {}));
+    return Status::ok();
+  };
+  if (!fresh) {  // resuming after this stage: rebuild the same annotator
+    if (training) return create_from_copy();
+    KILN_ASSIGN_OR_RETURN(c.annotator, Annotator::create(c.config, {}));
+    return Status::ok();
+  }
+  std::string entry_json, tokenizer_bytes;
+  Status st;
+  if (training) {
+    KILN_ASSIGN_OR_RETURN(std::vector<std::string> texts, sample_training_texts(c));
+    if (c.rank == 0) {
+      KILN_LOG_INFO("training the tokenizer on {} sampled kept documents", texts.size());
+      auto a = Annotator::create(c.config, texts);
+      if (!a.is_ok()) {
+        st = std::move(a).take_status();
+      } else {
+        auto entry = (*a)->save_tokenizer(c.out);
+        if (!entry.is_ok()) {
+          st = std::move(entry).take_status();
+        } else {
+          entry_json = tokenizer_entry_json(*entry);
+          if (!entry->path.empty()) {
+            auto bytes = read_file(c.out + "/" + entry->path);
+            if (bytes.is_ok()) tokenizer_bytes = std::move(*bytes);
+            else st = std::move(bytes).take_status();
+          }
+        }
+      }
+    }
+    KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
+    KILN_RETURN_IF_ERROR(comm::bcast_string(*c.g, &entry_json, 0));
+    KILN_RETURN_IF_ERROR(comm::bcast_string(*c.g, &tokenizer_bytes, 0));
+    // Every rank (rank 0 too) tokenizes with the saved tokenizer, so a resumed run is identical.
+    KILN_RETURN_IF_ERROR(write_file_atomic(copy, tokenizer_bytes));
+    st = create_from_copy();
+  } else {
+    auto a = Annotator::create(c.config, {});
+    if (!a.is_ok()) {
+      st = std::move(a).take_status();
+    } else {
+      c.annotator = std::move(*a);
+      if (c.rank == 0) {
+        auto entry = c.annotator->save_tokenizer(c.out);
+        if (entry.is_ok()) entry_json = tokenizer_entry_json(*entry);
+        else st = std::move(entry).take_status();
+      }
+    }
+    KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
+    KILN_RETURN_IF_ERROR(comm::bcast_string(*c.g, &entry_json, 0));
+  }
+  c.tokenizer = tokenizer_entry_from_json(entry_json);
+  return st;
+}
+
+Status write_stage(Context& c) {
+  // Start this rank's shards afresh (a killed attempt may have left some).
+  const std::string shards_root = c.out + "/shards";
+  const std::string my_tag = "-r" + rank_tag(c.rank) + "-";
+  std::error_code ec;
+  if (c.size == 1) {
+    KILN_RETURN_IF_ERROR(remove_all(shards_root));
+  } else if (fs::exists(shards_root, ec)) {
+    for (const auto& dir : fs::directory_iterator(shards_root, ec)) {
+      if (!dir.is_directory()) continue;
+      for (const auto& f : fs::directory_iterator(dir.path(), ec))
+        if (f.path().filename().string().find(my_tag) != std::string::npos)
+          fs::remove(f.path(), ec);
+    }
+  }
+  // Documents whose ids removed.jsonl needs: removed ones and their kept representatives.
+  std::vector<uint64_t> wanted;
+  const uint64_t my_lo = make_docid(c.my_first_file(), 0), my_hi = make_docid(c.my_last_file(), 0);
+  for (const RemovedEntry& e : c.removed) {
+    if (e.docid >= my_lo && e.docid < my_hi) wanted.push_back(e.docid);
+    if (e.kept >= my_lo && e.kept < my_hi) wanted.push_back(e.kept);
+  }
+  std::sort(wanted.begin(), wanted.end());
+  wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+
+  const NpyDtype token_dtype =
+      c.tokenizer.vocab_size > 0 ? npy_token_dtype(c.tokenizer.vocab_size) : NpyDtype::kU32;
+  struct Out {
+    std::string domain, domain_by;
+    ShardSample sample;
+    uint64_t tokens = 0, bytes = 0;
+  };
+  struct Work {
+    RawBatch raw;
+    std::vector<Out> outs;
+    std::vector<std::pair<uint64_t, std::string>> ids;
+  };
+  uint64_t to_write = 0;
+  for (uint32_t f = c.my_first_file(); f < c.my_last_file(); ++f) to_write += c.file_stats[f].valid;
+  uint64_t my_removed = 0;
+  for (const RemovedEntry& e : c.removed) my_removed += e.docid >= my_lo && e.docid < my_hi;
+  to_write -= std::min(to_write, my_removed);
+  std::unique_ptr<Progress> progress;
+  if (c.rank == 0) progress = std::make_unique<Progress>("write", to_write, "docs");
+
+  std::map<std::string, std::unique_ptr<RollingShardWriter>> writers;
+  WriteResult res;
+  Status st = document_pass<Work>(
+      c,
+      [&](Work& w) -> Status {
+        Document doc;
+        for (const RawItem& it : w.raw.items) {
+          const uint64_t docid = make_docid(w.raw.fid, it.ordinal);
+          const bool removed = c.is_removed(docid);
+          const bool want_id = std::binary_search(wanted.begin(), wanted.end(), docid);
+          if (removed && !want_id) continue;
+          if (!parse_item(c, w.raw, it, /*want_fields=*/!removed, &doc).ok) continue;
+          if (want_id) w.ids.emplace_back(docid, doc.id);
+          if (removed) continue;
+          doc.domain.clear();
+          doc.domain_by.clear();
+          doc.tokens.clear();
+          KILN_RETURN_IF_ERROR(c.annotator->annotate(doc));
+          if (!valid_domain(doc.domain))
+            return Status::internal("annotator gave an invalid domain '" + doc.domain +
+                                    "' for document " + doc.id);
+          Out o;
+          o.domain = doc.domain;
+          o.domain_by = doc.domain_by;
+          o.tokens = doc.tokens.size();
+          o.bytes = doc.text.size();
+          o.sample.key = sample_key(doc.index);
+          nlohmann::json meta = doc.carried.is_object() ? doc.carried : nlohmann::json::object();
+          meta["id"] = doc.id;
+          meta["domain"] = doc.domain;
+          meta["domain_by"] = doc.domain_by;
+          meta["source"] = doc.source;
+          if (!doc.url.empty()) meta["url"] = doc.url;
+          meta["tokens"] = doc.tokens.size();
+          o.sample.members.push_back({"txt", std::move(doc.text)});
+          o.sample.members.push_back(
+              {"json", meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
+          if (!doc.tokens.empty())
+            o.sample.members.push_back({"tokens.npy", npy_encode(doc.tokens, token_dtype)});
+          w.outs.push_back(std::move(o));
+        }
+        return Status::ok();
+      },
+      [&](Work& w) -> Status {
+        for (Out& o : w.outs) {
+          auto& wr = writers[o.domain];
+          if (!wr) {
+            RollingShardWriter::Options wo;
+            wo.dir = c.out + "/shards/" + o.domain;
+            wo.prefix = c.size == 1 ? o.domain : o.domain + "-r" + rank_tag(c.rank);
+            wo.compression = c.opt.compression;
+            wo.zstd_level = c.opt.level;
+            wo.max_samples = c.opt.max_samples;
+            wo.max_tar_bytes = c.opt.max_bytes;
+            KILN_RETURN_IF_ERROR(make_dirs(wo.dir));
+            wr = std::make_unique<RollingShardWriter>(wo);
+          }
+          KILN_RETURN_IF_ERROR(wr->add(o.sample, o.tokens));
+          DomainStats& ds = res.domains[o.domain];
+          ++ds.docs;
+          ds.tokens += o.tokens;
+          ds.bytes += o.bytes;
+          ++ds.domain_by[o.domain_by];
+          ++res.docs_out;
+          crash_point("write-doc");
+        }
+        if (progress) progress->add(w.outs.size());
+        for (auto& id : w.ids) res.ids.push_back(std::move(id));
+        return Status::ok();
+      });
+  if (progress) progress->finish();
+  KILN_RETURN_IF_ERROR(st);
+  for (auto& [domain, wr] : writers) {
+    KILN_ASSIGN_OR_RETURN(std::vector<ShardInfo> infos, wr->finish());
+    for (const ShardInfo& info : infos) {
+      WrittenShard s;
+      s.path = fs::path(info.path).lexically_relative(c.out).generic_string();
+      s.domain = domain;
+      s.samples = info.samples;
+      s.tokens = info.tokens;
+      s.bytes = info.bytes;
+      s.xxh3 = info.xxh3;
+      res.shards.push_back(std::move(s));
+    }
+  }
+  c.written = std::move(res);
+  return Status::ok();
+}
+
+}  // namespace kiln::prep
