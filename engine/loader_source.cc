@@ -1,12 +1,82 @@
-// DataSource over the loader (loader/loader.h). Placeholder until the loader library is built.
+// DataSource over the loader (loader/loader.h): a `kiln prep` dataset, packed and domain-mixed.
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
 #include "engine/data_source.h"
+#include "loader/loader.h"
 
 namespace kiln::engine {
+namespace {
+
+class LoaderSource final : public DataSource {
+ public:
+  LoaderSource(std::unique_ptr<Loader> loader, std::string manifest_path)
+      : loader_(std::move(loader)), manifest_path_(std::move(manifest_path)) {}
+
+  Status next(MicroBatch* out) override {
+    KILN_ASSIGN_OR_RETURN(Batch b, loader_->next_batch());
+    const int64_t T = b.seq_len;
+    out->rows = b.micro_batch;
+    out->seq_len = T;
+    out->inputs.resize(b.micro_batch * T);
+    out->targets.resize(b.micro_batch * T);
+    out->domains.assign(b.domains.begin(), b.domains.end());
+    for (int64_t r = 0; r < b.micro_batch; ++r) {
+      auto row = b.row(r);
+      for (int64_t i = 0; i < T; ++i) {
+        out->inputs[r * T + i] = static_cast<int32_t>(row[i]);
+        out->targets[r * T + i] = static_cast<int32_t>(row[i + 1]);
+      }
+    }
+    out->wait_ms = b.wait_ms;
+    return Status::ok();
+  }
+
+  const std::vector<std::string>& domains() const override { return loader_->domain_names(); }
+  DomainWeights weights() const override { return loader_->weights(); }
+  Status set_weights(const DomainWeights& w) override { return loader_->set_weights(w); }
+  std::string state() const override { return loader_->state().to_json(); }
+  Status restore(const std::string& state) override {
+    KILN_ASSIGN_OR_RETURN(LoaderState s, LoaderState::from_json(state, "checkpoint data_state"));
+    return loader_->restore(s);
+  }
+  std::string describe() const override {
+    const Manifest& m = loader_->manifest();
+    uint64_t tokens = 0;
+    for (const auto& [name, d] : m.domains) tokens += d.tokens;
+    std::string doms;
+    for (const auto& [name, w] : loader_->weights()) {
+      doms += (doms.empty() ? "" : ", ") + name + fmt::format(" {:.3f}", w);
+    }
+    return fmt::format("{} ({} shards, {} tokens; weights: {})", manifest_path_, m.shards.size(),
+                       tokens, doms);
+  }
+
+ private:
+  std::unique_ptr<Loader> loader_;
+  std::string manifest_path_;
+};
+
+}  // namespace
 
 Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config) {
-  return Status::unimplemented("training from a manifest needs the loader, which is not built yet; "
-                               "leave data.manifest empty to train on synthetic data")
-      .with_key("data.manifest");
+  KILN_ASSIGN_OR_RETURN(Manifest manifest, read_manifest(config.data.manifest));
+  if (manifest.tokenizer.vocab_size > static_cast<uint64_t>(config.model.vocab_size)) {
+    return Status::config("the dataset's tokenizer has " +
+                          std::to_string(manifest.tokenizer.vocab_size) +
+                          " tokens but model.vocab_size is " +
+                          std::to_string(config.model.vocab_size))
+        .with_key("model.vocab_size");
+  }
+  LoaderOptions o;
+  o.seq_len = config.model.seq_len;
+  o.micro_batch = config.data.micro_batch;
+  o.seed = config.run.seed;
+  o.weights = config.data.mixture;
+  o.prefetch_depth = static_cast<int>(config.data.prefetch_depth);
+  o.workers = static_cast<int>(config.data.workers);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::open(std::move(manifest), o));
+  return std::unique_ptr<DataSource>(new LoaderSource(std::move(loader), config.data.manifest));
 }
 
 }  // namespace kiln::engine

@@ -181,7 +181,10 @@ Status Trainer::prepare_run_dir() {
   std::error_code ec;
   fs::create_directories(dir / "control", ec);
   if (ec) return Status::io("cannot create run directory: " + ec.message()).with_file(dir.string());
-  const bool has_run = fs::exists(dir / "metrics.jsonl") || fs::exists(dir / "checkpoints");
+  // A run is there once it has written a metrics line or a checkpoint.
+  const bool has_run = (fs::exists(dir / "metrics.jsonl", ec) &&
+                        fs::file_size(dir / "metrics.jsonl", ec) > 0) ||
+                       fs::exists(dir / "checkpoints" / "latest");
   if (has_run && !options_.resume) {
     if (!options_.overwrite) {
       return Status::usage("run directory " + dir.string() +
@@ -314,11 +317,22 @@ Status Trainer::append_metrics(const StepRecord& r) {
 }
 
 void Trainer::print_progress(const StepRecord& r) {
-  std::string line = fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | "
-                                 "{} tok/s | {:.0f} ms",
-                                 r.step, std::to_string(config_.run.steps).size(),
-                                 config_.run.steps, r.loss, r.lr, r.grad_norm,
-                                 human_count(r.tokens_per_s), r.step_ms);
+  // Single steps are noisy on small batches: also show the mean since the previous line.
+  double sum = 0;
+  int n = 0;
+  for (auto it = history_.rbegin(); it != history_.rend() && it->step > last_printed_step_; ++it) {
+    if (std::isfinite(it->loss)) {
+      sum += it->loss;
+      ++n;
+    }
+  }
+  last_printed_step_ = r.step;
+  std::string line = fmt::format("step {:>{}}/{} | loss {:.4f}", r.step,
+                                 std::to_string(config_.run.steps).size(), config_.run.steps,
+                                 r.loss);
+  if (n > 1) line += fmt::format(" (mean of {} steps {:.4f})", n, sum / n);
+  line += fmt::format(" | lr {:.2e} | grad norm {:.3f} | {} tok/s | {:.0f} ms", r.lr, r.grad_norm,
+                      human_count(r.tokens_per_s), r.step_ms);
   if (r.loss_scale) line += fmt::format(" | scale {:g}", *r.loss_scale);
   if (r.skipped) line += " | SKIPPED (" + r.skip_reason + ")";
   std::printf("%s\n", line.c_str());
@@ -353,6 +367,7 @@ Status Trainer::run() {
   } restore{old_int, old_term};
 
   const int64_t first = state_.step;
+  last_printed_step_ = first;
   if (first >= config_.run.steps) {
     KILN_LOG_INFO("nothing to do: the run is at step {} of run.steps {}", first, config_.run.steps);
   }

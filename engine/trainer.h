@@ -94,6 +94,7 @@ class Trainer {
   std::vector<float> losses_;
   FILE* metrics_ = nullptr;
   int64_t last_saved_step_ = -1;
+  int64_t last_printed_step_ = 0;
 };
 
 }  // namespace kiln::engine
