@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "common/atomic_file.h"
+#include "dataprep/tagger.h"
 #include "dataprep/tokenizer.h"
 
 namespace kiln {
@@ -94,6 +95,39 @@ TEST(Annotate, RulesDomainsAndTrainedTokenizer) {
   ASSERT_TRUE((*none)->annotate(untokenized).is_ok());
   EXPECT_TRUE(untokenized.tokens.empty());
   EXPECT_EQ((*none)->save_tokenizer(dir.string())->path, "");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Annotate, ModelOverridesRulesAboveThresholdButNotDeclaredDomains) {
+  auto dir = std::filesystem::temp_directory_path() / ("kiln_annot_m_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::string labelled;
+  for (int i = 0; i < 60; ++i) {
+    labelled += "{\"text\": \"the village market river morning people " + std::to_string(i) +
+                "\", \"domain\": \"news\"}\n";
+    labelled += "{\"text\": \"int main return for struct void " + std::to_string(i) +
+                "\", \"domain\": \"code\"}\n";
+  }
+  ASSERT_TRUE(write_file_atomic((dir / "l.jsonl").string(), labelled).is_ok());
+  TaggerTrainOptions o;
+  o.inputs = {(dir / "l.jsonl").string()};
+  o.output = (dir / "m.bin").string();
+  o.epochs = 10;
+  o.dim = 8;
+  o.bucket = 10000;
+  ASSERT_TRUE(train_tagger(o).is_ok());
+  auto texts = corpus();
+  auto a = Annotator::create(config({"tokenizer.path=none", "domains.model=" + o.output,
+                                     "domains.model_threshold=0"}),
+                             {});
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  Document prose = doc(texts[0]), mine = doc("the village market", "math");
+  ASSERT_TRUE((*a)->annotate(prose).is_ok());
+  ASSERT_TRUE((*a)->annotate(mine).is_ok());
+  EXPECT_EQ(prose.domain, "news");
+  EXPECT_EQ(prose.domain_by, "model");
+  EXPECT_EQ(mine.domain, "math");  // the input's own domain stands
+  EXPECT_EQ(mine.domain_by, "rule:declared");
   std::filesystem::remove_all(dir);
 }
 
