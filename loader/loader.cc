@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -324,6 +325,7 @@ class LoaderImpl final : public Loader {
     for (auto& dp : domains_) {
       DomainRt& D = *dp;
       while (!D.units.empty() && D.front_seq < D.consumer.unit) {
+        recycle(std::move(D.units.front()));
         D.units.pop_front();
         ++D.front_seq;
       }
@@ -396,7 +398,10 @@ class LoaderImpl final : public Loader {
     } else {
       if (static_cast<int>(state.ranks.size()) != state.world) {
         std::string have;
-        for (const auto& r : state.ranks) have += (have.empty() ? "" : ",") + std::to_string(r.rank);
+        for (const auto& r : state.ranks) {
+          if (!have.empty()) have.push_back(',');
+          have.append(std::to_string(r.rank));
+        }
         return Status::config("restoring a state of world size " + std::to_string(state.world) +
                               " as rank " + std::to_string(options_.dp_rank) + " of " +
                               std::to_string(options_.dp_world) +
@@ -609,10 +614,20 @@ class LoaderImpl final : public Loader {
     {
       std::unique_lock lk(mu_);
       stop_ = true;
+      abort_decode_ = true;  // a worker mid-shard gives up instead of finishing it
       cv_.notify_all();
     }
     for (auto& t : threads_) t.join();
     threads_.clear();
+    abort_decode_ = false;
+  }
+
+  // Keeps the token buffer of a unit nobody uses any more for the next decode: shard-sized
+  // buffers are large, and allocating fresh ones costs page faults on every unit. mu_ held.
+  void recycle(std::shared_ptr<Unit> unit) {
+    if (unit.use_count() != 1 || unit->tokens.capacity() == 0) return;
+    if (token_pool_.size() >= static_cast<size_t>(options_.workers) + 1) return;
+    token_pool_.push_back(std::move(unit->tokens));
   }
 
   // Picks the domain whose next unit a worker should decode, or -1. mu_ held.
@@ -662,6 +677,10 @@ class LoaderImpl final : public Loader {
         D.starving = false;
       }
       const bool known_bad = bad_shards_.count(unit->plan.shard) > 0;
+      if (!token_pool_.empty()) {
+        unit->tokens = std::move(token_pool_.back());
+        token_pool_.pop_back();
+      }
       lk.unlock();
       if (known_bad) {
         unit->skipped = true;
@@ -676,7 +695,7 @@ class LoaderImpl final : public Loader {
         bad_shards_.insert(unit->plan.shard);
         unit->status = Status::ok();
         unit->skipped = true;
-        unit->tokens.clear();
+        unit->tokens = {};
         unit->doc_start.clear();
         unit->ids.clear();
       }
@@ -721,10 +740,13 @@ class LoaderImpl final : public Loader {
     ShardSample sample;
     uint64_t index = 0;
     while (true) {
+      if (abort_decode_.load(std::memory_order_relaxed)) {
+        unit->status = Status::internal("loader stopped");
+        return;
+      }
       auto more = (*reader)->next(&sample);
       if (!more) return fail(std::move(more).take_status());
       if (!*more) break;
-      for (const auto& m : sample.members) unit->tar_bytes += 512 + (m.data.size() + 511) / 512 * 512;
       if (index >= sh.samples) {
         return fail(Status::data("holds more samples than the manifest's " +
                                  std::to_string(sh.samples)));
@@ -755,6 +777,7 @@ class LoaderImpl final : public Loader {
         }
       }
     }
+    unit->tar_bytes = (*reader)->tar_bytes();
     if (index != sh.samples) {
       return fail(Status::data("holds " + std::to_string(index) + " samples, the manifest says " +
                                std::to_string(sh.samples)));
@@ -776,6 +799,7 @@ class LoaderImpl final : public Loader {
                                  std::to_string(plan.skip_tokens) + " tokens into '" + keys[0] +
                                  "') is past that document's end; the data changed?"));
     }
+    // (A recycled buffer keeps its old size: resize() then only zero-fills the growth.)
     unit->tokens.resize(total - (views.empty() ? 0 : plan.skip_tokens));
     unit->doc_start.resize(views.size() + 1);
     uint32_t* out = unit->tokens.data();
@@ -945,12 +969,14 @@ class LoaderImpl final : public Loader {
   std::condition_variable cv_;
   std::vector<std::thread> threads_;
   bool stop_ = false;
+  std::atomic<bool> abort_decode_{false};
   uint64_t generation_ = 0;
 
   std::vector<LoaderState::WeightChange> history_;
   std::vector<std::vector<double>> history_w_;  // history_ as vectors by domain id
   std::vector<std::unique_ptr<DomainRt>> domains_;
   std::deque<Prepared> queue_;
+  std::vector<std::vector<uint32_t>> token_pool_;  // recycled Unit::tokens buffers
   bool packer_failed_ = false;
   Status latched_;
   int64_t consumer_step_ = 0, packer_step_ = 0;
