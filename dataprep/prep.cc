@@ -328,7 +328,8 @@ nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
   return s;
 }
 
-std::string make_summary(const nlohmann::ordered_json& s, const std::string& out) {
+std::string make_summary(const nlohmann::ordered_json& s, const std::string& out,
+                         const std::vector<std::string>& examples = {}) {
   auto u = [&](const char* k) { return s.value(k, uint64_t{0}); };
   std::string text = "kiln prep: " + std::to_string(u("docs_in")) + " documents in, " +
                      std::to_string(u("docs_out")) + " out (exact duplicates " +
@@ -352,13 +353,14 @@ std::string make_summary(const nlohmann::ordered_json& s, const std::string& out
             std::to_string(d.value("candidate_pairs", uint64_t{0})) + ", verified " +
             std::to_string(d.value("verified_pairs", uint64_t{0})) + "\n";
   }
-  text += "  domains:";
+  for (const std::string& e : examples) text += "    e.g. " + e + "\n";
+  text += "  domains:\n";
   for (const auto& [name, dj] : s["domains"].items()) {
-    text += " " + name + " " + std::to_string(dj.value("docs", uint64_t{0})) + " docs (" +
+    text += "    " + name + ": " + std::to_string(dj.value("docs", uint64_t{0})) + " docs, " +
             human_bytes(static_cast<double>(dj.value("bytes", uint64_t{0}))) + ", " +
-            std::to_string(dj.value("tokens", uint64_t{0})) + " tokens);";
+            std::to_string(dj.value("tokens", uint64_t{0})) + " tokens\n";
   }
-  text += "\n  time:";
+  text += "  time:";
   for (const auto& [k, v] : s["timings_s"].items()) text += " " + k + " " + fmt("%.2fs", v.get<double>());
   text += "\n  output: " + out + "/manifest.json, stats.json, dedup/removed.jsonl, rejects/, shards/\n";
   return text;
@@ -418,6 +420,7 @@ Status final_stage(Context& c, std::string* summary) {
     for (const auto& w : results)
       for (const auto& [docid, id] : w.ids) ids[docid] = id;
     std::string removed;
+    std::vector<std::string> examples;
     for (const RemovedEntry& e : c.removed) {
       nlohmann::ordered_json j;
       auto a = ids.find(e.docid), b = ids.find(e.kept);
@@ -428,6 +431,9 @@ Status final_stage(Context& c, std::string* summary) {
       j["id"] = a->second;
       j["kept"] = b->second;
       j["similarity"] = std::round(e.similarity * 1e4) / 1e4;
+      if (!e.exact && examples.size() < 3)
+        examples.push_back("\"" + a->second + "\" is a near copy of \"" + b->second +
+                           "\" (similarity " + fmt("%.2f", e.similarity) + ")");
       removed += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     }
     if (st.is_ok()) st = write_file_atomic(c.out + "/dedup/removed.jsonl", removed);
@@ -452,7 +458,7 @@ Status final_stage(Context& c, std::string* summary) {
       nlohmann::json done = {{"fingerprint", c.fingerprint}};
       st = write_json_file(c.work + "/complete.json", done);
     }
-    if (st.is_ok()) *summary = make_summary(stats, c.out);
+    if (st.is_ok()) *summary = make_summary(stats, c.out, examples);
   }
   return comm::agree(*c.g, std::move(st));
 }
