@@ -184,7 +184,7 @@ void accumulate(float* y, const float* x, size_t n);
 // A backend as a type, for engine code templated on the device:
 //   template <class K> void block_forward(...) { K::layernorm_forward(...); K::matmul_forward(...); }
 //   block_forward<kiln::CpuBackend>(...);
-// The CUDA backend (kernels/cuda/ops.cuh) provides `kiln::CudaBackend` with the same members.
+// The CUDA backend (kernels/cuda/ops.h) provides `kiln::CudaBackend` with the same members.
 #define KILN_BACKEND_FORWARD(ns, name)                   \
   template <typename... Args>                            \
   static decltype(auto) name(Args&&... args) {           \

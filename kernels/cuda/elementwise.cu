@@ -1,0 +1,183 @@
+// Elementwise CUDA kernels: casts, residual, GELU, AdamW, scale, accumulate.
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+
+namespace kiln::cuda {
+
+using namespace detail;
+
+namespace {
+constexpr int kThreads = 256;
+
+template <typename D, typename S>
+__global__ void cast_kernel(D* dst, const S* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = from_float<D>(to_float(src[i]));
+}
+
+template <typename T>
+__global__ void residual_forward_kernel(T* out, const T* a, const T* b, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    st(out + i, ld(a + i) + ld(b + i));
+}
+
+template <typename T>
+__global__ void residual_backward_kernel(T* d1, T* d2, const T* dout, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float d = ld(dout + i);
+    if (d1) st(d1 + i, ld(d1 + i) + d);
+    if (d2) st(d2 + i, ld(d2 + i) + d);
+  }
+}
+
+constexpr float kGeluK = 0.7978845608028654f;
+constexpr float kGeluA = 0.044715f;
+
+template <typename T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float x = ld(inp + i);
+    const float u = kGeluK * (x + kGeluA * x * x * x);
+    st(out + i, 0.5f * x * (1.0f + tanhf(u)));
+  }
+}
+
+template <typename T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float x = ld(inp + i);
+    const float u = kGeluK * (x + kGeluA * x * x * x);
+    const float t = tanhf(u);
+    const float dudx = kGeluK * (1.0f + 3.0f * kGeluA * x * x);
+    const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dudx;
+    st(dinp + i, ld(dinp + i) + grad * ld(dout + i));
+  }
+}
+
+struct AdamWConst {
+  float gs, b1, b2, one_minus_b1, one_minus_b2, eps, bc2_sqrt, step_size, decay;
+};
+
+template <typename L>
+__global__ void adamw_kernel(float* p, float* m, float* v, const float* g, L* p_lp, size_t n,
+                             AdamWConst k) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float gi = g[i] * k.gs;
+    // Same operation order as the CPU kernel and torch.optim.AdamW; __fmul_rn/__fadd_rn keep the
+    // compiler from contracting into FMAs so CPU and GPU agree closely.
+    const float mi = __fadd_rn(__fmul_rn(m[i], k.b1), __fmul_rn(gi, k.one_minus_b1));
+    const float vi = __fadd_rn(__fmul_rn(v[i], k.b2), __fmul_rn(__fmul_rn(gi, gi), k.one_minus_b2));
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __fadd_rn(__fdiv_rn(sqrtf(vi), k.bc2_sqrt), k.eps);
+    const float pi = __fsub_rn(__fmul_rn(p[i], k.decay), __fmul_rn(k.step_size, __fdiv_rn(mi, denom)));
+    p[i] = pi;
+    if (p_lp) p_lp[i] = from_float<L>(pi);
+  }
+}
+
+__global__ void scale_kernel(float* x, float s, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) x[i] *= s;
+}
+__global__ void accumulate_kernel(float* y, const float* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) y[i] += x[i];
+}
+
+template <typename D, typename S>
+void cast_impl(D* dst, const S* src, size_t n) {
+  if (n == 0) return;
+  cast_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(dst, src, n);
+  KILN_CUDA_LAUNCHED();
+}
+
+template <typename L>
+void adamw_impl(float* params, float* m, float* v, const float* grads, size_t n,
+                const AdamWParams& hp, L* params_lp) {
+  if (n == 0) return;
+  const double bc1 = 1.0 - std::pow(double(hp.beta1), double(hp.step));
+  const double bc2 = 1.0 - std::pow(double(hp.beta2), double(hp.step));
+  AdamWConst k;
+  k.gs = hp.grad_scale;
+  k.b1 = hp.beta1;
+  k.b2 = hp.beta2;
+  k.one_minus_b1 = float(1.0 - double(hp.beta1));
+  k.one_minus_b2 = float(1.0 - double(hp.beta2));
+  k.eps = hp.eps;
+  k.bc2_sqrt = float(std::sqrt(bc2));
+  k.step_size = float(double(hp.lr) / bc1);
+  k.decay = float(1.0 - double(hp.lr) * hp.weight_decay);
+  adamw_kernel<L><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(params, m, v, grads, params_lp, n, k);
+  KILN_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void cast(bf16* dst, const float* src, size_t n) { cast_impl(dst, src, n); }
+void cast(fp16* dst, const float* src, size_t n) { cast_impl(dst, src, n); }
+void cast(float* dst, const bf16* src, size_t n) { cast_impl(dst, src, n); }
+void cast(float* dst, const fp16* src, size_t n) { cast_impl(dst, src, n); }
+void cast(float* dst, const float* src, size_t n) {
+  if (n && dst != src) KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
+}
+
+template <typename T>
+void residual_forward(T* out, const Same<T>* inp1, const Same<T>* inp2, size_t N) {
+  if (N == 0) return;
+  residual_forward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(out, inp1, inp2, N);
+  KILN_CUDA_LAUNCHED();
+}
+template <typename T>
+void residual_backward(Same<T>* dinp1, Same<T>* dinp2, const T* dout, size_t N) {
+  if (N == 0) return;
+  residual_backward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(dinp1, dinp2, dout, N);
+  KILN_CUDA_LAUNCHED();
+}
+template <typename T>
+void gelu_forward(T* out, const Same<T>* inp, size_t N) {
+  if (N == 0) return;
+  gelu_forward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(out, inp, N);
+  KILN_CUDA_LAUNCHED();
+}
+template <typename T>
+void gelu_backward(Same<T>* dinp, const T* inp, const Same<T>* dout, size_t N) {
+  if (N == 0) return;
+  gelu_backward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(dinp, inp, dout, N);
+  KILN_CUDA_LAUNCHED();
+}
+
+void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
+                  const AdamWParams& hp) {
+  adamw_impl<float>(params, m, v, grads, n, hp, nullptr);
+}
+void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
+                  const AdamWParams& hp, bf16* params_lp) {
+  adamw_impl(params, m, v, grads, n, hp, params_lp);
+}
+void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
+                  const AdamWParams& hp, fp16* params_lp) {
+  adamw_impl(params, m, v, grads, n, hp, params_lp);
+}
+
+void scale(float* x, float s, size_t n) {
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x, s, n);
+  KILN_CUDA_LAUNCHED();
+}
+void accumulate(float* y, const float* x, size_t n) {
+  if (n == 0) return;
+  accumulate_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(y, x, n);
+  KILN_CUDA_LAUNCHED();
+}
+
+#define KILN_INSTANTIATE(T)                                                    \
+  template void residual_forward<T>(T*, const T*, const T*, size_t);          \
+  template void residual_backward<T>(T*, T*, const T*, size_t);               \
+  template void gelu_forward<T>(T*, const T*, size_t);                        \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t);
+KILN_INSTANTIATE(float)
+KILN_INSTANTIATE(bf16)
+KILN_INSTANTIATE(fp16)
+#undef KILN_INSTANTIATE
+
+}  // namespace kiln::cuda

@@ -1,0 +1,122 @@
+// The CUDA backend of Kiln's operator API (first part): same names, arguments and semantics as
+// kiln::cpu in kernels/ops.h, on device pointers. Plain C++ header (no CUDA headers needed to
+// include it); implemented in kernels/cuda/*.cu, library kiln_kernels_cuda (built when a CUDA
+// toolkit is found; KILN_HAVE_CUDA is then defined for its users).
+//
+// Implemented so far: casts, residual, GELU, layernorm, matmul (cuBLAS, fp32 accumulation),
+// embedding, fused cross-entropy, AdamW, sum_squares / has_inf_or_nan, scale / accumulate.
+// Attention is not yet on the device.
+//
+// Execution: every op is enqueued on the current stream (set_stream; default: the legacy default
+// stream) and returns without synchronising. Pointers must be device (or managed) memory.
+// Determinism: no floating-point atomics; reductions over rows use per-block partials combined in
+// a fixed order, so results are bit-identical run to run on the same GPU and toolkit.
+// Errors: a failing CUDA/cuBLAS call stops the process with file and line (KILN_CHECK).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+#include "kernels/ops.h"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace kiln::cuda {
+
+// ---- runtime ----
+// True if a CUDA device is usable by this process.
+bool device_available();
+void set_stream(cudaStream_t stream);
+cudaStream_t stream();
+void synchronize();  // waits for the current stream
+// Device memory helpers (for tests and tools; the engine owns its allocations).
+void* device_alloc(size_t bytes);
+void device_free(void* p);
+void copy_to_device(void* dst, const void* src, size_t bytes);
+void copy_to_host(void* dst, const void* src, size_t bytes);
+
+// ---- ops: see kernels/ops.h for the contracts ----
+template <typename T>
+void encoder_forward(T* out, const int32_t* tokens, const Same<T>* wte, const Same<T>* wpe, int B,
+                     int T_, int C);
+template <typename T>
+void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_,
+                      int C);
+
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const Same<T>* inp, const Same<T>* weight,
+                       const Same<T>* bias, int B, int T_, int C);
+template <typename T>
+void layernorm_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
+                        const Same<T>* inp, const Same<T>* weight, const float* mean,
+                        const float* rstd, int B, int T_, int C);
+
+template <typename T>
+void matmul_forward(T* out, const Same<T>* inp, const Same<T>* weight, const Same<T>* bias, int B,
+                    int T_, int C, int OC);
+template <typename T>
+void matmul_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
+                     const Same<T>* inp, const Same<T>* weight, int B, int T_, int C, int OC);
+
+template <typename T>
+void gelu_forward(T* out, const Same<T>* inp, size_t N);
+template <typename T>
+void gelu_backward(Same<T>* dinp, const T* inp, const Same<T>* dout, size_t N);
+
+template <typename T>
+void residual_forward(T* out, const Same<T>* inp1, const Same<T>* inp2, size_t N);
+template <typename T>
+void residual_backward(Same<T>* dinp1, Same<T>* dinp2, const T* dout, size_t N);
+
+template <typename T>
+void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* logits,
+                                   const int32_t* targets, float dloss, int BT, int V, int Vp);
+
+void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
+                  const AdamWParams& hp);
+void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
+                  const AdamWParams& hp, bf16* params_lp);
+void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
+                  const AdamWParams& hp, fp16* params_lp);
+
+void cast(bf16* dst, const float* src, size_t n);
+void cast(fp16* dst, const float* src, size_t n);
+void cast(float* dst, const bf16* src, size_t n);
+void cast(float* dst, const fp16* src, size_t n);
+void cast(float* dst, const float* src, size_t n);
+
+// Host-side results (the call synchronises the stream to return them).
+double sum_squares(const float* const* tensors, const size_t* sizes, int count);
+double sum_squares(const float* x, size_t n);
+bool has_inf_or_nan(const float* const* tensors, const size_t* sizes, int count);
+bool has_inf_or_nan(const float* x, size_t n);
+
+void scale(float* x, float s, size_t n);
+void accumulate(float* y, const float* x, size_t n);
+
+}  // namespace kiln::cuda
+
+namespace kiln {
+// The CUDA backend as a type (see kiln::CpuBackend in kernels/ops.h).
+struct CudaBackend {
+  static constexpr Device kDevice = Device::kCuda;
+  KILN_BACKEND_FORWARD(cuda, encoder_forward)
+  KILN_BACKEND_FORWARD(cuda, encoder_backward)
+  KILN_BACKEND_FORWARD(cuda, layernorm_forward)
+  KILN_BACKEND_FORWARD(cuda, layernorm_backward)
+  KILN_BACKEND_FORWARD(cuda, matmul_forward)
+  KILN_BACKEND_FORWARD(cuda, matmul_backward)
+  KILN_BACKEND_FORWARD(cuda, gelu_forward)
+  KILN_BACKEND_FORWARD(cuda, gelu_backward)
+  KILN_BACKEND_FORWARD(cuda, residual_forward)
+  KILN_BACKEND_FORWARD(cuda, residual_backward)
+  KILN_BACKEND_FORWARD(cuda, crossentropy_forward_backward)
+  KILN_BACKEND_FORWARD(cuda, adamw_update)
+  KILN_BACKEND_FORWARD(cuda, cast)
+  KILN_BACKEND_FORWARD(cuda, sum_squares)
+  KILN_BACKEND_FORWARD(cuda, has_inf_or_nan)
+  KILN_BACKEND_FORWARD(cuda, scale)
+  KILN_BACKEND_FORWARD(cuda, accumulate)
+};
+}  // namespace kiln

@@ -1,0 +1,215 @@
+// Cross-backend operator test (ggml's test-backend-ops idea): every CUDA op against the CPU op on
+// the same inputs, with an error bound per op. Skips cleanly when no GPU is present.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/reference.h"
+#include "kernels_test_util.h"
+
+namespace kiln {
+namespace {
+
+using namespace kiln::testing;
+
+#define REQUIRE_GPU() \
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"
+
+// A device copy of a host vector, freed at scope exit.
+template <typename E>
+class Dev {
+ public:
+  explicit Dev(const std::vector<E>& h) : n_(h.size()) {
+    p_ = static_cast<E*>(cuda::device_alloc(sizeof(E) * n_));
+    cuda::copy_to_device(p_, h.data(), sizeof(E) * n_);
+  }
+  explicit Dev(size_t n) : Dev(std::vector<E>(n)) {}
+  ~Dev() { cuda::device_free(p_); }
+  Dev(const Dev&) = delete;
+  E* get() { return p_; }
+  std::vector<E> host() const {
+    std::vector<E> h(n_);
+    cuda::copy_to_host(h.data(), p_, sizeof(E) * n_);
+    return h;
+  }
+
+ private:
+  E* p_;
+  size_t n_;
+};
+
+// GPU and CPU both compute in fp32 with different summation orders: 1e-5 relative to
+// max(1, max|value|) for fp32 results; low-precision outputs may differ by one rounding step
+// (one ulp: 7.8e-3 bf16, 9.8e-4 fp16 of the value).
+template <typename E>
+double tol() {
+  if constexpr (std::is_same_v<E, float>) return 1e-5;
+  else if constexpr (std::is_same_v<E, bf16>) return 8e-3;
+  else return 1e-3;
+}
+
+template <typename E>
+void check_layernorm() {
+  SCOPED_TRACE(dtype_name(dtype_of<E>()));
+  const int B = 3, T = 37, C = 200;
+  auto x = to_t<E>(randn(B * T * C, 1, 2.0)), w = to_t<E>(randn(C, 2)), b = to_t<E>(randn(C, 3));
+  auto dy = to_t<E>(randn(B * T * C, 4));
+  std::vector<E> out(x.size()), dx(x.size());
+  std::vector<float> mean(B * T), rstd(B * T), dw(C), db(C);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), B, T, C);
+  cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                          rstd.data(), B, T, C);
+  Dev<E> gx(x), gw(w), gb(b), gdy(dy), gout(x.size()), gdx(x.size());
+  Dev<float> gmean(B * T), grstd(B * T), gdw(C), gdb(C);
+  cuda::layernorm_forward(gout.get(), gmean.get(), grstd.get(), gx.get(), gw.get(), gb.get(), B, T, C);
+  cuda::layernorm_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), gmean.get(),
+                           grstd.get(), B, T, C);
+  expect_close(to_d(gout.host()), to_d(out), tol<E>(), "out");
+  expect_close(to_d(gmean.host()), to_d(mean), 1e-5, "mean");
+  expect_close(to_d(grstd.host()), to_d(rstd), 1e-5, "rstd");
+  expect_close(to_d(gdx.host()), to_d(dx), tol<E>(), "dinp");
+  expect_close(to_d(gdw.host()), to_d(dw), 1e-5, "dweight");
+  expect_close(to_d(gdb.host()), to_d(db), 1e-5, "dbias");
+}
+
+TEST(KernelsCuda, Layernorm) {
+  REQUIRE_GPU();
+  check_layernorm<float>();
+  check_layernorm<bf16>();
+  check_layernorm<fp16>();
+}
+
+template <typename E>
+void check_matmul() {
+  SCOPED_TRACE(dtype_name(dtype_of<E>()));
+  const int B = 2, T = 33, C = 96, OC = 130;
+  auto x = to_t<E>(randn(B * T * C, 1)), w = to_t<E>(randn(OC * C, 2, 0.1)), b = to_t<E>(randn(OC, 3));
+  auto dy = to_t<E>(randn(B * T * OC, 4));
+  std::vector<E> out(B * T * OC), dx(x.size());
+  std::vector<float> dw(w.size()), db(OC);
+  cpu::matmul_forward(out.data(), x.data(), w.data(), b.data(), B, T, C, OC);
+  cpu::matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), B, T, C, OC);
+  Dev<E> gx(x), gw(w), gb(b), gdy(dy), gout(out.size()), gdx(x.size());
+  Dev<float> gdw(w.size()), gdb(OC);
+  cuda::matmul_forward(gout.get(), gx.get(), gw.get(), gb.get(), B, T, C, OC);
+  cuda::matmul_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), B, T, C, OC);
+  expect_close(to_d(gout.host()), to_d(out), tol<E>(), "out");
+  expect_close(to_d(gdx.host()), to_d(dx), tol<E>(), "dinp");
+  expect_close(to_d(gdw.host()), to_d(dw), 1e-5, "dweight");
+  expect_close(to_d(gdb.host()), to_d(db), 1e-5, "dbias");
+}
+
+TEST(KernelsCuda, Matmul) {
+  REQUIRE_GPU();
+  check_matmul<float>();
+  check_matmul<bf16>();
+  check_matmul<fp16>();
+}
+
+TEST(KernelsCuda, ElementwiseAndEmbedding) {
+  REQUIRE_GPU();
+  const size_t n = 100003;
+  auto x = to_t<float>(randn(n, 1, 2.0)), y = to_t<float>(randn(n, 2)), d0 = to_t<float>(randn(n, 3));
+  std::vector<float> g(n), gd = d0, r(n), rd1 = d0, rd2 = d0;
+  cpu::gelu_forward(g.data(), x.data(), n);
+  cpu::gelu_backward(gd.data(), x.data(), y.data(), n);
+  cpu::residual_forward(r.data(), x.data(), y.data(), n);
+  cpu::residual_backward(rd1.data(), rd2.data(), y.data(), n);
+  Dev<float> gx(x), gy(y), gg(n), ggd(d0), gr(n), grd1(d0), grd2(d0);
+  cuda::gelu_forward(gg.get(), gx.get(), n);
+  cuda::gelu_backward(ggd.get(), gx.get(), gy.get(), n);
+  cuda::residual_forward(gr.get(), gx.get(), gy.get(), n);
+  cuda::residual_backward(grd1.get(), grd2.get(), gy.get(), n);
+  // GPU tanhf vs the CPU's vectorised tanh: both within ~1e-7 absolute of the true value.
+  expect_close(to_d(gg.host()), to_d(g), 2e-6, "gelu");
+  expect_close(to_d(ggd.host()), to_d(gd), 2e-6, "gelu backward");
+  EXPECT_TRUE(bits_equal(gr.host(), r));
+  EXPECT_TRUE(bits_equal(grd1.host(), rd1));
+  EXPECT_TRUE(bits_equal(grd2.host(), rd2));
+
+  const int B = 2, T = 16, C = 40, V = 11;
+  auto tokens = randint(B * T, 0, V, 5);
+  auto wte = to_t<float>(randn(V * C, 6)), wpe = to_t<float>(randn(T * C, 7));
+  auto dout = to_t<float>(randn(B * T * C, 8));
+  std::vector<float> out(B * T * C), dwte(V * C), dwpe(T * C);
+  cpu::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  Dev<int32_t> gtok(tokens);
+  Dev<float> gwte(wte), gwpe(wpe), gdout(dout), gout(out.size()), gdwte(dwte.size()), gdwpe(dwpe.size());
+  cuda::encoder_forward(gout.get(), gtok.get(), gwte.get(), gwpe.get(), B, T, C);
+  cuda::encoder_backward(gdwte.get(), gdwpe.get(), gdout.get(), gtok.get(), B, T, C);
+  EXPECT_TRUE(bits_equal(gout.host(), out));
+  EXPECT_TRUE(bits_equal(gdwte.host(), dwte));  // same order of additions as the CPU
+  EXPECT_TRUE(bits_equal(gdwpe.host(), dwpe));
+}
+
+TEST(KernelsCuda, CrossEntropyAdamWCastsNorms) {
+  REQUIRE_GPU();
+  const int BT = 9, V = 1000, Vp = 1024;
+  auto logits = to_t<float>(randn(BT * Vp, 1, 3.0));
+  auto targets = randint(BT, 0, V, 2);
+  targets[4] = -1;
+  std::vector<float> losses(BT), dl(logits.size());
+  cpu::crossentropy_forward_backward(dl.data(), losses.data(), logits.data(), targets.data(), 0.25f, BT, V, Vp);
+  Dev<float> glog(logits), glosses(BT);
+  Dev<int32_t> gt(targets);
+  cuda::crossentropy_forward_backward(glog.get(), glosses.get(), glog.get(), gt.get(), 0.25f, BT, V, Vp);
+  expect_close(to_d(glosses.host()), to_d(losses), 1e-5, "losses");
+  expect_close(to_d(glog.host()), to_d(dl), 1e-6, "dlogits (in place)");
+
+  const size_t n = 70001;
+  auto p = to_t<float>(randn(n, 3)), g = to_t<float>(randn(n, 4));
+  std::vector<float> m(n), v(n), pc = p;
+  std::vector<bf16> plp(n);
+  AdamWParams hp;
+  hp.weight_decay = 0.1f;
+  hp.step = 5;
+  cpu::adamw_update(pc.data(), m.data(), v.data(), g.data(), n, hp, plp.data());
+  Dev<float> gp(p), gm(n), gv(n), gg(g);
+  Dev<bf16> gplp(n);
+  cuda::adamw_update(gp.get(), gm.get(), gv.get(), gg.get(), n, hp, gplp.get());
+  // Same operations in the same order; the GPU's sqrt/div are correctly rounded too.
+  expect_close(to_d(gp.host()), to_d(pc), 1e-6, "params");
+  expect_close(to_d(gplp.host()), to_d(plp), 8e-3, "bf16 copy");
+
+  // Casts: exhaustive up-casts, and ties for the down-casts, bit for bit with the CPU.
+  std::vector<bf16> hb(65536);
+  std::vector<fp16> hf(65536);
+  for (uint32_t i = 0; i < 65536; ++i) hb[i].bits = hf[i].bits = uint16_t(i);
+  std::vector<float> fb(65536), ff(65536);
+  cpu::cast(fb.data(), hb.data(), 65536);
+  cpu::cast(ff.data(), hf.data(), 65536);
+  Dev<bf16> ghb(hb);
+  Dev<fp16> ghf(hf);
+  Dev<float> gfb(65536), gff(65536);
+  cuda::cast(gfb.get(), ghb.get(), 65536);
+  cuda::cast(gff.get(), ghf.get(), 65536);
+  EXPECT_TRUE(bits_equal(gfb.host(), fb));
+  EXPECT_TRUE(bits_equal(gff.host(), ff));
+  auto rnd = to_t<float>(randn(200000, 9, 1000.0));
+  std::vector<bf16> db(rnd.size());
+  std::vector<fp16> dh(rnd.size());
+  cpu::cast(db.data(), rnd.data(), rnd.size());
+  cpu::cast(dh.data(), rnd.data(), rnd.size());
+  Dev<float> grnd(rnd);
+  Dev<bf16> gdb(rnd.size());
+  Dev<fp16> gdh(rnd.size());
+  cuda::cast(gdb.get(), grnd.get(), rnd.size());
+  cuda::cast(gdh.get(), grnd.get(), rnd.size());
+  EXPECT_TRUE(bits_equal(gdb.host(), db));
+  EXPECT_TRUE(bits_equal(gdh.host(), dh));
+
+  const double ss_cpu = cpu::sum_squares(g.data(), n);
+  const double ss_gpu = cuda::sum_squares(gg.get(), n);
+  EXPECT_NEAR(ss_gpu, ss_cpu, 1e-12 * ss_cpu);
+  EXPECT_EQ(cuda::sum_squares(gg.get(), n), ss_gpu);  // deterministic
+  EXPECT_FALSE(cuda::has_inf_or_nan(gg.get(), n));
+  std::vector<float> bad(1000, 1.0f);
+  bad[999] = NAN;
+  Dev<float> gbad(bad);
+  EXPECT_TRUE(cuda::has_inf_or_nan(gbad.get(), bad.size()));
+}
+
+}  // namespace
+}  // namespace kiln
