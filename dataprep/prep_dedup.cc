@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/hash.h"
 #include "common/log.h"
 #include "dataprep/external_sort.h"
 #include "dataprep/prep_internal.h"
@@ -412,6 +413,19 @@ Status dedup_stage(Context& c) {
     }
     tbb::parallel_sort(candidates.begin(), candidates.end());
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    if (c.size > 1) {
+      // Several bands (owned by different ranks) can propose the same pair: give each pair one
+      // owner so it is verified and counted once, whatever the rank count.
+      std::vector<std::vector<Pair>> per_dest(c.size);
+      for (const Pair& p : candidates) {
+        uint64_t h = xxh3_64(&p, sizeof p);
+        per_dest[h % static_cast<uint64_t>(c.size)].push_back(p);
+      }
+      std::vector<Pair>().swap(candidates);
+      KILN_ASSIGN_OR_RETURN(candidates, comm::alltoallv(*c.g, per_dest));
+      tbb::parallel_sort(candidates.begin(), candidates.end());
+      candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+    }
     std::vector<Pair> local_edges;
     if (c.opt.verify) {
       KILN_ASSIGN_OR_RETURN(std::vector<double> sims, pair_similarities(c, candidates));
