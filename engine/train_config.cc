@@ -281,9 +281,6 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
     return bad("device", "'" + c.device + "' is not one of cpu | cuda");
   }
   if (c.schedule.total_steps == 0) c.schedule.total_steps = c.run.steps;
-  if (c.schedule.warmup_steps > c.schedule.total_steps && c.schedule.kind != ScheduleKind::kConstant) {
-    return bad("schedule.warmup_steps", "exceeds schedule.total_steps");
-  }
   return c;
 }
 
