@@ -9,10 +9,9 @@
 //
 //  kKiln  the default for tokenizers Kiln trains ("kiln-v1"). GPT-2's rules with four changes:
 //         - CJK (Han ideographs, Hiragana, Katakana, Bopomofo) runs are words of their own, never
-//           glued to Latin letters ("GPU训练" -> "GPU", "训练"), and a run is cut into chunks of at
-//           most `cjk_chunk` characters (default 4). Chinese has no spaces, so a GPT-2 "word" is a
-//           whole clause; chunking keeps pre-tokens short (fast training and encoding, cacheable)
-//           while merges still see the 2-4 character words that make up most Chinese text.
+//           glued to Latin letters, digits or punctuation ("GPU训练" -> "GPU", "训练"); optionally
+//           a run is cut into chunks of at most `cjk_chunk` characters (default 0: whole runs,
+//           the best compression measured; see docs/TOKENIZER.md).
 //         - digits are grouped in at most 3 (" 12345" -> " 123", "45"), as in modern tokenizers;
 //         - combining marks (\p{M}) continue a letter run, so decomposed accents stay in words;
 //         - contractions match case-insensitively, and a whitespace run holding line breaks
@@ -35,7 +34,7 @@ enum class PretokenizerKind { kGpt2, kKiln };
 
 struct PretokenizerSpec {
   PretokenizerKind kind = PretokenizerKind::kKiln;
-  uint32_t cjk_chunk = 4;  // kKiln only: max CJK characters per piece (0 = whole runs)
+  uint32_t cjk_chunk = 0;  // kKiln only: max CJK characters per piece (0 = whole runs)
 };
 
 // "gpt2" / "kiln-v1".

@@ -2,7 +2,7 @@
 //
 // Saved as ONE JSON file (format "kiln-tokenizer/1", documented in docs/TOKENIZER.md):
 //   {"format": "kiln-tokenizer/1", "type": "byte-bpe",
-//    "pretokenizer": {"type": "kiln-v1", "cjk_chunk": 4},      // or {"type": "gpt2"}
+//    "pretokenizer": {"type": "kiln-v1", "cjk_chunk": 0},      // or {"type": "gpt2"}
 //    "vocab_size": N, "eos_id": 0,
 //    "special_tokens": {"<|endoftext|>": 0},
 //    "vocab": {"<token>": id, ...},      // tokens in GPT-2's byte-to-unicode spelling

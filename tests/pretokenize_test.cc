@@ -43,6 +43,7 @@ TEST(Pretokenize, Gpt2Words) {
 TEST(Pretokenize, KilnChanges) {
   EXPECT_EQ(split("GPU训练好", kKiln), (V{"GPU", "训练好"}));
   EXPECT_EQ(split("自然语言处理是人工智能", kKiln), (V{"自然语言", "处理是人", "工智能"}));
+  EXPECT_EQ(split("自然语言处理。是人工", kKiln, 0), (V{"自然语言处理", "。", "是人工"}));
   EXPECT_EQ(split("自然语言处理", kKiln, 0), (V{"自然语言处理"}));
   EXPECT_EQ(split("自然语", kKiln, 1), (V{"自", "然", "语"}));
   EXPECT_EQ(split("使用 GPU 训练。", kKiln), (V{"使用", " GPU", " 训练", "。"}));

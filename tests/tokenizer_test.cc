@@ -166,7 +166,7 @@ TEST(Tokenizer, TrainingLearnsFrequentWordsIncludingChinese) {
   auto ids = tok->encode(" the cat");
   EXPECT_EQ(ids.size(), 2u);  // " the", " cat"
   auto zh = tok->encode("深度学习");
-  EXPECT_EQ(zh.size(), 1u);  // a 4-character chunk seen 100 times
+  EXPECT_EQ(zh.size(), 1u);  // a word seen 100 times
   EXPECT_EQ(*tok->decode(zh), "深度学习");
   // The JSON file round trip keeps the encoding.
   auto again = Tokenizer::from_json(tok->to_json(), "mem");

@@ -21,7 +21,7 @@ struct TokenizerFlags {
   std::vector<std::string> specials;
   uint64_t min_frequency = 2;
   std::string pretokenizer = "kiln-v1";
-  uint32_t cjk_chunk = 4;
+  uint32_t cjk_chunk = 0;
   std::string max_bytes = "0";
   std::string export_dir;
   // encode / decode
