@@ -24,8 +24,9 @@
 //  * Thread safety: ops may be called concurrently on disjoint outputs. They use the process-wide
 //    thread setting (set_num_threads) and small grow-only per-thread scratch buffers that are
 //    allocated on first use and reused (no allocation in steady state).
-//  * Shapes are trusted (KILN_CHECK on the cheap invariants, e.g. C % NH == 0). Invalid token
-//    ids (outside [0, V)) are a caller bug and stop the process.
+//  * Shapes are trusted (KILN_CHECK on the cheap invariants, e.g. C % NH == 0). Token ids must
+//    be in [0, V): the embedding ops stop the process on a negative id (they are not given V),
+//    cross-entropy on a target >= V.
 #pragma once
 
 #include <cstddef>
