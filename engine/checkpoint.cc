@@ -143,11 +143,7 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
                             " differs from the config's " + model_json(params->model()).dump())
           .with_file(state_path);
     }
-    if (j.at("precision") != precision_name(params->precision())) {
-      return Status::config("checkpoint precision " + j.at("precision").dump() +
-                            " differs from the config's " + precision_name(params->precision()))
-          .with_file(state_path);
-    }
+    state->precision = j.at("precision").get<std::string>();
     state->step = j.at("step").get<int64_t>();
     state->adam_updates = j.at("adam_updates").get<int64_t>();
     state->tokens = j.at("tokens").get<int64_t>();

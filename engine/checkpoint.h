@@ -11,7 +11,8 @@
 // It is written under a temporary name, fsynced and renamed, so it appears complete or not at
 // all; `latest` is then replaced atomically and directories beyond keep_last are removed
 // (oldest first). Loading checks the model shape, the precision and the checksums, naming the
-// file on any mismatch. The low-precision working copy is not stored: it is re-derived from the
+// file on any mismatch; the precision may differ (the stored tensors are fp32 either way). The
+// low-precision working copy is not stored: it is re-derived from the
 // master weights by the same rounding, so resumed training is bit-identical.
 #pragma once
 
@@ -33,6 +34,7 @@ struct TrainerState {
   std::string data_state;     // DataSource::state()
   uint64_t mixture_hash = 0;  // MixtureWatcher::applied_hash()
   uint64_t seed = 0;
+  std::string precision;      // of the run that wrote the checkpoint ("fp32", "bf16", "fp16")
 };
 
 std::string checkpoint_dir_name(int64_t step);  // "step-00000012"

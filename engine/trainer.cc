@@ -144,7 +144,13 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
             .with_key("run.seed");
       }
       KILN_RETURN_IF_ERROR(t->data_->restore(t->state_.data_state).prefixed("restoring data state"));
-      t->scaler_.set_state(t->state_.scaler);
+      if (t->state_.precision == precision_name(config.precision)) {
+        t->scaler_.set_state(t->state_.scaler);
+      } else {  // master weights and moments are fp32 in every precision: switching is fine
+        KILN_LOG_WARN("the checkpoint was trained in {}; continuing in {} (loss scaler reset)",
+                      t->state_.precision, precision_name(config.precision));
+        t->state_.scaler = t->scaler_.state();
+      }
       t->optimizer_->set_updates(t->state_.adam_updates);
       t->mixture_->set_applied_hash(t->state_.mixture_hash);
       t->last_saved_step_ = t->state_.step;
@@ -344,6 +350,7 @@ Status Trainer::save() {
   state_.mixture_hash = mixture_->applied_hash();
   state_.scaler = scaler_.state();
   state_.adam_updates = optimizer_->updates();
+  state_.precision = precision_name(config_.precision);
   const auto t0 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
                                        config_.checkpoint.keep_last));

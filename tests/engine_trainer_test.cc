@@ -248,6 +248,43 @@ TEST(Trainer, LiveMixtureChangesApplyBetweenSteps) {
   fs::remove_all(dir);
 }
 
+TEST(Trainer, ThreadCountDoesNotChangeResults) {
+  std::vector<double> losses[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string dir = temp_dir("threads" + std::to_string(i));
+    auto c = tiny(dir, {"precision=bf16", "run.threads=" + std::to_string(i + 1)});
+    c.run.steps = 5;
+    auto t = open_trainer(c);
+    ASSERT_TRUE(t->run().is_ok());
+    for (const auto& r : t->history()) losses[i].push_back(r.loss);
+    fs::remove_all(dir);
+  }
+  ASSERT_EQ(losses[0].size(), 5u);
+  EXPECT_EQ(0, std::memcmp(losses[0].data(), losses[1].data(), 5 * sizeof(double)));
+}
+
+TEST(Trainer, ResumeInAnotherPrecision) {
+  const std::string dir = temp_dir("switch");
+  auto c = tiny(dir, {"precision=bf16"});
+  c.run.steps = 4;
+  ASSERT_TRUE(open_trainer(c)->run().is_ok());
+  auto c2 = tiny(dir, {"precision=fp16"});
+  c2.run.steps = 6;
+  auto t = open_trainer(c2, /*resume=*/true);
+  EXPECT_EQ(t->state().step, 4);
+  ASSERT_TRUE(t->run().is_ok());
+  EXPECT_EQ(*t->history().back().loss_scale, 65536.0);
+  // A different model shape is a config error naming the difference.
+  auto c3 = tiny(dir, {"model.d_model=48"});
+  TrainOptions o;
+  o.resume = true;
+  o.console = false;
+  auto bad = Trainer::open(c3, "", o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kConfig);
+  fs::remove_all(dir);
+}
+
 TEST(Trainer, LearnsSyntheticData) {
   const std::string dir = temp_dir("learn");
   // The markov domain: a bigram chain with 4 successors per token (best loss ln 4 = 1.39).
