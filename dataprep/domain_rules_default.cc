@@ -28,17 +28,22 @@ rules:
       - url_path: ["*.c", "*.h", "*.cc", "*.cpp", "*.hpp", "*.py", "*.js", "*.ts", "*.go",
                    "*.rs", "*.java", "*.rb", "*.sh"]
 
-  # Chinese: at least 10% of the letters in the first 8 KiB are CJK characters. Chinese text
-  # mixes in Latin names, commands and markup; English text has next to none.
+  # Chinese: at least 5% of the letters in the first 8 KiB are CJK characters. One CJK character
+  # carries about as much as a 3-5 letter Latin word, so that is roughly every fifth word; Chinese
+  # text mixes in Latin names, commands and markup, English text has next to no CJK at all.
   - name: zh
     domain: zh
-    cjk_share: 0.1
+    cjk_share: 0.05
 
-  # Licences and legal notices: by file name, or by a licence's title in the first 512 bytes.
+  # Licences and legal notices: by file name or URL path, or by a licence's title in the first
+  # 512 bytes.
   - name: legal-files
     domain: legal
-    path: ["*/common-licenses/*", "*/doc/*/copyright", "copyright", "LICENSE", "LICENSE.*",
-           "LICENCE", "LICENCE.*", "COPYING", "COPYING.*", "NOTICE"]
+    any:
+      - path: ["*/common-licenses/*", "*/doc/*/copyright", "copyright", "LICENSE", "LICENSE.*",
+               "LICENCE", "LICENCE.*", "COPYING", "COPYING.*", "NOTICE"]
+      - url_path: ["*/common-licenses/*", "*/doc/*/copyright", "*/LICENSE", "*/LICENSE.*",
+                   "*/LICENCE", "*/COPYING", "*/COPYING.*"]
   # Code by content: symbol density, statement-like line ends, code keywords (see TAGGING.md).
   - name: code-content
     domain: code
