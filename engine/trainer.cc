@@ -341,6 +341,16 @@ void Trainer::print_progress(const StepRecord& r) {
                       human_count(r.tokens_per_s), r.step_ms);
   if (r.loss_scale) line += fmt::format(" | scale {:g}", *r.loss_scale);
   if (r.skipped) line += " | SKIPPED (" + r.skip_reason + ")";
+  // ETA from the mean step time of this process so far.
+  const int64_t done = r.step - run_first_step_;
+  const int64_t left = config_.run.steps - r.step;
+  if (done > 0 && left > 0) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                      run_start_).count() / done * left;
+    line += secs >= 60 ? fmt::format(" | ETA {}m{:02d}s", static_cast<int64_t>(secs) / 60,
+                                     static_cast<int>(secs) % 60)
+                       : fmt::format(" | ETA {:.0f}s", secs);
+  }
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }
@@ -375,6 +385,8 @@ Status Trainer::run() {
 
   const int64_t first = state_.step;
   last_printed_step_ = first;
+  run_first_step_ = first;
+  run_start_ = std::chrono::steady_clock::now();
   if (first >= config_.run.steps) {
     KILN_LOG_INFO("nothing to do: the run is at step {} of run.steps {}", first, config_.run.steps);
   }

@@ -11,6 +11,7 @@
 // the current step, checkpoint and stop. Not thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -95,6 +96,8 @@ class Trainer {
   FILE* metrics_ = nullptr;
   int64_t last_saved_step_ = -1;
   int64_t last_printed_step_ = 0;
+  int64_t run_first_step_ = 0;
+  std::chrono::steady_clock::time_point run_start_;
 };
 
 }  // namespace kiln::engine
