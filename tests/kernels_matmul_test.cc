@@ -143,6 +143,34 @@ void check_thread_invariance() {
   }
 }
 
+// The shapes of the train_cpu model (2048 tokens, d_model 256, LM head in 256-row chunks of a
+// vocab of 8192), fp32 through OpenBLAS with its own threads: bits must not depend on them.
+TEST(KernelsMatmul, ThreadCountInvariantAtModelShapes) {
+  struct S {
+    int rows, C, OC;
+  };
+  for (S s : {S{2048, 256, 768}, S{2048, 1024, 256}, S{256, 256, 8192}}) {
+    SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.C << "x" << s.OC);
+    auto inp = to_t<float>(randn(size_t(s.rows) * s.C, 1)), w = to_t<float>(randn(size_t(s.OC) * s.C, 2, 0.05));
+    auto dout = to_t<float>(randn(size_t(s.rows) * s.OC, 3));
+    std::vector<float> out0, dinp0, dw0;
+    for (int n : thread_counts()) {
+      ThreadCount tc(n);
+      std::vector<float> out(size_t(s.rows) * s.OC), dinp(size_t(s.rows) * s.C), dw(size_t(s.OC) * s.C);
+      cpu::matmul_forward<float>(out.data(), inp.data(), w.data(), nullptr, 1, s.rows, s.C, s.OC);
+      cpu::matmul_backward<float>(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), 1,
+                                  s.rows, s.C, s.OC);
+      if (out0.empty()) {
+        out0 = out, dinp0 = dinp, dw0 = dw;
+        continue;
+      }
+      EXPECT_TRUE(bits_equal(out, out0)) << n << " threads";
+      EXPECT_TRUE(bits_equal(dinp, dinp0)) << n << " threads";
+      EXPECT_TRUE(bits_equal(dw, dw0)) << n << " threads";
+    }
+  }
+}
+
 TEST(KernelsMatmul, ThreadCountInvariant) {
   check_thread_invariance<float>();
   check_thread_invariance<bf16>();
