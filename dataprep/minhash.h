@@ -38,7 +38,7 @@ class MinHasher {
   int num_perm_;
   int padded_;  // num_perm rounded up to the vector block
   std::vector<uint64_t> a_, b_;
-  std::vector<uint64_t> a_hi_;  // a >> 32, for the vector kernels
+  std::vector<uint64_t> a_lo31_, a_hi31_, a_hi31x2_;  // 31-bit limbs for the vector kernels
   int kernel_;
 };
 

@@ -102,7 +102,7 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
   auto mem = parse_byte_size(memory);
   if (!mem.is_ok()) return std::move(mem).take_status().with_key("memory");
   o.memory_bytes = *mem;
-  if (o.memory_bytes < (1u << 20)) return range_error("memory", "must be at least 1M");
+  if (o.memory_bytes < (64u << 10)) return range_error("memory", "must be at least 64K");
   KILN_RETURN_IF_ERROR(get_into(c, "keep_work", &o.keep_work));
 
   KILN_RETURN_IF_ERROR(get_into(c, "input.max_line_bytes", &o.max_line_bytes));

@@ -289,6 +289,33 @@ Status write_stage(Context& c) {
 
   std::map<std::string, std::unique_ptr<RollingShardWriter>> writers;
   WriteResult res;
+  // Samples are handed to each domain's writer in runs of a few MiB: one zstd context at a time
+  // stays in cache (interleaving domains sample by sample made compression ~2x slower). The
+  // order within a domain, and so every byte of the shards, is unchanged.
+  struct Pending {
+    std::vector<Out> outs;
+    uint64_t bytes = 0;
+  };
+  constexpr uint64_t kFlushBytes = uint64_t{8} << 20;
+  std::map<std::string, Pending> pending;
+  auto flush = [&](const std::string& domain, Pending& pend) -> Status {
+    auto& wr = writers[domain];
+    if (!wr) {
+      RollingShardWriter::Options wo;
+      wo.dir = c.out + "/shards/" + domain;
+      wo.prefix = c.size == 1 ? domain : domain + "-r" + rank_tag(c.rank);
+      wo.compression = c.opt.compression;
+      wo.zstd_level = c.opt.level;
+      wo.max_samples = c.opt.max_samples;
+      wo.max_tar_bytes = c.opt.max_bytes;
+      KILN_RETURN_IF_ERROR(make_dirs(wo.dir));
+      wr = std::make_unique<RollingShardWriter>(wo);
+    }
+    for (Out& o : pend.outs) KILN_RETURN_IF_ERROR(wr->add(o.sample, o.tokens));
+    pend.outs.clear();
+    pend.bytes = 0;
+    return Status::ok();
+  };
   Status st = document_pass<Work>(
       c,
       [&](Work& w) -> Status {
@@ -332,31 +359,25 @@ Status write_stage(Context& c) {
       },
       [&](Work& w) -> Status {
         for (Out& o : w.outs) {
-          auto& wr = writers[o.domain];
-          if (!wr) {
-            RollingShardWriter::Options wo;
-            wo.dir = c.out + "/shards/" + o.domain;
-            wo.prefix = c.size == 1 ? o.domain : o.domain + "-r" + rank_tag(c.rank);
-            wo.compression = c.opt.compression;
-            wo.zstd_level = c.opt.level;
-            wo.max_samples = c.opt.max_samples;
-            wo.max_tar_bytes = c.opt.max_bytes;
-            KILN_RETURN_IF_ERROR(make_dirs(wo.dir));
-            wr = std::make_unique<RollingShardWriter>(wo);
-          }
-          KILN_RETURN_IF_ERROR(wr->add(o.sample, o.tokens));
           DomainStats& ds = res.domains[o.domain];
           ++ds.docs;
           ds.tokens += o.tokens;
           ds.bytes += o.bytes;
           ++ds.domain_by[o.domain_by];
           ++res.docs_out;
+          auto slot = pending.try_emplace(o.domain).first;
+          slot->second.bytes += o.bytes + 1024;
+          slot->second.outs.push_back(std::move(o));
+          if (slot->second.bytes >= kFlushBytes)
+            KILN_RETURN_IF_ERROR(flush(slot->first, slot->second));
           crash_point("write-doc");
         }
         if (progress) progress->add(w.outs.size());
         for (auto& id : w.ids) res.ids.push_back(std::move(id));
         return Status::ok();
       });
+  for (auto& [domain, pend] : pending)
+    if (st.is_ok() && !pend.outs.empty()) st = flush(domain, pend);
   if (progress) progress->finish();
   KILN_RETURN_IF_ERROR(st);
   for (auto& [domain, wr] : writers) {

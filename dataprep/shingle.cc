@@ -1,6 +1,11 @@
 #include "dataprep/shingle.h"
 
-#include "common/hash.h"
+#include <cstring>
+
+// The shingle hashes are XXH3-64 with seed 0 (the same values as common/hash.h xxh3_64); the
+// header-only build lets the compiler inline it for these short inputs.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace kiln {
 
@@ -47,6 +52,21 @@ inline int decode(const unsigned char* p, uint32_t* cp) {
 
 }  // namespace
 
+namespace {
+
+// Index of the first byte in the 8 bytes at p that is ' ' or >= 0x80, or 8.
+inline unsigned first_space_or_high(const unsigned char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  constexpr uint64_t kOnes = 0x0101010101010101ull, kHigh = 0x8080808080808080ull;
+  uint64_t x = v ^ (kOnes * ' ');
+  uint64_t space = (x - kOnes) & ~x & kHigh;  // exact for bytes < 0x80; high bytes caught below
+  uint64_t hit = space | (v & kHigh);
+  return hit ? static_cast<unsigned>(__builtin_ctzll(hit)) / 8 : 8;
+}
+
+}  // namespace
+
 void shingle_units(std::string_view text, std::vector<UnitSpan>* units) {
   units->clear();
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
@@ -57,11 +77,15 @@ void shingle_units(std::string_view text, std::vector<UnitSpan>* units) {
       ++i;
       continue;
     }
-    // A word: [i, j). Fast scan while ASCII.
     uint32_t run_start = i;
     while (i < n && s[i] != ' ') {
-      if (s[i] < 0x80) {
-        ++i;
+      if (s[i] < 0x80) {  // skip ASCII 8 bytes at a time
+        while (i + 8 <= n) {
+          unsigned k = first_space_or_high(s + i);
+          i += k;
+          if (k < 8) break;
+        }
+        while (i < n && s[i] < 0x80 && s[i] != ' ') ++i;
         continue;
       }
       uint32_t cp;
@@ -86,15 +110,15 @@ void shingle_hashes(std::string_view text, int ngram, std::vector<uint64_t>* out
   if (units.empty()) return;
   const size_t n = static_cast<size_t>(ngram < 1 ? 1 : ngram);
   if (units.size() <= n) {
-    out->push_back(xxh3_64(text.data() + units.front().begin,
-                           units.back().end - units.front().begin));
+    out->push_back(XXH3_64bits(text.data() + units.front().begin,
+                               units.back().end - units.front().begin));
     return;
   }
-  out->reserve(units.size() - n + 1);
-  for (size_t i = 0; i + n <= units.size(); ++i) {
-    uint32_t b = units[i].begin, e = units[i + n - 1].end;
-    out->push_back(xxh3_64(text.data() + b, e - b));
-  }
+  out->resize(units.size() - n + 1);
+  uint64_t* o = out->data();
+  const UnitSpan* u = units.data();
+  for (size_t i = 0; i + n <= units.size(); ++i)
+    o[i] = XXH3_64bits(text.data() + u[i].begin, u[i + n - 1].end - u[i].begin);
 }
 
 }  // namespace kiln

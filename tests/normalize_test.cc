@@ -56,13 +56,43 @@ TEST(Normalize, FastPathEqualsReference) {
       "a", "B", "z", "Q", " ", "  ", "\t", "\n", ",", ".", "!", "'", "-", "(", "$", "1",
       "\xC3\xA9", "\xC3\x89", "e\xCC\x81", "\xCC\x81", "\xC2\xA0", "\xE3\x80\x80", "\xE4\xBD\xA0",
       "\xE5\xA5\xBD", "\xEF\xBC\x8C", "\xEF\xBD\x86", "\xEF\xAC\x81", "\xC3\x9F", "\xC2\xAD",
-      "\xE2\x80\x8B", "\xCE\xA3", "\xD0\x96", "\xF0\x9F\x98\x80", "\xE2\x84\xAB", "\xE2\x80\xA8"};
+      "\xE2\x80\x8B", "\xCE\xA3", "\xD0\x96", "\xF0\x9F\x98\x80", "\xE2\x84\xAB", "\xE2\x80\xA8",
+      // table-free path: Latin-1, kana (voiced, combining mark), Hangul, CJK punctuation,
+      // fullwidth letters/punctuation, halfwidth katakana, multiplication sign, y-diaeresis
+      "\xC3\x80", "\xC3\x9E", "\xC3\x97", "\xC3\xBF", "\xC3\xB7", "\xE3\x81\x8C",
+      "\xE3\x81\x8B", "\xE3\x82\x99", "\xE3\x82\x9B", "\xEA\xB0\x80", "\xE1\x86\xA8",
+      "\xE3\x80\x81", "\xE3\x80\x82", "\xEF\xBC\xA1", "\xEF\xBC\x81", "\xEF\xBD\xB6",
+      "\xE3\x83\xBB", "\xE4\xB8\x80", "\xEF\xA4\x80", "\xC2\xB5", "\xE3\x8C\x80"};
   std::mt19937 rng(7);
   for (int strip = 0; strip < 2; ++strip) {
-    for (int iter = 0; iter < 3000; ++iter) {
+    for (int iter = 0; iter < 20000; ++iter) {
       std::string s;
       int n = static_cast<int>(rng() % 40);
       for (int i = 0; i < n; ++i) s += pool[rng() % pool.size()];
+      NormalizeOptions opt{strip == 1};
+      std::string fast;
+      normalize_for_dedup(s, opt, &fast);
+      ASSERT_EQ(fast, normalize_for_dedup_reference(s, opt)) << "input: " << s;
+    }
+  }
+}
+
+// Long, mostly ASCII texts exercise the 64-byte vector path and its hand-over to the scalar one.
+TEST(Normalize, LongAsciiTextsEqualReference) {
+  const std::vector<std::string> pool = {"Word", "the", "QUICK", "x", " ", " ", "  ", "\t", "\n ",
+                                         ",", ".", "e\xCC\x81", "caf\xC3\xA9", "\xE4\xBD\xA0",
+                                         "\xEF\xBC\x8C", "\xC2\xA0", "0123456789abcdefghij",
+                                         "ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"};
+  std::mt19937 rng(11);
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string s;
+    int n = static_cast<int>(rng() % 200);
+    for (int i = 0; i < n; ++i) {
+      size_t k = rng() % pool.size();
+      if (k >= 11 && k <= 15 && rng() % 8) k = rng() % 11;  // non-ASCII is rarer
+      s += pool[k];
+    }
+    for (int strip = 0; strip < 2; ++strip) {
       NormalizeOptions opt{strip == 1};
       std::string fast;
       normalize_for_dedup(s, opt, &fast);

@@ -58,7 +58,9 @@ TEST_F(PrepCli, KillAtAnyStageThenResumeIsByteIdentical) {
     EXPECT_EQ(rc, 128 + SIGKILL) << point << ": the crash point was not reached";
     rc = run_shell("KILN_PREP_UNIT_FILES=1 " + cmd(out));
     ASSERT_EQ(rc, 0) << point << ": " << read_text(out + ".log");
-    EXPECT_NE(read_text(out + ".log").find("resuming"), std::string::npos) << point;
+    // (Units are scanned in parallel, so a kill inside the scan may find none finished yet.)
+    if (std::string(point).rfind("scan-batch", 0) != 0)
+      EXPECT_NE(read_text(out + ".log").find("resuming"), std::string::npos) << point;
     auto tree = output_tree(out);
     EXPECT_EQ(tree.size(), ref.size()) << point;
     for (const auto& [path, bytes] : ref) {
