@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -88,6 +89,15 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
         "tensor parallelism and ZeRO need the distributed engine; set parallel.tp: 1 and "
         "parallel.zero_stage: 0 for single-process training")
         .with_key(config.parallel.tp != 1 ? "parallel.tp" : "parallel.zero_stage");
+  }
+  // Several ranks would all write the same run directory: data parallelism is the distributed
+  // engine's job (DESIGN.md Roadmap), not this single-process loop.
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
+    const char* v = std::getenv(var);
+    if (v && std::atoi(v) > 1) {
+      return Status::unimplemented(std::string("kiln train runs as one process in this build, but ") +
+                                   var + "=" + v + ": run it without mpirun");
+    }
   }
   std::unique_ptr<Trainer> t(new Trainer());
   t->config_ = config;
