@@ -107,6 +107,36 @@ TEST(KernelsCuda, Matmul) {
   check_matmul<fp16>();
 }
 
+template <typename E>
+void check_attention(int B, int T, int C, int NH) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dtype_of<E>()) << " T=" << T << " NH=" << NH);
+  auto qkv = to_t<E>(randn(size_t(B) * T * 3 * C, 1)), dout = to_t<E>(randn(size_t(B) * T * C, 2));
+  auto dqkv0 = to_t<E>(randn(qkv.size(), 3));
+  std::vector<E> out(size_t(B) * T * C), dqkv = dqkv0;
+  std::vector<float> lse(size_t(B) * NH * T);
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+  Dev<E> gqkv(qkv), gdout(dout), gout(out.size()), gdqkv(dqkv0);
+  Dev<float> glse(lse.size());
+  cuda::attention_forward(gout.get(), glse.get(), gqkv.get(), B, T, C, NH);
+  // Backward from the CPU forward's output so both see the same O.
+  Dev<E> gout_cpu(out);
+  cuda::attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout_cpu.get(), glse.get(), B, T, C, NH);
+  expect_close(to_d(gout.host()), to_d(out), tol<E>(), "out");
+  expect_close(to_d(glse.host()), to_d(lse), 1e-5, "lse");
+  // Gradients sum O(T) terms in a different order: twice the forward bound.
+  expect_close(to_d(gdqkv.host()), to_d(dqkv), 2 * tol<E>(), "dqkv");
+}
+
+TEST(KernelsCuda, Attention) {
+  REQUIRE_GPU();
+  check_attention<float>(2, 1, 8, 2);
+  check_attention<float>(2, 130, 128, 2);
+  check_attention<float>(1, 256, 256, 4);
+  check_attention<bf16>(2, 130, 128, 2);
+  check_attention<fp16>(2, 130, 128, 2);
+}
+
 TEST(KernelsCuda, ElementwiseAndEmbedding) {
   REQUIRE_GPU();
   const size_t n = 100003;

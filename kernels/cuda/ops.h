@@ -3,9 +3,9 @@
 // include it); implemented in kernels/cuda/*.cu, library kiln_kernels_cuda (built when a CUDA
 // toolkit is found; KILN_HAVE_CUDA is then defined for its users).
 //
-// Implemented so far: casts, residual, GELU, layernorm, matmul (cuBLAS, fp32 accumulation),
-// embedding, fused cross-entropy, AdamW, sum_squares / has_inf_or_nan, scale / accumulate.
-// Attention is not yet on the device.
+// Implemented: casts, residual, GELU, layernorm, matmul (cuBLAS, fp32 accumulation), causal
+// attention (first version: one warp per row, online softmax, O(T) memory; correct, not yet
+// fast), embedding, fused cross-entropy, AdamW, sum_squares / has_inf_or_nan, scale / accumulate.
 //
 // Execution: every op is enqueued on the current stream (set_stream; default: the legacy default
 // stream) and returns without synchronising. Pointers must be device (or managed) memory.
@@ -60,6 +60,12 @@ void matmul_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
                      const Same<T>* inp, const Same<T>* weight, int B, int T_, int C, int OC);
 
 template <typename T>
+void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, int C, int NH);
+template <typename T>
+void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const Same<T>* out,
+                        const float* lse, int B, int T_, int C, int NH);
+
+template <typename T>
 void gelu_forward(T* out, const Same<T>* inp, size_t N);
 template <typename T>
 void gelu_backward(Same<T>* dinp, const T* inp, const Same<T>* dout, size_t N);
@@ -107,6 +113,8 @@ struct CudaBackend {
   KILN_BACKEND_FORWARD(cuda, layernorm_backward)
   KILN_BACKEND_FORWARD(cuda, matmul_forward)
   KILN_BACKEND_FORWARD(cuda, matmul_backward)
+  KILN_BACKEND_FORWARD(cuda, attention_forward)
+  KILN_BACKEND_FORWARD(cuda, attention_backward)
   KILN_BACKEND_FORWARD(cuda, gelu_forward)
   KILN_BACKEND_FORWARD(cuda, gelu_backward)
   KILN_BACKEND_FORWARD(cuda, residual_forward)
