@@ -4,8 +4,8 @@
 per-word cache. The peer of Kiln's tokenizer in tools/bench/prep.
 
 usage: gpt2_reference_encode.py GPT2_DIR INPUT.txt IDS_OUT
-Writes the ids (space-separated) to IDS_OUT and prints "encode_seconds S" (encoding only, after
-loading the vocabulary).
+Writes the ids (space-separated) to IDS_OUT and prints "encode_seconds WALL CPU" (encoding only,
+after loading the vocabulary).
 """
 import json
 import sys
@@ -89,12 +89,12 @@ def main():
     merges = [tuple(line.split()) for line in lines]
     enc = Encoder(encoder, merges)
     text = open(input_path, "rb").read().decode("utf-8")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ids = enc.encode(text)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     with open(ids_out, "w") as f:
         f.write(" ".join(map(str, ids)) + "\n")
-    print("encode_seconds %.6f" % seconds)
+    print("encode_seconds %.6f %.6f" % (seconds, cpu))
 
 
 if __name__ == "__main__":
