@@ -14,6 +14,7 @@
 #include "common/hash.h"
 #include "dataprep/domain_rules.h"
 #include "dataprep/pretokenize.h"
+#include "dataprep/tokenizer_io.h"
 
 namespace kiln {
 namespace {
@@ -156,8 +157,9 @@ Result<TaggerReport> train_tagger(const TaggerTrainOptions& o) {
   const uint64_t cut = uint64_t(o.holdout * 18446744073709551615.0);
   uint64_t global_line = 0;
   for (const auto& path : o.inputs) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return Status::from_errno("open", path);
+    if (!std::filesystem::is_regular_file(path)) return Status::usage("input not found: " + path);
+    KILN_ASSIGN_OR_RETURN(std::string content, read_maybe_compressed(path));
+    std::istringstream in(std::move(content));
     std::string line;
     uint64_t line_no = 0;
     while (std::getline(in, line)) {

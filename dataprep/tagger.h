@@ -45,7 +45,7 @@ class FastTextTagger {
 };
 
 struct TaggerTrainOptions {
-  std::vector<std::string> inputs;  // labelled JSONL files (plain; "text" and "domain" fields)
+  std::vector<std::string> inputs;  // labelled JSONL ("text", "domain"); .gz/.zst/.xz read too
   std::string output;               // model path; the report goes to output + ".json"
   double holdout = 0.1;             // share of lines held out for the accuracy
   uint64_t seed = 1;                // chooses the held-out lines
