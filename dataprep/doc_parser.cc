@@ -100,7 +100,8 @@ ThreadParser& thread_parser() {
 }
 
 simdjson::error_code parse_padded(ThreadParser& tp, std::string_view line,
-                                  simdjson::dom::element* root) {
+                                  simdjson::dom::element* root, bool in_place = false) {
+  if (in_place) return tp.parser.parse(line.data(), line.size(), false).get(*root);
   tp.padded.resize(line.size() + simdjson::SIMDJSON_PADDING);
   std::memcpy(tp.padded.data(), line.data(), line.size());
   std::memset(tp.padded.data() + line.size(), 0, simdjson::SIMDJSON_PADDING);
@@ -207,7 +208,7 @@ ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, 
   ThreadParser& tp = thread_parser();
   ParseResult result;
   simdjson::dom::element root;
-  simdjson::error_code err = parse_padded(tp, line, &root);
+  simdjson::error_code err = parse_padded(tp, line, &root, options.input_padded);
   if (err == simdjson::UTF8_ERROR || err == simdjson::STRING_ERROR) {
     // Raw invalid UTF-8, or an unpaired surrogate escape.
     std::string_view fixed = line;
@@ -246,7 +247,12 @@ ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, 
       std::string_view text;
       if (value.get_string().get(text) != simdjson::SUCCESS)
         return reject(RejectReason::kTextNotString, "\"text\" is not a string");
-      doc->text.assign(text);
+      if (options.copy_text) {
+        doc->text.assign(text);
+        result.text = doc->text;
+      } else {
+        result.text = text;  // lives in the parser's string buffer until the next parse
+      }
       have_text = true;
     } else if (key == "id") {
       if (value.is_string()) {
@@ -280,7 +286,7 @@ ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, 
     }
   }
   if (!have_text) return reject(RejectReason::kMissingText, "no \"text\" field");
-  if (is_blank(doc->text)) return reject(RejectReason::kEmptyText, "\"text\" is empty");
+  if (is_blank(result.text)) return reject(RejectReason::kEmptyText, "\"text\" is empty");
   if (!have_id) doc->id = id_base + ":" + std::to_string(line_no);
   result.ok = true;
   return result;
@@ -292,12 +298,16 @@ ParseResult parse_text_document(std::string_view content, const std::string& id_
   ThreadParser& tp = thread_parser();
   if (repair_utf8(content, &tp.repaired)) {
     if (!options.repair_utf8) return reject(RejectReason::kInvalidUtf8, "invalid UTF-8 bytes");
-    doc->text = tp.repaired;
+    result.text = tp.repaired;
     result.repaired = true;
   } else {
-    doc->text.assign(content);
+    result.text = content;
   }
-  if (is_blank(doc->text)) return reject(RejectReason::kEmptyText, "the file is empty");
+  if (options.copy_text) {
+    doc->text.assign(result.text);
+    result.text = doc->text;
+  }
+  if (is_blank(result.text)) return reject(RejectReason::kEmptyText, "the file is empty");
   doc->id = id_base;
   doc->source.clear();
   doc->url.clear();

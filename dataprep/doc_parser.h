@@ -37,6 +37,12 @@ struct ParseOptions {
   bool repair_utf8 = true;
   // Fill doc->carried / source / url / domain (the scan pass needs only the text).
   bool want_fields = true;
+  // Copy the text into doc->text. When false, only ParseResult::text is set (a view valid until
+  // the next parse on this thread, or as long as the input for text documents).
+  bool copy_text = true;
+  // The caller guarantees that SIMDJSON_PADDING (64) readable bytes follow a JSONL line, so it is
+  // parsed in place instead of being copied first.
+  bool input_padded = false;
 };
 
 struct ParseResult {
@@ -44,6 +50,7 @@ struct ParseResult {
   RejectReason reason = RejectReason::kInvalidJson;
   std::string detail;     // human-readable, for rejects/
   bool repaired = false;  // UTF-8 was repaired
+  std::string_view text;  // the document's text (see ParseOptions::copy_text)
 };
 
 // Parses a JSONL line. On success fills doc->id, text, and (want_fields) source, url,

@@ -201,6 +201,7 @@ struct RawBatch {
 };
 
 // Reads one input file as batches of raw records (blank JSONL lines are skipped, not counted).
+// RawBatch::data always has 64 readable bytes after its end, so lines parse in place.
 class FileBatcher {
  public:
   static Result<std::unique_ptr<FileBatcher>> open(const Context& c, uint32_t fid);
@@ -216,15 +217,20 @@ class FileBatcher {
   bool done_ = false;
 };
 
-// Parses one raw record into doc (or a reject). Sets doc->index/file/line as well.
+// Parses one raw record into doc (or a reject). Sets doc->index/file/line as well. With
+// copy_text false, doc->text is left alone and only the result's text view is set.
 ParseResult parse_item(const Context& c, const RawBatch& b, const RawItem& it, bool want_fields,
-                       Document* doc);
+                       Document* doc, bool copy_text = true);
 
 // Testing hook for kill -9 tests: when the environment variable KILN_PREP_CRASH_AT is "name" or
 // "name:N", the process kills itself with SIGKILL at that point (the N-th time it is reached).
 // Points: "scan-batch", "scan-unit", "stage-<name>" (after the stage is recorded),
 // "write-doc", "final-removed" (after removed.jsonl, before the manifest).
 void crash_point(const char* name);
+
+// The sample's <key>.json bytes: id, domain, domain_by, source, url (when set), tokens (count) and
+// the carried fields, keys sorted; exactly nlohmann::json::dump() of that object.
+std::string sample_metadata(const Document& doc);
 
 // Files listing, JSON helpers.
 Status make_dirs(const std::string& path);

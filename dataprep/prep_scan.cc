@@ -59,7 +59,7 @@ void process_batch(const Context& c, ScanWork* w) {
   w->table.reserve(w->raw.items.size() * L.bytes);
   for (const RawItem& it : w->raw.items) {
     ++w->stats.docs_in;
-    ParseResult pr = parse_item(c, w->raw, it, /*want_fields=*/false, &s.doc);
+    ParseResult pr = parse_item(c, w->raw, it, /*want_fields=*/false, &s.doc, /*copy_text=*/false);
     if (!pr.ok) {
       ++w->stats.rejected[static_cast<int>(pr.reason)];
       std::string_view excerpt = it.kind == LineEventKind::kLine ? w->raw.text(it) : "";
@@ -67,12 +67,12 @@ void process_batch(const Context& c, ScanWork* w) {
       continue;
     }
     ++w->stats.valid;
-    w->stats.text_bytes += s.doc.text.size();
+    w->stats.text_bytes += pr.text.size();
     w->stats.repaired += pr.repaired;
-    normalize_for_dedup(s.doc.text, nopt, &s.norm);
+    normalize_for_dedup(pr.text, nopt, &s.norm);
     Hash128 h = xxh3_128(s.norm);
     uint64_t docid = make_docid(w->raw.fid, it.ordinal);
-    uint32_t text_bytes = static_cast<uint32_t>(std::min<size_t>(s.doc.text.size(), UINT32_MAX));
+    uint32_t text_bytes = static_cast<uint32_t>(std::min<size_t>(pr.text.size(), UINT32_MAX));
     uint32_t flags = 0;
     if (L.num_perm > 0) {
       shingle_hashes(s.norm, c.opt.ngram, &s.shingles);

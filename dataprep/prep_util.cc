@@ -267,6 +267,7 @@ Result<bool> FileBatcher::next(RawBatch* b) {
       it.length = ev.length;
     }
     b->items.push_back(std::move(it));
+    b->data.reserve(b->data.size() + 64);
     return true;
   }
   while (b->data.size() < kBatchBytes && b->items.size() < kBatchItems) {
@@ -294,11 +295,12 @@ Result<bool> FileBatcher::next(RawBatch* b) {
     }
     b->items.push_back(std::move(it));
   }
+  b->data.reserve(b->data.size() + 64);  // in-place JSON parsing reads past the last line
   return !b->items.empty();
 }
 
 ParseResult parse_item(const Context& c, const RawBatch& b, const RawItem& it, bool want_fields,
-                       Document* doc) {
+                       Document* doc, bool copy_text) {
   const InputFile& f = c.files[b.fid];
   doc->file = f.path;
   doc->line = it.line;
@@ -306,6 +308,8 @@ ParseResult parse_item(const Context& c, const RawBatch& b, const RawItem& it, b
   ParseOptions po;
   po.repair_utf8 = c.opt.repair_utf8;
   po.want_fields = want_fields;
+  po.copy_text = copy_text;
+  po.input_padded = b.data.capacity() >= b.data.size() + 64;
   ParseResult r;
   switch (it.kind) {
     case LineEventKind::kLine:

@@ -18,6 +18,81 @@
 
 namespace kiln::prep {
 namespace fs = std::filesystem;
+// A JSON string exactly as nlohmann::json::dump() writes it (ensure_ascii off): the shards'
+// metadata is written without building a json object for the common case.
+namespace {
+
+void append_json_string(std::string* out, std::string_view v) {
+  out->push_back('"');
+  for (char ch : v) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\b': out->append("\\b"); break;
+      case '\f': out->append("\\f"); break;
+      case '\n': out->append("\\n"); break;
+      case '\r': out->append("\\r"); break;
+      case '\t': out->append("\\t"); break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out->append(buf);
+        } else {
+          out->push_back(ch);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+bool needs_utf8_check(std::string_view v) {
+  for (char ch : v)
+    if (static_cast<unsigned char>(ch) >= 0x80) return true;
+  return false;
+}
+
+// The sample's <key>.json: id, domain, domain_by, source, url (when set), tokens, and the carried
+// fields, keys sorted (nlohmann's order), byte-identical to dumping the equivalent json object.
+}  // namespace
+
+std::string sample_metadata(const Document& doc) {
+  const bool simple = (!doc.carried.is_object() || doc.carried.empty()) &&
+                      !(needs_utf8_check(doc.id) && !is_valid_utf8(doc.id)) &&
+                      !(needs_utf8_check(doc.source) && !is_valid_utf8(doc.source)) &&
+                      !(needs_utf8_check(doc.url) && !is_valid_utf8(doc.url)) &&
+                      !(needs_utf8_check(doc.domain_by) && !is_valid_utf8(doc.domain_by));
+  if (!simple) {
+    nlohmann::json meta = doc.carried.is_object() ? doc.carried : nlohmann::json::object();
+    meta["id"] = doc.id;
+    meta["domain"] = doc.domain;
+    meta["domain_by"] = doc.domain_by;
+    meta["source"] = doc.source;
+    if (!doc.url.empty()) meta["url"] = doc.url;
+    meta["tokens"] = doc.tokens.size();
+    return meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  std::string out;
+  out.reserve(96 + doc.id.size() + doc.source.size() + doc.url.size());
+  out.append("{\"domain\":");
+  append_json_string(&out, doc.domain);
+  out.append(",\"domain_by\":");
+  append_json_string(&out, doc.domain_by);
+  out.append(",\"id\":");
+  append_json_string(&out, doc.id);
+  out.append(",\"source\":");
+  append_json_string(&out, doc.source);
+  out.append(",\"tokens\":");
+  out.append(std::to_string(doc.tokens.size()));
+  if (!doc.url.empty()) {
+    out.append(",\"url\":");
+    append_json_string(&out, doc.url);
+  }
+  out.push_back('}');
+  return out;
+}
+
 namespace {
 
 // Runs proc (parallel, one batch at a time) and then out (serial, in input order) over every
@@ -341,16 +416,9 @@ Status write_stage(Context& c) {
           o.tokens = doc.tokens.size();
           o.bytes = doc.text.size();
           o.sample.key = sample_key(doc.index);
-          nlohmann::json meta = doc.carried.is_object() ? doc.carried : nlohmann::json::object();
-          meta["id"] = doc.id;
-          meta["domain"] = doc.domain;
-          meta["domain_by"] = doc.domain_by;
-          meta["source"] = doc.source;
-          if (!doc.url.empty()) meta["url"] = doc.url;
-          meta["tokens"] = doc.tokens.size();
+          std::string meta = sample_metadata(doc);
           o.sample.members.push_back({"txt", std::move(doc.text)});
-          o.sample.members.push_back(
-              {"json", meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
+          o.sample.members.push_back({"json", std::move(meta)});
           if (!doc.tokens.empty())
             o.sample.members.push_back({"tokens.npy", npy_encode(doc.tokens, token_dtype)});
           w.outs.push_back(std::move(o));

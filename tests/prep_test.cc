@@ -8,6 +8,7 @@
 #include "comm/comm.h"
 #include "common/manifest.h"
 #include "common/shard.h"
+#include "dataprep/prep_internal.h"
 #include "tests/prep_test_util.h"
 
 namespace kiln {
@@ -45,6 +46,39 @@ Result<PrepResult> prep(const std::string& in, const std::string& out,
 
 std::string line(const std::string& text, const std::string& extra = "") {
   return "{\"text\": " + nlohmann::json(text).dump() + extra + "}\n";
+}
+
+// The hand-written sample metadata is byte-identical to nlohmann's dump of the same object.
+TEST(Prep, SampleMetadataMatchesJsonDump) {
+  std::mt19937 rng(3);
+  const std::vector<std::string> pool = {"a", "\"", "\\", "/", "\n", "\t", "\x01", "\x1f", "\x7f",
+                                         "\xC3\xA9", "\xE4\xBD\xA0", "\xF0\x9F\x98\x80", " ",
+                                         "\xff", "\b", "\f", "\r"};
+  auto random_string = [&] {
+    std::string s;
+    for (int i = static_cast<int>(rng() % 8); i > 0; --i) s += pool[rng() % pool.size()];
+    return s;
+  };
+  for (int iter = 0; iter < 3000; ++iter) {
+    Document d;
+    d.id = random_string();
+    d.domain = "web";
+    d.domain_by = iter % 2 ? "default" : "rule:" + random_string();
+    d.source = random_string();
+    d.url = iter % 3 ? "" : random_string();
+    d.tokens.resize(rng() % 5);
+    if (iter % 7 == 0) d.carried["meta"] = {{"k", random_string()}};
+    if (iter % 11 == 0) d.carried["zz"] = 5;
+    nlohmann::json j = d.carried;
+    j["id"] = d.id;
+    j["domain"] = d.domain;
+    j["domain_by"] = d.domain_by;
+    j["source"] = d.source;
+    if (!d.url.empty()) j["url"] = d.url;
+    j["tokens"] = d.tokens.size();
+    ASSERT_EQ(prep::sample_metadata(d),
+              j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  }
 }
 
 TEST(Prep, EveryBadInputHasItsReasonAndNothingIsLost) {

@@ -54,7 +54,7 @@ struct Args {
   uint64_t sig_bytes = uint64_t{96} << 20;
   uint64_t ref_bytes = uint64_t{16} << 20;
   int threads = 0;
-  std::string memory = "1G";
+  std::string memory = "64M";
   bool skip_prep = false;
 };
 
@@ -311,12 +311,19 @@ struct PrepRun {
   int rc = -1;
 };
 
-PrepRun run_kiln_prep(const Args& a, const std::vector<std::string>& inputs, const std::string& out) {
+PrepRun run_kiln_prep(const Args& a, const std::vector<std::string>& inputs, const std::string& out,
+                      bool tagging) {
   PrepRun r;
   for (const auto& f : inputs) r.input_bytes += fs::file_size(f);
   std::vector<std::string> argv = {a.kiln, "prep", "--output", out, "--overwrite", "--tokenizer",
                                    "none", "--memory", a.memory, "--threads",
-                                   std::to_string(a.threads), "--input"};
+                                   std::to_string(a.threads)};
+  if (!tagging) {  // no domain rules: every document gets the default domain
+    std::ofstream(a.dir + "/no-rules.yaml") << "rules: []\n";
+    argv.push_back("--set");
+    argv.push_back("domains.rules=" + a.dir + "/no-rules.yaml");
+  }
+  argv.push_back("--input");
   for (const auto& f : inputs) argv.push_back(f);
   auto t0 = Clock::now();
   std::fflush(stdout);
@@ -552,25 +559,37 @@ int main(int argc, char** argv) {
   // 3. whole prep
   if (!a.skip_prep) {
     std::vector<std::string> quarter(files.begin(), files.begin() + std::max<size_t>(1, files.size() / 4));
-    for (auto* set : {&quarter, &files}) {
-      std::string out = a.dir + (set == &files ? "/out-full" : "/out-quarter");
-      PrepRun r = run_kiln_prep(a, *set, out);
+    struct Case {
+      const std::vector<std::string>* inputs;
+      bool tagging;
+      const char* name;
+    };
+    // "read, dedup, shards" (the domain rules off) on a quarter and on all of the corpus with the
+    // same --memory (peak memory must stay flat), then the default prep with domain tagging.
+    const Case cases[] = {{&quarter, false, "out-quarter"},
+                          {&files, false, "out-full"},
+                          {&files, true, "out-full-tagged"}};
+    for (const Case& k : cases) {
+      std::string out = a.dir + "/" + k.name;
+      PrepRun r = run_kiln_prep(a, *k.inputs, out, k.tagging);
       if (r.rc != 0) {
         std::printf("kiln prep failed (exit %d); see %s.log\n", r.rc, out.c_str());
         return 1;
       }
       auto stats = nlohmann::json::parse(std::ifstream(out + "/stats.json"));
-      std::printf("kiln prep on %.1f MiB (%zu files, --memory %s, %d threads): %.1fs wall, %.1f MB/s = "
-                  "%.1f MB/s per core (%.1f MB per CPU-second), %.0f docs/s per core; peak RSS %.0f "
-                  "MiB; docs in %llu, out %llu, exact %llu, near %llu; stages %s\n",
-                  r.input_bytes / 1048576.0, set->size(), a.memory.c_str(), cores, r.wall,
-                  r.input_bytes / 1e6 / r.wall, r.input_bytes / 1e6 / r.wall / cores,
-                  r.input_bytes / 1e6 / r.cpu,
-                  stats["docs_in"].get<double>() / r.wall / cores, r.maxrss_kb / 1024.0,
+      std::printf("kiln prep%s on %.1f MiB (%zu files, --memory %s, %d threads): %.1fs wall, "
+                  "%.1f MB/s = %.1f MB/s per core; %.1f MB per CPU-second (%.1fs cpu), %.0f docs "
+                  "per CPU-second; peak RSS %.0f MiB; docs in %llu, out %llu, exact %llu, near "
+                  "%llu; stage wall times %s\n",
+                  k.tagging ? " (with domain tagging)" : "", r.input_bytes / 1048576.0,
+                  k.inputs->size(), a.memory.c_str(), cores, r.wall, r.input_bytes / 1e6 / r.wall,
+                  r.input_bytes / 1e6 / r.wall / cores, r.input_bytes / 1e6 / r.cpu, r.cpu,
+                  stats["docs_in"].get<double>() / r.cpu, r.maxrss_kb / 1024.0,
                   (unsigned long long)stats["docs_in"], (unsigned long long)stats["docs_out"],
                   (unsigned long long)stats["exact_dups"], (unsigned long long)stats["near_dups"],
                   stats["timings_s"].dump().c_str());
-      if (set == &files) quality(a.dir, out);
+      std::fflush(stdout);
+      if (std::string(k.name) == "out-full") quality(a.dir, out);
     }
   }
   return 0;
