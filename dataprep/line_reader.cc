@@ -1,6 +1,7 @@
 #include "dataprep/line_reader.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -55,7 +56,7 @@ class PlainSource final : public ByteSource {
 
 class GzipSource final : public ByteSource {
  public:
-  GzipSource() : in_(kChunk) {
+  GzipSource() : in_(size_t{128} << 10) {
     std::memset(&zs_, 0, sizeof zs_);
     inflateInit2(&zs_, 15 + 32);  // gzip or zlib header
   }
@@ -187,7 +188,14 @@ Result<std::unique_ptr<LineReader>> LineReader::open(const std::string& path,
   r->source_ = std::move(src);
   r->path_ = path;
   r->max_line_ = max_line_bytes < 1 ? 1 : max_line_bytes;
-  r->buf_.resize(std::min<size_t>(r->max_line_, 4 * kChunk) + kChunk);
+  // Start small (many inputs are small files) and grow up to max_line + one chunk.
+  size_t initial = size_t{256} << 10;
+  if (compression == InputCompression::kNone) {
+    struct stat st;
+    if (::fstat(r->source_->fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) + 64 < initial)
+      initial = static_cast<size_t>(st.st_size) + 64;
+  }
+  r->buf_.resize(std::min(initial, r->max_line_ + kChunk + 1));
   return r;
 }
 
@@ -200,8 +208,9 @@ Result<LineReader::Fill> LineReader::fill() {
     end_ -= start_;
     start_ = 0;
   }
-  if (buf_.size() - end_ < kChunk / 4 && buf_.size() < max_line_ + kChunk + 1) {
-    buf_.resize(std::min(buf_.size() * 2, max_line_ + kChunk + 1));
+  if (buf_.size() - end_ < std::min(buf_.size() / 2, kChunk / 4) &&
+      buf_.size() < max_line_ + kChunk + 1) {
+    buf_.resize(std::min(std::max(buf_.size() * 2, size_t{4096}), max_line_ + kChunk + 1));
   }
   size_t n = 0;
   ByteSource::State state;

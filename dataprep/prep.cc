@@ -490,6 +490,20 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
   auto files = discover_inputs(c.opt.inputs);
   KILN_RETURN_IF_ERROR(comm::agree(g, files.is_ok() ? Status::ok() : files.status()));
   c.files = std::move(*files);
+  {
+    // An output folder inside an input folder is not input (its rejects/ and removed.jsonl
+    // would be read back on the next run).
+    std::error_code ec;
+    fs::path out_abs = fs::weakly_canonical(fs::absolute(c.out, ec), ec);
+    std::string prefix = out_abs.string() + "/";
+    std::vector<InputFile> kept;
+    for (auto& f : c.files) {
+      std::string abs = fs::weakly_canonical(fs::absolute(f.path, ec), ec).string();
+      if (abs.rfind(prefix, 0) != 0) kept.push_back(std::move(f));
+    }
+    c.files = std::move(kept);
+    if (c.files.empty()) return Status::usage("the inputs hold no files (outside --output)");
+  }
   if (c.files.size() >= (size_t{1} << 24))
     return Status::usage("too many input files (" + std::to_string(c.files.size()) +
                          "); at most 16777215");

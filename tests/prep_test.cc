@@ -279,6 +279,23 @@ TEST(Prep, TextFoldersGlobsAndCompressedInputs) {
   EXPECT_EQ(ids, (std::set<std::string>{"readme.txt", "sub/notes.md", "g1", "data2:1", "x:1"}));
 }
 
+TEST(Prep, OutputInsideTheInputFolderIsNotRead) {
+  TempDir tmp("prep_nested");
+  write_file(tmp / "data/a.jsonl", line("one document about nesting folders"));
+  for (int run = 0; run < 2; ++run) {
+    auto r = prep(tmp / "data", tmp / "data/out", {run ? "dedup.ngram=4" : "dedup.ngram=5"});
+    if (run == 1) {
+      ASSERT_FALSE(r.is_ok());  // a different setting: refused, not resumed from wrong inputs
+      continue;
+    }
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(r->docs_in, 1u);
+  }
+  auto again = prep(tmp / "data", tmp / "data/out", {"dedup.ngram=5"});
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_TRUE(again->already_complete);
+}
+
 TEST(Prep, RefusesForeignOutputAndOverwrites) {
   TempDir tmp("prep_over");
   write_file(tmp / "in/a.jsonl", line("some text for the dataset here"));
