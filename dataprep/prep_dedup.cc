@@ -220,8 +220,10 @@ Status read_signatures(const Context& c, const std::vector<uint64_t>& want,
 // signatures from the documents' home ranks in batches that fit the memory budget.
 Result<std::vector<double>> pair_similarities(Context& c, const std::vector<Pair>& pairs) {
   const int np = c.layout.num_perm;
+  // A fetched signature is held about four times over (table read, reply buffers, received
+  // copy, lookup map): a batch's documents take ~1/4 of the budget.
   const size_t cap_docs =
-      std::max<size_t>(256, c.opt.memory_bytes / 4 / (static_cast<size_t>(np) * 8 + 64));
+      std::max<size_t>(256, c.opt.memory_bytes / 16 / (static_cast<size_t>(np) * 8 + 64));
   // Batch boundaries: consecutive pairs whose distinct documents fit cap_docs.
   std::vector<size_t> bounds{0};
   {
