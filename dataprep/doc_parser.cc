@@ -236,6 +236,7 @@ ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, 
     return reject(RejectReason::kNotObject, "the line is JSON but not an object");
 
   bool have_text = false, have_id = false;
+  doc->id_is_number = false;
   doc->source.clear();
   doc->url.clear();
   doc->input_domain.clear();
@@ -260,7 +261,13 @@ ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, 
         doc->id.assign(sv);
         have_id = !sv.empty();
       } else if (value.is_number()) {
-        doc->id = simdjson::minify(value);
+        // Canonical JSON text (as nlohmann writes it, so readers that re-dump get the same).
+        int64_t i;
+        uint64_t u;
+        if (value.get_int64().get(i) == simdjson::SUCCESS) doc->id = std::to_string(i);
+        else if (value.get_uint64().get(u) == simdjson::SUCCESS) doc->id = std::to_string(u);
+        else doc->id = nlohmann::json(value.get_double().value_unsafe()).dump();
+        doc->id_is_number = true;
         have_id = true;
       } else if (!value.is_null()) {
         return reject(RejectReason::kBadField, "\"id\" must be a string or a number");
@@ -309,6 +316,7 @@ ParseResult parse_text_document(std::string_view content, const std::string& id_
   }
   if (is_blank(result.text)) return reject(RejectReason::kEmptyText, "the file is empty");
   doc->id = id_base;
+  doc->id_is_number = false;
   doc->source.clear();
   doc->url.clear();
   doc->input_domain.clear();

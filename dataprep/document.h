@@ -14,6 +14,8 @@ struct Document {
   // Position in the deterministic global order: inputs sorted by path, then line (0-based).
   uint64_t index = 0;
   std::string id;            // input "id", else "<file stem>:<line>" (text folders: relative path)
+  bool id_is_number = false;  // the input "id" was a JSON number: `id` is its JSON text, and
+                              // the sample's .json writes it back as a number
   std::string text;          // the original text (after optional UTF-8 repair); never normalised
   std::string source;        // input "source" or ""
   std::string url;           // input "url" or ""

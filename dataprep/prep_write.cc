@@ -65,7 +65,7 @@ std::string sample_metadata(const Document& doc) {
                       !(needs_utf8_check(doc.domain_by) && !is_valid_utf8(doc.domain_by));
   if (!simple) {
     nlohmann::json meta = doc.carried.is_object() ? doc.carried : nlohmann::json::object();
-    meta["id"] = doc.id;
+    meta["id"] = doc.id_is_number ? nlohmann::json::parse(doc.id) : nlohmann::json(doc.id);
     meta["domain"] = doc.domain;
     meta["domain_by"] = doc.domain_by;
     meta["source"] = doc.source;
@@ -80,7 +80,8 @@ std::string sample_metadata(const Document& doc) {
   out.append(",\"domain_by\":");
   append_json_string(&out, doc.domain_by);
   out.append(",\"id\":");
-  append_json_string(&out, doc.id);
+  if (doc.id_is_number) out.append(doc.id);  // a number stays a number (canonical JSON text)
+  else append_json_string(&out, doc.id);
   out.append(",\"source\":");
   append_json_string(&out, doc.source);
   out.append(",\"tokens\":");

@@ -30,6 +30,38 @@ TEST(DocParser, FieldsAndCarried) {
   EXPECT_EQ(d.source, "");
 }
 
+// DESIGN.md "Corpus input": id is a string or a number; a number must stay a number downstream.
+TEST(DocParser, NumericIdsAreMarkedAndCanonical) {
+  Document d;
+  ASSERT_TRUE(parse(R"({"text":"a","id":291})", &d).ok);
+  EXPECT_EQ(d.id, "291");
+  EXPECT_TRUE(d.id_is_number);
+  ASSERT_TRUE(parse(R"({"text":"a","id":-7})", &d).ok);
+  EXPECT_EQ(d.id, "-7");
+  EXPECT_TRUE(d.id_is_number);
+  ASSERT_TRUE(parse(R"({"text":"a","id":18446744073709551615})", &d).ok);
+  EXPECT_EQ(d.id, "18446744073709551615");
+  EXPECT_TRUE(d.id_is_number);
+  ASSERT_TRUE(parse(R"({"text":"a","id":1.5})", &d).ok);
+  EXPECT_EQ(d.id, "1.5");
+  EXPECT_TRUE(d.id_is_number);
+  ASSERT_TRUE(parse(R"({"text":"a","id":1E20})", &d).ok);
+  EXPECT_EQ(d.id, nlohmann::json(1e20).dump());  // as nlohmann writes it
+  EXPECT_TRUE(d.id_is_number);
+  // The flag is reset for every document (the Document is reused).
+  ASSERT_TRUE(parse(R"({"text":"a","id":"291"})", &d).ok);
+  EXPECT_EQ(d.id, "291");
+  EXPECT_FALSE(d.id_is_number);
+  ASSERT_TRUE(parse(R"({"text":"a","id":5})", &d).ok);
+  ASSERT_TRUE(parse(R"({"text":"a"})", &d).ok);
+  EXPECT_EQ(d.id, "stem:7");
+  EXPECT_FALSE(d.id_is_number);
+  ASSERT_TRUE(parse(R"({"text":"a","id":5})", &d).ok);
+  ParseOptions o;
+  ASSERT_TRUE(parse_text_document("body", "dir/5", o, &d).ok);
+  EXPECT_FALSE(d.id_is_number);
+}
+
 TEST(DocParser, RejectReasons) {
   Document d;
   auto reason = [&](const std::string& line, bool repair = true) {

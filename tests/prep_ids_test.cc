@@ -1,0 +1,132 @@
+// Input ids end to end (DESIGN.md "Corpus input", "Shard samples", `kiln stream`): a numeric
+// input "id" stays a JSON number in the sample's <key>.json and in `kiln stream`'s "samples";
+// string ids stay strings; a missing id becomes "<file stem>:<line>". Runs the real binary.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+
+#include "common/manifest.h"
+#include "common/shard.h"
+#include "dataprep/prep_internal.h"
+#include "tests/prep_test_util.h"
+
+namespace kiln {
+namespace {
+
+using nlohmann::json;
+using testing_prep::TempDir;
+
+// "string", "integer" or "float" (nlohmann splits integers into signed and unsigned).
+std::string kind(const json& j) {
+  return j.is_string() ? "string" : j.is_number_integer() ? "integer"
+                                      : j.is_number_float() ? "float" : j.type_name();
+}
+
+int run(const std::string& args, std::string* out) {
+  FILE* p = popen((std::string(KILN_BINARY) + " " + args + " 2>/dev/null").c_str(), "r");
+  if (!p) return -1;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Both ways of writing <key>.json (the fast one, and nlohmann's when fields are carried) keep a
+// numeric id a number, byte-identical to nlohmann's dump.
+TEST(PrepIds, SampleMetadataWritesNumericIdsAsNumbers) {
+  for (const char* id : {"291", "-7", "1.5", "18446744073709551615", "1e+20"}) {
+    for (bool carried : {false, true}) {
+      Document d;
+      d.id = id;
+      d.id_is_number = true;
+      d.domain = "web";
+      d.domain_by = "default";
+      d.tokens.resize(3);
+      if (carried) d.carried["meta"] = {{"k", 1}};
+      json j = d.carried;
+      j["id"] = json::parse(id);
+      j["domain"] = "web";
+      j["domain_by"] = "default";
+      j["source"] = "";
+      j["tokens"] = 3;
+      EXPECT_EQ(prep::sample_metadata(d), j.dump()) << id;
+      EXPECT_TRUE(json::parse(prep::sample_metadata(d))["id"].is_number()) << id;
+    }
+  }
+  Document d;
+  d.id = "291";
+  d.domain = "web";
+  EXPECT_TRUE(json::parse(prep::sample_metadata(d))["id"].is_string());
+}
+
+TEST(PrepIds, NumericIdsStayNumbersInShardsAndStream) {
+  TempDir tmp("prep_ids");
+  // Distinct texts (no duplicates), so every document is written.
+  const char* words[] = {"river", "stone", "cloud", "paper", "light", "water", "amber", "delta"};
+  auto text = [&](int i) {
+    std::string t;
+    for (int k = 0; k < 40; ++k) t += std::string(words[(i * 7 + k * k + k * i) % 8]) + " ";
+    return t + std::to_string(i);
+  };
+  std::string lines;
+  std::map<std::string, json> expected;  // text -> expected id
+  const json ids[] = {291, "291", -7, 1.5, 18446744073709551615ull, "doc-a", nullptr};
+  for (int i = 0; i < 7; ++i) {
+    json l = {{"text", text(i)}};
+    if (!ids[i].is_null()) l["id"] = ids[i];
+    lines += l.dump() + "\n";
+    expected[text(i)] = ids[i].is_null() ? json("corpus:" + std::to_string(i + 1)) : ids[i];
+  }
+  testing_prep::write_file(tmp / "in/corpus.jsonl", lines);
+  std::string out;
+  ASSERT_EQ(run("prep --input " + tmp / "in" + " --output " + tmp / "out" +
+                    " --vocab-size 300 --threads 1",
+                &out),
+            0);
+
+  auto manifest = read_manifest(tmp / "out/manifest.json");
+  ASSERT_TRUE(manifest.is_ok()) << manifest.status().to_string();
+  std::set<std::string> stream_ids_expected;
+  size_t seen = 0;
+  for (const auto& sh : manifest->shards) {
+    auto samples = ShardReader::read_all(tmp / "out/" + sh.path);
+    ASSERT_TRUE(samples.is_ok()) << samples.status().to_string();
+    for (const ShardSample& s : *samples) {
+      const ShardMember* t = s.find("txt");
+      const ShardMember* j = s.find("json");
+      ASSERT_TRUE(t && j);
+      json meta = json::parse(j->data);
+      ASSERT_TRUE(expected.count(t->data));
+      const json& want = expected[t->data];
+      EXPECT_EQ(kind(meta["id"]), kind(want)) << j->data;
+      EXPECT_EQ(meta["id"], want) << j->data;
+      stream_ids_expected.insert(want.dump());
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, expected.size());
+
+  // kiln stream prints the same ids, with the same JSON types.
+  out.clear();
+  ASSERT_EQ(run("stream " + tmp / "out" + " --steps 40 --seq-len 16 --micro-batch 2", &out), 0);
+  std::set<std::string> streamed;
+  size_t at = 0;
+  while (at < out.size()) {
+    size_t nl = out.find('\n', at);
+    if (nl == std::string::npos) nl = out.size();
+    json l = json::parse(out.substr(at, nl - at));
+    for (const json& id : l["samples"]) streamed.insert(id.dump());
+    at = nl + 1;
+  }
+  EXPECT_EQ(streamed, stream_ids_expected);
+}
+
+}  // namespace
+}  // namespace kiln
