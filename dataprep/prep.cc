@@ -416,7 +416,7 @@ Status final_stage(Context& c, std::string* summary) {
                             " != docs_out + exact_dups + near_dups + rejected = " +
                             std::to_string(accounted));
     // removed.jsonl
-    std::unordered_map<uint64_t, std::string> ids;
+    std::unordered_map<uint64_t, nlohmann::json> ids;
     for (const auto& w : results)
       for (const auto& [docid, id] : w.ids) ids[docid] = id;
     std::string removed;
@@ -432,8 +432,10 @@ Status final_stage(Context& c, std::string* summary) {
       j["kept"] = b->second;
       j["similarity"] = std::round(e.similarity * 1e4) / 1e4;
       if (!e.exact && examples.size() < 3)
-        examples.push_back("\"" + a->second + "\" is a near copy of \"" + b->second +
-                           "\" (similarity " + fmt("%.2f", e.similarity) + ")");
+        examples.push_back(a->second.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                           " is a near copy of " +
+                           b->second.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                           " (similarity " + fmt("%.2f", e.similarity) + ")");
       removed += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     }
     if (st.is_ok()) st = write_file_atomic(c.out + "/dedup/removed.jsonl", removed);

@@ -123,7 +123,8 @@ struct WrittenShard {
 struct WriteResult {
   std::vector<WrittenShard> shards;
   std::map<std::string, DomainStats> domains;
-  std::vector<std::pair<uint64_t, std::string>> ids;  // docid -> id of removed docs and their kept
+  // docid -> input id (a JSON string or number) of removed docs and their kept
+  std::vector<std::pair<uint64_t, nlohmann::json>> ids;
   uint64_t docs_out = 0;
   nlohmann::json to_json() const;
   static WriteResult from_json(const nlohmann::json& j);

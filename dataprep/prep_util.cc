@@ -125,7 +125,7 @@ WriteResult WriteResult::from_json(const nlohmann::json& j) {
     ds.domain_by = d.at("domain_by").get<std::map<std::string, uint64_t>>();
     w.domains[name] = ds;
   }
-  for (const auto& p : j.at("ids")) w.ids.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<std::string>());
+  for (const auto& p : j.at("ids")) w.ids.emplace_back(p.at(0).get<uint64_t>(), p.at(1));
   return w;
 }
 

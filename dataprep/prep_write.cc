@@ -353,7 +353,7 @@ Status write_stage(Context& c) {
   struct Work {
     RawBatch raw;
     std::vector<Out> outs;
-    std::vector<std::pair<uint64_t, std::string>> ids;
+    std::vector<std::pair<uint64_t, nlohmann::json>> ids;
   };
   uint64_t to_write = 0;
   for (uint32_t f = c.my_first_file(); f < c.my_last_file(); ++f) to_write += c.file_stats[f].valid;
@@ -402,7 +402,9 @@ Status write_stage(Context& c) {
           const bool want_id = std::binary_search(wanted.begin(), wanted.end(), docid);
           if (removed && !want_id) continue;
           if (!parse_item(c, w.raw, it, /*want_fields=*/!removed, &doc).ok) continue;
-          if (want_id) w.ids.emplace_back(docid, doc.id);
+          if (want_id)  // a numeric input id stays a number in removed.jsonl
+            w.ids.emplace_back(docid, doc.id_is_number ? nlohmann::json::parse(doc.id)
+                                                       : nlohmann::json(doc.id));
           if (removed) continue;
           doc.domain.clear();
           doc.domain_by.clear();

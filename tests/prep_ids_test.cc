@@ -84,12 +84,24 @@ TEST(PrepIds, NumericIdsStayNumbersInShardsAndStream) {
     lines += l.dump() + "\n";
     expected[text(i)] = ids[i].is_null() ? json("corpus:" + std::to_string(i + 1)) : ids[i];
   }
+  // Exact copies: removed.jsonl names them and their kept documents with the input's types.
+  lines += json({{"text", text(0)}, {"id", 77}}).dump() + "\n";
+  lines += json({{"text", text(5)}, {"id", 78.5}}).dump() + "\n";
   testing_prep::write_file(tmp / "in/corpus.jsonl", lines);
   std::string out;
   ASSERT_EQ(run("prep --input " + tmp / "in" + " --output " + tmp / "out" +
                     " --vocab-size 300 --threads 1",
                 &out),
             0);
+
+  std::vector<json> removed;
+  {
+    std::istringstream in(testing_prep::read_text(tmp / "out/dedup/removed.jsonl"));
+    for (std::string l; std::getline(in, l);) removed.push_back(json::parse(l));
+  }
+  ASSERT_EQ(removed.size(), 2u);
+  EXPECT_EQ(removed[0].dump(), R"({"id":77,"kept":291,"similarity":1.0})");
+  EXPECT_EQ(removed[1].dump(), R"({"id":78.5,"kept":"doc-a","similarity":1.0})");
 
   auto manifest = read_manifest(tmp / "out/manifest.json");
   ASSERT_TRUE(manifest.is_ok()) << manifest.status().to_string();
