@@ -75,8 +75,14 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
   o.weights = config.data.mixture;
   o.prefetch_depth = static_cast<int>(config.data.prefetch_depth);
   o.workers = static_cast<int>(config.data.workers);
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::open(std::move(manifest), o));
-  return std::unique_ptr<DataSource>(new LoaderSource(std::move(loader), config.data.manifest));
+  auto loader = Loader::open(std::move(manifest), o);
+  if (!loader.is_ok()) {
+    // The loader names its weights "weights.<domain>"; in a train config they are data.mixture.
+    Status st = std::move(loader).take_status();
+    if (st.key().rfind("weights", 0) == 0) st.with_key("data.mixture" + st.key().substr(7));
+    return st;
+  }
+  return std::unique_ptr<DataSource>(new LoaderSource(std::move(*loader), config.data.manifest));
 }
 
 }  // namespace kiln::engine

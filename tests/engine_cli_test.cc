@@ -165,6 +165,7 @@ TEST_F(EngineCli, ConfigErrorsExitTwo) {
   CliRun mix = kiln("train --set data.manifest=" + manifest_ + " --set data.mixture.nope=1" +
                  " --set run.dir=" + root_ + "/z");
   EXPECT_EQ(mix.exit_code, 2) << mix.output;
+  EXPECT_NE(mix.output.find("data.mixture.nope"), std::string::npos) << mix.output;
 }
 
 // A live weight change between two steps resumes exactly: the loader's weight history and the
