@@ -60,7 +60,15 @@ class LoaderSource final : public DataSource {
 }  // namespace
 
 Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config) {
-  KILN_ASSIGN_OR_RETURN(Manifest manifest, read_manifest(config.data.manifest));
+  auto read = read_manifest(config.data.manifest);
+  if (!read.is_ok()) {
+    // The path came from the config: a missing or unreadable manifest is a config error naming it.
+    if (read.status().code() == StatusCode::kNotFound || read.status().code() == StatusCode::kIo) {
+      return Status::config(read.status().to_string()).with_key("data.manifest");
+    }
+    return std::move(read).take_status();
+  }
+  Manifest manifest = std::move(read).value();
   if (manifest.tokenizer.vocab_size > static_cast<uint64_t>(config.model.vocab_size)) {
     return Status::config("the dataset's tokenizer has " +
                           std::to_string(manifest.tokenizer.vocab_size) +

@@ -101,6 +101,15 @@ DomainWeights normalized(const DomainWeights& weights) {
 MixtureWatcher::MixtureWatcher(std::string run_dir, std::set<std::string> known_domains)
     : path_(mixture_path(run_dir)), known_(std::move(known_domains)) {}
 
+Status MixtureWatcher::publish_if_absent(const DomainWeights& weights) {
+  std::error_code ec;
+  if (fs::exists(path_, ec) || weights.empty()) return Status::ok();
+  const std::string text = mixture_to_json(weights);
+  KILN_RETURN_IF_ERROR(write_file_atomic(path_, text));
+  applied_hash_ = xxh3_64(text) | 1;
+  return Status::ok();
+}
+
 std::optional<DomainWeights> MixtureWatcher::poll() {
   std::error_code ec;
   if (!fs::exists(path_, ec)) return std::nullopt;

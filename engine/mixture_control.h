@@ -40,6 +40,9 @@ class MixtureWatcher {
   // New, valid weights when the file's content changed since the last applied content;
   // nullopt otherwise (no file, unchanged, or bad content — the latter is logged once).
   std::optional<DomainWeights> poll();
+  // When there is no control file yet, writes `weights` (the run's current ones) to it and marks
+  // that content applied, so users find the live weights and the format in RUN/control/.
+  Status publish_if_absent(const DomainWeights& weights);
   // Hash of the last applied content (0: none); saved in checkpoints so a resumed run does not
   // re-apply a file the uninterrupted run had already applied.
   uint64_t applied_hash() const { return applied_hash_; }

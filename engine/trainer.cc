@@ -170,6 +170,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
       KILN_LOG_WARN("--resume: no checkpoint in {}; starting from step 0", config.run.dir);
     }
   }
+  KILN_RETURN_IF_ERROR(t->mixture_->publish_if_absent(normalized(t->data_->weights())));
   // metrics.jsonl: keep the lines up to the step we continue from, then append.
   const std::string metrics_path = (fs::path(config.run.dir) / "metrics.jsonl").string();
   {
@@ -208,6 +209,7 @@ Status Trainer::prepare_run_dir() {
                            "--overwrite, or choose another run.dir");
     }
     fs::remove(dir / "metrics.jsonl", ec);
+    fs::remove(dir / "control" / "mixture.json", ec);
     fs::remove_all(dir / "checkpoints", ec);
     if (ec) return Status::io("cannot clear the old run: " + ec.message()).with_file(dir.string());
   }

@@ -44,3 +44,43 @@ TEST(Cli, UsageErrorsExitTwo) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, MissingPathsAreUsageErrors) {
+  EXPECT_EQ(run_kiln("inspect /no/such/dir").exit_code, 2);
+  EXPECT_EQ(run_kiln("stream /no/such/dir --steps 1").exit_code, 2);
+  auto enc = run_kiln("tokenizer encode --tokenizer /no/such/tok.json < /dev/null");
+  EXPECT_EQ(enc.exit_code, 2) << enc.output;
+  auto train = run_kiln("train --set data.manifest=/no/such/manifest.json --set run.dir=/tmp/kiln_cli_test_run --overwrite");
+  EXPECT_EQ(train.exit_code, 2) << train.output;
+  EXPECT_NE(train.output.find("data.manifest"), std::string::npos) << train.output;
+}
+
+TEST(Cli, UnbuiltPlanSaysSoAndExitsTwo) {
+  auto plan = run_kiln("plan --config x.yaml --world 8");
+  EXPECT_EQ(plan.exit_code, 2);
+  EXPECT_NE(plan.output.find("not built yet"), std::string::npos) << plan.output;
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Cli, UnknownConfigKeyFailsWithExitTwoAndNamesIt) {
+  const std::string cfg = "/tmp/kiln_cli_test_bad_config.yaml";
+  FILE* f = std::fopen(cfg.c_str(), "w");
+  std::fputs("dedup:\n  treshold: 0.7\n", f);
+  std::fclose(f);
+  auto prep = run_kiln("prep --config " + cfg + " --input /tmp --output /tmp/kiln_cli_test_out");
+  EXPECT_EQ(prep.exit_code, 2) << prep.output;
+  EXPECT_NE(prep.output.find("dedup.treshold"), std::string::npos) << prep.output;
+  EXPECT_NE(prep.output.find("did you mean 'dedup.threshold'"), std::string::npos) << prep.output;
+
+  auto train = run_kiln("train --set model.n_layer=2");
+  EXPECT_EQ(train.exit_code, 2) << train.output;
+  EXPECT_NE(train.output.find("model.n_layer"), std::string::npos) << train.output;
+  EXPECT_NE(train.output.find("did you mean 'model.n_layers'"), std::string::npos) << train.output;
+}
+
+}  // namespace

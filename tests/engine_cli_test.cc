@@ -127,7 +127,16 @@ TEST_F(EngineCli, TrainResumeAndRunDirectory) {
   // kiln mix.
   CliRun show = kiln("mix show " + b);
   EXPECT_EQ(show.exit_code, 0) << show.output;
-  EXPECT_NE(show.output.find("no control file"), std::string::npos) << show.output;
+  // The run publishes its starting weights in RUN/control/mixture.json.
+  EXPECT_NE(show.output.find("control file"), std::string::npos) << show.output;
+  {
+    auto published = read_mixture(b);
+    ASSERT_TRUE(published.is_ok() && published->has_value());
+    double sum = 0;
+    for (const auto& [d, v] : **published) sum += v;
+    EXPECT_NEAR(sum, 1.0, 1e-12);
+    EXPECT_TRUE((*published)->count("code") && (*published)->count("prose"));
+  }
   EXPECT_NE(show.output.find("in effect at step 12"), std::string::npos) << show.output;
   CliRun set = kiln("mix set " + b + " code=3 prose=1");
   EXPECT_EQ(set.exit_code, 0) << set.output;

@@ -15,7 +15,8 @@ RunFn add_inspect_command(CLI::App& root) {
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = root.add_subcommand("inspect", "summarise and verify a prepared dataset");
   cmd->add_option("OUT", f->out, "the output folder of kiln prep (or its manifest.json)")
-      ->required();
+      ->required()
+      ->check(CLI::ExistingPath);
   cmd->add_flag("--verify", f->options.verify,
                 "re-check every shard's checksum, every sample, and that every .tokens.npy equals "
                 "the tokenizer's encoding of the .txt; exit 3 on any mismatch");

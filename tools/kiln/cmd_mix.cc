@@ -98,6 +98,9 @@ Status run_show(const MixArgs& args) {
   if (!std::filesystem::is_directory(args.run_dir)) {
     return Status::usage("run directory does not exist: " + args.run_dir);
   }
+  if (!std::filesystem::exists(std::filesystem::path(args.run_dir) / "config.yaml")) {
+    return Status::usage("not a training run directory (no config.yaml): " + args.run_dir);
+  }
   auto file = engine::read_mixture(args.run_dir);
   if (!file.is_ok()) {
     std::printf("control file %s is invalid (the run ignores it): %s\n",

@@ -22,7 +22,8 @@ RunFn add_stream_command(CLI::App& root) {
       "run the loader alone and print what one data-parallel rank sees: one JSON line per "
       "sequence {\"step\",\"rank\",\"domain\",\"samples\":[input ids]}");
   cmd->add_option("OUT", o.dataset, "the output folder of kiln prep (or its manifest.json)")
-      ->required();
+      ->required()
+      ->check(CLI::ExistingPath);
   cmd->add_option("--world", f->world,
                   "data-parallel world size (default: from mpirun's environment, else 1)")
       ->check(CLI::Range(1, 1 << 24));

@@ -121,9 +121,12 @@ Status run_decode(const TokenizerFlags& f) {
 
 void add_use_flags(CLI::App* app, TokenizerFlags* f) {
   app->add_option("--tokenizer", f->tokenizer,
-                  "tokenizer file (Kiln JSON, or a vocab.json with merges.txt beside it)");
-  app->add_option("--vocab", f->vocab, "GPT-2 style vocab.json (with --merges)");
-  app->add_option("--merges", f->merges, "GPT-2 style merges.txt (with --vocab)");
+                  "tokenizer file (Kiln JSON, or a vocab.json with merges.txt beside it)")
+      ->check(CLI::ExistingFile);
+  app->add_option("--vocab", f->vocab, "GPT-2 style vocab.json (with --merges)")
+      ->check(CLI::ExistingFile);
+  app->add_option("--merges", f->merges, "GPT-2 style merges.txt (with --vocab)")
+      ->check(CLI::ExistingFile);
 }
 
 }  // namespace
