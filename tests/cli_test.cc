@@ -1,27 +1,14 @@
 // The `kiln` front end as a user runs it: help everywhere, version, exit codes.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <string>
 
+#include "tests/kiln_cli.h"
+
 namespace {
 
-struct Run {
-  int exit_code;
-  std::string output;
-};
-
-Run run_kiln(const std::string& args) {
-  std::string cmd = std::string(KILN_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+using kiln::testing_cli::run_kiln;
 
 TEST(Cli, HelpAndVersion) {
   auto help = run_kiln("--help");

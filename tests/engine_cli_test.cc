@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/kiln_cli.h"
 #include "engine/mixture_control.h"
 #include "engine/rng.h"
 #include "engine/train_config.h"
@@ -21,21 +22,9 @@ namespace kiln::engine {
 namespace {
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int exit_code;
-  std::string output;
-};
+using testing_cli::CliRun;
 
-CliRun kiln(const std::string& args) {
-  std::string cmd = std::string(KILN_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+CliRun kiln(const std::string& args) { return testing_cli::run_kiln(args); }
 
 std::vector<nlohmann::json> metrics(const std::string& dir) {
   std::ifstream in(fs::path(dir) / "metrics.jsonl");

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <set>
 
+#include "tests/kiln_cli.h"
 #include "common/atomic_file.h"
 #include "loader/stream.h"
 #include "tests/loader_testutil.h"
@@ -30,27 +31,9 @@ const Dataset& dataset() {
   return *ds;
 }
 
-struct CliRun {
-  int code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using testing_cli::CliRun;
 
-CliRun kiln(const std::string& args) {
-  const std::string err_file = testing::test_tmpdir("stderr.txt");
-  const std::string cmd = std::string(KILN_BINARY) + " " + args + " 2>" + err_file;
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  KILN_CHECK(p != nullptr);
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  auto e = read_file(err_file);
-  if (e.is_ok()) r.err = *e;
-  return r;
-}
+CliRun kiln(const std::string& args) { return testing_cli::run_kiln(args); }
 
 std::vector<json> lines(const std::string& text) {
   std::vector<json> out;
@@ -74,7 +57,7 @@ TEST(KilnStream, PrintsOneLinePerSequenceWithTheDocumentIds) {
   for (int r = 0; r < 3; ++r) {
     CliRun run = kiln("stream " + ds.dir + " --world 3 --rank " + std::to_string(r) +
                    " --steps 12" + kCommon + "--weights alpha=3,beta=1");
-    ASSERT_EQ(run.code, 0) << run.err;
+    ASSERT_EQ(run.exit_code, 0) << run.err;
     ranks.push_back(lines(run.out));
     ASSERT_EQ(ranks.back().size(), 48u);
   }
@@ -105,7 +88,7 @@ TEST(KilnStream, NumericIdsStayNumbers) {
   auto ds = testing::make_dataset(testing::test_tmpdir("numeric"), spec);
   ASSERT_TRUE(ds.is_ok());
   CliRun run = kiln("stream " + ds->dir + "/manifest.json --steps 2" + kCommon);
-  ASSERT_EQ(run.code, 0) << run.err;
+  ASSERT_EQ(run.exit_code, 0) << run.err;
   for (const json& l : lines(run.out)) {
     for (const json& id : l["samples"]) EXPECT_TRUE(id.is_number_integer()) << l.dump();
   }
@@ -117,20 +100,20 @@ TEST(KilnStream, StateOutThenStateInContinuesExactly) {
   std::filesystem::create_directories(dir);
   const std::string w = " --weights alpha=1,beta=1";
   CliRun full = kiln("stream " + ds.dir + " --world 2 --rank 1 --steps 30" + kCommon + w);
-  ASSERT_EQ(full.code, 0) << full.err;
+  ASSERT_EQ(full.exit_code, 0) << full.err;
   CliRun first = kiln("stream " + ds.dir + " --world 2 --rank 1 --steps 18" + kCommon + w +
                    " --state-out " + dir + "/s-{rank}.json");
-  ASSERT_EQ(first.code, 0) << first.err;
+  ASSERT_EQ(first.exit_code, 0) << first.err;
   ASSERT_TRUE(std::filesystem::exists(dir + "/s-1.json"));
   CliRun rest = kiln("stream " + ds.dir + " --world 2 --rank 1 --steps 12" + kCommon +
                   " --state-in " + dir + "/s-1.json");
-  ASSERT_EQ(rest.code, 0) << rest.err;
+  ASSERT_EQ(rest.exit_code, 0) << rest.err;
   EXPECT_EQ(first.out + rest.out, full.out);
 
   // A new weight on resume is applied from the next step (and the state's are replaced).
   CliRun reweighted = kiln("stream " + ds.dir + " --world 2 --rank 1 --steps 12" + kCommon +
                         " --weights beta=1 --state-in " + dir + "/s-1.json");
-  ASSERT_EQ(reweighted.code, 0) << reweighted.err;
+  ASSERT_EQ(reweighted.exit_code, 0) << reweighted.err;
   for (const json& l : lines(reweighted.out)) EXPECT_EQ(l["domain"], "beta");
 }
 
@@ -143,18 +126,18 @@ TEST(KilnStream, WorldSizeChangeFromAllRanksStates) {
   for (int r = 0; r < 4; ++r) {
     CliRun run = kiln("stream " + ds.dir + " --world 4 --rank " + std::to_string(r) + " --steps 3" +
                    kCommon + "--state-out " + dir + "/s-{rank}.json");
-    ASSERT_EQ(run.code, 0) << run.err;
+    ASSERT_EQ(run.exit_code, 0) << run.err;
     states += " " + dir + "/s-" + std::to_string(r) + ".json";
   }
   // Restoring with --world 2 from one rank's state is refused; from all four it works.
   CliRun one = kiln("stream " + ds.dir + " --world 2 --rank 0 --steps 1" + kCommon + "--state-in " +
                  dir + "/s-0.json");
-  EXPECT_EQ(one.code, 2) << one.err;
+  EXPECT_EQ(one.exit_code, 2) << one.err;
   EXPECT_NE(one.err.find("all 4 ranks"), std::string::npos) << one.err;
   for (int r = 0; r < 2; ++r) {
     CliRun run = kiln("stream " + ds.dir + " --world 2 --rank " + std::to_string(r) + " --steps 4" +
                    kCommon + "--state-in" + states);
-    ASSERT_EQ(run.code, 0) << run.err;
+    ASSERT_EQ(run.exit_code, 0) << run.err;
     const auto ls = lines(run.out);
     ASSERT_EQ(ls.size(), 16u);
     EXPECT_EQ(ls.front()["step"], 3);
@@ -165,21 +148,21 @@ TEST(KilnStream, WorldSizeChangeFromAllRanksStates) {
 TEST(KilnStream, ErrorsAndExitCodes) {
   const Dataset& ds = dataset();
   CliRun r = kiln("stream " + ds.dir + " --steps 1 --weights alpha");
-  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--weights"), std::string::npos) << r.err;
   r = kiln("stream " + ds.dir + " --steps 1 --weights alpha=-1");
-  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.exit_code, 2);
   r = kiln("stream " + ds.dir + " --steps 1 --weights alpah=1");
-  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("did you mean 'alpha'"), std::string::npos) << r.err;
   r = kiln("stream " + ds.dir + " --steps 1 --world 2 --rank 2");
-  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--rank"), std::string::npos) << r.err;
   r = kiln("stream " + ds.dir);
-  EXPECT_EQ(r.code, 2);  // --steps is required
+  EXPECT_EQ(r.exit_code, 2);  // --steps is required
   r = kiln("stream " + testing::test_tmpdir("nonexistent") + " --steps 1");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.code, 3);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, 3);
 }
 
 TEST(KilnStream, WeightsFlagParsing) {

@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "tests/kiln_cli.h"
 #include "common/manifest.h"
 #include "common/shard.h"
 #include "dataprep/prep_internal.h"
@@ -29,15 +30,10 @@ std::string kind(const json& j) {
 }
 
 int run(const std::string& args, std::string* out) {
-  FILE* p = popen((std::string(KILN_BINARY) + " " + args + " 2>/dev/null").c_str(), "r");
-  if (!p) return -1;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  testing_cli::CliRun r = testing_cli::run_kiln(args);
+  *out += r.out;
+  return r.exit_code;
 }
-
 // Both ways of writing <key>.json (the fast one, and nlohmann's when fields are carried) keep a
 // numeric id a number, byte-identical to nlohmann's dump.
 TEST(PrepIds, SampleMetadataWritesNumericIdsAsNumbers) {
