@@ -2,6 +2,10 @@
 // it needs one) and write the kept documents of this rank, annotated, into per-domain shards.
 #include <tbb/parallel_pipeline.h>
 #include <tbb/task_arena.h>
+#include <tbb/task_group.h>
+
+#include <atomic>
+#include <deque>
 
 #include <algorithm>
 #include <cstdio>
@@ -254,6 +258,191 @@ bool valid_domain(const std::string& d) {
   return true;
 }
 
+// One document ready for its shard.
+struct OutSample {
+  std::string domain, domain_by;
+  ShardSample sample;
+  uint64_t tokens = 0, bytes = 0;
+};
+
+// Writes samples, handed over in order, into per-domain shards "<dir>/<prefix>-NNNNNN<ext>",
+// several shards at once: each shard's samples are decided as they arrive (a new shard starts
+// when the next sample would pass shards.max_samples or shards.max_bytes of tar, counted as a
+// 512-byte header plus the 512-byte-padded data per member), queued in chunks of a few MiB and
+// written by tasks, one at a time per shard but shards in parallel. So the bytes do not depend on
+// the thread count, and compression (the costly part) is not one serial stage.
+class ShardSink {
+ public:
+  explicit ShardSink(const Context& c) : c_(c) {
+    inflight_limit_ = std::max<uint64_t>(
+        uint64_t{64} << 20,
+        4 * kChunkBytes * static_cast<uint64_t>(tbb::this_task_arena::max_concurrency()));
+  }
+  ~ShardSink() { wait(); }
+  ShardSink(const ShardSink&) = delete;
+  ShardSink& operator=(const ShardSink&) = delete;
+
+  // Called by one thread, in the samples' order.
+  Status add(OutSample&& o) {
+    uint64_t size = 0;
+    for (const auto& m : o.sample.members) size += 512 + (m.data.size() + 511) / 512 * 512;
+    Domain& d = domains_[o.domain];
+    Shard* sh = d.open;
+    if (sh && sh->samples > 0 &&
+        ((c_.opt.max_samples > 0 && sh->samples + 1 > c_.opt.max_samples) ||
+         (c_.opt.max_bytes > 0 && sh->est_bytes + size > c_.opt.max_bytes))) {
+      submit(sh, /*close=*/true);
+      sh = d.open = nullptr;
+    }
+    if (!sh) {
+      auto owned = std::make_unique<Shard>();
+      owned->domain = o.domain;
+      owned->index = d.next_index++;
+      const std::string prefix = c_.size == 1 ? o.domain : o.domain + "-r" + rank_tag(c_.rank);
+      char num[32];
+      std::snprintf(num, sizeof num, "-%06llu", static_cast<unsigned long long>(owned->index));
+      const std::string dir = c_.out + "/shards/" + o.domain;
+      if (owned->index == 0) KILN_RETURN_IF_ERROR(make_dirs(dir));
+      owned->path = dir + "/" + prefix + num + shard_extension(c_.opt.compression);
+      sh = d.open = owned.get();
+      shards_.push_back(std::move(owned));
+    }
+    ++sh->samples;
+    sh->est_bytes += size;
+    sh->filling_bytes += size;
+    sh->filling.push_back(std::move(o));
+    if (sh->filling_bytes >= kChunkBytes) submit(sh, /*close=*/false);
+    if (inflight_.load() > inflight_limit_) wait();  // too much queued: help the writers
+    return first_error();
+  }
+
+  // Closes every shard; returns them in (domain, index) order.
+  Result<std::vector<WrittenShard>> finish() {
+    for (auto& [name, d] : domains_)
+      if (d.open) submit(d.open, /*close=*/true);
+    wait();
+    KILN_RETURN_IF_ERROR(first_error());
+    std::vector<Shard*> order;
+    for (auto& sh : shards_) order.push_back(sh.get());
+    std::sort(order.begin(), order.end(), [](const Shard* a, const Shard* b) {
+      return a->domain != b->domain ? a->domain < b->domain : a->index < b->index;
+    });
+    std::vector<WrittenShard> out;
+    for (const Shard* sh : order) {
+      WrittenShard w;
+      w.path = fs::path(sh->info.path).lexically_relative(c_.out).generic_string();
+      w.domain = sh->domain;
+      w.samples = sh->info.samples;
+      w.tokens = sh->info.tokens;
+      w.bytes = sh->info.bytes;
+      w.xxh3 = sh->info.xxh3;
+      out.push_back(std::move(w));
+    }
+    return out;
+  }
+
+ private:
+  static constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
+  struct Shard {
+    std::string domain, path;
+    uint64_t index = 0;
+    // Assignment side (the adding thread only).
+    uint64_t samples = 0, est_bytes = 0, filling_bytes = 0;
+    std::vector<OutSample> filling;
+    // Writer side.
+    std::mutex mu;
+    std::deque<std::pair<std::vector<OutSample>, uint64_t>> queue;
+    bool running = false, close_requested = false;
+    std::unique_ptr<ShardWriter> writer;
+    ShardInfo info;
+  };
+  struct Domain {
+    uint64_t next_index = 0;
+    Shard* open = nullptr;
+  };
+
+  void submit(Shard* sh, bool close) {
+    const uint64_t bytes = sh->filling_bytes;
+    inflight_ += bytes;
+    std::lock_guard lock(sh->mu);
+    if (!sh->filling.empty()) sh->queue.emplace_back(std::move(sh->filling), bytes);
+    sh->filling.clear();
+    sh->filling_bytes = 0;
+    if (close) sh->close_requested = true;
+    if (!sh->running) {
+      sh->running = true;
+      arena_.execute([&] { tg_.run([this, sh] { drain(sh); }); });
+    }
+  }
+
+  // The writer tasks run in their own arena: a thread waiting here (even inside the document
+  // pipeline, even with one thread) executes writer tasks only, never pipeline work.
+  void wait() {
+    arena_.execute([&] { tg_.wait(); });
+  }
+
+  // Writes a shard's queued chunks in order, then closes it when asked; one task per shard at a
+  // time (`running`).
+  void drain(Shard* sh) {
+    for (;;) {
+      std::pair<std::vector<OutSample>, uint64_t> chunk;
+      bool close = false;
+      {
+        std::lock_guard lock(sh->mu);
+        if (!sh->queue.empty()) {
+          chunk = std::move(sh->queue.front());
+          sh->queue.pop_front();
+        } else if (sh->close_requested) {
+          close = true;
+          sh->close_requested = false;
+        } else {
+          sh->running = false;
+          return;
+        }
+      }
+      Status st;
+      if (!close) {
+        if (!sh->writer && !failed_.load()) {
+          auto w = ShardWriter::open(sh->path, c_.opt.compression, c_.opt.level);
+          if (w.is_ok()) sh->writer = std::move(*w);
+          else st = std::move(w).take_status();
+        }
+        for (OutSample& o : chunk.first) {
+          if (!st.is_ok() || failed_.load()) break;
+          st = sh->writer->add(o.sample, o.tokens);
+        }
+        inflight_ -= chunk.second;
+      } else if (sh->writer && !failed_.load()) {
+        auto info = sh->writer->close();
+        if (info.is_ok()) sh->info = std::move(*info);
+        else st = std::move(info).take_status();
+        sh->writer.reset();
+      }
+      if (!st.is_ok()) {
+        std::lock_guard lock(error_mu_);
+        if (error_.is_ok()) error_ = std::move(st);
+        failed_ = true;
+      }
+    }
+  }
+
+  Status first_error() {
+    std::lock_guard lock(error_mu_);
+    return error_;
+  }
+
+  const Context& c_;
+  std::map<std::string, Domain> domains_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  tbb::task_arena arena_;
+  tbb::task_group tg_;
+  std::atomic<uint64_t> inflight_{0};
+  uint64_t inflight_limit_ = 0;
+  std::mutex error_mu_;
+  Status error_;
+  std::atomic<bool> failed_{false};
+};
+
 }  // namespace
 
 Status annotator_stage(Context& c, bool fresh) {
@@ -345,11 +534,7 @@ Status write_stage(Context& c) {
 
   const NpyDtype token_dtype =
       c.tokenizer.vocab_size > 0 ? npy_token_dtype(c.tokenizer.vocab_size) : NpyDtype::kU32;
-  struct Out {
-    std::string domain, domain_by;
-    ShardSample sample;
-    uint64_t tokens = 0, bytes = 0;
-  };
+  using Out = OutSample;
   struct Work {
     RawBatch raw;
     std::vector<Out> outs;
@@ -363,35 +548,8 @@ Status write_stage(Context& c) {
   std::unique_ptr<Progress> progress;
   if (c.rank == 0) progress = std::make_unique<Progress>("write", to_write, "docs");
 
-  std::map<std::string, std::unique_ptr<RollingShardWriter>> writers;
   WriteResult res;
-  // Samples are handed to each domain's writer in runs of a few MiB: one zstd context at a time
-  // stays in cache (interleaving domains sample by sample made compression ~2x slower). The
-  // order within a domain, and so every byte of the shards, is unchanged.
-  struct Pending {
-    std::vector<Out> outs;
-    uint64_t bytes = 0;
-  };
-  constexpr uint64_t kFlushBytes = uint64_t{8} << 20;
-  std::map<std::string, Pending> pending;
-  auto flush = [&](const std::string& domain, Pending& pend) -> Status {
-    auto& wr = writers[domain];
-    if (!wr) {
-      RollingShardWriter::Options wo;
-      wo.dir = c.out + "/shards/" + domain;
-      wo.prefix = c.size == 1 ? domain : domain + "-r" + rank_tag(c.rank);
-      wo.compression = c.opt.compression;
-      wo.zstd_level = c.opt.level;
-      wo.max_samples = c.opt.max_samples;
-      wo.max_tar_bytes = c.opt.max_bytes;
-      KILN_RETURN_IF_ERROR(make_dirs(wo.dir));
-      wr = std::make_unique<RollingShardWriter>(wo);
-    }
-    for (Out& o : pend.outs) KILN_RETURN_IF_ERROR(wr->add(o.sample, o.tokens));
-    pend.outs.clear();
-    pend.bytes = 0;
-    return Status::ok();
-  };
+  ShardSink sink(c);
   Status st = document_pass<Work>(
       c,
       [&](Work& w) -> Status {
@@ -436,34 +594,16 @@ Status write_stage(Context& c) {
           ds.bytes += o.bytes;
           ++ds.domain_by[o.domain_by];
           ++res.docs_out;
-          auto slot = pending.try_emplace(o.domain).first;
-          slot->second.bytes += o.bytes + 1024;
-          slot->second.outs.push_back(std::move(o));
-          if (slot->second.bytes >= kFlushBytes)
-            KILN_RETURN_IF_ERROR(flush(slot->first, slot->second));
+          KILN_RETURN_IF_ERROR(sink.add(std::move(o)));
           crash_point("write-doc");
         }
         if (progress) progress->add(w.outs.size());
         for (auto& id : w.ids) res.ids.push_back(std::move(id));
         return Status::ok();
       });
-  for (auto& [domain, pend] : pending)
-    if (st.is_ok() && !pend.outs.empty()) st = flush(domain, pend);
   if (progress) progress->finish();
   KILN_RETURN_IF_ERROR(st);
-  for (auto& [domain, wr] : writers) {
-    KILN_ASSIGN_OR_RETURN(std::vector<ShardInfo> infos, wr->finish());
-    for (const ShardInfo& info : infos) {
-      WrittenShard s;
-      s.path = fs::path(info.path).lexically_relative(c.out).generic_string();
-      s.domain = domain;
-      s.samples = info.samples;
-      s.tokens = info.tokens;
-      s.bytes = info.bytes;
-      s.xxh3 = info.xxh3;
-      res.shards.push_back(std::move(s));
-    }
-  }
+  KILN_ASSIGN_OR_RETURN(res.shards, sink.finish());
   c.written = std::move(res);
   return Status::ok();
 }
