@@ -36,6 +36,21 @@ MPI_Datatype mpi_type(DType t) {
   return MPI_DATATYPE_NULL;
 }
 
+// MPI's v-collectives take int counts and displacements; callers keep the total <= kMaxChunk.
+struct IntLayout {
+  std::vector<int> counts, displs;
+};
+IntLayout int_layout(const size_t* bytes, int n) {
+  IntLayout l{std::vector<int>(n), std::vector<int>(n)};
+  size_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    l.counts[r] = static_cast<int>(bytes[r]);
+    l.displs[r] = static_cast<int>(at);
+    at += bytes[r];
+  }
+  return l;
+}
+
 size_t dtype_bytes(DType t) {
   return (t == DType::kInt32 || t == DType::kFloat32) ? 4 : 8;
 }
@@ -95,13 +110,7 @@ class MpiGroup final : public ProcessGroup {
     for (int r = 0; r < size_; ++r) total += recv_bytes[r];
     char* out = static_cast<char*>(recv);
     if (total <= kMaxChunk) {
-      std::vector<int> counts(size_), displs(size_);
-      size_t at = 0;
-      for (int r = 0; r < size_; ++r) {
-        counts[r] = static_cast<int>(recv_bytes[r]);
-        displs[r] = static_cast<int>(at);
-        at += recv_bytes[r];
-      }
+      auto [counts, displs] = int_layout(recv_bytes, size_);
       // MPI forbids aliasing send and recv buffers; copy our block first when they overlap.
       std::vector<char> tmp;
       const void* src = send;
@@ -129,13 +138,7 @@ class MpiGroup final : public ProcessGroup {
     for (int r = 0; r < size_; ++r) total += recv_bytes[r];
     char* out = static_cast<char*>(recv);
     if (total <= kMaxChunk) {
-      std::vector<int> counts(size_), displs(size_);
-      size_t at = 0;
-      for (int r = 0; r < size_; ++r) {
-        counts[r] = static_cast<int>(recv_bytes[r]);
-        displs[r] = static_cast<int>(at);
-        at += recv_bytes[r];
-      }
+      auto [counts, displs] = int_layout(recv_bytes, size_);
       return mpi_status(MPI_Gatherv(send, static_cast<int>(send_bytes), MPI_BYTE, out,
                                     counts.data(), displs.data(), MPI_BYTE, root, comm_),
                         "gatherv");
@@ -192,18 +195,9 @@ class MpiGroup final : public ProcessGroup {
     const char* in = static_cast<const char*>(send);
     char* out = static_cast<char*>(recv);
     if (global_max <= kMaxChunk) {
-      std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
-      size_t sat = 0, rat = 0;
-      for (int r = 0; r < size_; ++r) {
-        sc[r] = static_cast<int>(send_bytes[r]);
-        sd[r] = static_cast<int>(sat);
-        rc[r] = static_cast<int>(recv_bytes[r]);
-        rd[r] = static_cast<int>(rat);
-        sat += send_bytes[r];
-        rat += recv_bytes[r];
-      }
-      return mpi_status(MPI_Alltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(),
-                                      rd.data(), MPI_BYTE, comm_),
+      const IntLayout sl = int_layout(send_bytes, size_), rl = int_layout(recv_bytes, size_);
+      return mpi_status(MPI_Alltoallv(in, sl.counts.data(), sl.displs.data(), MPI_BYTE, out,
+                                      rl.counts.data(), rl.displs.data(), MPI_BYTE, comm_),
                         "alltoallv");
     }
     // Large: point-to-point in chunks, all posted at once.
