@@ -94,4 +94,28 @@ Status rename_durable(const std::string& from, const std::string& to) {
   return fsync_dir(fs::path(to).parent_path().string());
 }
 
+Result<size_t> remove_stale_temporaries(const std::string& dir) {
+  size_t removed = 0;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    const std::string name = it->path().filename().string();
+    const auto at = name.rfind(".tmp.");
+    if (at == std::string::npos || at + 5 == name.size()) continue;
+    bool digits = true;
+    for (size_t i = at + 5; i < name.size(); ++i) digits = digits && name[i] >= '0' && name[i] <= '9';
+    if (!digits) continue;
+    std::error_code rm;
+    if (!fs::remove(it->path(), rm) || rm) {
+      return Status::io("cannot remove a stale temporary file: " + rm.message())
+          .with_file(it->path().string());
+    }
+    ++removed;
+  }
+  if (ec) return Status::io("cannot list the directory: " + ec.message()).with_file(dir);
+  return removed;
+}
+
 }  // namespace kiln

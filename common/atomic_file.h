@@ -43,5 +43,9 @@ Result<std::string> read_file(const std::string& path);
 Status fsync_dir(const std::string& dir);
 // rename + fsync of the destination's directory.
 Status rename_durable(const std::string& from, const std::string& to);
+// Removes AtomicFile temporaries ("<name>.tmp.<pid>") left under `dir` (recursively) by a killed
+// process, so a resumed job's output tree holds only complete files. Call it only while no other
+// process writes under `dir`. Returns how many were removed.
+Result<size_t> remove_stale_temporaries(const std::string& dir);
 
 }  // namespace kiln

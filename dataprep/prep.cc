@@ -177,6 +177,18 @@ Status gather_file_stats(Context& c) {
   return Status::ok();
 }
 
+// A process killed inside an atomic write leaves "<file>.tmp.<pid>". Between the barriers no rank
+// writes, so rank 0 clears them before anyone goes on: a resumed tree equals a clean run's.
+Status clear_stale_temporaries(const Context& c) {
+  auto& g = *c.g;
+  KILN_RETURN_IF_ERROR(g.barrier());
+  if (c.rank == 0) {
+    KILN_ASSIGN_OR_RETURN(size_t stale, remove_stale_temporaries(c.out));
+    if (stale > 0) KILN_LOG_INFO("removed {} temporary file(s) left by an interrupted run", stale);
+  }
+  return g.barrier();
+}
+
 Status write_rank_rejects(const Context& c) {
   std::string all;
   for (const Unit& u : c.units) {
@@ -567,6 +579,9 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
       result.rejected = stats.value("rejected", uint64_t{0});
     }
     result.already_complete = true;
+    // Killed after the dataset was complete but before the work folder went: finish the cleanup.
+    KILN_RETURN_IF_ERROR(clear_stale_temporaries(c));
+    if (!c.opt.keep_work) remove_all(c.rank_dir).is_ok();
     return result;
   }
   if (v == 2) {
@@ -586,6 +601,7 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
   KILN_RETURN_IF_ERROR(write_json_file(c.rank_dir + "/fingerprint.json", fp_described));
   KILN_RETURN_IF_ERROR(make_dirs(c.out + "/rejects"));
   KILN_RETURN_IF_ERROR(make_dirs(c.out + "/dedup"));
+  KILN_RETURN_IF_ERROR(clear_stale_temporaries(c));
 
   if (c.rank == 0) {
     KILN_LOG_INFO("prep: {} input files, {} rank(s), threads {}, memory budget {} MiB",
@@ -699,6 +715,7 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
   // Stage 6: manifest, stats, removed list (rank 0), shard renumbering (every rank).
   KILN_RETURN_IF_ERROR(final_stage(c, &result.summary));
   KILN_RETURN_IF_ERROR(g.barrier());
+  crash_point("final-cleanup");
   if (!c.opt.keep_work) remove_all(c.rank_dir).is_ok();
 
   // Totals for the caller (identical on every rank).

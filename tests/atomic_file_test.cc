@@ -113,6 +113,20 @@ TEST_F(AtomicFileTest, RenameDurableAndFileHash) {
   EXPECT_FALSE(rename_durable(path("absent"), path("to2")).is_ok());
 }
 
+TEST_F(AtomicFileTest, RemovesStaleTemporariesOnly) {
+  for (const char* name : {"a.json.tmp.123", "sub/deep/b.tar.zst.tmp.9", "keep.json",
+                           "keep.tmp.x", "keep.tmp.", "sub/keep.tmp", "sub/tmp.77"}) {
+    ASSERT_TRUE(write_file_atomic(path(name), "x").is_ok()) << name;
+  }
+  auto removed = remove_stale_temporaries(dir_.string());
+  ASSERT_TRUE(removed.is_ok()) << removed.status().to_string();
+  EXPECT_EQ(*removed, 2u);
+  EXPECT_FALSE(fs::exists(path("a.json.tmp.123")));
+  EXPECT_FALSE(fs::exists(path("sub/deep/b.tar.zst.tmp.9")));
+  EXPECT_EQ(entries(), 5u);
+  EXPECT_EQ(*remove_stale_temporaries(path("no-such-dir")), 0u);
+}
+
 TEST(ProgressTest, CountsFromManyThreads) {
   Progress p("test", 0, "docs", 3600);
   std::vector<std::thread> threads;
