@@ -1,11 +1,11 @@
 #include "dataprep/line_reader.h"
 
 #include <gtest/gtest.h>
-#include <zlib.h>
-#include <zstd.h>
 
 #include <filesystem>
 #include <fstream>
+
+#include "tests/compress_util.h"
 
 namespace kiln {
 namespace {
@@ -23,24 +23,8 @@ class LineReaderTest : public ::testing::Test {
     std::ofstream(p, std::ios::binary) << bytes;
     return p;
   }
-  static std::string gzip(const std::string& data) {
-    z_stream zs{};
-    deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
-    std::string out(deflateBound(&zs, data.size()) + 64, '\0');
-    zs.next_in = (Bytef*)data.data();
-    zs.avail_in = data.size();
-    zs.next_out = (Bytef*)out.data();
-    zs.avail_out = out.size();
-    deflate(&zs, Z_FINISH);
-    out.resize(zs.total_out);
-    deflateEnd(&zs);
-    return out;
-  }
-  static std::string zstd(const std::string& data) {
-    std::string out(ZSTD_compressBound(data.size()), '\0');
-    out.resize(ZSTD_compress(out.data(), out.size(), data.data(), data.size(), 3));
-    return out;
-  }
+  static std::string gzip(const std::string& data) { return testing_compress::gzip(data); }
+  static std::string zstd(const std::string& data) { return testing_compress::zstd(data); }
   struct Ev {
     LineEventKind kind;
     std::string text;

@@ -2,38 +2,20 @@
 #include "dataprep/prep.h"
 
 #include <gtest/gtest.h>
-#include <zlib.h>
-#include <zstd.h>
 
 #include "comm/comm.h"
 #include "common/manifest.h"
 #include "common/shard.h"
 #include "dataprep/prep_internal.h"
+#include "tests/compress_util.h"
 #include "tests/prep_test_util.h"
 
 namespace kiln {
 namespace {
 using namespace testing_prep;
 
-std::string gzip(const std::string& data) {
-  z_stream zs{};
-  deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
-  std::string out(deflateBound(&zs, data.size()) + 64, '\0');
-  zs.next_in = (Bytef*)data.data();
-  zs.avail_in = data.size();
-  zs.next_out = (Bytef*)out.data();
-  zs.avail_out = out.size();
-  deflate(&zs, Z_FINISH);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
-
-std::string zstd(const std::string& data) {
-  std::string out(ZSTD_compressBound(data.size()), '\0');
-  out.resize(ZSTD_compress(out.data(), out.size(), data.data(), data.size(), 3));
-  return out;
-}
+using testing_compress::gzip;
+using testing_compress::zstd;
 
 Result<PrepResult> prep(const std::string& in, const std::string& out,
                         std::vector<std::string> extra = {}) {
