@@ -7,27 +7,17 @@
 #include <filesystem>
 
 #include "common/atomic_file.h"
+#include "dataprep/prep_config.h"
 #include "dataprep/tagger.h"
 #include "dataprep/tokenizer.h"
 
 namespace kiln {
 namespace {
 
-// The domains.* and tokenizer.* keys of the prep config (dataprep/prep_config.cc).
-const char* kSchema = R"(
-domains:
-  default: web
-  rules: ""
-  model: ""
-  model_threshold: 0.5
-tokenizer:
-  path: ""
-  vocab_size: 8192
-  train_bytes: 67108864
-)";
 
 Config config(std::vector<std::string> sets) {
-  auto c = Config::load(kSchema, "", sets);
+  // The real prep schema, so the annotator reads exactly the keys `kiln prep` accepts.
+  auto c = Config::load(kPrepDefaultsYaml, "", sets);
   KILN_CHECK(c.is_ok(), c.status().to_string());
   return std::move(c).value();
 }
