@@ -5,16 +5,25 @@
 //                   [--seq T] [--micro-batch B]
 // Defaults: the benchmark model (vocab 8192, d_model 256, 4 layers, 4 heads, seq 256,
 // micro-batch 8), fp32, no recompute, 2 threads, 3 warm-up + 10 timed steps on random tokens.
-// Prints one JSON line: {"impl": "kiln", "precision", "recompute", "tokens_per_s", "step_ms",
-// "step_ms_min" (median and fastest step), "peak_rss_mib", "activation_mib", ...}. tools/bench/train_cpu runs it next to
-// PyTorch.
-#include <sys/resource.h>
+// Prints the machine line (tools/bench/bench_machine.h) on stderr and one JSON line on stdout:
+//   {"impl": "kiln", "precision", "recompute", "threads", "steps", "warmup",
+//    "tokens_per_s", "step_ms", "step_ms_min"  (wall time: median and fastest timed step),
+//    "cpu_ms"                                  (process CPU time of the median step, all threads),
+//    "rss_start_mib", "peak_rss_mib", "train_mib" (peak RSS minus the RSS at start: what training
+//                                                  adds to a process that has loaded its libraries),
+//    "activation_mib_measured" (peak RSS growth over the first forward+backward, after the weights,
+//                               gradients and optimizer state are resident: activations, their
+//                               gradients and kernel workspaces, as the OS counts them),
+//    "activation_mib_planned"  (what the engine's plan says it allocates, for comparison), ...}.
+// tools/bench/train_cpu runs it next to PyTorch.
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -23,9 +32,44 @@
 #include "engine/params.h"
 #include "engine/rng.h"
 #include "kernels/ops.h"
+#include "tools/bench/bench_machine.h"
 
 using namespace kiln;
 using namespace kiln::engine;
+
+namespace {
+
+// A field of /proc/self/status in MiB ("VmRSS", "VmHWM").
+double status_mib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  const std::string key = std::string(field) + ":";
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + key.size()) / 1024.0;
+  }
+  return 0;
+}
+
+// Resets the peak RSS (VmHWM) to the current RSS (Linux >= 4.0); false if not possible.
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.close();
+  return static_cast<bool>(out);
+}
+
+double cpu_ms_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string precision = "fp32", recompute = "none";
@@ -59,54 +103,71 @@ int main(int argc, char** argv) {
                 : precision == "fp16" ? Precision::kFp16 : Precision::kFp32;
   Recompute r = recompute == "selective" ? Recompute::kSelective
                 : recompute == "full" ? Recompute::kFull : Recompute::kNone;
+  const double rss_start = status_mib("VmRSS");
   cpu::set_num_threads(threads);
+  bench::print_machine(stderr);
 
   ParamStore params(m, p);
-  params.init(1);
-  auto model = Model::create(&params, B, r);
+  params.init(1);  // weights, gradients and moments: resident from here on
+  params.zero_grads();
   OptimizerConfig oc;
   oc.lr = 3e-4;
   oc.clip_grad = 1.0f;
   AdamW opt(oc);
+  // Activation memory, measured: from here to the end of the first forward+backward, everything
+  // that becomes resident is the model's activation buffers, activation gradients and workspaces.
+  double peak_before = status_mib("VmHWM");
+  const bool can_reset = reset_peak_rss();
+  const double rss_before_model = status_mib("VmRSS");
+  double activation_measured = -1;
+  auto model = Model::create(&params, B, r);
   const int64_t T = m.seq_len;
   std::vector<int32_t> in(B * T), tg(B * T);
   std::vector<float> losses(B * T);
   const double scale = p == Precision::kFp16 ? 1024.0 : 1.0;
-  std::vector<double> ms;
+  std::vector<double> ms, cpu_ms;
   double loss0 = 0, loss_last = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     for (int64_t i = 0; i < B * T; ++i) {
       in[i] = static_cast<int32_t>(random_bits(s, 1, i) % m.vocab_size);
       tg[i] = static_cast<int32_t>(random_bits(s, 2, i) % m.vocab_size);
     }
+    const double c0 = cpu_ms_now();
     auto t0 = std::chrono::steady_clock::now();
     params.zero_grads();
     model->forward_backward(in.data(), tg.data(), static_cast<float>(scale / (B * T)), losses.data());
+    if (s == 0 && can_reset) activation_measured = status_mib("VmHWM") - rss_before_model;
     StepStats st = opt.step(params, oc.lr, scale);
     auto t1 = std::chrono::steady_clock::now();
+    const double c1 = cpu_ms_now();
     if (!st.finite) std::fprintf(stderr, "warning: non-finite gradients at step %d\n", s);
     double l = 0;
     for (float x : losses) l += x;
     l /= static_cast<double>(B * T);
     if (s == 0) loss0 = l;
     loss_last = l;
-    if (s >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (s >= warmup) {
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      cpu_ms.push_back(c1 - c0);
+    }
   }
   // The median step: robust to other processes taking the cores for a moment.
-  std::sort(ms.begin(), ms.end());
-  const double mean = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-  const double best = ms.front();
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
+  const double step_ms = median(ms);
+  const double best = *std::min_element(ms.begin(), ms.end());
+  const double peak = std::max(peak_before, status_mib("VmHWM"));
   ActivationMemory a = model->activation_memory();
   std::printf(
       "{\"impl\": \"kiln\", \"precision\": \"%s\", \"recompute\": \"%s\", \"threads\": %d, "
-      "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"step_ms_min\": %.2f, \"peak_rss_mib\": %.1f, "
-      "\"activation_mib\": %.1f, \"model_state_mib\": %.1f, \"params\": %zu, \"loss_first\": %.4f, "
-      "\"loss_last\": %.4f, \"native_bf16_gemm\": %s}\n",
-      precision.c_str(), recompute.c_str(), threads, static_cast<double>(B * T) / (mean / 1e3), mean,
-      best, ru.ru_maxrss / 1024.0, (a.kept_bytes + a.recompute_bytes) / 1048576.0,
+      "\"steps\": %d, \"warmup\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
+      "\"step_ms_min\": %.2f, \"cpu_ms\": %.2f, \"rss_start_mib\": %.1f, \"peak_rss_mib\": %.1f, "
+      "\"train_mib\": %.1f, \"activation_mib_measured\": %.1f, \"activation_mib_planned\": %.1f, "
+      "\"model_state_mib\": %.1f, \"params\": %zu, \"loss_first\": %.4f, \"loss_last\": %.4f, "
+      "\"native_bf16_gemm\": %s, \"cpu\": \"%s\", \"cpu_flags\": \"%s\"}\n",
+      precision.c_str(), recompute.c_str(), threads, steps, warmup,
+      static_cast<double>(B * T) / (step_ms / 1e3), step_ms, best, median(cpu_ms), rss_start, peak,
+      peak - rss_start, activation_measured, a.total() / 1048576.0,
       params.state_bytes() / 1048576.0, params.num_params(), loss0, loss_last,
-      cpu::have_native_bf16_gemm() ? "true" : "false");
+      cpu::have_native_bf16_gemm() ? "true" : "false", bench::cpu_model().c_str(),
+      bench::cpu_isa_flags().c_str());
   return 0;
 }

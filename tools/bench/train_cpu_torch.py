@@ -3,20 +3,65 @@
 backward, clip_grad_norm_, AdamW) on the CPU with torch.set_num_threads(N).
 
   train_cpu_torch.py [--precision fp32|bf16] [--threads N] [--steps N] [--warmup N] [sizes...]
+  train_cpu_torch.py --show-config     (what PyTorch runs on: version, BLAS, oneDNN, CPU capability)
 
 fp32 runs the model in float32. bf16 runs it under torch.autocast("cpu", dtype=torch.bfloat16)
 (PyTorch's mixed-precision recipe: bf16 matmuls, fp32 master weights and optimizer). Prints one JSON
-line like bench_train_cpu.
+line like bench_train_cpu: wall and CPU time of the median step, and "train_mib" = peak RSS minus
+the RSS right after `import torch` (~230 MiB of libraries that a C++ program does not carry). The
+thread settings come from torch.set_num_threads(N) and from the environment tools/bench/train_cpu
+gives both implementations (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, OMP_WAIT_POLICY=PASSIVE).
 """
 import argparse
+import ctypes
 import json
 import math
-import resource
+import os
+import re
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def status_mib(field):
+    """A field of /proc/self/status in MiB ("VmRSS", "VmHWM")."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+RSS_AFTER_IMPORT = status_mib("VmRSS")
+
+
+def backend_summary():
+    """One line: torch version, the BLAS library actually loaded (and OpenBLAS's core), oneDNN,
+    ATen's CPU capability, the OpenMP settings."""
+    cfg = torch.__config__.show()
+    torch.zeros(64, 64) @ torch.zeros(64, 64)  # make sure the BLAS is loaded
+    blas = sorted({line.split()[-1] for line in open("/proc/self/maps")
+                   if "blas" in os.path.basename(line.split()[-1]) and ".so" in line})
+    core = ""
+    for path in blas:
+        try:
+            f = ctypes.CDLL(path).openblas_get_corename
+            f.restype = ctypes.c_char_p
+            core = " (OpenBLAS core " + f().decode() + ")"
+            break
+        except (OSError, AttributeError):
+            pass
+    blas_info = re.search(r"BLAS_INFO=(\w+)", cfg)
+    cap = next((l.split(":", 1)[1].strip() for l in cfg.splitlines() if "CPU capability" in l), "?")
+    dnnl = next((l.strip(" -") for l in cfg.splitlines() if "MKL-DNN" in l or "oneDNN" in l), "none")
+    env = " ".join(f"{k}={os.environ.get(k, 'unset')}"
+                   for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY"))
+    return (f"pytorch {torch.__version__}: BLAS_INFO={blas_info.group(1) if blas_info else '?'} -> "
+            f"{', '.join(os.path.realpath(p) for p in blas) or 'none loaded'}{core}; {dnnl}; "
+            f"CPU capability {cap}; parallel backend OpenMP; {env}; import torch RSS "
+            f"{RSS_AFTER_IMPORT:.0f} MiB")
 
 
 class Block(nn.Module):
@@ -84,7 +129,11 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--show-config", action="store_true")
     a = ap.parse_args()
+    if a.show_config:
+        print(backend_summary())
+        return
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = Gpt(a.vocab, a.d_model, a.layers, a.heads, a.seq)
@@ -93,10 +142,11 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}], lr=3e-4, betas=(0.9, 0.95))
     B, T = a.micro_batch, a.seq
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     for s in range(a.warmup + a.steps):
         idx = torch.randint(0, a.vocab, (B, T))
         tgt = torch.randint(0, a.vocab, (B, T))
+        c0 = time.process_time()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         if a.precision == "bf16":
@@ -108,17 +158,26 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         t1 = time.perf_counter()
+        c1 = time.process_time()
         losses.append(float(loss))
         if s >= a.warmup:
             times.append((t1 - t0) * 1e3)
-    times.sort()  # the median step, as bench_train_cpu
-    n = len(times)
-    mean = times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+            cpu_times.append((c1 - c0) * 1e3)
+
+    def median(v):  # the median step, as bench_train_cpu
+        v = sorted(v)
+        n = len(v)
+        return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+    step_ms = median(times)
+    peak = status_mib("VmHWM")
     print(json.dumps({"impl": "pytorch " + torch.__version__, "precision": a.precision,
-                      "recompute": "none", "threads": a.threads,
-                      "tokens_per_s": round(B * T / (mean / 1e3), 1), "step_ms": round(mean, 2),
-                      "step_ms_min": round(min(times), 2), "peak_rss_mib": round(rss, 1),
+                      "recompute": "none", "threads": a.threads, "steps": a.steps,
+                      "warmup": a.warmup, "tokens_per_s": round(B * T / (step_ms / 1e3), 1),
+                      "step_ms": round(step_ms, 2), "step_ms_min": round(min(times), 2),
+                      "cpu_ms": round(median(cpu_times), 2),
+                      "rss_start_mib": round(RSS_AFTER_IMPORT, 1), "peak_rss_mib": round(peak, 1),
+                      "train_mib": round(peak - RSS_AFTER_IMPORT, 1),
                       "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}))
 
 
