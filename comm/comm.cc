@@ -11,8 +11,6 @@ namespace kiln::comm {
 std::unique_ptr<ProcessGroup> make_mpi_world();
 #endif
 
-namespace {
-
 size_t dtype_size(DType t) {
   switch (t) {
     case DType::kInt32: return 4;
@@ -24,49 +22,227 @@ size_t dtype_size(DType t) {
   return 0;
 }
 
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kInt32: return "int32";
+    case DType::kFloat32: return "float32";
+    case DType::kInt64: return "int64";
+    case DType::kUInt64: return "uint64";
+    case DType::kFloat64: return "float64";
+  }
+  return "?";
+}
+
+namespace {
+
+template <typename T>
+void reduce_typed(T* acc, const T* in, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      for (size_t i = 0; i < n; ++i) acc[i] += in[i];
+      break;
+    case ReduceOp::kMin:
+      for (size_t i = 0; i < n; ++i) acc[i] = in[i] < acc[i] ? in[i] : acc[i];
+      break;
+    case ReduceOp::kMax:
+      for (size_t i = 0; i < n; ++i) acc[i] = in[i] > acc[i] ? in[i] : acc[i];
+      break;
+  }
+}
+
+class DoneWork final : public Work {
+ public:
+  explicit DoneWork(Status s) : status_(std::move(s)) {}
+  Status wait() override { return status_; }
+  bool test() override { return true; }
+
+ private:
+  Status status_;
+};
+
+}  // namespace
+
+void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::kInt32:
+      return reduce_typed(static_cast<int32_t*>(acc), static_cast<const int32_t*>(in), count, op);
+    case DType::kInt64:
+      return reduce_typed(static_cast<int64_t*>(acc), static_cast<const int64_t*>(in), count, op);
+    case DType::kUInt64:
+      return reduce_typed(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(in), count,
+                          op);
+    case DType::kFloat32:
+      return reduce_typed(static_cast<float*>(acc), static_cast<const float*>(in), count, op);
+    case DType::kFloat64:
+      return reduce_typed(static_cast<double*>(acc), static_cast<const double*>(in), count, op);
+  }
+}
+
+std::unique_ptr<Work> completed_work(Status status) {
+  return std::make_unique<DoneWork>(std::move(status));
+}
+
+// ---- ProcessGroup: counting front, backend behind ---------------------------------------------
+
+void ProcessGroup::count(const char* collective, uint64_t bytes) {
+  if (size() <= 1) return;
+  CollectiveCount& c = counters_[collective];
+  ++c.calls;
+  c.bytes += bytes;
+}
+
+Status ProcessGroup::barrier() {
+  count("barrier", 0);
+  return do_barrier();
+}
+
+Status ProcessGroup::bcast(void* data, size_t bytes, int root) {
+  count("broadcast", bytes);
+  return do_bcast(data, bytes, root);
+}
+
+Status ProcessGroup::allgather(const void* send, size_t bytes, void* recv) {
+  std::vector<size_t> counts(size(), bytes);
+  return allgatherv(send, bytes, recv, counts.data());
+}
+
+Status ProcessGroup::allgatherv(const void* send, size_t send_bytes, void* recv,
+                                const size_t* recv_bytes) {
+  uint64_t total = 0;
+  for (int r = 0; r < size(); ++r) total += recv_bytes[r];
+  count("all_gather", total);
+  return do_allgatherv(send, send_bytes, recv, recv_bytes);
+}
+
+Status ProcessGroup::gatherv(const void* send, size_t send_bytes, void* recv,
+                             const size_t* recv_bytes, int root) {
+  uint64_t total = 0;
+  for (int r = 0; r < size(); ++r) total += recv_bytes[r];
+  count("gather", total);
+  return do_gatherv(send, send_bytes, recv, recv_bytes, root);
+}
+
+Status ProcessGroup::alltoall(const void* send, size_t bytes_per_rank, void* recv) {
+  std::vector<size_t> counts(size(), bytes_per_rank);
+  return alltoallv(send, counts.data(), recv, counts.data());
+}
+
+Status ProcessGroup::alltoallv(const void* send, const size_t* send_bytes, void* recv,
+                               const size_t* recv_bytes) {
+  uint64_t total = 0;
+  for (int r = 0; r < size(); ++r) total += send_bytes[r];
+  count("all_to_all", total);
+  return do_alltoallv(send, send_bytes, recv, recv_bytes);
+}
+
+Status ProcessGroup::allreduce(void* data, size_t count_, DType dtype, ReduceOp op) {
+  count("all_reduce", 2 * count_ * dtype_size(dtype));
+  return do_allreduce(data, count_, dtype, op);
+}
+
+Status ProcessGroup::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                    ReduceOp op) {
+  count("reduce_scatter", recv_count * dtype_size(dtype) * static_cast<uint64_t>(size()));
+  return do_reduce_scatter(send, recv, recv_count, dtype, op);
+}
+
+std::unique_ptr<Work> ProcessGroup::iallreduce(void* data, size_t count_, DType dtype,
+                                               ReduceOp op) {
+  count("all_reduce", 2 * count_ * dtype_size(dtype));
+  return do_iallreduce(data, count_, dtype, op);
+}
+
+std::unique_ptr<Work> ProcessGroup::iallgather(const void* send, size_t bytes, void* recv) {
+  count("all_gather", bytes * static_cast<uint64_t>(size()));
+  return do_iallgather(send, bytes, recv);
+}
+
+std::unique_ptr<Work> ProcessGroup::ireduce_scatter(const void* send, void* recv,
+                                                    size_t recv_count, DType dtype, ReduceOp op) {
+  count("reduce_scatter", recv_count * dtype_size(dtype) * static_cast<uint64_t>(size()));
+  return do_ireduce_scatter(send, recv, recv_count, dtype, op);
+}
+
+std::unique_ptr<Work> ProcessGroup::ibcast(void* data, size_t bytes, int root) {
+  count("broadcast", bytes);
+  return do_ibcast(data, bytes, root);
+}
+
+std::unique_ptr<Work> ProcessGroup::ibarrier() {
+  count("barrier", 0);
+  return do_ibarrier();
+}
+
+Result<std::unique_ptr<ProcessGroup>> ProcessGroup::split(int color, int key, std::string name) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g, do_split(color, key));
+  g->set_name(name.empty() ? name_ + ".split" : std::move(name));
+  return g;
+}
+
+std::unique_ptr<Work> ProcessGroup::do_iallreduce(void* data, size_t count_, DType dtype,
+                                                  ReduceOp op) {
+  return completed_work(do_allreduce(data, count_, dtype, op));
+}
+std::unique_ptr<Work> ProcessGroup::do_iallgather(const void* send, size_t bytes, void* recv) {
+  std::vector<size_t> counts(size(), bytes);
+  return completed_work(do_allgatherv(send, bytes, recv, counts.data()));
+}
+std::unique_ptr<Work> ProcessGroup::do_ireduce_scatter(const void* send, void* recv,
+                                                       size_t recv_count, DType dtype,
+                                                       ReduceOp op) {
+  return completed_work(do_reduce_scatter(send, recv, recv_count, dtype, op));
+}
+std::unique_ptr<Work> ProcessGroup::do_ibcast(void* data, size_t bytes, int root) {
+  return completed_work(do_bcast(data, bytes, root));
+}
+std::unique_ptr<Work> ProcessGroup::do_ibarrier() { return completed_work(do_barrier()); }
+
+namespace {
+
 // One process: every collective is a copy (or nothing).
 class LocalGroup final : public ProcessGroup {
  public:
+  LocalGroup() { set_name("local"); }
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* backend() const override { return "local"; }
-  Status barrier() override { return Status::ok(); }
-  Status bcast(void*, size_t, int root) override { return check_root(root); }
-  Status allgather(const void* send, size_t bytes, void* recv) override {
-    if (bytes && send != recv) std::memmove(recv, send, bytes);
-    return Status::ok();
-  }
-  Status allgatherv(const void* send, size_t send_bytes, void* recv,
-                    const size_t* recv_bytes) override {
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+
+ protected:
+  Status do_barrier() override { return Status::ok(); }
+  Status do_bcast(void*, size_t, int root) override { return check_root(root); }
+  Status do_allgatherv(const void* send, size_t send_bytes, void* recv,
+                       const size_t* recv_bytes) override {
     if (recv_bytes[0] != send_bytes)
       return Status::internal("allgatherv: receive count differs from send count");
     if (send_bytes && send != recv) std::memmove(recv, send, send_bytes);
     return Status::ok();
   }
-  Status gatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes,
-                 int root) override {
+  Status do_gatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes,
+                    int root) override {
     KILN_RETURN_IF_ERROR(check_root(root));
-    return allgatherv(send, send_bytes, recv, recv_bytes);
+    return do_allgatherv(send, send_bytes, recv, recv_bytes);
   }
-  Status alltoall(const void* send, size_t bytes_per_rank, void* recv) override {
-    if (bytes_per_rank && send != recv) std::memmove(recv, send, bytes_per_rank);
-    return Status::ok();
-  }
-  Status alltoallv(const void* send, const size_t* send_bytes, void* recv,
-                   const size_t* recv_bytes) override {
+  Status do_alltoallv(const void* send, const size_t* send_bytes, void* recv,
+                      const size_t* recv_bytes) override {
     if (send_bytes[0] != recv_bytes[0])
       return Status::internal("alltoallv: receive count differs from send count");
     if (send_bytes[0] && send != recv) std::memmove(recv, send, send_bytes[0]);
     return Status::ok();
   }
-  Status allreduce(void*, size_t, DType dtype, ReduceOp) override {
+  Status do_allreduce(void*, size_t, DType dtype, ReduceOp) override {
     if (dtype_size(dtype) == 0) return Status::internal("allreduce: unknown dtype");
     return Status::ok();
   }
-  Result<std::unique_ptr<ProcessGroup>> split(int, int) override {
+  Status do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                           ReduceOp) override {
+    const size_t bytes = recv_count * dtype_size(dtype);
+    if (bytes && send != recv) std::memmove(recv, send, bytes);
+    return Status::ok();
+  }
+  Result<std::unique_ptr<ProcessGroup>> do_split(int, int) override {
     return std::unique_ptr<ProcessGroup>(new LocalGroup());
   }
-  [[noreturn]] void abort(int code) override { std::_Exit(code); }
 
  private:
   static Status check_root(int root) {
@@ -87,6 +263,16 @@ bool launched_by_mpi() {
   return false;
 }
 
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
+    if (const char* v = std::getenv(var)) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
 bool mpi_available() {
 #ifdef KILN_HAVE_MPI
   return true;
@@ -103,6 +289,7 @@ ProcessGroup& world() {
     if (launched_by_mpi()) group = make_mpi_world();
 #endif
     if (!group) group = make_local_group();
+    group->set_name("world");
   });
   return *group;
 }

@@ -1,24 +1,39 @@
-// Process groups and collectives on host memory.
+// Process groups and collectives.
 //
 // A ProcessGroup is a set of ranks 0..size()-1 that take part in collectives together. The world
 // group comes from world(): under `mpirun` (detected from the launcher's environment) it is the
 // MPI backend (comm/mpi_group.cc, built when CMake finds MPI: KILN_HAVE_MPI); otherwise it is the
 // single-process backend, where every collective is a local copy. split() derives sub-groups
-// (data-parallel, tensor-parallel) the way MPI_Comm_split does.
+// (data-parallel, tensor-parallel: comm/topology.h) the way MPI_Comm_split does. The NCCL backend
+// (comm/nccl.h) has the same interface over device memory.
 //
 // Contract shared by every backend:
-// - Collectives are blocking and must be called by every rank of the group in the same order
-//   with matching arguments (same root, same element counts where they must match). A mismatch
-//   is a program bug (MPI reports it or hangs); it is not detected here.
+// - Memory: the MPI and local backends take host pointers; the NCCL backend device pointers.
+// - Collectives must be called by every rank of the group in the same order with matching
+//   arguments (same root, same element counts where they must match). A mismatch is a program
+//   bug (MPI reports it or hangs); it is not detected here.
+// - Deterministic reductions: a floating-point kSum gives the same bits on every rank, summed in
+//   rank order ((x0 + x1) + x2) + ..., whatever the library's algorithm, so the same inputs always
+//   give the same result (bit-exact resume and equivalence tests depend on it). Integer sums, min
+//   and max are exact anyway.
+// - Blocking calls return when this rank's buffers may be reused. The i*() calls start the same
+//   collective and return a Work handle; the buffers belong to the collective until wait()
+//   returns. A handle destroyed without wait() waits in its destructor. Handles of one group
+//   complete in the order they were started; start them in the same order on every rank.
+// - Byte counters: every call adds to counters() under its collective's name. "bytes" is the
+//   data volume as the ZeRO paper counts it: all_reduce 2x the buffer (a reduce-scatter plus an
+//   all-gather), all_gather the gathered (full) buffer, reduce_scatter the input (full) buffer,
+//   broadcast / gather / all_to_all the payload. A bandwidth-optimal (ring) algorithm puts
+//   (n-1)/n of that on each rank's link. One-rank groups count nothing (no data moves).
 // - Byte counts are size_t; the MPI backend splits transfers larger than MPI's int limits.
 // - Only one thread per process calls into a group at a time (MPI_THREAD_FUNNELED semantics:
 //   the thread that first called world()).
-// - Failures (an MPI error code) come back as Status::internal naming the collective.
-// Device-memory collectives (NCCL) will live beside this header with the same shapes.
+// - Failures (an MPI / NCCL error code) come back as Status::internal naming the collective.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -31,6 +46,9 @@ namespace kiln::comm {
 enum class ReduceOp { kSum, kMin, kMax };
 enum class DType { kInt32, kInt64, kUInt64, kFloat32, kFloat64 };
 
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
 template <typename T>
 constexpr DType dtype_of();
 template <> constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
@@ -39,40 +57,107 @@ template <> constexpr DType dtype_of<uint64_t>() { return DType::kUInt64; }
 template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }
 template <> constexpr DType dtype_of<double>() { return DType::kFloat64; }
 
+// Calls and bytes (see the header comment) of one collective.
+struct CollectiveCount {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;
+};
+// By collective name: "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier",
+// "gather", "all_to_all".
+using CommCounters = std::map<std::string, CollectiveCount>;
+
+// An asynchronous collective in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective completed on this rank; the first error, if any. Idempotent.
+  virtual Status wait() = 0;
+  // Progresses without blocking; true once complete (then wait() returns at once).
+  virtual bool test() = 0;
+};
+// A handle that is already complete with `status`.
+std::unique_ptr<Work> completed_work(Status status);
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // "local" or "mpi".
+  // "local", "mpi" or "nccl".
   virtual const char* backend() const = 0;
+  // What the group is for ("world", "dp", "tp", ...): names it in counters and messages.
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
 
-  virtual Status barrier() = 0;
+  Status barrier();
   // root's `bytes` bytes at `data` are copied to every rank's `data`.
-  virtual Status bcast(void* data, size_t bytes, int root) = 0;
-  // Every rank sends `bytes`; `recv` (size() * bytes) receives them in rank order.
-  virtual Status allgather(const void* send, size_t bytes, void* recv) = 0;
+  Status bcast(void* data, size_t bytes, int root);
+  // Every rank sends `bytes`; `recv` (size() * bytes) receives them in rank order. send may be
+  // recv + rank() * bytes (in place).
+  Status allgather(const void* send, size_t bytes, void* recv);
   // Variable-size allgather: recv_bytes[r] bytes from rank r land at offset sum(recv_bytes[<r]).
   // recv_bytes (size() entries) must be known (see the typed allgatherv() below).
-  virtual Status allgatherv(const void* send, size_t send_bytes, void* recv,
-                            const size_t* recv_bytes) = 0;
+  Status allgatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes);
   // Variable-size gather to `root`: like allgatherv, but only root's recv is written (other ranks
   // may pass recv = nullptr). recv_bytes must be the same on every rank.
-  virtual Status gatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes,
-                         int root) = 0;
+  Status gatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes,
+                 int root);
   // Every rank sends bytes_per_rank bytes to each rank: send and recv hold size() blocks.
-  virtual Status alltoall(const void* send, size_t bytes_per_rank, void* recv) = 0;
+  Status alltoall(const void* send, size_t bytes_per_rank, void* recv);
   // send holds size() consecutive blocks (send_bytes[r] bytes for rank r); recv receives
   // recv_bytes[r] bytes from rank r, consecutively in rank order.
-  virtual Status alltoallv(const void* send, const size_t* send_bytes, void* recv,
-                           const size_t* recv_bytes) = 0;
+  Status alltoallv(const void* send, const size_t* send_bytes, void* recv,
+                   const size_t* recv_bytes);
   // Element-wise reduction in place over `count` elements of `dtype`; every rank gets the result.
-  virtual Status allreduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
-  // Ranks with the same color form a new group, ordered by (key, old rank).
-  virtual Result<std::unique_ptr<ProcessGroup>> split(int color, int key) = 0;
+  Status allreduce(void* data, size_t count, DType dtype, ReduceOp op);
+  // send holds size() blocks of recv_count elements; rank r receives the reduction of every
+  // rank's block r. recv must not overlap send.
+  Status reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                        ReduceOp op);
+
+  // Asynchronous forms (see the header comment).
+  std::unique_ptr<Work> iallreduce(void* data, size_t count, DType dtype, ReduceOp op);
+  std::unique_ptr<Work> iallgather(const void* send, size_t bytes, void* recv);
+  std::unique_ptr<Work> ireduce_scatter(const void* send, void* recv, size_t recv_count,
+                                        DType dtype, ReduceOp op);
+  std::unique_ptr<Work> ibcast(void* data, size_t bytes, int root);
+  std::unique_ptr<Work> ibarrier();
+
+  // Ranks with the same color form a new group, ordered by (key, old rank), named `name`.
+  Result<std::unique_ptr<ProcessGroup>> split(int color, int key, std::string name = "");
   // Ends every process of the group at once with `code` (use when ranks can no longer agree).
   [[noreturn]] virtual void abort(int code) = 0;
+
+  const CommCounters& counters() const { return counters_; }
+  void reset_counters() { counters_.clear(); }
+
+ protected:
+  virtual Status do_barrier() = 0;
+  virtual Status do_bcast(void* data, size_t bytes, int root) = 0;
+  virtual Status do_allgatherv(const void* send, size_t send_bytes, void* recv,
+                               const size_t* recv_bytes) = 0;
+  virtual Status do_gatherv(const void* send, size_t send_bytes, void* recv,
+                            const size_t* recv_bytes, int root) = 0;
+  virtual Status do_alltoallv(const void* send, const size_t* send_bytes, void* recv,
+                              const size_t* recv_bytes) = 0;
+  virtual Status do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) = 0;
+  virtual Status do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                   ReduceOp op) = 0;
+  virtual Result<std::unique_ptr<ProcessGroup>> do_split(int color, int key) = 0;
+  // Asynchronous forms; the defaults run the blocking call and return a completed handle.
+  virtual std::unique_ptr<Work> do_iallreduce(void* data, size_t count, DType dtype, ReduceOp op);
+  virtual std::unique_ptr<Work> do_iallgather(const void* send, size_t bytes, void* recv);
+  virtual std::unique_ptr<Work> do_ireduce_scatter(const void* send, void* recv,
+                                                   size_t recv_count, DType dtype, ReduceOp op);
+  virtual std::unique_ptr<Work> do_ibcast(void* data, size_t bytes, int root);
+  virtual std::unique_ptr<Work> do_ibarrier();
+
+  void count(const char* collective, uint64_t bytes);
+
+ private:
+  std::string name_ = "group";
+  CommCounters counters_;
 };
 
 // The world group (created on first use; MPI is initialised then and finalised at exit).
@@ -81,8 +166,13 @@ ProcessGroup& world();
 std::unique_ptr<ProcessGroup> make_local_group();
 // True when the environment shows an MPI launcher (mpirun / srun with PMI).
 bool launched_by_mpi();
+// The world size the launcher announces (1 when not launched by MPI).
+int launcher_world_size();
 // True when this binary has the MPI backend.
 bool mpi_available();
+
+// Element-wise reduction of `count` elements: acc[i] = op(acc[i], in[i]) (host memory).
+void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp op);
 
 // ---- typed helpers ---------------------------------------------------------------------------
 

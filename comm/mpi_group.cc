@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "comm/comm.h"
@@ -51,10 +52,6 @@ IntLayout int_layout(const size_t* bytes, int n) {
   return l;
 }
 
-size_t dtype_bytes(DType t) {
-  return (t == DType::kInt32 || t == DType::kFloat32) ? 4 : 8;
-}
-
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return MPI_SUM;
@@ -70,6 +67,81 @@ void finalize_at_exit() {
   MPI_Finalized(&finalized);
   if (initialized && !finalized) MPI_Finalize();
 }
+
+// An MPI nonblocking collective, possibly followed by local work and a second collective
+// (the deterministic reductions: all-to-all, local sum in rank order, all-gather).
+class MpiWork final : public Work {
+ public:
+  using Next = std::function<Status(MpiWork&)>;
+  ~MpiWork() override { (void)wait(); }
+
+  Status wait() override {
+    while (!done_) {
+      if (req != MPI_REQUEST_NULL) {
+        Status st = mpi_status(MPI_Wait(&req, MPI_STATUS_IGNORE), what);
+        if (!st.is_ok()) return finish(std::move(st));
+      }
+      advance();
+    }
+    return status_;
+  }
+  bool test() override {
+    while (!done_) {
+      if (req != MPI_REQUEST_NULL) {
+        int flag = 0;
+        Status st = mpi_status(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
+        if (!st.is_ok()) {
+          (void)finish(std::move(st));
+          return true;
+        }
+        if (!flag) return false;
+      }
+      advance();
+    }
+    return true;
+  }
+  // Starting a request: rc is the MPI call's result.
+  Status started(int rc) {
+    Status st = mpi_status(rc, what);
+    if (!st.is_ok()) req = MPI_REQUEST_NULL;
+    return st;
+  }
+
+  MPI_Request req = MPI_REQUEST_NULL;
+  Next next;
+  const char* what = "collective";
+  std::vector<char> scratch;
+  std::vector<int> counts_a, displs_a, counts_b, displs_b;
+
+ private:
+  void advance() {
+    if (!next) {
+      done_ = true;
+      return;
+    }
+    Next f = std::move(next);
+    next = nullptr;
+    Status st = f(*this);
+    if (!st.is_ok()) (void)finish(std::move(st));
+  }
+  Status finish(Status st) {
+    status_ = std::move(st);
+    done_ = true;
+    next = nullptr;
+    return status_;
+  }
+  Status status_;
+  bool done_ = false;
+};
+
+// Element range [begin, end) of rank r's block when `count` elements are split over n ranks.
+struct Blocks {
+  size_t count, per;
+  int n;
+  Blocks(size_t c, int n_) : count(c), per((c + n_ - 1) / n_), n(n_) {}
+  size_t begin(int r) const { return std::min(count, per * r); }
+  size_t len(int r) const { return std::min(count, per * (r + 1)) - begin(r); }
+};
 
 class MpiGroup final : public ProcessGroup {
  public:
@@ -88,9 +160,15 @@ class MpiGroup final : public ProcessGroup {
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
 
-  Status barrier() override { return mpi_status(MPI_Barrier(comm_), "barrier"); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(comm_, code);
+    std::_Exit(code);
+  }
 
-  Status bcast(void* data, size_t bytes, int root) override {
+ protected:
+  Status do_barrier() override { return mpi_status(MPI_Barrier(comm_), "barrier"); }
+
+  Status do_bcast(void* data, size_t bytes, int root) override {
     char* p = static_cast<char*>(data);
     for (size_t at = 0; at < bytes; at += kMaxChunk) {
       int n = static_cast<int>(std::min(kMaxChunk, bytes - at));
@@ -99,41 +177,32 @@ class MpiGroup final : public ProcessGroup {
     return Status::ok();
   }
 
-  Status allgather(const void* send, size_t bytes, void* recv) override {
-    std::vector<size_t> counts(size_, bytes);
-    return allgatherv(send, bytes, recv, counts.data());
-  }
-
-  Status allgatherv(const void* send, size_t send_bytes, void* recv,
-                    const size_t* recv_bytes) override {
+  Status do_allgatherv(const void* send, size_t send_bytes, void* recv,
+                       const size_t* recv_bytes) override {
     size_t total = 0;
     for (int r = 0; r < size_; ++r) total += recv_bytes[r];
     char* out = static_cast<char*>(recv);
     if (total <= kMaxChunk) {
       auto [counts, displs] = int_layout(recv_bytes, size_);
-      // MPI forbids aliasing send and recv buffers; copy our block first when they overlap.
-      std::vector<char> tmp;
-      const void* src = send;
-      if (send_bytes && send == out + displs[rank_]) {
-        tmp.assign(static_cast<const char*>(send), static_cast<const char*>(send) + send_bytes);
-        src = tmp.data();
-      }
-      return mpi_status(MPI_Allgatherv(src, static_cast<int>(send_bytes), MPI_BYTE, out,
+      // MPI forbids aliasing send and recv buffers: in place is MPI_IN_PLACE.
+      const bool in_place = send_bytes && send == out + displs[rank_];
+      return mpi_status(MPI_Allgatherv(in_place ? MPI_IN_PLACE : send,
+                                       static_cast<int>(send_bytes), MPI_BYTE, out,
                                        counts.data(), displs.data(), MPI_BYTE, comm_),
                         "allgatherv");
     }
     // Large: each rank broadcasts its block in chunks.
     size_t at = 0;
     for (int r = 0; r < size_; ++r) {
-      if (r == rank_ && send_bytes) std::memmove(out + at, send, send_bytes);
-      KILN_RETURN_IF_ERROR(bcast(out + at, recv_bytes[r], r));
+      if (r == rank_ && send_bytes && send != out + at) std::memmove(out + at, send, send_bytes);
+      KILN_RETURN_IF_ERROR(do_bcast(out + at, recv_bytes[r], r));
       at += recv_bytes[r];
     }
     return Status::ok();
   }
 
-  Status gatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes,
-                 int root) override {
+  Status do_gatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes,
+                    int root) override {
     size_t total = 0;
     for (int r = 0; r < size_; ++r) total += recv_bytes[r];
     char* out = static_cast<char*>(recv);
@@ -176,13 +245,8 @@ class MpiGroup final : public ProcessGroup {
         "gatherv waitall");
   }
 
-  Status alltoall(const void* send, size_t bytes_per_rank, void* recv) override {
-    std::vector<size_t> counts(size_, bytes_per_rank);
-    return alltoallv(send, counts.data(), recv, counts.data());
-  }
-
-  Status alltoallv(const void* send, const size_t* send_bytes, void* recv,
-                   const size_t* recv_bytes) override {
+  Status do_alltoallv(const void* send, const size_t* send_bytes, void* recv,
+                      const size_t* recv_bytes) override {
     uint64_t local_max = 0, send_total = 0, recv_total = 0;
     for (int r = 0; r < size_; ++r) {
       send_total += send_bytes[r];
@@ -230,31 +294,190 @@ class MpiGroup final : public ProcessGroup {
                       "alltoallv waitall");
   }
 
-  Status allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    const size_t elem = dtype_bytes(dtype);
+  Status do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    if (size_ == 1 || count == 0) return Status::ok();
+    const size_t elem = dtype_size(dtype);
     const size_t max_count = kMaxChunk / elem;
     char* p = static_cast<char*>(data);
     for (size_t at = 0; at < count; at += max_count) {
-      int n = static_cast<int>(std::min(max_count, count - at));
-      KILN_RETURN_IF_ERROR(mpi_status(
-          MPI_Allreduce(MPI_IN_PLACE, p + at * elem, n, mpi_type(dtype), mpi_op(op), comm_),
-          "allreduce"));
+      const size_t n = std::min(max_count, count - at);
+      if (deterministic(dtype, op)) {
+        // Pieces of at most kMaxChunk bytes: MPI's int counts hold them.
+        auto work = start_ordered_allreduce(p + at * elem, n, dtype, op);
+        KILN_RETURN_IF_ERROR(work->wait());
+      } else {
+        KILN_RETURN_IF_ERROR(mpi_status(MPI_Allreduce(MPI_IN_PLACE, p + at * elem,
+                                                      static_cast<int>(n), mpi_type(dtype),
+                                                      mpi_op(op), comm_),
+                                        "allreduce"));
+      }
     }
     return Status::ok();
   }
 
-  Result<std::unique_ptr<ProcessGroup>> split(int color, int key) override {
+  Status do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                           ReduceOp op) override {
+    const size_t elem = dtype_size(dtype);
+    if (size_ == 1) {
+      if (recv_count) std::memmove(recv, send, recv_count * elem);
+      return Status::ok();
+    }
+    const size_t piece = std::max<size_t>(1, kMaxChunk / (elem * size_));
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    std::vector<char> packed, gathered;
+    for (size_t a = 0; a < recv_count; a += piece) {
+      const size_t n = std::min(piece, recv_count - a);
+      const size_t block = n * elem;
+      const char* src = in;
+      if (n != recv_count) {  // gather this piece of every block contiguously
+        packed.resize(block * size_);
+        for (int r = 0; r < size_; ++r)
+          std::memcpy(packed.data() + r * block, in + (r * recv_count + a) * elem, block);
+        src = packed.data();
+      }
+      gathered.resize(block * size_);
+      KILN_RETURN_IF_ERROR(mpi_status(MPI_Alltoall(src, static_cast<int>(block), MPI_BYTE,
+                                                   gathered.data(), static_cast<int>(block),
+                                                   MPI_BYTE, comm_),
+                                      "reduce_scatter"));
+      sum_in_rank_order(out + a * elem, gathered.data(), n, dtype, op);
+    }
+    return Status::ok();
+  }
+
+  Result<std::unique_ptr<ProcessGroup>> do_split(int color, int key) override {
     MPI_Comm sub;
     KILN_RETURN_IF_ERROR(mpi_status(MPI_Comm_split(comm_, color, key, &sub), "comm_split"));
     return std::unique_ptr<ProcessGroup>(new MpiGroup(sub, true));
   }
 
-  [[noreturn]] void abort(int code) override {
-    MPI_Abort(comm_, code);
-    std::_Exit(code);
+  // ---- asynchronous ----
+  std::unique_ptr<Work> do_iallreduce(void* data, size_t count, DType dtype,
+                                      ReduceOp op) override {
+    const size_t elem = dtype_size(dtype);
+    if (size_ == 1 || count == 0) return completed_work(Status::ok());
+    if (count * elem > kMaxChunk) return completed_work(do_allreduce(data, count, dtype, op));
+    if (deterministic(dtype, op)) return start_ordered_allreduce(data, count, dtype, op);
+    auto w = std::make_unique<MpiWork>();
+    w->what = "iallreduce";
+    Status st = w->started(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count),
+                                          mpi_type(dtype), mpi_op(op), comm_, &w->req));
+    if (!st.is_ok()) return completed_work(std::move(st));
+    return w;
+  }
+
+  std::unique_ptr<Work> do_iallgather(const void* send, size_t bytes, void* recv) override {
+    if (bytes * size_ > kMaxChunk) {
+      std::vector<size_t> counts(size_, bytes);
+      return completed_work(do_allgatherv(send, bytes, recv, counts.data()));
+    }
+    auto w = std::make_unique<MpiWork>();
+    w->what = "iallgather";
+    char* out = static_cast<char*>(recv);
+    const bool in_place = bytes && send == out + bytes * rank_;
+    Status st = w->started(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(bytes),
+                                          MPI_BYTE, out, static_cast<int>(bytes), MPI_BYTE, comm_,
+                                          &w->req));
+    if (!st.is_ok()) return completed_work(std::move(st));
+    return w;
+  }
+
+  std::unique_ptr<Work> do_ireduce_scatter(const void* send, void* recv, size_t recv_count,
+                                           DType dtype, ReduceOp op) override {
+    const size_t elem = dtype_size(dtype);
+    const size_t block = recv_count * elem;
+    if (size_ == 1 || block * size_ > kMaxChunk)
+      return completed_work(do_reduce_scatter(send, recv, recv_count, dtype, op));
+    auto w = std::make_unique<MpiWork>();
+    w->what = "ireduce_scatter";
+    w->scratch.resize(block * size_);
+    Status st = w->started(MPI_Ialltoall(send, static_cast<int>(block), MPI_BYTE,
+                                         w->scratch.data(), static_cast<int>(block), MPI_BYTE,
+                                         comm_, &w->req));
+    if (!st.is_ok()) return completed_work(std::move(st));
+    const int n = size_;
+    w->next = [recv, recv_count, dtype, op, n](MpiWork& self) {
+      sum_in_rank_order(static_cast<char*>(recv), self.scratch.data(), recv_count, dtype, op, n);
+      return Status::ok();
+    };
+    return w;
+  }
+
+  std::unique_ptr<Work> do_ibcast(void* data, size_t bytes, int root) override {
+    if (bytes > kMaxChunk) return completed_work(do_bcast(data, bytes, root));
+    auto w = std::make_unique<MpiWork>();
+    w->what = "ibcast";
+    Status st = w->started(
+        MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &w->req));
+    if (!st.is_ok()) return completed_work(std::move(st));
+    return w;
+  }
+
+  std::unique_ptr<Work> do_ibarrier() override {
+    auto w = std::make_unique<MpiWork>();
+    w->what = "ibarrier";
+    Status st = w->started(MPI_Ibarrier(comm_, &w->req));
+    if (!st.is_ok()) return completed_work(std::move(st));
+    return w;
   }
 
  private:
+  static bool deterministic(DType dtype, ReduceOp op) {
+    return op == ReduceOp::kSum && (dtype == DType::kFloat32 || dtype == DType::kFloat64);
+  }
+
+  // out[i] = op over ranks r = 0, 1, ... of blocks[r][i] (blocks: n consecutive blocks of count).
+  static void sum_in_rank_order(char* out, const char* blocks, size_t count, DType dtype,
+                                ReduceOp op, int n) {
+    const size_t bytes = count * dtype_size(dtype);
+    if (bytes == 0) return;
+    std::memcpy(out, blocks, bytes);
+    for (int r = 1; r < n; ++r) reduce_into(out, blocks + r * bytes, count, dtype, op);
+  }
+  void sum_in_rank_order(char* out, const char* blocks, size_t count, DType dtype,
+                         ReduceOp op) const {
+    sum_in_rank_order(out, blocks, count, dtype, op, size_);
+  }
+
+  // Floating-point sums in a fixed order: each rank reduces its block of the buffer from every
+  // rank's copy in rank order (an all-to-all), then the blocks are all-gathered in place. The
+  // same volume as a ring all-reduce; count * elem <= kMaxChunk.
+  std::unique_ptr<Work> start_ordered_allreduce(void* data, size_t count, DType dtype,
+                                                ReduceOp op) {
+    const size_t elem = dtype_size(dtype);
+    const int n = size_;
+    const Blocks b(count, n);
+    auto w = std::make_unique<MpiWork>();
+    w->what = "allreduce";
+    w->counts_a.resize(n);
+    w->displs_a.resize(n);
+    w->counts_b.resize(n);
+    w->displs_b.resize(n);
+    const size_t mine = b.len(rank_);
+    for (int r = 0; r < n; ++r) {
+      w->counts_a[r] = static_cast<int>(b.len(r) * elem);   // what I send to r (its block)
+      w->displs_a[r] = static_cast<int>(b.begin(r) * elem);
+      w->counts_b[r] = static_cast<int>(mine * elem);       // what r sends me (my block)
+      w->displs_b[r] = static_cast<int>(r * mine * elem);
+    }
+    w->scratch.resize(std::max<size_t>(1, mine * elem * n));
+    Status st = w->started(MPI_Ialltoallv(data, w->counts_a.data(), w->displs_a.data(), MPI_BYTE,
+                                          w->scratch.data(), w->counts_b.data(),
+                                          w->displs_b.data(), MPI_BYTE, comm_, &w->req));
+    if (!st.is_ok()) return completed_work(std::move(st));
+    char* base = static_cast<char*>(data);
+    const int me = rank_;
+    MPI_Comm comm = comm_;
+    w->next = [base, mine, elem, dtype, op, n, me, comm, b](MpiWork& self) {
+      sum_in_rank_order(base + b.begin(me) * elem, self.scratch.data(), mine, dtype, op, n);
+      // The all-gather reuses the send layout: rank r's block at its offset.
+      return self.started(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, base, self.counts_a.data(),
+                                          self.displs_a.data(), MPI_BYTE, comm, &self.req));
+    };
+    return w;
+  }
+
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0;

@@ -35,17 +35,31 @@ class DataSource {
   // Replaces the weights from the next batch on (unnamed domains get 0). kConfig when invalid.
   virtual Status set_weights(const DomainWeights& weights) = 0;
   virtual std::string state() const = 0;
+  // One state from every data-parallel rank's state() (rank order): restore() takes it on any
+  // number of ranks and continues without repeating or skipping a sample. kData on a mismatch.
+  virtual Result<std::string> merge_states(const std::vector<std::string>& per_rank) const = 0;
   virtual Status restore(const std::string& state) = 0;
   virtual std::string describe() const = 0;
+};
+
+// This process's share of the data: data-parallel rank `rank` of `world` (tensor-parallel peers
+// share a rank and so read the same batches).
+struct DataRank {
+  int rank = 0;
+  int world = 1;
 };
 
 // Synthetic data (no manifest): two learnable domains, "markov" (a sparse random bigram chain:
 // each token has 4 equally likely successors, so the best loss is ln 4 = 1.386) and "repeat"
 // (a random 16-token motif repeated; predictable after its first period). Every token is a pure
 // function of (seed, sequence slot, position); the state is the slot counter plus the weights.
-std::unique_ptr<DataSource> make_synthetic_source(const TrainConfig& config);
+// Data-parallel rank r of W reads slots [s + r*B, s + (r+1)*B) of each group of W*B, so W ranks
+// with micro-batch B see exactly the rows one process with micro-batch W*B sees; the slot counter
+// is global, so the state is the same on every rank and resumes on any world size.
+std::unique_ptr<DataSource> make_synthetic_source(const TrainConfig& config, DataRank rank = {});
 
 // The loader over data.manifest, or synthetic data when data.manifest is empty.
-Result<std::unique_ptr<DataSource>> open_data_source(const TrainConfig& config);
+Result<std::unique_ptr<DataSource>> open_data_source(const TrainConfig& config,
+                                                     DataRank rank = {});
 
 }  // namespace kiln::engine

@@ -36,6 +36,18 @@ class LoaderSource final : public DataSource {
   DomainWeights weights() const override { return loader_->weights(); }
   Status set_weights(const DomainWeights& w) override { return loader_->set_weights(w); }
   std::string state() const override { return loader_->state().to_json(); }
+  Result<std::string> merge_states(const std::vector<std::string>& per_rank) const override {
+    std::vector<LoaderState> states;
+    for (size_t r = 0; r < per_rank.size(); ++r) {
+      KILN_ASSIGN_OR_RETURN(LoaderState s,
+                            LoaderState::from_json(per_rank[r], "rank " + std::to_string(r) +
+                                                                    " data state"));
+      states.push_back(std::move(s));
+    }
+    if (states.size() == 1) return states[0].to_json();
+    KILN_ASSIGN_OR_RETURN(LoaderState merged, LoaderState::merge(states));
+    return merged.to_json();
+  }
   Status restore(const std::string& state) override {
     KILN_ASSIGN_OR_RETURN(LoaderState s, LoaderState::from_json(state, "checkpoint data_state"));
     return loader_->restore(s);
@@ -59,7 +71,7 @@ class LoaderSource final : public DataSource {
 
 }  // namespace
 
-Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config) {
+Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config, DataRank rank) {
   auto read = read_manifest(config.data.manifest);
   if (!read.is_ok()) {
     // The path came from the config: a missing or unreadable manifest is a config error naming it.
@@ -80,6 +92,8 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
   o.seq_len = config.model.seq_len;
   o.micro_batch = config.data.micro_batch;
   o.seed = config.run.seed;
+  o.dp_rank = rank.rank;
+  o.dp_world = rank.world;
   o.weights = config.data.mixture;
   o.prefetch_depth = static_cast<int>(config.data.prefetch_depth);
   o.workers = static_cast<int>(config.data.workers);

@@ -16,8 +16,8 @@ constexpr int kMotif = 16;
 
 class SyntheticSource final : public DataSource {
  public:
-  explicit SyntheticSource(const TrainConfig& c)
-      : seed_(c.run.seed), rows_(c.data.micro_batch), T_(c.model.seq_len),
+  SyntheticSource(const TrainConfig& c, DataRank rank)
+      : rank_(rank), seed_(c.run.seed), rows_(c.data.micro_batch), T_(c.model.seq_len),
         V_(static_cast<uint64_t>(c.model.vocab_size)), names_{"markov", "repeat"} {
     DomainWeights w = c.data.mixture;
     if (w.empty()) w = {{"markov", 1.0}, {"repeat", 1.0}};
@@ -32,6 +32,8 @@ class SyntheticSource final : public DataSource {
     out->targets.resize(rows_ * T_);
     out->domains.resize(rows_);
     std::vector<int32_t> seq(T_ + 1);
+    const uint64_t group = slot_;
+    slot_ = group + static_cast<uint64_t>(rank_.rank) * rows_;
     for (int64_t r = 0; r < rows_; ++r, ++slot_) {
       const double u = random_uniform(seed_, kMixStream, slot_);
       const int d = u < weights_[0] ? 0 : 1;
@@ -52,6 +54,7 @@ class SyntheticSource final : public DataSource {
       std::copy(seq.begin(), seq.end() - 1, out->inputs.begin() + r * T_);
       std::copy(seq.begin() + 1, seq.end(), out->targets.begin() + r * T_);
     }
+    slot_ = group + static_cast<uint64_t>(rank_.world) * rows_;
     out->wait_ms = 0;
     return Status::ok();
   }
@@ -87,6 +90,14 @@ class SyntheticSource final : public DataSource {
     return j.dump();
   }
 
+  Result<std::string> merge_states(const std::vector<std::string>& per_rank) const override {
+    for (const auto& s : per_rank) {
+      if (s != per_rank.at(0))
+        return Status::data("synthetic data states differ between ranks: " + per_rank[0] + " vs " + s);
+    }
+    return per_rank.at(0);
+  }
+
   Status restore(const std::string& state) override {
     try {
       auto j = nlohmann::json::parse(state);
@@ -105,6 +116,7 @@ class SyntheticSource final : public DataSource {
   }
 
  private:
+  DataRank rank_;
   uint64_t seed_;
   int64_t rows_, T_;
   uint64_t V_;
@@ -115,8 +127,8 @@ class SyntheticSource final : public DataSource {
 
 }  // namespace
 
-std::unique_ptr<DataSource> make_synthetic_source(const TrainConfig& config) {
-  return std::make_unique<SyntheticSource>(config);
+std::unique_ptr<DataSource> make_synthetic_source(const TrainConfig& config, DataRank rank) {
+  return std::make_unique<SyntheticSource>(config, rank);
 }
 
 }  // namespace kiln::engine

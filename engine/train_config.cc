@@ -17,6 +17,7 @@ parallel:
   tp: 1
   zero_stage: 0
   prefetch: 1
+  hierarchical: false   # data-parallel all-reduce inside each machine first, then across
 precision: fp32         # fp32 | bf16 | fp16
 loss_scale:
   initial: 65536.0
@@ -157,6 +158,7 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.tp", 1, 1 << 16, &c.parallel.tp));
   KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.zero_stage", 0, 3, &c.parallel.zero_stage));
   KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.prefetch", 0, 64, &c.parallel.prefetch));
+  KILN_ASSIGN_OR_RETURN(c.parallel.hierarchical, cfg.get<bool>("parallel.hierarchical"));
   // precision + loss scale
   KILN_RETURN_IF_ERROR(read_enum<Precision>(
       cfg, "precision",

@@ -79,6 +79,7 @@ struct ParallelConfig {
   int64_t tp = 1;
   int64_t zero_stage = 0;
   int64_t prefetch = 1;  // ZeRO-3: layers gathered ahead (distributed engine)
+  bool hierarchical = false;  // DP all-reduce: intra-node, inter-node, intra-node (comm/topology.h)
 };
 
 struct CheckpointConfig {

@@ -16,6 +16,7 @@
 
 #include "common/atomic_file.h"
 #include "common/log.h"
+#include "engine/data_parallel.h"
 #include "engine/schedule.h"
 #include "kernels/ops.h"
 
@@ -69,6 +70,11 @@ std::string step_record_json(const StepRecord& r) {
   for (const auto& [k, v] : r.domain_weights) dw[k] = v;
   j["domain_weights"] = dw;
   j["loader_wait_ms"] = r.loader_wait_ms;
+  if (!r.comm_bytes.empty()) {
+    nlohmann::ordered_json cb = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : r.comm_bytes) cb[k] = v;
+    j["comm_bytes"] = cb;
+  }
   return j.dump();
 }
 
@@ -84,28 +90,18 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                                  "': this build trains on the CPU only (set device: cpu)")
         .with_key("device");
   }
-  if (config.parallel.tp != 1 || config.parallel.zero_stage != 0) {
-    return Status::unimplemented(
-        "tensor parallelism and ZeRO need the distributed engine; set parallel.tp: 1 and "
-        "parallel.zero_stage: 0 for single-process training")
-        .with_key(config.parallel.tp != 1 ? "parallel.tp" : "parallel.zero_stage");
-  }
-  // Several ranks would all write the same run directory: data parallelism is the distributed
-  // engine's job (DESIGN.md Roadmap), not this single-process loop.
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
-    const char* v = std::getenv(var);
-    if (v && std::atoi(v) > 1) {
-      return Status::unimplemented(std::string("kiln train runs as one process in this build, but ") +
-                                   var + "=" + v + ": run it without mpirun");
-    }
-  }
   std::unique_ptr<Trainer> t(new Trainer());
   t->config_ = config;
   t->config_yaml_ = config_yaml;
   t->options_ = options;
+  // Under mpirun: this rank's place among the data-parallel ranks (one process otherwise).
+  KILN_ASSIGN_OR_RETURN(t->dp_, DataParallel::create(config));
+  if (!t->dp_->is_root()) t->options_.console = false;
   cpu::set_num_threads(static_cast<int>(config.run.threads));
 
-  KILN_ASSIGN_OR_RETURN(t->data_, open_data_source(config));
+  auto data = open_data_source(config, t->dp_->data_rank());
+  KILN_RETURN_IF_ERROR(t->dp_->agree(data.is_ok() ? Status::ok() : data.status()));
+  t->data_ = std::move(data).value();
   t->params_ = std::make_unique<ParamStore>(config.model, config.precision,
                                             config.optimizer.decay_norms_and_biases);
   t->params_->init(config.run.seed);
@@ -118,7 +114,8 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   t->state_.seed = config.run.seed;
   t->state_.scaler = t->scaler_.state();
 
-  KILN_RETURN_IF_ERROR(t->prepare_run_dir());
+  // Rank 0 owns the run directory; every rank learns whether it could.
+  KILN_RETURN_IF_ERROR(t->dp_->agree(t->dp_->is_root() ? t->prepare_run_dir() : Status::ok()));
 
   // Report sizes: parameters, model states, activations per checkpointing mode.
   const auto& m = config.model;
@@ -140,14 +137,27 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                   mib(base > stored ? base - stored : 0));
   }
   KILN_LOG_INFO("data: {}", t->data_->describe());
+  if (t->dp_->world_size() > 1) {
+    KILN_LOG_INFO("distributed: {} ranks ({}), data-parallel {}, tensor-parallel {}, ZeRO stage "
+                  "{}{}; global batch {} sequences",
+                  t->dp_->world_size(), t->dp_->backend(), t->dp_->size(), config.parallel.tp,
+                  config.parallel.zero_stage,
+                  config.parallel.hierarchical ? ", hierarchical all-reduce" : "",
+                  config.data.micro_batch * config.data.grad_accum * t->dp_->size());
+  }
 
   if (options.resume) {
+    // Rank 0 picks the checkpoint; every rank loads the same one (a shared run directory).
     auto latest = latest_checkpoint(config.run.dir);
-    if (!latest.is_ok() && latest.status().code() != StatusCode::kNotFound) {
+    std::string found = latest.is_ok() ? *latest : std::string();
+    KILN_RETURN_IF_ERROR(t->dp_->broadcast(&found));
+    if (!latest.is_ok() && latest.status().code() != StatusCode::kNotFound && found.empty()) {
       return std::move(latest).take_status();
     }
-    if (latest.is_ok()) {
-      KILN_RETURN_IF_ERROR(load_checkpoint(*latest, t->params_.get(), &t->state_));
+    if (!found.empty()) {
+      latest = found;
+      KILN_RETURN_IF_ERROR(
+          t->dp_->agree(load_checkpoint(*latest, t->params_.get(), &t->state_)));
       if (t->state_.seed != config.run.seed) {
         return Status::config("run.seed differs from the checkpoint's (" +
                               std::to_string(t->state_.seed) + ")")
@@ -170,6 +180,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
       KILN_LOG_WARN("--resume: no checkpoint in {}; starting from step 0", config.run.dir);
     }
   }
+  if (!t->dp_->is_root()) return t;  // rank 0 alone writes the run directory's files
   KILN_RETURN_IF_ERROR(t->mixture_->publish_if_absent(normalized(t->data_->weights())));
   // metrics.jsonl: keep the lines up to the step we continue from, then append.
   const std::string metrics_path = (fs::path(config.run.dir) / "metrics.jsonl").string();
@@ -221,8 +232,18 @@ Result<StepRecord> Trainer::step() {
   StepRecord rec;
   rec.step = state_.step + 1;
 
-  // Live mixture changes apply from this step's batch on.
-  if (auto w = mixture_->poll()) {
+  // Live mixture changes apply from this step's batch on: rank 0 reads the control file and
+  // every rank applies what it read, at the same step.
+  std::string polled;
+  if (dp_->is_root()) {
+    if (auto w = mixture_->poll()) polled = mixture_to_json(*w);
+  }
+  KILN_RETURN_IF_ERROR(dp_->broadcast(&polled));
+  std::optional<DomainWeights> w;
+  if (!polled.empty()) {
+    KILN_ASSIGN_OR_RETURN(w, parse_mixture_json(polled, "rank 0's control file"));
+  }
+  if (w) {
     Status st = data_->set_weights(*w);
     if (st.is_ok()) {
       KILN_LOG_INFO("step {}: domain weights changed to {}", rec.step, mixture_to_json(normalized(*w)));
@@ -237,18 +258,26 @@ Result<StepRecord> Trainer::step() {
   batches_.resize(accum);
   int64_t valid = 0;
   const int64_t V = config_.model.vocab_size;
+  Status fetched = Status::ok();
   for (auto& b : batches_) {
-    KILN_RETURN_IF_ERROR(data_->next(&b));
+    fetched = data_->next(&b);
+    if (!fetched.is_ok()) break;
     rec.loader_wait_ms += b.wait_ms;
-    for (size_t i = 0; i < b.inputs.size(); ++i) {
+    for (size_t i = 0; i < b.inputs.size() && fetched.is_ok(); ++i) {
       if (b.inputs[i] < 0 || b.inputs[i] >= V || b.targets[i] >= V) {
-        return Status::data("token id " + std::to_string(std::max(b.inputs[i], b.targets[i])) +
-                            " is outside the model's vocabulary (model.vocab_size " +
-                            std::to_string(V) + ")");
+        fetched = Status::data("token id " + std::to_string(std::max(b.inputs[i], b.targets[i])) +
+                               " is outside the model's vocabulary (model.vocab_size " +
+                               std::to_string(V) + ")");
       }
       valid += b.targets[i] >= 0;
     }
+    if (!fetched.is_ok()) break;
   }
+  // A rank without its batch stops every rank (named in the message) instead of leaving them
+  // waiting in the gradient all-reduce.
+  KILN_RETURN_IF_ERROR(dp_->agree(std::move(fetched)));
+  // The loss is the mean over every rank's valid targets.
+  KILN_RETURN_IF_ERROR(dp_->sum(&valid, 1));
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / std::max<int64_t>(1, valid));
   params_->zero_grads();
@@ -275,6 +304,18 @@ Result<StepRecord> Trainer::step() {
       }
     }
   }
+  // Sums over the data-parallel ranks: loss, then per domain the loss and the target count.
+  std::vector<double> sums;
+  sums.push_back(loss_sum);
+  sums.insert(sums.end(), dom_sum.begin(), dom_sum.end());
+  for (int64_t c : dom_count) sums.push_back(static_cast<double>(c));
+  KILN_RETURN_IF_ERROR(dp_->sum(sums.data(), sums.size()));
+  loss_sum = sums[0];
+  for (size_t d = 0; d < dom_sum.size(); ++d) {
+    dom_sum[d] = sums[1 + d];
+    dom_count[d] = static_cast<int64_t>(sums[1 + dom_sum.size() + d]);
+  }
+  KILN_RETURN_IF_ERROR(dp_->reduce_gradients(*params_));
   rec.loss = loss_sum / std::max<int64_t>(1, valid);
   for (size_t d = 0; d < dom_sum.size(); ++d) {
     if (dom_count[d] > 0) rec.domain_loss[data_->domains()[d]] = dom_sum[d] / dom_count[d];
@@ -320,12 +361,21 @@ Result<StepRecord> Trainer::step() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rec.step_ms = secs * 1e3;
   rec.tokens_per_s = secs > 0 ? static_cast<double>(valid) / secs : 0.0;
+  if (dp_->world_size() > 1) {
+    std::map<std::string, uint64_t> now = dp_->comm_bytes();
+    for (const auto& [k, v] : now) {
+      const uint64_t before_step = comm_seen_.count(k) ? comm_seen_[k] : 0;
+      if (v > before_step) rec.comm_bytes[k] = v - before_step;
+    }
+    comm_seen_ = std::move(now);
+  }
   KILN_RETURN_IF_ERROR(append_metrics(rec));
   history_.push_back(rec);
   return rec;
 }
 
 Status Trainer::append_metrics(const StepRecord& r) {
+  if (!metrics_) return Status::ok();  // ranks other than 0 write no files
   const std::string line = step_record_json(r) + "\n";
   if (std::fwrite(line.data(), 1, line.size(), metrics_) != line.size() ||
       std::fflush(metrics_) != 0) {
@@ -368,14 +418,27 @@ void Trainer::print_progress(const StepRecord& r) {
 }
 
 Status Trainer::save() {
-  state_.data_state = data_->state();
-  state_.mixture_hash = mixture_->applied_hash();
-  state_.scaler = scaler_.state();
-  state_.adam_updates = optimizer_->updates();
-  state_.precision = precision_name(config_.precision);
+  // Every data-parallel rank's loader position, merged on rank 0 into one state that resumes on
+  // any number of ranks. With ZeRO-0 every rank holds the same weights and moments: rank 0
+  // writes them; the others wait for its verdict.
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> per_rank, dp_->gather(data_->state()));
+  Status written = Status::ok();
   const auto t0 = std::chrono::steady_clock::now();
-  KILN_RETURN_IF_ERROR(save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
-                                       config_.checkpoint.keep_last));
+  if (dp_->is_root()) {
+    auto merged = data_->merge_states(per_rank);
+    if (merged.is_ok()) {
+      state_.data_state = *merged;
+      state_.mixture_hash = mixture_->applied_hash();
+      state_.scaler = scaler_.state();
+      state_.adam_updates = optimizer_->updates();
+      state_.precision = precision_name(config_.precision);
+      written = save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
+                                config_.checkpoint.keep_last);
+    } else {
+      written = merged.status();
+    }
+  }
+  KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
   last_saved_step_ = state_.step;
   KILN_LOG_INFO("checkpoint {} written ({:.0f} ms)", checkpoint_dir_name(state_.step),
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
@@ -415,7 +478,14 @@ Status Trainer::run() {
     }
     const int64_t every = config_.checkpoint.every_steps;
     if (every > 0 && rec.step % every == 0) KILN_RETURN_IF_ERROR(save());
-    if (int sig = g_stop_signal.load()) {
+    // Every rank stops after the same step when any rank got the signal.
+    int64_t sig_any = g_stop_signal.load();
+    if (dp_->world_size() > 1) {
+      int64_t v[1] = {sig_any};
+      KILN_RETURN_IF_ERROR(dp_->sum(v, 1));
+      sig_any = v[0] ? (g_stop_signal.load() ? g_stop_signal.load() : SIGTERM) : 0;
+    }
+    if (int sig = static_cast<int>(sig_any)) {
       if (last_saved_step_ != state_.step) KILN_RETURN_IF_ERROR(save());
       return Status::internal("stopped by signal " + std::to_string(sig) + " after step " +
                               std::to_string(state_.step) +

@@ -54,8 +54,12 @@ struct StepRecord {
   std::map<std::string, double> domain_loss;
   DomainWeights domain_weights;
   double loader_wait_ms = 0;
+  // Bytes moved this step by each collective of each group ("dp.all_reduce": ...), multi-rank only.
+  std::map<std::string, uint64_t> comm_bytes;
 };
 std::string step_record_json(const StepRecord& r);  // one line, no newline
+
+class DataParallel;
 
 class Trainer {
  public:
@@ -83,6 +87,8 @@ class Trainer {
   TrainConfig config_;
   std::string config_yaml_;
   TrainOptions options_;
+  std::unique_ptr<DataParallel> dp_;
+  std::map<std::string, uint64_t> comm_seen_;
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;

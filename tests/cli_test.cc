@@ -1,6 +1,8 @@
 // The `kiln` front end as a user runs it: help everywhere, version, exit codes.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <string>
 
@@ -44,10 +46,32 @@ TEST(Cli, MissingPathsAreUsageErrors) {
   EXPECT_NE(train.output.find("data.manifest"), std::string::npos) << train.output;
 }
 
-TEST(Cli, UnbuiltPlanSaysSoAndExitsTwo) {
-  auto plan = run_kiln("plan --config x.yaml --world 8");
-  EXPECT_EQ(plan.exit_code, 2);
-  EXPECT_NE(plan.output.find("not built yet"), std::string::npos) << plan.output;
+TEST(Cli, PlanPrintsEveryLayoutAndNamesBadFlags) {
+  auto missing = run_kiln("plan --config /no/such/x.yaml --world 8");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.output.find("--config"), std::string::npos) << missing.output;
+  auto bad = run_kiln(std::string("plan --config ") + KILN_SOURCE_DIR +
+                      "/configs/train/tiny.yaml --world 2 --memory-per-device lots");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("--memory-per-device"), std::string::npos) << bad.output;
+  auto json = run_kiln(std::string("plan --config ") + KILN_SOURCE_DIR +
+                       "/configs/train/tiny.yaml --world 2 --memory-per-device 1GiB --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  auto arr = nlohmann::json::parse(json.output);
+  // tp 1 (dp 2: ZeRO 0-3) and tp 2 (dp 1: ZeRO 0), three checkpointing modes each.
+  ASSERT_EQ(arr.size(), 15u);
+  int suggested = 0;
+  for (const auto& p : arr) {
+    EXPECT_EQ(p["tp"].get<int>() * p["dp"].get<int>(), 2);
+    const auto& b = p["bytes_per_rank"];
+    EXPECT_EQ(b["total"].get<uint64_t>(),
+              b["params"].get<uint64_t>() + b["grads"].get<uint64_t>() +
+                  b["optimizer"].get<uint64_t>() + b["activations"].get<uint64_t>() +
+                  b["buffers"].get<uint64_t>());
+    EXPECT_EQ(p["fits"].get<bool>(), b["total"].get<uint64_t>() <= (uint64_t{1} << 30));
+    suggested += p["suggested"].get<bool>();
+  }
+  EXPECT_EQ(suggested, 1);
 }
 
 }  // namespace

@@ -1,21 +1,138 @@
+// kiln plan --config FILE --world N [--memory-per-device SIZE] [--json] [--set k=v ...]
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include "engine/plan.h"
+#include "engine/train_config.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
+namespace {
 
-// `kiln plan` belongs to the distributed engine (ZeRO / tensor parallelism), which is not built
-// yet. Its flags are declared so `kiln plan --help` shows the contract's form; running it says
-// it is not built and exits 2.
+struct PlanArgs {
+  ConfigFlags config;
+  int64_t world = 1;
+  std::string memory;
+  bool json = false;
+};
+
+std::string gib(uint64_t b) {
+  char buf[32];
+  const double v = static_cast<double>(b);
+  if (v >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1024.0 * 1024 * 1024));
+  else if (v >= 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", v / (1024.0 * 1024));
+  else std::snprintf(buf, sizeof buf, "%.1f KiB", v / 1024.0);
+  return buf;
+}
+
+Status run_plan(const PlanArgs& a) {
+  if (a.config.config_file.empty()) return Status::usage("--config FILE is required");
+  KILN_ASSIGN_OR_RETURN(Config cfg, engine::load_train_config(a.config.config_file, a.config.sets));
+  KILN_ASSIGN_OR_RETURN(engine::TrainConfig tc, engine::parse_train_config(cfg));
+  std::optional<uint64_t> budget;
+  std::string budget_note;
+  if (!a.memory.empty()) {
+    auto b = engine::parse_byte_size(a.memory);
+    if (!b.is_ok()) return Status::usage("--memory-per-device: " + b.status().message());
+    budget = *b;
+    budget_note = gib(*budget) + " per device (--memory-per-device)";
+  } else if (tc.device == "cpu") {
+    // CPU ranks of one machine share its memory.
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) {
+      budget = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) /
+               static_cast<uint64_t>(a.world);
+      budget_note = gib(*budget) + " per rank (this machine's memory / world; set --memory-per-device)";
+    }
+  } else {
+    budget_note = "unknown (set --memory-per-device)";
+  }
+  KILN_ASSIGN_OR_RETURN(auto plans, engine::plan_layouts(tc, a.world, budget));
+
+  if (a.json) {
+    nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+    for (const auto& p : plans) {
+      nlohmann::ordered_json j;
+      j["tp"] = p.layout.tp;
+      j["dp"] = p.layout.dp;
+      j["zero_stage"] = p.layout.zero_stage;
+      j["activation_checkpointing"] = engine::recompute_name(p.layout.recompute);
+      j["bytes_per_rank"] = {{"params", p.memory.params},         {"grads", p.memory.grads},
+                             {"optimizer", p.memory.optimizer},   {"activations", p.memory.activations},
+                             {"buffers", p.memory.buffers},       {"total", p.memory.total()}};
+      nlohmann::ordered_json comm = nlohmann::ordered_json::object();
+      for (const auto& [k, v] : p.comm_bytes) comm[k] = v;
+      j["comm_bytes_per_step"] = comm;
+      j["fits"] = p.fits ? nlohmann::ordered_json(*p.fits) : nlohmann::ordered_json(nullptr);
+      j["trainable"] = p.trainable;
+      j["suggested"] = p.suggested;
+      arr.push_back(j);
+    }
+    std::printf("%s\n", arr.dump(2).c_str());
+    return Status::ok();
+  }
+
+  const auto units = engine::unit_numels(tc.model, 1);
+  uint64_t params = 0;
+  for (uint64_t n : units) params += n;
+  std::printf("kiln plan: %s on %lld ranks: %.2fM parameters (padded), %s, micro_batch %lld x "
+              "seq_len %lld, grad_accum %lld\nmemory budget: %s\n\n",
+              a.config.config_file.c_str(), static_cast<long long>(a.world), params / 1e6,
+              engine::precision_name(tc.precision), static_cast<long long>(tc.data.micro_batch),
+              static_cast<long long>(tc.model.seq_len), static_cast<long long>(tc.data.grad_accum),
+              budget_note.c_str());
+  std::printf("%3s %4s %4s %-9s | %11s %11s %11s %11s %11s %11s | %-4s %-5s | %s\n", "tp", "dp",
+              "zero", "recompute", "params", "grads", "optimizer", "activations", "buffers",
+              "total", "fits", "train", "bytes moved per step");
+  const engine::LayoutPlan* best = nullptr;
+  for (const auto& p : plans) {
+    std::string comm;
+    for (const auto& [k, v] : p.comm_bytes) comm += (comm.empty() ? "" : ", ") + k + " " + gib(v);
+    if (comm.empty()) comm = "-";
+    std::printf("%3lld %4lld %4lld %-9s | %11s %11s %11s %11s %11s %11s | %-4s %-5s | %s%s\n",
+                static_cast<long long>(p.layout.tp), static_cast<long long>(p.layout.dp),
+                static_cast<long long>(p.layout.zero_stage),
+                engine::recompute_name(p.layout.recompute), gib(p.memory.params).c_str(),
+                gib(p.memory.grads).c_str(), gib(p.memory.optimizer).c_str(),
+                gib(p.memory.activations).c_str(), gib(p.memory.buffers).c_str(),
+                gib(p.memory.total()).c_str(), p.fits ? (*p.fits ? "yes" : "no") : "?",
+                p.trainable ? "yes" : "paper", comm.c_str(), p.suggested ? "  <- suggested" : "");
+    if (p.suggested) best = &p;
+  }
+  if (best) {
+    std::printf("\nsuggested: --set parallel.tp=%lld --set parallel.zero_stage=%lld --set "
+                "activation_checkpointing=%s (mpirun -np %lld): the least recomputation, then "
+                "the fewest bytes per step, among the layouts that fit and that this version "
+                "trains (train: yes; \"paper\" rows are estimates for the layouts to come)\n",
+                static_cast<long long>(best->layout.tp),
+                static_cast<long long>(best->layout.zero_stage),
+                engine::recompute_name(best->layout.recompute), static_cast<long long>(a.world));
+  } else {
+    std::printf("\nno trainable layout fits %s: add ranks, or use a smaller micro_batch or model\n",
+                budget_note.c_str());
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 RunFn add_plan_command(CLI::App& root) {
+  auto args = std::make_shared<PlanArgs>();
   CLI::App* cmd = root.add_subcommand(
-      "plan", "estimate memory and communication for a training config (not built yet)");
-  auto config = std::make_shared<std::string>();
-  auto world = std::make_shared<int>(1);
-  cmd->add_option("--config", *config, "training config (YAML)");
-  cmd->add_option("--world", *world, "number of ranks to plan for");
-  return [] {
-    return Status::unimplemented(
-        "'kiln plan' is not built yet in this version: it comes with the distributed engine");
-  };
+      "plan",
+      "estimate memory per rank and bytes communicated per step for every layout (tensor "
+      "parallel, data parallel, ZeRO stage, activation checkpointing) of a training config");
+  add_config_flags(cmd, &args->config);
+  cmd->add_option("--world", args->world, "number of ranks to plan for")->check(CLI::PositiveNumber);
+  cmd->add_option("--memory-per-device", args->memory,
+                  "memory of one device, e.g. 80GiB (default on CPU: this machine's memory / world)");
+  cmd->add_flag("--json", args->json, "print the layouts as a JSON array");
+  cmd->footer("Bytes follow docs/DISTRIBUTED.md; example: kiln plan --config configs/train/tiny.yaml --world 4");
+  return [args] { return run_plan(*args); };
 }
 
 }  // namespace kiln::cli

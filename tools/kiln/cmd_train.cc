@@ -1,6 +1,8 @@
 // kiln train --config FILE [--set k=v ...] [--resume] [--overwrite]
 #include <memory>
 
+#include "comm/comm.h"
+#include "common/log.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
 #include "tools/kiln/command.h"
@@ -16,6 +18,8 @@ struct TrainArgs {
 };
 
 Status run_train(const TrainArgs& args) {
+  // Under mpirun, rank 0 speaks for the run; the others only warn.
+  if (comm::launched_by_mpi() && comm::world().rank() != 0) set_log_level("warn");
   KILN_ASSIGN_OR_RETURN(Config cfg, engine::load_train_config(args.config.config_file, args.config.sets));
   KILN_ASSIGN_OR_RETURN(engine::TrainConfig tc, engine::parse_train_config(cfg));
   engine::TrainOptions opts;
@@ -43,7 +47,8 @@ RunFn add_train_command(CLI::App& root) {
   app->footer(
       "Config sections: model, parallel, precision, loss_scale, optimizer, schedule,\n"
       "activation_checkpointing, data, checkpoint, stability, run, device (docs/TRAINING.md).\n"
-      "Example: kiln train --config configs/train/tiny.yaml --set run.dir=runs/tiny --set run.steps=200");
+      "Example: kiln train --config configs/train/tiny.yaml --set run.dir=runs/tiny --set run.steps=200\n"
+      "Data parallel: mpirun -np 4 kiln train --config configs/train/tiny.yaml (docs/DISTRIBUTED.md)");
   return [args] { return run_train(*args); };
 }
 

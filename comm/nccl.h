@@ -1,0 +1,29 @@
+// The NCCL backend: a ProcessGroup whose buffers are CUDA device memory.
+//
+// make_nccl_group() is collective over `bootstrap` (an MPI group of the same ranks): rank 0
+// creates an ncclUniqueId, bootstrap broadcasts it, and every rank joins the NCCL communicator on
+// `device`. Collectives are enqueued on the group's stream (the caller's, or one it creates):
+// blocking calls synchronize the stream before returning; the i*() calls return a handle that
+// records a CUDA event, whose wait() synchronizes on it. Counters, names and call-order rules are
+// those of comm/comm.h. Floating-point sums are NCCL's: deterministic for a fixed rank count,
+// topology and NCCL_ALGO / NCCL_PROTO, but not in rank order as the MPI backend's. Variable-size
+// and point-to-point shapes (allgatherv, gatherv, alltoallv) use ncclSend / ncclRecv in a group
+// call. Built when CMake finds CUDA and NCCL (KILN_HAVE_NCCL); elsewhere make_nccl_group()
+// returns kUnimplemented.
+#pragma once
+
+#include <memory>
+
+#include "comm/comm.h"
+#include "common/status.h"
+
+namespace kiln::comm {
+
+// True when this binary has the NCCL backend.
+bool nccl_available();
+
+// stream: a cudaStream_t to enqueue on (nullptr: the group creates and owns one).
+Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup& bootstrap, int device,
+                                                      void* stream = nullptr);
+
+}  // namespace kiln::comm

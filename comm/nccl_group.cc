@@ -1,0 +1,291 @@
+// NCCL backend of ProcessGroup (device memory). Built only with CUDA and NCCL (KILN_HAVE_NCCL).
+#include "comm/nccl.h"
+
+#ifdef KILN_HAVE_NCCL
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace kiln::comm {
+namespace {
+
+Status nccl_status(ncclResult_t rc, const char* what) {
+  if (rc == ncclSuccess) return Status::ok();
+  return Status::internal(std::string("NCCL ") + what + ": " + ncclGetErrorString(rc));
+}
+
+Status cuda_status(cudaError_t rc, const char* what) {
+  if (rc == cudaSuccess) return Status::ok();
+  return Status::internal(std::string("CUDA ") + what + ": " + cudaGetErrorString(rc));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kUInt64: return ncclUint64;
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// Completes when the event recorded after the enqueued collective has fired.
+class NcclWork final : public Work {
+ public:
+  NcclWork(cudaEvent_t event, int device) : event_(event), device_(device) {}
+  ~NcclWork() override {
+    (void)wait();
+    cudaEventDestroy(event_);
+  }
+  Status wait() override {
+    if (!done_) {
+      cudaSetDevice(device_);
+      status_ = cuda_status(cudaEventSynchronize(event_), "event synchronize");
+      done_ = true;
+    }
+    return status_;
+  }
+  bool test() override {
+    if (done_) return true;
+    cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    status_ = cuda_status(rc, "event query");
+    done_ = true;
+    return true;
+  }
+
+ private:
+  cudaEvent_t event_;
+  int device_;
+  Status status_;
+  bool done_ = false;
+};
+
+class NcclGroup final : public ProcessGroup {
+ public:
+  NcclGroup(ncclComm_t comm, int device, cudaStream_t stream, bool own_stream)
+      : comm_(comm), device_(device), stream_(stream), own_stream_(own_stream) {
+    ncclCommUserRank(comm_, &rank_);
+    ncclCommCount(comm_, &size_);
+  }
+  ~NcclGroup() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    if (own_stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "nccl"; }
+  [[noreturn]] void abort(int code) override {
+    ncclCommAbort(comm_);
+    std::_Exit(code);
+  }
+
+ protected:
+  Status do_barrier() override {
+    KILN_RETURN_IF_ERROR(ensure_scratch());
+    KILN_RETURN_IF_ERROR(nccl_status(
+        ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "barrier"));
+    return sync("barrier");
+  }
+  Status do_bcast(void* data, size_t bytes, int root) override {
+    KILN_RETURN_IF_ERROR(enqueue_bcast(data, bytes, root));
+    return sync("broadcast");
+  }
+  Status do_allgatherv(const void* send, size_t send_bytes, void* recv,
+                       const size_t* recv_bytes) override {
+    bool equal = true;
+    for (int r = 0; r < size_; ++r) equal = equal && recv_bytes[r] == recv_bytes[0];
+    char* out = static_cast<char*>(recv);
+    if (equal) {
+      KILN_RETURN_IF_ERROR(nccl_status(
+          ncclAllGather(send, out, send_bytes, ncclChar, comm_, stream_), "all_gather"));
+      return sync("all_gather");
+    }
+    // Variable sizes: one broadcast per rank, grouped.
+    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "group start"));
+    size_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const void* src = r == rank_ ? send : out + at;
+      KILN_RETURN_IF_ERROR(nccl_status(
+          ncclBroadcast(src, out + at, recv_bytes[r], ncclChar, r, comm_, stream_), "allgatherv"));
+      at += recv_bytes[r];
+    }
+    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupEnd(), "group end"));
+    return sync("allgatherv");
+  }
+  Status do_gatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes,
+                    int root) override {
+    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "group start"));
+    if (rank_ == root) {
+      char* out = static_cast<char*>(recv);
+      size_t at = 0;
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) {
+          KILN_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(out + at, send, send_bytes,
+                                                           cudaMemcpyDeviceToDevice, stream_),
+                                           "gatherv copy"));
+        } else if (recv_bytes[r]) {
+          KILN_RETURN_IF_ERROR(nccl_status(
+              ncclRecv(out + at, recv_bytes[r], ncclChar, r, comm_, stream_), "gatherv recv"));
+        }
+        at += recv_bytes[r];
+      }
+    } else if (send_bytes) {
+      KILN_RETURN_IF_ERROR(
+          nccl_status(ncclSend(send, send_bytes, ncclChar, root, comm_, stream_), "gatherv send"));
+    }
+    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupEnd(), "group end"));
+    return sync("gatherv");
+  }
+  Status do_alltoallv(const void* send, const size_t* send_bytes, void* recv,
+                      const size_t* recv_bytes) override {
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "group start"));
+    size_t so = 0, ro = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (send_bytes[r])
+        KILN_RETURN_IF_ERROR(nccl_status(
+            ncclSend(in + so, send_bytes[r], ncclChar, r, comm_, stream_), "alltoallv send"));
+      if (recv_bytes[r])
+        KILN_RETURN_IF_ERROR(nccl_status(
+            ncclRecv(out + ro, recv_bytes[r], ncclChar, r, comm_, stream_), "alltoallv recv"));
+      so += send_bytes[r];
+      ro += recv_bytes[r];
+    }
+    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupEnd(), "group end"));
+    return sync("alltoallv");
+  }
+  Status do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    KILN_RETURN_IF_ERROR(nccl_status(
+        ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+        "all_reduce"));
+    return sync("all_reduce");
+  }
+  Status do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                           ReduceOp op) override {
+    KILN_RETURN_IF_ERROR(nccl_status(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype),
+                                                       nccl_op(op), comm_, stream_),
+                                     "reduce_scatter"));
+    return sync("reduce_scatter");
+  }
+  Result<std::unique_ptr<ProcessGroup>> do_split(int color, int key) override {
+    ncclComm_t sub = nullptr;
+    KILN_RETURN_IF_ERROR(nccl_status(ncclCommSplit(comm_, color, key, &sub, nullptr), "comm split"));
+    cudaStream_t s = nullptr;
+    KILN_RETURN_IF_ERROR(
+        cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create"));
+    return std::unique_ptr<ProcessGroup>(new NcclGroup(sub, device_, s, true));
+  }
+
+  std::unique_ptr<Work> do_iallreduce(void* data, size_t count, DType dtype,
+                                      ReduceOp op) override {
+    Status st = nccl_status(
+        ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+        "all_reduce");
+    return st.is_ok() ? record() : completed_work(std::move(st));
+  }
+  std::unique_ptr<Work> do_iallgather(const void* send, size_t bytes, void* recv) override {
+    Status st = nccl_status(ncclAllGather(send, recv, bytes, ncclChar, comm_, stream_), "all_gather");
+    return st.is_ok() ? record() : completed_work(std::move(st));
+  }
+  std::unique_ptr<Work> do_ireduce_scatter(const void* send, void* recv, size_t recv_count,
+                                           DType dtype, ReduceOp op) override {
+    Status st = nccl_status(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype),
+                                              nccl_op(op), comm_, stream_),
+                            "reduce_scatter");
+    return st.is_ok() ? record() : completed_work(std::move(st));
+  }
+  std::unique_ptr<Work> do_ibcast(void* data, size_t bytes, int root) override {
+    Status st = enqueue_bcast(data, bytes, root);
+    return st.is_ok() ? record() : completed_work(std::move(st));
+  }
+
+ private:
+  Status enqueue_bcast(void* data, size_t bytes, int root) {
+    return nccl_status(ncclBroadcast(data, data, bytes, ncclChar, root, comm_, stream_),
+                       "broadcast");
+  }
+  Status sync(const char* what) {
+    return cuda_status(cudaStreamSynchronize(stream_), what);
+  }
+  Status ensure_scratch() {
+    if (scratch_) return Status::ok();
+    return cuda_status(cudaMalloc(&scratch_, sizeof(int32_t)), "barrier scratch");
+  }
+  std::unique_ptr<Work> record() {
+    cudaEvent_t e = nullptr;
+    Status st = cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event create");
+    if (st.is_ok()) st = cuda_status(cudaEventRecord(e, stream_), "event record");
+    if (!st.is_ok()) return completed_work(std::move(st));
+    return std::make_unique<NcclWork>(e, device_);
+  }
+
+  ncclComm_t comm_;
+  int device_;
+  cudaStream_t stream_;
+  bool own_stream_;
+  int rank_ = 0, size_ = 1;
+  void* scratch_ = nullptr;
+};
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup& bootstrap, int device,
+                                                      void* stream) {
+  KILN_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "set device"));
+  ncclUniqueId id{};
+  Status local = bootstrap.rank() == 0 ? nccl_status(ncclGetUniqueId(&id), "get unique id")
+                                       : Status::ok();
+  KILN_RETURN_IF_ERROR(agree(bootstrap, std::move(local)));
+  KILN_RETURN_IF_ERROR(bootstrap.bcast(&id, sizeof(id), 0));
+  ncclComm_t comm = nullptr;
+  KILN_RETURN_IF_ERROR(agree(
+      bootstrap, nccl_status(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()),
+                             "comm init rank")));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool own = s == nullptr;
+  if (own) {
+    KILN_RETURN_IF_ERROR(
+        cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create"));
+  }
+  auto g = std::make_unique<NcclGroup>(comm, device, s, own);
+  g->set_name(bootstrap.name());
+  return std::unique_ptr<ProcessGroup>(std::move(g));
+}
+
+}  // namespace kiln::comm
+
+#else  // !KILN_HAVE_NCCL
+
+namespace kiln::comm {
+
+bool nccl_available() { return false; }
+
+Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup&, int, void*) {
+  return Status::unimplemented(
+      "this build has no NCCL backend (CMake found no CUDA toolkit with NCCL; KILN_NCCL=ON)");
+}
+
+}  // namespace kiln::comm
+
+#endif

@@ -1,0 +1,77 @@
+#include "engine/data_parallel.h"
+
+#include "common/log.h"
+#include "engine/plan.h"
+
+namespace kiln::engine {
+
+Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& config) {
+  if (comm::launched_by_mpi() && comm::launcher_world_size() > 1 && !comm::mpi_available()) {
+    return Status::unimplemented("launched by mpirun with " +
+                                 std::to_string(comm::launcher_world_size()) +
+                                 " ranks, but this build has no MPI backend (install "
+                                 "libopenmpi-dev and rebuild)");
+  }
+  // engine/plan.h layout_trainable() is the list of what runs; its messages are here.
+  if (config.parallel.tp != 1) {
+    return Status::unimplemented("parallel.tp " + std::to_string(config.parallel.tp) +
+                                 ": tensor parallelism is not in this version's training loop "
+                                 "(`kiln plan` estimates it); use parallel.tp: 1")
+        .with_key("parallel.tp");
+  }
+  if (config.parallel.zero_stage != 0) {
+    return Status::unimplemented("parallel.zero_stage " +
+                                 std::to_string(config.parallel.zero_stage) +
+                                 ": this version's training loop runs ZeRO stage 0 (every rank "
+                                 "holds the full model state; `kiln plan` estimates stages 1-3); "
+                                 "use parallel.zero_stage: 0")
+        .with_key("parallel.zero_stage");
+  }
+  KILN_CHECK(layout_trainable(Layout{config.parallel.tp, 1, config.parallel.zero_stage,
+                                     config.activation_checkpointing}),
+             "a layout refused above is trainable per engine/plan.h");
+  comm::ProcessGroup& world = comm::world();
+  comm::TopologyOptions o;
+  o.tp = static_cast<int>(config.parallel.tp);
+  o.hierarchical = config.parallel.hierarchical;
+  KILN_ASSIGN_OR_RETURN(comm::Topology t, comm::make_topology(world, o));
+  return std::unique_ptr<DataParallel>(new DataParallel(std::move(t)));
+}
+
+Status DataParallel::sum(double* values, size_t n) {
+  return topo_.dp->allreduce(values, n, comm::DType::kFloat64, comm::ReduceOp::kSum);
+}
+
+Status DataParallel::sum(int64_t* values, size_t n) {
+  return topo_.dp->allreduce(values, n, comm::DType::kInt64, comm::ReduceOp::kSum);
+}
+
+Status DataParallel::reduce_gradients(ParamStore& params) {
+  if (topo_.dp_size == 1) return Status::ok();
+  for (auto& u : params.units()) {
+    KILN_RETURN_IF_ERROR(topo_.dp->allreduce(u.grad.data(), u.numel, comm::DType::kFloat32,
+                                             comm::ReduceOp::kSum)
+                             .prefixed("gradient all-reduce of " + u.name));
+  }
+  return Status::ok();
+}
+
+Status DataParallel::agree(Status local) { return comm::agree(*topo_.world, std::move(local)); }
+
+Status DataParallel::broadcast(std::string* blob) { return comm::bcast_string(*topo_.world, blob, 0); }
+
+Result<std::vector<std::string>> DataParallel::gather(const std::string& mine) {
+  return comm::gather_strings(*topo_.dp, mine, 0);
+}
+
+std::map<std::string, uint64_t> DataParallel::comm_bytes() const {
+  std::map<std::string, uint64_t> out;
+  for (const comm::ProcessGroup* g : topo_.groups()) {
+    for (const auto& [op, c] : g->counters()) {
+      if (c.bytes) out[g->name() + "." + op] += c.bytes;
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,66 @@
+// Data parallelism for the training loop: the ranks of `mpirun`, their groups, and every value
+// the ranks must agree on.
+//
+// DataParallel::create() builds the topology (comm/topology.h) over the world: one process
+// without mpirun, N ranks under it. Each data-parallel rank reads its own part of the data
+// (DataRank); gradients are summed across ranks unit by unit (embeddings, each block, the final
+// norm: one all-reduce each, deterministic rank-order sums, so every rank holds the same bits
+// and takes the same clip / overflow decision); losses, token counts and per-domain sums are
+// summed the same way before they are logged. Rank 0 alone writes the run directory's files;
+// decisions it makes alone (the live mixture file) are broadcast. A failure on one rank becomes
+// an error on every rank that names it (agree()), so no rank hangs in a collective.
+//
+// Implemented: ZeRO stage 0 with tensor-parallel size 1. Other layouts are refused with a
+// config error naming the key (kiln plan estimates them all).
+// Not thread-safe: the training thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "comm/topology.h"
+#include "common/status.h"
+#include "engine/data_source.h"
+#include "engine/params.h"
+#include "engine/train_config.h"
+
+namespace kiln::engine {
+
+class DataParallel {
+ public:
+  static Result<std::unique_ptr<DataParallel>> create(const TrainConfig& config);
+
+  int rank() const { return topo_.dp_rank; }
+  int size() const { return topo_.dp_size; }
+  bool is_root() const { return topo_.world->rank() == 0; }
+  int world_rank() const { return topo_.world->rank(); }
+  int world_size() const { return topo_.world->size(); }
+  DataRank data_rank() const { return DataRank{topo_.dp_rank, topo_.dp_size}; }
+  const char* backend() const { return topo_.world->backend(); }
+
+  // In-place sums over the data-parallel ranks.
+  Status sum(double* values, size_t n);
+  Status sum(int64_t* values, size_t n);
+  // Sums every unit's fp32 gradients over the data-parallel ranks (ZeRO-0).
+  Status reduce_gradients(ParamStore& params);
+  // Everyone gets an error if anyone failed (the message names the failing rank).
+  Status agree(Status local);
+  // Root's value on every rank.
+  Status broadcast(std::string* blob);
+  // Every rank's blob, in rank order, on the root only.
+  Result<std::vector<std::string>> gather(const std::string& mine);
+
+  // Bytes moved so far by each collective of every group ("dp.all_reduce", ...).
+  std::map<std::string, uint64_t> comm_bytes() const;
+
+ private:
+  explicit DataParallel(comm::Topology t) : topo_(std::move(t)) {}
+  comm::Topology topo_;
+};
+
+}  // namespace kiln::engine

@@ -1,0 +1,224 @@
+#include "engine/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "engine/model.h"
+
+namespace kiln::engine {
+namespace {
+
+uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+// ParamStore's layout: tensors at 16-element offsets inside a unit, the unit padded to 64.
+struct UnitBuilder {
+  uint64_t numel = 0;
+  void add(uint64_t n) { numel = round_up(numel, 16) + n; }
+  uint64_t done() const { return round_up(numel, 64); }
+};
+
+uint64_t elem_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
+
+int recompute_rank(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return 0;
+    case Recompute::kSelective: return 1;
+    case Recompute::kFull: return 2;
+  }
+  return 0;
+}
+
+// Activations of one micro-batch on one tensor-parallel rank: engine/model.cc's buffers with the
+// head-split parts (qkv, attention output and statistics, MLP hidden, logits chunk) divided by tp.
+uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode) {
+  if (tp == 1) {
+    return plan_activation_memory(c.model, c.data.micro_batch, c.precision, mode).total();
+  }
+  const ModelConfig& m = c.model;
+  const uint64_t e = elem_bytes(c.precision);
+  const uint64_t bt = static_cast<uint64_t>(c.data.micro_batch * m.seq_len);
+  const uint64_t btc = bt * static_cast<uint64_t>(m.d_model);
+  const uint64_t lse = static_cast<uint64_t>(c.data.micro_batch * m.n_heads * m.seq_len) / tp;
+  const uint64_t L = static_cast<uint64_t>(m.n_layers);
+  const uint64_t split = static_cast<uint64_t>(tp);
+  const uint64_t sel = (btc / split + 4 * btc / split) * e + lse * 4;
+  const uint64_t rest = (btc + 3 * btc / split + btc + btc + 4 * btc / split) * e + 4 * bt * 4;
+  uint64_t kept = (L + 1) * btc * e + btc * e + 2 * bt * 4, recompute = 0;
+  switch (mode) {
+    case Recompute::kNone: kept += L * (sel + rest); break;
+    case Recompute::kSelective: kept += L * rest; recompute = sel; break;
+    case Recompute::kFull: recompute = sel + rest; break;
+  }
+  const uint64_t vocab = static_cast<uint64_t>(m.vocab_size) / split;
+  const uint64_t rows = std::clamp<uint64_t>((uint64_t{8} << 20) / (vocab * e), 1, bt);
+  const uint64_t working = (btc * 5 + 3 * btc / split + 8 * btc / split) * e + rows * vocab * e;
+  return kept + recompute + working;
+}
+
+}  // namespace
+
+bool layout_trainable(const Layout& l) { return l.tp == 1 && l.zero_stage == 0; }
+
+uint64_t LayoutPlan::comm_total() const {
+  uint64_t s = 0;
+  for (const auto& [k, v] : comm_bytes) s += v;
+  return s;
+}
+
+std::vector<uint64_t> unit_numels(const ModelConfig& m, int64_t tp) {
+  const uint64_t V = static_cast<uint64_t>(m.vocab_size), C = static_cast<uint64_t>(m.d_model),
+                 T = static_cast<uint64_t>(m.seq_len), t = static_cast<uint64_t>(tp);
+  std::vector<uint64_t> units;
+  UnitBuilder embed;
+  embed.add((V + t - 1) / t * C);  // vocabulary-parallel rows
+  embed.add(T * C);
+  units.push_back(embed.done());
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    UnitBuilder b;
+    b.add(C);                  // ln1.weight
+    b.add(C);                  // ln1.bias
+    b.add(3 * C * C / t);      // attn.qkv.weight (column)
+    b.add(3 * C / t);          // attn.qkv.bias
+    b.add(C * C / t);          // attn.proj.weight (row)
+    b.add(C);                  // attn.proj.bias (replicated)
+    b.add(C);                  // ln2.weight
+    b.add(C);                  // ln2.bias
+    b.add(4 * C * C / t);      // mlp.fc.weight (column)
+    b.add(4 * C / t);          // mlp.fc.bias
+    b.add(4 * C * C / t);      // mlp.proj.weight (row)
+    b.add(C);                  // mlp.proj.bias (replicated)
+    units.push_back(b.done());
+  }
+  UnitBuilder f;
+  f.add(C);
+  f.add(C);
+  units.push_back(f.done());
+  return units;
+}
+
+uint64_t shard_numel(uint64_t numel, int64_t dp) {
+  return round_up((numel + dp - 1) / static_cast<uint64_t>(dp), 16);
+}
+
+LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
+  LayoutPlan p;
+  p.layout = lay;
+  p.trainable = layout_trainable(lay);
+  const std::vector<uint64_t> units = unit_numels(c.model, lay.tp);
+  const uint64_t e = elem_bytes(c.precision);
+  const bool low = c.precision != Precision::kFp32;
+  uint64_t full = 0, shard = 0, largest = 0;
+  for (uint64_t n : units) {
+    full += n;
+    shard += lay.dp > 1 ? shard_numel(n, lay.dp) : n;
+    largest = std::max(largest, n);
+  }
+  const uint64_t largest_padded = lay.dp > 1 ? shard_numel(largest, lay.dp) * lay.dp : largest;
+  const int64_t z = lay.zero_stage;
+  RankMemory& mem = p.memory;
+  mem.params = (z >= 3 ? shard : full) * e;
+  mem.grads = (z >= 2 ? shard : full) * 4;
+  const uint64_t opt_elems = z >= 1 ? shard : full;
+  mem.optimizer = opt_elems * 8 + (low ? opt_elems * 4 : 0);
+  // fp32 below ZeRO-3 keeps its full master weights as the working weights; with ZeRO-1/2 they
+  // are not part of the sharded optimizer state (already counted in params).
+  mem.activations = activation_bytes(c, lay.tp, lay.recompute);
+  if (lay.dp > 1) {
+    // One unit reduced at a time: the reduction's receive scratch (fp32).
+    mem.buffers = largest_padded * 4;
+    if (z >= 2) mem.buffers += largest_padded * 4;  // a unit's full gradients before the scatter
+    if (z >= 3) mem.buffers += (1 + static_cast<uint64_t>(c.parallel.prefetch)) * largest_padded * e;
+  }
+
+  // Communication per optimizer step.
+  const uint64_t A = static_cast<uint64_t>(c.data.grad_accum);
+  const uint64_t padded = [&] {
+    uint64_t s = 0;
+    for (uint64_t n : units) s += lay.dp > 1 ? shard_numel(n, lay.dp) * lay.dp : n;
+    return s;
+  }();
+  if (lay.dp > 1) {
+    if (z == 0) {
+      p.comm_bytes["dp.all_reduce"] = 2 * padded * 4;
+    } else if (z <= 2) {
+      p.comm_bytes["dp.reduce_scatter"] = padded * 4;
+      p.comm_bytes["dp.all_gather"] = padded * e;
+    } else {
+      p.comm_bytes["dp.all_gather"] = 2 * padded * e * A;
+      p.comm_bytes["dp.reduce_scatter"] = padded * 4 * A;
+    }
+  }
+  if (lay.tp > 1) {
+    const ModelConfig& m = c.model;
+    const uint64_t bt = static_cast<uint64_t>(c.data.micro_batch * m.seq_len);
+    const uint64_t btc = bt * static_cast<uint64_t>(m.d_model);
+    const uint64_t L = static_cast<uint64_t>(m.n_layers);
+    const uint64_t C = static_cast<uint64_t>(m.d_model);
+    // Per micro-batch: 4 per block, embedding output, head input gradient (activation dtype,
+    // 2x as all-reduces), 3 fp32 cross-entropy row statistics; per step: the replicated
+    // parameters' gradients (norms, row-parallel biases, position embeddings).
+    const uint64_t act = (4 * L + 2) * 2 * btc * e + 3 * 2 * bt * 4;
+    const uint64_t replicated = L * 6 * C + 2 * C + static_cast<uint64_t>(m.seq_len) * C;
+    p.comm_bytes["tp.all_reduce"] = act * A + 2 * replicated * 4;
+  }
+  return p;
+}
+
+Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world,
+                                             std::optional<uint64_t> budget) {
+  if (world < 1) return Status::usage("--world must be at least 1");
+  std::vector<LayoutPlan> out;
+  for (int64_t tp = 1; tp <= world; ++tp) {
+    if (world % tp != 0 || c.model.n_heads % tp != 0) continue;
+    const int64_t dp = world / tp;
+    for (int64_t z = 0; z <= 3; ++z) {
+      if (dp == 1 && z > 0) continue;  // nothing to shard over
+      for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+        LayoutPlan p = plan_layout(c, Layout{tp, dp, z, r});
+        if (budget) p.fits = p.memory.total() <= *budget;
+        out.push_back(std::move(p));
+      }
+    }
+  }
+  LayoutPlan* best = nullptr;
+  auto key = [](const LayoutPlan& p) {
+    return std::make_tuple(recompute_rank(p.layout.recompute), p.comm_total(), p.memory.total());
+  };
+  for (auto& p : out) {
+    if ((p.fits.has_value() && !*p.fits) || !p.trainable) continue;
+    if (!best || key(p) < key(*best)) best = &p;
+  }
+  if (best) best->suggested = true;
+  return out;
+}
+
+Result<uint64_t> parse_byte_size(const std::string& text) {
+  std::string s;
+  for (char ch : text)
+    if (!std::isspace(static_cast<unsigned char>(ch))) s += ch;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || !std::isfinite(v) || v <= 0) {
+    return Status::usage("'" + text + "' is not a size (examples: 80GiB, 16GB, 512MiB, 1e9)");
+  }
+  std::string unit = s.substr(used);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  if (!unit.empty() && unit.back() == 'I') unit.pop_back();
+  double mult = 1;
+  if (unit == "") mult = 1;
+  else if (unit == "K") mult = 1024.0;
+  else if (unit == "M") mult = 1024.0 * 1024;
+  else if (unit == "G") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return Status::usage("'" + text + "': unknown unit (use K, M, G or T, with or without iB)");
+  return static_cast<uint64_t>(v * mult);
+}
+
+}  // namespace kiln::engine

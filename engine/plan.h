@@ -1,0 +1,81 @@
+// Memory and communication model of a training layout: what `kiln plan` prints.
+//
+// For a config and a world size, every layout (tp dividing the world and the head count,
+// dp = world / tp, ZeRO stage 0-3, activation checkpointing none / selective / full) gets its
+// bytes per rank and its bytes moved per optimizer step, from the engine's own storage rules:
+//   params      the working weights forward/backward read: fp32 master weights in fp32, the
+//               bf16/fp16 copy otherwise; sharded over dp by ZeRO-3
+//   grads       fp32 gradients (every precision); sharded over dp from ZeRO-2
+//   optimizer   AdamW moments (fp32) and, in bf16/fp16, the fp32 master weights; sharded from ZeRO-1
+//   activations engine/model.h's plan for one micro-batch; tensor-parallel parts divided by tp
+//   buffers     communication scratch: ZeRO-0/1 reduce one unit (embeddings, a block, the final
+//               norm) at a time; ZeRO-2 also holds one unit's full gradients; ZeRO-3 holds
+//               1 + parallel.prefetch gathered units and one unit's full gradients
+// Tensor parallelism (Megatron): QKV, MLP-up (column), attention-out and MLP-down (row) and the
+// vocabulary-parallel embedding are split over tp; norms, row-parallel biases and position
+// embeddings are replicated. A "unit" is sharded over dp in equal, 16-element-aligned pieces.
+//
+// Bytes per step are logical volumes per rank as comm/comm.h counts them: a data-parallel
+// all-reduce of G bytes of gradients is 2G; ZeRO-1/2 reduce-scatter the gradients (G) and
+// all-gather the updated weights; ZeRO-3 all-gathers the weights in forward and again in backward
+// and reduce-scatters the gradients, per micro-batch. Tensor parallelism all-reduces activations
+// twice per block in forward and twice in backward, the embedding output once, the head's input
+// gradient once and three fp32 per-row statistics of the vocabulary-parallel cross-entropy.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/train_config.h"
+
+namespace kiln::engine {
+
+struct Layout {
+  int64_t tp = 1, dp = 1, zero_stage = 0;
+  Recompute recompute = Recompute::kNone;
+};
+
+struct RankMemory {
+  uint64_t params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0;
+  uint64_t model_states() const { return params + grads + optimizer; }
+  uint64_t total() const { return params + grads + optimizer + activations + buffers; }
+};
+
+// Whether this version's `kiln train` runs the layout (engine/data_parallel.h); the others are
+// estimates on paper.
+bool layout_trainable(const Layout& layout);
+
+struct LayoutPlan {
+  Layout layout;
+  bool trainable = false;  // layout_trainable()
+  RankMemory memory;
+  // "dp.all_reduce", "dp.reduce_scatter", "dp.all_gather", "tp.all_reduce": bytes per rank per step.
+  std::map<std::string, uint64_t> comm_bytes;
+  std::optional<bool> fits;  // set when a memory budget is known
+  bool suggested = false;
+  uint64_t comm_total() const;
+};
+
+// Element counts of the parameter units (embed, blocks.0 .. blocks.L-1, final) as ParamStore
+// lays them out (padded), for one tensor-parallel rank of tp.
+std::vector<uint64_t> unit_numels(const ModelConfig& model, int64_t tp = 1);
+// Elements of one dp shard of a unit of `numel` elements (16-element aligned).
+uint64_t shard_numel(uint64_t numel, int64_t dp);
+
+// The plan of one layout for `config` (its model, precision, data and parallel.prefetch).
+LayoutPlan plan_layout(const TrainConfig& config, const Layout& layout);
+// Every layout for `world` ranks; marks fits (when budget is set) and the suggestion: among the
+// trainable layouts that fit (all, without a budget), the least recomputation, then the fewest
+// bytes moved per step, then the least memory.
+Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& config, int64_t world,
+                                             std::optional<uint64_t> budget);
+
+// "80GiB", "16 GB", "512MiB", "1e9" -> bytes (K/M/G/T with or without "i" are powers of 1024).
+Result<uint64_t> parse_byte_size(const std::string& text);
+
+}  // namespace kiln::engine

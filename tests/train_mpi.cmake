@@ -1,0 +1,10 @@
+# Data-parallel `kiln train` under mpirun (tests/train_mpi.sh): equivalence with one process,
+# bytes vs `kiln plan`, resume across world sizes, kill -9 of a rank during checkpoint writes.
+if(KILN_HAVE_MPI)
+  foreach(check equivalence resume kill)
+    add_test(NAME train_mpi_${check}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_mpi.sh ${check} $<TARGET_FILE:kiln>
+                     ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_mpi ${MPIEXEC_EXECUTABLE})
+    set_tests_properties(train_mpi_${check} PROPERTIES LABELS "mpi;e2e" TIMEOUT 300)
+  endforeach()
+endif()

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Data-parallel training under mpirun (ctest train_mpi_*): one check per invocation.
+#   train_mpi.sh CHECK KILN_BINARY SOURCE_DIR WORK_DIR MPIEXEC
+# CHECK:
+#   equivalence  DP=2 with micro-batch 2 vs one process with micro-batch 4 (same data, seed and
+#                global batch, fp32, 10 steps): losses within 1e-5 relative, final parameters
+#                within 1e-5 (absolute, element-wise); the gradient all-reduce moves 2x the (padded) gradient bytes per
+#                step, as `kiln plan --json` says, within 1%.
+#   resume       a run stopped at step 5 on 2 ranks and resumed on 4 (and 4 -> 2) continues with
+#                the uninterrupted 2-rank run's losses within fp32 round-off (1e-5 relative); on
+#                the same layout the resumed losses are bit-identical.
+#   kill         kill -9 of rank 0 while it writes checkpoints (one per step): mpirun stops every
+#                rank and names the rank; --resume continues from the last complete checkpoint
+#                and finishes the run.
+set -euo pipefail
+CHECK=$1
+KILN=$(readlink -f "$2")
+SRC=$3
+WORK=$4/$CHECK
+MPI=$5
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+rm -rf "$WORK"
+mkdir -p "$WORK"
+cd "$WORK"
+MODEL=(--config "$SRC/configs/train/tiny.yaml" --set model.vocab_size=256 --set model.d_model=32
+       --set model.n_layers=2 --set model.n_heads=2 --set model.seq_len=16 --set run.threads=1
+       --set schedule.warmup_steps=2 --set schedule.total_steps=10)
+train() {  # train NP MICRO_BATCH RUN_DIR STEPS [extra...]
+  local np=$1 mb=$2 dir=$3 steps=$4
+  shift 4
+  if [ "$np" = 1 ]; then
+    "$KILN" train --quiet "${MODEL[@]}" --set data.micro_batch="$mb" --set run.dir="$dir" --set run.steps="$steps" "$@"
+  else
+    "$MPI" -np "$np" --oversubscribe "$KILN" train --quiet "${MODEL[@]}" --set data.micro_batch="$mb" \
+      --set run.dir="$dir" --set run.steps="$steps" "$@"
+  fi
+}
+
+case "$CHECK" in
+equivalence)
+  train 1 4 one 10 --set checkpoint.every_steps=10 2>one.log
+  train 2 2 dp2 10 --set checkpoint.every_steps=10 2>dp2.log
+  "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 2 --json >plan.json
+  /usr/bin/python3 - <<'PY'
+import json, struct, sys
+import numpy as np
+
+def losses(run):
+    return [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+
+def tensors(run):
+    path = f"{run}/checkpoints/step-00000010/model.safetensors"
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32)
+    return out
+
+one, dp2 = losses("one"), losses("dp2")
+assert len(one) == len(dp2) == 10, (len(one), len(dp2))
+worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, dp2))
+print(f"equivalence: 10 steps, worst relative loss difference {worst:.2e} (limit 1e-5)")
+ok = worst <= 1e-5
+t1, t2 = tensors("one"), tensors("dp2")
+assert t1.keys() == t2.keys()
+# The issue's bound, element-wise: every parameter within 1e-5 (absolute), and the whole
+# model's relative difference |p1 - p2| / |p1| (all parameters as one vector) beside it.
+adiff = max(float(np.max(np.abs(t1[k] - t2[k]))) for k in t1)
+d2 = sum(float(np.sum((t1[k] - t2[k]).astype(np.float64) ** 2)) for k in t1)
+n2 = sum(float(np.sum(t1[k].astype(np.float64) ** 2)) for k in t1)
+print(f"equivalence: final parameters, largest element difference {adiff:.2e} (limit 1e-5); "
+      f"whole-model relative difference {(d2 / n2) ** 0.5:.2e}")
+ok = ok and adiff <= 1e-5
+plan = [p for p in json.load(open("plan.json"))
+        if p["tp"] == 1 and p["dp"] == 2 and p["zero_stage"] == 0
+        and p["activation_checkpointing"] == "none"][0]
+want = plan["comm_bytes_per_step"]["dp.all_reduce"]
+for rec in dp2:
+    got = rec["comm_bytes"]["dp.all_reduce"]
+    if abs(got - want) > 0.01 * want:
+        print(f"step {rec['step']}: dp.all_reduce moved {got} bytes, kiln plan says {want}")
+        ok = False
+print(f"equivalence: dp.all_reduce {dp2[-1]['comm_bytes']['dp.all_reduce']} bytes per step, "
+      f"kiln plan {want} (limit 1%)")
+sys.exit(0 if ok else 1)
+PY
+  ;;
+resume)
+  train 2 2 ref 10 2>ref.log
+  train 2 2 a 5 --set checkpoint.every_steps=5 2>a.log
+  cp -r a a4
+  train 2 2 a 10 --resume 2>>a.log            # same layout: bit-identical
+  train 4 1 a4 10 --resume 2>>a4.log          # written on 2 ranks, resumed on 4
+  train 4 1 b 5 --set checkpoint.every_steps=5 2>b.log
+  train 2 2 b 10 --resume 2>>b.log            # written on 4 ranks, resumed on 2
+  /usr/bin/python3 - <<'PY'
+import json, sys
+def losses(run):
+    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{run}/metrics.jsonl")}
+ref, same, up, down = losses("ref"), losses("a"), losses("a4"), losses("b")
+ok = True
+for name, run, tol in (("2 -> 2", same, 0.0), ("2 -> 4", up, 1e-5), ("4 -> 2", down, 1e-5)):
+    assert sorted(run) == list(range(1, 11)), (name, sorted(run))
+    worst = max(abs(run[s] - ref[s]) / abs(ref[s]) for s in range(6, 11))
+    print(f"resume {name} ranks: steps 6-10, worst relative loss difference {worst:.2e} (limit {tol:g})")
+    ok = ok and worst <= tol
+sys.exit(0 if ok else 1)
+PY
+  ;;
+kill)
+  # Every step writes a checkpoint, so most of the time rank 0 is inside a checkpoint write.
+  set +e
+  train 2 2 run 400 --set checkpoint.every_steps=1 --set checkpoint.keep_last=2 >kill.out 2>&1 &
+  MPIRUN=$!
+  for _ in $(seq 1 600); do
+    [ -e run/checkpoints/step-00000004 ] && break
+    sleep 0.1
+  done
+  RANK0=""
+  for p in $(pgrep -f "$KILN train"); do
+    if tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0'; then RANK0=$p; fi
+  done
+  [ -n "$RANK0" ] || { echo "kill: rank 0 not found"; cat kill.out; kill "$MPIRUN"; exit 1; }
+  kill -9 "$RANK0"
+  # mpirun must stop every rank (not hang) and say which one died.
+  for _ in $(seq 1 300); do kill -0 "$MPIRUN" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$MPIRUN" 2>/dev/null; then echo "kill: mpirun still running 30 s after rank 0 died"; kill -9 "$MPIRUN"; exit 1; fi
+  wait "$MPIRUN"
+  RC=$?
+  set -e
+  [ "$RC" != 0 ] || { echo "kill: mpirun exited 0 after a rank was killed"; exit 1; }
+  grep -q "rank 0" kill.out || { echo "kill: mpirun's message does not name rank 0"; cat kill.out; exit 1; }
+  LATEST=$(cat run/checkpoints/latest)
+  echo "kill: rank 0 killed; latest complete checkpoint $LATEST"
+  train 2 2 run 12 --resume --set checkpoint.every_steps=0 2>resume.log ||
+    { cat resume.log; exit 1; }
+  grep -q "resumed from" resume.log || { echo "kill: no resume line"; cat resume.log; exit 1; }
+  /usr/bin/python3 - <<'PY'
+import json, sys
+steps = [json.loads(l)["step"] for l in open("run/metrics.jsonl")]
+print(f"kill: after resume metrics hold steps {steps[0]}..{steps[-1]} ({len(steps)} lines)")
+sys.exit(0 if steps == list(range(1, 13)) else 1)
+PY
+  ;;
+*)
+  echo "unknown check $CHECK"
+  exit 2
+  ;;
+esac
+rm -rf "$WORK"
