@@ -121,12 +121,18 @@ kill)
     [ -e run/checkpoints/step-00000004 ] && break
     sleep 0.1
   done
+  # Rank 0 among this run's own processes (other tests may be training at the same time).
+  descendants() {
+    local kids
+    kids=$(ps -o pid= --ppid "$1" 2>/dev/null || true)
+    for k in $kids; do echo "$k"; descendants "$k"; done
+  }
   RANK0=""
-  for p in $(pgrep -f "$KILN train"); do
+  for p in $(descendants "$MPIRUN"); do
     if tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0'; then RANK0=$p; fi
   done
   [ -n "$RANK0" ] || { echo "kill: rank 0 not found"; cat kill.out; kill "$MPIRUN"; exit 1; }
-  kill -9 "$RANK0"
+  kill -9 "$RANK0" || { echo "kill: could not kill rank 0 ($RANK0)"; exit 1; }
   # mpirun must stop every rank (not hang) and say which one died.
   for _ in $(seq 1 300); do kill -0 "$MPIRUN" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$MPIRUN" 2>/dev/null; then echo "kill: mpirun still running 30 s after rank 0 died"; kill -9 "$MPIRUN"; exit 1; fi
