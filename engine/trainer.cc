@@ -71,6 +71,7 @@ std::string step_record_json(const StepRecord& r) {
   j["domain_weights"] = dw;
   j["loader_wait_ms"] = r.loader_wait_ms;
   if (!r.comm_bytes.empty()) {
+    j["comm_ms"] = r.comm_ms;
     nlohmann::ordered_json cb = nlohmann::ordered_json::object();
     for (const auto& [k, v] : r.comm_bytes) cb[k] = v;
     j["comm_bytes"] = cb;
@@ -309,6 +310,7 @@ Result<StepRecord> Trainer::step() {
   sums.push_back(loss_sum);
   sums.insert(sums.end(), dom_sum.begin(), dom_sum.end());
   for (int64_t c : dom_count) sums.push_back(static_cast<double>(c));
+  const auto c0 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(dp_->sum(sums.data(), sums.size()));
   loss_sum = sums[0];
   for (size_t d = 0; d < dom_sum.size(); ++d) {
@@ -316,6 +318,9 @@ Result<StepRecord> Trainer::step() {
     dom_count[d] = static_cast<int64_t>(sums[1 + dom_sum.size() + d]);
   }
   KILN_RETURN_IF_ERROR(dp_->reduce_gradients(*params_));
+  // Collectives after backward (nothing overlaps them yet): the step's exposed comm time.
+  rec.comm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
+                    .count();
   rec.loss = loss_sum / std::max<int64_t>(1, valid);
   for (size_t d = 0; d < dom_sum.size(); ++d) {
     if (dom_count[d] > 0) rec.domain_loss[data_->domains()[d]] = dom_sum[d] / dom_count[d];

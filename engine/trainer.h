@@ -56,6 +56,7 @@ struct StepRecord {
   double loader_wait_ms = 0;
   // Bytes moved this step by each collective of each group ("dp.all_reduce": ...), multi-rank only.
   std::map<std::string, uint64_t> comm_bytes;
+  double comm_ms = 0;  // wall time of the step's loss/gradient reductions (multi-rank only)
 };
 std::string step_record_json(const StepRecord& r);  // one line, no newline
 
