@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "engine/data_parallel.h"
 #include "engine/schedule.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
 
 namespace kiln::engine {
@@ -118,6 +119,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // Rank 0 owns the run directory; every rank learns whether it could.
   KILN_RETURN_IF_ERROR(t->dp_->agree(t->dp_->is_root() ? t->prepare_run_dir() : Status::ok()));
 
+  KILN_LOG_INFO("{}", cpu::describe_cpu_runtime());
   // Report sizes: parameters, model states, activations per checkpointing mode.
   const auto& m = config.model;
   KILN_LOG_INFO("model: {} parameters (vocab {}, d_model {}, {} layers, {} heads, seq {}), {}",

@@ -67,7 +67,8 @@ namespace cpu {
 // on it. Not to be called while ops run on other threads.
 void set_num_threads(int n);
 int num_threads();
-// True if OpenBLAS provides a native bf16 GEMM (cblas_sbgemm) that matmul uses for bf16.
+// True if matmul runs bf16 on oneDNN's native bf16 GEMM (AMX / AVX512-BF16) in this process, false
+// if it widens to fp32 (kernels/cpu_isa.h: chosen once at start-up, named by describe_cpu_runtime).
 bool have_native_bf16_gemm();
 
 // ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] ---------------------------------------
@@ -94,8 +95,8 @@ void layernorm_backward(Same<T>* dinp, float* dweight, float* dbias, const T* do
                         const float* rstd, int B, int T_, int C);
 
 // ---- matmul: out (B,T,OC) = inp (B,T,C) @ weight(OC,C)^T + bias(OC) --------------------------------
-// fp32: one cblas_sgemm, no copies. bf16/fp16: fp32 accumulation (cblas_sbgemm for bf16 when
-// available, else widening into per-thread scratch + sgemm). bias nullable.
+// fp32: cblas_sgemm in fixed row chunks, no copies. bf16/fp16: fp32 accumulation (oneDNN's bf16
+// matmul where the start-up probe allows it, else widening to fp32 + the same sgemm). bias nullable.
 template <typename T>
 void matmul_forward(T* out, const Same<T>* inp, const Same<T>* weight, const Same<T>* bias, int B,
                     int T_, int C, int OC);

@@ -1,5 +1,7 @@
 // matmul_forward / matmul_backward: gradient check of the reference, fast vs reference in fp32,
-// bf16 and fp16, null gradients, accumulation, and thread-count invariance.
+// bf16 and fp16, null gradients, accumulation, and thread-count invariance. The bf16 tests run
+// on every bf16 GEMM this machine has (the widening fallback everywhere, oneDNN where it works).
+#include "kernels/cpu_isa.h"
 #include "kernels/reference.h"
 #include "kernels_test_util.h"
 
@@ -11,6 +13,21 @@ using namespace kiln::testing;
 struct Shape {
   int B, T, C, OC;
 };
+
+// Runs fn() once per bf16 GEMM available here (the fallback always), then restores the choice.
+template <typename Fn>
+void for_each_bf16_gemm(const Fn& fn) {
+  const cpu::Bf16Gemm chosen = cpu::cpu_runtime().bf16_gemm;
+  for (cpu::Bf16Gemm g : {cpu::Bf16Gemm::kWiden, cpu::Bf16Gemm::kOneDnn}) {
+    if (!cpu::set_bf16_gemm(g)) {
+      EXPECT_NE(g, cpu::Bf16Gemm::kWiden) << "the widening fallback must always be available";
+      continue;
+    }
+    SCOPED_TRACE(::testing::Message() << "bf16 GEMM " << cpu::bf16_gemm_name(g));
+    fn();
+  }
+  EXPECT_TRUE(cpu::set_bf16_gemm(chosen));
+}
 
 TEST(KernelsMatmul, ReferenceGradientMatchesFiniteDifferences) {
   const int B = 2, T = 3, C = 5, OC = 4;
@@ -80,7 +97,8 @@ TEST(KernelsMatmul, Fp32MatchesReference) {
 
 TEST(KernelsMatmul, Bf16MatchesReference) {
   for (const Shape& s : kShapes)
-    for (bool bias : {true, false}) check_against_reference<bf16>(s, bias, 5e-3, 5e-3, 1e-5);
+    for (bool bias : {true, false})
+      for_each_bf16_gemm([&] { check_against_reference<bf16>(s, bias, 5e-3, 5e-3, 1e-5); });
 }
 
 TEST(KernelsMatmul, Fp16MatchesReference) {
@@ -173,7 +191,7 @@ TEST(KernelsMatmul, ThreadCountInvariantAtModelShapes) {
 
 TEST(KernelsMatmul, ThreadCountInvariant) {
   check_thread_invariance<float>();
-  check_thread_invariance<bf16>();
+  for_each_bf16_gemm([] { check_thread_invariance<bf16>(); });
   check_thread_invariance<fp16>();
 }
 

@@ -22,13 +22,14 @@ struct CliRun {
 };
 
 // `args` is appended to the binary's path and run by the shell, so it may hold redirections
-// of standard input (e.g. "tokenizer encode --tokenizer t.json < text.txt").
-inline CliRun run_kiln(const std::string& args) {
+// of standard input (e.g. "tokenizer encode --tokenizer t.json < text.txt"). `env` (e.g.
+// "KILN_CPU_ISA=avx2") is put before the binary, so it sets environment variables for this run.
+inline CliRun run_kiln(const std::string& args, const std::string& env = "") {
   static int counter = 0;
   const std::string err_file = (std::filesystem::temp_directory_path() /
                                 ("kiln_cli_stderr_" + std::to_string(::getpid()) + "_" +
                                  std::to_string(counter++) + ".txt")).string();
-  const std::string cmd = std::string(KILN_BINARY) + " " + args + " 2>" + err_file;
+  const std::string cmd = env + " " + std::string(KILN_BINARY) + " " + args + " 2>" + err_file;
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;

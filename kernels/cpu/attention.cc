@@ -7,9 +7,9 @@
 // saved logsumexp (P = exp(q k^T * scale - lse)) and accumulates dq, dk, dv in a fixed order, so
 // the result is deterministic without atomics. D = rowsum(dO * O) replaces the softmax Jacobian
 // sum (FlashAttention-2).
-// The block products (64 x 64 x head_size) use a small register-tiled GEMM (gemm_acc) with keys
-// stored transposed, so the innermost loops run along contiguous memory without reductions and
-// vectorise; softmax rows use the vectorised exp.
+// The block products (64 x 64 x head_size) use a small register-tiled GEMM (gemm_acc, one build
+// per CPU path) with keys stored transposed, so the innermost loops run along contiguous memory
+// without reductions and vectorise; softmax rows use the vectorised exp.
 #include "common/status.h"
 #include "kernels/cpu/internal.h"
 #include "kernels/ops.h"
@@ -22,10 +22,12 @@ namespace {
 constexpr int kBlockQ = 64;
 constexpr int kBlockK = 64;
 
-// C[m x n] += A[m x k] @ B[k x n], all row-major with the given row strides. An 8 x 16 tile of C
-// is held in eight 16-float vector registers (GCC vector extensions: one zmm each with AVX-512,
-// two ymm with AVX2) for the whole k loop; edges fall back to plain loops. Every element sums
-// over d = 0..k-1 in order, so results do not depend on the tiling.
+// C[m x n] += A[m x k] @ B[k x n], all row-major with the given row strides. An MR x 16 tile of C
+// is held in MR 16-float vectors (GCC vector extensions: one zmm each with AVX-512, two ymm with
+// AVX2) for the whole k loop; edges fall back to plain loops. MR is 8 on the AVX-512 path (8 of
+// the 32 zmm) and 6 on AVX2 (12 of the 16 ymm, leaving room for the two B vectors and the
+// broadcast). Every element sums over d = 0..k-1 in order with one fused multiply-add per term, so
+// results do not depend on the tiling, and both paths give the same bits.
 typedef float VecF16 __attribute__((vector_size(64)));
 
 // By reference, not by value: keeps the vector type out of the function ABI (no -Wpsabi noise
@@ -33,45 +35,30 @@ typedef float VecF16 __attribute__((vector_size(64)));
 inline void load16(VecF16& v, const float* p) { __builtin_memcpy(&v, p, sizeof(v)); }
 inline void store16(float* p, const VecF16& v) { __builtin_memcpy(p, &v, sizeof(v)); }
 
-inline void gemm_acc(float* __restrict C, int ldc, const float* __restrict A, int lda,
-                     const float* __restrict B, int ldb, int m, int n, int k) {
-  constexpr int MR = 8, NR = 16;
+template <int MR>
+__attribute__((always_inline)) inline void gemm_acc_tiles(float* __restrict C, int ldc,
+                                                          const float* __restrict A, int lda,
+                                                          const float* __restrict B, int ldb,
+                                                          int m, int n, int k) {
+  constexpr int NR = 16;
   const int m_main = m / MR * MR, n_main = n / NR * NR;
   for (int r0 = 0; r0 < m_main; r0 += MR) {
     const float* a0 = A + static_cast<size_t>(r0) * lda;
     for (int c0 = 0; c0 < n_main; c0 += NR) {
       float* c = C + static_cast<size_t>(r0) * ldc + c0;
-      VecF16 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7;
-      load16(acc0, c);
-      load16(acc1, c + ldc);
-      load16(acc2, c + 2 * ldc);
-      load16(acc3, c + 3 * ldc);
-      load16(acc4, c + 4 * ldc);
-      load16(acc5, c + 5 * ldc);
-      load16(acc6, c + 6 * ldc);
-      load16(acc7, c + 7 * ldc);
+      VecF16 acc[MR];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) load16(acc[i], c + static_cast<size_t>(i) * ldc);
       const float* b = B + c0;
       for (int d = 0; d < k; ++d, b += ldb) {
         VecF16 bv;
         load16(bv, b);
         const float* a = a0 + d;
-        acc0 += a[0] * bv;
-        acc1 += a[lda] * bv;
-        acc2 += a[2 * lda] * bv;
-        acc3 += a[3 * lda] * bv;
-        acc4 += a[4 * lda] * bv;
-        acc5 += a[5 * lda] * bv;
-        acc6 += a[6 * lda] * bv;
-        acc7 += a[7 * lda] * bv;
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) acc[i] += a[static_cast<size_t>(i) * lda] * bv;
       }
-      store16(c, acc0);
-      store16(c + ldc, acc1);
-      store16(c + 2 * ldc, acc2);
-      store16(c + 3 * ldc, acc3);
-      store16(c + 4 * ldc, acc4);
-      store16(c + 5 * ldc, acc5);
-      store16(c + 6 * ldc, acc6);
-      store16(c + 7 * ldc, acc7);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) store16(c + static_cast<size_t>(i) * ldc, acc[i]);
     }
     if (n_main < n) {
       for (int i = 0; i < MR; ++i) {
@@ -88,6 +75,24 @@ inline void gemm_acc(float* __restrict C, int ldc, const float* __restrict A, in
     float* c = C + static_cast<size_t>(r) * ldc;
     for (int d = 0; d < k; ++d) axpy(c, A[static_cast<size_t>(r) * lda + d], B + static_cast<size_t>(d) * ldb, n);
   }
+}
+
+void gemm_acc_avx2(float* __restrict C, int ldc, const float* __restrict A, int lda,
+                   const float* __restrict B, int ldb, int m, int n, int k) {
+  gemm_acc_tiles<6>(C, ldc, A, lda, B, ldb, m, n, k);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void gemm_acc_avx512(
+    float* __restrict C, int ldc, const float* __restrict A, int lda, const float* __restrict B,
+    int ldb, int m, int n, int k) {
+  gemm_acc_tiles<8>(C, ldc, A, lda, B, ldb, m, n, k);
+}
+
+using GemmAcc = void (*)(float*, int, const float*, int, const float*, int, int, int, int);
+
+// The block GEMM of the process's CPU path (kernels/cpu_isa.h).
+GemmAcc pick_gemm_acc() {
+  return cpu_runtime().isa == Isa::kAvx2 ? gemm_acc_avx2 : gemm_acc_avx512;
 }
 
 // dst[c][r] = src[r][c] for r < m, c < n.
@@ -117,6 +122,7 @@ void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, in
   const int nqb = (T_ + kBlockQ - 1) / kBlockQ;
   const size_t C3 = static_cast<size_t>(3) * C;
   const size_t tasks = static_cast<size_t>(B) * NH * nqb;
+  const GemmAcc gemm_acc = pick_gemm_acc();
 
   parallel_tasks(tasks, [&](size_t task) {
     const int qb = static_cast<int>(task % nqb);
@@ -188,6 +194,7 @@ void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t C3 = static_cast<size_t>(3) * C;
   const size_t Ths = static_cast<size_t>(T_) * hs;
+  const GemmAcc gemm_acc = pick_gemm_acc();
 
   parallel_tasks(static_cast<size_t>(B) * NH, [&](size_t task) {
     const int h = static_cast<int>(task % NH);

@@ -13,8 +13,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/dtype.h"
 
 namespace kiln::cpu::detail {
@@ -41,6 +43,13 @@ void parallel_tasks(size_t count, const Fn& fn) {
 float* scratch(size_t n_floats, int slot);
 constexpr int kScratchSlots = 8;
 constexpr int kCallSlot = 4;
+
+// ---- start-up choices (kernels/cpu_isa.h) -------------------------------------------------------
+
+// matmul.cc: caps oneDNN at path `isa` (first call only, before oneDNN initialises) and checks
+// that it can create the bf16 matmuls Kiln uses with a non-reference implementation. *why gets
+// oneDNN's implementation name, or the reason it cannot (its error message). Never throws.
+bool probe_onednn_bf16(Isa isa, std::string* why);
 
 // ---- vectorisable reductions (fixed order: 16 interleaved partial sums, then a fixed tree) -----
 

@@ -1,14 +1,21 @@
 // matmul: out = inp @ weight^T + bias, and its backward.
 //
-// fp32 goes straight to OpenBLAS cblas_sgemm on the caller's buffers (no copies; OpenBLAS splits
-// only the M/N dimensions across its threads, so the K-order of every dot product, and hence the
-// result, does not depend on the thread count).
-// bf16 uses oneDNN's matmul (AMX / AVX512-BF16 kernels, fp32 accumulation) when Kiln is built
-// with oneDNN, in fixed row chunks on the oneTBB threads with one oneDNN thread per chunk, so the
-// result is again independent of the thread count. Otherwise (and for fp16) the operands are
-// widened to fp32 in scratch buffers and multiplied with sgemm.
+// fp32 goes to OpenBLAS cblas_sgemm on the caller's buffers (no copies), with the output rows split
+// into fixed chunks on the oneTBB threads and OpenBLAS single-threaded inside each: the chunking
+// depends on the shape only, so the result does not depend on the thread count (OpenBLAS's own
+// threading does change the bits: its edge kernels accumulate in another order).
+// bf16 uses oneDNN's matmul (AMX / AVX512-BF16 kernels, fp32 accumulation) when the start-up probe
+// (probe_onednn_bf16, via kernels/cpu_isa.h) found that oneDNN can run it on this CPU and path, in
+// fixed row chunks with one oneDNN thread per chunk, again independent of the thread count.
+// Otherwise (and for fp16) the same chunked sgemm runs on operands widened to fp32: the weight once
+// per call, the activation rows per chunk (while in cache), the output rounded per chunk.
+// No oneDNN exception leaves this file: the probe turns one into the fallback, and a failure after
+// a successful probe stops the process via KILN_CHECK (file and line).
 #include <cblas.h>
 
+#include <mutex>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 
 #if KILN_HAVE_DNNL
@@ -29,13 +36,6 @@ namespace {
 
 constexpr size_t kElemChunk = 1 << 15;
 
-// out rows = bias (fp32), as the C input of a beta=1 GEMM.
-void fill_bias_rows(float* out, const float* bias, size_t rows, int OC) {
-  parallel_chunks(rows, 64, [&](size_t rb, size_t re) {
-    for (size_t r = rb; r < re; ++r) std::memcpy(out + r * OC, bias, OC * sizeof(float));
-  });
-}
-
 // dbias (OC) += column sums of dout (rows, OC); column slices in parallel, rows in order.
 template <typename T>
 void bias_backward(float* dbias, const T* dout, size_t rows, int OC) {
@@ -51,29 +51,85 @@ void bias_backward(float* dbias, const T* dout, size_t rows, int OC) {
   });
 }
 
+// A whole call-level operand as fp32: the buffer itself for float, else widened (in parallel)
+// into call scratch slot kCallSlot + k.
 template <typename T>
-const float* widen_all(const T* src, size_t n, int slot) {
-  float* dst = scratch(n, slot);
-  parallel_chunks(n, kElemChunk, [&](size_t b, size_t e) { widen(dst + b, src + b, e - b); });
-  return dst;
-}
-
-void sgemm_forward(float* out, const float* inp, const float* weight, const float* bias, int BT,
-                   int C, int OC) {
-  if (bias) fill_bias_rows(out, bias, BT, OC);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BT, OC, C, 1.0f, inp, C, weight, C,
-              bias ? 1.0f : 0.0f, out, OC);
-}
-
-void sgemm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                    const float* weight, int BT, int C, int OC) {
-  if (dinp) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BT, C, OC, 1.0f, dout, OC, weight, C,
-                1.0f, dinp, C);
+const float* weight_as_float(const T* src, size_t n, int k = 0) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    float* dst = scratch(n, kCallSlot + k);
+    parallel_chunks(n, kElemChunk, [&](size_t b, size_t e) { widen(dst + b, src + b, e - b); });
+    return dst;
   }
+}
+
+// Fixed row chunk of a GEMM with m output rows (a function of the shape only, never of the thread
+// count): at most 8 chunks of at least 64 rows. Each chunk repacks the other operand, so fewer,
+// larger chunks keep that cost small; 8 keep 2-8 threads busy.
+size_t gemm_row_chunk(size_t m) {
+  // OpenBLAS runs single-threaded inside the chunks (also set by cpu::set_num_threads).
+  static const bool single = (openblas_set_num_threads(1), true);
+  (void)single;
+  size_t c = (m + 7) / 8;
+  c = (c + 15) / 16 * 16;
+  return std::max<size_t>(c, 64);
+}
+
+// C[M,N] = op(A)[M,K] @ op(B)[K,N] + beta C, row-major. The rows of C are split into fixed chunks
+// on the oneTBB threads, one single-threaded OpenBLAS call each: OpenBLAS's own threading changes
+// the bits with the thread count (its edge kernels accumulate differently), this does not.
+void sgemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A,
+                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  parallel_chunks(static_cast<size_t>(M), gemm_row_chunk(M), [&](size_t rb, size_t re) {
+    const float* a = ta == CblasNoTrans ? A + rb * lda : A + rb;
+    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(re - rb), N, K, 1.0f, a, lda, B, ldb,
+                beta, C + rb * ldc, ldc);
+  });
+}
+
+// out (BT, OC) = inp (BT, C) @ weight (OC, C)^T + bias, in fp32 row chunks. T = float runs on the
+// caller's buffers; otherwise the weight and bias are widened once, and each chunk widens its
+// input rows, multiplies, and rounds its output rows while they are in cache.
+template <typename T>
+void gemm_forward(T* out, const T* inp, const T* weight, const T* bias, int BT, int C, int OC) {
+  const float* w_f = weight_as_float(weight, static_cast<size_t>(OC) * C);
+  const float* b_f = bias ? weight_as_float(bias, OC, 1) : nullptr;
+  parallel_chunks(static_cast<size_t>(BT), gemm_row_chunk(BT), [&](size_t rb, size_t re) {
+    const size_t rows = re - rb;
+    const float* in_f = row_as_float(inp + rb * C, rows * C, 0);
+    float* out_f = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) + rb * OC
+                                            : scratch(rows * OC, 1);
+    if (b_f) {
+      for (size_t r = 0; r < rows; ++r) std::memcpy(out_f + r * OC, b_f, OC * sizeof(float));
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), OC, C, 1.0f, in_f,
+                C, w_f, C, b_f ? 1.0f : 0.0f, out_f, OC);
+    if constexpr (!std::is_same_v<T, float>) narrow(out + rb * OC, out_f, rows * OC);
+  });
+}
+
+// dinp (BT, C) += dout @ weight; dweight (OC, C) += dout^T @ inp (fp32), in fixed row chunks.
+template <typename T>
+void gemm_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int BT,
+                   int C, int OC) {
+  const float* dout_f = weight_as_float(dout, static_cast<size_t>(BT) * OC);
   if (dweight) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f,
-                dweight, C);
+    const float* inp_f = weight_as_float(inp, static_cast<size_t>(BT) * C, 1);
+    sgemm_rows(CblasTrans, CblasNoTrans, OC, C, BT, dout_f, OC, inp_f, C, 1.0f, dweight, C);
+  }
+  if (!dinp) return;
+  const float* w_f = weight_as_float(weight, static_cast<size_t>(OC) * C, 2);
+  if constexpr (std::is_same_v<T, float>) {
+    sgemm_rows(CblasNoTrans, CblasNoTrans, BT, C, OC, dout_f, OC, w_f, C, 1.0f, dinp, C);
+  } else {
+    parallel_chunks(static_cast<size_t>(BT), gemm_row_chunk(BT), [&](size_t rb, size_t re) {
+      const size_t rows = re - rb;
+      float* d_f = scratch(rows * C, 0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), C, OC, 1.0f,
+                  dout_f + rb * OC, OC, w_f, C, 0.0f, d_f, C);
+      add_row(dinp + rb * C, d_f, rows * C);
+    });
   }
 }
 
@@ -110,34 +166,39 @@ void dnnl_gemm(int64_t M, int64_t N, int64_t K, const bf16* A, int64_t a_rs, int
                bool accumulate, const bf16* bias) {
   using dt = dnnl::memory::data_type;
   thread_local std::unordered_map<GemmKey, GemmPrim, GemmKeyHash> cache;
-  thread_local dnnl::stream strm(dnnl_engine());
   GemmKey key{M, N, K, a_rs, a_cs, b_rs, b_cs, ldc, c_bf16, accumulate, bias != nullptr};
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    GemmPrim p;
-    p.a = dnnl::memory::desc({M, K}, dt::bf16, dnnl::memory::dims{a_rs, a_cs});
-    p.b = dnnl::memory::desc({K, N}, dt::bf16, dnnl::memory::dims{b_rs, b_cs});
-    p.c = dnnl::memory::desc({M, N}, c_bf16 ? dt::bf16 : dt::f32, dnnl::memory::dims{ldc, 1});
-    if (bias) p.bias = dnnl::memory::desc({1, N}, dt::bf16, dnnl::memory::dims{N, 1});
-    dnnl::primitive_attr attr;
-    if (accumulate) {
-      dnnl::post_ops po;
-      po.append_sum(1.0f);
-      attr.set_post_ops(po);
+  try {
+    thread_local dnnl::stream strm(dnnl_engine());
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      GemmPrim p;
+      p.a = dnnl::memory::desc({M, K}, dt::bf16, dnnl::memory::dims{a_rs, a_cs});
+      p.b = dnnl::memory::desc({K, N}, dt::bf16, dnnl::memory::dims{b_rs, b_cs});
+      p.c = dnnl::memory::desc({M, N}, c_bf16 ? dt::bf16 : dt::f32, dnnl::memory::dims{ldc, 1});
+      if (bias) p.bias = dnnl::memory::desc({1, N}, dt::bf16, dnnl::memory::dims{N, 1});
+      dnnl::primitive_attr attr;
+      if (accumulate) {
+        dnnl::post_ops po;
+        po.append_sum(1.0f);
+        attr.set_post_ops(po);
+      }
+      auto desc = bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
+      dnnl::matmul::primitive_desc pd(desc, attr, dnnl_engine());
+      p.prim = dnnl::matmul(pd);
+      it = cache.emplace(key, std::move(p)).first;
     }
-    auto desc = bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
-    dnnl::matmul::primitive_desc pd(desc, attr, dnnl_engine());
-    p.prim = dnnl::matmul(pd);
-    it = cache.emplace(key, std::move(p)).first;
+    GemmPrim& p = it->second;
+    auto& eng = dnnl_engine();
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(p.a, eng, const_cast<bf16*>(A))},
+        {DNNL_ARG_WEIGHTS, dnnl::memory(p.b, eng, const_cast<bf16*>(B))},
+        {DNNL_ARG_DST, dnnl::memory(p.c, eng, Cmat)}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, eng, const_cast<bf16*>(bias)));
+    p.prim.execute(strm, args);
+  } catch (const dnnl::error& e) {
+    KILN_CHECK(false, "oneDNN bf16 matmul " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                          std::to_string(K) + " failed after the start-up probe passed: " + e.what());
   }
-  GemmPrim& p = it->second;
-  auto& eng = dnnl_engine();
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, dnnl::memory(p.a, eng, const_cast<bf16*>(A))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(p.b, eng, const_cast<bf16*>(B))},
-      {DNNL_ARG_DST, dnnl::memory(p.c, eng, Cmat)}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, eng, const_cast<bf16*>(bias)));
-  p.prim.execute(strm, args);
 }
 
 // Fixed chunk of the split dimension (depends on the shape only, never on the thread count): at
@@ -176,33 +237,73 @@ void dnnl_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp
   // dweight (OC, C) += dout^T (OC, BT) @ inp (BT, C)
   if (dweight) dnnl_gemm_split(OC, C, BT, dout, 1, OC, inp, C, 1, dweight, false, C, true, nullptr);
 }
+dnnl::cpu_isa dnnl_max_isa(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx2: return dnnl::cpu_isa::avx2;
+    case Isa::kAvx512: return dnnl::cpu_isa::avx512_core_bf16;
+    case Isa::kAmx: break;
+  }
+  return dnnl::cpu_isa::avx512_core_amx;
+}
 #endif  // KILN_HAVE_DNNL
+
+bool use_onednn() { return cpu_runtime().bf16_gemm == Bf16Gemm::kOneDnn; }
 
 }  // namespace
 
-bool have_native_bf16_gemm() { return KILN_HAVE_DNNL != 0; }
+namespace detail {
+bool probe_onednn_bf16([[maybe_unused]] Isa isa, std::string* why) {
+#if KILN_HAVE_DNNL
+  static std::once_flag capped;
+  std::call_once(capped, [&] { dnnl::set_max_cpu_isa(dnnl_max_isa(isa)); });
+  try {
+    using dt = dnnl::memory::data_type;
+    const int64_t n = 64;
+    dnnl::memory::desc a({n, n}, dt::bf16, dnnl::memory::dims{n, 1});
+    dnnl::memory::desc b({n, n}, dt::bf16, dnnl::memory::dims{1, n});
+    dnnl::memory::desc bias({1, n}, dt::bf16, dnnl::memory::dims{n, 1});
+    dnnl::memory::desc c16({n, n}, dt::bf16, dnnl::memory::dims{n, 1});
+    dnnl::memory::desc c32({n, n}, dt::f32, dnnl::memory::dims{n, 1});
+    dnnl::primitive_attr sum;
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    sum.set_post_ops(po);
+    dnnl::matmul::primitive_desc fwd(dnnl::matmul::desc(a, b, bias, c16), dnnl_engine());
+    dnnl::matmul::primitive_desc acc(dnnl::matmul::desc(a, b, c32), sum, dnnl_engine());
+    for (const char* impl : {fwd.impl_info_str(), acc.impl_info_str()}) {
+      if (std::string_view(impl).substr(0, 3) == "ref") {
+        *why = std::string("oneDNN has only its slow reference bf16 matmul here: ") + impl;
+        return false;
+      }
+    }
+    *why = std::string("oneDNN ") + fwd.impl_info_str();
+    return true;
+  } catch (const dnnl::error& e) {
+    *why = std::string("oneDNN cannot run bf16 matmul on this CPU/path: ") + e.what();
+    return false;
+  }
+#else
+  *why = "built without oneDNN";
+  return false;
+#endif
+}
+}  // namespace detail
+
+bool have_native_bf16_gemm() { return use_onednn(); }
 
 template <typename T>
 void matmul_forward(T* out, const Same<T>* inp, const Same<T>* weight, const Same<T>* bias, int B,
                     int T_, int C, int OC) {
   const int BT = B * T_;
-  if constexpr (std::is_same_v<T, float>) {
-    sgemm_forward(out, inp, weight, bias, BT, C, OC);
-  } else {
 #if KILN_HAVE_DNNL
-    if constexpr (std::is_same_v<T, bf16>) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (use_onednn()) {
       dnnl_forward(out, inp, weight, bias, BT, C, OC);
       return;
     }
-#endif
-    const size_t n_out = static_cast<size_t>(BT) * OC;
-    const float* inp_f = widen_all(inp, static_cast<size_t>(BT) * C, kCallSlot);
-    const float* w_f = widen_all(weight, static_cast<size_t>(OC) * C, kCallSlot + 1);
-    const float* b_f = bias ? widen_all(bias, OC, kCallSlot + 2) : nullptr;
-    float* out_f = scratch(n_out, kCallSlot + 3);
-    sgemm_forward(out_f, inp_f, w_f, b_f, BT, C, OC);
-    parallel_chunks(n_out, kElemChunk, [&](size_t b, size_t e) { narrow(out + b, out_f + b, e - b); });
   }
+#endif
+  gemm_forward(out, inp, weight, bias, BT, C, OC);
 }
 
 template <typename T>
@@ -210,29 +311,15 @@ void matmul_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
                      const Same<T>* inp, const Same<T>* weight, int B, int T_, int C, int OC) {
   const int BT = B * T_;
   if (dbias) bias_backward(dbias, dout, BT, OC);
-  if constexpr (std::is_same_v<T, float>) {
-    sgemm_backward(dinp, dweight, dout, inp, weight, BT, C, OC);
-  } else {
 #if KILN_HAVE_DNNL
-    if constexpr (std::is_same_v<T, bf16>) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (use_onednn()) {
       dnnl_backward(dinp, dweight, dout, inp, weight, BT, C, OC);
       return;
     }
-#endif
-    const float* dout_f = widen_all(dout, static_cast<size_t>(BT) * OC, kCallSlot);
-    if (dweight) {
-      const float* inp_f = widen_all(inp, static_cast<size_t>(BT) * C, kCallSlot + 1);
-      sgemm_backward(nullptr, dweight, dout_f, inp_f, nullptr, BT, C, OC);
-    }
-    if (dinp) {
-      const size_t n_in = static_cast<size_t>(BT) * C;
-      const float* w_f = widen_all(weight, static_cast<size_t>(OC) * C, kCallSlot + 2);
-      float* dinp_f = scratch(n_in, kCallSlot + 3);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BT, C, OC, 1.0f, dout_f, OC, w_f, C,
-                  0.0f, dinp_f, C);
-      parallel_chunks(n_in, kElemChunk, [&](size_t b, size_t e) { add_row(dinp + b, dinp_f + b, e - b); });
-    }
   }
+#endif
+  gemm_backward(dinp, dweight, dout, inp, weight, BT, C, OC);
 }
 
 #define KILN_INSTANTIATE(T)                                                                      \

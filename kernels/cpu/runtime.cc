@@ -109,7 +109,7 @@ void set_num_threads(int n) {
   detail::g_control.reset();
   detail::g_control =
       std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, n);
-  openblas_set_num_threads(n);
+  openblas_set_num_threads(1);  // GEMMs run in fixed chunks on the oneTBB threads (matmul.cc)
   detail::g_threads.store(n, std::memory_order_relaxed);
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "kernels/cpu_isa.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
@@ -30,8 +31,14 @@ void add_config_flags(CLI::App* app, ConfigFlags* flags) {
 int main(int argc, char** argv) {
   using namespace kiln::cli;
   kiln::init_logging();
+  // The CPU kernels' path (KILN_CPU_ISA, oneDNN probe) is chosen once, before anything runs.
+  if (kiln::Status st = kiln::cpu::init_cpu_runtime(); !st.is_ok()) {
+    std::fprintf(stderr, "kiln: %s: %s\n", kiln::status_code_name(st.code()), st.to_string().c_str());
+    return st.exit_code();
+  }
   CLI::App app{"kiln: from a raw text corpus to a trained language model"};
-  app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
+  app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION + "\n" +
+                                        kiln::cpu::describe_cpu_runtime());
   app.require_subcommand(1);
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
