@@ -64,73 +64,105 @@ const float* weight_as_float(const T* src, size_t n, int k = 0) {
   }
 }
 
-// Fixed row chunk of a GEMM with m output rows (a function of the shape only, never of the thread
-// count): at most 8 chunks of at least 64 rows. Each chunk repacks the other operand, so fewer,
-// larger chunks keep that cost small; 8 keep 2-8 threads busy.
-size_t gemm_row_chunk(size_t m) {
+// The fixed partition of a GEMM's output C[M,N] (a function of the shape only, never of the thread
+// count): the larger of M and N is cut into at most 8 chunks of at least 128 rows (columns). Each
+// chunk repacks the operand it shares with the others (about 1/(2 * chunk) of its flops in memory
+// traffic), so fewer, larger chunks keep that small; up to 8 keep 2-8 threads busy. Cutting the
+// larger dimension repacks the smaller operand (e.g. the LM head splits the vocabulary).
+struct GemmSplit {
+  bool cols;     // split N (columns) instead of M (rows)
+  size_t len;    // M or N
+  size_t chunk;  // rows or columns per chunk
+};
+GemmSplit gemm_split(size_t m, size_t n) {
   // OpenBLAS runs single-threaded inside the chunks (also set by cpu::set_num_threads).
   static const bool single = (openblas_set_num_threads(1), true);
   (void)single;
-  size_t c = (m + 7) / 8;
+  const bool cols = n > m;
+  const size_t len = cols ? n : m;
+  size_t c = (len + 7) / 8;
   c = (c + 15) / 16 * 16;
-  return std::max<size_t>(c, 64);
+  return {cols, len, std::max<size_t>(c, 128)};
 }
 
-// C[M,N] = op(A)[M,K] @ op(B)[K,N] + beta C, row-major. The rows of C are split into fixed chunks
-// on the oneTBB threads, one single-threaded OpenBLAS call each: OpenBLAS's own threading changes
-// the bits with the thread count (its edge kernels accumulate differently), this does not.
-void sgemm_rows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A,
-                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  parallel_chunks(static_cast<size_t>(M), gemm_row_chunk(M), [&](size_t rb, size_t re) {
-    const float* a = ta == CblasNoTrans ? A + rb * lda : A + rb;
-    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(re - rb), N, K, 1.0f, a, lda, B, ldb,
-                beta, C + rb * ldc, ldc);
+// Runs fn(r0, r1, c0, c1) for every block of the fixed partition of an M x N output, in parallel.
+template <typename Fn>
+void for_gemm_blocks(size_t M, size_t N, const Fn& fn) {
+  const GemmSplit s = gemm_split(M, N);
+  parallel_chunks(s.len, s.chunk, [&](size_t b, size_t e) {
+    if (s.cols) fn(size_t{0}, M, b, e);
+    else fn(b, e, size_t{0}, N);
   });
 }
 
-// out (BT, OC) = inp (BT, C) @ weight (OC, C)^T + bias, in fp32 row chunks. T = float runs on the
-// caller's buffers; otherwise the weight and bias are widened once, and each chunk widens its
-// input rows, multiplies, and rounds its output rows while they are in cache.
+// One block [r0,r1) x [c0,c1) of C[M,N] = op(A)[M,K] @ op(B)[K,N] + beta C (row-major, the
+// caller's strides) as a single-threaded OpenBLAS call. OpenBLAS's own threading is not used: it
+// changes the bits with the thread count (its edge kernels accumulate differently).
+void sgemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, size_t r0, size_t r1, size_t c0,
+                 size_t c1, int K, const float* A, int lda, const float* B, int ldb, float beta,
+                 float* C, int ldc) {
+  const float* a = ta == CblasNoTrans ? A + r0 * lda : A + r0;
+  const float* b = tb == CblasNoTrans ? B + c0 : B + c0 * ldb;
+  cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(r1 - r0), static_cast<int>(c1 - c0), K, 1.0f,
+              a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc);
+}
+
+// out (BT, OC) = inp (BT, C) @ weight (OC, C)^T + bias, fp32 accumulation. T = float runs on the
+// caller's buffers; otherwise the operands are widened once per call and each block is computed
+// into per-thread scratch and rounded into `out` while it is in cache.
 template <typename T>
 void gemm_forward(T* out, const T* inp, const T* weight, const T* bias, int BT, int C, int OC) {
   const float* w_f = weight_as_float(weight, static_cast<size_t>(OC) * C);
   const float* b_f = bias ? weight_as_float(bias, OC, 1) : nullptr;
-  parallel_chunks(static_cast<size_t>(BT), gemm_row_chunk(BT), [&](size_t rb, size_t re) {
-    const size_t rows = re - rb;
-    const float* in_f = row_as_float(inp + rb * C, rows * C, 0);
-    float* out_f = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) + rb * OC
-                                            : scratch(rows * OC, 1);
-    if (b_f) {
-      for (size_t r = 0; r < rows; ++r) std::memcpy(out_f + r * OC, b_f, OC * sizeof(float));
+  const float* in_f = weight_as_float(inp, static_cast<size_t>(BT) * C, 2);
+  for_gemm_blocks(BT, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+    const size_t rows = r1 - r0, cols = c1 - c0;
+    float* o;
+    int ldo;
+    if constexpr (std::is_same_v<T, float>) {
+      o = out + r0 * OC + c0;
+      ldo = OC;
+    } else {
+      o = scratch(rows * cols, 0);
+      ldo = static_cast<int>(cols);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), OC, C, 1.0f, in_f,
-                C, w_f, C, b_f ? 1.0f : 0.0f, out_f, OC);
-    if constexpr (!std::is_same_v<T, float>) narrow(out + rb * OC, out_f, rows * OC);
+    if (b_f) {
+      for (size_t r = 0; r < rows; ++r) std::memcpy(o + r * ldo, b_f + c0, cols * sizeof(float));
+    }
+    sgemm_block(CblasNoTrans, CblasTrans, 0, rows, 0, cols, C, in_f + r0 * C, C, w_f + c0 * C, C,
+                b_f ? 1.0f : 0.0f, o, ldo);
+    if constexpr (!std::is_same_v<T, float>) {
+      for (size_t r = 0; r < rows; ++r) narrow(out + (r0 + r) * OC + c0, o + r * cols, cols);
+    }
   });
 }
 
-// dinp (BT, C) += dout @ weight; dweight (OC, C) += dout^T @ inp (fp32), in fixed row chunks.
+// dinp (BT, C) += dout @ weight; dweight (OC, C) += dout^T @ inp (fp32), in fixed blocks.
 template <typename T>
 void gemm_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int BT,
                    int C, int OC) {
   const float* dout_f = weight_as_float(dout, static_cast<size_t>(BT) * OC);
   if (dweight) {
     const float* inp_f = weight_as_float(inp, static_cast<size_t>(BT) * C, 1);
-    sgemm_rows(CblasTrans, CblasNoTrans, OC, C, BT, dout_f, OC, inp_f, C, 1.0f, dweight, C);
+    for_gemm_blocks(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+      sgemm_block(CblasTrans, CblasNoTrans, r0, r1, c0, c1, BT, dout_f, OC, inp_f, C, 1.0f,
+                  dweight, C);
+    });
   }
   if (!dinp) return;
   const float* w_f = weight_as_float(weight, static_cast<size_t>(OC) * C, 2);
-  if constexpr (std::is_same_v<T, float>) {
-    sgemm_rows(CblasNoTrans, CblasNoTrans, BT, C, OC, dout_f, OC, w_f, C, 1.0f, dinp, C);
-  } else {
-    parallel_chunks(static_cast<size_t>(BT), gemm_row_chunk(BT), [&](size_t rb, size_t re) {
-      const size_t rows = re - rb;
-      float* d_f = scratch(rows * C, 0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), C, OC, 1.0f,
-                  dout_f + rb * OC, OC, w_f, C, 0.0f, d_f, C);
-      add_row(dinp + rb * C, d_f, rows * C);
-    });
-  }
+  for_gemm_blocks(BT, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+    if constexpr (std::is_same_v<T, float>) {
+      sgemm_block(CblasNoTrans, CblasNoTrans, r0, r1, c0, c1, OC, dout_f, OC, w_f, C, 1.0f, dinp,
+                  C);
+    } else {
+      const size_t rows = r1 - r0, cols = c1 - c0;
+      float* d = scratch(rows * cols, 0);
+      sgemm_block(CblasNoTrans, CblasNoTrans, 0, rows, 0, cols, OC, dout_f + r0 * OC, OC,
+                  w_f + c0, C, 0.0f, d, static_cast<int>(cols));
+      for (size_t r = 0; r < rows; ++r) add_row(dinp + (r0 + r) * C + c0, d + r * cols, cols);
+    }
+  });
 }
 
 #if KILN_HAVE_DNNL

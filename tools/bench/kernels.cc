@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
 
 namespace {
@@ -111,13 +112,16 @@ void bench_dtype(const Config& cfg, StepTally& step) {
       kiln::cpu::matmul_backward(dinp.data(), dw.data(), has_bias ? db.data() : nullptr,
                                  dout.data(), inp.data(), w.data(), mb, mt, s.in, s.out);
     });
-    // Peer: one raw fp32 sgemm of the forward shape, same threads.
+    // Peer: one raw fp32 sgemm of the forward shape, OpenBLAS threaded itself with the same number
+    // of threads (Kiln's kernels keep OpenBLAS at 1 thread inside their own fixed chunks).
     auto fi = random_vec<float>(rows * s.in, 1.0f, 1), fw = random_vec<float>(size_t(s.out) * s.in, 0.02f, 2);
     std::vector<float> fo(rows * s.out);
+    openblas_set_num_threads(cfg.threads);
     double peer = time_it([&] {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), s.out, s.in, 1.0f, fi.data(),
                   s.in, fw.data(), s.in, 0.0f, fo.data(), s.out);
     });
+    openblas_set_num_threads(1);
     const double flops = 2.0 * rows * s.in * s.out;
     std::printf("%-10s %5zux%-6d %9.3f %10.1f %10.3f %12.1f %7.2fx\n", s.what, rows, s.out,
                 fwd * 1e3, flops / fwd / 1e9, bwd * 1e3, 2 * flops / bwd / 1e9, peer / fwd);
@@ -239,9 +243,8 @@ int main(int argc, char** argv) {
     }
   }
   kiln::cpu::set_num_threads(cfg.threads);
-  std::printf("kernels: threads=%d B=%d T=%d C=%d NH=%d V=%d layers=%d; bf16 GEMM: %s\n",
-              cfg.threads, cfg.B, cfg.T, cfg.C, cfg.NH, cfg.V, cfg.L,
-              kiln::cpu::have_native_bf16_gemm() ? "oneDNN" : "widen + sgemm");
+  std::printf("kernels: threads=%d B=%d T=%d C=%d NH=%d V=%d layers=%d\n%s\n", cfg.threads,
+              cfg.B, cfg.T, cfg.C, cfg.NH, cfg.V, cfg.L, kiln::cpu::describe_cpu_runtime().c_str());
   const size_t n_params = size_t(cfg.V) * cfg.C + size_t(cfg.T) * cfg.C +
                           size_t(cfg.L) * (12 * size_t(cfg.C) * cfg.C + 13 * size_t(cfg.C)) +
                           2 * size_t(cfg.C);
