@@ -168,9 +168,24 @@ inline void exp_shifted(float* out, const float* in, float m, size_t n) {
 
 // ---- rows of T <-> fp32 ----------------------------------------------------------------------------
 
-void widen(float* dst, const bf16* src, size_t n);
+// bf16 <-> fp32 inline (short rows, e.g. one attention head, are widened in hot loops; the loops
+// vectorise); identical results to kernels/dtype.h.
+inline void widen(float* __restrict dst, const bf16* __restrict src, size_t n) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
+}
+inline void narrow(bf16* __restrict dst, const float* __restrict src, size_t n) {
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = s[i];
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;
+    d[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
 void widen(float* dst, const fp16* src, size_t n);
-void narrow(bf16* dst, const float* src, size_t n);
 void narrow(fp16* dst, const float* src, size_t n);
 inline void widen(float* dst, const float* src, size_t n) {
   if (dst != src) std::memcpy(dst, src, n * sizeof(float));

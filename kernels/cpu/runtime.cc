@@ -55,23 +55,6 @@ float* scratch(size_t n_floats, int slot) {
 
 // ---- conversions (vectorised where the CPU allows; identical results to kernels/dtype.h) -------
 
-void widen(float* dst, const bf16* src, size_t n) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
-  for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
-}
-
-void narrow(bf16* dst, const float* src, size_t n) {
-  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
-  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t u = s[i];
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t quiet_nan = (u >> 16) | 0x40u;
-    d[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
-}
-
 void widen(float* dst, const fp16* src, size_t n) {
   size_t i = 0;
 #if KILN_HAVE_F16C
