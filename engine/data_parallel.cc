@@ -19,12 +19,12 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
                                  "(`kiln plan` estimates it); use parallel.tp: 1")
         .with_key("parallel.tp");
   }
-  if (config.parallel.zero_stage != 0) {
+  if (config.parallel.zero_stage > 1) {
     return Status::unimplemented("parallel.zero_stage " +
                                  std::to_string(config.parallel.zero_stage) +
-                                 ": this version's training loop runs ZeRO stage 0 (every rank "
-                                 "holds the full model state; `kiln plan` estimates stages 1-3); "
-                                 "use parallel.zero_stage: 0")
+                                 ": this version's training loop runs ZeRO stages 0 and 1 "
+                                 "(`kiln plan` estimates stages 2 and 3); use "
+                                 "parallel.zero_stage: 0 or 1")
         .with_key("parallel.zero_stage");
   }
   KILN_CHECK(layout_trainable(Layout{config.parallel.tp, 1, config.parallel.zero_stage,
@@ -35,7 +35,22 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
   o.tp = static_cast<int>(config.parallel.tp);
   o.hierarchical = config.parallel.hierarchical;
   KILN_ASSIGN_OR_RETURN(comm::Topology t, comm::make_topology(world, o));
-  return std::unique_ptr<DataParallel>(new DataParallel(std::move(t)));
+  return std::unique_ptr<DataParallel>(new DataParallel(std::move(t), config.parallel.zero_stage));
+}
+
+Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer) {
+  if (stage_ >= 1 && topo_.dp_size > 1) {
+    zero_ = std::make_unique<ZeroOptimizer>(params, *topo_.dp, optimizer);
+    KILN_LOG_INFO("ZeRO-1: AdamW state sharded over {} ranks; model states on rank 0: {} bytes "
+                  "({:.1f} MiB: weights and gradients {:.1f} MiB, gradient and moment shards "
+                  "{:.1f} MiB)",
+                  topo_.dp_size, params.state_bytes() + zero_->shard_bytes(),
+                  (params.state_bytes() + zero_->shard_bytes()) / 1048576.0,
+                  params.state_bytes() / 1048576.0, zero_->shard_bytes() / 1048576.0);
+  } else if (stage_ >= 1) {
+    KILN_LOG_INFO("ZeRO-{} with one data-parallel rank: nothing to shard", stage_);
+  }
+  return Status::ok();
 }
 
 Status DataParallel::sum(double* values, size_t n) {

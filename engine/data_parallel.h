@@ -10,8 +10,8 @@
 // decisions it makes alone (the live mixture file) are broadcast. A failure on one rank becomes
 // an error on every rank that names it (agree()), so no rank hangs in a collective.
 //
-// Implemented: ZeRO stage 0 with tensor-parallel size 1. Other layouts are refused with a
-// config error naming the key (kiln plan estimates them all).
+// Implemented: ZeRO stages 0 and 1 (engine/zero.h) with tensor-parallel size 1. Other layouts
+// are refused with a config error naming the key (kiln plan estimates them all).
 // Not thread-safe: the training thread owns it.
 #pragma once
 
@@ -28,6 +28,7 @@
 #include "engine/data_source.h"
 #include "engine/params.h"
 #include "engine/train_config.h"
+#include "engine/zero.h"
 
 namespace kiln::engine {
 
@@ -55,12 +56,20 @@ class DataParallel {
   // Every rank's blob, in rank order, on the root only.
   Result<std::vector<std::string>> gather(const std::string& mine);
 
+  // Shards the optimizer state (ZeRO-1, more than one data-parallel rank) after the parameters
+  // were initialised or loaded; logs the model-state bytes this rank holds.
+  Status attach(ParamStore& params, const OptimizerConfig& optimizer);
+  // The sharded optimizer, or nullptr (ZeRO-0, or one data-parallel rank).
+  ZeroOptimizer* zero() { return zero_.get(); }
+
   // Bytes moved so far by each collective of every group ("dp.all_reduce", ...).
   std::map<std::string, uint64_t> comm_bytes() const;
 
  private:
-  explicit DataParallel(comm::Topology t) : topo_(std::move(t)) {}
+  explicit DataParallel(comm::Topology t, int64_t stage) : topo_(std::move(t)), stage_(stage) {}
   comm::Topology topo_;
+  int64_t stage_ = 0;
+  std::unique_ptr<ZeroOptimizer> zero_;
 };
 
 }  // namespace kiln::engine

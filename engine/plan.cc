@@ -58,7 +58,7 @@ uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode) {
 
 }  // namespace
 
-bool layout_trainable(const Layout& l) { return l.tp == 1 && l.zero_stage == 0; }
+bool layout_trainable(const Layout& l) { return l.tp == 1 && l.zero_stage <= 1; }
 
 uint64_t LayoutPlan::comm_total() const {
   uint64_t s = 0;
@@ -119,6 +119,7 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
   RankMemory& mem = p.memory;
   mem.params = (z >= 3 ? shard : full) * e;
   mem.grads = (z >= 2 ? shard : full) * 4;
+  if (z == 1 && lay.dp > 1) mem.grads += shard * 4;  // + the reduced gradient shards (engine/zero.h)
   const uint64_t opt_elems = z >= 1 ? shard : full;
   mem.optimizer = opt_elems * 8 + (low ? opt_elems * 4 : 0);
   // fp32 below ZeRO-3 keeps its full master weights as the working weights; with ZeRO-1/2 they
@@ -127,6 +128,7 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
   if (lay.dp > 1) {
     // One unit reduced at a time: the reduction's receive scratch (fp32).
     mem.buffers = largest_padded * 4;
+
     if (z >= 2) mem.buffers += largest_padded * 4;  // a unit's full gradients before the scatter
     if (z >= 3) mem.buffers += (1 + static_cast<uint64_t>(c.parallel.prefetch)) * largest_padded * e;
   }

@@ -5,7 +5,8 @@
 // bytes per rank and its bytes moved per optimizer step, from the engine's own storage rules:
 //   params      the working weights forward/backward read: fp32 master weights in fp32, the
 //               bf16/fp16 copy otherwise; sharded over dp by ZeRO-3
-//   grads       fp32 gradients (every precision); sharded over dp from ZeRO-2
+//   grads       fp32 gradients (every precision); sharded over dp from ZeRO-2; ZeRO-1 holds the
+//               full accumulation buffers and its reduced shard
 //   optimizer   AdamW moments (fp32) and, in bf16/fp16, the fp32 master weights; sharded from ZeRO-1
 //   activations engine/model.h's plan for one micro-batch; tensor-parallel parts divided by tp
 //   buffers     communication scratch: ZeRO-0/1 reduce one unit (embeddings, a block, the final

@@ -183,6 +183,8 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
       KILN_LOG_WARN("--resume: no checkpoint in {}; starting from step 0", config.run.dir);
     }
   }
+  // ZeRO-1: from here on each rank keeps only its shard of the AdamW moments.
+  KILN_RETURN_IF_ERROR(t->dp_->attach(*t->params_, config.optimizer));
   if (!t->dp_->is_root()) return t;  // rank 0 alone writes the run directory's files
   KILN_RETURN_IF_ERROR(t->mixture_->publish_if_absent(normalized(t->data_->weights())));
   // metrics.jsonl: keep the lines up to the step we continue from, then append.
@@ -319,10 +321,6 @@ Result<StepRecord> Trainer::step() {
     dom_sum[d] = sums[1 + d];
     dom_count[d] = static_cast<int64_t>(sums[1 + dom_sum.size() + d]);
   }
-  KILN_RETURN_IF_ERROR(dp_->reduce_gradients(*params_));
-  // Collectives after backward (nothing overlaps them yet): the step's exposed comm time.
-  rec.comm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
-                    .count();
   rec.loss = loss_sum / std::max<int64_t>(1, valid);
   for (size_t d = 0; d < dom_sum.size(); ++d) {
     if (dom_count[d] > 0) rec.domain_loss[data_->domains()[d]] = dom_sum[d] / dom_count[d];
@@ -332,12 +330,30 @@ Result<StepRecord> Trainer::step() {
     params_->grad(0)[0] = std::numeric_limits<float>::infinity();
     KILN_LOG_WARN("step {}: injecting an overflow (stability.inject_overflow_at)", rec.step);
   }
+  // Gradients summed over the data-parallel ranks (ZeRO-1: each rank keeps its shard's sums).
+  ZeroOptimizer* zero = dp_->zero();
+  if (zero) {
+    KILN_RETURN_IF_ERROR(zero->reduce_scatter_gradients(*params_));
+  } else {
+    KILN_RETURN_IF_ERROR(dp_->reduce_gradients(*params_));
+  }
+  // Collectives after backward (nothing overlaps them yet): the step's exposed comm time.
+  rec.comm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
+                    .count();
 
   rec.lr = learning_rate(config_.schedule, config_.optimizer.lr, state_.step);
-  StepStats stats = optimizer_->inspect(*params_, scale);
+  StepStats stats;
+  if (zero) {
+    KILN_ASSIGN_OR_RETURN(stats, zero->inspect(scale));
+  } else {
+    stats = optimizer_->inspect(*params_, scale);
+  }
   rec.grad_norm = stats.grad_norm;
   rec.clip_coef = stats.clip_coef;
-  if (stats.finite) {
+  if (stats.finite && zero) {
+    KILN_RETURN_IF_ERROR(zero->apply(*params_, rec.lr, scale, stats, optimizer_->updates() + 1));
+    optimizer_->set_updates(optimizer_->updates() + 1);
+  } else if (stats.finite) {
     optimizer_->apply(*params_, rec.lr, scale, stats);
   } else {
     rec.skipped = true;
@@ -431,6 +447,8 @@ Status Trainer::save() {
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> per_rank, dp_->gather(data_->state()));
   Status written = Status::ok();
   const auto t0 = std::chrono::steady_clock::now();
+  // ZeRO-1: rank 0 collects the moments (and master weights) for the consolidated checkpoint.
+  if (dp_->zero()) KILN_RETURN_IF_ERROR(dp_->zero()->consolidate(*params_));
   if (dp_->is_root()) {
     auto merged = data_->merge_states(per_rank);
     if (merged.is_ok()) {
@@ -445,6 +463,7 @@ Status Trainer::save() {
       written = merged.status();
     }
   }
+  if (dp_->zero()) dp_->zero()->release(*params_);
   KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
   last_saved_step_ = state_.step;
   KILN_LOG_INFO("checkpoint {} written ({:.0f} ms)", checkpoint_dir_name(state_.step),
