@@ -131,4 +131,11 @@ std::vector<std::string> SafetensorsFile::names() const {
   return out;
 }
 
+Result<TensorView> SafetensorsFile::view(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return Status::not_found("no tensor '" + name + "'").with_file(path_);
+  const Entry& e = it->second;
+  return TensorView{name, e.dtype, e.shape, bytes_.data() + data_start_ + e.begin, e.end - e.begin};
+}
+
 }  // namespace kiln::engine

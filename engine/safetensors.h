@@ -38,6 +38,8 @@ class SafetensorsFile {
   Result<const void*> get(const std::string& name, const std::string& dtype,
                           const std::vector<int64_t>& shape) const;
   bool has(const std::string& name) const { return index_.count(name) != 0; }
+  // The named tensor as stored (data points into this object); kNotFound when absent.
+  Result<TensorView> view(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   std::vector<std::string> names() const;
 

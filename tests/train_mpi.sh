@@ -7,7 +7,8 @@
 #                within 1e-5 (absolute, element-wise); the gradient all-reduce moves 2x the (padded) gradient bytes per
 #                step, as `kiln plan --json` says, within 1%. DP=2 ZeRO-1 vs DP=2 ZeRO-0: the
 #                same bounds; its reduce-scatter + all-gather bytes and its per-rank model-state
-#                bytes as `kiln plan` says (bytes within 1%, memory within 5%).
+#                bytes as `kiln plan` says (bytes within 1%, memory within 5%). `kiln checkpoint
+#                consolidate` writes the same weights; a corrupted checkpoint is refused.
 #   resume       a run stopped at step 5 on 2 ranks and resumed on 4 (and 4 -> 2, and ZeRO-0 on
 #                2 -> ZeRO-1 on 4, ZeRO-1 -> ZeRO-0) continues with the uninterrupted 2-rank
 #                run's losses within fp32 round-off (1e-5 relative); on the same layout the
@@ -45,6 +46,17 @@ equivalence)
   train 2 2 dp2 10 --set checkpoint.every_steps=10 2>dp2.log
   train 2 2 z1 10 --set checkpoint.every_steps=10 --set parallel.zero_stage=1 2>z1.log
   "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 2 --json >plan.json
+  # One file a single process can load, from the ZeRO-1 run's checkpoint; a corrupted checkpoint
+  # is refused (exit 3, the file named) and writes nothing.
+  "$KILN" checkpoint consolidate z1/checkpoints/step-00000010 -o z1-consolidated.safetensors >/dev/null
+  cp -r z1/checkpoints/step-00000010 broken
+  printf 'x' | dd of=broken/model.safetensors bs=1 seek=200 conv=notrunc 2>/dev/null
+  set +e
+  "$KILN" checkpoint consolidate broken -o broken.safetensors 2>broken.err
+  rc=$?
+  set -e
+  [ "$rc" = 3 ] && grep -q "checksum mismatch" broken.err && [ ! -e broken.safetensors ] ||
+    { echo "consolidate: a corrupted checkpoint gave exit $rc"; cat broken.err; exit 1; }
   /usr/bin/python3 - <<'PY'
 import json, struct, sys
 import numpy as np
@@ -53,7 +65,7 @@ def losses(run):
     return [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
 
 def tensors(run):
-    path = f"{run}/checkpoints/step-00000010/model.safetensors"
+    path = run if run.endswith(".safetensors") else f"{run}/checkpoints/step-00000010/model.safetensors"
     raw = open(path, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8:8 + n])
@@ -88,6 +100,10 @@ ok1, z0t, z1t = compare("DP=2 ZeRO-1 vs DP=2 ZeRO-0", "dp2", "z1")
 adiff = max(float(np.max(np.abs(z0t[k] - z1t[k]))) for k in z0t)
 print(f"DP=2 ZeRO-1 vs DP=2 ZeRO-0: final parameters, largest element difference {adiff:.2e} (limit 1e-5)")
 ok = ok and ok1 and adiff <= 1e-5
+cons = tensors("z1-consolidated.safetensors")
+same = cons.keys() == z1t.keys() and all(np.array_equal(cons[k], z1t[k]) for k in cons)
+print(f"consolidate: {len(cons)} tensors, identical to the checkpoint's weights: {same}")
+ok = ok and same
 dp2 = losses("dp2")
 plan = [p for p in json.load(open("plan.json"))
         if p["tp"] == 1 and p["dp"] == 2 and p["zero_stage"] == 0

@@ -24,6 +24,7 @@ RunFn add_stream_command(CLI::App& root);
 RunFn add_train_command(CLI::App& root);
 RunFn add_mix_command(CLI::App& root);
 RunFn add_plan_command(CLI::App& root);
+RunFn add_checkpoint_command(CLI::App& root);
 
 // A subcommand that is not built yet: --help works, running it says so and exits 2.
 RunFn add_unbuilt_command(CLI::App& root, const std::string& name, const std::string& what);

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   remember(add_train_command(app));
   remember(add_mix_command(app));
   remember(add_plan_command(app));
+  remember(add_checkpoint_command(app));
 
   try {
     app.parse(argc, argv);
