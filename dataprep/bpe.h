@@ -1,4 +1,4 @@
-// Byte-level BPE core: the merge table, encoding of one pre-token, and training.
+// Byte-level BPE core: the merge table and encoding of one pre-token (training: bpe_train.h).
 // Internal to dataprep; users go through dataprep/tokenizer.h.
 //
 // Token ids: every byte value has a token; each merge (left, right) -> result has a rank (its
@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -49,18 +48,5 @@ class BpeModel {
   std::vector<uint32_t> table_ranks_;
   uint64_t table_mask_ = 0;
 };
-
-struct BpeTrainResult {
-  std::vector<BpeMerge> merges;      // ids are: first_merge_id + rank
-  std::vector<std::string> tokens;   // bytes of each merged token, in rank order
-};
-
-// Learns up to `num_merges` merges from word counts (word bytes -> count). Byte b has token id
-// byte_ids[b]; the merge of rank r gets id first_merge_id + r. Ties between pairs of equal count
-// go to the smaller (left, right) id pair, so the result is deterministic. Stops early when no
-// pair occurs at least `min_frequency` times.
-BpeTrainResult train_bpe(const std::vector<std::pair<std::string, uint64_t>>& word_counts,
-                         const std::array<uint32_t, 256>& byte_ids, uint32_t first_merge_id,
-                         size_t num_merges, uint64_t min_frequency);
 
 }  // namespace kiln

@@ -16,6 +16,7 @@
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "dataprep/bpe.h"
+#include "dataprep/bpe_train.h"
 
 namespace kiln {
 namespace {
@@ -251,26 +252,9 @@ Result<Tokenizer> Tokenizer::train(const std::vector<std::string_view>& texts,
                          " special and byte tokens");
   if (options.vocab_size > (size_t(1) << 31)) return Status::usage("vocabulary size too large");
 
-  // Count pre-token words in parallel; the order of the merged counts is made deterministic by
-  // sorting, so the result does not depend on the thread count.
-  using Counts = std::unordered_map<std::string_view, uint64_t>;
-  tbb::enumerable_thread_specific<Counts> local_counts;
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size()), [&](const auto& range) {
-    Counts& counts = local_counts.local();
-    std::vector<std::string_view> pieces;
-    for (size_t i = range.begin(); i != range.end(); ++i) {
-      pieces.clear();
-      pretokenize(texts[i], options.pretokenizer, &pieces);
-      for (auto p : pieces) ++counts[p];
-    }
-  });
-  Counts total;
-  for (auto& counts : local_counts)
-    for (const auto& [word, n] : counts) total[word] += n;
-  std::vector<std::pair<std::string, uint64_t>> words;
-  words.reserve(total.size());
-  for (const auto& [word, n] : total) words.emplace_back(std::string(word), n);
-  std::sort(words.begin(), words.end());
+  // Words counted in parallel, in an order that does not depend on the thread count (nor does
+  // training's result depend on the order).
+  std::vector<WordCount> words = count_words(texts, options.pretokenizer);
 
   std::array<uint32_t, 256> byte_ids;
   for (int b = 0; b < 256; ++b) byte_ids[b] = uint32_t(num_special + b);

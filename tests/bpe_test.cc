@@ -1,8 +1,10 @@
 // BPE core against straightforward reference implementations: encoding (GPT-2's loop) and
 // training (recount every pair after every merge).
 #include "dataprep/bpe.h"
+#include "dataprep/bpe_train.h"
 
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <map>
@@ -80,6 +82,12 @@ std::vector<BpeMerge> reference_train(const std::vector<std::pair<std::string, u
   return merges;
 }
 
+std::vector<WordCount> as_counts(const std::vector<std::pair<std::string, uint64_t>>& words) {
+  std::vector<WordCount> out;
+  for (const auto& [w, c] : words) out.push_back({w, c});
+  return out;
+}
+
 std::vector<std::pair<std::string, uint64_t>> random_words(std::mt19937& rng, size_t n,
                                                            const std::string& alphabet) {
   std::map<std::string, uint64_t> m;
@@ -96,7 +104,7 @@ TEST(Bpe, TrainingMatchesBruteForce) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 20; ++trial) {
     auto words = random_words(rng, 200, trial % 2 ? "aab" : "abcdeaaa ");
-    auto fast = train_bpe(words, identity_bytes(), 256, 60, 2);
+    auto fast = train_bpe(as_counts(words), identity_bytes(), 256, 60, 2);
     auto slow = reference_train(words, 60, 2);
     ASSERT_EQ(fast.merges.size(), slow.size()) << "trial " << trial;
     for (size_t r = 0; r < slow.size(); ++r) {
@@ -109,7 +117,7 @@ TEST(Bpe, TrainingMatchesBruteForce) {
 
 TEST(Bpe, TrainedTokensAreConcatenations) {
   std::vector<std::pair<std::string, uint64_t>> words = {{"hello", 10}, {"help", 5}, {"aaaa", 3}};
-  auto r = train_bpe(words, identity_bytes(), 256, 100, 2);
+  auto r = train_bpe(as_counts(words), identity_bytes(), 256, 100, 2);
   ASSERT_FALSE(r.merges.empty());
   EXPECT_EQ(r.tokens[0], "el");  // "el" and "he" both occur 15 times; (e,l) < (h,e)
   std::map<uint32_t, std::string> bytes;
@@ -124,7 +132,7 @@ TEST(Bpe, EncodeMatchesGpt2Loop) {
   std::mt19937 rng(13);
   for (int trial = 0; trial < 10; ++trial) {
     auto words = random_words(rng, 300, trial % 2 ? "ab" : "abcab c");
-    auto trained = train_bpe(words, identity_bytes(), 256, 80, 1);
+    auto trained = train_bpe(as_counts(words), identity_bytes(), 256, 80, 1);
     BpeModel model(identity_bytes(), trained.merges);
     for (int i = 0; i < 300; ++i) {
       std::string w;
@@ -146,6 +154,119 @@ TEST(Bpe, RepeatedCharacterRuns) {
     std::vector<uint32_t> got;
     model.encode_word(w, &got);
     EXPECT_EQ(got, reference_encode(w, merges)) << n;
+  }
+}
+
+// Larger corpora: the first merges touch more than kChunkWords * 3 words, so they take the
+// parallel, chunked path; counts up to 1000 and long runs of one letter (overlapping pairs).
+std::vector<std::pair<std::string, uint64_t>> big_random_words(std::mt19937& rng, size_t n,
+                                                               const std::string& alphabet) {
+  std::map<std::string, uint64_t> m;
+  while (m.size() < n) {
+    std::string w;
+    size_t len = 2 + rng() % (rng() % 8 == 0 ? 30 : 8);
+    for (size_t k = 0; k < len; ++k) w += alphabet[rng() % alphabet.size()];
+    m[w] += 1 + rng() % 1000;
+  }
+  return {m.begin(), m.end()};
+}
+
+void expect_same_merges(const std::vector<BpeMerge>& got, const std::vector<BpeMerge>& want,
+                        const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t r = 0; r < want.size(); ++r) {
+    ASSERT_EQ(got[r].left, want[r].left) << what << " rank " << r;
+    ASSERT_EQ(got[r].right, want[r].right) << what << " rank " << r;
+    ASSERT_EQ(got[r].result, want[r].result) << what << " rank " << r;
+  }
+}
+
+TEST(Bpe, LargeCorporaMatchBruteForceInParallelChunks) {
+  std::mt19937 rng(17);
+  const char* alphabets[] = {"ab", "aaab", "abcdefgh  aa"};
+  for (int trial = 0; trial < 3; ++trial) {
+    auto words = big_random_words(rng, 6000, alphabets[trial]);
+    auto slow = reference_train(words, 40, 2);
+    ASSERT_EQ(slow.size(), 40u);
+    expect_same_merges(train_bpe(as_counts(words), identity_bytes(), 256, 40, 2).merges, slow,
+                       "trial " + std::to_string(trial));
+  }
+}
+
+TEST(Bpe, TrainingIgnoresThreadCountWordOrderAndSplitCounts) {
+  std::mt19937 rng(19);
+  auto words = big_random_words(rng, 20000, "abcdeabc aab");
+  std::vector<BpeMerge> base;
+  {
+    tbb::global_control one(tbb::global_control::max_allowed_parallelism, 1);
+    base = train_bpe(as_counts(words), identity_bytes(), 256, 300, 2).merges;
+  }
+  ASSERT_EQ(base.size(), 300u);
+  for (int threads : {2, 3, 8}) {
+    tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+    expect_same_merges(train_bpe(as_counts(words), identity_bytes(), 256, 300, 2).merges, base,
+                       std::to_string(threads) + " threads");
+  }
+  // The same multiset of words in another order, with some counts split over two entries.
+  auto counts = as_counts(words);
+  std::vector<WordCount> split;
+  for (const auto& wc : counts) {
+    if (wc.count > 1 && wc.word.size() % 3 == 0) {
+      split.push_back({wc.word, wc.count / 2});
+      split.push_back({wc.word, wc.count - wc.count / 2});
+    } else {
+      split.push_back(wc);
+    }
+  }
+  std::shuffle(split.begin(), split.end(), rng);
+  expect_same_merges(train_bpe(split, identity_bytes(), 256, 300, 2).merges, base,
+                     "shuffled and split");
+}
+
+TEST(Bpe, MinFrequencyStopsTraining) {
+  std::vector<std::pair<std::string, uint64_t>> words = {{"abab", 3}, {"cd", 2}, {"ef", 1}};
+  // (a,b) 6, (b,a) 3, (c,d) 2, (e,f) 1: with min_frequency 2, "ef" never merges.
+  auto r = train_bpe(as_counts(words), identity_bytes(), 256, 100, 2);
+  auto slow = reference_train(words, 100, 2);
+  expect_same_merges(r.merges, slow, "min_frequency 2");
+  for (const auto& t : r.tokens) EXPECT_NE(t, "ef");
+  EXPECT_EQ(train_bpe(as_counts(words), identity_bytes(), 256, 100, 1).tokens.back(), "ef");
+}
+
+TEST(Bpe, CountWordsEqualsSequentialCountAndIgnoresThreads) {
+  std::mt19937 rng(23);
+  std::vector<std::string> texts;
+  const char* parts[] = {"the ", "cat ", "Hello", ", ", "world", "\n", "  ", "123456", "深度学习",
+                         "don't ", "x", "\xff"};
+  for (int i = 0; i < 3000; ++i) {
+    std::string t;
+    for (int k = 0, n = 1 + rng() % 30; k < n; ++k) t += parts[rng() % std::size(parts)];
+    texts.push_back(t);
+  }
+  std::vector<std::string_view> views(texts.begin(), texts.end());
+  PretokenizerSpec spec;
+  std::map<std::string, uint64_t> want;
+  std::vector<std::string_view> pieces;
+  for (auto v : views) {
+    pieces.clear();
+    pretokenize(v, spec, &pieces);
+    for (auto p : pieces) ++want[std::string(p)];
+  }
+  std::vector<WordCount> one;
+  {
+    tbb::global_control limit(tbb::global_control::max_allowed_parallelism, 1);
+    one = count_words(views, spec);
+  }
+  std::map<std::string, uint64_t> got;
+  for (const auto& wc : one) {
+    EXPECT_TRUE(got.emplace(std::string(wc.word), wc.count).second) << "repeated " << wc.word;
+  }
+  EXPECT_EQ(got, want);
+  auto many = count_words(views, spec);
+  ASSERT_EQ(many.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(many[i].word, one[i].word);
+    EXPECT_EQ(many[i].count, one[i].count);
   }
 }
 

@@ -1,5 +1,5 @@
-// Full `kiln prep` (read + dedup + tag + tokenize + shard) on a corpus of at least 1 GiB, and the
-// tokenizer's encode throughput, with the peers measured in the same run.
+// Full `kiln prep` (read + dedup + tag + train the tokenizer + tokenize + shard) on a corpus of at
+// least 1 GiB, with the bound measured in the same run.
 //
 // 1. Corpus: JSONL files under DIR/corpus (made once, reused): documents are random windows of
 //    20-400 lines of text files already on the machine (/usr/include, /usr/share/doc incl. .gz,
@@ -8,12 +8,10 @@
 // 2. `kiln prep` as a user runs it (the real binary, a child process): wall time, CPU time, peak
 //    RSS (getrusage of the child), per-stage times from stats.json; MB/s per core = input MB /
 //    (stage seconds x cores). Bound in the same run: reading the corpus files (cat to nowhere).
-// 3. Tagging with the default rules (1 thread) and tokenizer encode of a slice of the kept texts with the trained tokenizer and with GPT-2's
-//    vocabulary, on 1 thread and on all cores. Peer in the same run: GPT-2's reference encoder
-//    algorithm in Python (tools/bench/gpt2_reference_encode.py: OpenAI's encoder.py with the
-//    `regex` module) on the first MB of the same text; its ids must equal Kiln's.
+// 3. Tagging with the default rules (1 thread) on a slice of the corpus text. Tokenizer training
+//    and encoding against their peers: tools/bench/tokenizer.
 //
-// usage: bench_prep --kiln PATH [--dir DIR] [--bytes N] [--source-dir DIR] [--keep]
+// usage: bench_prep --kiln PATH [--dir DIR] [--bytes N] [--keep]
 // KILN_BENCH_BYTES overrides the corpus size (default 1 GiB).
 #include <spawn.h>
 #include <sys/resource.h>
@@ -33,13 +31,11 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <tbb/global_control.h>
 
 #include "common/atomic_file.h"
 #include "common/shard.h"
 #include "common/manifest.h"
 #include "dataprep/domain_rules.h"
-#include "dataprep/tokenizer.h"
 #include "dataprep/tokenizer_io.h"
 
 namespace fs = std::filesystem;
@@ -200,26 +196,10 @@ struct Speed {
   double cpu_mbps = 0;   // MB per CPU second of this process: the per-core rate, robust to load
 };
 
-Speed encode_speed(const Tokenizer& tok, const std::vector<std::string_view>& texts, uint64_t bytes,
-                   int threads, uint64_t* tokens) {
-  tbb::global_control gc(tbb::global_control::max_allowed_parallelism, threads);
-  Speed best;
-  for (int rep = 0; rep < 2; ++rep) {
-    double t0 = now_s(), c0 = cpu_s();
-    auto out = tok.encode_batch(texts);
-    double wall = now_s() - t0, cpu = cpu_s() - c0;
-    *tokens = 0;
-    for (auto& o : out) *tokens += o.size();
-    best.wall_mbps = std::max(best.wall_mbps, bytes / 1e6 / wall);
-    best.cpu_mbps = std::max(best.cpu_mbps, bytes / 1e6 / cpu);
-  }
-  return best;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string kiln, dir = "/tmp/kiln-bench-prep", source_dir;
+  std::string kiln, dir = "/tmp/kiln-bench-prep";
   uint64_t bytes = 1ull << 30;
   if (const char* e = std::getenv("KILN_BENCH_BYTES")) bytes = std::stoull(e);
   bool keep = false;
@@ -232,7 +212,6 @@ int main(int argc, char** argv) {
     if (a == "--kiln") kiln = next();
     else if (a == "--dir") dir = next();
     else if (a == "--bytes") bytes = std::stoull(next());
-    else if (a == "--source-dir") source_dir = next();
     else if (a == "--keep") keep = true;
     else die("unknown argument " + a);
   }
@@ -289,35 +268,12 @@ int main(int argc, char** argv) {
               "cat corpus > /dev/null", read.wall_s, mb / read.wall_s / cores,
               prep.wall_s / read.wall_s);
 
-  // ---- tokenizer ----
-  auto tok = Tokenizer::load(out + "/tokenizer.json");
-  if (!tok.is_ok()) die(tok.status().to_string());
-  std::string gpt2_dir = source_dir.empty() ? "tests/data/gpt2" : source_dir + "/tests/data/gpt2";
-  auto gpt2 = Tokenizer::load_gpt2(gpt2_dir + "/vocab.json", gpt2_dir + "/merges.txt");
+  // ---- tagging ----
   auto slice = read_training_texts(parts, 256ull << 20);
   if (!slice.is_ok()) die(slice.status().to_string());
   std::vector<std::string_view> texts(slice->texts.begin(), slice->texts.end());
-  std::printf("\ntokenizer encode, %.1f MB of corpus text (%zu documents), best of 2\n",
-              slice->bytes / 1e6, texts.size());
-  std::printf("%-40s %10s %12s %10s\n", "", "MB/s wall", "MB/cpu-s", "bytes/tok");
-  struct Row {
-    const char* name;
-    const Tokenizer* t;
-  };
-  std::vector<Row> rows = {{"kiln trained (kiln-v1)", &*tok}};
-  if (gpt2.is_ok()) rows.push_back({"kiln GPT-2 vocab (gpt2)", &*gpt2});
-  double kiln_gpt2_1t = 0;
-  for (const auto& row : rows) {
-    for (int threads : {1, cores}) {
-      uint64_t n = 0;
-      Speed v = encode_speed(*row.t, texts, slice->bytes, threads, &n);
-      if (row.t == &*gpt2 && threads == 1) kiln_gpt2_1t = v.cpu_mbps;
-      std::printf("%-40s %10.1f %12.1f %10.2f\n",
-                  (std::string(row.name) + ", " + std::to_string(threads) + " thread(s)").c_str(),
-                  v.wall_mbps, v.cpu_mbps, double(slice->bytes) / double(n));
-      if (cores == 1) break;
-    }
-  }
+  std::printf("\n%.1f MB of corpus text (%zu documents), best of 2\n", slice->bytes / 1e6, texts.size());
+  std::printf("%-40s %10s %12s\n", "", "MB/s wall", "MB/cpu-s");
 
   // Tagging with the default rules (the per-document work of the annotate step besides encode).
   {
@@ -343,36 +299,6 @@ int main(int argc, char** argv) {
                 docs.size());
   }
 
-  // Peer: GPT-2's reference encoder (Python) on the first ~1 MB of the same text.
-  std::string peer_text;
-  for (auto t : texts) {
-    if (peer_text.size() > 1000000) break;
-    peer_text += t;
-  }
-  std::string peer_in = dir + "/peer.txt", peer_ids = dir + "/peer.ids", peer_log = dir + "/peer.out";
-  if (!write_file_atomic(peer_in, peer_text).is_ok()) die("cannot write " + peer_in);
-  std::string script = (source_dir.empty() ? std::string("tools/bench") : source_dir + "/tools/bench") +
-                       "/gpt2_reference_encode.py";
-  ChildRun peer = run_child({"/usr/bin/python3", script, gpt2_dir, peer_in, peer_ids}, peer_log);
-  auto log = read_file(peer_log);
-  double peer_wall = 0, peer_s = 0;  // peer_s: CPU seconds of the encode
-  if (log.is_ok() && log->rfind("encode_seconds ", 0) == 0)
-    std::sscanf(log->c_str() + 15, "%lf %lf", &peer_wall, &peer_s);
-  if (WIFEXITED(peer.status) && WEXITSTATUS(peer.status) == 0 && gpt2.is_ok() && peer_s > 0) {
-    auto ids_text = read_file(peer_ids);
-    auto ids = parse_token_ids(ids_text.is_ok() ? *ids_text : "");
-    bool same = ids.is_ok() && *ids == gpt2->encode(peer_text);
-    double peer_mbps = peer_text.size() / 1e6 / peer_s;
-    std::printf("%-40s %10.2f %12.2f %10s\n", "peer: GPT-2 reference (Python), 1 thread",
-                peer_text.size() / 1e6 / peer_wall, peer_mbps, "");
-    std::printf("  on the same %.1f MB: ids %s Kiln's; Kiln (GPT-2 vocab, 1 thread) does %.0fx the "
-                "peer's MB per cpu-second\n",
-                peer_text.size() / 1e6, same ? "identical to" : "DIFFER from",
-                kiln_gpt2_1t / peer_mbps);
-  } else {
-    std::printf("peer: GPT-2 reference encoder unavailable (needs /usr/bin/python3 with "
-                "python3-regex; tools/setup installs it)\n");
-  }
   if (!keep) fs::remove_all(out);
   return 0;
 }
