@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
     else if (a == "--tiktoken") tiktoken = next();
     else die("unknown argument " + a);
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows while the peers run
   if (corpus.empty()) die("--corpus PATH is required");
   fs::create_directories(dir);
 
@@ -180,9 +181,13 @@ int main(int argc, char** argv) {
   }
   if (!write_file_atomic(heldout_txt, heldout_text).is_ok()) die("cannot write " + heldout_txt);
 
-  std::printf("cpu: %s, %d cores, load average %s", cpu_model().c_str(),
-              int(std::thread::hardware_concurrency()),
-              read_or_empty("/proc/loadavg").c_str());
+  std::string load = read_or_empty("/proc/loadavg");
+  for (int field = 0, i = 0; i < int(load.size()); ++i)
+    if (load[i] == ' ' && ++field == 3) load.resize(i);
+  std::printf("cpu: %s, %d cores, load average %s; tokenizer path: portable C++, no ISA-specific "
+              "kernels\n",
+              cpu_model().c_str(),
+              int(std::thread::hardware_concurrency()), load.c_str());
   std::printf("text: %s: %zu documents; training sample %zu documents, %.1f MB; held out every "
               "10th document, %.1f MB\n",
               corpus.c_str(), all->texts.size(), train.size(), train_size / 1e6, heldout_size / 1e6);
@@ -217,8 +222,8 @@ int main(int argc, char** argv) {
   if (sp_ok && sp_time.size() == 2 && sp_held.size() == 2) {
     std::printf("%-44s %9.2f %9.2f %12.3f\n", "peer: SentencePiece (model_type=bpe, C++)",
                 sp_time[0], sp_time[1], sp_held[0] / sp_held[1]);
-    std::printf("  kiln takes %.2fx SentencePiece's wall time, %.2fx its CPU time\n",
-                kiln_train.wall / sp_time[0], kiln_train.cpu / sp_time[1]);
+    std::printf("  SentencePiece takes %.1fx Kiln's wall time and %.1fx its CPU time\n",
+                sp_time[0] / kiln_train.wall, sp_time[1] / kiln_train.cpu);
   } else {
     std::printf("peer: SentencePiece unavailable (needs Debian's python3-sentencepiece; tools/setup "
                 "installs it)\n%s",
