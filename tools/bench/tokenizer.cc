@@ -96,7 +96,10 @@ std::string cpu_model() {
   std::string line, model = "unknown CPU", flags;
   while (std::getline(in, line)) {
     if (line.rfind("model name", 0) == 0 && model == "unknown CPU") model = line.substr(line.find(':') + 2);
-    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + line.substr(line.find(':') + 1) + " ";
+    if (line.rfind("flags", 0) == 0 && flags.empty()) {
+      flags = line.substr(line.find(':') + 1);
+      flags.push_back(' ');
+    }
   }
   std::string isa;
   for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "amx_tile"})
