@@ -37,6 +37,7 @@
 #include "common/atomic_file.h"
 #include "dataprep/tokenizer.h"
 #include "dataprep/tokenizer_io.h"
+#include "tools/bench/bench_machine.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -89,22 +90,6 @@ std::vector<double> field(const std::string& text, const std::string& key) {
       return v;
     }
   return {};
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, model = "unknown CPU", flags;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0 && model == "unknown CPU") model = line.substr(line.find(':') + 2);
-    if (line.rfind("flags", 0) == 0 && flags.empty()) {
-      flags = line.substr(line.find(':') + 1);
-      flags.push_back(' ');
-    }
-  }
-  std::string isa;
-  for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "amx_tile"})
-    if (flags.find(std::string(" ") + f + " ") != std::string::npos) isa += std::string(isa.empty() ? "" : " ") + f;
-  return model + " (" + (isa.empty() ? "no AVX2" : isa) + ")";
 }
 
 std::string read_or_empty(const std::string& path) {
@@ -184,13 +169,8 @@ int main(int argc, char** argv) {
   }
   if (!write_file_atomic(heldout_txt, heldout_text).is_ok()) die("cannot write " + heldout_txt);
 
-  std::string load = read_or_empty("/proc/loadavg");
-  for (int field = 0, i = 0; i < int(load.size()); ++i)
-    if (load[i] == ' ' && ++field == 3) load.resize(i);
-  std::printf("cpu: %s, %d cores, load average %s; tokenizer path: portable C++, no ISA-specific "
-              "kernels\n",
-              cpu_model().c_str(),
-              int(std::thread::hardware_concurrency()), load.c_str());
+  std::printf("%s\ntokenizer code path: portable C++ (no ISA-specific kernels)\n",
+              bench::machine_line().c_str());
   std::printf("text: %s: %zu documents; training sample %zu documents, %.1f MB; held out every "
               "10th document, %.1f MB\n",
               corpus.c_str(), all->texts.size(), train.size(), train_size / 1e6, heldout_size / 1e6);
