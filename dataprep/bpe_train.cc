@@ -278,20 +278,22 @@ BpeTrainResult train_bpe(std::span<const WordCount> words, const std::array<uint
 
   // Words of two or more bytes as symbol sequences, flat.
   std::vector<uint32_t> syms;
-  std::vector<size_t> begin, len;
-  std::vector<int64_t> count;
+  struct Word {
+    size_t begin;  // in syms
+    size_t len;    // symbols now
+    int64_t count;
+  };
+  std::vector<Word> word_list;  // together: one cache line per touched word
   size_t total_bytes = 0;
   for (const auto& w : words)
     if (w.word.size() >= 2 && w.count > 0) total_bytes += w.word.size();
   syms.reserve(total_bytes);
   for (const auto& w : words) {
     if (w.word.size() < 2 || w.count == 0) continue;
-    begin.push_back(syms.size());
-    len.push_back(w.word.size());
-    count.push_back(int64_t(w.count));
+    word_list.push_back({syms.size(), w.word.size(), int64_t(w.count)});
     for (unsigned char ch : w.word) syms.push_back(byte_ids[ch]);
   }
-  const size_t num_words = begin.size();
+  const size_t num_words = word_list.size();
 
   // Pair counts and, per pair, the words holding it (ascending, possibly stale: a word may
   // have lost the pair since).
@@ -309,10 +311,10 @@ BpeTrainResult train_bpe(std::span<const WordCount> words, const std::array<uint
     return p;
   };
   for (size_t w = 0; w < num_words; ++w) {
-    const uint32_t* s = syms.data() + begin[w];
-    for (size_t i = 0; i + 1 < len[w]; ++i) {
+    const uint32_t* s = syms.data() + word_list[w].begin;
+    for (size_t i = 0; i + 1 < word_list[w].len; ++i) {
       uint32_t p = pair_of(pack(s[i], s[i + 1]));
-      pair_count[p] += count[w];
+      pair_count[p] += word_list[w].count;
       auto& list = pair_words[p];
       if (list.empty() || list.back() != w) list.push_back(uint32_t(w));
     }
@@ -367,8 +369,11 @@ BpeTrainResult train_bpe(std::span<const WordCount> words, const std::array<uint
       d.clear();
       const size_t end = std::min(affected.size(), (k + 1) * kChunkWords);
       for (size_t i = k * kChunkWords; i < end; ++i) {
+        if (i + 8 < end) __builtin_prefetch(&word_list[affected[i + 8]]);
+        if (i + 4 < end) __builtin_prefetch(syms.data() + word_list[affected[i + 4]].begin);
         const uint32_t w = affected[i];
-        merge_word(syms.data() + begin[w], &len[w], a, b, x, count[w], w, &d);
+        Word& word = word_list[w];
+        merge_word(syms.data() + word.begin, &word.len, a, b, x, word.count, w, &d);
       }
     };
     if (chunks > 2) {
