@@ -263,15 +263,24 @@ bool launched_by_mpi() {
   return false;
 }
 
-int launcher_world_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"}) {
-    if (const char* v = std::getenv(var)) {
-      const int n = std::atoi(v);
-      if (n > 0) return n;
+LaunchEnv launch_env() {
+  const char* pairs[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                            {"PMIX_RANK", "PMIX_SIZE"},
+                            {"PMI_RANK", "PMI_SIZE"},
+                            {"MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"},
+                            {"SLURM_PROCID", "SLURM_NTASKS"}};
+  for (const auto& p : pairs) {
+    const char* r = std::getenv(p[0]);
+    const char* w = std::getenv(p[1]);
+    if (r && w) {
+      const int rank = std::atoi(r), world = std::atoi(w);
+      if (world >= 1 && rank >= 0 && rank < world) return {rank, world, p[1]};
     }
   }
-  return 1;
+  return {};
 }
+
+int launcher_world_size() { return launch_env().world; }
 
 bool mpi_available() {
 #ifdef KILN_HAVE_MPI

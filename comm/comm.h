@@ -166,7 +166,17 @@ ProcessGroup& world();
 std::unique_ptr<ProcessGroup> make_local_group();
 // True when the environment shows an MPI launcher (mpirun / srun with PMI).
 bool launched_by_mpi();
-// The world size the launcher announces (1 when not launched by MPI).
+// This process's rank and the world size as an MPI launcher set them in the environment
+// (Open MPI, PMIx, MPICH/PMI, MVAPICH, Slurm's srun): the first launcher whose rank and size
+// variables are both set with 0 <= rank < size; {0, 1, ""} when there is none. Read without
+// initialising MPI (tools that only need to know their part, like `kiln stream`).
+struct LaunchEnv {
+  int rank = 0;
+  int world = 1;
+  std::string world_var;  // the variable the world size came from, e.g. "OMPI_COMM_WORLD_SIZE"
+};
+LaunchEnv launch_env();
+// The world size the launcher announces: launch_env().world (1 when not launched).
 int launcher_world_size();
 // True when this binary has the MPI backend.
 bool mpi_available();

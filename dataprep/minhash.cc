@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/random.h"
 #include "common/status.h"
 
 namespace kiln {
@@ -13,13 +14,6 @@ namespace {
 
 constexpr uint64_t kP = kMersenne61;
 constexpr int kBlock = 32;  // permutations per vector block (4 x 8 lanes)
-
-uint64_t splitmix64(uint64_t* state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 inline uint64_t reduce61(uint64_t x) {
   x = (x & kP) + (x >> 61);
@@ -140,10 +134,10 @@ MinHasher::MinHasher(int num_perm, uint64_t seed) : num_perm_(num_perm) {
   padded_ = (num_perm + kBlock - 1) / kBlock * kBlock;
   a_.assign(padded_, 1);
   b_.assign(padded_, 0);
-  uint64_t state = seed;
+  SplitMix64 rng(seed);
   for (int k = 0; k < num_perm; ++k) {
-    a_[k] = 1 + splitmix64(&state) % (kP - 1);
-    b_[k] = splitmix64(&state) % kP;
+    a_[k] = 1 + rng.next() % (kP - 1);
+    b_[k] = rng.next() % kP;
   }
   a_lo31_.resize(padded_);
   a_hi31_.resize(padded_);

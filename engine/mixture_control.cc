@@ -2,12 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cmath>
 #include <filesystem>
-#include <vector>
 
 #include "common/atomic_file.h"
-#include "common/config.h"
 #include "common/hash.h"
 #include "common/log.h"
 
@@ -39,30 +36,17 @@ Result<DomainWeights> parse_mixture_json(const std::string& text, const std::str
   const nlohmann::json& w = j["weights"];
   if (!w.is_object()) return Status::data("\"weights\" must be an object").with_file(origin);
   DomainWeights out;
-  double total = 0;
-  std::vector<std::string> known(known_domains.begin(), known_domains.end());
   for (auto it = w.begin(); it != w.end(); ++it) {
-    const std::string& name = it.key();
-    if (!known_domains.empty() && !known_domains.count(name)) {
-      std::string hint = closest_match(name, known);
-      return Status::data("unknown domain '" + name + "'" +
-                          (hint.empty() ? "" : " (did you mean '" + hint + "'?)"))
-          .with_file(origin).with_key("weights." + name);
-    }
     if (!it.value().is_number()) {
-      return Status::data("weight must be a number").with_file(origin).with_key("weights." + name);
+      return Status::data("weight must be a number").with_file(origin).with_key("weights." + it.key());
     }
-    double v = it.value().get<double>();
-    if (!std::isfinite(v) || v < 0) {
-      return Status::data("weight must be a finite number >= 0").with_file(origin)
-          .with_key("weights." + name);
-    }
-    out[name] = v;
-    total += v;
+    out.set(it.key(), it.value().get<double>());
   }
-  if (!(total > 0) || !std::isfinite(total)) {
-    return Status::data("weights must sum to more than 0").with_file(origin);
-  }
+  WeightRules rules;
+  rules.code = StatusCode::kData;
+  rules.known.assign(known_domains.begin(), known_domains.end());
+  rules.file = origin;
+  KILN_RETURN_IF_ERROR(out.check(rules));
   return out;
 }
 
@@ -75,10 +59,10 @@ std::string mixture_to_json(const DomainWeights& weights) {
 }
 
 Status write_mixture(const std::string& run_dir, const DomainWeights& weights) {
-  std::string text = mixture_to_json(weights);
-  auto check = parse_mixture_json(text, "<weights>");
-  if (!check.is_ok()) return Status::usage(check.status().message());
-  return write_file_atomic(mixture_path(run_dir), text);
+  WeightRules rules;
+  rules.code = StatusCode::kUsage;
+  KILN_RETURN_IF_ERROR(weights.check(rules));
+  return write_file_atomic(mixture_path(run_dir), mixture_to_json(weights));
 }
 
 Result<std::optional<DomainWeights>> read_mixture(const std::string& run_dir) {
@@ -88,14 +72,6 @@ Result<std::optional<DomainWeights>> read_mixture(const std::string& run_dir) {
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
   KILN_ASSIGN_OR_RETURN(DomainWeights w, parse_mixture_json(text, path));
   return std::optional<DomainWeights>(std::move(w));
-}
-
-DomainWeights normalized(const DomainWeights& weights) {
-  double total = 0;
-  for (const auto& [k, v] : weights) total += v;
-  DomainWeights out;
-  for (const auto& [k, v] : weights) out[k] = total > 0 ? v / total : 0.0;
-  return out;
 }
 
 MixtureWatcher::MixtureWatcher(std::string run_dir, std::set<std::string> known_domains)

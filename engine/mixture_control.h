@@ -14,10 +14,9 @@
 #include <string>
 
 #include "common/status.h"
+#include "loader/domain_weights.h"
 
 namespace kiln::engine {
-
-using DomainWeights = std::map<std::string, double>;
 
 std::string mixture_path(const std::string& run_dir);
 
@@ -26,12 +25,10 @@ Result<DomainWeights> parse_mixture_json(const std::string& text, const std::str
                                          const std::set<std::string>& known_domains = {});
 // {"weights": {...}} with keys sorted; numbers printed so they read back exactly.
 std::string mixture_to_json(const DomainWeights& weights);
-// Validates then writes RUN/control/mixture.json atomically.
+// Validates (kUsage on bad weights) then writes RUN/control/mixture.json atomically.
 Status write_mixture(const std::string& run_dir, const DomainWeights& weights);
 // The weights in the file, or nullopt when there is no file. Errors for unreadable/bad content.
 Result<std::optional<DomainWeights>> read_mixture(const std::string& run_dir);
-// Weights divided by their sum.
-DomainWeights normalized(const DomainWeights& weights);
 
 // Polls the control file. Not thread-safe; owned by the training loop.
 class MixtureWatcher {

@@ -10,14 +10,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/random.h"
+
 namespace kiln::engine {
 
-inline uint64_t mix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+inline uint64_t mix64(uint64_t z) { return splitmix64_mix(z); }
 
 // 64 random bits for (seed, stream, index).
 inline uint64_t random_bits(uint64_t seed, uint64_t stream, uint64_t index) {

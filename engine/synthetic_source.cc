@@ -66,19 +66,13 @@ class SyntheticSource final : public DataSource {
   }
 
   Status set_weights(const DomainWeights& w) override {
-    double v[2] = {0, 0};
-    for (const auto& [name, value] : w) {
-      if (name == names_[0]) v[0] = value;
-      else if (name == names_[1]) v[1] = value;
-      else return Status::config("unknown domain '" + name + "' (synthetic data has markov, repeat)")
-                  .with_key("data.mixture");
-      if (!(value >= 0) || !std::isfinite(value))
-        return Status::config("weight must be a finite number >= 0").with_key("data.mixture." + name);
-    }
-    const double total = v[0] + v[1];
-    if (!(total > 0)) return Status::config("weights sum to zero").with_key("data.mixture");
-    weights_[0] = v[0] / total;
-    weights_[1] = v[1] / total;
+    WeightRules rules;
+    rules.key = "data.mixture";
+    rules.known = names_;
+    KILN_RETURN_IF_ERROR(w.check(rules));
+    const std::vector<double> v = w.normalised_over(names_);
+    weights_[0] = v[0];
+    weights_[1] = v[1];
     return Status::ok();
   }
 

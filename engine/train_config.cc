@@ -231,20 +231,17 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
     YAML::Node mix = cfg.node("data.mixture");
     if (mix.IsDefined() && !mix.IsNull()) {
       if (!mix.IsMap()) return bad("data.mixture", "expected a mapping domain: weight");
-      double total = 0;
       for (const auto& kv : mix) {
-        std::string key = "data.mixture." + kv.first.as<std::string>();
-        double w;
+        const std::string name = kv.first.as<std::string>();
         try {
-          w = kv.second.as<double>();
+          d.mixture.set(name, kv.second.as<double>());
         } catch (const YAML::Exception&) {
-          return bad(key, "expected a number");
+          return bad("data.mixture." + name, "expected a number");
         }
-        if (!std::isfinite(w) || w < 0) return bad(key, "weight must be a finite number >= 0");
-        d.mixture[kv.first.as<std::string>()] = w;
-        total += w;
       }
-      if (!d.mixture.empty() && total <= 0) return bad("data.mixture", "weights sum to zero");
+      WeightRules rules;
+      rules.key = "data.mixture";
+      if (!d.mixture.empty()) KILN_RETURN_IF_ERROR(d.mixture.check(rules));
     }
   }
   // checkpoint

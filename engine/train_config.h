@@ -12,6 +12,7 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "loader/domain_weights.h"
 
 namespace kiln::engine {
 
@@ -70,7 +71,7 @@ struct DataConfig {
   std::string manifest;             // "" : synthetic data
   int64_t micro_batch = 8;
   int64_t grad_accum = 1;
-  std::map<std::string, double> mixture;  // empty: the manifest's token shares
+  DomainWeights mixture;  // empty: the manifest's token shares
   int64_t prefetch_depth = 4;       // batches the loader prepares ahead
   int64_t workers = 1;              // loader worker threads
 };

@@ -44,45 +44,9 @@ std::string human_count(double v) {
   return buf;
 }
 
-// JSON has no inf/NaN: those become null.
-nlohmann::json number_or_null(double v) {
-  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-}
-
 }  // namespace
 
-std::string step_record_json(const StepRecord& r) {
-  nlohmann::ordered_json j;
-  j["step"] = r.step;
-  j["loss"] = number_or_null(r.loss);
-  j["lr"] = r.lr;
-  j["grad_norm"] = number_or_null(r.grad_norm);
-  j["loss_scale"] = r.loss_scale ? nlohmann::ordered_json(*r.loss_scale) : nlohmann::ordered_json(nullptr);
-  j["tokens"] = r.tokens;
-  j["tokens_per_s"] = r.tokens_per_s;
-  j["step_ms"] = r.step_ms;
-  j["skipped"] = r.skipped;
-  if (r.skipped) j["skip_reason"] = r.skip_reason;
-  j["clip_coef"] = r.clip_coef;
-  nlohmann::ordered_json dl = nlohmann::ordered_json::object();
-  for (const auto& [k, v] : r.domain_loss) dl[k] = number_or_null(v);
-  j["domain_loss"] = dl;
-  nlohmann::ordered_json dw = nlohmann::ordered_json::object();
-  for (const auto& [k, v] : r.domain_weights) dw[k] = v;
-  j["domain_weights"] = dw;
-  j["loader_wait_ms"] = r.loader_wait_ms;
-  if (!r.comm_bytes.empty()) {
-    j["comm_ms"] = r.comm_ms;
-    nlohmann::ordered_json cb = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : r.comm_bytes) cb[k] = v;
-    j["comm_bytes"] = cb;
-  }
-  return j.dump();
-}
-
-Trainer::~Trainer() {
-  if (metrics_) std::fclose(metrics_);
-}
+Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                                                const std::string& config_yaml,
@@ -186,26 +150,9 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // ZeRO-1: from here on each rank keeps only its shard of the AdamW moments.
   KILN_RETURN_IF_ERROR(t->dp_->attach(*t->params_, config.optimizer));
   if (!t->dp_->is_root()) return t;  // rank 0 alone writes the run directory's files
-  KILN_RETURN_IF_ERROR(t->mixture_->publish_if_absent(normalized(t->data_->weights())));
+  KILN_RETURN_IF_ERROR(t->mixture_->publish_if_absent(t->data_->weights().normalised()));
   // metrics.jsonl: keep the lines up to the step we continue from, then append.
-  const std::string metrics_path = (fs::path(config.run.dir) / "metrics.jsonl").string();
-  {
-    std::string kept;
-    std::ifstream in(metrics_path);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      try {
-        auto j = nlohmann::json::parse(line);
-        if (j.at("step").get<int64_t>() <= t->state_.step) kept += line + "\n";
-      } catch (const std::exception&) {
-        // a torn last line from a killed run: dropped
-      }
-    }
-    KILN_RETURN_IF_ERROR(write_file_atomic(metrics_path, kept));
-  }
-  t->metrics_ = std::fopen(metrics_path.c_str(), "ab");
-  if (!t->metrics_) return Status::from_errno("open for appending", metrics_path);
+  KILN_ASSIGN_OR_RETURN(t->metrics_, MetricsLog::open(config.run.dir, t->state_.step));
   return t;
 }
 
@@ -214,7 +161,9 @@ Status Trainer::prepare_run_dir() {
   std::error_code ec;
   fs::create_directories(dir / "control", ec);
   if (ec) return Status::io("cannot create run directory: " + ec.message()).with_file(dir.string());
-  // A run is there once it has written a metrics line or a checkpoint.
+  // A run is there once it has written a metrics line or a checkpoint. The error codes are
+  // deliberately not checked: a file that cannot be examined counts as present (file_size then
+  // returns -1), so the run refuses rather than overwrite what it could not see.
   const bool has_run = (fs::exists(dir / "metrics.jsonl", ec) &&
                         fs::file_size(dir / "metrics.jsonl", ec) > 0) ||
                        fs::exists(dir / "checkpoints" / "latest");
@@ -224,10 +173,11 @@ Status Trainer::prepare_run_dir() {
                            " already holds a run: continue it with --resume, or start over with "
                            "--overwrite, or choose another run.dir");
     }
-    fs::remove(dir / "metrics.jsonl", ec);
-    fs::remove(dir / "control" / "mixture.json", ec);
-    fs::remove_all(dir / "checkpoints", ec);
-    if (ec) return Status::io("cannot clear the old run: " + ec.message()).with_file(dir.string());
+    for (const fs::path& old : {fs::path(metrics_path(dir.string())),
+                                dir / "control" / "mixture.json", dir / "checkpoints"}) {
+      fs::remove_all(old, ec);  // a missing file is not an error
+      if (ec) return Status::io("cannot clear the old run: " + ec.message()).with_file(old.string());
+    }
   }
   return write_file_atomic((dir / "config.yaml").string(), config_yaml_);
 }
@@ -251,7 +201,7 @@ Result<StepRecord> Trainer::step() {
   if (w) {
     Status st = data_->set_weights(*w);
     if (st.is_ok()) {
-      KILN_LOG_INFO("step {}: domain weights changed to {}", rec.step, mixture_to_json(normalized(*w)));
+      KILN_LOG_INFO("step {}: domain weights changed to {}", rec.step, mixture_to_json(w->normalised()));
     } else {
       KILN_LOG_WARN("step {}: ignoring the mixture control file: {}", rec.step, st.to_string());
     }
@@ -392,19 +342,9 @@ Result<StepRecord> Trainer::step() {
     }
     comm_seen_ = std::move(now);
   }
-  KILN_RETURN_IF_ERROR(append_metrics(rec));
+  if (metrics_) KILN_RETURN_IF_ERROR(metrics_->append(rec));  // rank 0 alone writes files
   history_.push_back(rec);
   return rec;
-}
-
-Status Trainer::append_metrics(const StepRecord& r) {
-  if (!metrics_) return Status::ok();  // ranks other than 0 write no files
-  const std::string line = step_record_json(r) + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), metrics_) != line.size() ||
-      std::fflush(metrics_) != 0) {
-    return Status::from_errno("write", (fs::path(config_.run.dir) / "metrics.jsonl").string());
-  }
-  return Status::ok();
 }
 
 void Trainer::print_progress(const StepRecord& r) {

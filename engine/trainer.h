@@ -24,6 +24,7 @@
 #include "engine/checkpoint.h"
 #include "engine/data_source.h"
 #include "engine/loss_scaler.h"
+#include "engine/metrics.h"
 #include "engine/mixture_control.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
@@ -37,28 +38,6 @@ struct TrainOptions {
   bool overwrite = false;  // allow a fresh start in a RUN that already holds metrics/checkpoints
   bool console = true;     // print progress lines on stdout
 };
-
-// One optimizer step as written to metrics.jsonl.
-struct StepRecord {
-  int64_t step = 0;  // 1-based
-  double loss = 0;
-  double lr = 0;
-  double grad_norm = 0;                   // NaN/inf when the gradients overflowed
-  std::optional<double> loss_scale;       // fp16 only
-  int64_t tokens = 0;                     // cumulative
-  double tokens_per_s = 0;
-  double step_ms = 0;
-  bool skipped = false;
-  std::string skip_reason;                // "overflow" (inf/NaN gradients) when skipped
-  double clip_coef = 1;
-  std::map<std::string, double> domain_loss;
-  DomainWeights domain_weights;
-  double loader_wait_ms = 0;
-  // Bytes moved this step by each collective of each group ("dp.all_reduce": ...), multi-rank only.
-  std::map<std::string, uint64_t> comm_bytes;
-  double comm_ms = 0;  // wall time of the step's loss/gradient reductions (multi-rank only)
-};
-std::string step_record_json(const StepRecord& r);  // one line, no newline
 
 class DataParallel;
 
@@ -82,7 +61,6 @@ class Trainer {
  private:
   Trainer() = default;
   Status prepare_run_dir();
-  Status append_metrics(const StepRecord& r);
   void print_progress(const StepRecord& r);
 
   TrainConfig config_;
@@ -100,7 +78,7 @@ class Trainer {
   std::vector<StepRecord> history_;
   std::vector<MicroBatch> batches_;
   std::vector<float> losses_;
-  FILE* metrics_ = nullptr;
+  std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
   int64_t last_saved_step_ = -1;
   int64_t last_printed_step_ = 0;
   int64_t run_first_step_ = 0;

@@ -29,7 +29,6 @@
 #include <set>
 #include <thread>
 
-#include "common/config.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "common/npy.h"
@@ -338,7 +337,7 @@ class LoaderImpl final : public Loader {
     return std::move(p.batch);
   }
 
-  Status set_weights(const std::map<std::string, double>& weights) override {
+  Status set_weights(const DomainWeights& weights) override {
     KILN_ASSIGN_OR_RETURN(std::vector<double> w, normalise(weights));
     std::unique_lock lk(mu_);
     while (!history_.empty() && history_.back().step >= consumer_step_) {
@@ -351,7 +350,7 @@ class LoaderImpl final : public Loader {
     return Status::ok();
   }
 
-  std::map<std::string, double> weights() const override {
+  DomainWeights weights() const override {
     std::unique_lock lk(mu_);
     return to_map(weights_at(consumer_step_));
   }
@@ -503,26 +502,13 @@ class LoaderImpl final : public Loader {
     return w;
   }
 
-  Result<std::vector<double>> normalise(const std::map<std::string, double>& weights) const {
-    std::vector<double> w(names_.size(), 0.0);
-    double total = 0;
-    for (const auto& [name, value] : weights) {
-      const int id = domain_id(name);
-      if (id < 0) {
-        std::string msg = "unknown domain '" + name + "'";
-        const std::string near = closest_match(name, names_);
-        if (!near.empty()) msg += " (did you mean '" + near + "'?)";
-        return Status::config(msg).with_key("weights." + name);
-      }
-      if (!std::isfinite(value) || value < 0) {
-        return Status::config("weight must be a finite number >= 0").with_key("weights." + name);
-      }
-      w[id] = value;
-      total += value;
-    }
-    if (!(total > 0)) return Status::config("weights are all zero").with_key("weights");
+  // Checked weights by domain id, summing to 1. kConfig naming "weights.<domain>".
+  Result<std::vector<double>> normalise(const DomainWeights& weights) const {
+    WeightRules rules;
+    rules.known = names_;
+    KILN_RETURN_IF_ERROR(weights.check(rules));
+    std::vector<double> w = weights.normalised_over(names_);
     for (size_t d = 0; d < w.size(); ++d) {
-      w[d] /= total;
       if (w[d] > 0 && infos_[d].samples == 0) {
         return Status::data("domain '" + names_[d] + "' has weight but no samples")
             .with_key("weights." + names_[d]);
@@ -531,9 +517,9 @@ class LoaderImpl final : public Loader {
     return w;
   }
 
-  std::map<std::string, double> to_map(const std::vector<double>& w) const {
-    std::map<std::string, double> m;
-    for (size_t d = 0; d < w.size(); ++d) m[names_[d]] = w[d];
+  DomainWeights to_map(const std::vector<double>& w) const {
+    DomainWeights m;
+    for (size_t d = 0; d < w.size(); ++d) m.set(names_[d], w[d]);
     return m;
   }
 

@@ -40,6 +40,7 @@
 
 #include "common/manifest.h"
 #include "common/status.h"
+#include "loader/domain_weights.h"
 
 namespace kiln {
 
@@ -49,9 +50,8 @@ struct LoaderOptions {
   int dp_rank = 0;           // this rank's data-parallel index, 0 <= dp_rank < dp_world
   int dp_world = 1;          // data-parallel world size (tensor-parallel peers share a dp_rank)
   uint64_t seed = 0;         // shared by all ranks: shuffles and mixture decisions
-  // Domain weights (any non-negative numbers; normalised; domains not named get 0).
-  // Empty: the manifest's token shares.
-  std::map<std::string, double> weights;
+  // Domain weights (normalised; domains not named get 0). Empty: the manifest's token shares.
+  DomainWeights weights;
   int prefetch_depth = 4;    // batches assembled ahead (>= 1)
   int workers = 2;           // threads that read, decompress and pack shards (>= 1)
   bool skip_bad_shards = false;  // skip (count, log) an unreadable shard instead of failing
@@ -111,7 +111,7 @@ struct LoaderState {
   };
   struct WeightChange {
     int64_t step = 0;                       // first step the weights apply to
-    std::map<std::string, double> weights;  // normalised, every domain named
+    DomainWeights weights;  // normalised, every domain named
   };
 
   uint64_t dataset = 0;  // fingerprint of the manifest's shard list; restore() checks it
@@ -162,9 +162,9 @@ class Loader {
   // Replaces the weights from the next batch on (names as in the manifest; normalised; unnamed
   // domains get 0). Recorded in the state's weights history. kConfig on unknown domains, negative
   // or non-finite values, or all zero; kData when a weighted domain has no samples.
-  virtual Status set_weights(const std::map<std::string, double>& weights) = 0;
+  virtual Status set_weights(const DomainWeights& weights) = 0;
   // Normalised weights in effect for the next batch, every domain named.
-  virtual std::map<std::string, double> weights() const = 0;
+  virtual DomainWeights weights() const = 0;
 
   // Position after the last batch returned by next_batch(). Cheap; call it at checkpoint time.
   virtual LoaderState state() const = 0;

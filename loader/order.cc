@@ -10,20 +10,6 @@ namespace kiln::loader_internal {
 
 __extension__ typedef unsigned __int128 U128;
 
-uint64_t SplitMix64::below(uint64_t n) {
-  KILN_CHECK(n > 0);
-  U128 m = static_cast<U128>(next()) * n;
-  uint64_t low = static_cast<uint64_t>(m);
-  if (low < n) {
-    const uint64_t threshold = (0 - n) % n;
-    while (low < threshold) {
-      m = static_cast<U128>(next()) * n;
-      low = static_cast<uint64_t>(m);
-    }
-  }
-  return static_cast<uint64_t>(m >> 64);
-}
-
 uint64_t derive_seed(uint64_t seed, std::string_view what, std::string_view domain, uint64_t a,
                      uint64_t b) {
   // Chained XXH3: seed -> purpose -> domain -> (a, b) as 16 little-endian bytes.

@@ -12,25 +12,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/random.h"
+
 namespace kiln::loader_internal {
-
-// SplitMix64: a tiny, well-mixed, fully specified generator (std:: distributions are
-// implementation-defined, so they are never used for anything that must be reproducible).
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, n) (Lemire's multiply-shift with rejection; n > 0).
-  uint64_t below(uint64_t n);
-
- private:
-  uint64_t state_;
-};
 
 // A seed for one purpose: XXH3 of "what|domain|a|b" under the user's seed.
 uint64_t derive_seed(uint64_t seed, std::string_view what, std::string_view domain, uint64_t a,

@@ -128,7 +128,7 @@ Result<LoaderState> LoaderState::from_json(std::string_view text, const std::str
         if (!w.is_number() || !std::isfinite(w.get<double>()) || w.get<double>() < 0) {
           return bad(origin, path + ".weights." + name, "expected a non-negative number");
         }
-        wc.weights[name] = w.get<double>();
+        wc.weights.set(name, w.get<double>());
       }
       s.weights_history.push_back(std::move(wc));
     }

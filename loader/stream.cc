@@ -8,55 +8,6 @@
 
 namespace kiln {
 
-Result<std::map<std::string, double>> parse_weights_flag(const std::string& text) {
-  std::map<std::string, double> out;
-  size_t at = 0;
-  while (at <= text.size()) {
-    size_t comma = text.find(',', at);
-    if (comma == std::string::npos) comma = text.size();
-    const std::string item = text.substr(at, comma - at);
-    at = comma + 1;
-    if (item.empty()) {
-      if (comma == text.size()) break;
-      continue;
-    }
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      return Status::usage("--weights: expected domain=weight, got '" + item + "'")
-          .with_key("--weights");
-    }
-    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
-    char* end = nullptr;
-    const double w = std::strtod(value.c_str(), &end);
-    if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(w) || w < 0) {
-      return Status::usage("--weights: weight of '" + name + "' must be a number >= 0, got '" +
-                           value + "'")
-          .with_key("--weights");
-    }
-    if (!out.emplace(name, w).second) {
-      return Status::usage("--weights: domain '" + name + "' given twice").with_key("--weights");
-    }
-  }
-  if (out.empty()) return Status::usage("--weights: no domain=weight given").with_key("--weights");
-  return out;
-}
-
-std::pair<int, int> rank_and_world_from_env() {
-  const char* pairs[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                            {"PMIX_RANK", "PMIX_SIZE"},
-                            {"PMI_RANK", "PMI_SIZE"},
-                            {"SLURM_PROCID", "SLURM_NTASKS"}};
-  for (const auto& p : pairs) {
-    const char* r = std::getenv(p[0]);
-    const char* w = std::getenv(p[1]);
-    if (r && w) {
-      const int rank = std::atoi(r), world = std::atoi(w);
-      if (world >= 1 && rank >= 0 && rank < world) return {rank, world};
-    }
-  }
-  return {0, 1};
-}
-
 namespace {
 
 void append_json_string(std::string* out, const std::string& s) {

@@ -22,13 +22,6 @@ struct StreamOptions {
   std::string state_out;              // "" = none; "{rank}" is replaced by the rank
 };
 
-// Parses "d1=w1,d2=w2" (a weight is a finite number >= 0). kUsage naming --weights otherwise.
-Result<std::map<std::string, double>> parse_weights_flag(const std::string& text);
-
-// Data-parallel rank and world size from an MPI launcher's environment (Open MPI, MPICH/PMI,
-// PMIx, Slurm), or {0, 1} when not launched by one.
-std::pair<int, int> rank_and_world_from_env();
-
 // Runs the loader for `steps` batches and writes the lines to `out`; writes the state after the
 // last batch to state_out (atomically) when set.
 Status run_stream(const StreamOptions& options, std::FILE* out);

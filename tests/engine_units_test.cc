@@ -153,7 +153,7 @@ TEST(LossScaler, BackoffHysteresisGrowth) {
 TEST(MixtureControl, ParseValidateWriteRead) {
   auto ok = parse_mixture_json(R"({"weights": {"code": 3, "web": 1}})", "f");
   ASSERT_TRUE(ok.is_ok());
-  EXPECT_DOUBLE_EQ(normalized(*ok).at("code"), 0.75);
+  EXPECT_DOUBLE_EQ(ok->normalised().at("code"), 0.75);
   const char* bad[] = {"", "[]", "{}", R"({"weights": 3})", R"({"weights": {"a": -1}})",
                        R"({"weights": {"a": "x"}})", R"({"weights": {"a": 0}})",
                        R"({"weights": {"a": 1e999}})"};

@@ -165,17 +165,5 @@ TEST(KilnStream, ErrorsAndExitCodes) {
   EXPECT_NE(r.exit_code, 3);
 }
 
-TEST(KilnStream, WeightsFlagParsing) {
-  auto w = parse_weights_flag("a=1,b=0.5,c=0");
-  ASSERT_TRUE(w.is_ok());
-  EXPECT_EQ(w->size(), 3u);
-  EXPECT_EQ(w->at("b"), 0.5);
-  EXPECT_FALSE(parse_weights_flag("a=1,a=2").is_ok());
-  EXPECT_FALSE(parse_weights_flag("a=x").is_ok());
-  EXPECT_FALSE(parse_weights_flag("=1").is_ok());
-  EXPECT_FALSE(parse_weights_flag("a=inf").is_ok());
-  EXPECT_FALSE(parse_weights_flag("").is_ok());
-}
-
 }  // namespace
 }  // namespace kiln

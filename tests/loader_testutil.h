@@ -15,6 +15,7 @@
 
 #include "common/manifest.h"
 #include "common/npy.h"
+#include "common/random.h"
 #include "common/shard.h"
 #include "common/status.h"
 #include "loader/loader.h"
@@ -51,13 +52,6 @@ struct Dataset {
   std::map<std::pair<uint32_t, uint32_t>, TruthDoc> docs;
 };
 
-inline uint64_t test_rng(uint64_t* s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // Writes <dir>/shards/<domain>/<domain>-NNNNNN.tar[.zst] and <dir>/manifest.json.
 inline Result<Dataset> make_dataset(const std::string& dir, const DatasetSpec& spec) {
   namespace fs = std::filesystem;
@@ -68,7 +62,7 @@ inline Result<Dataset> make_dataset(const std::string& dir, const DatasetSpec& s
   ds.manifest.tokenizer.path = "";
   ds.manifest.tokenizer.vocab_size = spec.vocab_size;
   ds.manifest.tokenizer.eos_id = spec.eos_id;
-  uint64_t rng = spec.seed;
+  SplitMix64 rng(spec.seed);
   const NpyDtype dtype = npy_token_dtype(spec.vocab_size);
   for (const DomainSpec& d : spec.domains) {
     RollingShardWriter::Options o;
@@ -85,9 +79,9 @@ inline Result<Dataset> make_dataset(const std::string& dir, const DatasetSpec& s
       doc.domain = d.name;
       doc.id = spec.numeric_ids ? std::to_string(1000 * (&d - spec.domains.data()) + i)
                                 : "\"" + d.name + "-" + std::to_string(i) + "\"";
-      const uint64_t n = d.min_tokens + test_rng(&rng) % (d.max_tokens - d.min_tokens + 1);
+      const uint64_t n = d.min_tokens + rng.next() % (d.max_tokens - d.min_tokens + 1);
       for (uint64_t t = 0; t < n; ++t) {
-        doc.tokens.push_back(1 + static_cast<uint32_t>(test_rng(&rng) % (spec.vocab_size - 1)));
+        doc.tokens.push_back(1 + static_cast<uint32_t>(rng.next() % (spec.vocab_size - 1)));
       }
       ShardSample s;
       s.key = d.name + "_" + std::to_string(i);

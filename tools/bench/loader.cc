@@ -37,6 +37,7 @@
 
 #include "common/manifest.h"
 #include "common/npy.h"
+#include "common/random.h"
 #include "common/shard.h"
 #include "loader/loader.h"
 
@@ -85,23 +86,16 @@ void check(const Status& st) {
   if (!st.is_ok()) die(st.to_string());
 }
 
-uint64_t rng(uint64_t* s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // ---- make ----------------------------------------------------------------------------------
 // Documents of Zipf-distributed pseudo-words (text compresses ~3x with zstd -3, like prose);
 // one token per word (vocabulary 8192, eos 0), lengths log-uniform in [300, 12000] bytes.
 int make(const std::string& dir, double megabytes) {
   constexpr int kWords = 8191;
   std::vector<std::string> words(kWords);
-  uint64_t s = 12345;
+  SplitMix64 rng(12345);
   for (int i = 0; i < kWords; ++i) {
-    const int len = 2 + static_cast<int>(rng(&s) % 9);
-    for (int c = 0; c < len; ++c) words[i].push_back(static_cast<char>('a' + rng(&s) % 26));
+    const int len = 2 + static_cast<int>(rng.next() % 9);
+    for (int c = 0; c < len; ++c) words[i].push_back(static_cast<char>('a' + rng.next() % 26));
   }
   // Zipf(1) sampling table.
   std::vector<double> cdf(kWords);
@@ -109,7 +103,7 @@ int make(const std::string& dir, double megabytes) {
   for (int i = 0; i < kWords; ++i) cdf[i] = (acc += 1.0 / (i + 1));
   for (double& c : cdf) c /= acc;
   auto word = [&]() {
-    const double u = static_cast<double>(rng(&s) >> 11) * 0x1.0p-53;
+    const double u = static_cast<double>(rng.next() >> 11) * 0x1.0p-53;
     return static_cast<int>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
   };
   fs::remove_all(dir);
@@ -135,13 +129,13 @@ int make(const std::string& dir, double megabytes) {
     std::vector<uint16_t> tokens;
     for (uint64_t i = 0; bytes < budget; ++i) {
       const double len = std::exp(std::log(300.0) + (std::log(12000.0) - std::log(300.0)) *
-                                                         (static_cast<double>(rng(&s) >> 11) * 0x1.0p-53));
+                                                         (static_cast<double>(rng.next() >> 11) * 0x1.0p-53));
       std::string text;
       tokens.clear();
       while (text.size() < len) {
         const int k = word();
         text += words[k];
-        text.push_back(rng(&s) % 12 == 0 ? '\n' : ' ');
+        text.push_back(rng.next() % 12 == 0 ? '\n' : ' ');
         tokens.push_back(static_cast<uint16_t>(k + 1));
       }
       ShardSample sample;

@@ -2,16 +2,11 @@
 // Writes / reads RUN/control/mixture.json, which a running `kiln train` polls between steps.
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <set>
 
-#include "common/config.h"
 #include "engine/mixture_control.h"
 #include "tools/kiln/command.h"
 
@@ -38,12 +33,12 @@ std::optional<nlohmann::json> last_metrics(const std::string& run_dir) {
   }
 }
 
-std::string format_weights(const engine::DomainWeights& w) {
+std::string format_weights(const DomainWeights& w) {
   std::string out;
-  auto norm = engine::normalized(w);
+  const DomainWeights norm = w.normalised();
   for (const auto& [k, v] : w) {
     char buf[128];
-    std::snprintf(buf, sizeof buf, "  %-20s %10.4g  (%.1f%%)\n", k.c_str(), v, 100.0 * norm[k]);
+    std::snprintf(buf, sizeof buf, "  %-20s %10.4g  (%.1f%%)\n", k.c_str(), v, 100.0 * norm.at(k));
     out += buf;
   }
   return out;
@@ -53,41 +48,15 @@ Status run_set(const MixArgs& args) {
   if (!std::filesystem::is_directory(args.run_dir)) {
     return Status::usage("run directory does not exist: " + args.run_dir);
   }
-  if (args.assignments.empty()) return Status::usage("expected at least one DOMAIN=WEIGHT");
-  engine::DomainWeights weights;
-  for (const auto& a : args.assignments) {
-    auto eq = a.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == a.size()) {
-      return Status::usage("expected DOMAIN=WEIGHT, got '" + a + "'");
-    }
-    std::string name = a.substr(0, eq);
-    std::string num = a.substr(eq + 1);
-    char* end = nullptr;
-    errno = 0;
-    double v = std::strtod(num.c_str(), &end);
-    if (errno != 0 || end != num.c_str() + num.size() || !std::isfinite(v) || v < 0) {
-      return Status::usage("weight for '" + name + "' must be a finite number >= 0, got '" + num +
-                           "'");
-    }
-    if (weights.count(name)) return Status::usage("domain '" + name + "' given twice");
-    weights[name] = v;
-  }
-  // Check names against the domains the run reports, when it has reported any.
+  // Names are checked against the domains the run reports, when it has reported any.
+  WeightRules rules;
+  rules.code = StatusCode::kUsage;
   if (auto m = last_metrics(args.run_dir); m && m->contains("domain_weights") &&
                                             (*m)["domain_weights"].is_object()) {
-    std::vector<std::string> known;
     for (auto it = (*m)["domain_weights"].begin(); it != (*m)["domain_weights"].end(); ++it)
-      known.push_back(it.key());
-    if (!known.empty()) {
-      std::set<std::string> known_set(known.begin(), known.end());
-      for (const auto& [name, v] : weights) {
-        if (known_set.count(name)) continue;
-        std::string hint = closest_match(name, known);
-        return Status::usage("the run has no domain '" + name + "'" +
-                             (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
-      }
-    }
+      rules.known.push_back(it.key());
   }
+  KILN_ASSIGN_OR_RETURN(const DomainWeights weights, DomainWeights::parse(args.assignments, rules));
   KILN_RETURN_IF_ERROR(engine::write_mixture(args.run_dir, weights));
   std::printf("wrote %s\n%s", engine::mixture_path(args.run_dir).c_str(),
               format_weights(weights).c_str());
@@ -113,9 +82,9 @@ Status run_show(const MixArgs& args) {
                 format_weights(**file).c_str());
   }
   if (auto m = last_metrics(args.run_dir); m && m->contains("domain_weights")) {
-    engine::DomainWeights in_effect;
+    DomainWeights in_effect;
     for (auto it = (*m)["domain_weights"].begin(); it != (*m)["domain_weights"].end(); ++it)
-      if (it.value().is_number()) in_effect[it.key()] = it.value().get<double>();
+      if (it.value().is_number()) in_effect.set(it.key(), it.value().get<double>());
     std::printf("in effect at step %s:\n%s", m->value("step", nlohmann::json()).dump().c_str(),
                 format_weights(in_effect).c_str());
   }

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <memory>
 
+#include "comm/comm.h"
+#include "loader/domain_weights.h"
 #include "loader/stream.h"
 #include "tools/kiln/command.h"
 
@@ -61,16 +63,20 @@ RunFn add_stream_command(CLI::App& root) {
                 "skip (count and log) unreadable shards instead of stopping");
   return [f]() -> Status {
     auto& o = f->options;
-    auto [env_rank, env_world] = rank_and_world_from_env();
-    o.loader.dp_world = f->world > 0 ? f->world : env_world;
-    o.loader.dp_rank = f->rank >= 0 ? f->rank : (env_world > 1 ? env_rank : 0);
+    const comm::LaunchEnv env = comm::launch_env();
+    o.loader.dp_world = f->world > 0 ? f->world : env.world;
+    o.loader.dp_rank = f->rank >= 0 ? f->rank : (env.world > 1 ? env.rank : 0);
     if (o.loader.dp_rank >= o.loader.dp_world) {
       return Status::usage("--rank " + std::to_string(o.loader.dp_rank) + " is not below --world " +
                            std::to_string(o.loader.dp_world))
           .with_key("--rank");
     }
     if (!f->weights.empty()) {
-      KILN_ASSIGN_OR_RETURN(o.loader.weights, parse_weights_flag(f->weights));
+      WeightRules rules;
+      rules.code = StatusCode::kUsage;
+      rules.key = "--weights";
+      rules.key_per_domain = false;
+      KILN_ASSIGN_OR_RETURN(o.loader.weights, DomainWeights::parse(f->weights, rules));
     }
     return run_stream(o, stdout);
   };

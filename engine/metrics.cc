@@ -1,0 +1,87 @@
+#include "engine/metrics.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "common/atomic_file.h"
+
+namespace kiln::engine {
+namespace {
+
+nlohmann::json number_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+std::string step_record_json(const StepRecord& r) {
+  nlohmann::ordered_json j;
+  j["step"] = r.step;
+  j["loss"] = number_or_null(r.loss);
+  j["lr"] = r.lr;
+  j["grad_norm"] = number_or_null(r.grad_norm);
+  j["loss_scale"] = r.loss_scale ? nlohmann::ordered_json(*r.loss_scale) : nlohmann::ordered_json(nullptr);
+  j["tokens"] = r.tokens;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["step_ms"] = r.step_ms;
+  j["skipped"] = r.skipped;
+  if (r.skipped) j["skip_reason"] = r.skip_reason;
+  j["clip_coef"] = r.clip_coef;
+  nlohmann::ordered_json dl = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : r.domain_loss) dl[k] = number_or_null(v);
+  j["domain_loss"] = dl;
+  nlohmann::ordered_json dw = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : r.domain_weights) dw[k] = v;
+  j["domain_weights"] = dw;
+  j["loader_wait_ms"] = r.loader_wait_ms;
+  if (!r.comm_bytes.empty()) {
+    j["comm_ms"] = r.comm_ms;
+    nlohmann::ordered_json cb = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : r.comm_bytes) cb[k] = v;
+    j["comm_bytes"] = cb;
+  }
+  return j.dump();
+}
+
+std::string metrics_path(const std::string& run_dir) {
+  return (std::filesystem::path(run_dir) / "metrics.jsonl").string();
+}
+
+Result<std::unique_ptr<MetricsLog>> MetricsLog::open(const std::string& run_dir,
+                                                     int64_t keep_through_step) {
+  const std::string path = metrics_path(run_dir);
+  std::string kept;
+  {
+    std::ifstream in(path);  // no file yet: nothing to keep
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      try {
+        auto j = nlohmann::json::parse(line);
+        if (j.at("step").get<int64_t>() <= keep_through_step) kept += line + "\n";
+      } catch (const std::exception&) {
+        // a torn last line from a killed run: dropped
+      }
+    }
+  }
+  KILN_RETURN_IF_ERROR(write_file_atomic(path, kept));
+  std::FILE* f = std::fopen(path.c_str(), "ab");
+  if (!f) return Status::from_errno("open for appending", path);
+  return std::unique_ptr<MetricsLog>(new MetricsLog(path, f));
+}
+
+MetricsLog::~MetricsLog() { std::fclose(file_); }
+
+Status MetricsLog::append(const StepRecord& r) {
+  const std::string line = step_record_json(r) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() ||
+      std::fflush(file_) != 0) {
+    return Status::from_errno("write", path_);
+  }
+  return Status::ok();
+}
+
+}  // namespace kiln::engine
