@@ -39,7 +39,7 @@ Status run_stream(const StreamOptions& options, std::FILE* out) {
   LoaderOptions lo = options.loader;
   lo.sample_ids = true;
   // Weights given on the command line are applied after a restore (and recorded in its history).
-  const std::map<std::string, double> flag_weights = lo.weights;
+  const DomainWeights flag_weights = lo.weights;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, Loader::open(options.dataset, lo));
   if (!options.state_in.empty()) {
     std::vector<LoaderState> states;
