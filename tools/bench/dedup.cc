@@ -39,6 +39,7 @@
 #include "dataprep/minhash.h"
 #include "dataprep/normalize.h"
 #include "dataprep/shingle.h"
+#include "tools/bench/bench_machine.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -432,6 +433,7 @@ void quality(const std::string& dir, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::bench::print_machine();  // CPU model and the ISA paths this run takes
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];

@@ -26,6 +26,7 @@
 
 #include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
+#include "tools/bench/bench_machine.h"
 
 namespace {
 
@@ -224,6 +225,7 @@ void bench_dtype(const Config& cfg, StepTally& step) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::bench::print_machine();  // CPU model and the ISA paths this run takes
   Config cfg;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];

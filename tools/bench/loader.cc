@@ -40,6 +40,7 @@
 #include "common/random.h"
 #include "common/shard.h"
 #include "loader/loader.h"
+#include "tools/bench/bench_machine.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -365,6 +366,7 @@ int train_metrics(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::bench::print_machine();  // CPU model and the ISA paths this run takes
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "make" && argc == 4) return make(argv[2], std::atof(argv[3]));
   if (mode == "run" && argc >= 3) return run(argv[2], parse(argc, argv, 3));

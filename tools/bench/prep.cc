@@ -37,6 +37,7 @@
 #include "common/manifest.h"
 #include "dataprep/domain_rules.h"
 #include "dataprep/tokenizer_io.h"
+#include "tools/bench/bench_machine.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -199,6 +200,7 @@ struct Speed {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::bench::print_machine();  // CPU model and the ISA paths this run takes
   std::string kiln, dir = "/tmp/kiln-bench-prep";
   uint64_t bytes = 1ull << 30;
   if (const char* e = std::getenv("KILN_BENCH_BYTES")) bytes = std::stoull(e);

@@ -29,6 +29,7 @@
 #include "common/atomic_file.h"
 #include "common/npy.h"
 #include "common/shard.h"
+#include "tools/bench/bench_machine.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -151,6 +152,7 @@ uint64_t decompress_to(const std::string& zst, const std::string& out_path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::bench::print_machine();  // CPU model and the ISA paths this run takes
   uint64_t target = 1ull << 30;
   if (const char* env = std::getenv("KILN_BENCH_BYTES")) target = std::strtoull(env, nullptr, 10);
   std::string dir = (fs::temp_directory_path() / "kiln_bench_shards").string();
