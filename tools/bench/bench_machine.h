@@ -1,7 +1,8 @@
 // Shared by the benchmark programs in tools/bench: one line that says what machine a run measured
 // and which CPU code paths it took, so that every recorded number carries them.
-//   machine: AMD EPYC 7B13, 2 cores, 23.5 GiB; cpu flags: avx2 fma f16c (no avx512f avx512_bf16
-//   amx_bf16); OpenBLAS Zen; bf16 GEMM: oneDNN native=no; forced: none; load average 1.2 0.9 0.8
+//   machine: 2 cores, 23.5 GiB; cpu: AMD EPYC 7B13; path avx2 (best avx2); bf16 GEMM widen+sgemm
+//   (...); cpu flags: avx2 fma f16c (no avx512f ...); OpenBLAS Zen; forced: none; load average ...
+// The path and the bf16 GEMM are the kernels' own start-up choice (kernels/cpu_isa.h).
 #pragma once
 
 #include <cblas.h>
@@ -13,21 +14,13 @@
 #include <sstream>
 #include <string>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
 
 namespace kiln::bench {
 
-// The "model name" of the first processor in /proc/cpuinfo ("unknown" if absent).
-inline std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown";
-}
+// The CPU's name (CPUID brand string, as the kernels report it).
+inline std::string cpu_model() { return cpu::cpu_runtime().cpu_name; }
 
 // The instruction-set extensions that decide Kiln's CPU paths, as the kernel reports them:
 // "avx2 fma f16c (no avx512f avx512_bf16 amx_bf16)".
@@ -60,11 +53,11 @@ inline std::string machine_line() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   char mem[32];
   std::snprintf(mem, sizeof mem, "%.1f GiB", static_cast<double>(pages) * page / (1 << 30));
-  o << "machine: " << cpu_model() << ", " << sysconf(_SC_NPROCESSORS_ONLN) << " cores, " << mem
-    << "; cpu flags: " << cpu_isa_flags() << "; OpenBLAS " << openblas_get_corename()
-    << "; bf16 GEMM: oneDNN native=" << (cpu::have_native_bf16_gemm() ? "yes" : "no");
+  o << "machine: " << sysconf(_SC_NPROCESSORS_ONLN) << " cores, " << mem << "; "
+    << cpu::describe_cpu_runtime() << "; cpu flags: " << cpu_isa_flags() << "; OpenBLAS "
+    << openblas_get_corename();
   std::string forced;
-  for (const char* env : {"KILN_CPU_ISA", "ONEDNN_MAX_CPU_ISA"}) {
+  for (const char* env : {"KILN_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE"}) {
     if (const char* v = std::getenv(env)) {
       if (!forced.empty()) forced.append(" ");
       forced.append(env).append("=").append(v);

@@ -162,12 +162,14 @@ int main(int argc, char** argv) {
       "\"step_ms_min\": %.2f, \"cpu_ms\": %.2f, \"rss_start_mib\": %.1f, \"peak_rss_mib\": %.1f, "
       "\"train_mib\": %.1f, \"activation_mib_measured\": %.1f, \"activation_mib_planned\": %.1f, "
       "\"model_state_mib\": %.1f, \"params\": %zu, \"loss_first\": %.4f, \"loss_last\": %.4f, "
-      "\"native_bf16_gemm\": %s, \"cpu\": \"%s\", \"cpu_flags\": \"%s\"}\n",
+      "\"native_bf16_gemm\": %s, \"cpu\": \"%s\", \"isa\": \"%s\", \"bf16_gemm\": \"%s\", "
+      "\"cpu_flags\": \"%s\"}\n",
       precision.c_str(), recompute.c_str(), threads, steps, warmup,
       static_cast<double>(B * T) / (step_ms / 1e3), step_ms, best, median(cpu_ms), rss_start, peak,
       peak - rss_start, activation_measured, a.total() / 1048576.0,
       params.state_bytes() / 1048576.0, params.num_params(), loss0, loss_last,
       cpu::have_native_bf16_gemm() ? "true" : "false", bench::cpu_model().c_str(),
+      cpu::isa_name(cpu::cpu_runtime().isa), cpu::bf16_gemm_name(cpu::cpu_runtime().bf16_gemm),
       bench::cpu_isa_flags().c_str());
   return 0;
 }
