@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 
 #include "common/atomic_file.h"
@@ -50,14 +51,21 @@ Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
   if (ec) return fs_error("create checkpoint directory", tmp_dir, ec);
 
   std::vector<TensorView> model, optim;
+  // Host copies of device tensors (none when the parameters are in host memory).
+  std::deque<std::vector<float>> scratch;
+  auto view = [&](int ti, ParamField f) {
+    scratch.emplace_back();
+    return params.host_view(ti, f, &scratch.back());
+  };
   const auto& tensors = params.tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ParamTensor& t = tensors[i];
     const int ti = static_cast<int>(i);
-    model.push_back({t.name, "F32", t.shape, params.master(ti), t.numel * 4});
-    optim.push_back({t.name + ".exp_avg", "F32", t.shape, params.exp_avg(ti), t.numel * 4});
+    model.push_back({t.name, "F32", t.shape, view(ti, ParamField::kMaster), t.numel * 4});
     optim.push_back(
-        {t.name + ".exp_avg_sq", "F32", t.shape, params.exp_avg_sq(ti), t.numel * 4});
+        {t.name + ".exp_avg", "F32", t.shape, view(ti, ParamField::kExpAvg), t.numel * 4});
+    optim.push_back(
+        {t.name + ".exp_avg_sq", "F32", t.shape, view(ti, ParamField::kExpAvgSq), t.numel * 4});
   }
   std::map<std::string, std::string> meta = {{"format", kFormat},
                                              {"precision", precision_name(params.precision())}};
@@ -174,9 +182,9 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
     KILN_ASSIGN_OR_RETURN(const void* w, model.get(t.name, "F32", t.shape));
     KILN_ASSIGN_OR_RETURN(const void* m, optim.get(t.name + ".exp_avg", "F32", t.shape));
     KILN_ASSIGN_OR_RETURN(const void* v, optim.get(t.name + ".exp_avg_sq", "F32", t.shape));
-    std::memcpy(params->master(ti), w, t.numel * 4);
-    std::memcpy(params->exp_avg(ti), m, t.numel * 4);
-    std::memcpy(params->exp_avg_sq(ti), v, t.numel * 4);
+    params->upload(ti, ParamField::kMaster, static_cast<const float*>(w));
+    params->upload(ti, ParamField::kExpAvg, static_cast<const float*>(m));
+    params->upload(ti, ParamField::kExpAvgSq, static_cast<const float*>(v));
   }
   params->zero_grads();
   params->sync_low_precision();

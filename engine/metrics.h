@@ -37,6 +37,10 @@ struct StepRecord {
   // Bytes moved this step by each collective of each group ("dp.all_reduce": ...), multi-rank only.
   std::map<std::string, uint64_t> comm_bytes;
   double comm_ms = 0;  // wall time of the step's loss/gradient reductions (multi-rank only)
+  // On a GPU (engine/mfu.h): model FLOPs utilisation against the device's dense bf16 peak (unset
+  // when the device is not in the table) and the device memory in use at its highest so far.
+  std::optional<double> mfu;
+  std::optional<double> device_memory_peak_mib;
 };
 // One line, no newline. JSON has no inf/NaN: those are written as null.
 std::string step_record_json(const StepRecord& r);

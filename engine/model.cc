@@ -1,10 +1,12 @@
 #include "engine/model.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "kernels/ops.h"
+#if KILN_HAVE_CUDA
+#include "kernels/cuda/ops.h"
+#endif
 
 namespace kiln::engine {
 namespace {
@@ -63,47 +65,47 @@ ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precisi
 
 namespace {
 
-template <typename T>
+// K: the kernel backend (kiln::CpuBackend / kiln::CudaBackend), T: the storage type. Memory comes
+// from the ParamStore's Backend.
+template <class K, typename T>
 class GptModel final : public Model {
  public:
-  using K = CpuBackend;
-
   GptModel(ParamStore* params, int64_t B, Recompute mode, int64_t head_chunk)
-      : p_(params), m_(params->model()), B_(B), mode_(mode), s_(m_, B) {
+      : p_(params), be_(&params->backend()), m_(params->model()), B_(B), mode_(mode), s_(m_, B) {
     const size_t L = static_cast<size_t>(m_.n_layers);
     const size_t e = sizeof(T);
     head_rows_ = head_rows(m_, B, e, head_chunk);
     x_.resize(L + 1);
-    for (auto& x : x_) x.resize(s_.btc);
+    for (auto& x : x_) x.reset(be_, s_.btc);
     // Kept-or-recomputed block buffers: one set per block, or one shared set.
     const size_t rest_sets = mode == Recompute::kFull ? 1 : L;
     const size_t sel_sets = mode == Recompute::kNone ? L : 1;
     rest_.resize(rest_sets);
     for (auto& r : rest_) {
-      r.ln1.resize(s_.btc);
-      r.qkv.resize(3 * s_.btc);
-      r.res2.resize(s_.btc);
-      r.ln2.resize(s_.btc);
-      r.fch.resize(4 * s_.btc);
-      r.stats.resize(4 * s_.bt);
+      r.ln1.reset(be_, s_.btc);
+      r.qkv.reset(be_, 3 * s_.btc);
+      r.res2.reset(be_, s_.btc);
+      r.ln2.reset(be_, s_.btc);
+      r.fch.reset(be_, 4 * s_.btc);
+      r.stats.reset(be_, 4 * s_.bt);
     }
     sel_.resize(sel_sets);
     for (auto& r : sel_) {
-      r.atty.resize(s_.btc);
-      r.gelu.resize(4 * s_.btc);
-      r.lse.resize(s_.lse);
+      r.atty.reset(be_, s_.btc);
+      r.gelu.reset(be_, 4 * s_.btc);
+      r.lse.reset(be_, s_.lse);
     }
-    lnf_.resize(s_.btc);
-    lnf_stats_.resize(2 * s_.bt);
-    proj_.resize(s_.btc);
-    dres_.resize(s_.btc);
-    dlnf_.resize(s_.btc);
-    dbtc1_.resize(s_.btc);
-    dbtc2_.resize(s_.btc);
-    dqkv_.resize(3 * s_.btc);
-    dfch_.resize(4 * s_.btc);
-    dgelu_.resize(4 * s_.btc);
-    logits_.resize(head_rows_ * static_cast<size_t>(m_.vocab_size));
+    lnf_.reset(be_, s_.btc);
+    lnf_stats_.reset(be_, 2 * s_.bt);
+    proj_.reset(be_, s_.btc);
+    dres_.reset(be_, s_.btc);
+    dlnf_.reset(be_, s_.btc);
+    dbtc1_.reset(be_, s_.btc);
+    dbtc2_.reset(be_, s_.btc);
+    dqkv_.reset(be_, 3 * s_.btc);
+    dfch_.reset(be_, 4 * s_.btc);
+    dgelu_.reset(be_, 4 * s_.btc);
+    logits_.reset(be_, head_rows_ * static_cast<size_t>(m_.vocab_size));
     mem_ = plan_activation_memory(m_, B, params->precision(), mode);
     mem_.working_bytes += logits_.bytes();
     mem_.working_bytes -= head_rows(m_, B, e, 0) * static_cast<size_t>(m_.vocab_size) * e;
@@ -127,12 +129,12 @@ class GptModel final : public Model {
 
  private:
   struct RestBuffers {  // kept by none and selective
-    AlignedBuffer<T> ln1, qkv, res2, ln2, fch;
-    AlignedBuffer<float> stats;  // ln1 mean, ln1 rstd, ln2 mean, ln2 rstd (bt each)
+    DeviceArray<T> ln1, qkv, res2, ln2, fch;
+    DeviceArray<float> stats;  // ln1 mean, ln1 rstd, ln2 mean, ln2 rstd (bt each)
   };
   struct SelBuffers {  // kept only by none
-    AlignedBuffer<T> atty, gelu;
-    AlignedBuffer<float> lse;
+    DeviceArray<T> atty, gelu;
+    DeviceArray<float> lse;
   };
   struct Acts {
     T *ln1, *qkv, *atty, *res2, *ln2, *fch, *gelu;
@@ -249,36 +251,55 @@ class GptModel final : public Model {
   }
 
   template <typename U>
-  static void zero(AlignedBuffer<U>& b) {
-    std::memset(static_cast<void*>(b.data()), 0, b.bytes());
+  static void zero(DeviceArray<U>& b) {
+    b.zero();
   }
 
   ParamStore* p_;
+  Backend* be_;
   ModelConfig m_;
   int64_t B_;
   Recompute mode_;
   BlockSizes s_;
   size_t head_rows_ = 0;
-  std::vector<AlignedBuffer<T>> x_;
+  std::vector<DeviceArray<T>> x_;
   std::vector<RestBuffers> rest_;
   std::vector<SelBuffers> sel_;
-  AlignedBuffer<T> lnf_, proj_, dres_, dlnf_, dbtc1_, dbtc2_, dqkv_, dfch_, dgelu_, logits_;
-  AlignedBuffer<float> lnf_stats_;
+  DeviceArray<T> lnf_, proj_, dres_, dlnf_, dbtc1_, dbtc2_, dqkv_, dfch_, dgelu_, logits_;
+  DeviceArray<float> lnf_stats_;
   ActivationMemory mem_;
 };
 
-}  // namespace
-
-std::unique_ptr<Model> Model::create(ParamStore* params, int64_t micro_batch, Recompute mode,
-                                     int64_t head_chunk_rows) {
+template <class K>
+std::unique_ptr<Model> create_on(ParamStore* params, int64_t micro_batch, Recompute mode,
+                                 int64_t head_chunk_rows) {
   switch (params->precision()) {
     case Precision::kFp32:
-      return std::make_unique<GptModel<float>>(params, micro_batch, mode, head_chunk_rows);
+      return std::make_unique<GptModel<K, float>>(params, micro_batch, mode, head_chunk_rows);
     case Precision::kBf16:
-      return std::make_unique<GptModel<bf16>>(params, micro_batch, mode, head_chunk_rows);
+      return std::make_unique<GptModel<K, bf16>>(params, micro_batch, mode, head_chunk_rows);
     case Precision::kFp16:
-      return std::make_unique<GptModel<fp16>>(params, micro_batch, mode, head_chunk_rows);
+      return std::make_unique<GptModel<K, fp16>>(params, micro_batch, mode, head_chunk_rows);
   }
+  return nullptr;
+}
+
+}  // namespace
+
+// The one place the device selects the operators.
+std::unique_ptr<Model> Model::create(ParamStore* params, int64_t micro_batch, Recompute mode,
+                                     int64_t head_chunk_rows) {
+  switch (params->backend().device()) {
+    case Device::kCpu:
+      return create_on<CpuBackend>(params, micro_batch, mode, head_chunk_rows);
+    case Device::kCuda:
+#if KILN_HAVE_CUDA
+      return create_on<CudaBackend>(params, micro_batch, mode, head_chunk_rows);
+#else
+      break;
+#endif
+  }
+  KILN_CHECK(false, "Model::create: no kernels for this device in this build");
   return nullptr;
 }
 

@@ -1,9 +1,10 @@
 // The GPT-2 decoder: token + learned position embeddings, pre-LayerNorm blocks (causal multi-head
 // attention, GELU MLP 4x), final LayerNorm, LM head tied to the token embedding.
 //
-// The model owns its activation buffers (sized for one micro-batch at construction) and reads
-// and writes parameters and fp32 gradients in a ParamStore it does not own. Every operator comes
-// from the kernel API (kernels/ops.h); the storage type of activations and working parameters is
+// The model owns its activation buffers (sized for one micro-batch at construction, in the
+// ParamStore's backend memory) and reads and writes parameters and fp32 gradients in a ParamStore
+// it does not own. Every operator comes from the kernel API (kernels/ops.h) of the backend's device
+// (kiln::CpuBackend or kiln::CudaBackend, chosen once in create()); the storage type of activations and working parameters is
 // the run's precision (fp32, bf16 or fp16), parameter gradients are fp32.
 //
 // Activation checkpointing (engine/train_config.h Recompute):
@@ -45,6 +46,8 @@ class Model {
                                        int64_t head_chunk_rows = 0);
   virtual ~Model() = default;
 
+  // Pointers (inputs, targets, losses) are in the backend's memory: host memory on the CPU, device
+  // memory on a GPU (engine/device_batches.h stages them), where the call only queues the work.
   // One micro-batch: inputs and targets are (micro_batch, seq_len) token ids; a target < 0 is
   // ignored (loss 0, no gradient). Runs forward, the loss and backward, ACCUMULATING the fp32
   // parameter gradients of dloss * sum(losses) into the ParamStore (zero them before the first

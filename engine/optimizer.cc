@@ -3,7 +3,6 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/ops.h"
 
 namespace kiln::engine {
 
@@ -15,7 +14,9 @@ StepStats AdamW::inspect(const ParamStore& params, double loss_scale) const {
     ptrs.push_back(u.grad.data());
     sizes.push_back(u.numel);
   }
-  const double ss = cpu::sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()));
+  // One fused pass over every unit, one read back to the host: the norm and the overflow check.
+  const double ss =
+      params.backend().sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()));
   StepStats s;
   s.grad_norm = std::sqrt(ss) / loss_scale;
   s.finite = std::isfinite(s.grad_norm);
@@ -48,17 +49,7 @@ void AdamW::apply(ParamStore& params, double lr, double loss_scale, const StepSt
     float* v = params.exp_avg_sq(t);
     const float* g = params.grad(t);
     const size_t n = tensors[i].numel;
-    switch (params.precision()) {
-      case Precision::kFp32:
-        cpu::adamw_update(p, m, v, g, n, hp);
-        break;
-      case Precision::kBf16:
-        cpu::adamw_update(p, m, v, g, n, hp, params.work<bf16>(t));
-        break;
-      case Precision::kFp16:
-        cpu::adamw_update(p, m, v, g, n, hp, params.work<fp16>(t));
-        break;
-    }
+    params.backend().adamw_update(p, m, v, g, n, hp, params.work_dtype(), params.work_bytes(t));
   }
 }
 

@@ -1,12 +1,9 @@
 #include "engine/params.h"
 
-#include <tbb/parallel_for.h>
-
 #include <cmath>
 
 #include "common/hash.h"
 #include "engine/rng.h"
-#include "kernels/ops.h"
 
 namespace kiln::engine {
 namespace {
@@ -14,8 +11,12 @@ constexpr size_t kAlign = 16;  // elements (64 bytes of fp32)
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases)
-    : model_(model), precision_(precision), decay_norms_and_biases_(decay_norms_and_biases) {
+ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases,
+                       Backend* backend)
+    : backend_(backend ? backend : &cpu_backend()),
+      model_(model),
+      precision_(precision),
+      decay_norms_and_biases_(decay_norms_and_biases) {
   const int64_t V = model.vocab_size, C = model.d_model, T = model.seq_len;
   add_unit("embed");
   wte_ = add(0, "wte", {V, C}, TensorRole::kEmbedding);
@@ -47,11 +48,11 @@ ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay
   const bool low = precision != Precision::kFp32;
   for (auto& u : units_) {
     u.numel = round_up(u.numel, 64);
-    u.master.resize(u.numel);
-    u.grad.resize(u.numel);
-    u.m.resize(u.numel);
-    u.v.resize(u.numel);
-    if (low) u.lp.resize(u.numel);
+    u.master.reset(backend_, u.numel);
+    u.grad.reset(backend_, u.numel);
+    u.m.reset(backend_, u.numel);
+    u.v.reset(backend_, u.numel);
+    if (low) u.lp.reset(backend_, u.numel);
   }
 }
 
@@ -102,17 +103,17 @@ void ParamStore::init(uint64_t seed) {
   // value projection, attention output and both MLP matrices (N = layers).
   const double beta = std::pow(8.0 * L, -0.25);
   for (auto& u : units_) {
-    std::memset(u.master.data(), 0, u.master.bytes());
-    std::memset(u.grad.data(), 0, u.grad.bytes());
-    std::memset(u.m.data(), 0, u.m.bytes());
-    std::memset(u.v.data(), 0, u.v.bytes());
+    u.master.zero();
+    u.grad.zero();
+    u.m.zero();
+    u.v.zero();
   }
   for (size_t ti = 0; ti < tensors_.size(); ++ti) {
     const ParamTensor& t = tensors_[ti];
     float* w = master(static_cast<int>(ti));
     if (t.role == TensorRole::kBias || t.role == TensorRole::kNormBias) continue;  // zeros
     if (t.role == TensorRole::kNormGain) {
-      for (size_t i = 0; i < t.numel; ++i) w[i] = 1.0f;
+      backend_->fill(w, 1.0f, t.numel);
       continue;
     }
     const uint64_t stream = xxh3_64(t.name);
@@ -135,33 +136,44 @@ void ParamStore::init(uint64_t seed) {
       return beta * std::sqrt(2.0 / (fan_in + fan_out));
     };
     const size_t rows = t.numel / cols;
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, rows, 64),
-                      [&](const tbb::blocked_range<size_t>& r) {
-                        for (size_t row = r.begin(); row != r.end(); ++row) {
-                          const double s = row_std(row);
-                          for (size_t c = 0; c < cols; ++c) {
-                            const size_t i = row * cols + c;
-                            w[i] = static_cast<float>(s * random_normal(seed, stream, i));
-                          }
-                        }
-                      });
+    std::vector<double> stds(rows);
+    for (size_t row = 0; row < rows; ++row) stds[row] = row_std(row);
+    backend_->fill_normal_rows(w, rows, cols, stds.data(), seed, stream);
   }
   sync_low_precision();
 }
 
 void ParamStore::sync_low_precision() {
   if (precision_ == Precision::kFp32) return;
-  for (auto& u : units_) {
-    if (precision_ == Precision::kBf16) {
-      cpu::cast(reinterpret_cast<bf16*>(u.lp.data()), u.master.data(), u.numel);
-    } else {
-      cpu::cast(reinterpret_cast<fp16*>(u.lp.data()), u.master.data(), u.numel);
-    }
-  }
+  for (auto& u : units_) backend_->cast_from_fp32(u.lp.data(), work_dtype(), u.master.data(), u.numel);
 }
 
 void ParamStore::zero_grads() {
-  for (auto& u : units_) std::memset(u.grad.data(), 0, u.grad.bytes());
+  for (auto& u : units_) u.grad.zero();
+}
+
+float* ParamStore::field(int t, ParamField f) const {
+  const ParamUnit& u = units_[tensors_[t].unit];
+  const DeviceArray<float>* a = &u.master;
+  switch (f) {
+    case ParamField::kMaster: a = &u.master; break;
+    case ParamField::kGrad: a = &u.grad; break;
+    case ParamField::kExpAvg: a = &u.m; break;
+    case ParamField::kExpAvgSq: a = &u.v; break;
+  }
+  return const_cast<float*>(a->data()) + tensors_[t].offset;
+}
+
+const float* ParamStore::host_view(int t, ParamField f, std::vector<float>* scratch) const {
+  const float* p = field(t, f);
+  if (backend_->host_addressable()) return p;
+  scratch->resize(tensors_[t].numel);
+  backend_->copy_to_host(scratch->data(), p, tensors_[t].numel * sizeof(float));
+  return scratch->data();
+}
+
+void ParamStore::upload(int t, ParamField f, const float* src) {
+  backend_->copy_to_device(field(t, f), src, tensors_[t].numel * sizeof(float));
 }
 
 size_t ParamStore::num_params() const {

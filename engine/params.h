@@ -1,4 +1,5 @@
-// Model parameters, gradients and optimizer state in per-unit flat buffers.
+// Model parameters, gradients and optimizer state in per-unit flat buffers, in the memory of one
+// Backend (engine/backend.h: host memory for cpu, device memory for cuda).
 //
 // A "unit" is the granule the distributed engine shards, gathers and frees: the embeddings
 // (wte, wpe), each transformer block, and the final LayerNorm. Each unit owns five flat buffers
@@ -10,54 +11,24 @@
 //
 // Initialisation is a pure function of (seed, tensor name, element index) (engine/rng.h), so any
 // shard of any tensor can be initialised on its own and the values do not depend on threads.
+// The buffers are reached only through the backend: on a GPU the tensor views below are device
+// pointers, and host code reads or writes them with host_view() / upload() (checkpoints do).
 // Not thread-safe for concurrent mutation; the training loop owns it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "common/status.h"
+#include "engine/backend.h"
 #include "engine/train_config.h"
 #include "kernels/dtype.h"
 
 namespace kiln::engine {
-
-// 64-byte-aligned, zero-initialised array of trivially copyable T. Move-only.
-template <typename T>
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  explicit AlignedBuffer(size_t n) { resize(n); }
-  void resize(size_t n) {
-    size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
-    T* p = n ? static_cast<T*>(std::aligned_alloc(64, bytes)) : nullptr;
-    KILN_CHECK(n == 0 || p != nullptr, "out of memory");
-    if (p) std::memset(static_cast<void*>(p), 0, bytes);
-    data_.reset(p);
-    size_ = n;
-  }
-  void clear() { data_.reset(); size_ = 0; }
-  T* data() { return data_.get(); }
-  const T* data() const { return data_.get(); }
-  size_t size() const { return size_; }
-  size_t bytes() const { return size_ * sizeof(T); }
-  bool empty() const { return size_ == 0; }
-  T& operator[](size_t i) { return data_.get()[i]; }
-  const T& operator[](size_t i) const { return data_.get()[i]; }
-
- private:
-  struct Free {
-    void operator()(T* p) const { std::free(p); }
-  };
-  std::unique_ptr<T, Free> data_;
-  size_t size_ = 0;
-};
 
 enum class TensorRole {
   kEmbedding,      // wte, wpe
@@ -82,11 +53,11 @@ struct ParamUnit {
   std::string name;           // "embed", "blocks.3", "final"
   std::vector<int> tensors;   // indices into ParamStore::tensors()
   size_t numel = 0;           // padded length of every buffer below
-  AlignedBuffer<float> master;
-  AlignedBuffer<float> grad;
-  AlignedBuffer<float> m;
-  AlignedBuffer<float> v;
-  AlignedBuffer<uint16_t> lp;  // bf16/fp16 bits; empty in fp32
+  DeviceArray<float> master;
+  DeviceArray<float> grad;
+  DeviceArray<float> m;
+  DeviceArray<float> v;
+  DeviceArray<uint16_t> lp;  // bf16/fp16 bits; empty in fp32
 };
 
 // Indices of one block's tensors.
@@ -95,9 +66,13 @@ struct BlockTensors {
       fc_proj_b;
 };
 
+enum class ParamField { kMaster, kGrad, kExpAvg, kExpAvgSq };
+
 class ParamStore {
  public:
-  ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases = false);
+  // backend nullptr: the CPU backend.
+  ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases = false,
+             Backend* backend = nullptr);
 
   // GPT-2 or DeepNet-style initialisation of the master weights (zeroes grads and moments, then
   // refreshes the low-precision copy).
@@ -106,6 +81,7 @@ class ParamStore {
   void sync_low_precision();
   void zero_grads();
 
+  Backend& backend() const { return *backend_; }
   const ModelConfig& model() const { return model_; }
   Precision precision() const { return precision_; }
   DType work_dtype() const;
@@ -123,9 +99,19 @@ class ParamStore {
   const float* grad(int t) const { return units_[tensors_[t].unit].grad.data() + tensors_[t].offset; }
   const float* exp_avg(int t) const { return units_[tensors_[t].unit].m.data() + tensors_[t].offset; }
   const float* exp_avg_sq(int t) const { return units_[tensors_[t].unit].v.data() + tensors_[t].offset; }
+  // Tensor t's field readable on the host: the buffer itself when the backend's memory is host
+  // memory, else a copy made into *scratch (valid until scratch changes).
+  const float* host_view(int t, ParamField f, std::vector<float>* scratch) const;
+  // Writes tensor t's field from numel host values.
+  void upload(int t, ParamField f, const float* src);
   // The working (forward/backward) copy in storage type T; T must match work_dtype().
   template <typename T>
   T* work(int t);
+  // The low-precision working copy of tensor t as raw bf16/fp16 bits (nullptr in fp32).
+  void* work_bytes(int t) {
+    ParamUnit& u = units_[tensors_[t].unit];
+    return u.lp.empty() ? nullptr : u.lp.data() + tensors_[t].offset;
+  }
 
   int wte() const { return wte_; }
   int wpe() const { return wpe_; }
@@ -140,6 +126,8 @@ class ParamStore {
  private:
   void add_unit(const std::string& name);
   int add(int unit, const std::string& name, std::vector<int64_t> shape, TensorRole role);
+  float* field(int t, ParamField f) const;
+  Backend* backend_;
   ModelConfig model_;
   Precision precision_;
   bool decay_norms_and_biases_;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "common/random.h"
@@ -32,5 +33,10 @@ inline double random_normal(uint64_t seed, uint64_t stream, uint64_t index) {
   const double u2 = random_uniform(seed, stream, 2 * index + 1);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
+
+// dst[r * cols + c] = row_std[r] * random_normal(seed, stream, r * cols + c) for a rows x cols
+// host array, rows in parallel (values independent of the thread count).
+void random_normal_rows(float* dst, size_t rows, size_t cols, const double* row_std, uint64_t seed,
+                        uint64_t stream);
 
 }  // namespace kiln::engine

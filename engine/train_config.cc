@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "engine/backend.h"
+
 namespace kiln::engine {
 
 const char* const kTrainConfigDefaults = R"(
@@ -51,6 +53,7 @@ data:
 checkpoint:
   every_steps: 0
   keep_last: 3
+  at_end: true
 stability:
   skip_nonfinite: true
   inject_overflow_at: []
@@ -247,6 +250,7 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   // checkpoint
   KILN_RETURN_IF_ERROR(read_int(cfg, "checkpoint.every_steps", 0, kBig, &c.checkpoint.every_steps));
   KILN_RETURN_IF_ERROR(read_int(cfg, "checkpoint.keep_last", 0, kBig, &c.checkpoint.keep_last));
+  KILN_ASSIGN_OR_RETURN(c.checkpoint.at_end, cfg.get<bool>("checkpoint.at_end"));
   // stability
   KILN_ASSIGN_OR_RETURN(c.stability.skip_nonfinite, cfg.get<bool>("stability.skip_nonfinite"));
   {
@@ -275,9 +279,11 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   }
   KILN_RETURN_IF_ERROR(read_int(cfg, "run.log_every", 1, kBig, &c.run.log_every));
   KILN_RETURN_IF_ERROR(read_int(cfg, "run.threads", 0, 4096, &c.run.threads));
-  KILN_ASSIGN_OR_RETURN(c.device, cfg.get<std::string>("device"));
-  if (c.device != "cpu" && c.device != "cuda") {
-    return bad("device", "'" + c.device + "' is not one of cpu | cuda");
+  {
+    KILN_ASSIGN_OR_RETURN(std::string device, cfg.get<std::string>("device"));
+    auto d = parse_device(device, "device");
+    if (!d.is_ok()) return bad("device", "'" + device + "' is not one of cpu | cuda");
+    c.device = *d;
   }
   if (c.schedule.total_steps == 0) c.schedule.total_steps = c.run.steps;
   return c;

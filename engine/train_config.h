@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "loader/domain_weights.h"
+#include "kernels/ops.h"
 
 namespace kiln::engine {
 
@@ -86,6 +87,7 @@ struct ParallelConfig {
 struct CheckpointConfig {
   int64_t every_steps = 0;  // 0: only at the end of the run
   int64_t keep_last = 3;    // 0: keep all
+  bool at_end = true;       // also write one when run.steps is reached (false: speed tests)
 };
 
 struct StabilityConfig {
@@ -115,7 +117,7 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
   StabilityConfig stability;
   RunConfig run;
-  std::string device = "cpu";
+  Device device = Device::kCpu;  // the backend the engine runs on (engine/backend.h)
 };
 
 // The YAML defaults: the schema of `kiln train` configs.

@@ -17,6 +17,7 @@
 #include "common/atomic_file.h"
 #include "common/log.h"
 #include "engine/data_parallel.h"
+#include "engine/mfu.h"
 #include "engine/schedule.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
@@ -51,11 +52,6 @@ Trainer::~Trainer() = default;
 Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                                                const std::string& config_yaml,
                                                const TrainOptions& options) {
-  if (config.device != "cpu") {
-    return Status::unimplemented("device '" + config.device +
-                                 "': this build trains on the CPU only (set device: cpu)")
-        .with_key("device");
-  }
   std::unique_ptr<Trainer> t(new Trainer());
   t->config_ = config;
   t->config_yaml_ = config_yaml;
@@ -63,18 +59,29 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // Under mpirun: this rank's place among the data-parallel ranks (one process otherwise).
   KILN_ASSIGN_OR_RETURN(t->dp_, DataParallel::create(config));
   if (!t->dp_->is_root()) t->options_.console = false;
-  cpu::set_num_threads(static_cast<int>(config.run.threads));
+  cpu::set_num_threads(static_cast<int>(config.run.threads));  // host threads (loader, CPU kernels)
+  // The device is chosen here, once; everything below reaches it through the Backend.
+  KILN_ASSIGN_OR_RETURN(Backend* backend, backend_for(config.device));
+  if (t->dp_->size() > 1 && !backend->host_addressable()) {
+    // The gradient all-reduce (engine/data_parallel.cc) moves host memory over MPI; device
+    // buffers need the NCCL path, which is not wired into training yet.
+    return Status::unimplemented("data-parallel training on device: cuda is not wired yet (the "
+                                 "gradient all-reduce runs on host memory); run one process")
+        .with_key("device");
+  }
 
   auto data = open_data_source(config, t->dp_->data_rank());
   KILN_RETURN_IF_ERROR(t->dp_->agree(data.is_ok() ? Status::ok() : data.status()));
   t->data_ = std::move(data).value();
   t->params_ = std::make_unique<ParamStore>(config.model, config.precision,
-                                            config.optimizer.decay_norms_and_biases);
+                                            config.optimizer.decay_norms_and_biases, backend);
   t->params_->init(config.run.seed);
   t->optimizer_ = std::make_unique<AdamW>(config.optimizer);
   t->scaler_ = LossScaler(config.loss_scale, config.precision == Precision::kFp16);
   t->model_ = Model::create(t->params_.get(), config.data.micro_batch,
                             config.activation_checkpointing);
+  t->staged_ = std::make_unique<DeviceBatches>(backend, config.data.micro_batch,
+                                               config.model.seq_len);
   std::set<std::string> domains(t->data_->domains().begin(), t->data_->domains().end());
   t->mixture_ = std::make_unique<MixtureWatcher>(config.run.dir, domains);
   t->state_.seed = config.run.seed;
@@ -86,6 +93,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   KILN_LOG_INFO("{}", cpu::describe_cpu_runtime());
   // Report sizes: parameters, model states, activations per checkpointing mode.
   const auto& m = config.model;
+  KILN_LOG_INFO("device: {}", backend->describe());
   KILN_LOG_INFO("model: {} parameters (vocab {}, d_model {}, {} layers, {} heads, seq {}), {}",
                 human_count(static_cast<double>(t->params_->num_params())), m.vocab_size,
                 m.d_model, m.n_layers, m.n_heads, m.seq_len, precision_name(config.precision));
@@ -111,6 +119,17 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                   config.parallel.zero_stage,
                   config.parallel.hierarchical ? ", hierarchical all-reduce" : "",
                   config.data.micro_batch * config.data.grad_accum * t->dp_->size());
+  t->flops_per_token_ = model_flops_per_token(m, t->params_->num_params());
+  if (!backend->product_name().empty()) {  // an accelerator
+    t->peak_flops_ = dense_bf16_peak_flops(backend->product_name());
+    if (t->peak_flops_) {
+      KILN_LOG_INFO("MFU: {:.3g} model FLOPs per token (6N + 6LdT) against {} dense bf16 peak "
+                    "{:.0f} TFLOP/s", t->flops_per_token_, backend->product_name(),
+                    *t->peak_flops_ / 1e12);
+    } else {
+      KILN_LOG_WARN("MFU not reported: '{}' is not in the table of known GPUs' dense bf16 peaks "
+                    "(engine/mfu.cc)", backend->product_name());
+    }
   }
 
   if (options.resume) {
@@ -214,7 +233,8 @@ Result<StepRecord> Trainer::step() {
   int64_t valid = 0;
   const int64_t V = config_.model.vocab_size;
   Status fetched = Status::ok();
-  for (auto& b : batches_) {
+  for (size_t bi = 0; bi < batches_.size(); ++bi) {
+    MicroBatch& b = batches_[bi];
     fetched = data_->next(&b);
     if (!fetched.is_ok()) break;
     rec.loader_wait_ms += b.wait_ms;
@@ -227,6 +247,7 @@ Result<StepRecord> Trainer::step() {
       valid += b.targets[i] >= 0;
     }
     if (!fetched.is_ok()) break;
+    staged_->upload(bi, b);  // overlaps the next fetch and the compute queued before it
   }
   // A rank without its batch stops every rank (named in the message) instead of leaving them
   // waiting in the gradient all-reduce.
@@ -240,15 +261,22 @@ Result<StepRecord> Trainer::step() {
   std::vector<double> dom_sum(data_->domains().size(), 0.0);
   std::vector<int64_t> dom_count(data_->domains().size(), 0);
   const int64_t T = config_.model.seq_len;
-  for (auto& b : batches_) {
-    losses_.resize(b.rows * T);
-    model_->forward_backward(b.inputs.data(), b.targets.data(), dloss, losses_.data());
+  for (size_t bi = 0; bi < batches_.size(); ++bi) {
+    const DeviceBatches::Tokens tok = staged_->at(bi);
+    model_->forward_backward(tok.inputs, tok.targets, dloss, staged_->losses(bi));
+  }
+  const size_t per_batch = static_cast<size_t>(config_.data.micro_batch * T);
+  losses_.resize(batches_.size() * per_batch);
+  staged_->download_losses(batches_.size(), losses_.data());
+  for (size_t bi = 0; bi < batches_.size(); ++bi) {
+    const MicroBatch& b = batches_[bi];
+    const float* losses = losses_.data() + bi * per_batch;
     for (int64_t r = 0; r < b.rows; ++r) {
       double row = 0;
       int64_t n = 0;
       for (int64_t i = 0; i < T; ++i) {
         if (b.targets[r * T + i] < 0) continue;
-        row += losses_[r * T + i];
+        row += losses[r * T + i];
         ++n;
       }
       loss_sum += row;
@@ -277,7 +305,7 @@ Result<StepRecord> Trainer::step() {
   }
   const auto& inject = config_.stability.inject_overflow_at;
   if (std::find(inject.begin(), inject.end(), rec.step) != inject.end()) {
-    params_->grad(0)[0] = std::numeric_limits<float>::infinity();
+    params_->backend().fill(params_->grad(0), std::numeric_limits<float>::infinity(), 1);
     KILN_LOG_WARN("step {}: injecting an overflow (stability.inject_overflow_at)", rec.step);
   }
   // Gradients summed over the data-parallel ranks (ZeRO-1: each rank keeps its shard's sums).
@@ -342,6 +370,12 @@ Result<StepRecord> Trainer::step() {
     }
     comm_seen_ = std::move(now);
   }
+  if (peak_flops_) rec.mfu = rec.tokens_per_s * flops_per_token_ / *peak_flops_;
+  const DeviceMemory dm = params_->backend().memory();
+  if (dm.total > 0) {  // a device with its own memory
+    device_memory_peak_ = std::max({device_memory_peak_, dm.used_by_process, dm.peak});
+    rec.device_memory_peak_mib = static_cast<double>(device_memory_peak_) / (1024.0 * 1024.0);
+  }
   if (metrics_) KILN_RETURN_IF_ERROR(metrics_->append(rec));  // rank 0 alone writes files
   history_.push_back(rec);
   return rec;
@@ -364,6 +398,7 @@ void Trainer::print_progress(const StepRecord& r) {
   if (n > 1) line += fmt::format(" (mean of {} steps {:.4f})", n, sum / n);
   line += fmt::format(" | lr {:.2e} | grad norm {:.3f} | {} tok/s | {:.0f} ms", r.lr, r.grad_norm,
                       human_count(r.tokens_per_s), r.step_ms);
+  if (r.mfu) line += fmt::format(" | MFU {:.1f}%", 100.0 * *r.mfu);
   if (r.loss_scale) line += fmt::format(" | scale {:g}", *r.loss_scale);
   if (r.skipped) line += " | SKIPPED (" + r.skip_reason + ")";
   // ETA from the mean step time of this process so far.
@@ -458,7 +493,9 @@ Status Trainer::run() {
                               "; checkpoint saved, continue with --resume");
     }
   }
-  if (last_saved_step_ != state_.step && state_.step > 0) KILN_RETURN_IF_ERROR(save());
+  if (config_.checkpoint.at_end && last_saved_step_ != state_.step && state_.step > 0) {
+    KILN_RETURN_IF_ERROR(save());
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -467,6 +504,10 @@ Status Trainer::run() {
                   "peak memory {}",
                   first + 1, state_.step, secs, first_loss, last_loss, state_.skipped_steps,
                   mib(static_cast<size_t>(ru.ru_maxrss) * 1024));
+    if (device_memory_peak_ > 0) {
+      KILN_LOG_INFO("peak device memory {} ({})", mib(device_memory_peak_),
+                    params_->backend().describe());
+    }
   }
   return Status::ok();
 }

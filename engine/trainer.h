@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "engine/checkpoint.h"
 #include "engine/data_source.h"
+#include "engine/device_batches.h"
 #include "engine/loss_scaler.h"
 #include "engine/metrics.h"
 #include "engine/mixture_control.h"
@@ -77,8 +78,12 @@ class Trainer {
   TrainerState state_;
   std::vector<StepRecord> history_;
   std::vector<MicroBatch> batches_;
+  std::unique_ptr<DeviceBatches> staged_;  // the step's micro-batches and losses on the device
   std::vector<float> losses_;
   std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
+  double flops_per_token_ = 0;           // engine/mfu.h
+  std::optional<double> peak_flops_;     // the GPU's dense bf16 peak, when known
+  size_t device_memory_peak_ = 0;
   int64_t last_saved_step_ = -1;
   int64_t last_printed_step_ = 0;
   int64_t run_first_step_ = 0;

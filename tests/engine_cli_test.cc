@@ -166,6 +166,22 @@ TEST_F(EngineCli, ConfigErrorsExitTwo) {
   EXPECT_NE(mix.output.find("data.mixture.nope"), std::string::npos) << mix.output;
 }
 
+// device=cuda on a machine without a usable GPU (or a build without CUDA): exit 2, the message
+// names `device` and the reason. Where a GPU is usable this checks nothing and says so.
+TEST_F(EngineCli, CudaWithoutGpuExitsTwoNamingDevice) {
+  CliRun r = kiln("train --set device=cuda --set run.steps=1 --set run.dir=" + root_ + "/gpu");
+  if (r.exit_code == 0) GTEST_SKIP() << "a GPU is usable here: device=cuda trained";
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("device"), std::string::npos) << r.output;
+  EXPECT_TRUE(r.output.find("no usable GPU") != std::string::npos ||
+              r.output.find("no CUDA device") != std::string::npos ||
+              r.output.find("built without CUDA") != std::string::npos)
+      << r.output;
+  CliRun bad = kiln("train --set device=tpu --set run.dir=" + root_ + "/tpu");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("device"), std::string::npos) << bad.output;
+}
+
 // A live weight change between two steps resumes exactly: the loader's weight history and the
 // applied control file travel in the checkpoint.
 TEST_F(EngineCli, LiveMixtureChangeResumesExactly) {

@@ -1,4 +1,13 @@
-// matmul on the GPU: cuBLAS GEMM (fp32 accumulation, no TF32), bias preloaded into the output.
+// matmul on the GPU: cuBLASLt (fp32 accumulation, no TF32; bf16/fp16 inputs on tensor cores),
+// the bias added in the GEMM's epilogue. Each distinct GEMM (shape, types, transposes, bias)
+// gets its descriptors and algorithm (the heuristic's first choice) once, cached, so a given GEMM
+// always runs the same algorithm: results repeat bit for bit. Where cuBLASLt offers no algorithm
+// (e.g. unaligned leading dimensions) the GEMM falls back to cublasGemmEx, bias preloaded.
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
 #include "kernels/cuda/common.cuh"
 
 namespace kiln::cuda {
@@ -6,6 +15,8 @@ namespace kiln::cuda {
 using namespace detail;
 
 namespace {
+
+constexpr size_t kLtWorkspace = size_t(32) << 20;
 
 template <typename T>
 constexpr cudaDataType_t cuda_type() {
@@ -21,11 +32,87 @@ __global__ void broadcast_rows(T* out, const T* bias, size_t rows, int cols) {
     out[i] = bias[i % cols];
 }
 
-// Row-major C(M,N) = op(A) op(B) in column-major terms (see the call sites).
+struct LtPlan {
+  bool ok = false;  // false: no cuBLASLt algorithm, use cublasGemmEx
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct LtState {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, bool, bool>, LtPlan> plans;
+  LtState() {
+    KILN_CUBLAS_CHECK(cublasLtCreate(&handle));
+    KILN_CUDA_CHECK(cudaMalloc(&workspace, kLtWorkspace));
+  }
+};
+LtState& lt() {
+  static LtState s;
+  return s;
+}
+
+// Column-major D(m,n) = op(A) op(B) (+ beta C) (+ bias(m)), C and D the same buffer.
+LtPlan& plan(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, cudaDataType_t at,
+             int lda, cudaDataType_t bt, int ldb, cudaDataType_t ct, int ldc, bool bias,
+             bool accumulate) {
+  LtState& s = lt();
+  auto key = std::make_tuple(int(ta), int(tb), m, n, k, int(at), lda, int(bt), ldb, int(ct), ldc,
+                             bias, accumulate);
+  auto it = s.plans.find(key);
+  if (it != s.plans.end()) return it->second;
+  LtPlan p;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct));
+  }
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, at, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, bt, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, m, n, ldc));
+  cublasLtMatmulPreference_t pref;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &kLtWorkspace, sizeof kLtWorkspace));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s.handle, p.op, p.a, p.b, p.c, p.c, pref,
+                                                           1, &result, &found);
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  p.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (p.ok) p.algo = result.algo;
+  return s.plans.emplace(key, p).first->second;
+}
+
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A,
-          cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb, float beta, void* C,
-          cudaDataType_t ct, int ldc) {
+          cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb, float beta,
+          void* C, cudaDataType_t ct, int ldc, const void* bias = nullptr) {
   const float alpha = 1.0f;
+  LtPlan& p = plan(ta, tb, m, n, k, at, lda, bt, ldb, ct, ldc, bias != nullptr, beta != 0.0f);
+  if (p.ok) {
+    if (bias) {
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof bias));
+    }
+    KILN_CUBLAS_CHECK(cublasLtMatmul(lt().handle, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
+                                 &p.algo, lt().workspace, kLtWorkspace, stream()));
+    return;
+  }
+  if (bias) {  // fallback: preload the bias, then accumulate (beta is 0 for biased GEMMs)
+    if (ct == CUDA_R_32F) {
+      broadcast_rows<<<grid_for(size_t(n) * m, 256), 256, 0, stream()>>>(static_cast<float*>(C), static_cast<const float*>(bias), size_t(n), m);
+    } else if (ct == CUDA_R_16BF) {
+      broadcast_rows<<<grid_for(size_t(n) * m, 256), 256, 0, stream()>>>(static_cast<bf16*>(C), static_cast<const bf16*>(bias), size_t(n), m);
+    } else {
+      broadcast_rows<<<grid_for(size_t(n) * m, 256), 256, 0, stream()>>>(static_cast<fp16*>(C), static_cast<const fp16*>(bias), size_t(n), m);
+    }
+    KILN_CUDA_LAUNCHED();
+    beta = 1.0f;
+  }
   KILN_CUBLAS_CHECK(cublasGemmEx(cublas(), ta, tb, m, n, k, &alpha, A, at, lda, B, bt, ldb, &beta, C,
                                  ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
@@ -37,13 +124,10 @@ void matmul_forward(T* out, const Same<T>* inp, const Same<T>* weight, const Sam
                     int T_, int C, int OC) {
   const int BT = B * T_;
   if (BT == 0 || OC == 0) return;
-  if (bias) {
-    broadcast_rows<<<grid_for(size_t(BT) * OC, 256), 256, 0, stream()>>>(out, bias, size_t(BT), OC);
-    KILN_CUDA_LAUNCHED();
-  }
-  // Column-major: out^T (OC x BT) = W (OC x C) . inp^T (C x BT); W row-major is W^T col-major.
+  // Column-major: out^T (OC x BT) = W (OC x C) . inp^T (C x BT) + bias; W row-major is W^T
+  // column-major.
   gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, BT, C, weight, cuda_type<T>(), C, inp, cuda_type<T>(), C,
-       bias ? 1.0f : 0.0f, out, cuda_type<T>(), OC);
+       0.0f, out, cuda_type<T>(), OC, bias);
 }
 
 template <typename T>

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
@@ -35,6 +36,30 @@ void* device_alloc(size_t bytes);
 void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
+// Why no device is usable ("" when one is): the CUDA runtime's error or "no CUDA device".
+std::string unavailable_reason();
+struct DeviceInfo {
+  std::string name;            // "NVIDIA H200"
+  int major = 0, minor = 0;    // compute capability
+  int multiprocessors = 0;
+  size_t total_bytes = 0;
+};
+DeviceInfo device_info();
+size_t device_bytes_in_use();  // total - free, as the driver reports it (all of this process)
+// Stream-ordered helpers on the current stream.
+void memset_zero(void* p, size_t bytes);
+void fill(float* p, float value, size_t n);
+// Page-locked host memory (cudaMallocHost), for asynchronous uploads.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p);
+// Uploads on a separate non-blocking copy stream, one event per slot (0..63): upload_async
+// starts the copy and records the slot's event; wait_upload makes the current stream wait for it
+// (no host sync); upload_done blocks the host until it completed (before reusing the source).
+// A copy starts after the compute work queued before upload_async (it never overwrites data that
+// work still reads) and overlaps the compute work queued after it.
+void upload_async(void* dst, const void* pinned_src, size_t bytes, int slot);
+void wait_upload(int slot);
+void upload_done(int slot);
 
 // ---- ops: see kernels/ops.h for the contracts ----
 template <typename T>

@@ -36,6 +36,92 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   synchronize();
 }
 
+std::string unavailable_reason() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("the CUDA runtime found no usable GPU (") + cudaGetErrorName(err) + ": " +
+           cudaGetErrorString(err) + ")";
+  }
+  return n > 0 ? std::string() : std::string("the CUDA runtime reports no CUDA device");
+}
+
+DeviceInfo device_info() {
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  DeviceInfo info;
+  info.name = prop.name;
+  info.major = prop.major;
+  info.minor = prop.minor;
+  info.multiprocessors = prop.multiProcessorCount;
+  info.total_bytes = prop.totalGlobalMem;
+  return info;
+}
+
+size_t device_bytes_in_use() {
+  size_t free_b = 0, total_b = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return total_b - free_b;
+}
+
+void memset_zero(void* p, size_t bytes) {
+  if (bytes) KILN_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
+}
+
+namespace {
+__global__ void fill_kernel(float* p, float v, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+constexpr int kSlots = 64;
+struct CopyEngine {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t events[kSlots] = {};
+  cudaEvent_t compute_mark = nullptr;  // the compute work queued before an upload
+  CopyEngine() {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_mark, cudaEventDisableTiming));
+    for (auto& e : events) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+};
+CopyEngine& copy_engine() {
+  static CopyEngine engine;
+  return engine;
+}
+cudaEvent_t slot_event(int slot) {
+  KILN_CHECK(slot >= 0 && slot < kSlots, "upload slot out of range");
+  return copy_engine().events[slot];
+}
+}  // namespace
+
+void fill(float* p, float value, size_t n) {
+  if (n == 0) return;
+  fill_kernel<<<detail::grid_for(n, 256, 4096), 256, 0, g_stream>>>(p, value, n);
+  KILN_CUDA_LAUNCHED();
+}
+
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  KILN_CUDA_CHECK(cudaMallocHost(&p, bytes == 0 ? 1 : bytes));
+  return p;
+}
+void pinned_free(void* p) { KILN_CUDA_CHECK(cudaFreeHost(p)); }
+
+void upload_async(void* dst, const void* src, size_t bytes, int slot) {
+  CopyEngine& ce = copy_engine();
+  cudaEvent_t ev = slot_event(slot);
+  // Never overwrite data the compute work queued so far may still read.
+  KILN_CUDA_CHECK(cudaEventRecord(ce.compute_mark, g_stream));
+  KILN_CUDA_CHECK(cudaStreamWaitEvent(ce.stream, ce.compute_mark, 0));
+  if (bytes) KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ce.stream));
+  KILN_CUDA_CHECK(cudaEventRecord(ev, ce.stream));
+}
+void wait_upload(int slot) { KILN_CUDA_CHECK(cudaStreamWaitEvent(g_stream, slot_event(slot), 0)); }
+void upload_done(int slot) { KILN_CUDA_CHECK(cudaEventSynchronize(slot_event(slot))); }
+
 namespace detail {
 
 cublasHandle_t cublas() {

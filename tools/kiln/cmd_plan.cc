@@ -40,7 +40,7 @@ Status run_plan(const PlanArgs& a) {
     if (!b.is_ok()) return Status::usage("--memory-per-device: " + b.status().message());
     budget = *b;
     budget_note = gib(*budget) + " per device (--memory-per-device)";
-  } else if (tc.device == "cpu") {
+  } else if (tc.device == Device::kCpu) {
     // CPU ranks of one machine share its memory.
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     if (pages > 0 && page > 0) {

@@ -1,0 +1,122 @@
+#include "engine/backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "engine/rng.h"
+
+namespace kiln::engine {
+
+const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+Result<Device> parse_device(const std::string& text, const std::string& key) {
+  if (text == "cpu") return Device::kCpu;
+  if (text == "cuda") return Device::kCuda;
+  return Status::config("'" + text + "' is not one of cpu | cuda").with_key(key);
+}
+
+namespace {
+
+class CpuRuntime final : public Backend {
+ public:
+  Device device() const override { return Device::kCpu; }
+  std::string describe() const override {
+    return "cpu (" + std::to_string(cpu::num_threads()) + " threads)";
+  }
+  bool host_addressable() const override { return true; }
+  std::string product_name() const override { return ""; }
+
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    const size_t padded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, padded);
+    KILN_CHECK(p != nullptr, "out of host memory allocating " + std::to_string(bytes) + " bytes");
+    std::memset(p, 0, padded);
+    mem_.in_use += bytes;
+    if (mem_.in_use > mem_.peak) mem_.peak = mem_.in_use;
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) override {
+    if (!p) return;
+    std::free(p);
+    mem_.in_use -= bytes;
+  }
+  void fill_zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void fill(float* p, float value, size_t n) override {
+    for (size_t i = 0; i < n; ++i) p[i] = value;
+  }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void* allocate_pinned(size_t bytes) override { return allocate(bytes); }
+  void deallocate_pinned(void* p, size_t bytes) override { deallocate(p, bytes); }
+  void upload_async(void* dst, const void* src, size_t bytes, int) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void wait_upload(int) override {}
+  void upload_done(int) override {}
+  void synchronize() override {}
+  DeviceMemory memory() const override { return mem_; }
+
+  void fill_normal_rows(float* dst, size_t rows, size_t cols, const double* row_std, uint64_t seed,
+                        uint64_t stream) override {
+    random_normal_rows(dst, rows, cols, row_std, seed, stream);
+  }
+
+  void adamw_update(float* p, float* m, float* v, const float* g, size_t n, const AdamWParams& hp,
+                    DType lp_type, void* lp) override {
+    switch (lp_type) {
+      case DType::kBF16: cpu::adamw_update(p, m, v, g, n, hp, static_cast<bf16*>(lp)); break;
+      case DType::kF16: cpu::adamw_update(p, m, v, g, n, hp, static_cast<fp16*>(lp)); break;
+      default: cpu::adamw_update(p, m, v, g, n, hp); break;
+    }
+  }
+  void cast_from_fp32(void* dst, DType lp_type, const float* src, size_t n) override {
+    if (lp_type == DType::kBF16) {
+      cpu::cast(static_cast<bf16*>(dst), src, n);
+    } else {
+      KILN_CHECK(lp_type == DType::kF16, "cast_from_fp32 to a type that is not bf16/fp16");
+      cpu::cast(static_cast<fp16*>(dst), src, n);
+    }
+  }
+  double sum_squares(const float* const* tensors, const size_t* sizes, int count) override {
+    return cpu::sum_squares(tensors, sizes, count);
+  }
+
+ private:
+  DeviceMemory mem_;
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuRuntime runtime;
+  return runtime;
+}
+
+// engine/backend_cuda.cc (a CUDA build) defines it; otherwise the stub below.
+Result<Backend*> open_cuda_backend();
+#if !KILN_HAVE_CUDA
+Result<Backend*> open_cuda_backend() {
+  return Status::unimplemented(
+             "'cuda': this kiln was built without CUDA (no CUDA toolkit was found at build time); "
+             "use device: cpu, or rebuild on a machine with the CUDA toolkit")
+      .with_key("device");
+}
+bool cuda_compiled() { return false; }
+#else
+bool cuda_compiled() { return true; }
+#endif
+
+Result<Backend*> backend_for(Device d) {
+  if (d == Device::kCpu) return &cpu_backend();
+  return open_cuda_backend();
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,119 @@
+// The CUDA backend of the engine (engine/backend.h), built when the CUDA kernels are. Plain C++:
+// everything device-side goes through kiln::cuda (kernels/cuda/ops.h).
+#if KILN_HAVE_CUDA
+
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/rng.h"
+#include "kernels/cuda/ops.h"
+
+namespace kiln::engine {
+namespace {
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+class CudaRuntime final : public Backend {
+ public:
+  CudaRuntime() : info_(cuda::device_info()) {}
+
+  Device device() const override { return Device::kCuda; }
+  std::string describe() const override {
+    return "cuda: " + info_.name + " (sm_" + std::to_string(info_.major) +
+           std::to_string(info_.minor) + ", " + std::to_string(info_.multiprocessors) + " SMs, " +
+           gib(info_.total_bytes) + ")";
+  }
+  bool host_addressable() const override { return false; }
+  std::string product_name() const override { return info_.name; }
+
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = cuda::device_alloc(bytes);
+    cuda::memset_zero(p, bytes);
+    mem_.in_use += bytes;
+    if (mem_.in_use > mem_.peak) mem_.peak = mem_.in_use;
+    return p;
+  }
+  void deallocate(void* p, size_t bytes) override {
+    if (!p) return;
+    cuda::synchronize();  // queued work may still use it
+    cuda::device_free(p);
+    mem_.in_use -= bytes;
+  }
+  void fill_zero(void* p, size_t bytes) override { cuda::memset_zero(p, bytes); }
+  void fill(float* p, float value, size_t n) override { cuda::fill(p, value, n); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) cuda::copy_to_device(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) cuda::copy_to_host(dst, src, bytes);
+  }
+  void* allocate_pinned(size_t bytes) override { return cuda::pinned_alloc(bytes); }
+  void deallocate_pinned(void* p, size_t) override {
+    if (p) cuda::pinned_free(p);
+  }
+  void upload_async(void* dst, const void* src, size_t bytes, int slot) override {
+    cuda::upload_async(dst, src, bytes, slot);
+  }
+  void wait_upload(int slot) override { cuda::wait_upload(slot); }
+  void upload_done(int slot) override { cuda::upload_done(slot); }
+  void synchronize() override { cuda::synchronize(); }
+  DeviceMemory memory() const override {
+    DeviceMemory m = mem_;
+    m.total = info_.total_bytes;
+    m.used_by_process = cuda::device_bytes_in_use();
+    return m;
+  }
+
+  void fill_normal_rows(float* dst, size_t rows, size_t cols, const double* row_std, uint64_t seed,
+                        uint64_t stream) override {
+    std::vector<float> host(rows * cols);
+    random_normal_rows(host.data(), rows, cols, row_std, seed, stream);
+    copy_to_device(dst, host.data(), host.size() * sizeof(float));
+  }
+
+  void adamw_update(float* p, float* m, float* v, const float* g, size_t n, const AdamWParams& hp,
+                    DType lp_type, void* lp) override {
+    switch (lp_type) {
+      case DType::kBF16: cuda::adamw_update(p, m, v, g, n, hp, static_cast<bf16*>(lp)); break;
+      case DType::kF16: cuda::adamw_update(p, m, v, g, n, hp, static_cast<fp16*>(lp)); break;
+      default: cuda::adamw_update(p, m, v, g, n, hp); break;
+    }
+  }
+  void cast_from_fp32(void* dst, DType lp_type, const float* src, size_t n) override {
+    if (lp_type == DType::kBF16) {
+      cuda::cast(static_cast<bf16*>(dst), src, n);
+    } else {
+      KILN_CHECK(lp_type == DType::kF16, "cast_from_fp32 to a type that is not bf16/fp16");
+      cuda::cast(static_cast<fp16*>(dst), src, n);
+    }
+  }
+  double sum_squares(const float* const* tensors, const size_t* sizes, int count) override {
+    return cuda::sum_squares(tensors, sizes, count);
+  }
+
+ private:
+  cuda::DeviceInfo info_;
+  DeviceMemory mem_;
+};
+
+}  // namespace
+
+Result<Backend*> open_cuda_backend() {
+  const std::string why = cuda::unavailable_reason();
+  if (!why.empty()) {
+    return Status::unimplemented("'cuda': " + why + "; use device: cpu on this machine")
+        .with_key("device");
+  }
+  static CudaRuntime runtime;
+  return &runtime;
+}
+
+}  // namespace kiln::engine
+
+#endif  // KILN_HAVE_CUDA

@@ -1,0 +1,54 @@
+#include "engine/device_batches.h"
+
+#include <cstring>
+
+namespace kiln::engine {
+
+DeviceBatches::DeviceBatches(Backend* backend, int64_t rows, int64_t seq_len)
+    : be_(backend), n_(static_cast<size_t>(rows * seq_len)) {}
+
+DeviceBatches::~DeviceBatches() {
+  be_->synchronize();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    be_->deallocate_pinned(slots_[i].pinned, 2 * n_ * sizeof(int32_t));
+  }
+}
+
+void DeviceBatches::grow(size_t n) {
+  if (n <= slots_.size()) return;
+  be_->synchronize();
+  const size_t old = slots_.size();
+  slots_.resize(n);
+  for (size_t i = old; i < n; ++i) {
+    slots_[i].pinned = static_cast<int32_t*>(be_->allocate_pinned(2 * n_ * sizeof(int32_t)));
+    slots_[i].tokens.reset(be_, 2 * n_);
+  }
+  losses_.reset(be_, n * n_);
+}
+
+void DeviceBatches::upload(size_t i, const MicroBatch& b) {
+  KILN_CHECK(b.inputs.size() == n_ && b.targets.size() == n_,
+             "micro-batch shape differs from the model's (rows x seq_len)");
+  grow(i + 1);
+  const int slot = static_cast<int>(i % Backend::kUploadSlots);
+  be_->upload_done(slot);  // the pinned buffer's previous copy (if any) has finished
+  Slot& s = slots_[i];
+  std::memcpy(s.pinned, b.inputs.data(), n_ * sizeof(int32_t));
+  std::memcpy(s.pinned + n_, b.targets.data(), n_ * sizeof(int32_t));
+  be_->upload_async(s.tokens.data(), s.pinned, 2 * n_ * sizeof(int32_t), slot);
+}
+
+DeviceBatches::Tokens DeviceBatches::at(size_t i) {
+  KILN_CHECK(i < slots_.size(), "DeviceBatches::at before upload");
+  be_->wait_upload(static_cast<int>(i % Backend::kUploadSlots));
+  const int32_t* p = slots_[i].tokens.data();
+  return {p, p + n_};
+}
+
+float* DeviceBatches::losses(size_t i) { return losses_.data() + i * n_; }
+
+void DeviceBatches::download_losses(size_t count, float* out) {
+  be_->copy_to_host(out, losses_.data(), count * n_ * sizeof(float));
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,50 @@
+// Moves a step's micro-batches to the backend and the per-token losses back.
+//
+// upload(i, batch) copies micro-batch i's inputs and targets into a pinned host buffer and starts
+// an asynchronous copy to backend memory (on a GPU, on the copy stream, so it overlaps the compute
+// already queued and the loader's work on the next micro-batch); at(i) returns the backend
+// pointers, making the compute queued afterwards wait for that copy (no host sync). Each
+// micro-batch writes its losses to losses(i); download_losses() brings all of a step's losses to
+// the host in one copy. On the CPU the copies are memcpy and nothing waits. Buffers grow to the
+// largest grad_accum seen and are reused. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/data_source.h"
+
+namespace kiln::engine {
+
+class DeviceBatches {
+ public:
+  DeviceBatches(Backend* backend, int64_t rows, int64_t seq_len);
+  ~DeviceBatches();
+  DeviceBatches(const DeviceBatches&) = delete;
+  DeviceBatches& operator=(const DeviceBatches&) = delete;
+
+  void upload(size_t i, const MicroBatch& batch);
+  struct Tokens {
+    const int32_t* inputs;
+    const int32_t* targets;
+  };
+  Tokens at(size_t i);
+  float* losses(size_t i);
+  // Micro-batches 0..count-1's losses, count * rows * seq_len values, into host `out`.
+  void download_losses(size_t count, float* out);
+
+ private:
+  struct Slot {
+    int32_t* pinned = nullptr;       // inputs then targets, 2 * rows * seq_len
+    DeviceArray<int32_t> tokens;     // the same on the backend
+  };
+  void grow(size_t n);
+  Backend* be_;
+  size_t n_;  // rows * seq_len
+  std::vector<Slot> slots_;
+  DeviceArray<float> losses_;
+};
+
+}  // namespace kiln::engine

@@ -1,0 +1,273 @@
+// The engine's device seam (engine/backend.h): device selection and its error, backend memory,
+// staged batches, parameter-store host access; on a GPU also the same model and optimizer step on
+// the CPU and on the GPU from the same initial bits (losses, gradients and weights within stated
+// tolerances). Without a usable GPU the GPU cases are skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/device_batches.h"
+#include "engine/model.h"
+#include "engine/optimizer.h"
+#include "engine/params.h"
+#include "engine/rng.h"
+
+namespace kiln::engine {
+namespace {
+
+// The CUDA backend, or nullptr with the reason it is unusable in *why.
+Backend* gpu(std::string* why) {
+  auto b = backend_for(Device::kCuda);
+  if (b.is_ok()) return *b;
+  *why = b.status().to_string();
+  return nullptr;
+}
+
+#define REQUIRE_GPU(var)                                  \
+  std::string why_;                                       \
+  Backend* var = gpu(&why_);                              \
+  if (var == nullptr) GTEST_SKIP() << "no GPU: " << why_
+
+std::vector<Backend*> backends() {
+  std::vector<Backend*> out{&cpu_backend()};
+  std::string why;
+  if (Backend* g = gpu(&why)) out.push_back(g);
+  return out;
+}
+
+template <typename T>
+std::vector<T> to_host(Backend& be, const T* p, size_t n) {
+  std::vector<T> h(n);
+  be.copy_to_host(h.data(), p, n * sizeof(T));
+  return h;
+}
+
+TEST(Device, ParseNamesAndErrors) {
+  EXPECT_EQ(*parse_device("cpu"), Device::kCpu);
+  EXPECT_EQ(*parse_device("cuda"), Device::kCuda);
+  auto bad = parse_device("tpu");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kConfig);
+  EXPECT_EQ(bad.status().key(), "device");
+  EXPECT_STREQ(device_name(Device::kCuda), "cuda");
+  ASSERT_TRUE(backend_for(Device::kCpu).is_ok());
+  EXPECT_EQ((*backend_for(Device::kCpu))->device(), Device::kCpu);
+}
+
+// Without CUDA (build or GPU), asking for it is an error that names `device` and says why.
+TEST(Device, CudaUnavailableNamesDeviceAndReason) {
+  auto b = backend_for(Device::kCuda);
+  if (b.is_ok()) {
+    EXPECT_EQ((*b)->device(), Device::kCuda);
+    EXPECT_NE((*b)->describe().find("cuda"), std::string::npos);
+    GTEST_SKIP() << "a GPU is usable here: " << (*b)->describe();
+  }
+  EXPECT_EQ(b.status().code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(b.status().key(), "device");
+  const std::string msg = b.status().message();
+  EXPECT_TRUE(msg.find(cuda_compiled() ? "no usable GPU" : "built without CUDA") !=
+                  std::string::npos ||
+              msg.find("no CUDA device") != std::string::npos)
+      << msg;
+}
+
+TEST(Device, MemoryFillCopyAndAccounting) {
+  for (Backend* be : backends()) {
+    SCOPED_TRACE(be->describe());
+    const size_t before = be->memory().in_use;
+    {
+      DeviceArray<float> a(be, 1000);
+      EXPECT_EQ(be->memory().in_use, before + 4000);
+      EXPECT_GE(be->memory().peak, before + 4000);
+      auto h = to_host(*be, a.data(), 1000);
+      EXPECT_TRUE(std::all_of(h.begin(), h.end(), [](float v) { return v == 0.0f; }));
+      be->fill(a.data() + 10, 2.5f, 5);
+      std::vector<float> src(1000);
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
+      h = to_host(*be, a.data(), 1000);
+      EXPECT_EQ(h[9], 0.0f);
+      EXPECT_EQ(h[10], 2.5f);
+      EXPECT_EQ(h[14], 2.5f);
+      EXPECT_EQ(h[15], 0.0f);
+      be->copy_to_device(a.data(), src.data(), 4000);
+      EXPECT_EQ(to_host(*be, a.data(), 1000), src);
+      a.zero();
+      EXPECT_EQ(to_host(*be, a.data(), 1000)[999], 0.0f);
+      DeviceArray<float> moved = std::move(a);
+      EXPECT_TRUE(a.empty());
+      EXPECT_EQ(moved.size(), 1000u);
+    }
+    EXPECT_EQ(be->memory().in_use, before);
+  }
+}
+
+TEST(Device, StagedBatchesRoundTrip) {
+  for (Backend* be : backends()) {
+    SCOPED_TRACE(be->describe());
+    const int rows = 3, T = 7;
+    DeviceBatches staged(be, rows, T);
+    std::vector<MicroBatch> mb(3);
+    for (size_t k = 0; k < mb.size(); ++k) {
+      mb[k].rows = rows;
+      mb[k].seq_len = T;
+      for (int i = 0; i < rows * T; ++i) {
+        mb[k].inputs.push_back(static_cast<int32_t>(100 * k + i));
+        mb[k].targets.push_back(static_cast<int32_t>(1000 * k + i));
+      }
+    }
+    for (int step = 0; step < 2; ++step) {  // buffers are reused by the next step
+      for (size_t k = 0; k < mb.size(); ++k) staged.upload(k, mb[k]);
+      for (size_t k = 0; k < mb.size(); ++k) {
+        auto tok = staged.at(k);
+        EXPECT_EQ(to_host(*be, tok.inputs, rows * T), mb[k].inputs);
+        EXPECT_EQ(to_host(*be, tok.targets, rows * T), mb[k].targets);
+        be->fill(staged.losses(k), static_cast<float>(k + step), rows * T);
+      }
+      std::vector<float> losses(mb.size() * rows * T);
+      staged.download_losses(mb.size(), losses.data());
+      EXPECT_EQ(losses[0], static_cast<float>(step));
+      EXPECT_EQ(losses[2 * rows * T], static_cast<float>(2 + step));
+    }
+  }
+}
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 67;
+  m.d_model = 32;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.seq_len = 16;
+  return m;
+}
+
+// Initialisation is generated on the host: every backend starts from the same bits, and the
+// host view / upload pair round-trips.
+TEST(Device, ParamStoreInitAndHostAccess) {
+  ParamStore ref(small_model(), Precision::kBf16);
+  ref.init(5);
+  for (Backend* be : backends()) {
+    SCOPED_TRACE(be->describe());
+    ParamStore p(small_model(), Precision::kBf16, false, be);
+    p.init(5);
+    std::vector<float> s1, s2;
+    for (size_t t = 0; t < p.tensors().size(); ++t) {
+      const int ti = static_cast<int>(t);
+      const size_t n = p.tensors()[t].numel;
+      const float* a = p.host_view(ti, ParamField::kMaster, &s1);
+      const float* b = ref.host_view(ti, ParamField::kMaster, &s2);
+      ASSERT_EQ(0, std::memcmp(a, b, n * 4)) << p.tensors()[t].name;
+    }
+    // Low-precision copy: the same rounding on every backend.
+    for (size_t u = 0; u < p.units().size(); ++u) {
+      auto lp = to_host(*be, p.units()[u].lp.data(), p.units()[u].numel);
+      ASSERT_EQ(0, std::memcmp(lp.data(), ref.units()[u].lp.data(), lp.size() * 2));
+    }
+    std::vector<float> vals(p.tensors()[0].numel);
+    for (size_t i = 0; i < vals.size(); ++i) vals[i] = 0.5f * static_cast<float>(i);
+    p.upload(0, ParamField::kExpAvgSq, vals.data());
+    const float* back = p.host_view(0, ParamField::kExpAvgSq, &s1);
+    EXPECT_EQ(0, std::memcmp(back, vals.data(), vals.size() * 4));
+  }
+}
+
+struct StepResult {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> grads, weights;
+  double grad_norm = 0;
+};
+
+// One forward+backward and one AdamW step of the small model on `be`, from seed 7.
+StepResult one_step(Backend* be, Precision p) {
+  const ModelConfig m = small_model();
+  ParamStore params(m, p, false, be);
+  params.init(7);
+  const int B = 2, T = static_cast<int>(m.seq_len);
+  auto model = Model::create(&params, B, Recompute::kSelective);
+  MicroBatch mb;
+  mb.rows = B;
+  mb.seq_len = T;
+  for (int i = 0; i < B * T; ++i) {
+    mb.inputs.push_back(static_cast<int32_t>(random_bits(9, 1, i) % m.vocab_size));
+    mb.targets.push_back(static_cast<int32_t>(random_bits(9, 2, i) % m.vocab_size));
+  }
+  mb.targets[3] = -1;
+  DeviceBatches staged(be, B, T);
+  staged.upload(0, mb);
+  params.zero_grads();
+  auto tok = staged.at(0);
+  model->forward_backward(tok.inputs, tok.targets, 1.0f / (B * T - 1), staged.losses(0));
+  StepResult r;
+  r.losses.resize(B * T);
+  staged.download_losses(1, r.losses.data());
+  std::vector<float> scratch;
+  for (size_t t = 0; t < params.tensors().size(); ++t) {
+    const float* g = params.host_view(static_cast<int>(t), ParamField::kGrad, &scratch);
+    r.grads.emplace_back(g, g + params.tensors()[t].numel);
+  }
+  OptimizerConfig oc;
+  AdamW opt(oc);
+  StepStats st = opt.step(params, 1e-3, 1.0);
+  r.grad_norm = st.grad_norm;
+  for (size_t t = 0; t < params.tensors().size(); ++t) {
+    const float* w = params.host_view(static_cast<int>(t), ParamField::kMaster, &scratch);
+    r.weights.emplace_back(w, w + params.tensors()[t].numel);
+  }
+  return r;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 1e-6, err = 0;
+  for (size_t i = 0; i < a.size(); ++i) scale = std::max(scale, std::fabs(double(b[i])));
+  for (size_t i = 0; i < a.size(); ++i) err = std::max(err, std::fabs(double(a[i]) - b[i]));
+  return err / scale;
+}
+
+// The same step on the GPU and on the CPU. fp32: both accumulate in fp32 in different orders,
+// so losses agree to 1e-5 and gradients to 1e-4 of each tensor's largest value; bf16 rounds
+// activations at every op, so 2e-2 (losses, relative) and 5e-2 (gradients).
+void expect_step_parity(Backend* g, Precision p, double loss_tol, double grad_tol) {
+  SCOPED_TRACE(precision_name(p));
+  StepResult c = one_step(&cpu_backend(), p), d = one_step(g, p);
+  EXPECT_LT(max_rel(d.losses, c.losses), loss_tol);
+  for (size_t t = 0; t < c.grads.size(); ++t) {
+    EXPECT_LT(max_rel(d.grads[t], c.grads[t]), grad_tol) << "grad of tensor " << t;
+    // AdamW's first step moves a weight by lr * g / (|g| + eps) (plus decay): for a gradient that
+    // is not tiny, the same on both devices to 1e-6; a tiny gradient may flip sign.
+    float gmax = 0;
+    for (float v : c.grads[t]) gmax = std::max(gmax, std::fabs(v));
+    int bad = 0;
+    for (size_t i = 0; i < c.weights[t].size(); ++i) {
+      if (std::fabs(c.grads[t][i]) < 1e-2f * gmax) continue;
+      bad += std::fabs(d.weights[t][i] - c.weights[t][i]) > 1e-6f;
+    }
+    EXPECT_EQ(bad, 0) << "weights of tensor " << t;
+  }
+  EXPECT_NEAR(d.grad_norm, c.grad_norm, grad_tol * c.grad_norm);
+}
+
+TEST(DeviceGpu, ModelStepMatchesCpuFp32) {
+  REQUIRE_GPU(g);
+  expect_step_parity(g, Precision::kFp32, 1e-5, 1e-4);
+}
+
+TEST(DeviceGpu, ModelStepMatchesCpuBf16) {
+  REQUIRE_GPU(g);
+  expect_step_parity(g, Precision::kBf16, 2e-2, 5e-2);
+}
+
+// Deterministic by default: the same step twice on the GPU gives the same bits.
+TEST(DeviceGpu, StepIsBitReproducible) {
+  REQUIRE_GPU(g);
+  StepResult a = one_step(g, Precision::kBf16), b = one_step(g, Precision::kBf16);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.weights, b.weights);
+}
+
+}  // namespace
+}  // namespace kiln::engine
