@@ -119,6 +119,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                   config.parallel.zero_stage,
                   config.parallel.hierarchical ? ", hierarchical all-reduce" : "",
                   config.data.micro_batch * config.data.grad_accum * t->dp_->size());
+  }
   t->flops_per_token_ = model_flops_per_token(m, t->params_->num_params());
   if (!backend->product_name().empty()) {  // an accelerator
     t->peak_flops_ = dense_bf16_peak_flops(backend->product_name());
