@@ -137,6 +137,55 @@ TEST(KernelsCuda, Attention) {
   check_attention<fp16>(2, 130, 128, 2);
 }
 
+// The tiled kernels' edges: T around the 16-row blocks and 32-row tiles, head sizes that fill
+// 1, 2, 4 or 8 slices per lane partly or fully (16, 48, 64, 96, 128, 256).
+TEST(KernelsCuda, AttentionTileEdgesAndHeadSizes) {
+  REQUIRE_GPU();
+  for (int T : {15, 16, 17, 31, 32, 33, 47, 64, 65}) check_attention<float>(2, T, 128, 2);
+  for (int hs : {16, 48, 64, 96, 128, 256}) check_attention<float>(1, 70, 2 * hs, 2);
+  check_attention<bf16>(1, 70, 192, 2);   // hs 96
+  check_attention<fp16>(1, 70, 2 * 256, 2);
+}
+
+// Finite differences through the GPU kernels themselves (fp32): d/dx of dot(f(x), probe)
+// against the GPU backward. Central differences with step 1e-2 * max(1, |x|): fp32 evaluation
+// noise ~1e-7 / 1e-2 and curvature ~1e-4 bound the error, hence 2e-3 relative + 2e-3 absolute.
+TEST(KernelsCuda, FiniteDifferenceGradientsOnGpu) {
+  REQUIRE_GPU();
+  {
+    const int B = 1, T = 37, C = 64, NH = 2;  // two key tiles
+    auto qkv = randn(size_t(B) * T * 3 * C, 11, 0.5), probe = randn(size_t(B) * T * C, 12);
+    Dev<float> gout(size_t(B) * T * C), glse(size_t(B) * NH * T);
+    auto objective = [&] {
+      Dev<float> gq(to_t<float>(qkv));
+      cuda::attention_forward(gout.get(), glse.get(), gq.get(), B, T, C, NH);
+      return dot(to_d(gout.host()), probe);
+    };
+    objective();
+    Dev<float> gq(to_t<float>(qkv)), gprobe(to_t<float>(probe)), gdq(qkv.size());
+    cuda::attention_backward(gdq.get(), gprobe.get(), gq.get(), gout.get(), glse.get(), B, T, C, NH);
+    auto analytic = to_d(gdq.host());
+    fd_check(qkv, analytic, objective, "attention dqkv", 64, 1e-2, 2e-3, 2e-3);
+  }
+  {
+    const int B = 2, T = 5, C = 96;
+    auto x = randn(size_t(B) * T * C, 13, 2.0), w = randn(C, 14), b = randn(C, 15);
+    auto probe = randn(x.size(), 16);
+    Dev<float> gw(to_t<float>(w)), gb(to_t<float>(b)), gout(x.size()), gmean(B * T), grstd(B * T);
+    auto objective = [&] {
+      Dev<float> gx(to_t<float>(x));
+      cuda::layernorm_forward(gout.get(), gmean.get(), grstd.get(), gx.get(), gw.get(), gb.get(), B, T, C);
+      return dot(to_d(gout.host()), probe);
+    };
+    objective();
+    Dev<float> gx(to_t<float>(x)), gprobe(to_t<float>(probe)), gdx(x.size()), gdw(C), gdb(C);
+    cuda::layernorm_backward(gdx.get(), gdw.get(), gdb.get(), gprobe.get(), gx.get(), gw.get(),
+                             gmean.get(), grstd.get(), B, T, C);
+    auto analytic = to_d(gdx.host());
+    fd_check(x, analytic, objective, "layernorm dinp", 64, 1e-2, 2e-3, 2e-3);
+  }
+}
+
 TEST(KernelsCuda, ElementwiseAndEmbedding) {
   REQUIRE_GPU();
   const size_t n = 100003;
