@@ -18,9 +18,9 @@ ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
     s.numel = u.numel;
     s.size = shard_numel(u.numel, n);
     s.begin = s.size * r;
-    s.grad.resize(s.size);
-    s.m.resize(s.size);
-    s.v.resize(s.size);
+    s.grad.reset(&cpu_backend(), s.size);
+    s.m.reset(&cpu_backend(), s.size);
+    s.v.reset(&cpu_backend(), s.size);
     const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
     if (have) {
       std::memcpy(s.m.data(), u.m.data() + s.begin, have * sizeof(float));
@@ -145,7 +145,7 @@ Status ZeroOptimizer::consolidate(ParamStore& params) {
       KILN_RETURN_IF_ERROR(dp_.gatherv(shard->data(), s.size * sizeof(float),
                                        root ? all.data() : nullptr, bytes.data(), 0));
       if (root) {
-        full->resize(u.numel);
+        full->reset(&params.backend(), u.numel);
         std::memcpy(full->data(), all.data(), u.numel * sizeof(float));
       }
     }

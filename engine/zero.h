@@ -55,7 +55,7 @@ class ZeroOptimizer {
     size_t numel = 0;   // the unit's N
     size_t size = 0;    // S
     size_t begin = 0;   // r*S
-    AlignedBuffer<float> grad, m, v;
+    DeviceArray<float> grad, m, v;  // host memory (cpu_backend): ZeRO runs on the CPU
   };
   Status allgather_unit(void* full, size_t elem, size_t numel, size_t shard);
 
