@@ -156,6 +156,16 @@ Result<Manifest> parse_manifest(const nlohmann::json& root) {
     Result<uint64_t> h = parse_hex64(hex);
     if (!h.is_ok()) return Fields::error(where + ".xxh3", h.status().message());
     s.xxh3 = *h;
+    if (auto it = (*shards)[i].find("split"); it != (*shards)[i].end()) {
+      if (!it->is_string() || (*it != "train" && *it != "val")) {
+        return Fields::error(where + ".split", "must be \"train\" or \"val\"");
+      }
+      s.val = *it == "val";
+    }
+    if (s.val) {  // validation shards do not count in the (training) domain totals
+      m.shards.push_back(std::move(s));
+      continue;
+    }
     ManifestDomain& t = totals[s.domain];
     t.samples += s.samples;
     t.tokens += s.tokens;
@@ -184,7 +194,7 @@ Result<Manifest> parse_manifest(const nlohmann::json& root) {
 }  // namespace
 
 void Manifest::add_shard(const ShardInfo& info, const std::string& domain,
-                         const std::string& root) {
+                         const std::string& root, bool val) {
   fs::path p = fs::path(info.path).lexically_normal();
   if (!root.empty()) {
     fs::path r = fs::path(root).lexically_normal();
@@ -204,12 +214,35 @@ void Manifest::add_shard(const ShardInfo& info, const std::string& domain,
   s.tokens = info.tokens;
   s.bytes = info.bytes;
   s.xxh3 = info.xxh3;
+  s.val = val;
   ManifestDomain& d = domains[domain];
+  if (val) {
+    shards.push_back(std::move(s));
+    return;
+  }
   d.samples += info.samples;
   d.tokens += info.tokens;
   d.bytes += info.bytes;
   d.shards += 1;
   shards.push_back(std::move(s));
+}
+
+Manifest select_split(const Manifest& m, bool val) {
+  Manifest out;
+  out.format = m.format;
+  out.tokenizer = m.tokenizer;
+  out.dir = m.dir;
+  for (const auto& [name, d] : m.domains) out.domains[name] = ManifestDomain{};
+  for (const ManifestShard& s : m.shards) {
+    if (s.val != val) continue;
+    ManifestDomain& d = out.domains[s.domain];
+    d.samples += s.samples;
+    d.tokens += s.tokens;
+    d.bytes += s.bytes;
+    d.shards += 1;
+    out.shards.push_back(s);
+  }
+  return out;
 }
 
 std::string Manifest::shard_path(const ManifestShard& shard) const {
@@ -244,6 +277,7 @@ std::string manifest_to_json(const Manifest& m) {
     j["tokens"] = s.tokens;
     j["bytes"] = s.bytes;
     j["xxh3"] = hex64(s.xxh3);
+    if (s.val) j["split"] = "val";
     out += first ? "\n    " : ",\n    ";
     out += j.dump();
     first = false;

@@ -35,20 +35,28 @@ struct ManifestShard {
   uint64_t tokens = 0;
   uint64_t bytes = 0;
   uint64_t xxh3 = 0;
+  bool val = false;    // "split": "val" - a validation shard (absent means train)
 };
 
 struct Manifest {
   std::string format = kManifestFormat;
   ManifestTokenizer tokenizer;
-  std::map<std::string, ManifestDomain> domains;  // derived from shards by add_shard()
+  // Totals of each domain's training shards (validation shards are listed in `shards` only),
+  // derived from shards by add_shard().
+  std::map<std::string, ManifestDomain> domains;
   std::vector<ManifestShard> shards;
   std::string dir;  // directory the manifest was read from (not serialised)
 
   // Appends a shard (path made relative to `root`) and updates its domain's totals.
-  void add_shard(const ShardInfo& info, const std::string& domain, const std::string& root);
+  void add_shard(const ShardInfo& info, const std::string& domain, const std::string& root,
+                 bool val = false);
   // Absolute-or-cwd-relative path of a shard: dir / shard.path.
   std::string shard_path(const ManifestShard& shard) const;
 };
+
+// The dataset of one split: only the training shards (val false) or only the validation shards,
+// with the domain totals recomputed from them (every domain kept, possibly empty).
+Manifest select_split(const Manifest& m, bool val);
 
 std::string manifest_to_json(const Manifest& m);  // deterministic bytes (sorted keys, fixed order)
 Result<Manifest> manifest_from_json(const std::string& text, const std::string& origin);

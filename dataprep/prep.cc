@@ -249,6 +249,8 @@ Totals compute_totals(const Context& c, const std::vector<WriteResult>& results)
       ds.tokens += d.tokens;
       ds.bytes += d.bytes;
       for (const auto& [by, n] : d.domain_by) ds.domain_by[by] += n;
+      ds.val_docs += d.val_docs;
+      ds.val_tokens += d.val_tokens;
       t.bytes_out += d.bytes;
       t.tokens_out += d.tokens;
     }
@@ -287,6 +289,10 @@ nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
     dj["tokens"] = d.tokens;
     dj["bytes"] = d.bytes;
     dj["domain_by"] = d.domain_by;
+    if (c.opt.val_fraction > 0 || c.opt.val_min_docs > 0) {
+      dj["val_docs"] = d.val_docs;  // of docs / tokens: the validation split
+      dj["val_tokens"] = d.val_tokens;
+    }
     domains[name] = dj;
   }
   s["domains"] = domains;
@@ -393,22 +399,22 @@ Status final_stage(Context& c, std::string* summary) {
     const WrittenShard* w;
   };
   std::vector<Final> finals;
-  std::map<std::string, uint64_t> next_index;
-  std::set<std::string> domains;
+  std::map<std::pair<std::string, bool>, uint64_t> next_index;  // (domain, val)
+  std::set<std::pair<std::string, bool>> parts;  // (domain, val): training shards first
   for (const auto& w : results)
-    for (const auto& s : w.shards) domains.insert(s.domain);
+    for (const auto& s : w.shards) parts.insert({s.domain, s.val});
   Status st;
-  for (const std::string& d : domains) {
+  for (const auto& [d, val] : parts) {
     for (int r = 0; r < c.size; ++r) {
       for (const WrittenShard& s : results[r].shards) {
-        if (s.domain != d) continue;
+        if (s.domain != d || s.val != val) continue;
         std::string path = s.path;
         if (c.size > 1) {
           std::string ext = s.path.substr(s.path.find(".tar"));
           char name[64];
           std::snprintf(name, sizeof name, "-%06llu",
-                        static_cast<unsigned long long>(next_index[d]++));
-          path = "shards/" + d + "/" + d + name + ext;
+                        static_cast<unsigned long long>(next_index[{d, val}]++));
+          path = "shards/" + d + "/" + d + (val ? "-val" : "") + name + ext;
           if (r == c.rank && st.is_ok()) {
             std::string from = c.out + "/" + s.path, to = c.out + "/" + path;
             if (exists(from)) st = rename_durable(from, to);
@@ -464,7 +470,7 @@ Status final_stage(Context& c, std::string* summary) {
         info.tokens = f.w->tokens;
         info.bytes = f.w->bytes;
         info.xxh3 = f.w->xxh3;
-        m.add_shard(info, f.domain, c.out);
+        m.add_shard(info, f.domain, c.out, f.w->val);
       }
       st = write_manifest(c.out + "/manifest.json", m);
     }

@@ -42,6 +42,9 @@ shards:
   level: 3
   max_samples: 10000
   max_bytes: 268435456
+split:
+  val_fraction: 0.0
+  val_min_docs: 0
 )";
 
 Result<uint64_t> parse_byte_size(const std::string& text) {
@@ -162,6 +165,11 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
   if (o.level < 1 || o.level > 19) return range_error("shards.level", "must be 1..19");
   KILN_RETURN_IF_ERROR(get_into(c, "shards.max_samples", &o.max_samples));
   KILN_RETURN_IF_ERROR(get_into(c, "shards.max_bytes", &o.max_bytes));
+  KILN_RETURN_IF_ERROR(get_into(c, "split.val_fraction", &o.val_fraction));
+  if (!(o.val_fraction >= 0 && o.val_fraction <= 0.5))
+    return range_error("split.val_fraction", "must be in [0, 0.5]");
+  KILN_RETURN_IF_ERROR(get_into(c, "split.val_min_docs", &o.val_min_docs));
+  if (o.val_min_docs > 1000000) return range_error("split.val_min_docs", "must be 0..1000000");
   return o;
 }
 

@@ -46,6 +46,12 @@ struct PrepOptions {
   int level = 3;
   uint64_t max_samples = 0;
   uint64_t max_bytes = 0;
+
+  // Validation split (off when both are 0): a document is held out when a hash of its id (and
+  // dedup.seed) falls below val_fraction, and per domain at least val_min_docs documents (the
+  // smallest hashes; never more than half the domain) are held out.
+  double val_fraction = 0;
+  uint64_t val_min_docs = 0;
 };
 
 // Validates every value (ranges, enums) and resolves bands x rows; errors name the key.

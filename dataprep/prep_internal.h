@@ -112,12 +112,14 @@ struct DomainStats {
   uint64_t tokens = 0;
   uint64_t bytes = 0;
   std::map<std::string, uint64_t> domain_by;
+  uint64_t val_docs = 0, val_tokens = 0;  // of docs / tokens: held out for validation
 };
 
 struct WrittenShard {
   std::string path;  // relative to OUT, as written by this rank
   std::string domain;
   uint64_t samples = 0, tokens = 0, bytes = 0, xxh3 = 0;
+  bool val = false;  // a validation shard
 };
 
 struct WriteResult {

@@ -93,11 +93,13 @@ nlohmann::json WriteResult::to_json() const {
   j["shards"] = nlohmann::json::array();
   for (const auto& s : shards)
     j["shards"].push_back({{"path", s.path}, {"domain", s.domain}, {"samples", s.samples},
-                           {"tokens", s.tokens}, {"bytes", s.bytes}, {"xxh3", hex64(s.xxh3)}});
+                           {"tokens", s.tokens}, {"bytes", s.bytes}, {"xxh3", hex64(s.xxh3)},
+                           {"val", s.val}});
   j["domains"] = nlohmann::json::object();
   for (const auto& [name, d] : domains)
     j["domains"][name] = {{"docs", d.docs}, {"tokens", d.tokens}, {"bytes", d.bytes},
-                          {"domain_by", d.domain_by}};
+                          {"domain_by", d.domain_by}, {"val_docs", d.val_docs},
+                          {"val_tokens", d.val_tokens}};
   j["ids"] = nlohmann::json::array();
   for (const auto& [docid, id] : ids) j["ids"].push_back({docid, id});
   return j;
@@ -115,6 +117,7 @@ WriteResult WriteResult::from_json(const nlohmann::json& j) {
     ws.bytes = s.at("bytes").get<uint64_t>();
     auto h = parse_hex64(s.at("xxh3").get<std::string>());
     ws.xxh3 = h.is_ok() ? *h : 0;
+    ws.val = s.value("val", false);
     w.shards.push_back(ws);
   }
   for (const auto& [name, d] : j.at("domains").items()) {
@@ -123,6 +126,8 @@ WriteResult WriteResult::from_json(const nlohmann::json& j) {
     ds.tokens = d.at("tokens").get<uint64_t>();
     ds.bytes = d.at("bytes").get<uint64_t>();
     ds.domain_by = d.at("domain_by").get<std::map<std::string, uint64_t>>();
+    ds.val_docs = d.value("val_docs", uint64_t{0});
+    ds.val_tokens = d.value("val_tokens", uint64_t{0});
     w.domains[name] = ds;
   }
   for (const auto& p : j.at("ids")) w.ids.emplace_back(p.at(0).get<uint64_t>(), p.at(1));

@@ -263,6 +263,70 @@ struct OutSample {
   std::string domain, domain_by;
   ShardSample sample;
   uint64_t tokens = 0, bytes = 0;
+  uint64_t split_hash = 0;  // hash of the input id: decides the validation split
+  bool val = false;         // goes to the domain's validation shards
+};
+
+// The validation split (PrepOptions::val_fraction / val_min_docs), decided in document order by
+// the serial write stage: a document whose id hash falls below the fraction is held out at once;
+// the val_min_docs smallest-hash documents of each domain among the rest wait in a bounded heap
+// (the others go to training as they are pushed out) until finish() knows the domain's size and
+// tops its validation slice up to min(val_min_docs, docs / 2). Deterministic: it depends on the
+// ids and the seed only (per rank under mpirun, so the minimum then holds per rank).
+class ValSplitter {
+ public:
+  explicit ValSplitter(const PrepOptions& opt)
+      : cut_(sample_cut(opt.val_fraction)), min_docs_(opt.val_min_docs) {}
+  bool enabled() const { return cut_ > 0 || min_docs_ > 0; }
+
+  // Hands documents on to `emit` (train or val decided) in a deterministic order.
+  template <typename Emit>
+  Status add(OutSample&& o, Emit&& emit) {
+    Domain& d = domains_[o.domain];
+    ++d.docs;
+    if (cut_ > 0 && o.split_hash < cut_) {
+      ++d.val;
+      o.val = true;
+      return emit(std::move(o));
+    }
+    if (min_docs_ == 0) return emit(std::move(o));
+    d.heap.push_back(std::move(o));
+    std::push_heap(d.heap.begin(), d.heap.end(), before);
+    if (d.heap.size() <= min_docs_) return Status::ok();
+    std::pop_heap(d.heap.begin(), d.heap.end(), before);
+    OutSample out = std::move(d.heap.back());
+    d.heap.pop_back();
+    return emit(std::move(out));
+  }
+
+  template <typename Emit>
+  Status finish(Emit&& emit) {
+    for (auto& [name, d] : domains_) {
+      std::sort(d.heap.begin(), d.heap.end(), before);
+      const uint64_t target = std::min<uint64_t>(min_docs_, d.docs / 2);
+      uint64_t need = target > d.val ? target - d.val : 0;
+      for (OutSample& o : d.heap) {
+        o.val = need > 0;
+        need -= need > 0;
+        KILN_RETURN_IF_ERROR(emit(std::move(o)));
+      }
+      d.heap.clear();
+    }
+    return Status::ok();
+  }
+
+ private:
+  static bool before(const OutSample& a, const OutSample& b) {
+    return a.split_hash != b.split_hash ? a.split_hash < b.split_hash
+                                        : a.sample.key < b.sample.key;
+  }
+  struct Domain {
+    uint64_t docs = 0, val = 0;
+    std::vector<OutSample> heap;  // max-heap by `before`: the smallest hashes not yet held out
+  };
+  uint64_t cut_;
+  uint64_t min_docs_;
+  std::map<std::string, Domain> domains_;
 };
 
 // Writes samples, handed over in order, into per-domain shards "<dir>/<prefix>-NNNNNN<ext>",
@@ -286,7 +350,7 @@ class ShardSink {
   Status add(OutSample&& o) {
     uint64_t size = 0;
     for (const auto& m : o.sample.members) size += 512 + (m.data.size() + 511) / 512 * 512;
-    Domain& d = domains_[o.domain];
+    Domain& d = domains_[{o.domain, o.val}];
     Shard* sh = d.open;
     if (sh && sh->samples > 0 &&
         ((c_.opt.max_samples > 0 && sh->samples + 1 > c_.opt.max_samples) ||
@@ -297,12 +361,14 @@ class ShardSink {
     if (!sh) {
       auto owned = std::make_unique<Shard>();
       owned->domain = o.domain;
+      owned->val = o.val;
       owned->index = d.next_index++;
-      const std::string prefix = c_.size == 1 ? o.domain : o.domain + "-r" + rank_tag(c_.rank);
+      const std::string stem = o.val ? o.domain + "-val" : o.domain;
+      const std::string prefix = c_.size == 1 ? stem : stem + "-r" + rank_tag(c_.rank);
       char num[32];
       std::snprintf(num, sizeof num, "-%06llu", static_cast<unsigned long long>(owned->index));
       const std::string dir = c_.out + "/shards/" + o.domain;
-      if (owned->index == 0) KILN_RETURN_IF_ERROR(make_dirs(dir));
+      KILN_RETURN_IF_ERROR(make_dirs(dir));
       owned->path = dir + "/" + prefix + num + shard_extension(c_.opt.compression);
       sh = d.open = owned.get();
       shards_.push_back(std::move(owned));
@@ -325,13 +391,15 @@ class ShardSink {
     std::vector<Shard*> order;
     for (auto& sh : shards_) order.push_back(sh.get());
     std::sort(order.begin(), order.end(), [](const Shard* a, const Shard* b) {
-      return a->domain != b->domain ? a->domain < b->domain : a->index < b->index;
+      if (a->domain != b->domain) return a->domain < b->domain;
+      return a->val != b->val ? !a->val : a->index < b->index;
     });
     std::vector<WrittenShard> out;
     for (const Shard* sh : order) {
       WrittenShard w;
       w.path = fs::path(sh->info.path).lexically_relative(c_.out).generic_string();
       w.domain = sh->domain;
+      w.val = sh->val;
       w.samples = sh->info.samples;
       w.tokens = sh->info.tokens;
       w.bytes = sh->info.bytes;
@@ -345,6 +413,7 @@ class ShardSink {
   static constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
   struct Shard {
     std::string domain, path;
+    bool val = false;
     uint64_t index = 0;
     // Assignment side (the adding thread only).
     uint64_t samples = 0, est_bytes = 0, filling_bytes = 0;
@@ -432,7 +501,7 @@ class ShardSink {
   }
 
   const Context& c_;
-  std::map<std::string, Domain> domains_;
+  std::map<std::pair<std::string, bool>, Domain> domains_;  // (domain, val)
   std::vector<std::unique_ptr<Shard>> shards_;
   tbb::task_arena arena_;
   tbb::task_group tg_;
@@ -550,6 +619,16 @@ Status write_stage(Context& c) {
 
   WriteResult res;
   ShardSink sink(c);
+  ValSplitter splitter(c.opt);
+  const uint64_t split_seed = c.opt.seed ^ 0x76616c2d73706c74ull;
+  auto emit = [&](Out&& o) -> Status {
+    if (o.val) {
+      DomainStats& ds = res.domains[o.domain];
+      ++ds.val_docs;
+      ds.val_tokens += o.tokens;
+    }
+    return sink.add(std::move(o));
+  };
   Status st = document_pass<Work>(
       c,
       [&](Work& w) -> Status {
@@ -577,6 +656,7 @@ Status write_stage(Context& c) {
           o.tokens = doc.tokens.size();
           o.bytes = doc.text.size();
           o.sample.key = sample_key(doc.index);
+          o.split_hash = xxh3_64(doc.id.data(), doc.id.size(), split_seed);
           std::string meta = sample_metadata(doc);
           o.sample.members.push_back({"txt", std::move(doc.text)});
           o.sample.members.push_back({"json", std::move(meta)});
@@ -594,7 +674,8 @@ Status write_stage(Context& c) {
           ds.bytes += o.bytes;
           ++ds.domain_by[o.domain_by];
           ++res.docs_out;
-          KILN_RETURN_IF_ERROR(sink.add(std::move(o)));
+          KILN_RETURN_IF_ERROR(splitter.enabled() ? splitter.add(std::move(o), emit)
+                                                  : sink.add(std::move(o)));
           crash_point("write-doc");
         }
         if (progress) progress->add(w.outs.size());
@@ -603,6 +684,7 @@ Status write_stage(Context& c) {
       });
   if (progress) progress->finish();
   KILN_RETURN_IF_ERROR(st);
+  KILN_RETURN_IF_ERROR(splitter.finish(emit));
   KILN_ASSIGN_OR_RETURN(res.shards, sink.finish());
   c.written = std::move(res);
   return Status::ok();

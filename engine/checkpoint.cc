@@ -89,6 +89,7 @@ Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
                       {"overflows", state.scaler.overflows}};
   j["data_state"] = state.data_state;
   j["mixture_hash"] = hex64(state.mixture_hash);
+  j["extra"] = state.extra;
   j["rng"] = {{"kind", "counter"}, {"seed", state.seed}};
   j["files"] = {{"model.safetensors", hex64(model_hash)},
                 {"optimizer.safetensors", hex64(optim_hash)}};
@@ -164,6 +165,11 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
     state->scaler.overflows = ls.at("overflows").get<int64_t>();
     state->data_state = j.at("data_state").get<std::string>();
     KILN_ASSIGN_OR_RETURN(state->mixture_hash, parse_hex64(j.at("mixture_hash").get<std::string>()));
+    // "extra" came later: checkpoints without it resume with fresh policy/stability state.
+    state->extra.clear();
+    if (auto e = j.find("extra"); e != j.end() && e->is_object()) {
+      for (auto it = e->begin(); it != e->end(); ++it) state->extra[it.key()] = it.value().get<std::string>();
+    }
     for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
       KILN_ASSIGN_OR_RETURN(uint64_t want, parse_hex64(j.at("files").at(f).get<std::string>()));
       KILN_ASSIGN_OR_RETURN(uint64_t got, xxh3_file((dir / f).string()));

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "common/status.h"
@@ -35,6 +36,9 @@ struct TrainerState {
   uint64_t mixture_hash = 0;  // MixtureWatcher::applied_hash()
   uint64_t seed = 0;
   std::string precision;      // of the run that wrote the checkpoint ("fp32", "bf16", "fp16")
+  // Further components' states by name (JSON text each): "mixing" (the mixing policy),
+  // "stability" (spike statistics, rollbacks, quarantined data).
+  std::map<std::string, std::string> extra;
 };
 
 std::string checkpoint_dir_name(int64_t step);  // "step-00000012"

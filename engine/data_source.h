@@ -23,6 +23,17 @@ struct MicroBatch {
   std::vector<int32_t> targets;  // rows * seq_len
   std::vector<int32_t> domains;  // rows: index into DataSource::domains()
   double wait_ms = 0;            // time spent waiting for this batch
+  // The documents the batch holds pieces of, "<shard path>#<member>" (loader data; empty for
+  // synthetic data), for logging a skipped batch.
+  std::vector<std::string> samples;
+};
+
+// A domain's fixed validation sequences (see engine/eval.h).
+struct ValidationSequences {
+  int domain = 0;  // index into DataSource::domains()
+  int64_t rows = 0, seq_len = 0;
+  std::vector<int32_t> inputs;   // rows * seq_len
+  std::vector<int32_t> targets;  // rows * seq_len
 };
 
 class DataSource {
@@ -40,6 +51,9 @@ class DataSource {
   virtual Result<std::string> merge_states(const std::vector<std::string>& per_rank) const = 0;
   virtual Status restore(const std::string& state) = 0;
   virtual std::string describe() const = 0;
+  // Up to `per_domain` validation sequences of every domain that has any, the same on every
+  // call (independent of the training position). Empty when the data has no validation split.
+  virtual Result<std::vector<ValidationSequences>> validation_set(int64_t per_domain) = 0;
 };
 
 // This process's share of the data: data-parallel rank `rank` of `world` (tensor-parallel peers

@@ -10,8 +10,9 @@ namespace {
 
 class LoaderSource final : public DataSource {
  public:
-  LoaderSource(std::unique_ptr<Loader> loader, std::string manifest_path)
-      : loader_(std::move(loader)), manifest_path_(std::move(manifest_path)) {}
+  LoaderSource(std::unique_ptr<Loader> loader, Manifest full, std::string manifest_path)
+      : loader_(std::move(loader)), full_(std::move(full)),
+        manifest_path_(std::move(manifest_path)) {}
 
   Status next(MicroBatch* out) override {
     KILN_ASSIGN_OR_RETURN(Batch b, loader_->next_batch());
@@ -29,7 +30,51 @@ class LoaderSource final : public DataSource {
       }
     }
     out->wait_ms = b.wait_ms;
+    out->samples.clear();
+    for (const auto& row : b.docs) {
+      for (const DocSpan& d : row) {
+        if (d.doc_offset != 0 && !out->samples.empty()) continue;  // a continued piece
+        out->samples.push_back(loader_->manifest().shards[d.shard].path + "#" +
+                               std::to_string(d.member));
+      }
+    }
     return Status::ok();
+  }
+
+  // The first `per_domain` sequences of each domain's validation shards, packed as for training
+  // (a loader over the validation split with only that domain weighted, the run's seed).
+  Result<std::vector<ValidationSequences>> validation_set(int64_t per_domain) override {
+    std::vector<ValidationSequences> out;
+    const Manifest val = select_split(full_, /*val=*/true);
+    for (size_t d = 0; d < loader_->domain_names().size(); ++d) {
+      const std::string& name = loader_->domain_names()[d];
+      auto it = val.domains.find(name);
+      if (it == val.domains.end() || it->second.tokens == 0) continue;
+      LoaderOptions o = loader_->options();
+      o.val_split = true;
+      o.dp_rank = 0;
+      o.dp_world = 1;
+      o.micro_batch = per_domain;
+      o.weights = {{name, 1.0}};
+      o.workers = 1;
+      o.prefetch_depth = 1;
+      KILN_ASSIGN_OR_RETURN(auto loader, Loader::open(full_, o));
+      KILN_ASSIGN_OR_RETURN(Batch b, loader->next_batch());
+      ValidationSequences v;
+      v.domain = static_cast<int>(d);
+      v.rows = b.micro_batch;
+      v.seq_len = b.seq_len;
+      const int64_t T = b.seq_len;
+      for (int64_t r = 0; r < b.micro_batch; ++r) {
+        auto row = b.row(r);
+        for (int64_t i = 0; i < T; ++i) {
+          v.inputs.push_back(static_cast<int32_t>(row[i]));
+          v.targets.push_back(static_cast<int32_t>(row[i + 1]));
+        }
+      }
+      out.push_back(std::move(v));
+    }
+    return out;
   }
 
   const std::vector<std::string>& domains() const override { return loader_->domain_names(); }
@@ -66,6 +111,7 @@ class LoaderSource final : public DataSource {
 
  private:
   std::unique_ptr<Loader> loader_;
+  Manifest full_;  // both splits
   std::string manifest_path_;
 };
 
@@ -97,14 +143,15 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
   o.weights = config.data.mixture;
   o.prefetch_depth = static_cast<int>(config.data.prefetch_depth);
   o.workers = static_cast<int>(config.data.workers);
-  auto loader = Loader::open(std::move(manifest), o);
+  auto loader = Loader::open(manifest, o);
   if (!loader.is_ok()) {
     // The loader names its weights "weights.<domain>"; in a train config they are data.mixture.
     Status st = std::move(loader).take_status();
     if (st.key().rfind("weights", 0) == 0) st.with_key("data.mixture" + st.key().substr(7));
     return st;
   }
-  return std::unique_ptr<DataSource>(new LoaderSource(std::move(*loader), config.data.manifest));
+  return std::unique_ptr<DataSource>(
+      new LoaderSource(std::move(*loader), std::move(manifest), config.data.manifest));
 }
 
 }  // namespace kiln::engine

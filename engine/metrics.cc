@@ -45,6 +45,30 @@ std::string step_record_json(const StepRecord& r) {
   }
   if (r.mfu) j["mfu"] = *r.mfu;
   if (r.device_memory_peak_mib) j["device_memory_peak_mib"] = *r.device_memory_peak_mib;
+  if (!r.val_loss.empty()) {
+    nlohmann::ordered_json vl = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : r.val_loss) vl[k] = number_or_null(v);
+    j["val_loss"] = vl;
+  }
+  j["mixing_policy"] = r.mixing_policy;
+  if (r.mixing_paused) j["mixing_paused"] = true;
+  j["loss_z"] = number_or_null(r.loss_z);
+  j["grad_z"] = number_or_null(r.grad_z);
+  j["loss_mean"] = number_or_null(r.loss_mean);
+  j["loss_var"] = number_or_null(r.loss_var);
+  j["spike"] = r.spike.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.spike);
+  if (r.skipped && r.skip_reason == "overflow") {
+    j["nonfinite"] = r.nonfinite;
+    j["nonfinite_layer"] = r.nonfinite_layer;
+  }
+  auto object = [](const std::map<std::string, double>& m) {
+    nlohmann::ordered_json o = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : m) o[k] = number_or_null(v);
+    return o;
+  };
+  if (!r.grad_norm_layers.empty()) j["grad_norm_layers"] = object(r.grad_norm_layers);
+  if (!r.update_ratio.empty()) j["update_ratio"] = object(r.update_ratio);
+  if (!r.layers_clipped.empty()) j["layers_clipped"] = object(r.layers_clipped);
   return j.dump();
 }
 

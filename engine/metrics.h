@@ -6,6 +6,7 @@
 // reader (`kiln mix show`, a plotting script) always sees whole lines. Not thread-safe.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -29,7 +30,9 @@ struct StepRecord {
   double tokens_per_s = 0;
   double step_ms = 0;
   bool skipped = false;
-  std::string skip_reason;                // "overflow" (inf/NaN gradients) when skipped
+  // When skipped: "overflow" (inf/NaN gradients), "spike" (stability.spike.action skip, or a
+  // rollback that could not roll back) or "bad_batch" (abnormal token statistics).
+  std::string skip_reason;
   double clip_coef = 1;
   std::map<std::string, double> domain_loss;
   DomainWeights domain_weights;
@@ -41,6 +44,18 @@ struct StepRecord {
   // when the device is not in the table) and the device memory in use at its highest so far.
   std::optional<double> mfu;
   std::optional<double> device_memory_peak_mib;
+  std::map<std::string, double> val_loss;  // on evaluation steps (eval.every_steps)
+  std::string mixing_policy;   // the policy in effect ("static", "odm", ...)
+  bool mixing_paused = false;  // weights pinned by `kiln mix set`
+  // Stability signals (engine/stability.h).
+  double loss_z = 0, grad_z = 0;          // against the window of clean steps (0 before it fills)
+  double loss_mean = NAN, loss_var = NAN; // of that window
+  std::string spike;                      // "", "warn", "skip" or "rollback"
+  int64_t nonfinite = 0;                  // inf/NaN gradient values (overflowed steps)
+  std::string nonfinite_layer;            // the first unit in backward order holding them
+  std::map<std::string, double> grad_norm_layers;  // every stability.layer_stats_every steps
+  std::map<std::string, double> update_ratio;      // idem: |update| / |weights| per unit
+  std::map<std::string, double> layers_clipped;    // unit -> norm before per-layer clipping
 };
 // One line, no newline. JSON has no inf/NaN: those are written as null.
 std::string step_record_json(const StepRecord& r);

@@ -11,6 +11,7 @@ namespace {
 constexpr uint64_t kMixStream = 0x6d6978;      // "mix"
 constexpr uint64_t kMarkovStream = 0x6d61726b;  // "mark"
 constexpr uint64_t kRepeatStream = 0x72657074;  // "rept"
+constexpr uint64_t kValidationStream = 0x76616c6964ull;  // "valid"
 constexpr int kSuccessors = 4;
 constexpr int kMotif = 16;
 
@@ -38,19 +39,7 @@ class SyntheticSource final : public DataSource {
       const double u = random_uniform(seed_, kMixStream, slot_);
       const int d = u < weights_[0] ? 0 : 1;
       out->domains[r] = d;
-      if (d == 0) {
-        uint64_t tok = random_bits(seed_, kMarkovStream, slot_ << 20) % V_;
-        for (int64_t i = 0; i <= T_; ++i) {
-          seq[i] = static_cast<int32_t>(tok);
-          const uint64_t k = random_bits(seed_, kMarkovStream + 1, (slot_ << 20) + i) % kSuccessors;
-          tok = random_bits(seed_ ^ 0x5eed, tok, k) % V_;  // the chain's fixed successor table
-        }
-      } else {
-        int32_t motif[kMotif];
-        for (int i = 0; i < kMotif; ++i)
-          motif[i] = static_cast<int32_t>(random_bits(seed_, kRepeatStream, (slot_ << 8) + i) % V_);
-        for (int64_t i = 0; i <= T_; ++i) seq[i] = motif[i % kMotif];
-      }
+      generate(seed_, slot_, d, seq.data());
       std::copy(seq.begin(), seq.end() - 1, out->inputs.begin() + r * T_);
       std::copy(seq.begin() + 1, seq.end(), out->targets.begin() + r * T_);
     }
@@ -109,7 +98,44 @@ class SyntheticSource final : public DataSource {
     return "synthetic data (domains markov, repeat; no data.manifest given)";
   }
 
+  // Held-out sequences: the same chain and motif rules, drawn from another random stream.
+  Result<std::vector<ValidationSequences>> validation_set(int64_t per_domain) override {
+    std::vector<ValidationSequences> out;
+    std::vector<int32_t> seq(T_ + 1);
+    for (int d = 0; d < 2; ++d) {
+      ValidationSequences v;
+      v.domain = d;
+      v.rows = per_domain;
+      v.seq_len = T_;
+      for (int64_t r = 0; r < per_domain; ++r) {
+        generate(seed_ ^ kValidationStream, static_cast<uint64_t>(r), d, seq.data());
+        v.inputs.insert(v.inputs.end(), seq.begin(), seq.end() - 1);
+        v.targets.insert(v.targets.end(), seq.begin() + 1, seq.end());
+      }
+      out.push_back(std::move(v));
+    }
+    return out;
+  }
+
  private:
+  // T + 1 tokens of domain d for `slot` of the random stream `stream_seed`; the bigram chain's
+  // successor table depends on the run's seed only.
+  void generate(uint64_t stream_seed, uint64_t slot, int d, int32_t* seq) const {
+    if (d == 0) {
+      uint64_t tok = random_bits(stream_seed, kMarkovStream, slot << 20) % V_;
+      for (int64_t i = 0; i <= T_; ++i) {
+        seq[i] = static_cast<int32_t>(tok);
+        const uint64_t k = random_bits(stream_seed, kMarkovStream + 1, (slot << 20) + i) % kSuccessors;
+        tok = random_bits(seed_ ^ 0x5eed, tok, k) % V_;  // the chain's fixed successor table
+      }
+    } else {
+      int32_t motif[kMotif];
+      for (int i = 0; i < kMotif; ++i)
+        motif[i] = static_cast<int32_t>(random_bits(stream_seed, kRepeatStream, (slot << 8) + i) % V_);
+      for (int64_t i = 0; i <= T_; ++i) seq[i] = motif[i % kMotif];
+    }
+  }
+
   DataRank rank_;
   uint64_t seed_;
   int64_t rows_, T_;

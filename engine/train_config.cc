@@ -56,7 +56,39 @@ checkpoint:
   at_end: true
 stability:
   skip_nonfinite: true
+  spike:
+    window: 200         # clean steps the z-scores are measured against
+    z_loss: 5.0
+    z_grad: 5.0
+    warmup_steps: 100   # no spike detection before this step
+    action: warn        # warn | skip | rollback
+    max_rollbacks: 3    # then spikes are skipped
+  max_nonfinite_in_row: 10   # stop with a diagnosis after this many inf/NaN steps in a row (0: never)
+  bad_batch_token_fraction: 0.9   # skip a batch one token id dominates beyond this (0: off)
+  layer_stats_every: 0       # grad_norm_layers + update_ratio every N steps (0: off)
+  layer_clip:
+    max_norm: 0.0       # clip a layer whose gradient norm exceeds this (0: off)
+    factor: 0.0         # ... or exceeds factor x its moving average (0: off)
   inject_overflow_at: []
+  inject_lr_burst_at: []
+  lr_burst_factor: 100.0
+  inject_bad_batch_at: []
+mixing:
+  policy: static        # static | schedule | doremi | odm
+  update_every: 10      # steps between weight updates
+  min_weight: 0.01      # floor of every domain's weight
+  schedule: []          # [{step: 0, weights: {web: 0.7, code: 0.3}}, {step: 1000, weights: {...}}]
+  interpolate: false    # schedule: linear between points instead of stepped
+  doremi:
+    eta: 1.0
+    smoothing: 1.0e-3
+    reference: ""       # a finished reference run's directory or a JSON file {domain: loss}
+  odm:
+    reward_smoothing: 0.9
+    exploration: 0.0    # 0: min(1/k, sqrt(ln k / (k t)))
+eval:
+  every_steps: 100      # per-domain validation loss every N steps (0: off)
+  sequences_per_domain: 16
 run:
   dir: runs/default
   steps: 100
@@ -71,6 +103,15 @@ const char* precision_name(Precision p) {
     case Precision::kFp32: return "fp32";
     case Precision::kBf16: return "bf16";
     case Precision::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+const char* spike_action_name(SpikeAction a) {
+  switch (a) {
+    case SpikeAction::kWarn: return "warn";
+    case SpikeAction::kSkip: return "skip";
+    case SpikeAction::kRollback: return "rollback";
   }
   return "?";
 }
@@ -137,6 +178,23 @@ Status read_enum(const Config& cfg, const std::string& key,
   std::string hint = closest_match(v, names);
   return bad(key, "'" + v + "' is not one of " + all +
                       (hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
+}
+
+// A list of 1-based step numbers (testing hooks).
+Status read_steps(const Config& cfg, const std::string& key, std::vector<int64_t>* out) {
+  YAML::Node inj = cfg.node(key);
+  if (!inj.IsDefined() || inj.IsNull()) return Status::ok();
+  if (!inj.IsSequence()) return bad(key, "expected a list of steps");
+  for (const auto& n : inj) {
+    try {
+      int64_t step = n.as<int64_t>();
+      if (step < 1) return bad(key, "steps start at 1");
+      out->push_back(step);
+    } catch (const YAML::Exception&) {
+      return bad(key, "expected integers");
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -252,22 +310,86 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_int(cfg, "checkpoint.keep_last", 0, kBig, &c.checkpoint.keep_last));
   KILN_ASSIGN_OR_RETURN(c.checkpoint.at_end, cfg.get<bool>("checkpoint.at_end"));
   // stability
-  KILN_ASSIGN_OR_RETURN(c.stability.skip_nonfinite, cfg.get<bool>("stability.skip_nonfinite"));
+  StabilityConfig& st = c.stability;
+  KILN_ASSIGN_OR_RETURN(st.skip_nonfinite, cfg.get<bool>("stability.skip_nonfinite"));
+  KILN_RETURN_IF_ERROR(read_steps(cfg, "stability.inject_overflow_at", &st.inject_overflow_at));
+  KILN_RETURN_IF_ERROR(read_steps(cfg, "stability.inject_lr_burst_at", &st.inject_lr_burst_at));
+  KILN_RETURN_IF_ERROR(read_steps(cfg, "stability.inject_bad_batch_at", &st.inject_bad_batch_at));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "stability.lr_burst_factor", 0.0, 1e12, &st.lr_burst_factor));
+  KILN_RETURN_IF_ERROR(read_int(cfg, "stability.spike.window", 2, 1 << 20, &st.spike.window));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "stability.spike.z_loss", 0.0, 1e6, &st.spike.z_loss, true));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "stability.spike.z_grad", 0.0, 1e6, &st.spike.z_grad, true));
+  KILN_RETURN_IF_ERROR(
+      read_int(cfg, "stability.spike.warmup_steps", 0, kBig, &st.spike.warmup_steps));
+  KILN_RETURN_IF_ERROR(read_enum<SpikeAction>(
+      cfg, "stability.spike.action",
+      {{"warn", SpikeAction::kWarn}, {"skip", SpikeAction::kSkip},
+       {"rollback", SpikeAction::kRollback}},
+      &st.spike.action));
+  KILN_RETURN_IF_ERROR(
+      read_int(cfg, "stability.spike.max_rollbacks", 0, 1 << 20, &st.spike.max_rollbacks));
+  KILN_RETURN_IF_ERROR(
+      read_int(cfg, "stability.max_nonfinite_in_row", 0, kBig, &st.max_nonfinite_in_row));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "stability.bad_batch_token_fraction", 0.0, 1.0,
+                                 &st.bad_batch_token_fraction));
+  KILN_RETURN_IF_ERROR(read_int(cfg, "stability.layer_stats_every", 0, kBig, &st.layer_stats_every));
+  KILN_RETURN_IF_ERROR(
+      read_real(cfg, "stability.layer_clip.max_norm", 0.0, 1e12, &st.layer_clip_max_norm));
+  KILN_RETURN_IF_ERROR(
+      read_real(cfg, "stability.layer_clip.factor", 0.0, 1e12, &st.layer_clip_factor));
+  if (st.layer_clip_factor > 0 && st.layer_clip_factor <= 1) {
+    return bad("stability.layer_clip.factor", "must be 0 (off) or above 1");
+  }
+  // mixing
+  MixingConfig& mx = c.mixing;
   {
-    YAML::Node inj = cfg.node("stability.inject_overflow_at");
-    if (inj.IsDefined() && !inj.IsNull()) {
-      if (!inj.IsSequence()) return bad("stability.inject_overflow_at", "expected a list of steps");
-      for (const auto& n : inj) {
-        try {
-          int64_t step = n.as<int64_t>();
-          if (step < 1) return bad("stability.inject_overflow_at", "steps start at 1");
-          c.stability.inject_overflow_at.push_back(step);
-        } catch (const YAML::Exception&) {
-          return bad("stability.inject_overflow_at", "expected integers");
-        }
+    KILN_ASSIGN_OR_RETURN(std::string name, cfg.get<std::string>("mixing.policy"));
+    KILN_ASSIGN_OR_RETURN(mx.policy, parse_mix_policy(name, "mixing.policy"));
+  }
+  KILN_RETURN_IF_ERROR(read_int(cfg, "mixing.update_every", 1, kBig, &mx.update_every));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "mixing.min_weight", 0.0, 1.0, &mx.min_weight));
+  KILN_ASSIGN_OR_RETURN(mx.interpolate, cfg.get<bool>("mixing.interpolate"));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "mixing.doremi.eta", 0.0, 1e6, &mx.doremi_eta));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "mixing.doremi.smoothing", 0.0, 1.0, &mx.doremi_smoothing));
+  KILN_ASSIGN_OR_RETURN(mx.doremi_reference, cfg.get<std::string>("mixing.doremi.reference"));
+  KILN_RETURN_IF_ERROR(
+      read_real(cfg, "mixing.odm.reward_smoothing", 0.0, 1.0, &mx.odm_reward_smoothing));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "mixing.odm.exploration", 0.0, 1.0, &mx.odm_exploration));
+  {
+    YAML::Node sched = cfg.node("mixing.schedule");
+    const std::string key = "mixing.schedule";
+    for (size_t i = 0; sched.IsSequence() && i < sched.size(); ++i) {
+      const std::string at = key + "[" + std::to_string(i) + "]";
+      const YAML::Node& n = sched[i];
+      if (!n.IsMap() || !n["step"] || !n["weights"] || !n["weights"].IsMap() || n.size() != 2) {
+        return bad(at, "expected {step: N, weights: {domain: weight, ...}}");
       }
+      MixingConfig::Point p;
+      try {
+        p.step = n["step"].as<int64_t>();
+        for (const auto& kv : n["weights"]) p.weights[kv.first.as<std::string>()] = kv.second.as<double>();
+      } catch (const YAML::Exception&) {
+        return bad(at, "expected an integer step and numeric weights");
+      }
+      double total = 0;
+      for (const auto& [d, w] : p.weights) {
+        if (!std::isfinite(w) || w < 0) return bad(at + ".weights." + d, "must be a finite number >= 0");
+        total += w;
+      }
+      if (total <= 0) return bad(at + ".weights", "weights sum to zero");
+      if (i == 0 ? p.step != 0 : p.step <= mx.schedule.back().step) {
+        return bad(at + ".step", i == 0 ? "the first point must be at step 0"
+                                        : "steps must increase");
+      }
+      mx.schedule.push_back(std::move(p));
+    }
+    if (mx.policy == MixPolicy::kSchedule && mx.schedule.empty()) {
+      return bad(key, "the schedule policy needs at least one {step, weights} point");
     }
   }
+  KILN_RETURN_IF_ERROR(read_int(cfg, "eval.every_steps", 0, kBig, &c.eval.every_steps));
+  KILN_RETURN_IF_ERROR(
+      read_int(cfg, "eval.sequences_per_domain", 1, 1 << 20, &c.eval.sequences_per_domain));
   // run
   KILN_ASSIGN_OR_RETURN(c.run.dir, cfg.get<std::string>("run.dir"));
   if (c.run.dir.empty()) return bad("run.dir", "must not be empty");

@@ -86,6 +86,24 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   t->mixture_ = std::make_unique<MixtureWatcher>(config.run.dir, domains);
   t->state_.seed = config.run.seed;
   t->state_.scaler = t->scaler_.state();
+  KILN_ASSIGN_OR_RETURN(t->mix_, MixController::open(config, t->data_->domains(),
+                                                     t->data_->weights().map()));
+  t->spikes_ = std::make_unique<SpikeDetector>(config.stability.spike);
+  if (config.eval.every_steps > 0) {
+    KILN_ASSIGN_OR_RETURN(t->eval_, Evaluator::open(*t->data_, config.eval, config.data.micro_batch,
+                                                    config.model.seq_len, backend));
+    if (t->eval_->empty()) {
+      KILN_LOG_WARN("eval: the dataset has no validation split (kiln prep split.val_fraction / "
+                    "split.val_min_docs), so no val_loss is measured");
+      t->eval_.reset();
+    } else {
+      KILN_LOG_INFO("eval: {} validation sequences, every {} steps", t->eval_->sequences(),
+                    config.eval.every_steps);
+    }
+  }
+  if (config.mixing.policy == MixPolicy::kDoremi && !t->eval_) {
+    KILN_LOG_WARN("mixing: doremi without validation loss uses the per-domain training loss");
+  }
 
   // Rank 0 owns the run directory; every rank learns whether it could.
   KILN_RETURN_IF_ERROR(t->dp_->agree(t->dp_->is_root() ? t->prepare_run_dir() : Status::ok()));
@@ -159,6 +177,12 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
         t->state_.scaler = t->scaler_.state();
       }
       t->optimizer_->set_updates(t->state_.adam_updates);
+      if (auto m = t->state_.extra.find("mixing"); m != t->state_.extra.end()) {
+        KILN_RETURN_IF_ERROR(t->mix_->restore(m->second));
+      }
+      if (auto m = t->state_.extra.find("stability"); m != t->state_.extra.end()) {
+        KILN_RETURN_IF_ERROR(StabilityState::from_json(m->second, &t->stab_, t->spikes_.get()));
+      }
       t->mixture_->set_applied_hash(t->state_.mixture_hash);
       t->last_saved_step_ = t->state_.step;
       KILN_LOG_INFO("resumed from {} (step {}, {} tokens)", *latest, t->state_.step,
@@ -169,11 +193,147 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   }
   // ZeRO-1: from here on each rank keeps only its shard of the AdamW moments.
   KILN_RETURN_IF_ERROR(t->dp_->attach(*t->params_, config.optimizer));
+  if (t->state_.step == 0 && t->mix_->weights() != t->data_->weights().map()) {
+    KILN_RETURN_IF_ERROR(t->data_->set_weights(t->mix_->weights()));
+  }
+  t->mix_->set_writes_files(t->dp_->is_root());
+  KILN_LOG_INFO("mixing: policy {}{}", t->mix_->state().policy,
+                t->mix_->state().paused ? " (paused: weights pinned by kiln mix set)" : "");
   if (!t->dp_->is_root()) return t;  // rank 0 alone writes the run directory's files
+  KILN_RETURN_IF_ERROR(t->mix_->open_history(t->state_.step));
   KILN_RETURN_IF_ERROR(t->mixture_->publish_if_absent(t->data_->weights().normalised()));
   // metrics.jsonl: keep the lines up to the step we continue from, then append.
-  KILN_ASSIGN_OR_RETURN(t->metrics_, MetricsLog::open(config.run.dir, t->state_.step));
+  KILN_RETURN_IF_ERROR(t->truncate_metrics(t->state_.step));
   return t;
+}
+
+Status Trainer::truncate_metrics(int64_t step) {
+  history_.erase(std::remove_if(history_.begin(), history_.end(),
+                                [&](const StepRecord& r) { return r.step > step; }),
+                 history_.end());
+  if (!dp_->is_root()) return Status::ok();  // rank 0 writes the run directory's files
+  metrics_.reset();  // closes the file before MetricsLog::open rewrites it
+  KILN_ASSIGN_OR_RETURN(metrics_, MetricsLog::open(config_.run.dir, step));
+  return Status::ok();
+}
+
+bool Trainer::inject_once(char hook, const std::vector<int64_t>& steps, int64_t step) {
+  if (std::find(steps.begin(), steps.end(), step) == steps.end()) return false;
+  return injected_.insert({hook, step}).second;  // a step replayed after a rollback is clean
+}
+
+Status Trainer::log_event(const std::string& json_line) {
+  if (!dp_->is_root()) return Status::ok();  // rank 0 writes the run directory's files
+  const std::string path = (fs::path(config_.run.dir) / "stability.jsonl").string();
+  std::ofstream out(path, std::ios::app | std::ios::binary);
+  out << json_line << "\n";
+  out.flush();
+  if (!out) return Status::from_errno("append", path);
+  return Status::ok();
+}
+
+Result<StepRecord> Trainer::skip_bad_batch(StepRecord rec, const BatchCheck& check,
+                                           std::chrono::steady_clock::time_point t0) {
+  rec.skipped = true;
+  rec.skip_reason = "bad_batch";
+  rec.loss = NAN;
+  rec.grad_norm = NAN;
+  rec.lr = learning_rate(config_.schedule, config_.optimizer.lr, state_.step);
+  ++stab_.bad_batches;
+  ++state_.skipped_steps;
+  std::vector<std::string> samples;
+  for (const auto& b : batches_) samples.insert(samples.end(), b.samples.begin(), b.samples.end());
+  std::string listed;
+  for (size_t i = 0; i < samples.size() && i < 16; ++i) listed += (i ? ", " : "") + samples[i];
+  if (samples.size() > 16) listed += fmt::format(", ... ({} in all)", samples.size());
+  KILN_LOG_WARN("step {}: bad batch skipped before the step: token {} is {:.1f}% of its {} "
+                "targets (stability.bad_batch_token_fraction {}){}",
+                rec.step, check.token, 100.0 * check.fraction, check.targets,
+                config_.stability.bad_batch_token_fraction,
+                samples.empty() ? std::string() : "; samples: " + listed);
+  nlohmann::ordered_json ev = {{"step", rec.step},       {"action", "bad_batch"},
+                               {"token", check.token},   {"fraction", check.fraction},
+                               {"targets", check.targets}, {"samples", samples}};
+  KILN_RETURN_IF_ERROR(log_event(ev.dump()));
+  if (scaler_.enabled()) rec.loss_scale = scaler_.scale();
+  rec.mixing_policy = mix_->state().policy;
+  rec.mixing_paused = mix_->state().paused;
+  state_.step = rec.step;
+  rec.tokens = state_.tokens;
+  rec.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (metrics_) KILN_RETURN_IF_ERROR(metrics_->append(rec));  // rank 0 alone writes files
+  history_.push_back(rec);
+  return rec;
+}
+
+Result<bool> Trainer::rollback(StepRecord* rec) {
+  if (dp_->zero()) {  // the sharded optimizer state is not reloaded mid-run yet
+    KILN_LOG_WARN("step {}: rollback is not available with ZeRO (parallel.zero_stage > 0)",
+                  rec->step);
+    return false;
+  }
+  auto latest = latest_checkpoint(config_.run.dir);
+  if (!latest.is_ok()) {
+    if (latest.status().code() == StatusCode::kNotFound) return false;
+    return std::move(latest).take_status();
+  }
+  const StabilityState now = stab_;
+  TrainerState ck;
+  KILN_RETURN_IF_ERROR(load_checkpoint(*latest, params_.get(), &ck).prefixed("rollback"));
+  StabilityState at_ck;
+  spikes_ = std::make_unique<SpikeDetector>(config_.stability.spike);
+  if (auto m = ck.extra.find("stability"); m != ck.extra.end()) {
+    KILN_RETURN_IF_ERROR(StabilityState::from_json(m->second, &at_ck, spikes_.get()));
+  }
+  if (auto m = ck.extra.find("mixing"); m != ck.extra.end()) {
+    KILN_RETURN_IF_ERROR(mix_->restore(m->second));
+  }
+  // The model, optimizer, scaler and policy go back to the checkpoint; the data does not: the
+  // batches since the checkpoint (the spike's included) are quarantined, never trained on.
+  Quarantine q;
+  q.from_step = ck.step;
+  q.to_step = rec->step;
+  q.spike_step = rec->step;
+  q.reason = fmt::format("loss z {:.2f}, grad z {:.2f}", rec->loss_z, rec->grad_z);
+  nlohmann::ordered_json ranges = nlohmann::ordered_json::object();
+  for (const auto& [d, end] : now.sequences) {
+    auto b = at_ck.sequences.find(d);
+    const uint64_t begin = b == at_ck.sequences.end() ? 0 : b->second;
+    if (end > begin) {
+      q.sequences[d] = {begin, end};
+      ranges[d] = {begin, end};
+    }
+  }
+  stab_ = now;
+  ++stab_.rollbacks;
+  stab_.nonfinite_in_row = 0;
+  stab_.quarantined.push_back(q);
+  const uint64_t mixture_hash = state_.mixture_hash;
+  state_.step = ck.step;
+  state_.tokens = ck.tokens;
+  state_.skipped_steps = ck.skipped_steps;
+  state_.adam_updates = ck.adam_updates;
+  state_.scaler = ck.scaler;
+  state_.mixture_hash = mixture_hash;  // control files already applied stay applied
+  optimizer_->set_updates(ck.adam_updates);
+  scaler_.set_state(ck.scaler);
+  KILN_RETURN_IF_ERROR(data_->set_weights(mix_->state().weights));
+  KILN_RETURN_IF_ERROR(truncate_metrics(ck.step));
+  KILN_RETURN_IF_ERROR(mix_->open_history(ck.step));
+  last_saved_step_ = ck.step;
+  rec->skipped = true;
+  rec->skip_reason = "rollback";
+  nlohmann::ordered_json ev = {{"step", rec->step},         {"action", "rollback"},
+                               {"to_step", ck.step},        {"reason", q.reason},
+                               {"loss", rec->loss},         {"grad_norm", rec->grad_norm},
+                               {"quarantined_sequences", ranges},
+                               {"rollbacks", stab_.rollbacks}};
+  KILN_RETURN_IF_ERROR(log_event(ev.dump()));
+  KILN_LOG_WARN("step {}: rolled back to {} (rollback {} of at most {}); quarantined the batches of "
+                "steps {}..{}: {}",
+                rec->step, *latest, stab_.rollbacks, config_.stability.spike.max_rollbacks,
+                ck.step + 1, rec->step, ranges.dump());
+  return true;
 }
 
 Status Trainer::prepare_run_dir() {
@@ -193,8 +353,10 @@ Status Trainer::prepare_run_dir() {
                            " already holds a run: continue it with --resume, or start over with "
                            "--overwrite, or choose another run.dir");
     }
-    for (const fs::path& old : {fs::path(metrics_path(dir.string())),
-                                dir / "control" / "mixture.json", dir / "checkpoints"}) {
+    for (const fs::path& old :
+         {fs::path(metrics_path(dir.string())), dir / "control" / "mixture.json",
+          dir / "control" / "policy.json", dir / "mixing.jsonl", dir / "mixing_weights.json",
+          dir / "stability.jsonl", dir / "checkpoints"}) {
       fs::remove_all(old, ec);  // a missing file is not an error
       if (ec) return Status::io("cannot clear the old run: " + ec.message()).with_file(old.string());
     }
@@ -222,8 +384,18 @@ Result<StepRecord> Trainer::step() {
     Status st = data_->set_weights(*w);
     if (st.is_ok()) {
       KILN_LOG_INFO("step {}: domain weights changed to {}", rec.step, mixture_to_json(w->normalised()));
+      mix_->pin(w->map(), rec.step);
     } else {
       KILN_LOG_WARN("step {}: ignoring the mixture control file: {}", rec.step, st.to_string());
+    }
+  }
+  // `kiln mix policy`: rank 0 reads the request, every rank applies it.
+  std::string policy_request;
+  if (dp_->is_root()) policy_request = mix_->read_policy_request(rec.step).value_or("");
+  KILN_RETURN_IF_ERROR(dp_->broadcast(&policy_request));
+  if (!policy_request.empty()) {
+    if (auto pw = mix_->apply_policy(policy_request, rec.step)) {
+      KILN_RETURN_IF_ERROR(data_->set_weights(*pw));
     }
   }
   rec.domain_weights = data_->weights();
@@ -234,6 +406,12 @@ Result<StepRecord> Trainer::step() {
   int64_t valid = 0;
   const int64_t V = config_.model.vocab_size;
   Status fetched = Status::ok();
+  const StabilityConfig& sc = config_.stability;
+  // Testing hook: one token everywhere (applied before the batches are uploaded).
+  const bool inject_bad = inject_once('b', sc.inject_bad_batch_at, rec.step);
+  if (inject_bad) {
+    KILN_LOG_WARN("step {}: injecting a corrupted batch (stability.inject_bad_batch_at)", rec.step);
+  }
   for (size_t bi = 0; bi < batches_.size(); ++bi) {
     MicroBatch& b = batches_[bi];
     fetched = data_->next(&b);
@@ -248,6 +426,10 @@ Result<StepRecord> Trainer::step() {
       valid += b.targets[i] >= 0;
     }
     if (!fetched.is_ok()) break;
+    if (inject_bad) {
+      for (auto& t : b.inputs) t = 1;
+      for (auto& t : b.targets) t = t >= 0 ? 1 : t;
+    }
     staged_->upload(bi, b);  // overlaps the next fetch and the compute queued before it
   }
   // A rank without its batch stops every rank (named in the message) instead of leaving them
@@ -255,6 +437,23 @@ Result<StepRecord> Trainer::step() {
   KILN_RETURN_IF_ERROR(dp_->agree(std::move(fetched)));
   // The loss is the mean over every rank's valid targets.
   KILN_RETURN_IF_ERROR(dp_->sum(&valid, 1));
+  // Every rank skips when any rank's batch is bad (the ranks must take the same steps); the
+  // sequences handed out per domain are counted over all ranks (accounting, the ODM reward).
+  const BatchCheck batch_check = inspect_batch(batches_, sc.bad_batch_token_fraction);
+  const size_t n_domains = data_->domains().size();
+  std::vector<int64_t> counts(1 + n_domains, 0);
+  counts[0] = batch_check.bad ? 1 : 0;
+  for (const auto& b : batches_)
+    for (int32_t d : b.domains)
+      if (d >= 0 && static_cast<size_t>(d) < n_domains) ++counts[1 + d];
+  KILN_RETURN_IF_ERROR(dp_->sum(counts.data(), counts.size()));
+  std::map<std::string, int64_t> dom_sequences;
+  for (size_t d = 0; d < n_domains; ++d) {
+    if (counts[1 + d] == 0) continue;
+    dom_sequences[data_->domains()[d]] = counts[1 + d];
+    stab_.sequences[data_->domains()[d]] += static_cast<uint64_t>(counts[1 + d]);
+  }
+  if (counts[0] > 0) return skip_bad_batch(rec, batch_check, t0);
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / std::max<int64_t>(1, valid));
   params_->zero_grads();
@@ -321,6 +520,24 @@ Result<StepRecord> Trainer::step() {
                     .count();
 
   rec.lr = learning_rate(config_.schedule, config_.optimizer.lr, state_.step);
+  if (inject_once('l', sc.inject_lr_burst_at, rec.step)) {  // testing hook
+    rec.lr *= sc.lr_burst_factor;
+    KILN_LOG_WARN("step {}: injecting a learning-rate burst x{} (stability.inject_lr_burst_at)",
+                  rec.step, sc.lr_burst_factor);
+  }
+  // Per-layer statistics and clipping read whole gradients: not with ZeRO's sharded ones (yet).
+  const bool layer_stats =
+      !zero && sc.layer_stats_every > 0 && rec.step % sc.layer_stats_every == 0;
+  if (layer_stats) rec.grad_norm_layers = unit_grad_norms(*params_, scale);
+  if (!zero) {
+    rec.layers_clipped = clip_units(*params_, scale, sc.layer_clip_max_norm,
+                                    sc.layer_clip_factor, &layer_norms_);
+  }
+  for (const auto& [unit, norm] : rec.layers_clipped) {
+    ++stab_.layer_clips;
+    KILN_LOG_WARN("step {}: clipped {} on its own (gradient norm {:.4g}; stability.layer_clip)",
+                  rec.step, unit, norm);
+  }
   StepStats stats;
   if (zero) {
     KILN_ASSIGN_OR_RETURN(stats, zero->inspect(scale));
@@ -329,30 +546,113 @@ Result<StepRecord> Trainer::step() {
   }
   rec.grad_norm = stats.grad_norm;
   rec.clip_coef = stats.clip_coef;
-  if (stats.finite && zero) {
-    KILN_RETURN_IF_ERROR(zero->apply(*params_, rec.lr, scale, stats, optimizer_->updates() + 1));
-    optimizer_->set_updates(optimizer_->updates() + 1);
-  } else if (stats.finite) {
-    optimizer_->apply(*params_, rec.lr, scale, stats);
+  rec.loss_mean = spikes_->loss().mean();
+  rec.loss_var = spikes_->loss().variance();
+  if (stats.finite) {
+    stab_.nonfinite_in_row = 0;
+    const SpikeCheck check = spikes_->check(rec.step, rec.loss, stats.grad_norm);
+    rec.loss_z = check.loss_z;
+    rec.grad_z = check.grad_z;
+    SpikeAction action = sc.spike.action;
+    if (check.spike) {
+      ++stab_.spikes;
+      if (action == SpikeAction::kRollback) {
+        if (stab_.rollbacks >= sc.spike.max_rollbacks) {
+          KILN_LOG_WARN("step {}: spike ({}), but stability.spike.max_rollbacks ({}) are spent: "
+                        "skipping the step instead",
+                        rec.step, check.why, sc.spike.max_rollbacks);
+          action = SpikeAction::kSkip;
+        } else {
+          rec.spike = "rollback";
+          KILN_LOG_WARN("step {}: spike ({}): rolling back to the last checkpoint", rec.step,
+                        check.why);
+          KILN_ASSIGN_OR_RETURN(bool rolled, rollback(&rec));
+          if (rolled) return rec;
+          KILN_LOG_WARN("step {}: no checkpoint to roll back to: skipping the step instead",
+                        rec.step);
+          action = SpikeAction::kSkip;
+        }
+      }
+      rec.spike = spike_action_name(action);
+      if (action == SpikeAction::kWarn) {
+        KILN_LOG_WARN("step {}: spike ({}; loss {:.4f}, grad norm {:.4g})", rec.step, check.why,
+                      rec.loss, rec.grad_norm);
+      } else {
+        rec.skipped = true;
+        rec.skip_reason = "spike";
+        ++stab_.spike_skips;
+        KILN_LOG_WARN("step {}: spike ({}; loss {:.4f}, grad norm {:.4g}): update skipped",
+                      rec.step, check.why, rec.loss, rec.grad_norm);
+      }
+      nlohmann::ordered_json ev = {{"step", rec.step}, {"action", rec.spike},
+                                   {"reason", check.why}, {"loss", rec.loss},
+                                   {"grad_norm", rec.grad_norm}, {"loss_z", rec.loss_z},
+                                   {"grad_z", rec.grad_z}};
+      KILN_RETURN_IF_ERROR(log_event(ev.dump()));
+    }
+    if (!rec.skipped) {
+      std::vector<std::vector<float>> before;
+      if (layer_stats) before = snapshot_masters(*params_);
+      if (zero) {
+        KILN_RETURN_IF_ERROR(zero->apply(*params_, rec.lr, scale, stats, optimizer_->updates() + 1));
+        optimizer_->set_updates(optimizer_->updates() + 1);
+      } else {
+        optimizer_->apply(*params_, rec.lr, scale, stats);
+      }
+      if (layer_stats) rec.update_ratio = update_ratios(*params_, before);
+      if (!check.spike) spikes_->record_clean(rec.loss, rec.grad_norm);
+    }
   } else {
     rec.skipped = true;
     rec.skip_reason = "overflow";
-    if (!scaler_.enabled() && !config_.stability.skip_nonfinite) {
-      return Status::internal("step " + std::to_string(rec.step) +
-                              ": gradients hold inf/NaN (stability.skip_nonfinite is false)");
+    const NonFinite nf = find_nonfinite(*params_);
+    rec.nonfinite = nf.count;
+    rec.nonfinite_layer = nf.first_unit;
+    ++stab_.nonfinite_in_row;
+    const std::string diagnosis = fmt::format(
+        "step {}: {} inf/NaN gradient values, first in backward order in {}{}", rec.step,
+        nf.count, nf.first_unit.empty() ? "?" : nf.first_unit,
+        scaler_.enabled() ? fmt::format(" (loss scale {})", scale) : std::string());
+    if (!scaler_.enabled() && !sc.skip_nonfinite) {
+      return Status::internal(diagnosis + " (stability.skip_nonfinite is false)");
+    }
+    if (sc.max_nonfinite_in_row > 0 && stab_.nonfinite_in_row >= sc.max_nonfinite_in_row) {
+      nlohmann::ordered_json ev = {{"step", rec.step}, {"action", "stop"}, {"reason", diagnosis},
+                                   {"nonfinite_in_row", stab_.nonfinite_in_row}};
+      KILN_RETURN_IF_ERROR(log_event(ev.dump()));
+      return Status::internal(fmt::format(
+          "stopping: {} steps in a row had inf/NaN gradients (stability.max_nonfinite_in_row); "
+          "last: {}. Lower the learning rate, check the data around this step, or resume from an "
+          "earlier checkpoint",
+          stab_.nonfinite_in_row, diagnosis));
     }
   }
   const double before = scaler_.scale();
   scaler_.update(!stats.finite);
   if (rec.skipped) {
     ++state_.skipped_steps;
-    KILN_LOG_WARN("step {}: skipped, gradients hold inf/NaN{} ({} skipped so far)", rec.step,
-                  scaler_.enabled()
-                      ? fmt::format("; loss scale {} -> {}", before, scaler_.scale())
-                      : std::string(),
-                  state_.skipped_steps);
+    if (rec.skip_reason == "overflow") {
+      KILN_LOG_WARN("step {}: skipped, {} inf/NaN gradient values, first in {}{} ({} skipped so "
+                    "far)",
+                    rec.step, rec.nonfinite, rec.nonfinite_layer.empty() ? "?" : rec.nonfinite_layer,
+                    scaler_.enabled()
+                        ? fmt::format("; loss scale {} -> {}", before, scaler_.scale())
+                        : std::string(),
+                    state_.skipped_steps);
+    }
   }
   if (scaler_.enabled()) rec.loss_scale = scale;
+
+  // Evaluation and the mixing policy see the weights after this step's update.
+  if (eval_ && rec.step % config_.eval.every_steps == 0) {
+    rec.val_loss = eval_->evaluate(*model_);
+    mix_->observe_val(rec.val_loss);
+  }
+  mix_->observe_step(rec.domain_loss, dom_sequences);
+  KILN_ASSIGN_OR_RETURN(std::optional<DomainWeights> mixed, mix_->after_step(rec.step));
+  if (mixed) KILN_RETURN_IF_ERROR(data_->set_weights(*mixed));
+  rec.mixing_policy = mix_->state().policy;
+  rec.mixing_paused = mix_->state().paused;
 
   state_.step = rec.step;
   state_.tokens += valid;
@@ -422,6 +722,8 @@ Status Trainer::save() {
   // writes them; the others wait for its verdict.
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> per_rank, dp_->gather(data_->state()));
   Status written = Status::ok();
+  state_.extra["mixing"] = mix_->state_json();
+  state_.extra["stability"] = stab_.to_json(*spikes_);
   const auto t0 = std::chrono::steady_clock::now();
   // ZeRO-1: rank 0 collects the moments (and master weights) for the consolidated checkpoint.
   if (dp_->zero()) KILN_RETURN_IF_ERROR(dp_->zero()->consolidate(*params_));
@@ -479,7 +781,7 @@ Status Trainer::run() {
       print_progress(rec);
     }
     const int64_t every = config_.checkpoint.every_steps;
-    if (every > 0 && rec.step % every == 0) KILN_RETURN_IF_ERROR(save());
+    if (every > 0 && rec.step % every == 0 && rec.step == state_.step) KILN_RETURN_IF_ERROR(save());
     // Every rank stops after the same step when any rank got the signal.
     int64_t sig_any = g_stop_signal.load();
     if (dp_->world_size() > 1) {
@@ -497,6 +799,7 @@ Status Trainer::run() {
   if (config_.checkpoint.at_end && last_saved_step_ != state_.step && state_.step > 0) {
     KILN_RETURN_IF_ERROR(save());
   }
+  KILN_RETURN_IF_ERROR(mix_->write_result());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);

@@ -12,11 +12,13 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,12 +26,15 @@
 #include "engine/checkpoint.h"
 #include "engine/data_source.h"
 #include "engine/device_batches.h"
+#include "engine/eval.h"
 #include "engine/loss_scaler.h"
 #include "engine/metrics.h"
+#include "engine/mix_controller.h"
 #include "engine/mixture_control.h"
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
+#include "engine/stability.h"
 #include "engine/train_config.h"
 
 namespace kiln::engine {
@@ -62,6 +67,17 @@ class Trainer {
  private:
   Trainer() = default;
   Status prepare_run_dir();
+  Status log_event(const std::string& json_line);  // RUN/stability.jsonl
+  // Testing hooks (stability.inject_*): true the first time this process reaches `step`.
+  bool inject_once(char hook, const std::vector<int64_t>& steps, int64_t step);
+  // Reloads the latest checkpoint after a spike at rec->step, keeping the data position (the
+  // batches since the checkpoint are quarantined). false when there is no checkpoint.
+  Result<bool> rollback(StepRecord* rec);
+  // Records a step whose batch was rejected by inspect_batch() (no forward, no update).
+  Result<StepRecord> skip_bad_batch(StepRecord rec, const BatchCheck& check,
+                                    std::chrono::steady_clock::time_point t0);
+  // The metrics lines (and history) up to `step` only (reopens the MetricsLog).
+  Status truncate_metrics(int64_t step);
   void print_progress(const StepRecord& r);
 
   TrainConfig config_;
@@ -75,6 +91,12 @@ class Trainer {
   LossScaler scaler_;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<MixtureWatcher> mixture_;
+  std::unique_ptr<MixController> mix_;
+  std::unique_ptr<Evaluator> eval_;
+  std::unique_ptr<SpikeDetector> spikes_;
+  StabilityState stab_;
+  std::map<std::string, RollingStats> layer_norms_;  // per-layer clipping's moving averages
+  std::set<std::pair<char, int64_t>> injected_;
   TrainerState state_;
   std::vector<StepRecord> history_;
   std::vector<MicroBatch> batches_;

@@ -980,7 +980,8 @@ class LoaderImpl final : public Loader {
 }  // namespace
 
 Result<std::unique_ptr<Loader>> Loader::open(Manifest manifest, LoaderOptions options) {
-  auto impl = std::make_unique<LoaderImpl>(std::move(manifest), std::move(options));
+  Manifest split = select_split(manifest, options.val_split);
+  auto impl = std::make_unique<LoaderImpl>(std::move(split), std::move(options));
   KILN_RETURN_IF_ERROR(impl->init());
   return std::unique_ptr<Loader>(std::move(impl));
 }

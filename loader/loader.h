@@ -57,6 +57,10 @@ struct LoaderOptions {
   bool skip_bad_shards = false;  // skip (count, log) an unreadable shard instead of failing
   bool verify_checksums = true;  // check each shard's XXH3-64 against the manifest before use
   bool sample_ids = false;       // parse "id" from <key>.json into DocSpan::id (kiln stream)
+  // Which split to read: the training shards (default; validation shards are never read) or
+  // only the validation shards ("split": "val" in the manifest, written by `kiln prep` with
+  // split.val_fraction / split.val_min_docs).
+  bool val_split = false;
 };
 
 // A piece of one document held by a sequence.

@@ -1,5 +1,6 @@
-// kiln mix set RUN d1=w1 d2=w2 ... | kiln mix show RUN
-// Writes / reads RUN/control/mixture.json, which a running `kiln train` polls between steps.
+// kiln mix set RUN d1=w1 d2=w2 ... | kiln mix policy RUN NAME | kiln mix show RUN
+// Writes / reads RUN/control/mixture.json and RUN/control/policy.json, which a running
+// `kiln train` polls between steps, and RUN/mixing.jsonl (the history of weight changes).
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -7,6 +8,8 @@
 #include <fstream>
 #include <memory>
 
+#include "engine/checkpoint.h"
+#include "engine/mix_controller.h"
 #include "engine/mixture_control.h"
 #include "tools/kiln/command.h"
 
@@ -16,7 +19,71 @@ namespace {
 struct MixArgs {
   std::string run_dir;
   std::vector<std::string> assignments;
+  std::string policy;
+  int history = 20;
 };
+
+Status require_run_dir(const std::string& run_dir) {
+  if (!std::filesystem::is_directory(run_dir)) {
+    return Status::usage("run directory does not exist: " + run_dir);
+  }
+  if (!std::filesystem::exists(std::filesystem::path(run_dir) / "config.yaml")) {
+    return Status::usage("not a training run directory (no config.yaml): " + run_dir);
+  }
+  return Status::ok();
+}
+
+Status run_policy(const MixArgs& args) {
+  KILN_RETURN_IF_ERROR(require_run_dir(args.run_dir));
+  KILN_RETURN_IF_ERROR(engine::write_policy_request(args.run_dir, args.policy));
+  std::printf("wrote %s: the run resumes the %s policy at its next step (from the weights in "
+              "effect)\n",
+              engine::policy_control_path(args.run_dir).c_str(), args.policy.c_str());
+  return Status::ok();
+}
+
+std::string format_weights_line(const nlohmann::json& w) {
+  std::string out;
+  if (!w.is_object()) return out;
+  for (auto it = w.begin(); it != w.end(); ++it) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s%s %.4f", out.empty() ? "" : ", ", it.key().c_str(),
+                  it.value().is_number() ? it.value().get<double>() : NAN);
+    out += buf;
+  }
+  return out;
+}
+
+// The policy and the last `limit` lines of RUN/mixing.jsonl.
+void print_history(const std::string& run_dir, int limit) {
+  std::ifstream in(engine::mixing_history_path(run_dir));
+  if (!in) {
+    std::printf("no mixing history (%s)\n", engine::mixing_history_path(run_dir).c_str());
+    return;
+  }
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object()) rows.push_back(std::move(j));
+  }
+  if (rows.empty()) return;
+  const auto& last = rows.back();
+  std::printf("policy: %s%s\n", last.value("policy", std::string("?")).c_str(),
+              last.value("event", std::string()) == "pin"
+                  ? " (paused: weights pinned by kiln mix set; resume with kiln mix policy)"
+                  : "");
+  const size_t from = rows.size() > static_cast<size_t>(limit) ? rows.size() - limit : 0;
+  std::printf("history (%zu change%s%s):\n", rows.size(), rows.size() == 1 ? "" : "s",
+              from > 0 ? (", the last " + std::to_string(limit)).c_str() : "");
+  for (size_t i = from; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    std::printf("  step %8lld  %-7s %-9s %s\n",
+                static_cast<long long>(r.value("step", int64_t{0})),
+                r.value("event", std::string()).c_str(), r.value("policy", std::string()).c_str(),
+                format_weights_line(r.value("weights", nlohmann::json())).c_str());
+  }
+}
 
 // The domains and weights the run last reported (last line of RUN/metrics.jsonl), if any.
 std::optional<nlohmann::json> last_metrics(const std::string& run_dir) {
@@ -63,13 +130,50 @@ Status run_set(const MixArgs& args) {
   return Status::ok();
 }
 
+// Exactly-once accounting from the latest checkpoint: sequences handed out per domain, the
+// quarantined ranges (rollbacks), and the loader's weight history (mixture changes).
+void print_accounting(const std::string& run_dir) {
+  auto latest = engine::latest_checkpoint(run_dir);
+  if (!latest.is_ok()) return;
+  std::ifstream in(std::filesystem::path(*latest) / "state.json");
+  auto state = nlohmann::json::parse(in, nullptr, false);
+  if (!state.is_object()) return;
+  std::printf("data accounting at checkpoint step %lld (%s):\n",
+              static_cast<long long>(state.value("step", int64_t{0})), latest->c_str());
+  if (state.contains("extra") && state["extra"].contains("stability")) {
+    auto st = nlohmann::json::parse(state["extra"]["stability"].get<std::string>(), nullptr, false);
+    if (st.is_object() && st.contains("sequences")) {
+      std::map<std::string, uint64_t> skipped;
+      for (const auto& q : st.value("quarantined", nlohmann::json::array()))
+        for (auto it = q["sequences"].begin(); it != q["sequences"].end(); ++it)
+          skipped[it.key()] += it.value()[1].get<uint64_t>() - it.value()[0].get<uint64_t>();
+      for (auto it = st["sequences"].begin(); it != st["sequences"].end(); ++it) {
+        const uint64_t n = it.value().get<uint64_t>();
+        std::printf("  %-20s %10llu sequences read, %llu trained, %llu quarantined\n",
+                    it.key().c_str(), static_cast<unsigned long long>(n),
+                    static_cast<unsigned long long>(n - skipped[it.key()]),
+                    static_cast<unsigned long long>(skipped[it.key()]));
+      }
+      for (const auto& q : st.value("quarantined", nlohmann::json::array())) {
+        std::printf("  quarantined by a rollback at step %lld (steps %lld..%lld): %s\n",
+                    static_cast<long long>(q.value("spike_step", int64_t{0})),
+                    static_cast<long long>(q.value("from_step", int64_t{0}) + 1),
+                    static_cast<long long>(q.value("to_step", int64_t{0})),
+                    q["sequences"].dump().c_str());
+      }
+    }
+  }
+  auto data = nlohmann::json::parse(state.value("data_state", std::string()), nullptr, false);
+  if (data.is_object() && data.contains("weights_history")) {
+    std::printf("  loader weight history (step the weights apply from):\n");
+    for (const auto& w : data["weights_history"])
+      std::printf("    step %8lld  %s\n", static_cast<long long>(w.value("step", int64_t{0})),
+                  format_weights_line(w.value("weights", nlohmann::json())).c_str());
+  }
+}
+
 Status run_show(const MixArgs& args) {
-  if (!std::filesystem::is_directory(args.run_dir)) {
-    return Status::usage("run directory does not exist: " + args.run_dir);
-  }
-  if (!std::filesystem::exists(std::filesystem::path(args.run_dir) / "config.yaml")) {
-    return Status::usage("not a training run directory (no config.yaml): " + args.run_dir);
-  }
+  KILN_RETURN_IF_ERROR(require_run_dir(args.run_dir));
   auto file = engine::read_mixture(args.run_dir);
   if (!file.is_ok()) {
     std::printf("control file %s is invalid (the run ignores it): %s\n",
@@ -88,6 +192,8 @@ Status run_show(const MixArgs& args) {
     std::printf("in effect at step %s:\n%s", m->value("step", nlohmann::json()).dump().c_str(),
                 format_weights(in_effect).c_str());
   }
+  print_history(args.run_dir, args.history);
+  print_accounting(args.run_dir);
   return Status::ok();
 }
 
@@ -103,12 +209,22 @@ RunFn add_mix_command(CLI::App& root) {
   set->add_option("weights", args->assignments, "DOMAIN=WEIGHT ... (weights are normalised; "
                                                 "domains not named get 0)")
       ->required();
-  CLI::App* show = mix->add_subcommand("show", "print the control file and the weights in effect");
+  CLI::App* policy = mix->add_subcommand(
+      "policy", "resume a mixing policy (after kiln mix set paused it) or switch to another: "
+                "writes RUN/control/policy.json, applied at the run's next step");
+  policy->add_option("run", args->run_dir, "run directory")->required();
+  policy->add_option("name", args->policy, "static | schedule | doremi | odm")->required();
+  CLI::App* show = mix->add_subcommand(
+      "show", "print the control file, the weights in effect, the policy and its history");
   show->add_option("run", args->run_dir, "run directory")->required();
-  return [args, set, show]() -> Status {
+  show->add_option("--history", args->history, "history lines to print")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  return [args, set, policy, show]() -> Status {
     if (set->parsed()) return run_set(*args);
+    if (policy->parsed()) return run_policy(*args);
     if (show->parsed()) return run_show(*args);
-    return Status::usage("expected 'kiln mix set' or 'kiln mix show'");
+    return Status::usage("expected 'kiln mix set', 'kiln mix policy' or 'kiln mix show'");
   };
 }
 

@@ -16,6 +16,7 @@ RunFn add_stream_command(CLI::App& root) {
     std::string weights;
     int world = 0;
     int rank = -1;
+    std::string split = "train";
   };
   auto f = std::make_shared<Flags>();
   auto& o = f->options;
@@ -59,6 +60,11 @@ RunFn add_stream_command(CLI::App& root) {
   cmd->add_option("--prefetch", o.loader.prefetch_depth, "batches prepared ahead")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--split", f->split,
+                  "which shards to read: train (default) or val (the validation split of "
+                  "kiln prep's split.val_fraction / split.val_min_docs)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"train", "val"}));
   cmd->add_flag("--skip-bad-shards", o.loader.skip_bad_shards,
                 "skip (count and log) unreadable shards instead of stopping");
   return [f]() -> Status {
@@ -71,6 +77,7 @@ RunFn add_stream_command(CLI::App& root) {
                            std::to_string(o.loader.dp_world))
           .with_key("--rank");
     }
+    o.loader.val_split = f->split == "val";
     if (!f->weights.empty()) {
       WeightRules rules;
       rules.code = StatusCode::kUsage;
