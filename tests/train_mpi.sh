@@ -170,8 +170,11 @@ kill)
   set +e
   train 2 2 run 400 --set checkpoint.every_steps=1 --set checkpoint.keep_last=2 >kill.out 2>&1 &
   MPIRUN=$!
+  # Wait until 4 checkpoints are complete. `latest` names the newest one; the step-N directories
+  # themselves last only keep_last steps (a few ms on a quiet machine: a poll can miss them).
   for _ in $(seq 1 600); do
-    [ -e run/checkpoints/step-00000004 ] && break
+    L=$(cat run/checkpoints/latest 2>/dev/null || true)
+    [[ "$L" =~ ^step-([0-9]+)$ ]] && [ $((10#${BASH_REMATCH[1]})) -ge 4 ] && break
     sleep 0.1
   done
   # Rank 0 among this run's own processes (other tests may be training at the same time).
