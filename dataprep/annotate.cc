@@ -20,9 +20,9 @@
 
 #include "common/hash.h"
 #include "common/log.h"
-#include "dataprep/domain_rules.h"
-#include "dataprep/tagger.h"
-#include "dataprep/tokenizer.h"
+#include "dataprep/tagging/domain_rules.h"
+#include "dataprep/tagging/tagger.h"
+#include "dataprep/tokenizer/tokenizer.h"
 
 namespace kiln {
 namespace {
@@ -97,35 +97,24 @@ std::vector<std::string_view> sample_texts(const std::vector<std::string>& texts
 
 }  // namespace
 
-bool Annotator::needs_training_texts(const Config& prep_config) {
-  auto path = prep_config.get<std::string>("tokenizer.path");
-  return path.is_ok() && path->empty();
-}
-
-Result<std::unique_ptr<Annotator>> Annotator::create(const Config& c,
+Result<std::unique_ptr<Annotator>> Annotator::create(const DomainOptions& domains,
+                                                     const TokenizerOptions& tokenizer,
                                                      const std::vector<std::string>& training_texts) {
   auto a = std::make_unique<RulesAnnotator>();
-  KILN_ASSIGN_OR_RETURN(a->default_domain_, c.get<std::string>("domains.default"));
-  Status st = validate_domain_name(a->default_domain_);
-  if (!st.is_ok()) return std::move(st).with_key("domains.default");
-
-  KILN_ASSIGN_OR_RETURN(std::string rules_path, c.get<std::string>("domains.rules"));
-  auto rules = DomainRules::load(rules_path);
+  a->default_domain_ = domains.default_domain;
+  auto rules = DomainRules::load(domains.rules);
   if (!rules.is_ok()) return std::move(rules).take_status().prefixed("domains.rules");
   a->rules_ = std::move(rules).value();
   a->declared_rules_ = a->rules_.rules_from_input_domain();
 
-  KILN_ASSIGN_OR_RETURN(std::string model_path, c.get<std::string>("domains.model"));
-  KILN_ASSIGN_OR_RETURN(a->model_threshold_, c.get<double>("domains.model_threshold"));
-  if (!(a->model_threshold_ >= 0 && a->model_threshold_ <= 1))
-    return Status::config("must be in [0, 1]").with_key("domains.model_threshold");
-  if (!model_path.empty()) {
-    auto model = FastTextTagger::load(model_path);
+  a->model_threshold_ = domains.model_threshold;
+  if (!domains.model.empty()) {
+    auto model = FastTextTagger::load(domains.model);
     if (!model.is_ok()) return std::move(model).take_status().with_key("domains.model");
     a->model_ = std::move(model).value();
   }
 
-  KILN_ASSIGN_OR_RETURN(std::string tok_path, c.get<std::string>("tokenizer.path"));
+  const std::string& tok_path = tokenizer.path;
   if (tok_path == "none") {
     // No tokenizer: documents carry no tokens.
   } else if (!tok_path.empty()) {
@@ -133,14 +122,10 @@ Result<std::unique_ptr<Annotator>> Annotator::create(const Config& c,
     if (!tok.is_ok()) return std::move(tok).take_status().with_key("tokenizer.path");
     a->tokenizer_ = std::move(tok).value();
   } else {
-    KILN_ASSIGN_OR_RETURN(int64_t vocab, c.get<int64_t>("tokenizer.vocab_size"));
-    KILN_ASSIGN_OR_RETURN(int64_t train_bytes, c.get<int64_t>("tokenizer.train_bytes"));
-    if (vocab < 257 || vocab > (int64_t(1) << 31))
-      return Status::config("must be between 257 and 2^31").with_key("tokenizer.vocab_size");
-    if (train_bytes <= 0) return Status::config("must be positive").with_key("tokenizer.train_bytes");
+    const int64_t vocab = tokenizer.vocab_size;
     TokenizerTrainOptions opts;
     opts.vocab_size = size_t(vocab);
-    auto sample = sample_texts(training_texts, uint64_t(train_bytes));
+    auto sample = sample_texts(training_texts, tokenizer.train_bytes);
     uint64_t bytes = 0;
     for (auto s : sample) bytes += s.size();
     KILN_LOG_INFO("training a {}-token BPE tokenizer on {} documents ({:.1f} MiB)", vocab,

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "common/config.h"
-#include "common/manifest.h"
+#include "format/manifest.h"
 #include "common/status.h"
-#include "dataprep/document.h"
+#include "dataprep/ingest/document.h"
+#include "dataprep/prep_config.h"
 
 namespace kiln {
 
@@ -26,13 +26,13 @@ class Annotator {
  public:
   virtual ~Annotator() = default;
 
-  // Builds the annotator from the prep config. `training_texts` are kept documents' texts in
-  // global order (used only when a tokenizer must be trained; may be empty otherwise).
-  static Result<std::unique_ptr<Annotator>> create(const Config& prep_config,
+  // Builds the annotator from the (validated) prep options: loads the rules, the fastText model
+  // and the tokenizer, or trains the tokenizer on `training_texts` (kept documents' texts in
+  // global order; used only when tokenizer.trains(), may be empty otherwise). Errors name the key
+  // of the file that could not be loaded.
+  static Result<std::unique_ptr<Annotator>> create(const DomainOptions& domains,
+                                                   const TokenizerOptions& tokenizer,
                                                    const std::vector<std::string>& training_texts);
-
-  // True when create() needs training_texts (no tokenizer.path given).
-  static bool needs_training_texts(const Config& prep_config);
 
   // Sets doc.domain, doc.domain_by and doc.tokens. Thread-safe (const; called concurrently).
   virtual Status annotate(Document& doc) const = 0;

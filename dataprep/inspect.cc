@@ -13,10 +13,11 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
-#include "common/manifest.h"
-#include "common/npy.h"
-#include "common/shard.h"
-#include "dataprep/tokenizer.h"
+#include "common/text.h"
+#include "format/manifest.h"
+#include "format/npy.h"
+#include "format/shard_reader.h"
+#include "dataprep/tokenizer/tokenizer.h"
 
 namespace kiln {
 namespace fs = std::filesystem;
@@ -29,14 +30,6 @@ std::string format(const char* f, ...) {
   std::vsnprintf(buf, sizeof(buf), f, ap);
   va_end(ap);
   return buf;
-}
-
-std::string human_bytes(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = double(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, ++u;
-  return u == 0 ? format("%llu B", (unsigned long long)b) : format("%.1f %s", v, units[u]);
 }
 
 uint64_t u64(const nlohmann::json& j, const char* key) {

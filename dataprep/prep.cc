@@ -16,8 +16,9 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
+#include "common/text.h"
 #include "common/log.h"
-#include "common/manifest.h"
+#include "format/manifest.h"
 #include "dataprep/prep_internal.h"
 
 namespace kiln {
@@ -47,11 +48,11 @@ std::vector<uint32_t> split_files(const std::vector<InputFile>& files, int size)
   return begin;
 }
 
-std::vector<Unit> make_units(const std::vector<InputFile>& files, uint32_t first, uint32_t last) {
+std::vector<FileRun> make_units(const std::vector<InputFile>& files, uint32_t first, uint32_t last) {
   // Testing hook: KILN_PREP_UNIT_FILES=N caps the files per unit (more resume points).
   uint32_t max_files = kUnitFiles;
   if (const char* v = std::getenv("KILN_PREP_UNIT_FILES")) max_files = std::max(1, std::atoi(v));
-  std::vector<Unit> units;
+  std::vector<FileRun> units;
   uint32_t start = first;
   uint64_t bytes = 0;
   for (uint32_t i = first; i < last; ++i) {
@@ -66,9 +67,10 @@ std::vector<Unit> make_units(const std::vector<InputFile>& files, uint32_t first
   return units;
 }
 
-// Settings that do not change the output bytes are left out of the fingerprint.
-std::string make_fingerprint(const Context& c, nlohmann::json* described) {
-  YAML::Node cfg = YAML::Clone(c.config.root());
+// Settings that do not change the output bytes are left out of the fingerprint. It is taken of
+// the config as given (the stages see only the parsed options).
+std::string make_fingerprint(const Config& config, const Context& c, nlohmann::json* described) {
+  YAML::Node cfg = YAML::Clone(config.root());
   cfg.remove("output");
   cfg.remove("threads");
   cfg.remove("memory");
@@ -107,18 +109,6 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-  return buf;
-}
-
 // "2", "3-4", "5-8", ... power-of-two buckets for the cluster-size histogram.
 std::string size_bucket(uint64_t n) {
   if (n <= 2) return std::to_string(n);
@@ -128,6 +118,13 @@ std::string size_bucket(uint64_t n) {
 }
 
 // ---- the state of earlier runs ---------------------------------------------------------------
+
+// After the dataset is complete the work folder is only a cache: failing to remove it loses
+// nothing (a later run finds complete.json and finishes the cleanup), so it is a warning.
+void remove_work_folder(const Context& c) {
+  if (Status st = remove_all(c.rank_dir); !st.is_ok())
+    KILN_LOG_WARN("could not remove the work folder: {}", st.to_string());
+}
 
 Result<nlohmann::json> load_marker(const Context& c, int stage) {
   return read_json_file(c.stage_marker(stage));
@@ -191,7 +188,7 @@ Status clear_stale_temporaries(const Context& c) {
 
 Status write_rank_rejects(const Context& c) {
   std::string all;
-  for (const Unit& u : c.units) {
+  for (const FileRun& u : c.units) {
     KILN_ASSIGN_OR_RETURN(std::string part, read_file(c.unit_path(u, "rej")));
     all += part;
   }
@@ -375,7 +372,7 @@ std::string make_summary(const nlohmann::ordered_json& s, const std::string& out
   text += "  domains:\n";
   for (const auto& [name, dj] : s["domains"].items()) {
     text += "    " + name + ": " + std::to_string(dj.value("docs", uint64_t{0})) + " docs, " +
-            human_bytes(static_cast<double>(dj.value("bytes", uint64_t{0}))) + ", " +
+            human_bytes(dj.value("bytes", uint64_t{0})) + ", " +
             std::to_string(dj.value("tokens", uint64_t{0})) + " tokens\n";
   }
   text += "  time:";
@@ -410,11 +407,8 @@ Status final_stage(Context& c, std::string* summary) {
         if (s.domain != d || s.val != val) continue;
         std::string path = s.path;
         if (c.size > 1) {
-          std::string ext = s.path.substr(s.path.find(".tar"));
-          char name[64];
-          std::snprintf(name, sizeof name, "-%06llu",
-                        static_cast<unsigned long long>(next_index[{d, val}]++));
-          path = "shards/" + d + "/" + d + (val ? "-val" : "") + name + ext;
+          path = "shards/" + d + "/" +
+                 shard_file_name(val ? d + "-val" : d, next_index[{d, val}]++, c.opt.compression);
           if (r == c.rank && st.is_ok()) {
             std::string from = c.out + "/" + s.path, to = c.out + "/" + path;
             if (exists(from)) st = rename_durable(from, to);
@@ -483,13 +477,105 @@ Status final_stage(Context& c, std::string* summary) {
   return comm::agree(*c.g, std::move(st));
 }
 
+// ---- the resumable stages --------------------------------------------------------------------
+// run() does the stage's collective work and returns this rank's status for writing the marker
+// fields it fills (the loop saves the marker and agrees on the result); resume() restores the
+// stage's results from its marker. `done` is the last stage every rank has a marker for.
+
+Status run_scan(Context& c, int, nlohmann::json*) {
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, scan_stage(c)));
+  KILN_RETURN_IF_ERROR(gather_file_stats(c));
+  return write_rank_rejects(c);
+}
+Status resume_scan(Context& c, const nlohmann::json&, int) {
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, check_units(c, /*verify=*/false)));
+  return gather_file_stats(c);
+}
+
+Status run_exact(Context& c, int done, nlohmann::json* m) {
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, check_units(c, /*verify=*/done >= kScan)));
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, exact_stage(c)));
+  nlohmann::json blob;
+  KILN_RETURN_IF_ERROR(write_blob(c.rank_dir + "/exact.bin", encode_pairs(c.exact_dups), &blob));
+  (*m)["blob"] = blob;
+  (*m)["spilled_bytes"] = c.dedup.spilled_bytes;
+  return Status::ok();
+}
+Status resume_exact(Context& c, const nlohmann::json& m, int) {
+  auto bytes = read_blob(c.rank_dir + "/exact.bin", m.at("blob"));
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, bytes.is_ok() ? Status::ok() : bytes.status()));
+  c.exact_dups.resize(bytes->size() / 16);
+  std::memcpy(c.exact_dups.data(), bytes->data(), c.exact_dups.size() * 16);
+  c.dedup.spilled_bytes = m.value("spilled_bytes", uint64_t{0});
+  return Status::ok();
+}
+
+Status run_dedup(Context& c, int, nlohmann::json* m) {
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, dedup_stage(c)));
+  nlohmann::json blob;
+  std::string bytes(reinterpret_cast<const char*>(c.removed.data()),
+                    c.removed.size() * sizeof(RemovedEntry));
+  KILN_RETURN_IF_ERROR(write_blob(c.rank_dir + "/removed.bin", bytes, &blob));
+  (*m)["blob"] = blob;
+  (*m)["dedup"] = c.dedup.to_json();
+  // Spill files are not needed any more; one left behind is removed by the next run.
+  if (Status rm = remove_all(c.tmp_dir()); !rm.is_ok())
+    KILN_LOG_WARN("could not remove the dedup spill folder: {}", rm.to_string());
+  return Status::ok();
+}
+Status resume_dedup(Context& c, const nlohmann::json& m, int) {
+  auto bytes = read_blob(c.rank_dir + "/removed.bin", m.at("blob"));
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, bytes.is_ok() ? Status::ok() : bytes.status()));
+  c.removed.resize(bytes->size() / sizeof(RemovedEntry));
+  std::memcpy(c.removed.data(), bytes->data(), c.removed.size() * sizeof(RemovedEntry));
+  c.dedup = DedupStats::from_json(m.at("dedup"));
+  return Status::ok();
+}
+
+Status run_annotator(Context& c, int, nlohmann::json* m) {
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, annotator_stage(c, /*fresh=*/true)));
+  (*m)["tokenizer"] = {{"path", c.tokenizer.path},
+                       {"vocab_size", c.tokenizer.vocab_size},
+                       {"eos_id", c.tokenizer.eos_id}};
+  return Status::ok();
+}
+Status resume_annotator(Context& c, const nlohmann::json& m, int done) {
+  const auto& t = m.at("tokenizer");
+  c.tokenizer.path = t.value("path", std::string());
+  c.tokenizer.vocab_size = t.value("vocab_size", uint64_t{0});
+  c.tokenizer.eos_id = t.value("eos_id", int64_t{-1});
+  // The write stage still to run needs the annotator itself.
+  if (done < kWrite) KILN_RETURN_IF_ERROR(comm::agree(*c.g, annotator_stage(c, /*fresh=*/false)));
+  return Status::ok();
+}
+
+Status run_write(Context& c, int, nlohmann::json* m) {
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, write_stage(c)));
+  (*m)["result"] = c.written.to_json();
+  return Status::ok();
+}
+Status resume_write(Context& c, const nlohmann::json& m, int) {
+  c.written = WriteResult::from_json(m.at("result"));
+  return Status::ok();
+}
+
+struct StageStep {
+  Stage stage;
+  Status (*run)(Context& c, int done, nlohmann::json* marker);
+  Status (*resume)(Context& c, const nlohmann::json& marker, int done);
+};
+constexpr StageStep kStages[] = {{kScan, run_scan, resume_scan},
+                                 {kExact, run_exact, resume_exact},
+                                 {kDedup, run_dedup, resume_dedup},
+                                 {kAnnotator, run_annotator, resume_annotator},
+                                 {kWrite, run_write, resume_write}};
+
 }  // namespace
 
 Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
                             const PrepRunOptions& run_options) {
   const auto t_start = std::chrono::steady_clock::now();
   Context c;
-  c.config = config;
   c.g = &g;
   c.rank = g.rank();
   c.size = g.size();
@@ -513,6 +599,8 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
   {
     // An output folder inside an input folder is not input (its rejects/ and removed.jsonl
     // would be read back on the next run).
+    // A path that cannot be resolved stays as given: it then simply does not match (the error
+    // codes only choose between the resolved and the given spelling).
     std::error_code ec;
     fs::path out_abs = fs::weakly_canonical(fs::absolute(c.out, ec), ec);
     std::string prefix = out_abs.string() + "/";
@@ -541,12 +629,14 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
   c.layout = RecordLayout::make(c.opt.near, c.opt.lsh.bands, c.opt.num_perm);
   c.hasher = std::make_unique<MinHasher>(c.opt.num_perm, c.opt.seed);
   nlohmann::json fp_described;
-  c.fingerprint = make_fingerprint(c, &fp_described);
+  c.fingerprint = make_fingerprint(config, c, &fp_described);
 
   // ---- earlier runs in OUT ----
   PrepResult result;
   result.lsh = c.opt.lsh;
-  int verdict = 0;  // 0 fresh/resume, 1 complete, 2 conflict
+  // What OUT holds, as every rank sees it (the ranks agree on the largest).
+  enum Verdict : int64_t { kFreshOrResume = 0, kComplete = 1, kConflict = 2 };
+  int64_t verdict = kFreshOrResume;
   std::string why;
   if (c.rank == 0) {
     auto complete = read_json_file(c.work + "/complete.json");
@@ -554,25 +644,25 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
     for (const char* o : kOutputs) have_outputs |= exists(c.out + "/" + o);
     if (complete.is_ok() && complete->value("fingerprint", "") == c.fingerprint &&
         exists(c.out + "/manifest.json")) {
-      verdict = 1;
+      verdict = kComplete;
     } else if (complete.is_ok() || (have_outputs && !exists(c.rank_dir + "/fingerprint.json"))) {
-      verdict = 2;
+      verdict = kConflict;
       why = c.out + " already holds a dataset" +
             std::string(complete.is_ok() ? " made with other settings or inputs" : "");
     }
   }
   {
     auto fp = read_json_file(c.rank_dir + "/fingerprint.json");
-    if (fp.is_ok() && fp->value("fingerprint", "") != c.fingerprint && verdict == 0) {
-      verdict = 2;
+    if (fp.is_ok() && fp->value("fingerprint", "") != c.fingerprint && verdict == kFreshOrResume) {
+      verdict = kConflict;
       why = c.out + " holds an unfinished prep run with other settings or inputs";
     }
   }
   KILN_ASSIGN_OR_RETURN(int64_t v, comm::allreduce_value<int64_t>(g, verdict, comm::ReduceOp::kMax));
   KILN_RETURN_IF_ERROR(comm::bcast_string(g, &why, 0));
-  if (v == 2 && why.empty()) why = c.out + " holds an unfinished prep run with other settings or inputs";
-  if (v == 1 && run_options.overwrite) v = 2;
-  if (v == 1) {
+  if (v == kConflict && why.empty()) why = c.out + " holds an unfinished prep run with other settings or inputs";
+  if (v == kComplete && run_options.overwrite) v = kConflict;
+  if (v == kComplete) {
     if (c.rank == 0) {
       KILN_ASSIGN_OR_RETURN(std::string stats_text, read_file(c.out + "/stats.json"));
       nlohmann::ordered_json stats = nlohmann::ordered_json::parse(stats_text, nullptr, false);
@@ -587,10 +677,10 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
     result.already_complete = true;
     // Killed after the dataset was complete but before the work folder went: finish the cleanup.
     KILN_RETURN_IF_ERROR(clear_stale_temporaries(c));
-    if (!c.opt.keep_work) remove_all(c.rank_dir).is_ok();
+    if (!c.opt.keep_work) remove_work_folder(c);
     return result;
   }
-  if (v == 2) {
+  if (v == kConflict) {
     if (!run_options.overwrite)
       return Status::usage(why + "; rerun with --overwrite to replace it, or choose another --output");
     if (c.rank == 0) {
@@ -626,103 +716,27 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
   if (done > kNone && c.rank == 0)
     KILN_LOG_INFO("resuming: stages up to '{}' are already done", stage_name(static_cast<int>(done)));
 
-  // Stage 1: scan.
-  if (done >= kScan) {
-    KILN_RETURN_IF_ERROR(comm::agree(g, check_units(c, /*verify=*/false)));
-    auto m = load_marker(c, kScan);
-    if (m.is_ok()) c.timings["scan"] = m->value("seconds", 0.0);
-    KILN_RETURN_IF_ERROR(gather_file_stats(c));
-  } else {
-    auto t0 = std::chrono::steady_clock::now();
-    Status st = scan_stage(c);
-    KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
-    KILN_RETURN_IF_ERROR(gather_file_stats(c));
-    KILN_RETURN_IF_ERROR(comm::agree(g, write_rank_rejects(c)));
-    KILN_RETURN_IF_ERROR(comm::agree(g, save_marker(c, kScan, {}, seconds_since(t0))));
-  }
-  KILN_RETURN_IF_ERROR(check_reject_fraction(c));
-
-  // Stage 2: exact duplicates.
-  if (done >= kExact) {
-    KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, kExact));
-    auto bytes = read_blob(c.rank_dir + "/exact.bin", m.at("blob"));
-    KILN_RETURN_IF_ERROR(comm::agree(g, bytes.is_ok() ? Status::ok() : bytes.status()));
-    c.exact_dups.resize(bytes->size() / 16);
-    std::memcpy(c.exact_dups.data(), bytes->data(), c.exact_dups.size() * 16);
-    c.dedup.spilled_bytes = m.value("spilled_bytes", uint64_t{0});
-    c.timings["exact"] = m.value("seconds", 0.0);
-  } else {
-    auto t0 = std::chrono::steady_clock::now();
-    KILN_RETURN_IF_ERROR(comm::agree(g, check_units(c, /*verify=*/done >= kScan)));
-    KILN_RETURN_IF_ERROR(comm::agree(g, exact_stage(c)));
-    nlohmann::json m, blob;
-    Status st = write_blob(c.rank_dir + "/exact.bin", encode_pairs(c.exact_dups), &blob);
-    m["blob"] = blob;
-    m["spilled_bytes"] = c.dedup.spilled_bytes;
-    if (st.is_ok()) st = save_marker(c, kExact, m, seconds_since(t0));
-    KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
-  }
-
-  // Stage 3: near duplicates and clusters.
-  if (done >= kDedup) {
-    KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, kDedup));
-    auto bytes = read_blob(c.rank_dir + "/removed.bin", m.at("blob"));
-    KILN_RETURN_IF_ERROR(comm::agree(g, bytes.is_ok() ? Status::ok() : bytes.status()));
-    c.removed.resize(bytes->size() / sizeof(RemovedEntry));
-    std::memcpy(c.removed.data(), bytes->data(), c.removed.size() * sizeof(RemovedEntry));
-    c.dedup = DedupStats::from_json(m.at("dedup"));
-    c.timings["dedup"] = m.value("seconds", 0.0);
-  } else {
-    auto t0 = std::chrono::steady_clock::now();
-    KILN_RETURN_IF_ERROR(comm::agree(g, dedup_stage(c)));
-    nlohmann::json m, blob;
-    std::string bytes(reinterpret_cast<const char*>(c.removed.data()),
-                      c.removed.size() * sizeof(RemovedEntry));
-    Status st = write_blob(c.rank_dir + "/removed.bin", bytes, &blob);
-    m["blob"] = blob;
-    m["dedup"] = c.dedup.to_json();
-    if (st.is_ok()) st = save_marker(c, kDedup, m, seconds_since(t0));
-    KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
-    remove_all(c.tmp_dir()).is_ok();
-  }
-
-  // Stage 4: the annotator (domains, tokenizer).
-  if (done >= kAnnotator) {
-    KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, kAnnotator));
-    const auto& t = m.at("tokenizer");
-    c.tokenizer.path = t.value("path", std::string());
-    c.tokenizer.vocab_size = t.value("vocab_size", uint64_t{0});
-    c.tokenizer.eos_id = t.value("eos_id", int64_t{-1});
-    c.timings["annotate"] = m.value("seconds", 0.0);
-    if (done < kWrite) KILN_RETURN_IF_ERROR(comm::agree(g, annotator_stage(c, /*fresh=*/false)));
-  } else {
-    auto t0 = std::chrono::steady_clock::now();
-    KILN_RETURN_IF_ERROR(comm::agree(g, annotator_stage(c, /*fresh=*/true)));
-    nlohmann::json m;
-    m["tokenizer"] = {{"path", c.tokenizer.path},
-                      {"vocab_size", c.tokenizer.vocab_size},
-                      {"eos_id", c.tokenizer.eos_id}};
-    KILN_RETURN_IF_ERROR(comm::agree(g, save_marker(c, kAnnotator, m, seconds_since(t0))));
-  }
-
-  // Stage 5: shards.
-  if (done >= kWrite) {
-    KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, kWrite));
-    c.written = WriteResult::from_json(m.at("result"));
-    c.timings["write"] = m.value("seconds", 0.0);
-  } else {
-    auto t0 = std::chrono::steady_clock::now();
-    KILN_RETURN_IF_ERROR(comm::agree(g, write_stage(c)));
-    nlohmann::json m;
-    m["result"] = c.written.to_json();
-    KILN_RETURN_IF_ERROR(comm::agree(g, save_marker(c, kWrite, m, seconds_since(t0))));
+  // Stages 1-5: each either resumes from its marker or runs and writes the marker.
+  for (const StageStep& step : kStages) {
+    if (done >= step.stage) {
+      KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, step.stage));
+      c.timings[stage_name(step.stage)] = m.value("seconds", 0.0);
+      KILN_RETURN_IF_ERROR(step.resume(c, m, static_cast<int>(done)));
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      nlohmann::json m;
+      Status st = step.run(c, static_cast<int>(done), &m);
+      if (st.is_ok()) st = save_marker(c, step.stage, m, seconds_since(t0));
+      KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
+    }
+    if (step.stage == kScan) KILN_RETURN_IF_ERROR(check_reject_fraction(c));
   }
 
   // Stage 6: manifest, stats, removed list (rank 0), shard renumbering (every rank).
   KILN_RETURN_IF_ERROR(final_stage(c, &result.summary));
   KILN_RETURN_IF_ERROR(g.barrier());
   crash_point("final-cleanup");
-  if (!c.opt.keep_work) remove_all(c.rank_dir).is_ok();
+  if (!c.opt.keep_work) remove_work_folder(c);
 
   // Totals for the caller (identical on every rank).
   FileStats in;

@@ -1,5 +1,5 @@
 // `kiln prep`: read + validate -> normalise -> exact dedup -> MinHash -> LSH -> clusters ->
-// annotate (domain, tokens) -> shards, with the outputs of ../shared/DESIGN.md "Prep output":
+// annotate (domain, tokens) -> shards, with the outputs of docs/PREP.md "Output":
 //   OUT/manifest.json  OUT/stats.json  OUT/dedup/removed.jsonl  OUT/rejects/  OUT/shards/
 //   OUT/tokenizer.json (when the annotator has a tokenizer)
 //
@@ -18,7 +18,7 @@
 #include "comm/comm.h"
 #include "common/config.h"
 #include "common/status.h"
-#include "dataprep/lsh.h"
+#include "dataprep/dedup/lsh.h"
 
 namespace kiln {
 

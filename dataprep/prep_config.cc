@@ -1,5 +1,7 @@
 #include "dataprep/prep_config.h"
 
+#include "dataprep/tagging/domain_rules.h"
+
 #include <cctype>
 #include <cmath>
 
@@ -154,7 +156,25 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
     o.lsh = optimal_lsh_params(o.threshold, o.num_perm, o.fp_weight, o.fn_weight);
   }
 
-  KILN_RETURN_IF_ERROR(get_into(c, "domains.default", &o.default_domain));
+  KILN_RETURN_IF_ERROR(get_into(c, "domains.default", &o.domains.default_domain));
+  if (Status st = validate_domain_name(o.domains.default_domain); !st.is_ok())
+    return std::move(st).with_key("domains.default");
+  KILN_RETURN_IF_ERROR(get_into(c, "domains.rules", &o.domains.rules));
+  KILN_RETURN_IF_ERROR(get_into(c, "domains.model", &o.domains.model));
+  KILN_RETURN_IF_ERROR(get_into(c, "domains.model_threshold", &o.domains.model_threshold));
+  if (!(o.domains.model_threshold >= 0 && o.domains.model_threshold <= 1))
+    return range_error("domains.model_threshold", "must be in [0, 1]");
+
+  KILN_RETURN_IF_ERROR(get_into(c, "tokenizer.path", &o.tokenizer.path));
+  KILN_RETURN_IF_ERROR(get_into(c, "tokenizer.vocab_size", &o.tokenizer.vocab_size));
+  if (o.tokenizer.trains() &&
+      (o.tokenizer.vocab_size < 257 || o.tokenizer.vocab_size > (int64_t{1} << 31)))
+    return range_error("tokenizer.vocab_size", "must be between 257 and 2^31");
+  int64_t train_bytes = 0;
+  KILN_RETURN_IF_ERROR(get_into(c, "tokenizer.train_bytes", &train_bytes));
+  if (o.tokenizer.trains() && train_bytes <= 0)
+    return range_error("tokenizer.train_bytes", "must be positive");
+  o.tokenizer.train_bytes = train_bytes > 0 ? static_cast<uint64_t>(train_bytes) : 0;
 
   std::string comp;
   KILN_RETURN_IF_ERROR(get_into(c, "shards.compression", &comp));

@@ -7,14 +7,30 @@
 #include <vector>
 
 #include "common/config.h"
-#include "common/shard.h"
+#include "format/shard.h"
 #include "common/status.h"
-#include "dataprep/lsh.h"
+#include "dataprep/dedup/lsh.h"
 
 namespace kiln {
 
 // YAML defaults of every prep key (the schema Config::load validates against).
 extern const char* const kPrepDefaultsYaml;
+
+// domains.*: how documents get their domain.
+struct DomainOptions {
+  std::string default_domain = "web";  // domains.default: for documents no rule or model assigns
+  std::string rules;                   // domains.rules: rules file; "" = the built-in rules
+  std::string model;                   // domains.model: fastText model file; "" = none
+  double model_threshold = 0.5;        // domains.model_threshold: in [0, 1]
+};
+
+// tokenizer.*: the tokenizer prep uses (or trains).
+struct TokenizerOptions {
+  std::string path;                   // tokenizer.path: JSON file; "" = train one; "none" = no tokens
+  int64_t vocab_size = 8192;          // tokenizer.vocab_size: 257 .. 2^31, when training
+  uint64_t train_bytes = 64ull << 20; // tokenizer.train_bytes: > 0, sampled kept text to train on
+  bool trains() const { return path.empty(); }
+};
 
 struct PrepOptions {
   std::vector<std::string> inputs;
@@ -40,7 +56,8 @@ struct PrepOptions {
   LshParams lsh;                 // resolved: explicit bands/rows or optimal for the threshold
   bool lsh_explicit = false;
 
-  std::string default_domain;
+  DomainOptions domains;
+  TokenizerOptions tokenizer;
 
   ShardCompression compression = ShardCompression::kZstd;
   int level = 3;

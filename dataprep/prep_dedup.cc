@@ -21,7 +21,7 @@
 
 #include "common/hash.h"
 #include "common/log.h"
-#include "dataprep/external_sort.h"
+#include "dataprep/dedup/external_sort.h"
 #include "dataprep/prep_internal.h"
 
 namespace kiln::prep {
@@ -141,7 +141,7 @@ Status read_signatures(const Context& c, const std::vector<uint64_t>& want,
                        std::unordered_map<uint64_t, std::vector<uint64_t>>* out) {
   const RecordLayout& L = c.layout;
   size_t wi = 0;
-  for (const Unit& u : c.units) {
+  for (const FileRun& u : c.units) {
     if (wi >= want.size()) break;
     uint64_t lo = make_docid(u.first, 0), hi = make_docid(u.last, 0);
     if (want[wi] >= hi) continue;

@@ -13,14 +13,14 @@
 
 #include "comm/comm.h"
 #include "common/config.h"
-#include "common/manifest.h"
+#include "format/manifest.h"
 #include "common/status.h"
 #include "dataprep/annotate.h"
-#include "dataprep/doc_parser.h"
-#include "dataprep/input.h"
-#include "dataprep/line_reader.h"
-#include "dataprep/lsh.h"
-#include "dataprep/minhash.h"
+#include "dataprep/ingest/doc_parser.h"
+#include "dataprep/ingest/input.h"
+#include "dataprep/ingest/line_reader.h"
+#include "dataprep/dedup/lsh.h"
+#include "dataprep/dedup/minhash.h"
 #include "dataprep/prep_config.h"
 
 namespace kiln::prep {
@@ -85,8 +85,9 @@ struct DocPair {
   auto operator<=>(const DocPair&) const = default;
 };
 
-// A run of consecutive input files scanned together into one table (the resume granule).
-struct Unit {
+// A run of consecutive input files scanned together into one table: the resume granule of the
+// scan (a "unit": scan_unit, load_unit, unit_path).
+struct FileRun {
   uint32_t first = 0;
   uint32_t last = 0;  // exclusive
 };
@@ -133,8 +134,7 @@ struct WriteResult {
 };
 
 struct Context {
-  Config config;
-  PrepOptions opt;
+  PrepOptions opt;  // parsed and validated once; the stages read nothing else of the config
   comm::ProcessGroup* g = nullptr;
   int rank = 0;
   int size = 1;
@@ -143,7 +143,7 @@ struct Context {
   std::string rank_dir;   // OUT/.kiln-prep/rank-RRRRR
   std::vector<InputFile> files;
   std::vector<uint32_t> rank_file_begin;  // size+1 entries: rank r owns [begin[r], begin[r+1])
-  std::vector<Unit> units;                // this rank's
+  std::vector<FileRun> units;                // this rank's
   std::unique_ptr<MinHasher> hasher;
   RecordLayout layout;
   std::string fingerprint;
@@ -169,7 +169,7 @@ struct Context {
   uint64_t global_index(uint64_t docid) const {
     return file_base[docid_file(docid)] + docid_ordinal(docid);
   }
-  std::string unit_path(const Unit& u, const char* ext) const;
+  std::string unit_path(const FileRun& u, const char* ext) const;
   std::string stage_marker(int stage) const;
   std::string tmp_dir() const { return rank_dir + "/tmp"; }
   bool is_removed(uint64_t docid) const;

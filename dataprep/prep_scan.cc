@@ -13,9 +13,9 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "common/progress.h"
-#include "dataprep/normalize.h"
+#include "dataprep/dedup/normalise.h"
 #include "dataprep/prep_internal.h"
-#include "dataprep/shingle.h"
+#include "dataprep/dedup/shingle.h"
 
 namespace kiln::prep {
 namespace {
@@ -53,7 +53,7 @@ struct Scratch {
 void process_batch(const Context& c, ScanWork* w) {
   thread_local Scratch s;
   const RecordLayout& L = c.layout;
-  const NormalizeOptions nopt{c.opt.strip_punct};
+  const NormaliseOptions nopt{c.opt.strip_punct};
   s.sig.resize(L.num_perm);
   s.keys.resize(L.bands);
   w->table.reserve(w->raw.items.size() * L.bytes);
@@ -69,7 +69,7 @@ void process_batch(const Context& c, ScanWork* w) {
     ++w->stats.valid;
     w->stats.text_bytes += pr.text.size();
     w->stats.repaired += pr.repaired;
-    normalize_for_dedup(pr.text, nopt, &s.norm);
+    normalise_for_dedup(pr.text, nopt, &s.norm);
     Hash128 h = xxh3_128(s.norm);
     uint64_t docid = make_docid(w->raw.fid, it.ordinal);
     uint32_t text_bytes = static_cast<uint32_t>(std::min<size_t>(pr.text.size(), UINT32_MAX));
@@ -160,7 +160,7 @@ Status scan_file(const Context& c, uint32_t fid, UnitOutput* out, FileStats* sta
   return status;
 }
 
-Status scan_unit(const Context& c, const Unit& u, Progress* progress) {
+Status scan_unit(const Context& c, const FileRun& u, Progress* progress) {
   UnitOutput out;
   KILN_RETURN_IF_ERROR(out.table.open(c.unit_path(u, "tbl")));
   KILN_RETURN_IF_ERROR(out.rejects.open(c.unit_path(u, "rej")));
@@ -184,7 +184,7 @@ Status scan_unit(const Context& c, const Unit& u, Progress* progress) {
 
 // Loads a unit's marker into c.file_stats when the unit is complete (and, with verify, its files
 // match their checksums). Returns false when the unit must be scanned again.
-bool load_unit(Context& c, const Unit& u, bool verify) {
+bool load_unit(Context& c, const FileRun& u, bool verify) {
   auto marker = read_json_file(c.unit_path(u, "done"));
   if (!marker.is_ok()) return false;
   const nlohmann::json& m = *marker;
@@ -217,7 +217,7 @@ bool load_unit(Context& c, const Unit& u, bool verify) {
 }  // namespace
 
 Status check_units(Context& c, bool verify_checksums) {
-  for (const Unit& u : c.units) {
+  for (const FileRun& u : c.units) {
     if (!load_unit(c, u, verify_checksums))
       return Status::data("a scan work file is missing or damaged (" + c.unit_path(u, "tbl") +
                           "); rerun with --overwrite to start again");
@@ -227,9 +227,9 @@ Status check_units(Context& c, bool verify_checksums) {
 
 Status scan_stage(Context& c) {
   KILN_RETURN_IF_ERROR(make_dirs(c.rank_dir + "/units"));
-  std::vector<Unit> pending;
+  std::vector<FileRun> pending;
   uint64_t pending_bytes = 0;
-  for (const Unit& u : c.units) {
+  for (const FileRun& u : c.units) {
     if (load_unit(c, u, /*verify=*/true)) continue;
     pending.push_back(u);
     for (uint32_t f = u.first; f < u.last; ++f) pending_bytes += c.files[f].size;
@@ -242,7 +242,7 @@ Status scan_stage(Context& c) {
     progress = std::make_unique<Progress>("scan", pending_bytes >> 20, "MiB");
   Status status;
   std::mutex mu;
-  tbb::parallel_for_each(pending.begin(), pending.end(), [&](const Unit& u) {
+  tbb::parallel_for_each(pending.begin(), pending.end(), [&](const FileRun& u) {
     {
       std::lock_guard lock(mu);
       if (!status.is_ok()) return;
@@ -257,7 +257,7 @@ Status scan_stage(Context& c) {
   if (progress) progress->finish();
   KILN_RETURN_IF_ERROR(status);
   // Every unit is done: load the stats of the ones just written.
-  for (const Unit& u : pending)
+  for (const FileRun& u : pending)
     if (!load_unit(c, u, /*verify=*/false))
       return Status::internal("unit marker missing right after the scan").with_file(
           c.unit_path(u, "done"));

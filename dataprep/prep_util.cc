@@ -140,7 +140,7 @@ uint32_t Context::file_owner(uint32_t fid) const {
   return static_cast<uint32_t>(it - rank_file_begin.begin()) - 1;
 }
 
-std::string Context::unit_path(const Unit& u, const char* ext) const {
+std::string Context::unit_path(const FileRun& u, const char* ext) const {
   char name[64];
   std::snprintf(name, sizeof name, "/units/u-%08u.%s", u.first, ext);
   return rank_dir + name;

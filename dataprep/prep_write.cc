@@ -14,42 +14,16 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
+#include "common/text.h"
 #include "common/log.h"
-#include "common/npy.h"
+#include "format/npy.h"
 #include "common/progress.h"
-#include "common/shard.h"
+#include "format/shard_writer.h"
 #include "dataprep/prep_internal.h"
 
 namespace kiln::prep {
 namespace fs = std::filesystem;
-// A JSON string exactly as nlohmann::json::dump() writes it (ensure_ascii off): the shards'
-// metadata is written without building a json object for the common case.
 namespace {
-
-void append_json_string(std::string* out, std::string_view v) {
-  out->push_back('"');
-  for (char ch : v) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\b': out->append("\\b"); break;
-      case '\f': out->append("\\f"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out->append(buf);
-        } else {
-          out->push_back(ch);
-        }
-    }
-  }
-  out->push_back('"');
-}
 
 bool needs_utf8_check(std::string_view v) {
   for (char ch : v)
@@ -174,9 +148,7 @@ uint64_t sample_cut(double p) {
 // Kept texts sampled uniformly (by a hash of their global index) up to tokenizer.train_bytes,
 // gathered on rank 0 in global order. Other ranks get an empty vector.
 Result<std::vector<std::string>> sample_training_texts(const Context& c) {
-  uint64_t train_bytes = c.config.get<uint64_t>("tokenizer.train_bytes").is_ok()
-                             ? *c.config.get<uint64_t>("tokenizer.train_bytes")
-                             : 0;
+  const uint64_t train_bytes = c.opt.tokenizer.train_bytes;
   uint64_t kept_bytes = 0;
   for (uint32_t f = c.my_first_file(); f < c.my_last_file(); ++f) kept_bytes += c.file_stats[f].text_bytes;
   KILN_ASSIGN_OR_RETURN(uint64_t total,
@@ -329,203 +301,73 @@ class ValSplitter {
   std::map<std::string, Domain> domains_;
 };
 
-// Writes samples, handed over in order, into per-domain shards "<dir>/<prefix>-NNNNNN<ext>",
-// several shards at once: each shard's samples are decided as they arrive (a new shard starts
-// when the next sample would pass shards.max_samples or shards.max_bytes of tar, counted as a
-// 512-byte header plus the 512-byte-padded data per member), queued in chunks of a few MiB and
-// written by tasks, one at a time per shard but shards in parallel. So the bytes do not depend on
-// the thread count, and compression (the costly part) is not one serial stage.
-class ShardSink {
+// Per-domain shard series "shards/<domain>/<prefix>-NNNNNN<ext>", written by the shard module's
+// RollingShardWriter (several shards at once; the bytes do not depend on the thread count). The
+// prefix is "<domain>" for training shards and "<domain>-val" for validation shards; with several
+// ranks "-rRRRRR" is appended and the final stage renumbers the shards.
+class DomainShards {
  public:
-  explicit ShardSink(const Context& c) : c_(c) {
-    inflight_limit_ = std::max<uint64_t>(
-        uint64_t{64} << 20,
-        4 * kChunkBytes * static_cast<uint64_t>(tbb::this_task_arena::max_concurrency()));
-  }
-  ~ShardSink() { wait(); }
-  ShardSink(const ShardSink&) = delete;
-  ShardSink& operator=(const ShardSink&) = delete;
+  explicit DomainShards(const Context& c) : c_(c), pool_(std::make_shared<ShardWritePool>()) {}
 
   // Called by one thread, in the samples' order.
   Status add(OutSample&& o) {
-    uint64_t size = 0;
-    for (const auto& m : o.sample.members) size += 512 + (m.data.size() + 511) / 512 * 512;
-    Domain& d = domains_[{o.domain, o.val}];
-    Shard* sh = d.open;
-    if (sh && sh->samples > 0 &&
-        ((c_.opt.max_samples > 0 && sh->samples + 1 > c_.opt.max_samples) ||
-         (c_.opt.max_bytes > 0 && sh->est_bytes + size > c_.opt.max_bytes))) {
-      submit(sh, /*close=*/true);
-      sh = d.open = nullptr;
-    }
-    if (!sh) {
-      auto owned = std::make_unique<Shard>();
-      owned->domain = o.domain;
-      owned->val = o.val;
-      owned->index = d.next_index++;
+    const std::pair<std::string, bool> key{o.domain, o.val};
+    auto it = writers_.find(key);
+    if (it == writers_.end()) {
       const std::string stem = o.val ? o.domain + "-val" : o.domain;
-      const std::string prefix = c_.size == 1 ? stem : stem + "-r" + rank_tag(c_.rank);
-      char num[32];
-      std::snprintf(num, sizeof num, "-%06llu", static_cast<unsigned long long>(owned->index));
-      const std::string dir = c_.out + "/shards/" + o.domain;
-      KILN_RETURN_IF_ERROR(make_dirs(dir));
-      owned->path = dir + "/" + prefix + num + shard_extension(c_.opt.compression);
-      sh = d.open = owned.get();
-      shards_.push_back(std::move(owned));
+      RollingShardWriter::Options wo;
+      wo.dir = c_.out + "/shards/" + o.domain;
+      wo.prefix = c_.size == 1 ? stem : stem + "-r" + rank_tag(c_.rank);
+      wo.compression = c_.opt.compression;
+      wo.zstd_level = c_.opt.level;
+      wo.max_samples = c_.opt.max_samples;
+      wo.max_tar_bytes = c_.opt.max_bytes;
+      it = writers_.emplace(key, std::make_unique<RollingShardWriter>(wo, pool_)).first;
     }
-    ++sh->samples;
-    sh->est_bytes += size;
-    sh->filling_bytes += size;
-    sh->filling.push_back(std::move(o));
-    if (sh->filling_bytes >= kChunkBytes) submit(sh, /*close=*/false);
-    if (inflight_.load() > inflight_limit_) wait();  // too much queued: help the writers
-    return first_error();
+    return it->second->add(std::move(o.sample), o.tokens);
   }
 
-  // Closes every shard; returns them in (domain, index) order.
+  // Closes every shard; returns them in (domain, training before validation, index) order.
   Result<std::vector<WrittenShard>> finish() {
-    for (auto& [name, d] : domains_)
-      if (d.open) submit(d.open, /*close=*/true);
-    wait();
-    KILN_RETURN_IF_ERROR(first_error());
-    std::vector<Shard*> order;
-    for (auto& sh : shards_) order.push_back(sh.get());
-    std::sort(order.begin(), order.end(), [](const Shard* a, const Shard* b) {
-      if (a->domain != b->domain) return a->domain < b->domain;
-      return a->val != b->val ? !a->val : a->index < b->index;
-    });
     std::vector<WrittenShard> out;
-    for (const Shard* sh : order) {
-      WrittenShard w;
-      w.path = fs::path(sh->info.path).lexically_relative(c_.out).generic_string();
-      w.domain = sh->domain;
-      w.val = sh->val;
-      w.samples = sh->info.samples;
-      w.tokens = sh->info.tokens;
-      w.bytes = sh->info.bytes;
-      w.xxh3 = sh->info.xxh3;
-      out.push_back(std::move(w));
+    for (auto& [key, writer] : writers_) {
+      KILN_ASSIGN_OR_RETURN(std::vector<ShardInfo> infos, writer->finish());
+      for (const ShardInfo& info : infos) {
+        WrittenShard w;
+        w.path = fs::path(info.path).lexically_relative(c_.out).generic_string();
+        w.domain = key.first;
+        w.val = key.second;
+        w.samples = info.samples;
+        w.tokens = info.tokens;
+        w.bytes = info.bytes;
+        w.xxh3 = info.xxh3;
+        out.push_back(std::move(w));
+      }
     }
     return out;
   }
 
  private:
-  static constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
-  struct Shard {
-    std::string domain, path;
-    bool val = false;
-    uint64_t index = 0;
-    // Assignment side (the adding thread only).
-    uint64_t samples = 0, est_bytes = 0, filling_bytes = 0;
-    std::vector<OutSample> filling;
-    // Writer side.
-    std::mutex mu;
-    std::deque<std::pair<std::vector<OutSample>, uint64_t>> queue;
-    bool running = false, close_requested = false;
-    std::unique_ptr<ShardWriter> writer;
-    ShardInfo info;
-  };
-  struct Domain {
-    uint64_t next_index = 0;
-    Shard* open = nullptr;
-  };
-
-  void submit(Shard* sh, bool close) {
-    const uint64_t bytes = sh->filling_bytes;
-    inflight_ += bytes;
-    std::lock_guard lock(sh->mu);
-    if (!sh->filling.empty()) sh->queue.emplace_back(std::move(sh->filling), bytes);
-    sh->filling.clear();
-    sh->filling_bytes = 0;
-    if (close) sh->close_requested = true;
-    if (!sh->running) {
-      sh->running = true;
-      arena_.execute([&] { tg_.run([this, sh] { drain(sh); }); });
-    }
-  }
-
-  // The writer tasks run in their own arena: a thread waiting here (even inside the document
-  // pipeline, even with one thread) executes writer tasks only, never pipeline work.
-  void wait() {
-    arena_.execute([&] { tg_.wait(); });
-  }
-
-  // Writes a shard's queued chunks in order, then closes it when asked; one task per shard at a
-  // time (`running`).
-  void drain(Shard* sh) {
-    for (;;) {
-      std::pair<std::vector<OutSample>, uint64_t> chunk;
-      bool close = false;
-      {
-        std::lock_guard lock(sh->mu);
-        if (!sh->queue.empty()) {
-          chunk = std::move(sh->queue.front());
-          sh->queue.pop_front();
-        } else if (sh->close_requested) {
-          close = true;
-          sh->close_requested = false;
-        } else {
-          sh->running = false;
-          return;
-        }
-      }
-      Status st;
-      if (!close) {
-        if (!sh->writer && !failed_.load()) {
-          auto w = ShardWriter::open(sh->path, c_.opt.compression, c_.opt.level);
-          if (w.is_ok()) sh->writer = std::move(*w);
-          else st = std::move(w).take_status();
-        }
-        for (OutSample& o : chunk.first) {
-          if (!st.is_ok() || failed_.load()) break;
-          st = sh->writer->add(o.sample, o.tokens);
-        }
-        inflight_ -= chunk.second;
-      } else if (sh->writer && !failed_.load()) {
-        auto info = sh->writer->close();
-        if (info.is_ok()) sh->info = std::move(*info);
-        else st = std::move(info).take_status();
-        sh->writer.reset();
-      }
-      if (!st.is_ok()) {
-        std::lock_guard lock(error_mu_);
-        if (error_.is_ok()) error_ = std::move(st);
-        failed_ = true;
-      }
-    }
-  }
-
-  Status first_error() {
-    std::lock_guard lock(error_mu_);
-    return error_;
-  }
-
   const Context& c_;
-  std::map<std::pair<std::string, bool>, Domain> domains_;  // (domain, val)
-  std::vector<std::unique_ptr<Shard>> shards_;
-  tbb::task_arena arena_;
-  tbb::task_group tg_;
-  std::atomic<uint64_t> inflight_{0};
-  uint64_t inflight_limit_ = 0;
-  std::mutex error_mu_;
-  Status error_;
-  std::atomic<bool> failed_{false};
+  std::shared_ptr<ShardWritePool> pool_;
+  // By (domain, val): a domain's training series, then its validation series.
+  std::map<std::pair<std::string, bool>, std::unique_ptr<RollingShardWriter>> writers_;
 };
 
 }  // namespace
 
 Status annotator_stage(Context& c, bool fresh) {
-  const bool training = Annotator::needs_training_texts(c.config);
+  const bool training = c.opt.tokenizer.trains();
   const std::string copy = c.rank_dir + "/tokenizer.json";
   auto create_from_copy = [&]() -> Status {
-    Config cfg = c.config;
-    KILN_RETURN_IF_ERROR(cfg.set_node("tokenizer.path", YAML::Node(copy)));
-    KILN_ASSIGN_OR_RETURN(c.annotator, Annotator::create(cfg, {}));
+    TokenizerOptions from_copy = c.opt.tokenizer;
+    from_copy.path = copy;
+    KILN_ASSIGN_OR_RETURN(c.annotator, Annotator::create(c.opt.domains, from_copy, {}));
     return Status::ok();
   };
   if (!fresh) {  // resuming after this stage: rebuild the same annotator
     if (training) return create_from_copy();
-    KILN_ASSIGN_OR_RETURN(c.annotator, Annotator::create(c.config, {}));
+    KILN_ASSIGN_OR_RETURN(c.annotator, Annotator::create(c.opt.domains, c.opt.tokenizer, {}));
     return Status::ok();
   }
   std::string entry_json, tokenizer_bytes;
@@ -534,7 +376,7 @@ Status annotator_stage(Context& c, bool fresh) {
     KILN_ASSIGN_OR_RETURN(std::vector<std::string> texts, sample_training_texts(c));
     if (c.rank == 0) {
       KILN_LOG_INFO("training the tokenizer on {} sampled kept documents", texts.size());
-      auto a = Annotator::create(c.config, texts);
+      auto a = Annotator::create(c.opt.domains, c.opt.tokenizer, texts);
       if (!a.is_ok()) {
         st = std::move(a).take_status();
       } else {
@@ -558,7 +400,7 @@ Status annotator_stage(Context& c, bool fresh) {
     KILN_RETURN_IF_ERROR(write_file_atomic(copy, tokenizer_bytes));
     st = create_from_copy();
   } else {
-    auto a = Annotator::create(c.config, {});
+    auto a = Annotator::create(c.opt.domains, c.opt.tokenizer, {});
     if (!a.is_ok()) {
       st = std::move(a).take_status();
     } else {
@@ -583,13 +425,18 @@ Status write_stage(Context& c) {
   std::error_code ec;
   if (c.size == 1) {
     KILN_RETURN_IF_ERROR(remove_all(shards_root));
-  } else if (fs::exists(shards_root, ec)) {
+  } else if (fs::exists(shards_root, ec)) {  // an unreadable folder is found by the listing below
     for (const auto& dir : fs::directory_iterator(shards_root, ec)) {
       if (!dir.is_directory()) continue;
-      for (const auto& f : fs::directory_iterator(dir.path(), ec))
-        if (f.path().filename().string().find(my_tag) != std::string::npos)
-          fs::remove(f.path(), ec);
+      for (const auto& f : fs::directory_iterator(dir.path(), ec)) {
+        if (f.path().filename().string().find(my_tag) == std::string::npos) continue;
+        if (!fs::remove(f.path(), ec) && ec)
+          return Status::io("cannot remove an earlier attempt's shard: " + ec.message())
+              .with_file(f.path().string());
+      }
+      if (ec) break;
     }
+    if (ec) return Status::io("cannot list the shards: " + ec.message()).with_file(shards_root);
   }
   // Documents whose ids removed.jsonl needs: removed ones and their kept representatives.
   std::vector<uint64_t> wanted;
@@ -618,7 +465,7 @@ Status write_stage(Context& c) {
   if (c.rank == 0) progress = std::make_unique<Progress>("write", to_write, "docs");
 
   WriteResult res;
-  ShardSink sink(c);
+  DomainShards sink(c);
   ValSplitter splitter(c.opt);
   const uint64_t split_seed = c.opt.seed ^ 0x76616c2d73706c74ull;
   auto emit = [&](Out&& o) -> Status {

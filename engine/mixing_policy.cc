@@ -31,7 +31,7 @@ Result<MixPolicy> parse_mix_policy(const std::string& name, const std::string& k
 
 namespace {
 
-WeightMap normalized(const WeightMap& w) {
+WeightMap normalised(const WeightMap& w) {
   double total = 0;
   for (const auto& [k, v] : w) total += v;
   WeightMap out;
@@ -41,7 +41,7 @@ WeightMap normalized(const WeightMap& w) {
 
 // w <- min_weight + (1 - k * min_weight) * w / sum(w): every weight at least min_weight.
 WeightMap floor_weights(const WeightMap& w, double min_weight) {
-  WeightMap n = normalized(w);
+  WeightMap n = normalised(w);
   double total = 0;
   for (const auto& [name, v] : n) total += v;
   if (!(total > 0))  // no weights given: uniform
@@ -139,7 +139,7 @@ WeightMap MixState::average() const {
   if (updates == 0) return weights;
   WeightMap out;
   for (const auto& [d, v] : weight_sum) out[d] = v / static_cast<double>(updates);
-  return normalized(out);
+  return normalised(out);
 }
 
 std::string MixState::to_json() const {
@@ -210,11 +210,11 @@ WeightMap schedule_weights(const MixingConfig& config, int64_t step) {
   size_t i = 0;
   while (i + 1 < pts.size() && pts[i + 1].step <= step) ++i;
   if (!config.interpolate || i + 1 == pts.size() || step <= pts[i].step) {
-    return normalized(pts[i].weights);
+    return normalised(pts[i].weights);
   }
   const double f = static_cast<double>(step - pts[i].step) /
                    static_cast<double>(pts[i + 1].step - pts[i].step);
-  WeightMap a = normalized(pts[i].weights), b = normalized(pts[i + 1].weights), out;
+  WeightMap a = normalised(pts[i].weights), b = normalised(pts[i + 1].weights), out;
   for (const auto& [d, v] : a) out[d] += (1.0 - f) * v;
   for (const auto& [d, v] : b) out[d] += f * v;
   return out;
@@ -229,7 +229,7 @@ Result<MixState> mix_update(const MixingConfig& config, const MixState& state,
     WeightMap w = s.weights;
     for (auto& [d, v] : w) v = 0;
     for (const auto& [d, v] : schedule_weights(config, obs.step)) w[d] = v;
-    s.weights = normalized(w);
+    s.weights = normalised(w);
     return s;
   }
   if (state.policy == "doremi") return doremi_update(config, state, obs);

@@ -1,6 +1,6 @@
 // The training configuration: the `kiln train` schema (YAML defaults), parsed and validated.
 //
-// Sections follow ../shared/DESIGN.md "Train config": model, parallel, precision, loss_scale,
+// Sections follow docs/TRAINING.md "Config reference": model, parallel, precision, loss_scale,
 // optimizer, schedule, activation_checkpointing, data, checkpoint, stability, run, device.
 // parse_train_config() checks every value and names the key on error (a config error, exit 2).
 #pragma once

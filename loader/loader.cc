@@ -1,4 +1,7 @@
-// The Loader implementation. Structure (see docs/LOADER.md):
+// The Loader implementation: threads, queues and positions around four parts with their own
+// headers — plan.h (cursor -> units), decode.h (unit -> packed tokens), pack.h (mixture decision,
+// sequences cut from the packed streams) and weights_history.h (the weights of every step, as
+// the state records them). Structure (see docs/LOADER.md):
 //
 //   Planner (per domain)  — turns the domain's cursor (pending intervals of shuffled epoch orders,
 //                           then this rank's regular parts of later epochs) into "units": the
@@ -31,154 +34,25 @@
 
 #include "common/hash.h"
 #include "common/log.h"
-#include "common/npy.h"
-#include "common/shard.h"
+#include "loader/decode.h"
 #include "loader/order.h"
+#include "loader/pack.h"
+#include "loader/plan.h"
 #include "loader/reshard.h"
+#include "loader/weights_history.h"
 
 namespace kiln {
 
 namespace {
 
-using loader_internal::EpochOrder;
-using Interval = LoaderState::Interval;
+using loader::detail::DecodeOptions;
+using loader::detail::DomainInfo;
+using loader::detail::FillResult;
+using loader::detail::Planner;
+using loader::detail::Pos;
+using loader::detail::Unit;
+using loader::detail::WeightsHistory;
 using DomainCursor = LoaderState::DomainCursor;
-
-struct DomainInfo {
-  std::string name;
-  std::vector<uint32_t> shard_ids;      // manifest indices, manifest order
-  std::vector<uint64_t> shard_samples;  // per shard
-  uint64_t samples = 0;
-  uint64_t tokens = 0;
-};
-
-// One shard's worth of one epoch's order: what a worker reads in one go.
-struct UnitPlan {
-  uint64_t seq = 0;  // per-domain sequence number (0 after open / restore)
-  uint64_t epoch = 0;
-  uint32_t shard = 0;  // manifest index
-  uint64_t pos_begin = 0, pos_end = 0;  // positions in the epoch order
-  uint64_t skip_tokens = 0;             // already emitted tokens of the first member
-  std::vector<uint32_t> members;        // tar-order sample indices, in visiting order
-  // Enough to turn a position inside this unit back into a DomainCursor:
-  uint64_t interval_end = 0;  // end of the pending interval this unit is cut from
-  std::shared_ptr<const std::vector<Interval>> rest;  // pending intervals after that one
-  uint64_t next_epoch = 0;                             // the regular epoch after `rest`
-};
-
-struct Unit {
-  UnitPlan plan;
-  bool ready = false;
-  bool skipped = false;  // a bad shard skipped under skip_bad_shards: no documents
-  Status status;
-  std::vector<uint32_t> tokens;     // packed: every document's tokens then eos
-  std::vector<uint64_t> doc_start;  // offsets into tokens, size docs + 1
-  std::vector<std::string> ids;     // raw JSON ids (sample_ids only)
-  uint64_t tar_bytes = 0;
-  size_t docs() const { return doc_start.empty() ? 0 : doc_start.size() - 1; }
-};
-
-// Cursor -> units.
-class Planner {
- public:
-  Planner(const DomainInfo& info, uint64_t seed, int world, int rank, DomainCursor start)
-      : info_(info), seed_(seed), world_(world), rank_(rank) {
-    for (const auto& iv : start.pending) {
-      if (iv.begin < iv.end) queue_.push_back(iv);
-    }
-    next_epoch_ = start.next_epoch;
-  }
-
-  UnitPlan next() {
-    KILN_CHECK(info_.samples > 0, "planning a unit of an empty domain");
-    while (!have_cur_) {
-      if (queue_.empty()) {
-        // With samples < world some parts are empty; rotation gives every rank a non-empty
-        // part within `world` epochs.
-        for (int guard = 0; queue_.empty(); ++guard) {
-          KILN_CHECK(guard <= world_ + 1);
-          const auto b = loader_internal::rank_block(info_.samples, world_, rank_, next_epoch_);
-          if (b.begin < b.end) queue_.push_back({next_epoch_, b.begin, b.end, 0});
-          ++next_epoch_;
-        }
-      }
-      cur_ = queue_.front();
-      queue_.pop_front();
-      if (cur_.begin >= cur_.end) continue;
-      cur_rest_ = std::make_shared<const std::vector<Interval>>(queue_.begin(), queue_.end());
-      cur_next_epoch_ = next_epoch_;
-      have_cur_ = true;
-    }
-    const EpochOrder& order = order_for(cur_.epoch);
-    const size_t k = order.shard_at(cur_.begin);
-    const uint64_t start = order.shard_start(k);
-    const uint64_t end = std::min(cur_.end, order.shard_end(k));
-    if (k != members_k_ || cur_.epoch != members_epoch_) {
-      members_ = order.members(k);
-      members_k_ = k;
-      members_epoch_ = cur_.epoch;
-    }
-    UnitPlan plan;
-    plan.seq = seq_++;
-    plan.epoch = cur_.epoch;
-    plan.shard = order.shard_id(k);
-    plan.pos_begin = cur_.begin;
-    plan.pos_end = end;
-    plan.skip_tokens = cur_.skip_tokens;
-    plan.members.assign(members_.begin() + (cur_.begin - start), members_.begin() + (end - start));
-    plan.interval_end = cur_.end;
-    plan.rest = cur_rest_;
-    plan.next_epoch = cur_next_epoch_;
-    cur_.begin = end;
-    cur_.skip_tokens = 0;
-    if (cur_.begin == cur_.end) have_cur_ = false;
-    return plan;
-  }
-
- private:
-  const EpochOrder& order_for(uint64_t epoch) {
-    if (!order_ || order_->epoch() != epoch) {
-      order_ = std::make_unique<EpochOrder>(seed_, info_.name, epoch, info_.shard_ids,
-                                            info_.shard_samples);
-      members_k_ = SIZE_MAX;
-    }
-    return *order_;
-  }
-
-  const DomainInfo& info_;
-  uint64_t seed_;
-  int world_, rank_;
-  std::deque<Interval> queue_;
-  uint64_t next_epoch_ = 0;
-  bool have_cur_ = false;
-  Interval cur_;
-  std::shared_ptr<const std::vector<Interval>> cur_rest_;
-  uint64_t cur_next_epoch_ = 0;
-  uint64_t seq_ = 0;
-  std::unique_ptr<EpochOrder> order_;
-  std::vector<uint32_t> members_;
-  size_t members_k_ = SIZE_MAX;
-  uint64_t members_epoch_ = 0;
-};
-
-// The cursor of the position (document `doc`, token `tok` of the stored tokens) in unit `plan`.
-DomainCursor cursor_at(const UnitPlan& plan, uint64_t doc, uint64_t tok, uint64_t sequences) {
-  DomainCursor c;
-  c.next_epoch = plan.next_epoch;
-  c.sequences = sequences;
-  const uint64_t pos = plan.pos_begin + doc;
-  if (pos < plan.interval_end) {
-    c.pending.push_back({plan.epoch, pos, plan.interval_end, (doc == 0 ? plan.skip_tokens : 0) + tok});
-  }
-  c.pending.insert(c.pending.end(), plan.rest->begin(), plan.rest->end());
-  return c;
-}
-
-struct Pos {
-  uint64_t unit = 0;  // unit seq
-  uint64_t doc = 0;   // document index within the unit
-  uint64_t tok = 0;   // offset into the document's stored tokens
-};
 
 struct DomainRt {
   DomainInfo info;
@@ -290,8 +164,11 @@ class LoaderImpl final : public Loader {
     } else {
       KILN_ASSIGN_OR_RETURN(w, normalise(o.weights));
     }
-    history_.push_back({0, to_map(w)});
-    history_w_.push_back(w);
+    history_ = WeightsHistory(names_);
+    history_.append(0, std::move(w));
+    decode_options_.verify_checksums = o.verify_checksums;
+    decode_options_.sample_ids = o.sample_ids;
+    decode_options_.eos = eos_;
 
     for (size_t d = 0; d < names_.size(); ++d) {
       DomainCursor start;  // a fresh run: this rank's part of epoch 0 onwards
@@ -340,19 +217,14 @@ class LoaderImpl final : public Loader {
   Status set_weights(const DomainWeights& weights) override {
     KILN_ASSIGN_OR_RETURN(std::vector<double> w, normalise(weights));
     std::unique_lock lk(mu_);
-    while (!history_.empty() && history_.back().step >= consumer_step_) {
-      history_.pop_back();
-      history_w_.pop_back();
-    }
-    history_.push_back({consumer_step_, to_map(w)});
-    history_w_.push_back(std::move(w));
+    history_.set_from(consumer_step_, std::move(w));
     rewind_locked();
     return Status::ok();
   }
 
   DomainWeights weights() const override {
     std::unique_lock lk(mu_);
-    return to_map(weights_at(consumer_step_));
+    return history_.by_name(history_.at(consumer_step_));
   }
 
   LoaderState state() const override {
@@ -363,7 +235,7 @@ class LoaderImpl final : public Loader {
     s.world = options_.dp_world;
     s.step = consumer_step_;
     s.mix_index = consumer_mix_;
-    s.weights_history = history_;
+    s.weights_history = history_.changes();
     s.skipped_shards = bad_shards_.size() + skipped_before_;
     LoaderState::RankCursor rc;
     rc.rank = options_.dp_rank;
@@ -413,7 +285,7 @@ class LoaderImpl final : public Loader {
       for (size_t d = 0; d < names_.size(); ++d) {
         std::vector<DomainCursor> old;
         for (const auto* r : by_rank) old.push_back(r->domains.at(names_[d]));
-        cursors[d] = loader_internal::reshard_cursor(old, state.world, infos_[d].samples,
+        cursors[d] = loader::detail::reshard_cursor(old, state.world, infos_[d].samples,
                                                      options_.dp_world, options_.dp_rank);
       }
     }
@@ -427,16 +299,13 @@ class LoaderImpl final : public Loader {
         }
       }
     }
-    std::vector<LoaderState::WeightChange> history;
-    std::vector<std::vector<double>> history_w;
+    WeightsHistory history(names_);
+    if (state.weights_history.empty() || state.weights_history.front().step != 0) {
+      history.append(0, history_.first());  // the weights in effect before the first change
+    }
     for (const auto& h : state.weights_history) {
       KILN_ASSIGN_OR_RETURN(auto w, normalise(h.weights));
-      history.push_back({h.step, to_map(w)});
-      history_w.push_back(std::move(w));
-    }
-    if (history.empty() || history.front().step != 0) {
-      history.insert(history.begin(), {0, to_map(history_w_.front())});
-      history_w.insert(history_w.begin(), history_w_.front());
+      history.append(h.step, std::move(w));
     }
 
     stop_threads();
@@ -446,7 +315,6 @@ class LoaderImpl final : public Loader {
     }
     seed_ = state.seed;
     history_ = std::move(history);
-    history_w_ = std::move(history_w);
     consumer_step_ = packer_step_ = state.step;
     consumer_mix_ = packer_mix_ = state.mix_index;
     skipped_before_ = state.world == options_.dp_world && own ? state.skipped_shards : 0;
@@ -517,32 +385,6 @@ class LoaderImpl final : public Loader {
     return w;
   }
 
-  DomainWeights to_map(const std::vector<double>& w) const {
-    DomainWeights m;
-    for (size_t d = 0; d < w.size(); ++d) m.set(names_[d], w[d]);
-    return m;
-  }
-
-  const std::vector<double>& weights_at(int64_t step) const {
-    size_t i = 0;
-    while (i + 1 < history_.size() && history_[i + 1].step <= step) ++i;
-    return history_w_[i];
-  }
-
-  // The mixture decision for slot `index`: the same on every rank.
-  int choose_domain(const std::vector<double>& w, uint64_t index) const {
-    const double u = loader_internal::mix_uniform(seed_, index);
-    double acc = 0;
-    int last = -1;
-    for (size_t d = 0; d < w.size(); ++d) {
-      if (w[d] <= 0) continue;
-      last = static_cast<int>(d);
-      acc += w[d];
-      if (u < acc) return last;
-    }
-    return last;
-  }
-
   // ---- domains and positions (mu_ held or threads stopped) ----------------------------
   void reset_domain(size_t d, const DomainCursor& start) {
     DomainRt& D = *domains_[d];
@@ -566,7 +408,7 @@ class LoaderImpl final : public Loader {
       return c;
     }
     const Unit& u = *D.units[D.consumer.unit - D.front_seq];
-    return cursor_at(u.plan, D.consumer.doc, D.consumer.tok, D.consumer_seqs);
+    return loader::detail::cursor_at(u.plan, D.consumer.doc, D.consumer.tok, D.consumer_seqs);
   }
 
   void rewind_locked() {
@@ -618,7 +460,7 @@ class LoaderImpl final : public Loader {
 
   // Picks the domain whose next unit a worker should decode, or -1. mu_ held.
   int pick_domain() const {
-    const auto& w = weights_at(packer_step_);
+    const auto& w = history_.at(packer_step_);
     int active = 0;
     int64_t total_ahead = 0;
     for (size_t d = 0; d < domains_.size(); ++d) {
@@ -671,7 +513,7 @@ class LoaderImpl final : public Loader {
       if (known_bad) {
         unit->skipped = true;
       } else {
-        decode(unit.get());
+        loader::detail::decode_unit(manifest_, decode_options_, abort_decode_, unit.get());
       }
       lk.lock();
       if (!unit->status.is_ok() && options_.skip_bad_shards && !known_bad) {
@@ -698,127 +540,6 @@ class LoaderImpl final : public Loader {
       unit->ready = true;
       cv_.notify_all();
     }
-  }
-
-  // Reads one unit's shard and packs the chosen members. Runs without mu_.
-  void decode(Unit* unit) const {
-    const UnitPlan& plan = unit->plan;
-    const ManifestShard& sh = manifest_.shards[plan.shard];
-    const std::string path = manifest_.shard_path(sh);
-    auto fail = [&](Status st) {
-      // Name the shard once (the shard reader's own errors already do).
-      if (st.to_string().find(path) == std::string::npos) {
-        unit->status = std::move(st).prefixed("shard '" + path + "'");
-      } else {
-        unit->status = std::move(st);
-      }
-    };
-    ShardReaderOptions ro;
-    if (options_.verify_checksums) ro.expected_xxh3 = sh.xxh3;
-    auto reader = ShardReader::open(path, ro);
-    if (!reader) return fail(std::move(reader).take_status());
-
-    std::vector<int32_t> slot_of(sh.samples, -1);
-    for (size_t i = 0; i < plan.members.size(); ++i) slot_of[plan.members[i]] = static_cast<int32_t>(i);
-    std::vector<std::string> npy(plan.members.size());
-    std::vector<std::string> keys(plan.members.size());
-    if (options_.sample_ids) unit->ids.assign(plan.members.size(), std::string());
-    ShardSample sample;
-    uint64_t index = 0;
-    while (true) {
-      if (abort_decode_.load(std::memory_order_relaxed)) {
-        unit->status = Status::internal("loader stopped");
-        return;
-      }
-      auto more = (*reader)->next(&sample);
-      if (!more) return fail(std::move(more).take_status());
-      if (!*more) break;
-      if (index >= sh.samples) {
-        return fail(Status::data("holds more samples than the manifest's " +
-                                 std::to_string(sh.samples)));
-      }
-      const int32_t slot = slot_of[index++];
-      if (slot < 0) continue;
-      keys[slot] = sample.key;
-      for (auto& m : sample.members) {
-        if (m.ext == "tokens.npy") npy[slot] = std::move(m.data);
-      }
-      if (!sample.find("tokens.npy")) {
-        return fail(Status::data("member '" + sample.key + ".tokens.npy' is missing"));
-      }
-      if (options_.sample_ids) {
-        const ShardMember* js = sample.find("json");
-        if (!js) return fail(Status::data("member '" + sample.key + ".json' is missing"));
-        try {
-          auto j = nlohmann::json::parse(js->data);
-          auto it = j.find("id");
-          if (!j.is_object() || it == j.end() || !(it->is_string() || it->is_number())) {
-            return fail(Status::data("member '" + sample.key +
-                                     ".json': no \"id\" (string or number)"));
-          }
-          unit->ids[slot] = it->dump();
-        } catch (const nlohmann::json::exception& e) {
-          return fail(Status::data("member '" + sample.key + ".json' is not valid JSON: " +
-                                   e.what()));
-        }
-      }
-    }
-    unit->tar_bytes = (*reader)->tar_bytes();
-    if (index != sh.samples) {
-      return fail(Status::data("holds " + std::to_string(index) + " samples, the manifest says " +
-                               std::to_string(sh.samples)));
-    }
-    // Pack: widen to uint32, append eos after every document.
-    const uint64_t vocab = manifest_.tokenizer.vocab_size;
-    std::vector<NpyView> views(npy.size());
-    uint64_t total = 0;
-    for (size_t i = 0; i < npy.size(); ++i) {
-      auto v = npy_parse(npy[i]);
-      if (!v) {
-        return fail(std::move(v).take_status().prefixed("member '" + keys[i] + ".tokens.npy'"));
-      }
-      views[i] = *v;
-      total += v->size + 1;
-    }
-    if (!views.empty() && plan.skip_tokens >= views[0].size + 1) {
-      return fail(Status::config("the loader state's position (" +
-                                 std::to_string(plan.skip_tokens) + " tokens into '" + keys[0] +
-                                 "') is past that document's end; the data changed?"));
-    }
-    // (A recycled buffer keeps its old size: resize() then only zero-fills the growth.)
-    unit->tokens.resize(total - (views.empty() ? 0 : plan.skip_tokens));
-    unit->doc_start.resize(views.size() + 1);
-    uint32_t* out = unit->tokens.data();
-    uint64_t at = 0;
-    for (size_t i = 0; i < views.size(); ++i) {
-      const NpyView& v = views[i];
-      unit->doc_start[i] = at;
-      const uint64_t from = i == 0 ? std::min<uint64_t>(plan.skip_tokens, v.size) : 0;
-      uint32_t max_id = 0;
-      if (v.dtype == NpyDtype::kU16) {
-        const auto* p = reinterpret_cast<const unsigned char*>(v.data);
-        for (uint64_t t = from; t < v.size; ++t) {
-          const uint32_t id = static_cast<uint32_t>(p[2 * t]) | (static_cast<uint32_t>(p[2 * t + 1]) << 8);
-          max_id = std::max(max_id, id);
-          out[at++] = id;
-        }
-      } else {
-        const auto* p = reinterpret_cast<const unsigned char*>(v.data);
-        for (uint64_t t = from; t < v.size; ++t) {
-          uint32_t id;
-          std::memcpy(&id, p + 4 * t, 4);  // little-endian host (x86-64, aarch64)
-          max_id = std::max(max_id, id);
-          out[at++] = id;
-        }
-      }
-      if (vocab > 0 && v.size > from && max_id >= vocab) {
-        return fail(Status::data("member '" + keys[i] + ".tokens.npy' holds token id " +
-                                 std::to_string(max_id) + " >= vocab_size " + std::to_string(vocab)));
-      }
-      out[at++] = eos_;
-    }
-    unit->doc_start[views.size()] = at;
-    KILN_CHECK(at == unit->tokens.size());
   }
 
   // The unit `seq` of domain d once decoded; nullptr when the batch must be abandoned (stop or
@@ -855,49 +576,17 @@ class LoaderImpl final : public Loader {
     b.domains.resize(rows);
     b.docs.assign(rows, {});
     out->rows.resize(rows);
-    std::vector<std::shared_ptr<Unit>> current(domains_.size());
+    std::vector<std::shared_ptr<const Unit>> current(domains_.size());
     for (int64_t r = 0; r < rows; ++r) {
-      const int d = choose_domain(w, mix + r);
+      const int d = loader::detail::choose_domain(w, seed_, mix + r);
       b.domains[r] = d;
       Pos& p = (*pos)[d];
-      uint32_t* dst = b.tokens.data() + r * width;
-      int64_t filled = 0;
-      while (filled < width) {
-        auto& u = current[d];
-        if (!u || u->plan.seq != p.unit) {
-          u = get_unit(d, p.unit, gen);
-          if (!u) return false;
-        }
-        if (!u->status.is_ok()) {
-          out->status = u->status;
-          return true;
-        }
-        if (p.doc >= u->docs()) {
-          ++p.unit;
-          p.doc = p.tok = 0;
-          continue;
-        }
-        const uint64_t begin = u->doc_start[p.doc] + p.tok;
-        const uint64_t end = u->doc_start[p.doc + 1];
-        const uint64_t take = std::min<uint64_t>(end - begin, width - filled);
-        std::memcpy(dst + filled, u->tokens.data() + begin, take * sizeof(uint32_t));
-        DocSpan s;
-        s.shard = u->plan.shard;
-        s.member = u->plan.members[p.doc];
-        s.epoch = u->plan.epoch;
-        s.doc_offset = static_cast<uint32_t>((p.doc == 0 ? u->plan.skip_tokens : 0) + p.tok);
-        s.length = static_cast<uint32_t>(take);
-        s.seq_offset = static_cast<uint32_t>(filled);
-        s.ends = begin + take == end;
-        if (!u->ids.empty()) s.id = u->ids[p.doc];
-        b.docs[r].push_back(std::move(s));
-        filled += static_cast<int64_t>(take);
-        p.tok += take;
-        if (begin + take == end) {
-          ++p.doc;
-          p.tok = 0;
-        }
-      }
+      auto fetch = [&](uint64_t seq) -> std::shared_ptr<const Unit> { return get_unit(d, seq, gen); };
+      const FillResult filled = loader::detail::fill_row(fetch, &current[d], &p, width,
+                                                         b.tokens.data() + r * width, &b.docs[r],
+                                                         &out->status);
+      if (filled == FillResult::kAbandoned) return false;
+      if (filled == FillResult::kFailed) return true;
       ++(*seqs)[d];
       out->rows[r] = {d, p, (*seqs)[d]};
     }
@@ -915,7 +604,7 @@ class LoaderImpl final : public Loader {
       const uint64_t gen = generation_;
       const int64_t step = packer_step_;
       const uint64_t mix = packer_mix_;
-      const std::vector<double> w = weights_at(step);
+      const std::vector<double> w = history_.at(step);
       std::vector<Pos> pos;
       std::vector<uint64_t> seqs;
       for (auto& dp : domains_) {
@@ -958,8 +647,8 @@ class LoaderImpl final : public Loader {
   std::atomic<bool> abort_decode_{false};
   uint64_t generation_ = 0;
 
-  std::vector<LoaderState::WeightChange> history_;
-  std::vector<std::vector<double>> history_w_;  // history_ as vectors by domain id
+  WeightsHistory history_{std::vector<std::string>()};
+  DecodeOptions decode_options_;
   std::vector<std::unique_ptr<DomainRt>> domains_;
   std::deque<Prepared> queue_;
   std::vector<std::vector<uint32_t>> token_pool_;  // recycled Unit::tokens buffers

@@ -38,7 +38,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/manifest.h"
+#include "format/manifest.h"
 #include "common/status.h"
 #include "loader/domain_weights.h"
 

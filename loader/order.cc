@@ -6,7 +6,7 @@
 #include "common/hash.h"
 #include "common/status.h"
 
-namespace kiln::loader_internal {
+namespace kiln::loader::detail {
 
 __extension__ typedef unsigned __int128 U128;
 
@@ -78,4 +78,4 @@ double mix_uniform(uint64_t seed, uint64_t index) {
   return static_cast<double>(x >> 11) * 0x1.0p-53;
 }
 
-}  // namespace kiln::loader_internal
+}  // namespace kiln::loader::detail

@@ -14,7 +14,7 @@
 
 #include "common/random.h"
 
-namespace kiln::loader_internal {
+namespace kiln::loader::detail {
 
 // A seed for one purpose: XXH3 of "what|domain|a|b" under the user's seed.
 uint64_t derive_seed(uint64_t seed, std::string_view what, std::string_view domain, uint64_t a,
@@ -66,4 +66,4 @@ Block rank_block(uint64_t n, uint64_t w, uint64_t r, uint64_t epoch);
 // [0, 1) (low discrepancy), so realised domain shares track the weights closely.
 double mix_uniform(uint64_t seed, uint64_t index);
 
-}  // namespace kiln::loader_internal
+}  // namespace kiln::loader::detail

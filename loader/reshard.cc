@@ -5,7 +5,7 @@
 #include "common/status.h"
 #include "loader/order.h"
 
-namespace kiln::loader_internal {
+namespace kiln::loader::detail {
 
 __extension__ typedef unsigned __int128 U128;
 
@@ -55,4 +55,4 @@ LoaderState::DomainCursor reshard_cursor(const std::vector<LoaderState::DomainCu
   return out;
 }
 
-}  // namespace kiln::loader_internal
+}  // namespace kiln::loader::detail

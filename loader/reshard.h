@@ -6,7 +6,7 @@
 
 #include "loader/loader.h"
 
-namespace kiln::loader_internal {
+namespace kiln::loader::detail {
 
 // The cursor of rank `new_rank` of `new_world` that continues the run whose ranks 0..old_world-1
 // were at `old` (one cursor per old rank, in rank order) for a domain of `samples` samples.
@@ -21,4 +21,4 @@ LoaderState::DomainCursor reshard_cursor(const std::vector<LoaderState::DomainCu
                                          int old_world, uint64_t samples, int new_world,
                                          int new_rank);
 
-}  // namespace kiln::loader_internal
+}  // namespace kiln::loader::detail

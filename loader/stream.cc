@@ -5,34 +5,9 @@
 
 #include "common/atomic_file.h"
 #include "common/log.h"
+#include "common/text.h"
 
 namespace kiln {
-
-namespace {
-
-void append_json_string(std::string* out, const std::string& s) {
-  out->push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\t': out->append("\\t"); break;
-      case '\r': out->append("\\r"); break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out->append(buf);
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out->push_back('"');
-}
-
-}  // namespace
 
 Status run_stream(const StreamOptions& options, std::FILE* out) {
   if (options.steps < 0) return Status::usage("--steps must be >= 0").with_key("--steps");

@@ -1,7 +1,7 @@
 // `kiln stream`: the loader alone, printing what one data-parallel rank sees — one JSON line per
 // sequence: {"step": S, "rank": R, "domain": "name", "samples": [input ids of the documents whose
 // tokens the sequence holds, in order]} (ids as stored in each sample's <key>.json "id": strings
-// or numbers). See ../shared/DESIGN.md "Command line".
+// or numbers). See docs/LOADER.md "kiln stream".
 #pragma once
 
 #include <cstdio>

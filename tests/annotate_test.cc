@@ -8,18 +8,29 @@
 
 #include "common/atomic_file.h"
 #include "dataprep/prep_config.h"
-#include "dataprep/tagger.h"
-#include "dataprep/tokenizer.h"
+#include "dataprep/tagging/tagger.h"
+#include "dataprep/tokenizer/tokenizer.h"
 
 namespace kiln {
 namespace {
 
 
-Config config(std::vector<std::string> sets) {
-  // The real prep schema, so the annotator reads exactly the keys `kiln prep` accepts.
+// The real prep schema and its one parser, so the annotator gets exactly what `kiln prep` gives it.
+Result<PrepOptions> parse(const std::vector<std::string>& sets) {
   auto c = Config::load(kPrepDefaultsYaml, "", sets);
   KILN_CHECK(c.is_ok(), c.status().to_string());
-  return std::move(c).value();
+  return prep_options_from_config(*c);
+}
+
+PrepOptions config(const std::vector<std::string>& sets) {
+  auto o = parse(sets);
+  KILN_CHECK(o.is_ok(), o.status().to_string());
+  return std::move(o).value();
+}
+
+Result<std::unique_ptr<Annotator>> create(const PrepOptions& o,
+                                          const std::vector<std::string>& texts) {
+  return Annotator::create(o.domains, o.tokenizer, texts);
 }
 
 Document doc(std::string text, std::string input_domain = "") {
@@ -45,9 +56,9 @@ std::vector<std::string> corpus() {
 
 TEST(Annotate, RulesDomainsAndTrainedTokenizer) {
   auto c = config({"tokenizer.vocab_size=400"});
-  EXPECT_TRUE(Annotator::needs_training_texts(c));
+  EXPECT_TRUE(c.tokenizer.trains());
   auto texts = corpus();
-  auto a = Annotator::create(c, texts);
+  auto a = create(c, texts);
   ASSERT_TRUE(a.is_ok()) << a.status().to_string();
   Document prose = doc(texts[0]), code = doc(texts[1]), zh = doc(texts[2]), mine = doc("x", "math");
   for (Document* d : {&prose, &code, &zh, &mine}) ASSERT_TRUE((*a)->annotate(*d).is_ok());
@@ -74,12 +85,12 @@ TEST(Annotate, RulesDomainsAndTrainedTokenizer) {
   EXPECT_EQ(*tok->decode(zh.tokens), zh.text);
 
   // The same tokenizer by path; "none" turns tokens off.
-  auto by_path = Annotator::create(config({"tokenizer.path=" + (dir / "tokenizer.json").string()}), {});
+  auto by_path = create(config({"tokenizer.path=" + (dir / "tokenizer.json").string()}), {});
   ASSERT_TRUE(by_path.is_ok()) << by_path.status().to_string();
   Document again = doc(texts[2]);
   ASSERT_TRUE((*by_path)->annotate(again).is_ok());
   EXPECT_EQ(again.tokens, zh.tokens);
-  auto none = Annotator::create(config({"tokenizer.path=none"}), {});
+  auto none = create(config({"tokenizer.path=none"}), {});
   ASSERT_TRUE(none.is_ok());
   Document untokenized = doc(texts[2]);
   ASSERT_TRUE((*none)->annotate(untokenized).is_ok());
@@ -107,7 +118,7 @@ TEST(Annotate, ModelOverridesRulesAboveThresholdButNotDeclaredDomains) {
   o.bucket = 10000;
   ASSERT_TRUE(train_tagger(o).is_ok());
   auto texts = corpus();
-  auto a = Annotator::create(config({"tokenizer.path=none", "domains.model=" + o.output,
+  auto a = create(config({"tokenizer.path=none", "domains.model=" + o.output,
                                      "domains.model_threshold=0"}),
                              {});
   ASSERT_TRUE(a.is_ok()) << a.status().to_string();
@@ -123,7 +134,7 @@ TEST(Annotate, ModelOverridesRulesAboveThresholdButNotDeclaredDomains) {
 
 TEST(Annotate, ConfigErrorsNameTheKey) {
   auto bad = [](std::vector<std::string> sets, const std::string& key) {
-    auto a = Annotator::create(config(sets), {});
+    auto a = create(config(sets), {});
     ASSERT_FALSE(a.is_ok()) << key;
     EXPECT_NE(a.status().to_string().find(key), std::string::npos) << a.status().to_string();
   };

@@ -1,7 +1,7 @@
 // BPE core against straightforward reference implementations: encoding (GPT-2's loop) and
 // training (recount every pair after every merge).
-#include "dataprep/bpe.h"
-#include "dataprep/bpe_train.h"
+#include "dataprep/tokenizer/bpe.h"
+#include "dataprep/tokenizer/bpe_train.h"
 
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>

@@ -1,4 +1,4 @@
-#include "dataprep/doc_parser.h"
+#include "dataprep/ingest/doc_parser.h"
 
 #include <gtest/gtest.h>
 
@@ -30,7 +30,7 @@ TEST(DocParser, FieldsAndCarried) {
   EXPECT_EQ(d.source, "");
 }
 
-// DESIGN.md "Corpus input": id is a string or a number; a number must stay a number downstream.
+// docs/PREP.md "Input": id is a string or a number; a number must stay a number downstream.
 TEST(DocParser, NumericIdsAreMarkedAndCanonical) {
   Document d;
   ASSERT_TRUE(parse(R"({"text":"a","id":291})", &d).ok);

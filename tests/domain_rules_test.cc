@@ -1,5 +1,5 @@
 // Domain rules: the default rules file on typical documents, every condition kind, errors.
-#include "dataprep/domain_rules.h"
+#include "dataprep/tagging/domain_rules.h"
 
 #include <gtest/gtest.h>
 
@@ -51,7 +51,7 @@ TEST(DomainRules, BuiltinEqualsConfigFile) {
   auto file = read_file(std::string(KILN_SOURCE_DIR) + "/configs/prep/domains.yaml");
   ASSERT_TRUE(file.is_ok());
   EXPECT_EQ(*file, DomainRules::builtin_yaml())
-      << "regenerate dataprep/domain_rules_default.cc from configs/prep/domains.yaml";
+      << "regenerate dataprep/tagging/domain_rules_default.cc from configs/prep/domains.yaml";
   EXPECT_GE(defaults().size(), 5u);
   auto domains = defaults().domains();
   for (const char* d : {"code", "zh", "legal"})

@@ -11,10 +11,11 @@
 #include <fstream>
 
 #include "common/atomic_file.h"
-#include "common/manifest.h"
-#include "common/npy.h"
-#include "common/shard.h"
-#include "dataprep/tokenizer.h"
+#include "format/manifest.h"
+#include "format/npy.h"
+#include "format/shard_writer.h"
+#include "format/shard_reader.h"
+#include "dataprep/tokenizer/tokenizer.h"
 
 namespace kiln {
 namespace fs = std::filesystem;

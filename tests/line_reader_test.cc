@@ -1,4 +1,4 @@
-#include "dataprep/line_reader.h"
+#include "dataprep/ingest/line_reader.h"
 
 #include <gtest/gtest.h>
 

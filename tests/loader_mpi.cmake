@@ -4,7 +4,7 @@
 if(KILN_HAVE_MPI)
   add_executable(loader_mpi_check ${CMAKE_CURRENT_SOURCE_DIR}/loader_mpi_check.cc)
   target_compile_options(loader_mpi_check PRIVATE ${KILN_WARNINGS})
-  target_link_libraries(loader_mpi_check PRIVATE kiln_loader kiln_common MPI::MPI_CXX)
+  target_link_libraries(loader_mpi_check PRIVATE kiln_loader kiln_format kiln_common MPI::MPI_CXX)
 
   set(_loader_mpi_dir ${CMAKE_CURRENT_BINARY_DIR}/loader_mpi_data)
   set(_loader_mpi_env

@@ -22,6 +22,7 @@
 #include <set>
 
 #include "tests/loader_testutil.h"
+#include "format/shard_reader.h"
 
 namespace kiln {
 namespace {

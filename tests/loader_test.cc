@@ -9,6 +9,7 @@
 #include "loader/order.h"
 #include "loader/reshard.h"
 #include "tests/loader_testutil.h"
+#include "format/shard_writer.h"
 
 namespace kiln {
 namespace {
@@ -38,7 +39,7 @@ DatasetSpec two_domains() {
 }
 
 TEST(Order, PermutationAndBlocksAreDeterministicAndComplete) {
-  using namespace loader_internal;
+  using namespace loader::detail;
   auto p = permutation(42, 1000);
   auto q = permutation(42, 1000);
   EXPECT_EQ(p, q);
@@ -62,7 +63,7 @@ TEST(Order, PermutationAndBlocksAreDeterministicAndComplete) {
 }
 
 TEST(Order, EpochOrderVisitsEverySampleOnceAndReshufflesPerEpoch) {
-  using namespace loader_internal;
+  using namespace loader::detail;
   const std::vector<uint32_t> ids = {3, 4, 5, 6};
   const std::vector<uint64_t> counts = {10, 0, 7, 3};
   EpochOrder a(9, "code", 0, ids, counts), b(9, "code", 1, ids, counts);
@@ -88,7 +89,7 @@ TEST(Order, MixtureSequenceIsEvenlySpread) {
   // Any 2,000 consecutive slots fall into [0, 0.7) within a few counts of 1,400.
   for (uint64_t start : {0ull, 12345ull, 1ull << 40}) {
     int below = 0;
-    for (uint64_t i = 0; i < 2000; ++i) below += loader_internal::mix_uniform(5, start + i) < 0.7;
+    for (uint64_t i = 0; i < 2000; ++i) below += loader::detail::mix_uniform(5, start + i) < 0.7;
     EXPECT_NEAR(below, 1400, 10);
   }
 }
@@ -427,7 +428,7 @@ TEST(LoaderState, JsonRoundTripAndMergeChecks) {
 TEST(LoaderState, ReshardSplitsTheLeftoversEvenly) {
   // World 3 over 10 samples; rank 0 finished epoch 0 and started epoch 1, rank 1 is mid-part,
   // rank 2 has not started its part of epoch 0... well, only pending intervals matter.
-  using loader_internal::rank_block;
+  using loader::detail::rank_block;
   std::vector<LoaderState::DomainCursor> old(3);
   const auto b00 = rank_block(10, 3, 0, 1), b1 = rank_block(10, 3, 1, 0),
              b2 = rank_block(10, 3, 2, 0);
@@ -440,7 +441,7 @@ TEST(LoaderState, ReshardSplitsTheLeftoversEvenly) {
   std::map<std::pair<uint64_t, uint64_t>, int> seen;
   uint64_t skip_owner = 0;
   for (int r = 0; r < 2; ++r) {
-    auto c = loader_internal::reshard_cursor(old, 3, 10, 2, r);
+    auto c = loader::detail::reshard_cursor(old, 3, 10, 2, r);
     EXPECT_EQ(c.next_epoch, 2u);
     for (const auto& iv : c.pending) {
       for (uint64_t p = iv.begin; p < iv.end; ++p) ++seen[{iv.epoch, p}];

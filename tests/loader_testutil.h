@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "common/manifest.h"
-#include "common/npy.h"
+#include "format/manifest.h"
+#include "format/npy.h"
 #include "common/random.h"
-#include "common/shard.h"
+#include "format/shard_writer.h"
 #include "common/status.h"
 #include "loader/loader.h"
 

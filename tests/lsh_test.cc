@@ -1,4 +1,4 @@
-#include "dataprep/lsh.h"
+#include "dataprep/dedup/lsh.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // manifest.json: deterministic bytes, round trip, and field-naming errors on bad input.
-#include "common/manifest.h"
+#include "format/manifest.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,6 +9,8 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
+#include "format/shard_writer.h"
+#include "format/shard_reader.h"
 
 namespace kiln {
 namespace {

@@ -1,4 +1,4 @@
-#include "dataprep/minhash.h"
+#include "dataprep/dedup/minhash.h"
 
 #include <gtest/gtest.h>
 

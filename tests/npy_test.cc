@@ -1,5 +1,5 @@
 // .npy encoding and strict parsing of token arrays.
-#include "common/npy.h"
+#include "format/npy.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Input ids end to end (DESIGN.md "Corpus input", "Shard samples", `kiln stream`): a numeric
+// Input ids end to end (docs/PREP.md "Input", docs/FORMATS.md "Samples", `kiln stream`): a numeric
 // input "id" stays a JSON number in the sample's <key>.json and in `kiln stream`'s "samples";
 // string ids stay strings; a missing id becomes "<file stem>:<line>". Runs the real binary.
 #include <gtest/gtest.h>
@@ -12,8 +12,8 @@
 #include <string>
 
 #include "tests/kiln_cli.h"
-#include "common/manifest.h"
-#include "common/shard.h"
+#include "format/manifest.h"
+#include "format/shard_reader.h"
 #include "dataprep/prep_internal.h"
 #include "tests/prep_test_util.h"
 

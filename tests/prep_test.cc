@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "comm/comm.h"
-#include "common/manifest.h"
-#include "common/shard.h"
+#include "format/manifest.h"
+#include "format/shard_reader.h"
 #include "dataprep/prep_internal.h"
 #include "tests/compress_util.h"
 #include "tests/prep_test_util.h"

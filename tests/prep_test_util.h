@@ -20,9 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config.h"
-#include "dataprep/normalize.h"
+#include "dataprep/dedup/normalise.h"
 #include "dataprep/prep_config.h"
-#include "dataprep/shingle.h"
+#include "dataprep/dedup/shingle.h"
 
 namespace kiln::testing_prep {
 
@@ -172,7 +172,7 @@ class CorpusGen {
 // Exact Jaccard of the shingle sets prep compares (normalised, n-gram hashes).
 inline std::vector<uint64_t> shingle_set(const std::string& text, int ngram, bool strip = false) {
   std::string norm;
-  normalize_for_dedup(text, NormalizeOptions{strip}, &norm);
+  normalise_for_dedup(text, NormaliseOptions{strip}, &norm);
   std::vector<uint64_t> h;
   shingle_hashes(norm, ngram, &h);
   std::sort(h.begin(), h.end());

@@ -1,5 +1,5 @@
 // Pre-tokenisation: GPT-2's pattern rule by rule, and Kiln's CJK / digit / newline changes.
-#include "dataprep/pretokenize.h"
+#include "dataprep/tokenizer/pretokenize.h"
 
 #include <gtest/gtest.h>
 

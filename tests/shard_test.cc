@@ -1,7 +1,8 @@
 // Shard writer/reader: round trips, determinism, rolling, and the reader's defences against
 // damaged or hostile tar files (crafted here byte by byte, so the checks do not depend on any
 // writer's habits).
-#include "common/shard.h"
+#include "format/shard_writer.h"
+#include "format/shard_reader.h"
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -19,7 +20,7 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
-#include "common/npy.h"
+#include "format/npy.h"
 
 namespace kiln {
 namespace {

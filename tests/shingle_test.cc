@@ -1,4 +1,4 @@
-#include "dataprep/shingle.h"
+#include "dataprep/dedup/shingle.h"
 
 #include <gtest/gtest.h>
 

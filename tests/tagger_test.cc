@@ -1,5 +1,5 @@
 // fastText tagger: training with a held-out accuracy, the report, loading and prediction.
-#include "dataprep/tagger.h"
+#include "dataprep/tagging/tagger.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

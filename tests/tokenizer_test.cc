@@ -1,6 +1,6 @@
 // The byte-level BPE tokenizer: GPT-2 compatibility (exact ids against an independent encoder),
 // decode(encode(x)) == x on random Unicode, training, the JSON file, errors.
-#include "dataprep/tokenizer.h"
+#include "dataprep/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>

@@ -9,8 +9,8 @@
 #include <set>
 #include <sstream>
 
-#include "common/manifest.h"
-#include "common/shard.h"
+#include "format/manifest.h"
+#include "format/shard_reader.h"
 #include "loader/loader.h"
 #include "tests/kiln_cli.h"
 #include "tests/prep_test_util.h"

@@ -10,8 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "common/npy.h"
-#include "common/shard.h"
+#include "format/npy.h"
+#include "format/shard_writer.h"
+#include "format/shard_reader.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;

@@ -35,10 +35,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/hash.h"
-#include "dataprep/lsh.h"
-#include "dataprep/minhash.h"
-#include "dataprep/normalize.h"
-#include "dataprep/shingle.h"
+#include "dataprep/dedup/lsh.h"
+#include "dataprep/dedup/minhash.h"
+#include "dataprep/dedup/normalise.h"
+#include "dataprep/dedup/shingle.h"
 #include "tools/bench/bench_machine.h"
 
 namespace fs = std::filesystem;
@@ -259,7 +259,7 @@ std::vector<Doc> load_docs(const std::string& dir, uint64_t bytes) {
 // scalar hashing of every permutation.
 void reference_signature(const std::string& text, const MinHasher& mh, int ngram,
                          std::vector<uint64_t>* sig) {
-  std::string norm = normalize_for_dedup_reference(text, NormalizeOptions{});
+  std::string norm = normalise_for_dedup_reference(text, NormaliseOptions{});
   std::vector<UnitSpan> spans;
   shingle_units(norm, &spans);
   std::vector<std::string> shingles;
@@ -277,20 +277,20 @@ void reference_signature(const std::string& text, const MinHasher& mh, int ngram
 }
 
 struct FastTimes {
-  double normalize = 0, shingle = 0, minhash = 0;
+  double normalise = 0, shingle = 0, minhash = 0;
 };
 
 void fast_signature(const std::string& text, const MinHasher& mh, int ngram, std::string* norm,
                     std::vector<uint64_t>* sh, uint64_t* sig, FastTimes* t = nullptr) {
   double t0 = t ? thread_cpu() : 0;
-  normalize_for_dedup(text, NormalizeOptions{}, norm);
+  normalise_for_dedup(text, NormaliseOptions{}, norm);
   double t1 = t ? thread_cpu() : 0;
   shingle_hashes(*norm, ngram, sh);
   double t2 = t ? thread_cpu() : 0;
   mh.signature(sh->data(), sh->size(), sig);
   if (t) {
     double t3 = thread_cpu();
-    t->normalize += t1 - t0;
+    t->normalise += t1 - t0;
     t->shingle += t2 - t1;
     t->minhash += t3 - t2;
   }
@@ -355,7 +355,7 @@ PrepRun run_kiln_prep(const Args& a, const std::vector<std::string>& inputs, con
 
 std::vector<uint64_t> shingle_set(const std::string& text) {
   std::string norm;
-  normalize_for_dedup(text, NormalizeOptions{}, &norm);
+  normalise_for_dedup(text, NormaliseOptions{}, &norm);
   std::vector<uint64_t> h;
   shingle_hashes(norm, 5, &h);
   std::sort(h.begin(), h.end());
@@ -515,9 +515,9 @@ int main(int argc, char** argv) {
                 "time; wall %.1f MB/s) -> %.2fx the reference; signatures identical: %s\n",
                 mh.kernel(), ref_bytes / 1e6 / c1, nref / c1, ref_bytes / 1e6 / w1, c / c1,
                 same ? "yes" : "NO");
-    double parts = ft.normalize + ft.shingle + ft.minhash;
+    double parts = ft.normalise + ft.shingle + ft.minhash;
     std::printf("  kiln 1-thread split: normalise %.0f%%, shingle+xxh3 %.0f%%, minhash %.0f%%\n",
-                100 * ft.normalize / parts, 100 * ft.shingle / parts, 100 * ft.minhash / parts);
+                100 * ft.normalise / parts, 100 * ft.shingle / parts, 100 * ft.minhash / parts);
     // The MinHash kernels alone on Kiln's shingles (what vectorising buys).
     setenv("KILN_MINHASH_KERNEL", "scalar", 1);
     MinHasher scalar(128, 1);
@@ -525,7 +525,7 @@ int main(int argc, char** argv) {
     double tmin_scalar = 0, tmin_fast = 0;
     std::vector<uint64_t> tmp(128);
     for (size_t i = 0; i < nref; ++i) {
-      normalize_for_dedup(docs[i].text, NormalizeOptions{}, &norm);
+      normalise_for_dedup(docs[i].text, NormaliseOptions{}, &norm);
       shingle_hashes(norm, ngram, &sh);
       double s0 = thread_cpu();
       scalar.signature(sh.data(), sh.size(), tmp.data());

@@ -35,10 +35,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/manifest.h"
-#include "common/npy.h"
+#include "format/manifest.h"
+#include "format/npy.h"
 #include "common/random.h"
-#include "common/shard.h"
+#include "format/shard_writer.h"
+#include "format/shard_reader.h"
 #include "loader/loader.h"
 #include "tools/bench/bench_machine.h"
 

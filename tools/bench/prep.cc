@@ -33,10 +33,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
-#include "common/shard.h"
-#include "common/manifest.h"
-#include "dataprep/domain_rules.h"
-#include "dataprep/tokenizer_io.h"
+#include "format/shard.h"
+#include "format/manifest.h"
+#include "dataprep/tagging/domain_rules.h"
+#include "dataprep/tokenizer/tokenizer_io.h"
 #include "tools/bench/bench_machine.h"
 
 namespace fs = std::filesystem;

@@ -27,8 +27,9 @@
 #include <vector>
 
 #include "common/atomic_file.h"
-#include "common/npy.h"
-#include "common/shard.h"
+#include "format/npy.h"
+#include "format/shard_writer.h"
+#include "format/shard_reader.h"
 #include "tools/bench/bench_machine.h"
 
 namespace fs = std::filesystem;

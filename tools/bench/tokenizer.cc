@@ -35,8 +35,8 @@
 #include <tbb/global_control.h>
 
 #include "common/atomic_file.h"
-#include "dataprep/tokenizer.h"
-#include "dataprep/tokenizer_io.h"
+#include "dataprep/tokenizer/tokenizer.h"
+#include "dataprep/tokenizer/tokenizer_io.h"
 #include "tools/bench/bench_machine.h"
 
 namespace fs = std::filesystem;

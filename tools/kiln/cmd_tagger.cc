@@ -1,8 +1,8 @@
-// kiln tagger train | predict — the fastText domain classifier (dataprep/tagger.h, docs/TAGGING.md).
+// kiln tagger train | predict — the fastText domain classifier (dataprep/tagging/tagger.h, docs/TAGGING.md).
 #include <cstdio>
 #include <memory>
 
-#include "dataprep/tagger.h"
+#include "dataprep/tagging/tagger.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {

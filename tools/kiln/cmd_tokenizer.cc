@@ -1,4 +1,4 @@
-// kiln tokenizer train | encode | decode — see dataprep/tokenizer.h and docs/TOKENIZER.md.
+// kiln tokenizer train | encode | decode — see dataprep/tokenizer/tokenizer.h and docs/TOKENIZER.md.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -6,8 +6,8 @@
 #include <memory>
 
 #include "common/log.h"
-#include "dataprep/tokenizer.h"
-#include "dataprep/tokenizer_io.h"
+#include "dataprep/tokenizer/tokenizer.h"
+#include "dataprep/tokenizer/tokenizer_io.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {

@@ -26,8 +26,6 @@ RunFn add_mix_command(CLI::App& root);
 RunFn add_plan_command(CLI::App& root);
 RunFn add_checkpoint_command(CLI::App& root);
 
-// A subcommand that is not built yet: --help works, running it says so and exits 2.
-RunFn add_unbuilt_command(CLI::App& root, const std::string& name, const std::string& what);
 
 // Adds the common "--config FILE" and repeatable "--set key.path=value" options.
 struct ConfigFlags {

@@ -11,14 +11,6 @@
 
 namespace kiln::cli {
 
-RunFn add_unbuilt_command(CLI::App& root, const std::string& name, const std::string& what) {
-  CLI::App* sub = root.add_subcommand(name, what + " (not built yet)");
-  sub->allow_extras();
-  return [name] {
-    return Status::unimplemented("'kiln " + name + "' is not built yet in this version");
-  };
-}
-
 void add_config_flags(CLI::App* app, ConfigFlags* flags) {
   app->add_option("--config", flags->config_file, "YAML config file")->check(CLI::ExistingFile);
   app->add_option("--set", flags->sets, "override a config key: --set key.path=value (repeatable)")

@@ -1,0 +1,583 @@
+#include "dataprep/tokenizer/tokenizer.h"
+
+#include <nlohmann/json.hpp>
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/parallel_for.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/atomic_file.h"
+#include "common/hash.h"
+#include "dataprep/tokenizer/bpe.h"
+#include "dataprep/tokenizer/bpe_train.h"
+
+namespace kiln {
+namespace {
+
+// ---- GPT-2 byte <-> unicode spelling -----------------------------------------------------------
+
+struct ByteUnicode {
+  std::array<int32_t, 256> byte_to_cp{};
+  std::unordered_map<int32_t, uint8_t> cp_to_byte;
+  std::array<std::string, 256> byte_to_utf8;
+  ByteUnicode() {
+    std::vector<int> bs;
+    for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
+    for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
+    for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
+    std::array<bool, 256> direct{};
+    for (int b : bs) direct[b] = true;
+    int n = 0;
+    for (int b = 0; b < 256; ++b) byte_to_cp[b] = direct[b] ? b : 256 + n++;
+    for (int b = 0; b < 256; ++b) {
+      cp_to_byte[byte_to_cp[b]] = static_cast<uint8_t>(b);
+      utf8proc_uint8_t buf[4];
+      auto len = utf8proc_encode_char(byte_to_cp[b], buf);
+      byte_to_utf8[b] = std::string(reinterpret_cast<char*>(buf), size_t(len));
+    }
+  }
+};
+
+const ByteUnicode& byte_unicode() {
+  static const ByteUnicode table;
+  return table;
+}
+
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    utf8proc_int32_t cp;
+    auto len = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+    if (len <= 0) return false;
+    i += size_t(len);
+  }
+  return true;
+}
+
+// ---- per-thread encode cache -------------------------------------------------------------------
+
+// A per-thread cache of encoded words: open addressing over XXH3 hashes, with the word bytes and
+// token ids kept in two arenas (no allocation per entry). Cleared whole when it fills up.
+class WordCache {
+ public:
+  WordCache() { reset(); }
+  // Appends the cached tokens of `word` to *out and returns true, or returns false.
+  bool find(std::string_view word, uint64_t hash, std::vector<uint32_t>* out) const {
+    for (uint64_t slot = hash & kMask;; slot = (slot + 1) & kMask) {
+      const Entry& e = entries_[slot];
+      if (e.word_len == 0) return false;
+      if (e.hash == hash && e.word_len == word.size() &&
+          std::memcmp(words_.data() + e.word_off, word.data(), word.size()) == 0) {
+        out->insert(out->end(), tokens_.begin() + e.tok_off, tokens_.begin() + e.tok_off + e.tok_len);
+        return true;
+      }
+    }
+  }
+  void insert(std::string_view word, uint64_t hash, const uint32_t* tokens, size_t n) {
+    if (size_ * 2 >= kSlots || words_.size() + word.size() > kMaxArena ||
+        tokens_.size() + n > kMaxArena)
+      reset();
+    uint64_t slot = hash & kMask;
+    while (entries_[slot].word_len != 0) slot = (slot + 1) & kMask;
+    entries_[slot] = {hash, uint32_t(words_.size()), uint32_t(word.size()),
+                      uint32_t(tokens_.size()), uint32_t(n)};
+    words_.append(word);
+    tokens_.insert(tokens_.end(), tokens, tokens + n);
+    ++size_;
+  }
+
+ private:
+  struct Entry {
+    uint64_t hash;
+    uint32_t word_off, word_len, tok_off, tok_len;
+  };
+  static constexpr uint64_t kSlots = 1 << 17;
+  static constexpr uint64_t kMask = kSlots - 1;
+  static constexpr size_t kMaxArena = 1 << 24;
+  void reset() {
+    entries_.assign(kSlots, Entry{0, 0, 0, 0, 0});
+    words_.clear();
+    tokens_.clear();
+    size_ = 0;
+  }
+  std::vector<Entry> entries_;
+  std::string words_;
+  std::vector<uint32_t> tokens_;
+  size_t size_ = 0;
+};
+constexpr size_t kMaxCachedWordBytes = 64;
+
+std::string json_string(std::string_view s) { return nlohmann::json(std::string(s)).dump(); }
+
+}  // namespace
+
+std::string bytes_to_gpt2_unicode(std::string_view bytes) {
+  const auto& t = byte_unicode();
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char b : bytes) out += t.byte_to_utf8[b];
+  return out;
+}
+
+Result<std::string> gpt2_unicode_to_bytes(std::string_view text) {
+  const auto& t = byte_unicode();
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    utf8proc_int32_t cp;
+    auto len = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + i),
+                                static_cast<utf8proc_ssize_t>(text.size() - i), &cp);
+    if (len <= 0) return Status::data("invalid UTF-8 in token '" + std::string(text) + "'");
+    auto it = t.cp_to_byte.find(cp);
+    if (it == t.cp_to_byte.end())
+      return Status::data("token '" + std::string(text) +
+                          "' has a character outside GPT-2's byte alphabet");
+    out.push_back(static_cast<char>(it->second));
+    i += size_t(len);
+  }
+  return out;
+}
+
+// ---- Impl --------------------------------------------------------------------------------------
+
+struct Tokenizer::Impl {
+  PretokenizerSpec pre;
+  std::vector<std::string> tokens;     // bytes by id (special tokens: their text)
+  std::vector<uint8_t> special;        // 1 for special ids
+  std::vector<std::string> spelled;    // GPT-2 spelling by id (special tokens: their text)
+  int64_t eos_id = -1;
+  BpeModel model;
+  mutable tbb::enumerable_thread_specific<WordCache> caches;
+
+  void encode(std::string_view text, std::vector<uint32_t>* out) const {
+    thread_local std::vector<std::string_view> pieces;
+    pieces.clear();
+    pretokenize(text, pre, &pieces);
+    WordCache& cache = caches.local();
+    for (std::string_view piece : pieces) {
+      if (piece.size() == 1) {  // a single byte is its own token
+        out->push_back(model.byte_ids()[static_cast<unsigned char>(piece[0])]);
+        continue;
+      }
+      if (piece.size() > kMaxCachedWordBytes) {
+        model.encode_word(piece, out);
+        continue;
+      }
+      uint64_t hash = xxh3_64(piece);
+      if (cache.find(piece, hash, out)) continue;
+      size_t before = out->size();
+      model.encode_word(piece, out);
+      cache.insert(piece, hash, out->data() + before, out->size() - before);
+    }
+  }
+};
+
+// Access to Tokenizer internals for the builders in this file.
+class TokenizerAccess {
+ public:
+  static Tokenizer::Impl& impl(Tokenizer& t) { return *t.impl_; }
+};
+
+Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+size_t Tokenizer::vocab_size() const { return impl_->tokens.size(); }
+int64_t Tokenizer::eos_id() const { return impl_->eos_id; }
+const PretokenizerSpec& Tokenizer::pretokenizer() const { return impl_->pre; }
+const std::string& Tokenizer::token_bytes(uint32_t id) const { return impl_->tokens.at(id); }
+bool Tokenizer::is_special(uint32_t id) const { return id < impl_->special.size() && impl_->special[id]; }
+size_t Tokenizer::num_merges() const { return impl_->model.merges().size(); }
+
+int64_t Tokenizer::special_id(std::string_view text) const {
+  for (size_t id = 0; id < impl_->tokens.size(); ++id)
+    if (impl_->special[id] && impl_->tokens[id] == text) return int64_t(id);
+  return -1;
+}
+
+void Tokenizer::encode(std::string_view text, std::vector<uint32_t>* out) const {
+  impl_->encode(text, out);
+}
+
+std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<uint32_t> out;
+  out.reserve(text.size() / 3 + 4);
+  impl_->encode(text, &out);
+  return out;
+}
+
+std::vector<std::vector<uint32_t>> Tokenizer::encode_batch(
+    const std::vector<std::string_view>& texts) const {
+  std::vector<std::vector<uint32_t>> out(texts.size());
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size()), [&](const auto& range) {
+    for (size_t i = range.begin(); i != range.end(); ++i) out[i] = encode(texts[i]);
+  });
+  return out;
+}
+
+Result<std::string> Tokenizer::decode(std::span<const uint32_t> ids) const {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= impl_->tokens.size())
+      return Status::data("token id " + std::to_string(ids[i]) + " at position " +
+                          std::to_string(i) + " is out of range (vocabulary size " +
+                          std::to_string(impl_->tokens.size()) + ")");
+    out += impl_->tokens[ids[i]];
+  }
+  return out;
+}
+
+// ---- training ----------------------------------------------------------------------------------
+
+Result<Tokenizer> Tokenizer::train(const std::vector<std::string_view>& texts,
+                                   const TokenizerTrainOptions& options) {
+  const size_t num_special = options.special_tokens.size();
+  std::unordered_set<std::string> seen;
+  for (const auto& s : options.special_tokens) {
+    if (s.empty() || !valid_utf8(s)) return Status::usage("special tokens must be non-empty UTF-8");
+    if (!seen.insert(s).second) return Status::usage("special token '" + s + "' given twice");
+  }
+  if (options.vocab_size < num_special + 256)
+    return Status::usage("vocabulary size " + std::to_string(options.vocab_size) +
+                         " is below the " + std::to_string(num_special + 256) +
+                         " special and byte tokens");
+  if (options.vocab_size > (size_t(1) << 31)) return Status::usage("vocabulary size too large");
+
+  // Words counted in parallel, in an order that does not depend on the thread count (nor does
+  // training's result depend on the order).
+  std::vector<WordCount> words = count_words(texts, options.pretokenizer);
+
+  std::array<uint32_t, 256> byte_ids;
+  for (int b = 0; b < 256; ++b) byte_ids[b] = uint32_t(num_special + b);
+  const uint32_t first_merge = uint32_t(num_special + 256);
+  BpeTrainResult trained =
+      train_bpe(words, byte_ids, first_merge, options.vocab_size - first_merge,
+                options.min_frequency);
+
+  Tokenizer tok;
+  Impl& impl = TokenizerAccess::impl(tok);
+  impl.pre = options.pretokenizer;
+  for (const auto& s : options.special_tokens) {
+    impl.tokens.push_back(s);
+    impl.special.push_back(1);
+    impl.spelled.push_back(s);
+  }
+  for (int b = 0; b < 256; ++b) {
+    impl.tokens.push_back(std::string(1, char(b)));
+    impl.special.push_back(0);
+    impl.spelled.push_back(byte_unicode().byte_to_utf8[b]);
+  }
+  for (auto& t : trained.tokens) {
+    impl.spelled.push_back(bytes_to_gpt2_unicode(t));
+    impl.tokens.push_back(std::move(t));
+    impl.special.push_back(0);
+  }
+  impl.eos_id = num_special > 0 ? 0 : -1;
+  impl.model = BpeModel(byte_ids, std::move(trained.merges));
+  return tok;
+}
+
+// ---- building from a vocabulary ----------------------------------------------------------------
+
+// Builds a tokenizer from GPT-2-spelled vocabulary entries and merges. `special_ids` marks ids
+// whose entry is literal text rather than a byte spelling.
+static Result<Tokenizer> build_tokenizer(
+    const std::vector<std::pair<std::string, int64_t>>& vocab,
+    const std::vector<std::pair<std::string, std::string>>& merges,
+    const std::unordered_set<int64_t>& special_ids, int64_t eos_id, PretokenizerSpec pre,
+    const std::string& origin) {
+  const size_t n = vocab.size();
+  if (n == 0) return Status::data("empty vocabulary").with_file(origin);
+  if (n > (size_t(1) << 31)) return Status::data("vocabulary too large").with_file(origin);
+  Tokenizer tok;
+  std::vector<std::string> spelled(n);
+  std::vector<uint8_t> have(n, 0);
+  std::unordered_map<std::string, uint32_t> spelled_to_id;
+  for (const auto& [s, id] : vocab) {
+    if (id < 0 || size_t(id) >= n)
+      return Status::data("token '" + s + "' has id " + std::to_string(id) +
+                          " outside 0.." + std::to_string(n - 1) + " (ids must be dense)")
+          .with_file(origin);
+    if (have[id]) return Status::data("id " + std::to_string(id) + " is used twice").with_file(origin);
+    if (!spelled_to_id.emplace(s, uint32_t(id)).second)
+      return Status::data("token '" + s + "' appears twice").with_file(origin);
+    have[id] = 1;
+    spelled[id] = s;
+  }
+  for (int64_t id : special_ids)
+    if (id < 0 || size_t(id) >= n)
+      return Status::data("special token id " + std::to_string(id) + " is not in the vocabulary")
+          .with_file(origin);
+  if (eos_id >= 0 && !special_ids.count(eos_id))
+    return Status::data("eos_id " + std::to_string(eos_id) + " is not a special token")
+        .with_file(origin);
+
+  auto* impl = &TokenizerAccess::impl(tok);
+  impl->pre = pre;
+  impl->eos_id = eos_id;
+  impl->tokens.resize(n);
+  impl->special.assign(n, 0);
+  for (size_t id = 0; id < n; ++id) {
+    if (special_ids.count(int64_t(id))) {
+      impl->special[id] = 1;
+      impl->tokens[id] = spelled[id];
+      continue;
+    }
+    auto bytes = gpt2_unicode_to_bytes(spelled[id]);
+    if (!bytes.is_ok()) return std::move(bytes).take_status().with_file(origin).with_key("vocab");
+    if (bytes->empty()) return Status::data("empty token at id " + std::to_string(id)).with_file(origin);
+    impl->tokens[id] = std::move(bytes).value();
+  }
+  std::array<uint32_t, 256> byte_ids;
+  const auto& bu = byte_unicode();
+  for (int b = 0; b < 256; ++b) {
+    auto it = spelled_to_id.find(bu.byte_to_utf8[b]);
+    if (it == spelled_to_id.end() || impl->special[it->second])
+      return Status::data("the vocabulary lacks the token for byte " + std::to_string(b))
+          .with_file(origin);
+    byte_ids[b] = it->second;
+  }
+  std::vector<BpeMerge> model_merges;
+  model_merges.reserve(merges.size());
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto& [l, r] = merges[rank];
+    auto li = spelled_to_id.find(l), ri = spelled_to_id.find(r), xi = spelled_to_id.find(l + r);
+    if (li == spelled_to_id.end() || ri == spelled_to_id.end() || xi == spelled_to_id.end() ||
+        impl->special[li->second] || impl->special[ri->second] || impl->special[xi->second])
+      return Status::data("merge " + std::to_string(rank) + " '" + l + " " + r +
+                          "' uses or makes a token that is not in the vocabulary")
+          .with_file(origin)
+          .with_key("merges");
+    model_merges.push_back({li->second, ri->second, xi->second});
+  }
+  impl->spelled = std::move(spelled);
+  impl->model = BpeModel(byte_ids, std::move(model_merges));
+  return tok;
+}
+
+
+// ---- JSON file ---------------------------------------------------------------------------------
+
+std::string Tokenizer::to_json() const {
+  const Impl& m = *impl_;
+  std::string out;
+  out.reserve(m.tokens.size() * 24);
+  out += "{\"format\": \"";
+  out += kTokenizerFormat;
+  out += "\",\n \"type\": \"byte-bpe\",\n \"pretokenizer\": {\"type\": \"";
+  out += pretokenizer_name(m.pre.kind);
+  out += "\"";
+  if (m.pre.kind == PretokenizerKind::kKiln)
+    out += ", \"cjk_chunk\": " + std::to_string(m.pre.cjk_chunk);
+  out += "},\n \"vocab_size\": " + std::to_string(m.tokens.size());
+  out += ",\n \"eos_id\": " + std::to_string(m.eos_id);
+  out += ",\n \"special_tokens\": {";
+  bool first = true;
+  for (size_t id = 0; id < m.tokens.size(); ++id) {
+    if (!m.special[id]) continue;
+    out += first ? "" : ", ";
+    first = false;
+    out += json_string(m.tokens[id]) + ": " + std::to_string(id);
+  }
+  out += "},\n \"vocab\": {";
+  for (size_t id = 0; id < m.spelled.size(); ++id) {
+    out += id ? ",\n  " : "\n  ";
+    out += json_string(m.spelled[id]) + ": " + std::to_string(id);
+  }
+  out += "},\n \"merges\": [";
+  const auto& merges = m.model.merges();
+  for (size_t r = 0; r < merges.size(); ++r) {
+    out += r ? ",\n  " : "\n  ";
+    out += json_string(m.spelled[merges[r].left] + " " + m.spelled[merges[r].right]);
+  }
+  out += "]}\n";
+  return out;
+}
+
+Status Tokenizer::save(const std::string& path) const { return write_file_atomic(path, to_json()); }
+
+Status Tokenizer::save_gpt2(const std::string& vocab_json_path,
+                            const std::string& merges_txt_path) const {
+  const Impl& m = *impl_;
+  std::string vocab = "{";
+  for (size_t id = 0; id < m.spelled.size(); ++id) {
+    vocab += id ? ", " : "";
+    vocab += json_string(m.spelled[id]) + ": " + std::to_string(id);
+  }
+  vocab += "}";
+  std::string merges = "#version: 0.2\n";
+  for (const auto& mg : m.model.merges())
+    merges += m.spelled[mg.left] + " " + m.spelled[mg.right] + "\n";
+  KILN_RETURN_IF_ERROR(write_file_atomic(vocab_json_path, vocab));
+  return write_file_atomic(merges_txt_path, merges);
+}
+
+static Result<std::pair<std::string, std::string>> split_merge(const std::string& line, size_t rank,
+                                                              const std::string& origin) {
+  size_t sp = line.find(' ');
+  if (sp == std::string::npos || sp == 0 || sp + 1 >= line.size() ||
+      line.find(' ', sp + 1) != std::string::npos)
+    return Status::data("merge " + std::to_string(rank) + " '" + line +
+                        "' is not two tokens separated by one space")
+        .with_file(origin)
+        .with_key("merges");
+  return std::make_pair(line.substr(0, sp), line.substr(sp + 1));
+}
+
+Result<Tokenizer> Tokenizer::from_json(std::string_view json_text, const std::string& origin) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::data(std::string("not valid JSON: ") + e.what()).with_file(origin);
+  }
+  if (!j.is_object()) return Status::data("a tokenizer file must hold a JSON object").with_file(origin);
+  auto field = [&](const char* key) -> const nlohmann::json* {
+    auto it = j.find(key);
+    return it == j.end() ? nullptr : &*it;
+  };
+  auto fmt = field("format");
+  if (!fmt || !fmt->is_string() || fmt->get<std::string>() != kTokenizerFormat)
+    return Status::data(std::string("expected \"format\": \"") + kTokenizerFormat + "\"")
+        .with_file(origin)
+        .with_key("format");
+  auto type = field("type");
+  if (!type || !type->is_string() || type->get<std::string>() != "byte-bpe")
+    return Status::data("expected \"type\": \"byte-bpe\"").with_file(origin).with_key("type");
+  PretokenizerSpec pre;
+  auto pt = field("pretokenizer");
+  if (!pt || !pt->is_object() || !pt->contains("type") || !(*pt)["type"].is_string())
+    return Status::data("missing or malformed").with_file(origin).with_key("pretokenizer");
+  auto kind = parse_pretokenizer_name((*pt)["type"].get<std::string>());
+  if (!kind.is_ok()) return std::move(kind).take_status().with_file(origin).with_key("pretokenizer.type");
+  pre.kind = *kind;
+  if (pt->contains("cjk_chunk")) {
+    const auto& c = (*pt)["cjk_chunk"];
+    if (!c.is_number_unsigned() || c.get<uint64_t>() > 1024)
+      return Status::data("must be an integer 0..1024").with_file(origin).with_key("pretokenizer.cjk_chunk");
+    pre.cjk_chunk = c.get<uint32_t>();
+  }
+  auto vocab_j = field("vocab");
+  if (!vocab_j || !vocab_j->is_object())
+    return Status::data("missing or not an object").with_file(origin).with_key("vocab");
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  vocab.reserve(vocab_j->size());
+  for (const auto& [k, v] : vocab_j->items()) {
+    if (!v.is_number_integer())
+      return Status::data("id of token '" + k + "' is not an integer").with_file(origin).with_key("vocab");
+    vocab.emplace_back(k, v.get<int64_t>());
+  }
+  std::unordered_set<int64_t> special_ids;
+  if (auto sp = field("special_tokens")) {
+    if (!sp->is_object())
+      return Status::data("must be an object").with_file(origin).with_key("special_tokens");
+    for (const auto& [k, v] : sp->items()) {
+      if (!v.is_number_integer())
+        return Status::data("id of '" + k + "' is not an integer").with_file(origin).with_key("special_tokens");
+      auto it = vocab_j->find(k);
+      if (it == vocab_j->end() || !it->is_number_integer() || *it != v)
+        return Status::data("special token '" + k + "' must be in vocab with the same id")
+            .with_file(origin)
+            .with_key("special_tokens");
+      special_ids.insert(v.get<int64_t>());
+    }
+  }
+  int64_t eos = -1;
+  if (auto e = field("eos_id")) {
+    if (!e->is_number_integer()) return Status::data("must be an integer").with_file(origin).with_key("eos_id");
+    eos = e->get<int64_t>();
+  }
+  std::vector<std::pair<std::string, std::string>> merges;
+  auto merges_j = field("merges");
+  if (!merges_j || !merges_j->is_array())
+    return Status::data("missing or not an array").with_file(origin).with_key("merges");
+  merges.reserve(merges_j->size());
+  for (size_t r = 0; r < merges_j->size(); ++r) {
+    const auto& mj = (*merges_j)[r];
+    if (!mj.is_string()) return Status::data("merge " + std::to_string(r) + " is not a string").with_file(origin).with_key("merges");
+    KILN_ASSIGN_OR_RETURN(auto pair, split_merge(mj.get<std::string>(), r, origin));
+    merges.push_back(std::move(pair));
+  }
+  KILN_ASSIGN_OR_RETURN(Tokenizer tok, build_tokenizer(vocab, merges, special_ids, eos, pre, origin));
+  if (auto vs = field("vocab_size")) {
+    if (!vs->is_number_unsigned() || vs->get<uint64_t>() != tok.vocab_size())
+      return Status::data("vocab_size does not match the vocabulary (" +
+                          std::to_string(tok.vocab_size()) + " tokens)")
+          .with_file(origin)
+          .with_key("vocab_size");
+  }
+  return tok;
+}
+
+Result<Tokenizer> Tokenizer::load_gpt2(const std::string& vocab_json_path,
+                                       const std::string& merges_txt_path) {
+  KILN_ASSIGN_OR_RETURN(std::string vocab_text, read_file(vocab_json_path));
+  KILN_ASSIGN_OR_RETURN(std::string merges_text, read_file(merges_txt_path));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(vocab_text);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::data(std::string("not valid JSON: ") + e.what()).with_file(vocab_json_path);
+  }
+  if (!j.is_object())
+    return Status::data("vocab.json must map token strings to ids").with_file(vocab_json_path);
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  vocab.reserve(j.size());
+  for (const auto& [k, v] : j.items()) {
+    if (!v.is_number_integer())
+      return Status::data("id of token '" + k + "' is not an integer").with_file(vocab_json_path);
+    vocab.emplace_back(k, v.get<int64_t>());
+  }
+  std::vector<std::pair<std::string, std::string>> merges;
+  size_t pos = 0, line_no = 0;
+  while (pos < merges_text.size()) {
+    size_t end = merges_text.find('\n', pos);
+    if (end == std::string::npos) end = merges_text.size();
+    std::string line = merges_text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (line_no == 1 && line.rfind("#version", 0) == 0)) continue;
+    auto pair = split_merge(line, merges.size(), merges_txt_path);
+    if (!pair.is_ok()) return std::move(pair).take_status().with_line(long(line_no));
+    merges.push_back(std::move(pair).value());
+  }
+  // Special tokens: entries that are neither a byte nor the result of a merge.
+  std::unordered_set<std::string> producible;
+  const auto& bu = byte_unicode();
+  for (int b = 0; b < 256; ++b) producible.insert(bu.byte_to_utf8[b]);
+  for (const auto& [l, r] : merges) producible.insert(l + r);
+  std::unordered_set<int64_t> special_ids;
+  int64_t eos = -1;
+  for (const auto& [s, id] : vocab) {
+    if (producible.count(s)) continue;
+    special_ids.insert(id);
+    if (s == kEndOfText) eos = id;
+  }
+  PretokenizerSpec pre;
+  pre.kind = PretokenizerKind::kGpt2;
+  return build_tokenizer(vocab, merges, special_ids, eos, pre, vocab_json_path);
+}
+
+Result<Tokenizer> Tokenizer::load(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  // A Kiln tokenizer names its format; anything else is taken as a GPT-2 vocab.json.
+  if (text.find(kTokenizerFormat) != std::string::npos) return from_json(text, path);
+  std::filesystem::path merges = std::filesystem::path(path).parent_path() / "merges.txt";
+  if (!std::filesystem::exists(merges))
+    return Status::data(std::string("neither a ") + kTokenizerFormat +
+                        " file nor a vocab.json with merges.txt beside it")
+        .with_file(path);
+  return load_gpt2(path, merges.string());
+}
+
+}  // namespace kiln

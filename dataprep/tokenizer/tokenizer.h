@@ -1,0 +1,93 @@
+// Byte-level BPE tokenizer: trained by Kiln or loaded from GPT-2's vocab.json + merges.txt.
+//
+// Saved as ONE JSON file (format "kiln-tokenizer/1", documented in docs/TOKENIZER.md):
+//   {"format": "kiln-tokenizer/1", "type": "byte-bpe",
+//    "pretokenizer": {"type": "kiln-v1", "cjk_chunk": 0},      // or {"type": "gpt2"}
+//    "vocab_size": N, "eos_id": 0,
+//    "special_tokens": {"<|endoftext|>": 0},
+//    "vocab": {"<token>": id, ...},      // tokens in GPT-2's byte-to-unicode spelling
+//    "merges": ["<left> <right>", ...]}  // in rank order (as in merges.txt)
+// Ids are dense 0..vocab_size-1. Tokenizers Kiln trains put the special tokens first
+// (<|endoftext|> = 0), then the 256 bytes, then one token per merge.
+//
+// encode() treats its input as plain text: special-token strings inside the text are encoded as
+// ordinary bytes (a document can never inject an end-of-text). decode(encode(x)) == x for any
+// byte string. All const methods are thread-safe; encode keeps a per-thread word cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "dataprep/tokenizer/pretokenize.h"
+
+namespace kiln {
+
+inline constexpr const char* kTokenizerFormat = "kiln-tokenizer/1";
+inline constexpr const char* kEndOfText = "<|endoftext|>";
+
+struct TokenizerTrainOptions {
+  size_t vocab_size = 8192;  // including the special tokens and the 256 byte tokens
+  std::vector<std::string> special_tokens = {kEndOfText};  // ids 0..; the first is the EOS
+  uint64_t min_frequency = 2;  // stop merging when the best pair occurs fewer times
+  PretokenizerSpec pretokenizer;
+};
+
+class Tokenizer {
+ public:
+  Tokenizer();
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  // Trains on `texts` (pre-tokenised and counted in parallel). The vocabulary may come out
+  // smaller than requested when the text has too few repeated pairs. Usage error when
+  // vocab_size < specials + 256.
+  static Result<Tokenizer> train(const std::vector<std::string_view>& texts,
+                                 const TokenizerTrainOptions& options);
+  // Reads a tokenizer file: Kiln's JSON, or a GPT-2 vocab.json with merges.txt beside it.
+  static Result<Tokenizer> load(const std::string& path);
+  static Result<Tokenizer> from_json(std::string_view json_text, const std::string& origin);
+  // GPT-2 style pair. Tokens of vocab.json that are neither a byte nor the result of a merge are
+  // special tokens; "<|endoftext|>" (when present) is the EOS. Pre-tokenizer "gpt2".
+  static Result<Tokenizer> load_gpt2(const std::string& vocab_json_path,
+                                     const std::string& merges_txt_path);
+
+  std::string to_json() const;                 // deterministic bytes
+  Status save(const std::string& path) const;  // atomic
+  // Writes the GPT-2 style pair (for other tools).
+  Status save_gpt2(const std::string& vocab_json_path, const std::string& merges_txt_path) const;
+
+  // Appends the ids of `text` to *out.
+  void encode(std::string_view text, std::vector<uint32_t>* out) const;
+  std::vector<uint32_t> encode(std::string_view text) const;
+  // Encodes many texts in parallel (oneTBB); result[i] belongs to texts[i].
+  std::vector<std::vector<uint32_t>> encode_batch(const std::vector<std::string_view>& texts) const;
+  // Data error naming the first id that is out of range.
+  Result<std::string> decode(std::span<const uint32_t> ids) const;
+
+  size_t vocab_size() const;
+  int64_t eos_id() const;  // -1 when there is none
+  const PretokenizerSpec& pretokenizer() const;
+  // Bytes of one token (special tokens: their text). id must be < vocab_size().
+  const std::string& token_bytes(uint32_t id) const;
+  bool is_special(uint32_t id) const;
+  // Id of a special token, or -1.
+  int64_t special_id(std::string_view text) const;
+  size_t num_merges() const;
+
+ private:
+  friend class TokenizerAccess;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// GPT-2's byte-to-unicode spelling of raw bytes (as used in vocab.json / merges.txt), and back.
+std::string bytes_to_gpt2_unicode(std::string_view bytes);
+Result<std::string> gpt2_unicode_to_bytes(std::string_view text);
+
+}  // namespace kiln

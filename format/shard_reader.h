@@ -1,0 +1,46 @@
+// Reading shards: ShardReader streams the samples of one shard file. See format/shard.h for the
+// sample format and docs/FORMATS.md "Shards".
+//
+// Shards are untrusted: absolute paths, "..", non-regular members, duplicate extensions for a
+// key, a key appearing again after other keys, members past a size limit, truncation, data after
+// the end-of-archive marker and (when an expected checksum is given) checksum mismatches are kData
+// errors naming the shard and the member.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "format/shard.h"
+
+namespace kiln {
+
+struct ShardReaderOptions {
+  uint64_t max_member_bytes = 256ull << 20;  // members larger than this are errors
+  std::optional<uint64_t> expected_xxh3;     // verify the whole file's XXH3-64 before reading
+};
+
+// Streams samples from one shard. Not thread-safe.
+class ShardReader {
+ public:
+  virtual ~ShardReader() = default;
+  // Compression is detected from the extension (".tar" / ".tar.zst").
+  static Result<std::unique_ptr<ShardReader>> open(const std::string& path,
+                                                   ShardReaderOptions options = {});
+  // Reads the next sample into *out (its strings' capacity is reused, so pass the same sample
+  // object every time when reading many). Members come in file order. Returns false at the end
+  // of the shard, after checking the end-of-archive marker, that nothing but zero padding
+  // follows it and (for zstd) that the compressed stream is complete. After an error, every
+  // further call returns an error.
+  virtual Result<bool> next(ShardSample* out) = 0;
+  // Uncompressed tar bytes consumed so far.
+  virtual uint64_t tar_bytes() const = 0;
+  // Reads every sample.
+  static Result<std::vector<ShardSample>> read_all(const std::string& path,
+                                                   ShardReaderOptions options = {});
+};
+
+}  // namespace kiln

@@ -1,0 +1,48 @@
+// Internal to loader/: decoding — one planned unit read from its shard into the packed token
+// stream the packer cuts sequences from.
+//
+// decode_unit() reads the unit's shard (checking its XXH3 against the manifest when asked),
+// takes the planned members in the plan's order, widens their .tokens.npy to uint32, drops the
+// first skip_tokens tokens of the first member (a restored position) and appends the eos id after
+// every document. Problems (missing member, malformed .npy, a token id >= vocab_size, a sample
+// count that differs from the manifest) set Unit::status to a kData naming the shard and member.
+// Thread-safe for distinct units (workers decode in parallel without the loader's lock).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "format/manifest.h"
+#include "loader/plan.h"
+
+namespace kiln::loader::detail {
+
+// One unit's packed tokens once decoded.
+struct Unit {
+  UnitPlan plan;
+  bool ready = false;
+  bool skipped = false;  // a bad shard skipped under skip_bad_shards: no documents
+  Status status;
+  std::vector<uint32_t> tokens;     // packed: every document's tokens then eos
+  std::vector<uint64_t> doc_start;  // offsets into tokens, size docs + 1
+  std::vector<std::string> ids;     // raw JSON ids (sample_ids only)
+  uint64_t tar_bytes = 0;
+  size_t docs() const { return doc_start.empty() ? 0 : doc_start.size() - 1; }
+};
+
+struct DecodeOptions {
+  bool verify_checksums = true;  // check the shard's XXH3-64 against the manifest first
+  bool sample_ids = false;       // also parse "id" from each sample's <key>.json
+  uint32_t eos = 0;              // appended after every document
+};
+
+// Fills unit->tokens / doc_start / ids / tar_bytes from unit->plan, or sets unit->status.
+// unit->tokens may hold a recycled buffer (its capacity is reused). When `abort` becomes true the
+// decode stops early with a kInternal "loader stopped".
+void decode_unit(const Manifest& manifest, const DecodeOptions& options,
+                 const std::atomic<bool>& abort, Unit* unit);
+
+}  // namespace kiln::loader::detail
