@@ -715,25 +715,37 @@ TEST_F(ShardTest, KilledWriterLeavesOnlyPartial) {
     o.dir = out;
     o.prefix = "k";
     o.max_samples = 0;
-    o.max_tar_bytes = 4 << 20;
+    o.max_tar_bytes = 16 << 20;
     RollingShardWriter w(o);
     std::string text(64 << 10, 'x');
     for (uint64_t i = 0;; ++i) {
       ShardSample s;
       s.key = "s" + std::to_string(i);
       text[i % text.size()] = static_cast<char>('a' + i % 26);
-      // 200 large samples fill 3 shards (63 per 4 MiB) and start a fourth; after that, small
-      // samples keep the fourth shard being written (slowly) until the kill.
-      s.members.push_back({"txt", i <= 200 ? text : std::to_string(i)});
+      // 900 large samples fill 3 shards (255 per 16 MiB) and start a fourth whose first chunk
+      // (8 MiB) goes to the background writer; after that, small samples keep the fourth shard
+      // open (slowly) until the kill.
+      s.members.push_back({"txt", i <= 900 ? text : std::to_string(i)});
       if (!w.add(s).is_ok()) ::_exit(3);
-      if (i == 200) (void)!::write(ready[1], "r", 1);
-      if (i > 200) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (i == 900) (void)!::write(ready[1], "r", 1);
+      if (i > 900) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
   ::close(ready[1]);
   char c;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Shards are written in the background: wait until the three full ones are complete and the
+  // fourth exists as .partial, then kill the writer mid-shard.
+  auto count = [&](const char* suffix) {
+    int n = 0;
+    std::error_code ec;  // the folder appears with the first shard
+    for (const auto& e : fs::directory_iterator(out, ec)) n += e.path().string().ends_with(suffix);
+    return n;
+  };
+  for (int waited = 0; waited < 60000 && (count(".tar.zst") < 3 || count(".partial") < 1);
+       waited += 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ::kill(pid, SIGKILL);
   int status = 0;
   ::waitpid(pid, &status, 0);
