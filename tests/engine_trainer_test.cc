@@ -13,29 +13,20 @@
 #include "engine/mixture_control.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
+#include "tests/engine_test_util.h"
 
 namespace kiln::engine {
 namespace {
 namespace fs = std::filesystem;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() /
-               ("kiln_engine_trainer_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p.string();
-}
+std::string temp_dir(const std::string& name) { return test::temp_dir("engine_trainer", name); }
 
 TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
   std::vector<std::string> sets = {
       "model.vocab_size=96", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
       "model.seq_len=32",    "data.micro_batch=2", "data.grad_accum=2", "optimizer.lr=3e-3",
       "schedule.warmup_steps=3", "run.threads=2",  "run.dir=" + dir};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  auto cfg = load_train_config("", sets);
-  KILN_CHECK(cfg.is_ok(), cfg.status().to_string());
-  auto tc = parse_train_config(*cfg);
-  KILN_CHECK(tc.is_ok(), tc.status().to_string());
-  return *tc;
+  return test::config_from_sets(std::move(sets), extra);
 }
 
 std::unique_ptr<Trainer> open_trainer(const TrainConfig& c, bool resume = false) {

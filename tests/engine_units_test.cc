@@ -14,16 +14,16 @@
 #include "engine/safetensors.h"
 #include "engine/schedule.h"
 #include "engine/train_config.h"
+#include "tests/engine_test_util.h"
 
 namespace kiln::engine {
 namespace {
 namespace fs = std::filesystem;
 
 std::string temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("kiln_engine_units_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
+  std::string p = test::temp_dir("engine_units", name);
   fs::create_directories(p);
-  return p.string();
+  return p;
 }
 
 TEST(TrainConfig, DefaultsParse) {

@@ -13,18 +13,14 @@
 #include "engine/mixture_control.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
+#include "tests/engine_test_util.h"
 
 namespace kiln::engine {
 namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() /
-               ("kiln_mix_controller_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p.string();
-}
+std::string temp_dir(const std::string& name) { return test::temp_dir("mix_controller", name); }
 
 // Synthetic data: "markov" (a random bigram chain, loss floor ln 4) is the hard domain,
 // "repeat" (a repeated 16-token motif) the easy one.
@@ -34,12 +30,7 @@ TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
       "model.seq_len=32", "data.micro_batch=4", "optimizer.lr=1e-2", "run.threads=1",
       "run.dir=" + dir, "run.steps=40", "eval.every_steps=10", "eval.sequences_per_domain=6",
       "mixing.update_every=5"};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  auto cfg = load_train_config("", sets);
-  KILN_CHECK(cfg.is_ok(), cfg.status().to_string());
-  auto tc = parse_train_config(*cfg);
-  KILN_CHECK(tc.is_ok(), tc.status().to_string());
-  return *tc;
+  return test::config_from_sets(std::move(sets), extra);
 }
 
 std::unique_ptr<Trainer> open_trainer(const TrainConfig& c, bool resume = false) {

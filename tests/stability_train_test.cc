@@ -14,18 +14,14 @@
 
 #include "engine/train_config.h"
 #include "engine/trainer.h"
+#include "tests/engine_test_util.h"
 
 namespace kiln::engine {
 namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() /
-               ("kiln_stability_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p.string();
-}
+std::string temp_dir(const std::string& name) { return test::temp_dir("stability", name); }
 
 TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
   std::vector<std::string> sets = {
@@ -34,12 +30,7 @@ TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
       "schedule.type=constant", "run.dir=" + dir, "run.steps=60", "eval.every_steps=0",
       "checkpoint.every_steps=10", "stability.spike.warmup_steps=10",
       "stability.spike.window=40", "stability.spike.z_loss=6", "stability.spike.z_grad=1000"};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  auto cfg = load_train_config("", sets);
-  KILN_CHECK(cfg.is_ok(), cfg.status().to_string());
-  auto tc = parse_train_config(*cfg);
-  KILN_CHECK(tc.is_ok(), tc.status().to_string());
-  return *tc;
+  return test::config_from_sets(std::move(sets), extra);
 }
 
 Status train(const TrainConfig& c) {
