@@ -24,6 +24,18 @@ StepStats AdamW::inspect(const ParamStore& params, double loss_scale) const {
   return s;
 }
 
+AdamWParams adamw_params(const OptimizerConfig& config, double lr, double loss_scale,
+                         const StepStats& stats, int64_t step) {
+  AdamWParams hp;
+  hp.lr = static_cast<float>(lr);
+  hp.beta1 = config.beta1;
+  hp.beta2 = config.beta2;
+  hp.eps = config.eps;
+  hp.grad_scale = static_cast<float>(stats.clip_coef / loss_scale);
+  hp.step = step;
+  return hp;
+}
+
 StepStats AdamW::step(ParamStore& params, double lr, double loss_scale) {
   StepStats s = inspect(params, loss_scale);
   if (s.finite) apply(params, lr, loss_scale, s);
@@ -33,13 +45,7 @@ StepStats AdamW::step(ParamStore& params, double lr, double loss_scale) {
 void AdamW::apply(ParamStore& params, double lr, double loss_scale, const StepStats& s) {
   KILN_CHECK(s.finite, "AdamW::apply with non-finite gradients");
   ++updates_;
-  AdamWParams hp;
-  hp.lr = static_cast<float>(lr);
-  hp.beta1 = config_.beta1;
-  hp.beta2 = config_.beta2;
-  hp.eps = config_.eps;
-  hp.grad_scale = static_cast<float>(s.clip_coef / loss_scale);
-  hp.step = updates_;
+  AdamWParams hp = adamw_params(config_, lr, loss_scale, s, updates_);
   const auto& tensors = params.tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const int t = static_cast<int>(i);

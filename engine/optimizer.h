@@ -14,6 +14,7 @@
 
 #include "engine/params.h"
 #include "engine/train_config.h"
+#include "kernels/ops.h"
 
 namespace kiln::engine {
 
@@ -22,6 +23,12 @@ struct StepStats {
   double clip_coef = 1;   // factor applied by clipping (1 when not clipped)
   bool finite = true;     // false: inf/NaN found, no update was made
 };
+
+// The AdamW hyper-parameters of one update: the config's betas and eps, learning rate lr, bias
+// correction for update number `step`, and grad_scale = clip_coef / loss_scale (weight decay is per
+// tensor: the caller sets it).
+AdamWParams adamw_params(const OptimizerConfig& config, double lr, double loss_scale,
+                         const StepStats& stats, int64_t step);
 
 class AdamW {
  public:

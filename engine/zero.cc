@@ -84,13 +84,7 @@ Status ZeroOptimizer::allgather_unit(void* full, size_t elem, size_t numel, size
 Status ZeroOptimizer::apply(ParamStore& params, double lr, double loss_scale,
                             const StepStats& stats, int64_t step) {
   KILN_CHECK(stats.finite, "ZeroOptimizer::apply with non-finite gradients");
-  AdamWParams hp;
-  hp.lr = static_cast<float>(lr);
-  hp.beta1 = config_.beta1;
-  hp.beta2 = config_.beta2;
-  hp.eps = config_.eps;
-  hp.grad_scale = static_cast<float>(stats.clip_coef / loss_scale);
-  hp.step = step;
+  AdamWParams hp = adamw_params(config_, lr, loss_scale, stats, step);
   const auto& tensors = params.tensors();
   auto& units = params.units();
   const Precision prec = params.precision();

@@ -224,6 +224,20 @@ Result<LineReader::Fill> LineReader::fill() {
   }
 }
 
+// A complete line of len bytes at text: kLine (a trailing '\r' dropped), or kTooLong with its
+// whole length when it is longer than max_line (skipped counts its bytes already dropped).
+static void emit_line(LineEvent* ev, const char* text, size_t len, bool skipping, uint64_t skipped,
+                      size_t max_line) {
+  if (skipping || len > max_line) {
+    ev->kind = LineEventKind::kTooLong;
+    ev->length = skipped + len;
+    return;
+  }
+  if (len > 0 && text[len - 1] == '\r') --len;
+  ev->kind = LineEventKind::kLine;
+  ev->text = std::string_view(text, len);
+}
+
 Status LineReader::next(LineEvent* ev) {
   ev->detail.clear();
   ev->length = 0;
@@ -243,14 +257,7 @@ Status LineReader::next(LineEvent* ev) {
       size_t len = pos - start_;
       ++line_;
       ev->line = line_;
-      if (skipping || len > max_line_) {
-        ev->kind = LineEventKind::kTooLong;
-        ev->length = skipped + len;
-      } else {
-        if (len > 0 && base[pos - 1] == '\r') --len;
-        ev->kind = LineEventKind::kLine;
-        ev->text = std::string_view(base + start_, len);
-      }
+      emit_line(ev, base + start_, len, skipping, skipped, max_line_);
       start_ = pos + 1;
       scanned_ = 0;
       return Status::ok();
@@ -275,14 +282,7 @@ Status LineReader::next(LineEvent* ev) {
       size_t len = end_ - start_;
       ++line_;
       ev->line = line_;
-      if (skipping || len > max_line_) {
-        ev->kind = LineEventKind::kTooLong;
-        ev->length = skipped + len;
-      } else {
-        if (len > 0 && buf_[start_ + len - 1] == '\r') --len;
-        ev->kind = LineEventKind::kLine;
-        ev->text = std::string_view(buf_.data() + start_, len);
-      }
+      emit_line(ev, buf_.data() + start_, len, skipping, skipped, max_line_);
       start_ = end_;
       return Status::ok();
     }
