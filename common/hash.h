@@ -21,7 +21,11 @@ uint64_t xxh3_64(const void* data, size_t size, uint64_t seed = 0);
 inline uint64_t xxh3_64(std::string_view s, uint64_t seed = 0) {
   return xxh3_64(s.data(), s.size(), seed);
 }
+// xxh3_64("text", seed) would bind to (data, size) and read `seed` bytes from the literal:
+// write xxh3_64(std::string_view("text"), seed).
+uint64_t xxh3_64(const char* text, uint64_t seed) = delete;
 Hash128 xxh3_128(const void* data, size_t size, uint64_t seed = 0);
+Hash128 xxh3_128(const char* text, uint64_t seed) = delete;  // as above
 inline Hash128 xxh3_128(std::string_view s, uint64_t seed = 0) {
   return xxh3_128(s.data(), s.size(), seed);
 }

@@ -73,7 +73,7 @@ Block rank_block(uint64_t n, uint64_t w, uint64_t r, uint64_t epoch) {
 
 double mix_uniform(uint64_t seed, uint64_t index) {
   // 2^64 / golden ratio: consecutive multiples are the most evenly spread sequence mod 1.
-  const uint64_t start = xxh3_64("mixture", seed);
+  const uint64_t start = xxh3_64(std::string_view("mixture"), seed);
   const uint64_t x = start + index * 0x9E3779B97F4A7C15ull;
   return static_cast<double>(x >> 11) * 0x1.0p-53;
 }

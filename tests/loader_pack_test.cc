@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <string_view>
+
+#include "common/hash.h"
+#include "loader/order.h"
 
 namespace kiln::loader::detail {
 namespace {
@@ -81,6 +85,22 @@ TEST(LoaderPack, ChooseDomainFollowsTheWeights) {
   EXPECT_NEAR(count[0], 1000, 10);         // low-discrepancy: very close to the share
   EXPECT_EQ(choose_domain(w, 11, 17), choose_domain(w, 11, 17));  // same on every rank
   EXPECT_EQ(choose_domain({0.0, 1.0}, 3, 5), 1);
+}
+
+// Regression: the mixture's start was xxh3_64("mixture", seed), which picked the (data, size)
+// overload and hashed `seed` bytes from the string literal: decisions depended on what the linker
+// put after the literal (kiln stream, the Python module and kiln train disagreed for seed 11) and
+// a large seed read far out of bounds. The start is now the hash of "mixture" seeded with seed.
+TEST(LoaderPack, MixtureStartHashesTheNameWithTheSeed) {
+  const double kPhi = 0x9E3779B97F4A7C15ull * 0x1.0p-64;  // 2^64 / golden ratio, as a fraction
+  for (uint64_t seed : {0ull, 5ull, 11ull, 1234ull, 1ull << 40, ~0ull}) {
+    const uint64_t start = xxh3_64(std::string_view("mixture"), seed);
+    EXPECT_EQ(mix_uniform(seed, 0), static_cast<double>(start >> 11) * 0x1.0p-53) << seed;
+    const double u3 = mix_uniform(seed, 3);
+    double want = static_cast<double>(start >> 11) * 0x1.0p-53 + 3 * kPhi;
+    want -= static_cast<double>(static_cast<int64_t>(want));
+    EXPECT_NEAR(u3, want, 1e-12) << seed;
+  }
 }
 
 }  // namespace
