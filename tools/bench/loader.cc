@@ -13,6 +13,10 @@
 //   bench_loader rss DIR [--prefetch P] [--workers N]
 //       one epoch; prints the peak resident set size (VmHWM) so runs over datasets of different
 //       sizes (separate processes) show memory is bounded by the settings, not the dataset.
+//   bench_loader drain DIR [--workers N] [--seq-len T] [--micro-batch B] [--prefetch P] [--passes P]
+//       the loader alone (seed 7) for `passes` epochs' worth of tokens, timed from after open to
+//       the last batch; prints one JSON line {"steps", "tokens", "wall_s", "cpu_s"}: the C++
+//       side of tools/bench/loader_python, which reads the same shards through the Python module.
 //   bench_loader train-metrics RUN/metrics.jsonl
 //       the loader's wait in a real `kiln train` run: sum of loader_wait_ms over sum of step_ms
 //       (and without step 1, whose wait includes opening the dataset), next to tokens_per_s.
@@ -337,6 +341,19 @@ int wait(const std::string& dir, const Args& a) {
   return 0;
 }
 
+int drain(const std::string& dir, const Args& a) {
+  const Manifest m = value(read_manifest(dir));
+  const int64_t steps = epoch_steps(m, a);
+  auto loader = value(Loader::open(m, loader_options(a)));
+  const double t0 = now_s(), cpu0 = cpu_s();
+  uint64_t tokens = 0;
+  for (int64_t i = 0; i < steps; ++i) tokens += value(loader->next_batch()).tokens.size();
+  const double wall = now_s() - t0, cpu = cpu_s() - cpu0;
+  std::printf("{\"steps\": %lld, \"tokens\": %llu, \"wall_s\": %.6f, \"cpu_s\": %.6f}\n",
+              static_cast<long long>(steps), static_cast<unsigned long long>(tokens), wall, cpu);
+  return 0;
+}
+
 int train_metrics(const std::string& path) {
   std::ifstream f(path);
   if (!f) die("cannot read " + path);
@@ -372,10 +389,11 @@ int main(int argc, char** argv) {
   if (mode == "make" && argc == 4) return make(argv[2], std::atof(argv[3]));
   if (mode == "run" && argc >= 3) return run(argv[2], parse(argc, argv, 3));
   if (mode == "rss" && argc >= 3) return rss(argv[2], parse(argc, argv, 3));
+  if (mode == "drain" && argc >= 3) return drain(argv[2], parse(argc, argv, 3));
   if (mode == "train-metrics" && argc == 3) return train_metrics(argv[2]);
   if (mode == "wait" && argc >= 3) return wait(argv[2], parse(argc, argv, 3));
   std::fprintf(stderr,
-               "usage: bench_loader make DIR MB | run DIR [flags] | rss DIR [flags] | "
+               "usage: bench_loader make DIR MB | run DIR [flags] | rss DIR [flags] | drain DIR [flags] | "
                "wait DIR --step-ms S --steps N [flags]\n");
   return 2;
 }
