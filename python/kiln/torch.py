@@ -23,6 +23,7 @@ The Dataset follows the state_dict() / load_state_dict() protocol of stateful da
 process that made it: DataLoader(num_workers > 0) would copy it into worker processes, so it
 raises there with a message instead.
 """
+import numpy as np
 import torch
 import torch.utils.data
 
@@ -57,18 +58,20 @@ class Dataset(torch.utils.data.IterableDataset):
 
     def __next__(self):
         b = next(self.loader)
-        tokens = b.tokens.view("int32")  # ids < 2**31: the same bits, no copy
-        tokens = torch.from_numpy(tokens)
+        # NumPy converts in one C loop; torch.from_numpy then wraps without a copy (torch 1.13
+        # has no uint32: ids < 2**31, so the int32 view holds the same values).
         if self.dtype == torch.long:
-            tokens = tokens.long()
+            tokens = torch.from_numpy(b.tokens.astype(np.int64))
+        else:
+            tokens = torch.from_numpy(b.tokens.view(np.int32))
         item = {
             "tokens": tokens,
-            "domain": torch.from_numpy(b.domain).long(),
+            "domain": torch.from_numpy(b.domain.astype(np.int64)),
             "doc_starts": [torch.from_numpy(s) for s in b.doc_starts],
             "step": b.step,
         }
         if self.position_ids:
-            item["position_ids"] = torch.from_numpy(b.position_ids).long()
+            item["position_ids"] = torch.from_numpy(b.position_ids.astype(np.int64))
         return item
 
     # The stateful protocol and mixing, forwarded to the loader.
