@@ -19,14 +19,6 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
                                  "(`kiln plan` estimates it); use parallel.tp: 1")
         .with_key("parallel.tp");
   }
-  if (config.parallel.zero_stage > 1) {
-    return Status::unimplemented("parallel.zero_stage " +
-                                 std::to_string(config.parallel.zero_stage) +
-                                 ": this version's training loop runs ZeRO stages 0 and 1 "
-                                 "(`kiln plan` estimates stages 2 and 3); use "
-                                 "parallel.zero_stage: 0 or 1")
-        .with_key("parallel.zero_stage");
-  }
   KILN_CHECK(layout_trainable(Layout{config.parallel.tp, 1, config.parallel.zero_stage,
                                      config.activation_checkpointing}),
              "a layout refused above is trainable per engine/plan.h");
@@ -35,18 +27,25 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
   o.tp = static_cast<int>(config.parallel.tp);
   o.hierarchical = config.parallel.hierarchical;
   KILN_ASSIGN_OR_RETURN(comm::Topology t, comm::make_topology(world, o));
-  return std::unique_ptr<DataParallel>(new DataParallel(std::move(t), config.parallel.zero_stage));
+  return std::unique_ptr<DataParallel>(new DataParallel(std::move(t), config.parallel.zero_stage,
+                                                         config.parallel.prefetch));
 }
 
 Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer) {
   if (stage_ >= 1 && topo_.dp_size > 1) {
-    zero_ = std::make_unique<ZeroOptimizer>(params, *topo_.dp, optimizer);
-    KILN_LOG_INFO("ZeRO-1: AdamW state sharded over {} ranks; model states on rank 0: {} bytes "
-                  "({:.1f} MiB: weights and gradients {:.1f} MiB, gradient and moment shards "
+    const uint64_t before = params.state_bytes();
+    zero_ = std::make_unique<ZeroOptimizer>(params, *topo_.dp, optimizer, static_cast<int>(stage_),
+                                            static_cast<int>(prefetch_));
+    const uint64_t kept = params.state_bytes(), shards = zero_->shard_bytes();
+    KILN_LOG_INFO("ZeRO-{}: {} sharded over {} ranks; model states on rank 0: {} bytes "
+                  "({:.1f} MiB: full buffers {:.1f} MiB, shards {:.1f} MiB; ZeRO-0 would hold "
                   "{:.1f} MiB)",
-                  topo_.dp_size, params.state_bytes() + zero_->shard_bytes(),
-                  (params.state_bytes() + zero_->shard_bytes()) / 1048576.0,
-                  params.state_bytes() / 1048576.0, zero_->shard_bytes() / 1048576.0);
+                  stage_,
+                  stage_ == 1   ? "AdamW state"
+                  : stage_ == 2 ? "AdamW state and gradients"
+                                : "AdamW state, gradients and weights",
+                  topo_.dp_size, kept + shards, (kept + shards) / 1048576.0, kept / 1048576.0,
+                  shards / 1048576.0, before / 1048576.0);
   } else if (stage_ >= 1) {
     KILN_LOG_INFO("ZeRO-{} with one data-parallel rank: nothing to shard", stage_);
   }

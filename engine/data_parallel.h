@@ -10,7 +10,7 @@
 // decisions it makes alone (the live mixture file) are broadcast. A failure on one rank becomes
 // an error on every rank that names it (agree()), so no rank hangs in a collective.
 //
-// Implemented: ZeRO stages 0 and 1 (engine/zero.h) with tensor-parallel size 1. Other layouts
+// Implemented: ZeRO stages 0-3 (engine/zero.h) with tensor-parallel size 1. Other layouts
 // are refused with a config error naming the key (kiln plan estimates them all).
 // Not thread-safe: the training thread owns it.
 #pragma once
@@ -56,19 +56,22 @@ class DataParallel {
   // Every rank's blob, in rank order, on the root only.
   Result<std::vector<std::string>> gather(const std::string& mine);
 
-  // Shards the optimizer state (ZeRO-1, more than one data-parallel rank) after the parameters
-  // were initialised or loaded; logs the model-state bytes this rank holds.
+  // Shards the model states (ZeRO-1/2/3, more than one data-parallel rank) after the parameters
+  // were initialised or loaded; logs the model-state bytes this rank holds. Stages 2-3 also need
+  // the model to call zero()'s unit hooks (Model::set_unit_hooks).
   Status attach(ParamStore& params, const OptimizerConfig& optimizer);
-  // The sharded optimizer, or nullptr (ZeRO-0, or one data-parallel rank).
+  // The sharded model states, or nullptr (ZeRO-0, or one data-parallel rank).
   ZeroOptimizer* zero() { return zero_.get(); }
 
   // Bytes moved so far by each collective of every group ("dp.all_reduce", ...).
   std::map<std::string, uint64_t> comm_bytes() const;
 
  private:
-  explicit DataParallel(comm::Topology t, int64_t stage) : topo_(std::move(t)), stage_(stage) {}
+  DataParallel(comm::Topology t, int64_t stage, int64_t prefetch)
+      : topo_(std::move(t)), stage_(stage), prefetch_(prefetch) {}
   comm::Topology topo_;
   int64_t stage_ = 0;
+  int64_t prefetch_ = 1;
   std::unique_ptr<ZeroOptimizer> zero_;
 };
 

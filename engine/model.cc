@@ -109,18 +109,25 @@ class GptModel final : public Model {
     mem_ = plan_activation_memory(m_, B, params->precision(), mode);
     mem_.working_bytes += logits_.bytes();
     mem_.working_bytes -= head_rows(m_, B, e, 0) * static_cast<size_t>(m_.vocab_size) * e;
+    embed_unit_ = unit_of(p_->wte());
+    final_unit_ = unit_of(p_->lnf_w());
+    for (size_t l = 0; l < L; ++l) block_units_.push_back(unit_of(p_->block(static_cast<int>(l)).ln1_w));
   }
 
   void forward_backward(const int32_t* inputs, const int32_t* targets, float dloss,
                         float* losses) override {
+    begin_pass(true);
     forward_blocks(inputs);
     head(targets, losses, dloss, /*backward=*/true);
     backward_blocks(inputs);
+    if (hooks_) hooks_->end_pass();
   }
 
   void forward(const int32_t* inputs, const int32_t* targets, float* losses) override {
+    begin_pass(false);
     forward_blocks(inputs);
     head(targets, losses, 0.0f, /*backward=*/false);
+    if (hooks_) hooks_->end_pass();
   }
 
   ActivationMemory activation_memory() const override { return mem_; }
@@ -151,6 +158,30 @@ class GptModel final : public Model {
   }
 
   T* w(int t) { return p_->work<T>(t); }
+  int unit_of(int t) const { return p_->tensors()[t].unit; }
+
+  // UnitHooks (model.h): the units in the order forward / forward_backward acquire them.
+  void begin_pass(bool backward) {
+    if (!hooks_) return;
+    std::vector<int> order{embed_unit_};
+    order.insert(order.end(), block_units_.begin(), block_units_.end());
+    order.push_back(final_unit_);
+    order.push_back(embed_unit_);  // the tied LM head
+    if (backward) {
+      order.push_back(final_unit_);
+      order.insert(order.end(), block_units_.rbegin(), block_units_.rend());
+    }
+    hooks_->begin_pass(order);
+  }
+  void acquire(int unit, bool backward) {
+    if (hooks_) hooks_->acquire(unit, backward);
+  }
+  void release(int unit) {
+    if (hooks_) hooks_->release(unit);
+  }
+  void gradients_ready(int unit) {
+    if (hooks_) hooks_->gradients_ready(unit);
+  }
   float* g(int t) { return p_->grad(t); }
 
   int B() const { return static_cast<int>(B_); }
@@ -180,16 +211,26 @@ class GptModel final : public Model {
   }
 
   void forward_blocks(const int32_t* inputs) {
+    acquire(embed_unit_, false);
     K::encoder_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
-    for (size_t l = 0; l < x_.size() - 1; ++l) block_forward(l, false);
+    release(embed_unit_);
+    for (size_t l = 0; l < x_.size() - 1; ++l) {
+      acquire(block_units_[l], false);
+      block_forward(l, false);
+      release(block_units_[l]);
+    }
+    acquire(final_unit_, false);
     K::layernorm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt,
                          x_.back().data(), w(p_->lnf_w()), w(p_->lnf_b()), B(), Tn(), C());
+    release(final_unit_);
   }
 
   // LM head + cross-entropy in row chunks; with backward, also dlnf and dwte, then d(x_L).
   void head(const int32_t* targets, float* losses, float dloss, bool backward) {
     const int V = static_cast<int>(m_.vocab_size);
     const size_t bt = s_.bt;
+    acquire(embed_unit_, backward);
+    if (backward) acquire(final_unit_, true);
     T* wte = w(p_->wte());
     if (backward) zero(dlnf_);
     for (size_t r0 = 0; r0 < bt; r0 += head_rows_) {
@@ -203,17 +244,21 @@ class GptModel final : public Model {
                            1, n, C(), V);
       }
     }
+    release(embed_unit_);
     if (!backward) return;
     zero(dres_);
     K::layernorm_backward(dres_.data(), g(p_->lnf_w()), g(p_->lnf_b()), dlnf_.data(),
                           x_.back().data(), w(p_->lnf_w()), lnf_stats_.data(),
                           lnf_stats_.data() + s_.bt, B(), Tn(), C());
+    release(final_unit_);
+    gradients_ready(final_unit_);
   }
 
   // dres_ holds d(x_L) on entry and d(x_0) on exit; parameter gradients accumulate.
   void backward_blocks(const int32_t* inputs) {
     for (size_t l = x_.size() - 1; l-- > 0;) {
       const BlockTensors& bt = p_->block(static_cast<int>(l));
+      acquire(block_units_[l], true);
       if (mode_ == Recompute::kFull) {
         block_forward(l, true);
       }
@@ -246,8 +291,11 @@ class GptModel final : public Model {
                          B(), Tn(), C(), 3 * C());
       K::layernorm_backward(dres_.data(), g(bt.ln1_w), g(bt.ln1_b), dbtc2_.data(), x, w(bt.ln1_w),
                             a.ln1_mean, a.ln1_rstd, B(), Tn(), C());
+      release(block_units_[l]);
+      gradients_ready(block_units_[l]);
     }
     K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(), C());
+    gradients_ready(embed_unit_);
   }
 
   template <typename U>
@@ -268,6 +316,8 @@ class GptModel final : public Model {
   DeviceArray<T> lnf_, proj_, dres_, dlnf_, dbtc1_, dbtc2_, dqkv_, dfch_, dgelu_, logits_;
   DeviceArray<float> lnf_stats_;
   ActivationMemory mem_;
+  int embed_unit_ = 0, final_unit_ = 0;
+  std::vector<int> block_units_;
 };
 
 template <class K>

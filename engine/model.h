@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/params.h"
 #include "engine/train_config.h"
@@ -38,6 +39,23 @@ struct ActivationMemory {
 // What a model of this shape allocates for one micro-batch of `micro_batch` sequences.
 ActivationMemory plan_activation_memory(const ModelConfig& model, int64_t micro_batch,
                                         Precision precision, Recompute mode);
+
+// What the model tells the distributed engine around each parameter unit (engine/params.h:
+// embed, blocks.l, final) so it can gather sharded weights just before use, free them after, and
+// reduce a unit's gradients as soon as backward has finished them (engine/zero.h, ZeRO-2/3).
+// Units are ParamStore unit indices. A pass: begin_pass(order of the acquire() calls to come),
+// then acquire/release pairs (a unit's weights are read only between them; with backward, its
+// gradients may be written from acquire on), gradients_ready once per unit in forward_backward,
+// end_pass. Errors are kept by the implementation and checked by its owner after the pass.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void begin_pass(const std::vector<int>& order) = 0;
+  virtual void acquire(int unit, bool backward) = 0;
+  virtual void release(int unit) = 0;
+  virtual void gradients_ready(int unit) = 0;
+  virtual void end_pass() = 0;
+};
 
 class Model {
  public:
@@ -60,6 +78,12 @@ class Model {
   virtual ActivationMemory activation_memory() const = 0;
   virtual int64_t micro_batch() const = 0;
   virtual Recompute recompute() const = 0;
+
+  // nullptr (the default): every unit's weights and gradients are always resident.
+  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+
+ protected:
+  UnitHooks* hooks_ = nullptr;
 };
 
 }  // namespace kiln::engine

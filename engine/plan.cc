@@ -58,7 +58,7 @@ uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode) {
 
 }  // namespace
 
-bool layout_trainable(const Layout& l) { return l.tp == 1 && l.zero_stage <= 1; }
+bool layout_trainable(const Layout& l) { return l.tp == 1 && l.zero_stage <= 3; }
 
 uint64_t LayoutPlan::comm_total() const {
   uint64_t s = 0;
@@ -114,7 +114,9 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
     shard += lay.dp > 1 ? shard_numel(n, lay.dp) : n;
     largest = std::max(largest, n);
   }
-  const uint64_t largest_padded = lay.dp > 1 ? shard_numel(largest, lay.dp) * lay.dp : largest;
+  auto padded_of = [&](uint64_t n) { return lay.dp > 1 ? shard_numel(n, lay.dp) * lay.dp : n; };
+  const uint64_t largest_padded = padded_of(largest);
+  const uint64_t embed_padded = padded_of(units.front());
   const int64_t z = lay.zero_stage;
   RankMemory& mem = p.memory;
   mem.params = (z >= 3 ? shard : full) * e;
@@ -129,8 +131,12 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
     // One unit reduced at a time: the reduction's receive scratch (fp32).
     mem.buffers = largest_padded * 4;
 
-    if (z >= 2) mem.buffers += largest_padded * 4;  // a unit's full gradients before the scatter
-    if (z >= 3) mem.buffers += (1 + static_cast<uint64_t>(c.parallel.prefetch)) * largest_padded * e;
+    // ZeRO-2/3 (engine/zero.h): full gradient buffers exist only during backward: the
+    // embeddings' (written by the LM head and at the end), the unit being written and the one
+    // being reduce-scattered. ZeRO-3 also holds gathered weights: the head's two units (tied
+    // embedding and final norm) or the unit in use, plus parallel.prefetch gathered ahead.
+    if (z >= 2) mem.buffers += (embed_padded + 2 * largest_padded) * 4;
+    if (z >= 3) mem.buffers += (2 + static_cast<uint64_t>(c.parallel.prefetch)) * largest_padded * e;
   }
 
   // Communication per optimizer step.
@@ -143,8 +149,11 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
   if (lay.dp > 1) {
     if (z == 0) {
       p.comm_bytes["dp.all_reduce"] = 2 * padded * 4;
-    } else if (z <= 2) {
+    } else if (z == 1) {
       p.comm_bytes["dp.reduce_scatter"] = padded * 4;
+      p.comm_bytes["dp.all_gather"] = padded * e;
+    } else if (z == 2) {  // the gradients are reduced as each micro-batch's backward finishes them
+      p.comm_bytes["dp.reduce_scatter"] = padded * 4 * A;
       p.comm_bytes["dp.all_gather"] = padded * e;
     } else {
       p.comm_bytes["dp.all_gather"] = 2 * padded * e * A;

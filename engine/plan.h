@@ -10,16 +10,18 @@
 //   optimizer   AdamW moments (fp32) and, in bf16/fp16, the fp32 master weights; sharded from ZeRO-1
 //   activations engine/model.h's plan for one micro-batch; tensor-parallel parts divided by tp
 //   buffers     communication scratch: ZeRO-0/1 reduce one unit (embeddings, a block, the final
-//               norm) at a time; ZeRO-2 also holds one unit's full gradients; ZeRO-3 holds
-//               1 + parallel.prefetch gathered units and one unit's full gradients
+//               norm) at a time; ZeRO-2 also holds full gradients of at most three units during
+//               backward (the embeddings', the unit being written, the one being reduced);
+//               ZeRO-3 in addition 2 + parallel.prefetch gathered units of weights
 // Tensor parallelism (Megatron): QKV, MLP-up (column), attention-out and MLP-down (row) and the
 // vocabulary-parallel embedding are split over tp; norms, row-parallel biases and position
 // embeddings are replicated. A "unit" is sharded over dp in equal, 16-element-aligned pieces.
 //
 // Bytes per step are logical volumes per rank as comm/comm.h counts them: a data-parallel
-// all-reduce of G bytes of gradients is 2G; ZeRO-1/2 reduce-scatter the gradients (G) and
-// all-gather the updated weights; ZeRO-3 all-gathers the weights in forward and again in backward
-// and reduce-scatters the gradients, per micro-batch. Tensor parallelism all-reduces activations
+// all-reduce of G bytes of gradients is 2G; ZeRO-1 reduce-scatters the gradients (G) once per
+// step, ZeRO-2 once per micro-batch, and both all-gather the updated weights once per step;
+// ZeRO-3 all-gathers the weights in forward and again in backward and reduce-scatters the
+// gradients, per micro-batch. Tensor parallelism all-reduces activations
 // twice per block in forward and twice in backward, the embedding output once, the head's input
 // gradient once and three fp32 per-row statistics of the vocabulary-parallel cross-entropy.
 // Pure functions; thread-safe.

@@ -193,6 +193,8 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   }
   // ZeRO-1: from here on each rank keeps only its shard of the AdamW moments.
   KILN_RETURN_IF_ERROR(t->dp_->attach(*t->params_, config.optimizer));
+  // ZeRO-2/3: the model hands each unit's gradients over (and gathers its weights) as it goes.
+  if (t->dp_->zero() && t->dp_->zero()->stage() >= 2) t->model_->set_unit_hooks(t->dp_->zero());
   if (t->state_.step == 0 && t->mix_->weights() != t->data_->weights().map()) {
     KILN_RETURN_IF_ERROR(t->data_->set_weights(t->mix_->weights()));
   }
@@ -456,7 +458,9 @@ Result<StepRecord> Trainer::step() {
   if (counts[0] > 0) return skip_bad_batch(rec, batch_check, t0);
   const double scale = scaler_.scale();
   const float dloss = static_cast<float>(scale / std::max<int64_t>(1, valid));
+  ZeroOptimizer* zero = dp_->zero();
   params_->zero_grads();
+  if (zero) zero->zero_grads();
   double loss_sum = 0;
   std::vector<double> dom_sum(data_->domains().size(), 0.0);
   std::vector<int64_t> dom_count(data_->domains().size(), 0);
@@ -505,13 +509,14 @@ Result<StepRecord> Trainer::step() {
   }
   const auto& inject = config_.stability.inject_overflow_at;
   if (std::find(inject.begin(), inject.end(), rec.step) != inject.end()) {
-    params_->backend().fill(params_->grad(0), std::numeric_limits<float>::infinity(), 1);
+    // ZeRO-2/3 reduced the gradients during backward: the shard gets it.
+    float* g = zero && zero->stage() >= 2 ? zero->shard_grad(0) : params_->grad(0);
+    params_->backend().fill(g, std::numeric_limits<float>::infinity(), 1);
     KILN_LOG_WARN("step {}: injecting an overflow (stability.inject_overflow_at)", rec.step);
   }
   // Gradients summed over the data-parallel ranks (ZeRO-1: each rank keeps its shard's sums).
-  ZeroOptimizer* zero = dp_->zero();
   if (zero) {
-    KILN_RETURN_IF_ERROR(zero->reduce_scatter_gradients(*params_));
+    KILN_RETURN_IF_ERROR(zero->reduce_scatter_gradients());
   } else {
     KILN_RETURN_IF_ERROR(dp_->reduce_gradients(*params_));
   }
@@ -594,7 +599,7 @@ Result<StepRecord> Trainer::step() {
       std::vector<std::vector<float>> before;
       if (layer_stats) before = snapshot_masters(*params_);
       if (zero) {
-        KILN_RETURN_IF_ERROR(zero->apply(*params_, rec.lr, scale, stats, optimizer_->updates() + 1));
+        KILN_RETURN_IF_ERROR(zero->apply(rec.lr, scale, stats, optimizer_->updates() + 1));
         optimizer_->set_updates(optimizer_->updates() + 1);
       } else {
         optimizer_->apply(*params_, rec.lr, scale, stats);
@@ -605,7 +610,12 @@ Result<StepRecord> Trainer::step() {
   } else {
     rec.skipped = true;
     rec.skip_reason = "overflow";
-    const NonFinite nf = find_nonfinite(*params_);
+    NonFinite nf;
+    if (zero && zero->stage() >= 2) {  // the full gradients are gone: count in the shards
+      KILN_ASSIGN_OR_RETURN(nf, zero->find_nonfinite());
+    } else {
+      nf = find_nonfinite(*params_);
+    }
     rec.nonfinite = nf.count;
     rec.nonfinite_layer = nf.first_unit;
     ++stab_.nonfinite_in_row;
@@ -726,7 +736,7 @@ Status Trainer::save() {
   state_.extra["stability"] = stab_.to_json(*spikes_);
   const auto t0 = std::chrono::steady_clock::now();
   // ZeRO-1: rank 0 collects the moments (and master weights) for the consolidated checkpoint.
-  if (dp_->zero()) KILN_RETURN_IF_ERROR(dp_->zero()->consolidate(*params_));
+  if (dp_->zero()) KILN_RETURN_IF_ERROR(dp_->zero()->consolidate());
   if (dp_->is_root()) {
     auto merged = data_->merge_states(per_rank);
     if (merged.is_ok()) {
@@ -741,7 +751,7 @@ Status Trainer::save() {
       written = merged.status();
     }
   }
-  if (dp_->zero()) dp_->zero()->release(*params_);
+  if (dp_->zero()) dp_->zero()->release_consolidated();
   KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
   last_saved_step_ = state_.step;
   KILN_LOG_INFO("checkpoint {} written ({:.0f} ms)", checkpoint_dir_name(state_.step),
@@ -808,6 +818,11 @@ Status Trainer::run() {
                   "peak memory {}",
                   first + 1, state_.step, secs, first_loss, last_loss, state_.skipped_steps,
                   mib(static_cast<size_t>(ru.ru_maxrss) * 1024));
+    if (dp_->zero() && dp_->zero()->stage() >= 2) {
+      KILN_LOG_INFO("ZeRO-{}: gathered weights and full gradient buffers peaked at {} bytes on "
+                    "rank {}", dp_->zero()->stage(), dp_->zero()->peak_buffer_bytes(),
+                    dp_->world_rank());
+    }
     if (device_memory_peak_ > 0) {
       KILN_LOG_INFO("peak device memory {} ({})", mib(device_memory_peak_),
                     params_->backend().describe());

@@ -10,9 +10,11 @@
 namespace kiln::engine {
 
 ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
-                             const OptimizerConfig& config)
-    : dp_(dp), config_(config) {
+                             const OptimizerConfig& config, int stage, int prefetch)
+    : params_(params), dp_(dp), config_(config), stage_(stage), prefetch_(prefetch) {
+  KILN_CHECK(stage >= 1 && stage <= 3, "ZeroOptimizer: stage 1, 2 or 3");
   const int n = dp.size(), r = dp.rank();
+  const bool low = params.precision() != Precision::kFp32;
   for (auto& u : params.units()) {
     Shard s;
     s.numel = u.numel;
@@ -22,25 +24,175 @@ ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
     s.m.reset(&cpu_backend(), s.size);
     s.v.reset(&cpu_backend(), s.size);
     const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
-    if (have) {
-      std::memcpy(s.m.data(), u.m.data() + s.begin, have * sizeof(float));
-      std::memcpy(s.v.data(), u.v.data() + s.begin, have * sizeof(float));
-    }
+    auto take = [&](auto& dst, const auto& src) {
+      dst.reset(&cpu_backend(), s.size);
+      dst.zero();
+      if (have) std::memcpy(dst.data(), src.data() + s.begin, have * sizeof(*dst.data()));
+    };
+    take(s.m, u.m);
+    take(s.v, u.v);
     u.m.clear();
     u.v.clear();
+    if (stage >= 2) u.grad.clear();
+    if (stage == 3) {
+      take(s.master, u.master);
+      u.master.clear();
+      if (low) {
+        take(s.lp, u.lp);
+        u.lp.clear();
+      }
+      s.weights = Weights::kAbsent;
+    }
     shards_.push_back(std::move(s));
   }
 }
 
+ZeroOptimizer::~ZeroOptimizer() {
+  // Leave no collective running on buffers about to be freed.
+  if (pending_.work) (void)pending_.work->wait();
+  for (auto& s : shards_)
+    if (s.gather) (void)s.gather->wait();
+}
+
 uint64_t ZeroOptimizer::shard_bytes() const {
   uint64_t b = 0;
-  for (const auto& s : shards_) b += s.grad.bytes() + s.m.bytes() + s.v.bytes();
+  for (const auto& s : shards_)
+    b += s.grad.bytes() + s.m.bytes() + s.v.bytes() + s.master.bytes() + s.lp.bytes();
   return b;
 }
 
-Status ZeroOptimizer::reduce_scatter_gradients(ParamStore& params) {
+void ZeroOptimizer::note(Status st) {
+  if (status_.is_ok() && !st.is_ok()) status_ = std::move(st);
+}
+
+void ZeroOptimizer::track(int64_t delta) {
+  buffers_ += delta;
+  peak_buffers_ = std::max<uint64_t>(peak_buffers_, static_cast<uint64_t>(std::max<int64_t>(0, buffers_)));
+}
+
+void ZeroOptimizer::zero_grads() {
+  for (auto& s : shards_) s.grad.zero();
+}
+
+// ---- stages 2-3: the model's unit hooks ----
+
+void ZeroOptimizer::begin_pass(const std::vector<int>& order) {
+  order_ = order;
+  cursor_ = 0;
+}
+
+void ZeroOptimizer::start_gather(int unit) {
+  Shard& s = shards_[unit];
+  ParamUnit& u = params_.units()[unit];
+  const size_t full = s.size * static_cast<size_t>(dp_.size());
+  if (params_.precision() == Precision::kFp32) {
+    u.master.reset(&cpu_backend(), full);
+    s.gather = dp_.iallgather(s.master.data(), s.size * sizeof(float), u.master.data());
+    track(static_cast<int64_t>(u.master.bytes()));
+  } else {
+    u.lp.reset(&cpu_backend(), full);
+    s.gather = dp_.iallgather(s.lp.data(), s.size * sizeof(uint16_t), u.lp.data());
+    track(static_cast<int64_t>(u.lp.bytes()));
+  }
+  s.weights = Weights::kInFlight;
+}
+
+void ZeroOptimizer::finish_gather(int unit) {
+  Shard& s = shards_[unit];
+  note(s.gather->wait().prefixed("parameter all-gather of " + params_.units()[unit].name));
+  s.gather.reset();
+  s.weights = Weights::kResident;
+}
+
+void ZeroOptimizer::acquire(int unit, bool backward) {
+  for (size_t i = cursor_; i < order_.size(); ++i) {
+    if (order_[i] == unit) {
+      cursor_ = i + 1;
+      break;
+    }
+  }
+  if (stage_ == 3) {
+    Shard& s = shards_[unit];
+    if (s.weights == Weights::kAbsent) start_gather(unit);
+    if (s.weights == Weights::kInFlight) finish_gather(unit);
+    // The next units of the pass, gathered while this one computes.
+    for (size_t i = cursor_; i < std::min(order_.size(), cursor_ + prefetch_); ++i) {
+      if (shards_[order_[i]].weights == Weights::kAbsent) start_gather(order_[i]);
+    }
+  }
+  ParamUnit& u = params_.units()[unit];
+  if (backward && u.grad.empty()) {
+    u.grad.reset(&cpu_backend(), shards_[unit].size * static_cast<size_t>(dp_.size()));
+    u.grad.zero();
+    track(static_cast<int64_t>(u.grad.bytes()));
+  }
+}
+
+void ZeroOptimizer::release(int unit) {
+  if (stage_ != 3) return;
+  Shard& s = shards_[unit];
+  if (s.weights == Weights::kInFlight) finish_gather(unit);
+  ParamUnit& u = params_.units()[unit];
+  if (params_.precision() == Precision::kFp32) {  // the fp32 working weights are the master
+    track(-static_cast<int64_t>(u.master.bytes()));
+    u.master.clear();
+  } else {
+    track(-static_cast<int64_t>(u.lp.bytes()));
+    u.lp.clear();
+  }
+  s.weights = Weights::kAbsent;
+}
+
+void ZeroOptimizer::finish_scatter() {
+  if (!pending_.work) return;
+  const int unit = pending_.unit;
+  ParamUnit& u = params_.units()[unit];
+  Shard& s = shards_[unit];
+  Status st = pending_.work->wait();
+  const bool reduced = st.is_ok();
+  note(std::move(st).prefixed("gradient reduce-scatter of " + u.name));
+  if (reduced) {  // accumulate over the step's micro-batches
+    float* g = s.grad.data();
+    const float* add = pending_.recv.data();
+    for (size_t i = 0; i < s.size; ++i) g[i] += add[i];
+  }
+  pending_.work.reset();
+  track(-static_cast<int64_t>(u.grad.bytes()));
+  u.grad.clear();
+}
+
+void ZeroOptimizer::gradients_ready(int unit) {
+  if (stage_ < 2) return;
+  finish_scatter();  // one reduction in flight: the previous unit's
+  ParamUnit& u = params_.units()[unit];
+  Shard& s = shards_[unit];
+  pending_.unit = unit;
+  pending_.recv.assign(s.size, 0.0f);
+  pending_.work = dp_.ireduce_scatter(u.grad.data(), pending_.recv.data(), s.size,
+                                      comm::DType::kFloat32, comm::ReduceOp::kSum);
+}
+
+void ZeroOptimizer::end_pass() {
+  finish_scatter();
+  if (stage_ == 3) {  // nothing stays gathered between passes
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (shards_[i].weights != Weights::kAbsent) release(static_cast<int>(i));
+    }
+  }
+  order_.clear();
+  cursor_ = 0;
+}
+
+// ---- the optimizer step ----
+
+Status ZeroOptimizer::reduce_scatter_gradients() {
+  if (stage_ >= 2) {
+    Status st = std::move(status_);
+    status_ = Status::ok();
+    return st;
+  }
   const int n = dp_.size();
-  auto& units = params.units();
+  auto& units = params_.units();
   for (size_t i = 0; i < units.size(); ++i) {
     Shard& s = shards_[i];
     const float* send = units[i].grad.data();
@@ -68,6 +220,22 @@ Result<StepStats> ZeroOptimizer::inspect(double loss_scale) {
   return st;
 }
 
+Result<NonFinite> ZeroOptimizer::find_nonfinite() {
+  std::vector<int64_t> counts(shards_.size(), 0);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const float* g = shards_[i].grad.data();
+    for (size_t k = 0; k < shards_[i].size; ++k) counts[i] += !std::isfinite(g[k]);
+  }
+  KILN_RETURN_IF_ERROR(
+      dp_.allreduce(counts.data(), counts.size(), comm::DType::kInt64, comm::ReduceOp::kSum));
+  NonFinite r;
+  for (size_t i = counts.size(); i-- > 0;) {  // backward order, as engine/stability.h
+    if (counts[i] > 0 && r.first_unit.empty()) r.first_unit = params_.units()[i].name;
+    r.count += counts[i];
+  }
+  return r;
+}
+
 Status ZeroOptimizer::allgather_unit(void* full, size_t elem, size_t numel, size_t shard) {
   const int n = dp_.size();
   char* out = static_cast<char*>(full);
@@ -81,36 +249,40 @@ Status ZeroOptimizer::allgather_unit(void* full, size_t elem, size_t numel, size
   return Status::ok();
 }
 
-Status ZeroOptimizer::apply(ParamStore& params, double lr, double loss_scale,
-                            const StepStats& stats, int64_t step) {
+Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats, int64_t step) {
   KILN_CHECK(stats.finite, "ZeroOptimizer::apply with non-finite gradients");
   AdamWParams hp = adamw_params(config_, lr, loss_scale, stats, step);
-  const auto& tensors = params.tensors();
-  auto& units = params.units();
-  const Precision prec = params.precision();
+  const auto& tensors = params_.tensors();
+  auto& units = params_.units();
+  const Precision prec = params_.precision();
   for (size_t i = 0; i < units.size(); ++i) {
     Shard& s = shards_[i];
     ParamUnit& u = units[i];
+    // Stages 1-2 update the full master buffer in place (their own shard of it); stage 3 its
+    // shard copy (and the low-precision shard the next forward gathers).
     for (int t : u.tensors) {
       const ParamTensor& pt = tensors[t];
       const size_t a = std::max(pt.offset, s.begin);
       const size_t b = std::min(pt.offset + pt.numel, s.begin + s.size);
       if (a >= b) continue;
       hp.weight_decay = pt.decay ? config_.weight_decay : 0.0f;
-      float* p = u.master.data() + a;
+      const size_t at = stage_ == 3 ? a - s.begin : a;  // into the shard or the full buffer
+      float* p = (stage_ == 3 ? s.master.data() : u.master.data()) + at;
+      uint16_t* lp = prec == Precision::kFp32 ? nullptr : (stage_ == 3 ? s.lp.data() : u.lp.data()) + at;
       float* m = s.m.data() + (a - s.begin);
       float* v = s.v.data() + (a - s.begin);
       const float* g = s.grad.data() + (a - s.begin);
       switch (prec) {
         case Precision::kFp32: cpu::adamw_update(p, m, v, g, b - a, hp); break;
         case Precision::kBf16:
-          cpu::adamw_update(p, m, v, g, b - a, hp, reinterpret_cast<bf16*>(u.lp.data()) + a);
+          cpu::adamw_update(p, m, v, g, b - a, hp, reinterpret_cast<bf16*>(lp));
           break;
         case Precision::kFp16:
-          cpu::adamw_update(p, m, v, g, b - a, hp, reinterpret_cast<fp16*>(u.lp.data()) + a);
+          cpu::adamw_update(p, m, v, g, b - a, hp, reinterpret_cast<fp16*>(lp));
           break;
       }
     }
+    if (stage_ == 3) continue;  // the next forward gathers them
     // Every rank gets the updated working weights.
     if (prec == Precision::kFp32) {
       KILN_RETURN_IF_ERROR(allgather_unit(u.master.data(), sizeof(float), u.numel, s.size));
@@ -121,25 +293,28 @@ Status ZeroOptimizer::apply(ParamStore& params, double lr, double loss_scale,
   return Status::ok();
 }
 
-Status ZeroOptimizer::consolidate(ParamStore& params) {
+Status ZeroOptimizer::consolidate() {
   const int n = dp_.size();
   const bool root = dp_.rank() == 0;
-  auto& units = params.units();
+  auto& units = params_.units();
   std::vector<float> all;
   for (size_t i = 0; i < units.size(); ++i) {
     Shard& s = shards_[i];
     ParamUnit& u = units[i];
-    // bf16/fp16: the master weights are current only in each rank's own shard.
-    if (params.precision() != Precision::kFp32) {
+    // bf16/fp16 below stage 3: the master weights are current only in each rank's own shard.
+    if (stage_ < 3 && params_.precision() != Precision::kFp32) {
       KILN_RETURN_IF_ERROR(allgather_unit(u.master.data(), sizeof(float), u.numel, s.size));
     }
     std::vector<size_t> bytes(n, s.size * sizeof(float));
-    for (auto [shard, full] : {std::pair{&s.m, &u.m}, std::pair{&s.v, &u.v}}) {
+    std::vector<std::pair<DeviceArray<float>*, DeviceArray<float>*>> fields{{&s.m, &u.m},
+                                                                           {&s.v, &u.v}};
+    if (stage_ == 3) fields.push_back({&s.master, &u.master});
+    for (auto [shard, full] : fields) {
       if (root) all.assign(s.size * n, 0.0f);
       KILN_RETURN_IF_ERROR(dp_.gatherv(shard->data(), s.size * sizeof(float),
                                        root ? all.data() : nullptr, bytes.data(), 0));
       if (root) {
-        full->reset(&params.backend(), u.numel);
+        full->reset(&params_.backend(), u.numel);
         std::memcpy(full->data(), all.data(), u.numel * sizeof(float));
       }
     }
@@ -147,10 +322,11 @@ Status ZeroOptimizer::consolidate(ParamStore& params) {
   return Status::ok();
 }
 
-void ZeroOptimizer::release(ParamStore& params) {
-  for (auto& u : params.units()) {
+void ZeroOptimizer::release_consolidated() {
+  for (auto& u : params_.units()) {
     u.m.clear();
     u.v.clear();
+    if (stage_ == 3) u.master.clear();
   }
 }
 

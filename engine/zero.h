@@ -1,68 +1,126 @@
-// ZeRO stage 1: AdamW's state sharded over the data-parallel ranks.
+// ZeRO stages 1-3: model states sharded over the data-parallel ranks.
 //
-// Every parameter unit (ParamStore) of N elements is split into dp shards of S =
-// shard_numel(N, dp) elements (engine/plan.h); rank r owns elements [r*S, r*S + S) ∩ [0, N).
-// After backward, each unit's fp32 gradients are reduce-scattered (a rank-order sum, as
-// comm/comm.h) so a rank holds the summed gradients of its shard only; the global gradient norm
-// is the sum of every shard's squares (fp64, summed over ranks) - every element counted once,
-// every rank the same decision; AdamW updates the shard's master weights and moments (the
-// moments exist only for the shard: the ParamStore's full moment buffers are released), and the
-// updated working weights (fp32 master, or the bf16/fp16 copy) are all-gathered. Bytes per step:
-// a reduce-scatter of 4N and an all-gather of eN per unit - 2x the gradient bytes in fp32.
+// Every parameter unit (ParamStore: embed, blocks.l, final) of N elements is split into dp shards
+// of S = shard_numel(N, dp) elements (engine/plan.h); rank r owns elements [r*S, r*S + S) ∩ [0, N).
+// Each rank keeps, for its shard only: the summed fp32 gradients, the AdamW moments and (ZeRO-3)
+// the fp32 master weights and, in bf16/fp16, their low-precision copy.
+//   stage 1  after backward, each unit's full local gradients are reduce-scattered (a rank-order
+//            sum, as comm/comm.h) into the shard; AdamW updates the shard; the updated working
+//            weights (fp32 master, or the bf16/fp16 copy) are all-gathered into the full
+//            ParamStore buffers. Bytes per step: RS 4N + AG eN per unit.
+//   stage 2  as 1, but a unit's full gradient buffer exists only while backward writes it: the
+//            model tells (UnitHooks, engine/model.h) when a unit's gradients of a micro-batch are
+//            final, the buffer is reduce-scattered (asynchronously, overlapping the next unit's
+//            backward) and added into the shard, then freed. Per micro-batch: RS 4N.
+//   stage 3  as 2, and the weights are sharded too: a unit's working weights are all-gathered
+//            just before the model reads them (forward, then again for backward), freed after,
+//            and the next parallel.prefetch units of the pass are gathered ahead with the
+//            asynchronous collectives. Per micro-batch: AG 2eN + RS 4N; no gather after AdamW.
+// The global gradient norm is the sum of every shard's squares (fp64, summed over ranks): every
+// element counted once, every rank the same clip/overflow decision.
 //
-// Checkpoints keep ZeRO-0's consolidated format: consolidate() gathers the moments (and, in
-// bf16/fp16, the master weights) onto rank 0's ParamStore for the write, release() frees them
-// after; load into the full ParamStore first, then attach(), so a checkpoint of any data-parallel
-// size and ZeRO stage resumes on any other.
-// Not thread-safe: the training thread owns it.
+// Checkpoints keep the consolidated format: consolidate() gathers the moments and master weights
+// onto rank 0's ParamStore for the write, release() frees them after; load into the full
+// ParamStore first, then construct, so a checkpoint of any data-parallel size and ZeRO stage
+// resumes on any other. Host memory only (the CPU backend). Not thread-safe: the training thread
+// owns it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/comm.h"
 #include "common/status.h"
+#include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
+#include "engine/stability.h"
 #include "engine/train_config.h"
 
 namespace kiln::engine {
 
-class ZeroOptimizer {
+class ZeroOptimizer final : public UnitHooks {
  public:
-  // Takes this rank's shard of the moments from params (full, e.g. just loaded) and releases the
-  // full moment buffers. dp must outlive this object.
-  ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp, const OptimizerConfig& config);
+  // Takes this rank's shards from params (full, e.g. just loaded) and releases what the stage
+  // shards: the moments (1+), the gradient buffers (2+), the weights (3). params and dp must
+  // outlive this object. prefetch: units gathered ahead (stage 3).
+  ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp, const OptimizerConfig& config,
+                int stage, int prefetch);
+  ~ZeroOptimizer() override;
 
-  // Reduce-scatters every unit's gradients into this rank's shards.
-  Status reduce_scatter_gradients(ParamStore& params);
+  int stage() const { return stage_; }
+
+  // Before a step's first micro-batch: zeroes the gradient shards.
+  void zero_grads();
+  // After the last micro-batch. Stage 1: reduce-scatters every unit's gradients into the shards;
+  // stages 2-3: the error, if any, of the reductions done during backward.
+  Status reduce_scatter_gradients();
   // Global norm (every rank's shards), finiteness and clip factor, as AdamW::inspect.
   Result<StepStats> inspect(double loss_scale);
-  // AdamW on the shards (step = the update count after this one), then all-gathers the weights.
-  Status apply(ParamStore& params, double lr, double loss_scale, const StepStats& stats,
-               int64_t step);
+  // Non-finite gradient values over every rank's shards, the first unit in backward order.
+  Result<NonFinite> find_nonfinite();
+  // Element 0 of this rank's gradient shard of `unit` (testing hooks inject overflows there).
+  float* shard_grad(int unit) { return shards_[unit].grad.data(); }
+  // AdamW on the shards (step = the update count after this one); stages 1-2 then all-gather
+  // the working weights.
+  Status apply(double lr, double loss_scale, const StepStats& stats, int64_t step);
 
-  // Rank 0's ParamStore gets the full moments (and master weights); every rank must call it.
-  Status consolidate(ParamStore& params);
+  // Rank 0's ParamStore gets the full moments and master weights; every rank must call it.
+  Status consolidate();
   // Frees what consolidate() allocated.
-  void release(ParamStore& params);
+  void release_consolidated();
 
-  // fp32 bytes this rank holds for the optimizer (shard gradients, moments).
+  // Model-state bytes this rank holds outside the ParamStore (the shards).
   uint64_t shard_bytes() const;
+  // The largest number of bytes the gathered weights and in-flight gradient buffers took at once
+  // (stages 2-3), since construction.
+  uint64_t peak_buffer_bytes() const { return peak_buffers_; }
+
+  // UnitHooks (stages 2-3; the model calls them).
+  void begin_pass(const std::vector<int>& order) override;
+  void acquire(int unit, bool backward) override;
+  void release(int unit) override;
+  void gradients_ready(int unit) override;
+  void end_pass() override;
 
  private:
+  enum class Weights { kAbsent, kInFlight, kResident };
   struct Shard {
     size_t numel = 0;   // the unit's N
     size_t size = 0;    // S
     size_t begin = 0;   // r*S
     DeviceArray<float> grad, m, v;  // host memory (cpu_backend): ZeRO runs on the CPU
+    DeviceArray<float> master;      // stage 3
+    DeviceArray<uint16_t> lp;       // stage 3, bf16/fp16
+    Weights weights = Weights::kResident;
+    std::unique_ptr<comm::Work> gather;
+  };
+  struct PendingScatter {
+    int unit = -1;
+    std::unique_ptr<comm::Work> work;
+    std::vector<float> recv;
   };
   Status allgather_unit(void* full, size_t elem, size_t numel, size_t shard);
+  void start_gather(int unit);
+  void finish_gather(int unit);
+  void finish_scatter();
+  void note(Status st);
+  void track(int64_t delta);
 
+  ParamStore& params_;
   comm::ProcessGroup& dp_;
   OptimizerConfig config_;
+  int stage_;
+  int prefetch_;
   std::vector<Shard> shards_;
   std::vector<char> scratch_;
+  std::vector<int> order_;
+  size_t cursor_ = 0;
+  PendingScatter pending_;
+  Status status_ = Status::ok();
+  int64_t buffers_ = 0;
+  uint64_t peak_buffers_ = 0;
 };
 
 }  // namespace kiln::engine

@@ -13,6 +13,14 @@
 #                2 -> ZeRO-1 on 4, ZeRO-1 -> ZeRO-0) continues with the uninterrupted 2-rank
 #                run's losses within fp32 round-off (1e-5 relative); on the same layout the
 #                resumed losses are bit-identical.
+#   zero         DP=2 ZeRO-2 and ZeRO-3 (prefetch 1 and 2, full activation checkpointing, 2
+#                micro-batches per step, bf16) vs DP=2 ZeRO-0 with the same settings: losses and
+#                final parameters within 1e-5 (fp32; bit-identical where the sums are the same);
+#                bytes per step as `kiln plan` says within 1% (ZeRO-2: reduce-scatter + all-gather
+#                = 2x the parameter bytes; ZeRO-3: 3x); per-rank model-state bytes as `kiln plan`
+#                says within 5%, ZeRO-3's within 5% of ZeRO-0's / 2, the measured peak of gathered
+#                weights and gradient buffers within the plan's stated buffers; resume ZeRO-1 ->
+#                ZeRO-3 and ZeRO-3 -> ZeRO-1 continue the uninterrupted run within 1e-5.
 #   kill         kill -9 of rank 0 while it writes checkpoints (one per step): mpirun stops every
 #                rank and names the rank; --resume continues from the last complete checkpoint
 #                and finishes the run.
@@ -162,6 +170,110 @@ for name, run, tol in (("2 -> 2", same, 0.0), ("2 -> 4", up, 1e-5), ("4 -> 2", d
     worst = max(abs(run[s] - ref[s]) / abs(ref[s]) for s in range(6, 11))
     print(f"resume {name} ranks: steps 6-10, worst relative loss difference {worst:.2e} (limit {tol:g})")
     ok = ok and worst <= tol
+sys.exit(0 if ok else 1)
+PY
+  ;;
+zero)
+  train 2 2 z0 10 --set checkpoint.every_steps=10 2>z0.log
+  train 2 2 z2 10 --set checkpoint.every_steps=10 --set parallel.zero_stage=2 2>z2.log
+  train 2 2 z3 10 --set checkpoint.every_steps=10 --set parallel.zero_stage=3 2>z3.log
+  train 2 2 z3p2 10 --set checkpoint.every_steps=10 --set parallel.zero_stage=3 \
+    --set parallel.prefetch=2 --set activation_checkpointing=full 2>z3p2.log
+  train 2 1 z0a 10 --set checkpoint.every_steps=10 --set data.grad_accum=2 2>z0a.log
+  train 2 1 z3a 10 --set checkpoint.every_steps=10 --set data.grad_accum=2 \
+    --set parallel.zero_stage=3 2>z3a.log
+  train 2 2 z0b 10 --set checkpoint.every_steps=10 --set precision=bf16 2>z0b.log
+  train 2 2 z3b 10 --set checkpoint.every_steps=10 --set precision=bf16 \
+    --set parallel.zero_stage=3 2>z3b.log
+  # Resharding resume: ZeRO-1 -> ZeRO-3 and ZeRO-3 -> ZeRO-1 at step 5 (reference: z0).
+  train 2 2 r13 5 --set checkpoint.every_steps=5 --set parallel.zero_stage=1 2>r13.log
+  train 2 2 r13 10 --resume --set parallel.zero_stage=3 2>>r13.log
+  train 2 2 r31 5 --set checkpoint.every_steps=5 --set parallel.zero_stage=3 2>r31.log
+  train 2 2 r31 10 --resume --set parallel.zero_stage=1 2>>r31.log
+  "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 2 --json >plan.json
+  /usr/bin/python3 - <<'PY'
+import json, re, struct, sys
+import numpy as np
+
+def metrics(run):
+    return [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+
+def tensors(run):
+    raw = open(f"{run}/checkpoints/step-00000010/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32)
+    return out
+
+ok = True
+def check(label, cond):
+    global ok
+    if not cond:
+        print(f"FAILED: {label}")
+    ok = ok and cond
+
+def compare(label, ra, rb, tol=1e-5, steps=range(1, 11)):
+    a = {r["step"]: r["loss"] for r in metrics(ra)}
+    b = {r["step"]: r["loss"] for r in metrics(rb)}
+    check(f"{label}: steps", sorted(b) == list(range(1, 11)))
+    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+    t1, t2 = tensors(ra), tensors(rb)
+    check(f"{label}: tensor names", t1.keys() == t2.keys())
+    adiff = max(float(np.max(np.abs(t1[k] - t2[k]))) for k in t1)
+    same = worst == 0 and adiff == 0
+    print(f"{label}: worst relative loss difference {worst:.2e}, largest parameter difference "
+          f"{adiff:.2e} (limit {tol:g}){' - bit-identical' if same else ''}")
+    check(label, worst <= tol and adiff <= tol)
+
+compare("DP=2 ZeRO-2 vs ZeRO-0", "z0", "z2")
+compare("DP=2 ZeRO-3 vs ZeRO-0", "z0", "z3")
+compare("DP=2 ZeRO-3 prefetch 2, full recompute vs ZeRO-0", "z0", "z3p2")
+compare("DP=2 ZeRO-3 vs ZeRO-0, 2 micro-batches per step", "z0a", "z3a")
+# bf16: the same rounding on both sides (the working copy is rounded from the same fp32 master
+# shard by the same AdamW kernel), so the bound is the fp32 one.
+compare("DP=2 ZeRO-3 vs ZeRO-0, bf16", "z0b", "z3b")
+compare("resume ZeRO-1 -> ZeRO-3 at step 5", "z0", "r13", steps=range(6, 11))
+compare("resume ZeRO-3 -> ZeRO-1 at step 5", "z0", "r31", steps=range(6, 11))
+
+plans = json.load(open("plan.json"))
+def plan(z, acc="none"):
+    return [p for p in plans if p["tp"] == 1 and p["dp"] == 2 and p["zero_stage"] == z
+            and p["activation_checkpointing"] == acc][0]
+def states(log):
+    return int(re.search(r"model states on rank 0: (\d+) bytes", open(log).read()).group(1))
+param_bytes = plan(0)["comm_bytes_per_step"]["dp.all_reduce"] // 2   # padded fp32 parameters
+for z, run, factor in ((2, "z2", 2), (3, "z3", 3)):
+    p = plan(z)
+    moved = 0
+    for coll in ("dp.reduce_scatter", "dp.all_gather"):
+        want = p["comm_bytes_per_step"][coll]
+        got = [r["comm_bytes"][coll] for r in metrics(run)]
+        print(f"ZeRO-{z}: {coll} {got[-1]} bytes per step, kiln plan {want} (limit 1%)")
+        check(f"ZeRO-{z} {coll}", all(abs(g - want) <= 0.01 * want for g in got))
+        moved += got[-1]
+    print(f"ZeRO-{z}: {moved} bytes per step = {moved / param_bytes:.4f} x the parameter bytes "
+          f"{param_bytes} (formula {factor}x, limit 1%)")
+    check(f"ZeRO-{z} {factor}x", abs(moved - factor * param_bytes) <= 0.01 * factor * param_bytes)
+    b = p["bytes_per_rank"]
+    want = b["params"] + b["grads"] + b["optimizer"]
+    got = states(f"{run}.log")
+    print(f"ZeRO-{z}: model states on rank 0 {got} bytes, kiln plan {want} (limit 5%)")
+    check(f"ZeRO-{z} model states", abs(got - want) <= 0.05 * want)
+    peak = max(int(x) for x in re.findall(r"peaked at (\d+) bytes", open(f"{run}.log").read()))
+    print(f"ZeRO-{z}: gathered weights + gradient buffers peaked at {peak} bytes; kiln plan's "
+          f"buffers {b['buffers']} (the peak must not exceed them)")
+    check(f"ZeRO-{z} buffers", 0 < peak <= b["buffers"])
+b0 = plan(0)["bytes_per_rank"]
+z0_states = b0["params"] + b0["grads"] + b0["optimizer"]
+z3_states = states("z3.log")
+print(f"ZeRO-3 model states {z3_states} bytes vs ZeRO-0's / 2 = {z0_states / 2:.0f} "
+      f"(ratio {z3_states / (z0_states / 2):.4f}, limit 5%)")
+check("ZeRO-3 = ZeRO-0 / dp", abs(z3_states - z0_states / 2) <= 0.05 * z0_states / 2)
 sys.exit(0 if ok else 1)
 PY
   ;;
