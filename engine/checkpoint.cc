@@ -12,6 +12,7 @@
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "engine/plan.h"
 #include "engine/safetensors.h"
 
 namespace kiln::engine {
@@ -19,7 +20,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFormat = "kiln-checkpoint/1";
+constexpr const char* kFormat = "kiln-checkpoint/2";
+// Format 1 (before meta.json): the same files as a P = 1 checkpoint of format 2.
+constexpr const char* kFormat1 = "kiln-checkpoint/1";
 
 nlohmann::json model_json(const ModelConfig& m) {
   return {{"vocab_size", m.vocab_size}, {"d_model", m.d_model}, {"n_layers", m.n_layers},
@@ -38,41 +41,92 @@ std::string checkpoint_dir_name(int64_t step) {
   return buf;
 }
 
-Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
-                       const TrainerState& state, const std::string& config_yaml,
-                       int64_t keep_last) {
+Result<std::string> begin_checkpoint(const std::string& run_dir, int64_t step) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
-  const std::string name = checkpoint_dir_name(state.step);
-  const fs::path final_dir = root / name;
+  const std::string name = checkpoint_dir_name(step);
   const fs::path tmp_dir = root / ("." + name + ".tmp." + std::to_string(::getpid()));
   std::error_code ec;
   fs::remove_all(tmp_dir, ec);
   fs::create_directories(tmp_dir, ec);
   if (ec) return fs_error("create checkpoint directory", tmp_dir, ec);
+  return tmp_dir.string();
+}
 
-  std::vector<TensorView> model, optim;
-  // Host copies of device tensors (none when the parameters are in host memory).
-  std::deque<std::vector<float>> scratch;
-  auto view = [&](int ti, ParamField f) {
-    scratch.emplace_back();
-    return params.host_view(ti, f, &scratch.back());
-  };
-  const auto& tensors = params.tensors();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const ParamTensor& t = tensors[i];
-    const int ti = static_cast<int>(i);
-    model.push_back({t.name, "F32", t.shape, view(ti, ParamField::kMaster), t.numel * 4});
-    optim.push_back(
-        {t.name + ".exp_avg", "F32", t.shape, view(ti, ParamField::kExpAvg), t.numel * 4});
-    optim.push_back(
-        {t.name + ".exp_avg_sq", "F32", t.shape, view(ti, ParamField::kExpAvgSq), t.numel * 4});
-  }
+std::string partition_file_name(int64_t index, int64_t partitions) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "shard-%05lld-of-%05lld.safetensors",
+                static_cast<long long>(index), static_cast<long long>(partitions));
+  return buf;
+}
+
+Result<uint64_t> write_checkpoint_partition(const std::string& tmp_dir, int64_t index,
+                                            int64_t partitions,
+                                            const std::vector<TensorView>& tensors) {
+  const std::string path = (fs::path(tmp_dir) / partition_file_name(index, partitions)).string();
   std::map<std::string, std::string> meta = {{"format", kFormat},
-                                             {"precision", precision_name(params.precision())}};
-  KILN_RETURN_IF_ERROR(write_safetensors((tmp_dir / "model.safetensors").string(), model, meta));
-  KILN_RETURN_IF_ERROR(write_safetensors((tmp_dir / "optimizer.safetensors").string(), optim, meta));
-  KILN_ASSIGN_OR_RETURN(uint64_t model_hash, xxh3_file((tmp_dir / "model.safetensors").string()));
-  KILN_ASSIGN_OR_RETURN(uint64_t optim_hash, xxh3_file((tmp_dir / "optimizer.safetensors").string()));
+                                             {"partition", std::to_string(index)},
+                                             {"partitions", std::to_string(partitions)}};
+  KILN_RETURN_IF_ERROR(write_safetensors(path, tensors, meta));
+  return xxh3_file(path);
+}
+
+namespace {
+
+std::vector<std::string> tensor_files(const CheckpointLayout& l) {
+  if (l.partitions <= 1) return {"model.safetensors", "optimizer.safetensors"};
+  std::vector<std::string> out;
+  for (int64_t r = 0; r < l.partitions; ++r) out.push_back(partition_file_name(r, l.partitions));
+  return out;
+}
+
+nlohmann::ordered_json meta_json(const ParamStore& params, const CheckpointLayout& l) {
+  nlohmann::ordered_json j;
+  j["format"] = kFormat;
+  j["world"] = l.world;
+  j["dp"] = l.dp;
+  j["tp"] = l.tp;
+  j["zero_stage"] = l.zero_stage;
+  j["precision"] = precision_name(params.precision());
+  j["partitions"] = l.partitions;
+  j["split"] = l.partitions > 1 ? "dp-flat: partition r holds elements [r*S, r*S+S) of every "
+                                  "unit, zero past its end"
+                                : "none: model.safetensors / optimizer.safetensors per tensor";
+  j["files"] = tensor_files(l);
+  nlohmann::ordered_json units = nlohmann::ordered_json::array();
+  for (const auto& u : params.units()) {
+    units.push_back({{"name", u.name},
+                     {"numel", u.numel},
+                     {"partition_numel", l.partitions > 1 ? shard_numel(u.numel, l.partitions)
+                                                          : u.numel}});
+  }
+  j["units"] = units;
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
+  for (const auto& t : params.tensors()) {
+    tensors.push_back({{"name", t.name},
+                       {"shape", t.shape},
+                       {"unit", params.units()[t.unit].name},
+                       {"offset", t.offset},
+                       {"numel", t.numel},
+                       {"split", l.partitions > 1 ? "dp-flat" : "none"}});
+  }
+  j["tensors"] = tensors;
+  return j;
+}
+
+}  // namespace
+
+Status finish_checkpoint(const std::string& run_dir, const std::string& tmp_dir_text,
+                         const ParamStore& params, const TrainerState& state,
+                         const std::string& config_yaml, int64_t keep_last,
+                         const CheckpointLayout& layout,
+                         const std::vector<uint64_t>& hashes) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const std::string name = checkpoint_dir_name(state.step);
+  const fs::path final_dir = root / name;
+  const fs::path tmp_dir(tmp_dir_text);
+  const std::vector<std::string> files = tensor_files(layout);
+  KILN_CHECK(files.size() == hashes.size(), "finish_checkpoint: one checksum per tensor file");
+  std::error_code ec;
 
   nlohmann::json j;
   j["format"] = kFormat;
@@ -91,8 +145,9 @@ Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
   j["mixture_hash"] = hex64(state.mixture_hash);
   j["extra"] = state.extra;
   j["rng"] = {{"kind", "counter"}, {"seed", state.seed}};
-  j["files"] = {{"model.safetensors", hex64(model_hash)},
-                {"optimizer.safetensors", hex64(optim_hash)}};
+  for (size_t i = 0; i < files.size(); ++i) j["files"][files[i]] = hex64(hashes[i]);
+  KILN_RETURN_IF_ERROR(write_file_atomic((tmp_dir / "meta.json").string(),
+                                         meta_json(params, layout).dump(2) + "\n"));
   KILN_RETURN_IF_ERROR(write_file_atomic((tmp_dir / "config.yaml").string(), config_yaml));
   // state.json last: a directory without it is never complete.
   KILN_RETURN_IF_ERROR(write_file_atomic((tmp_dir / "state.json").string(), j.dump(2) + "\n"));
@@ -121,6 +176,40 @@ Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
   return Status::ok();
 }
 
+Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
+                       const TrainerState& state, const std::string& config_yaml,
+                       int64_t keep_last, const CheckpointLayout& layout_in) {
+  CheckpointLayout layout = layout_in;
+  layout.partitions = 1;
+  KILN_ASSIGN_OR_RETURN(std::string tmp, begin_checkpoint(run_dir, state.step));
+  const fs::path tmp_dir(tmp);
+  std::vector<TensorView> model, optim;
+  // Host copies of device tensors (none when the parameters are in host memory).
+  std::deque<std::vector<float>> scratch;
+  auto view = [&](int ti, ParamField f) {
+    scratch.emplace_back();
+    return params.host_view(ti, f, &scratch.back());
+  };
+  const auto& tensors = params.tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ParamTensor& t = tensors[i];
+    const int ti = static_cast<int>(i);
+    model.push_back({t.name, "F32", t.shape, view(ti, ParamField::kMaster), t.numel * 4});
+    optim.push_back(
+        {t.name + ".exp_avg", "F32", t.shape, view(ti, ParamField::kExpAvg), t.numel * 4});
+    optim.push_back(
+        {t.name + ".exp_avg_sq", "F32", t.shape, view(ti, ParamField::kExpAvgSq), t.numel * 4});
+  }
+  std::map<std::string, std::string> meta = {{"format", kFormat},
+                                             {"precision", precision_name(params.precision())}};
+  KILN_RETURN_IF_ERROR(write_safetensors((tmp_dir / "model.safetensors").string(), model, meta));
+  KILN_RETURN_IF_ERROR(write_safetensors((tmp_dir / "optimizer.safetensors").string(), optim, meta));
+  KILN_ASSIGN_OR_RETURN(uint64_t model_hash, xxh3_file((tmp_dir / "model.safetensors").string()));
+  KILN_ASSIGN_OR_RETURN(uint64_t optim_hash, xxh3_file((tmp_dir / "optimizer.safetensors").string()));
+  return finish_checkpoint(run_dir, tmp, params, state, config_yaml, keep_last, layout,
+                           {model_hash, optim_hash});
+}
+
 Result<std::string> latest_checkpoint(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path latest = root / "latest";
@@ -139,14 +228,91 @@ Result<std::string> latest_checkpoint(const std::string& run_dir) {
   return dir.string();
 }
 
-Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerState* state) {
-  const fs::path dir(dir_text);
+namespace {
+
+// Every unit's master weights and moments from P partition files (meta.json's layout).
+Status load_partitions(const fs::path& dir, const nlohmann::json& meta, ParamStore* params) {
+  const int64_t P = meta.at("partitions").get<int64_t>();
+  const std::string meta_path = (dir / "meta.json").string();
+  auto& units = params->units();
+  const auto& mu = meta.at("units");
+  if (mu.size() != units.size()) {
+    return Status::data("meta.json lists " + std::to_string(mu.size()) + " units, the model has " +
+                        std::to_string(units.size()))
+        .with_file(meta_path);
+  }
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (mu[i].at("name") != units[i].name || mu[i].at("numel") != units[i].numel ||
+        mu[i].at("partition_numel") != shard_numel(units[i].numel, P)) {
+      return Status::data("meta.json unit " + mu[i].dump() + " does not match the model's " +
+                          units[i].name + " (" + std::to_string(units[i].numel) + " elements)")
+          .with_file(meta_path);
+    }
+  }
+  Backend& be = params->backend();
+  for (int64_t r = 0; r < P; ++r) {
+    const std::string path = (dir / partition_file_name(r, P)).string();
+    KILN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::read(path));
+    for (auto& u : units) {
+      const size_t S = shard_numel(u.numel, P);
+      const size_t begin = S * static_cast<size_t>(r);
+      if (begin >= u.numel) continue;
+      const size_t n = std::min(S, u.numel - begin);
+      const std::vector<int64_t> shape{static_cast<int64_t>(S)};
+      for (auto [suffix, buf] : {std::pair{".master", &u.master}, std::pair{".exp_avg", &u.m},
+                                 std::pair{".exp_avg_sq", &u.v}}) {
+        KILN_ASSIGN_OR_RETURN(const void* src, f.get(u.name + suffix, "F32", shape));
+        be.copy_to_device(buf->data() + begin, src, n * sizeof(float));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Result<nlohmann::json> read_state_json(const fs::path& dir) {
   const std::string state_path = (dir / "state.json").string();
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(state_path));
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
-    if (j.at("format") != kFormat) return Status::data("unknown checkpoint format").with_file(state_path);
+    nlohmann::json j = nlohmann::json::parse(text);
+    if (j.at("format") != kFormat && j.at("format") != kFormat1) {
+      return Status::data("unknown checkpoint format " + j.at("format").dump()).with_file(state_path);
+    }
+    return j;
+  } catch (const nlohmann::json::exception& e) {
+    return Status::data(std::string("malformed state.json: ") + e.what()).with_file(state_path);
+  }
+}
+
+}  // namespace
+
+Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& dir_text) {
+  const fs::path dir(dir_text);
+  KILN_ASSIGN_OR_RETURN(nlohmann::json j, read_state_json(dir));
+  try {
+    ModelConfig m;
+    const auto& jm = j.at("model");
+    m.vocab_size = jm.at("vocab_size").get<int64_t>();
+    m.d_model = jm.at("d_model").get<int64_t>();
+    m.n_layers = jm.at("n_layers").get<int64_t>();
+    m.n_heads = jm.at("n_heads").get<int64_t>();
+    m.seq_len = jm.at("seq_len").get<int64_t>();
+    const std::string p = j.at("precision").get<std::string>();
+    Precision prec = p == "bf16" ? Precision::kBf16 : p == "fp16" ? Precision::kFp16 : Precision::kFp32;
+    return std::pair{m, prec};
+  } catch (const nlohmann::json::exception& e) {
+    return Status::data(std::string("malformed state.json: ") + e.what())
+        .with_file((dir / "state.json").string());
+  }
+}
+
+Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerState* state,
+                       CheckpointLayout* layout) {
+  const fs::path dir(dir_text);
+  const std::string state_path = (dir / "state.json").string();
+  KILN_ASSIGN_OR_RETURN(nlohmann::json j, read_state_json(dir));
+  nlohmann::json meta;
+  CheckpointLayout lay;
+  try {
     if (j.at("model") != model_json(params->model())) {
       return Status::config("checkpoint model shape " + j.at("model").dump() +
                             " differs from the config's " + model_json(params->model()).dump())
@@ -170,13 +336,46 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
     if (auto e = j.find("extra"); e != j.end() && e->is_object()) {
       for (auto it = e->begin(); it != e->end(); ++it) state->extra[it.key()] = it.value().get<std::string>();
     }
-    for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
-      KILN_ASSIGN_OR_RETURN(uint64_t want, parse_hex64(j.at("files").at(f).get<std::string>()));
+    if (j.at("format") == kFormat) {
+      const std::string meta_path = (dir / "meta.json").string();
+      KILN_ASSIGN_OR_RETURN(std::string mtext, read_file(meta_path));
+      try {
+        meta = nlohmann::json::parse(mtext);
+        lay.world = meta.at("world").get<int64_t>();
+        lay.dp = meta.at("dp").get<int64_t>();
+        lay.tp = meta.at("tp").get<int64_t>();
+        lay.zero_stage = meta.at("zero_stage").get<int64_t>();
+        lay.partitions = meta.at("partitions").get<int64_t>();
+      } catch (const nlohmann::json::exception& e) {
+        return Status::data(std::string("malformed meta.json: ") + e.what()).with_file(meta_path);
+      }
+      if (lay.partitions < 1) return Status::data("meta.json: partitions < 1").with_file(meta_path);
+    }
+    // Every tensor file the checkpoint lists, before any is read.
+    const std::vector<std::string> files = tensor_files(lay);
+    for (const std::string& f : files) {
+      auto it = j.at("files").find(f);
+      if (it == j.at("files").end()) {
+        return Status::data("state.json does not list " + f).with_file(state_path);
+      }
+      KILN_ASSIGN_OR_RETURN(uint64_t want, parse_hex64(it->get<std::string>()));
       KILN_ASSIGN_OR_RETURN(uint64_t got, xxh3_file((dir / f).string()));
       if (want != got) return Status::data("checksum mismatch").with_file((dir / f).string());
     }
   } catch (const nlohmann::json::exception& e) {
     return Status::data(std::string("malformed state.json: ") + e.what()).with_file(state_path);
+  }
+  if (layout) *layout = lay;
+  if (lay.partitions > 1) {
+    try {
+      KILN_RETURN_IF_ERROR(load_partitions(dir, meta, params));
+    } catch (const nlohmann::json::exception& e) {
+      return Status::data(std::string("malformed meta.json: ") + e.what())
+          .with_file((dir / "meta.json").string());
+    }
+    params->zero_grads();
+    params->sync_low_precision();
+    return Status::ok();
   }
   KILN_ASSIGN_OR_RETURN(SafetensorsFile model, SafetensorsFile::read((dir / "model.safetensors").string()));
   KILN_ASSIGN_OR_RETURN(SafetensorsFile optim,

@@ -2,18 +2,30 @@
 // newest complete one.
 //
 // A checkpoint directory holds
-//   model.safetensors       fp32 master weights, one tensor per parameter (names as ParamStore)
-//   optimizer.safetensors   AdamW moments "<name>.exp_avg", "<name>.exp_avg_sq" (fp32)
+//   meta.json               the layout that wrote it: world, dp, tp, zero_stage, precision, the
+//                           number of partitions P and the files holding them, every unit's
+//                           length and partition length, every tensor's global shape, unit,
+//                           offset and split (format "kiln-checkpoint/2")
+//   P = 1 (replicated states: ZeRO-0, or one data-parallel rank; rank 0 writes):
+//     model.safetensors     fp32 master weights, one tensor per parameter (names as ParamStore)
+//     optimizer.safetensors AdamW moments "<name>.exp_avg", "<name>.exp_avg_sq" (fp32)
+//   P = dp (ZeRO-1/2/3: every data-parallel rank writes its own):
+//     shard-RRRRR-of-PPPPP.safetensors   for every unit "<unit>.master", "<unit>.exp_avg",
+//                           "<unit>.exp_avg_sq" (fp32, [S]): the unit's flat elements
+//                           [R*S, R*S + S), zero past its end (S = shard_numel(N, P), plan.h)
 //   state.json              step, AdamW update count, tokens, skipped steps, loss-scaler state,
 //                           data (loader) state, applied mixture-file hash, seed, precision,
-//                           model shape, and the XXH3-64 of both tensor files
+//                           model shape, and the XXH3-64 of every tensor file
 //   config.yaml             the resolved config of the run
-// It is written under a temporary name, fsynced and renamed, so it appears complete or not at
-// all; `latest` is then replaced atomically and directories beyond keep_last are removed
-// (oldest first). Loading checks the model shape, the precision and the checksums, naming the
-// file on any mismatch; the precision may differ (the stored tensors are fp32 either way). The
-// low-precision working copy is not stored: it is re-derived from the
-// master weights by the same rounding, so resumed training is bit-identical.
+// It is written under a temporary name (every rank writes its file there), fsynced and renamed
+// by rank 0 after every file is complete, state.json last, so it appears complete or not at all;
+// `latest` is then replaced atomically and directories beyond keep_last are removed (oldest
+// first). Loading checks the model shape and the checksums, naming the file on any mismatch, and
+// reassembles full tensors from any number of partitions, so a checkpoint resumes on another
+// data-parallel size or ZeRO stage; the precision may differ (the stored tensors are fp32 either
+// way). The low-precision working copy is not stored: it is re-derived from the master weights by
+// the same rounding, so resumed training is bit-identical. Checkpoints of format 1 (no meta.json,
+// per-tensor files) still load.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +35,7 @@
 #include "common/status.h"
 #include "engine/loss_scaler.h"
 #include "engine/params.h"
+#include "engine/safetensors.h"
 
 namespace kiln::engine {
 
@@ -43,13 +56,41 @@ struct TrainerState {
 
 std::string checkpoint_dir_name(int64_t step);  // "step-00000012"
 
-// Writes RUN/checkpoints/step-NNNNNNNN, updates latest, prunes to keep_last (0: keep all).
+// The layout a checkpoint records in meta.json.
+struct CheckpointLayout {
+  int64_t world = 1, dp = 1, tp = 1, zero_stage = 0;
+  int64_t partitions = 1;  // 1: replicated states; dp: ZeRO-1/2/3 shards
+};
+
+// Writes RUN/checkpoints/step-NNNNNNNN from one process's full ParamStore (P = 1), updates latest,
+// prunes to keep_last (0: keep all).
 Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
                        const TrainerState& state, const std::string& config_yaml,
-                       int64_t keep_last);
+                       int64_t keep_last, const CheckpointLayout& layout = {});
+
+// The sharded write, in three parts: rank 0 begins (a fresh temporary directory, its path
+// returned for every rank), every rank writes its partition there and hands its checksum to
+// rank 0, which finishes (meta.json, config.yaml, state.json last, rename, latest, pruning).
+Result<std::string> begin_checkpoint(const std::string& run_dir, int64_t step);
+// tensors: the partition's "<unit>.master" / ".exp_avg" / ".exp_avg_sq" views. Returns the
+// file's XXH3-64.
+Result<uint64_t> write_checkpoint_partition(const std::string& tmp_dir, int64_t index,
+                                            int64_t partitions,
+                                            const std::vector<TensorView>& tensors);
+std::string partition_file_name(int64_t index, int64_t partitions);  // shard-00001-of-00002...
+Status finish_checkpoint(const std::string& run_dir, const std::string& tmp_dir,
+                         const ParamStore& params, const TrainerState& state,
+                         const std::string& config_yaml, int64_t keep_last,
+                         const CheckpointLayout& layout,
+                         const std::vector<uint64_t>& partition_hashes);
 // The directory `latest` names; kNotFound when the run has no checkpoint.
 Result<std::string> latest_checkpoint(const std::string& run_dir);
-// Loads master weights and moments into params (then refreshes the low-precision copy).
-Status load_checkpoint(const std::string& dir, ParamStore* params, TrainerState* state);
+// Loads master weights and moments into params (then refreshes the low-precision copy), from
+// any layout. *layout (optional) receives the writer's.
+Status load_checkpoint(const std::string& dir, ParamStore* params, TrainerState* state,
+                       CheckpointLayout* layout = nullptr);
+// The model shape and precision a checkpoint was written with (for tools that load one without
+// a run's config, e.g. `kiln checkpoint consolidate`).
+Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& dir);
 
 }  // namespace kiln::engine

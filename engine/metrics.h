@@ -39,7 +39,8 @@ struct StepRecord {
   double loader_wait_ms = 0;
   // Bytes moved this step by each collective of each group ("dp.all_reduce": ...), multi-rank only.
   std::map<std::string, uint64_t> comm_bytes;
-  double comm_ms = 0;  // wall time of the step's loss/gradient reductions (multi-rank only)
+  double comm_ms = 0;  // wall time of the step's loss/gradient reductions (multi-rank only;
+                       // ZeRO-2/3: + waits for collectives started in forward/backward)
   // On a GPU (engine/mfu.h): model FLOPs utilisation against the device's dense bf16 peak (unset
   // when the device is not in the table) and the device memory in use at its highest so far.
   std::optional<double> mfu;

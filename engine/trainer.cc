@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <deque>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "engine/data_parallel.h"
 #include "engine/mfu.h"
@@ -520,9 +522,10 @@ Result<StepRecord> Trainer::step() {
   } else {
     KILN_RETURN_IF_ERROR(dp_->reduce_gradients(*params_));
   }
-  // Collectives after backward (nothing overlaps them yet): the step's exposed comm time.
+  // Collectives after backward, and ZeRO-2/3's waits during it: the step's exposed comm time.
   rec.comm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
                     .count();
+  if (zero) rec.comm_ms += zero->take_wait_ms();
 
   rec.lr = learning_rate(config_.schedule, config_.optimizer.lr, state_.step);
   if (inject_once('l', sc.inject_lr_burst_at, rec.step)) {  // testing hook
@@ -729,14 +732,13 @@ void Trainer::print_progress(const StepRecord& r) {
 Status Trainer::save() {
   // Every data-parallel rank's loader position, merged on rank 0 into one state that resumes on
   // any number of ranks. With ZeRO-0 every rank holds the same weights and moments: rank 0
-  // writes them; the others wait for its verdict.
+  // writes them; with ZeRO-1/2/3 every rank writes its shards into the directory rank 0
+  // prepares, and rank 0 completes it (engine/checkpoint.h).
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> per_rank, dp_->gather(data_->state()));
   Status written = Status::ok();
   state_.extra["mixing"] = mix_->state_json();
   state_.extra["stability"] = stab_.to_json(*spikes_);
   const auto t0 = std::chrono::steady_clock::now();
-  // ZeRO-1: rank 0 collects the moments (and master weights) for the consolidated checkpoint.
-  if (dp_->zero()) KILN_RETURN_IF_ERROR(dp_->zero()->consolidate());
   if (dp_->is_root()) {
     auto merged = data_->merge_states(per_rank);
     if (merged.is_ok()) {
@@ -745,18 +747,51 @@ Status Trainer::save() {
       state_.scaler = scaler_.state();
       state_.adam_updates = optimizer_->updates();
       state_.precision = precision_name(config_.precision);
-      written = save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
-                                config_.checkpoint.keep_last);
     } else {
       written = merged.status();
     }
   }
-  if (dp_->zero()) dp_->zero()->release_consolidated();
+  CheckpointLayout layout;
+  layout.world = dp_->world_size();
+  layout.dp = dp_->size();
+  layout.tp = config_.parallel.tp;
+  layout.zero_stage = config_.parallel.zero_stage;
+  if (ZeroOptimizer* zero = dp_->zero()) {
+    layout.partitions = dp_->size();
+    std::string tmp;
+    if (dp_->is_root() && written.is_ok()) {
+      auto begun = begin_checkpoint(config_.run.dir, state_.step);
+      if (begun.is_ok()) tmp = *begun;
+      else written = begun.status();
+    }
+    KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
+    KILN_RETURN_IF_ERROR(dp_->broadcast(&tmp));
+    std::deque<std::vector<float>> scratch;
+    auto hash = write_checkpoint_partition(tmp, dp_->rank(), dp_->size(),
+                                           zero->checkpoint_partition(&scratch));
+    KILN_RETURN_IF_ERROR(dp_->agree(hash.is_ok() ? Status::ok() : hash.status()));
+    KILN_ASSIGN_OR_RETURN(std::vector<std::string> hashes, dp_->gather(hex64(*hash)));
+    written = Status::ok();
+    if (dp_->is_root()) {
+      std::vector<uint64_t> h;
+      for (const auto& x : hashes) {
+        auto v = parse_hex64(x);
+        if (!v.is_ok()) return v.status();
+        h.push_back(*v);
+      }
+      written = finish_checkpoint(config_.run.dir, tmp, *params_, state_, config_yaml_,
+                                  config_.checkpoint.keep_last, layout, h);
+    }
+  } else if (dp_->is_root() && written.is_ok()) {
+    written = save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
+                              config_.checkpoint.keep_last, layout);
+  }
   KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
   last_saved_step_ = state_.step;
-  KILN_LOG_INFO("checkpoint {} written ({:.0f} ms)", checkpoint_dir_name(state_.step),
+  KILN_LOG_INFO("checkpoint {} written ({:.0f} ms{})", checkpoint_dir_name(state_.step),
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count());
+                    .count(),
+                layout.partitions > 1 ? fmt::format(", {} shards", layout.partitions) : "");
   return Status::ok();
 }
 

@@ -1,6 +1,7 @@
 #include "engine/zero.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -70,6 +71,22 @@ void ZeroOptimizer::track(int64_t delta) {
   peak_buffers_ = std::max<uint64_t>(peak_buffers_, static_cast<uint64_t>(std::max<int64_t>(0, buffers_)));
 }
 
+namespace {
+// Runs wait() and adds its duration to *ms.
+Status timed_wait(comm::Work& w, double* ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = w.wait();
+  *ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+}  // namespace
+
+double ZeroOptimizer::take_wait_ms() {
+  const double ms = wait_ms_;
+  wait_ms_ = 0;
+  return ms;
+}
+
 void ZeroOptimizer::zero_grads() {
   for (auto& s : shards_) s.grad.zero();
 }
@@ -99,7 +116,7 @@ void ZeroOptimizer::start_gather(int unit) {
 
 void ZeroOptimizer::finish_gather(int unit) {
   Shard& s = shards_[unit];
-  note(s.gather->wait().prefixed("parameter all-gather of " + params_.units()[unit].name));
+  note(timed_wait(*s.gather, &wait_ms_).prefixed("parameter all-gather of " + params_.units()[unit].name));
   s.gather.reset();
   s.weights = Weights::kResident;
 }
@@ -148,7 +165,7 @@ void ZeroOptimizer::finish_scatter() {
   const int unit = pending_.unit;
   ParamUnit& u = params_.units()[unit];
   Shard& s = shards_[unit];
-  Status st = pending_.work->wait();
+  Status st = timed_wait(*pending_.work, &wait_ms_);
   const bool reduced = st.is_ok();
   note(std::move(st).prefixed("gradient reduce-scatter of " + u.name));
   if (reduced) {  // accumulate over the step's micro-batches
@@ -293,41 +310,27 @@ Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats
   return Status::ok();
 }
 
-Status ZeroOptimizer::consolidate() {
-  const int n = dp_.size();
-  const bool root = dp_.rank() == 0;
-  auto& units = params_.units();
-  std::vector<float> all;
+std::vector<TensorView> ZeroOptimizer::checkpoint_partition(
+    std::deque<std::vector<float>>* scratch) const {
+  std::vector<TensorView> out;
+  const auto& units = params_.units();
   for (size_t i = 0; i < units.size(); ++i) {
-    Shard& s = shards_[i];
-    ParamUnit& u = units[i];
-    // bf16/fp16 below stage 3: the master weights are current only in each rank's own shard.
-    if (stage_ < 3 && params_.precision() != Precision::kFp32) {
-      KILN_RETURN_IF_ERROR(allgather_unit(u.master.data(), sizeof(float), u.numel, s.size));
+    const Shard& s = shards_[i];
+    const ParamUnit& u = units[i];
+    const std::vector<int64_t> shape{static_cast<int64_t>(s.size)};
+    const size_t bytes = s.size * sizeof(float);
+    const float* master = s.master.data();
+    if (stage_ < 3) {  // this rank's slice of the full buffer (current here in every precision)
+      scratch->emplace_back(s.size, 0.0f);
+      const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
+      if (have) std::memcpy(scratch->back().data(), u.master.data() + s.begin, have * sizeof(float));
+      master = scratch->back().data();
     }
-    std::vector<size_t> bytes(n, s.size * sizeof(float));
-    std::vector<std::pair<DeviceArray<float>*, DeviceArray<float>*>> fields{{&s.m, &u.m},
-                                                                           {&s.v, &u.v}};
-    if (stage_ == 3) fields.push_back({&s.master, &u.master});
-    for (auto [shard, full] : fields) {
-      if (root) all.assign(s.size * n, 0.0f);
-      KILN_RETURN_IF_ERROR(dp_.gatherv(shard->data(), s.size * sizeof(float),
-                                       root ? all.data() : nullptr, bytes.data(), 0));
-      if (root) {
-        full->reset(&params_.backend(), u.numel);
-        std::memcpy(full->data(), all.data(), u.numel * sizeof(float));
-      }
-    }
+    out.push_back({u.name + ".master", "F32", shape, master, bytes});
+    out.push_back({u.name + ".exp_avg", "F32", shape, s.m.data(), bytes});
+    out.push_back({u.name + ".exp_avg_sq", "F32", shape, s.v.data(), bytes});
   }
-  return Status::ok();
-}
-
-void ZeroOptimizer::release_consolidated() {
-  for (auto& u : params_.units()) {
-    u.m.clear();
-    u.v.clear();
-    if (stage_ == 3) u.master.clear();
-  }
+  return out;
 }
 
 }  // namespace kiln::engine

@@ -19,14 +19,15 @@
 // The global gradient norm is the sum of every shard's squares (fp64, summed over ranks): every
 // element counted once, every rank the same clip/overflow decision.
 //
-// Checkpoints keep the consolidated format: consolidate() gathers the moments and master weights
-// onto rank 0's ParamStore for the write, release() frees them after; load into the full
-// ParamStore first, then construct, so a checkpoint of any data-parallel size and ZeRO stage
-// resumes on any other. Host memory only (the CPU backend). Not thread-safe: the training thread
+// Checkpoints are per rank (engine/checkpoint.h): each rank writes its shards of the master
+// weights and moments (checkpoint_partition()); loading reassembles full units in the ParamStore
+// first, then this object is constructed, so a checkpoint of any data-parallel size and ZeRO
+// stage resumes on any other. Host memory only (the CPU backend). Not thread-safe: the training thread
 // owns it.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include "engine/model.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
+#include "engine/safetensors.h"
 #include "engine/stability.h"
 #include "engine/train_config.h"
 
@@ -66,16 +68,19 @@ class ZeroOptimizer final : public UnitHooks {
   // the working weights.
   Status apply(double lr, double loss_scale, const StepStats& stats, int64_t step);
 
-  // Rank 0's ParamStore gets the full moments and master weights; every rank must call it.
-  Status consolidate();
-  // Frees what consolidate() allocated.
-  void release_consolidated();
+  // This rank's partition of a checkpoint: "<unit>.master", "<unit>.exp_avg",
+  // "<unit>.exp_avg_sq" (fp32, [S] each). Views into the shards, or into *scratch (the padded
+  // end of a stage 1-2 master buffer), valid until either changes.
+  std::vector<TensorView> checkpoint_partition(std::deque<std::vector<float>>* scratch) const;
 
   // Model-state bytes this rank holds outside the ParamStore (the shards).
   uint64_t shard_bytes() const;
   // The largest number of bytes the gathered weights and in-flight gradient buffers took at once
   // (stages 2-3), since construction.
   uint64_t peak_buffer_bytes() const { return peak_buffers_; }
+  // Milliseconds spent waiting for the collectives started during forward/backward since the
+  // last call (the part of their time not hidden behind compute); resets the count.
+  double take_wait_ms();
 
   // UnitHooks (stages 2-3; the model calls them).
   void begin_pass(const std::vector<int>& order) override;
@@ -119,6 +124,7 @@ class ZeroOptimizer final : public UnitHooks {
   size_t cursor_ = 0;
   PendingScatter pending_;
   Status status_ = Status::ok();
+  double wait_ms_ = 0;
   int64_t buffers_ = 0;
   uint64_t peak_buffers_ = 0;
 };

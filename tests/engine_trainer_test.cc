@@ -189,7 +189,8 @@ TEST(Trainer, MetricsContractCheckpointsAndRetention) {
   EXPECT_EQ(kept, (std::vector<std::string>{"latest", "step-00000006", "step-00000007"}));
   auto latest = read_file((fs::path(dir) / "checkpoints" / "latest").string());
   EXPECT_EQ(*latest, "step-00000007\n");
-  for (const char* f : {"model.safetensors", "optimizer.safetensors", "state.json", "config.yaml"})
+  for (const char* f : {"meta.json", "model.safetensors", "optimizer.safetensors", "state.json",
+                        "config.yaml"})
     EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step-00000007" / f)) << f;
 
   // A fresh start in a used run directory is refused; --overwrite allows it.

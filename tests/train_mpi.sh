@@ -57,8 +57,9 @@ equivalence)
   # One file a single process can load, from the ZeRO-1 run's checkpoint; a corrupted checkpoint
   # is refused (exit 3, the file named) and writes nothing.
   "$KILN" checkpoint consolidate z1/checkpoints/step-00000010 -o z1-consolidated.safetensors >/dev/null
+  "$KILN" checkpoint consolidate dp2/checkpoints/step-00000010 -o dp2-consolidated.safetensors >/dev/null
   cp -r z1/checkpoints/step-00000010 broken
-  printf 'x' | dd of=broken/model.safetensors bs=1 seek=200 conv=notrunc 2>/dev/null
+  printf 'x' | dd of=broken/shard-00001-of-00002.safetensors bs=1 seek=200 conv=notrunc 2>/dev/null
   set +e
   "$KILN" checkpoint consolidate broken -o broken.safetensors 2>broken.err
   rc=$?
@@ -73,6 +74,7 @@ def losses(run):
     return [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
 
 def tensors(run):
+    # ZeRO-1's checkpoint holds per-rank shards: its weights come from `kiln checkpoint consolidate`.
     path = run if run.endswith(".safetensors") else f"{run}/checkpoints/step-00000010/model.safetensors"
     raw = open(path, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
@@ -85,13 +87,13 @@ def tensors(run):
         out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32)
     return out
 
-def compare(label, ra, rb):
+def compare(label, ra, rb, tb=None):
     a, b = losses(ra), losses(rb)
     assert len(a) == len(b) == 10, (len(a), len(b))
     worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
     print(f"{label}: 10 steps, worst relative loss difference {worst:.2e} (limit 1e-5)")
     ok = worst <= 1e-5
-    t1, t2 = tensors(ra), tensors(rb)
+    t1, t2 = tensors(ra), tensors(tb or rb)
     assert t1.keys() == t2.keys()
     return ok, t1, t2
 
@@ -104,14 +106,26 @@ n2 = sum(float(np.sum(t1[k].astype(np.float64) ** 2)) for k in t1)
 print(f"equivalence: final parameters, largest element difference {adiff:.2e} (limit 1e-5); "
       f"whole-model relative difference {(d2 / n2) ** 0.5:.2e}")
 ok = ok and adiff <= 1e-5
-ok1, z0t, z1t = compare("DP=2 ZeRO-1 vs DP=2 ZeRO-0", "dp2", "z1")
+ok1, z0t, z1t = compare("DP=2 ZeRO-1 vs DP=2 ZeRO-0", "dp2", "z1", "z1-consolidated.safetensors")
 adiff = max(float(np.max(np.abs(z0t[k] - z1t[k]))) for k in z0t)
 print(f"DP=2 ZeRO-1 vs DP=2 ZeRO-0: final parameters, largest element difference {adiff:.2e} (limit 1e-5)")
 ok = ok and ok1 and adiff <= 1e-5
-cons = tensors("z1-consolidated.safetensors")
-same = cons.keys() == z1t.keys() and all(np.array_equal(cons[k], z1t[k]) for k in cons)
+# ZeRO-0 (replicated: rank 0 writes model.safetensors) consolidates to the same file contents.
+cons = tensors("dp2-consolidated.safetensors")
+same = cons.keys() == z0t.keys() and all(np.array_equal(cons[k], z0t[k]) for k in cons)
 print(f"consolidate: {len(cons)} tensors, identical to the checkpoint's weights: {same}")
 ok = ok and same
+# The ZeRO-1 checkpoint: one file per rank and meta.json recording the layout.
+import os
+ck = "z1/checkpoints/step-00000010"
+meta = json.load(open(f"{ck}/meta.json"))
+files = sorted(f for f in os.listdir(ck) if f.startswith("shard-"))
+lay = {k: meta[k] for k in ("world", "dp", "tp", "zero_stage", "partitions", "precision")}
+print(f"ZeRO-1 checkpoint: {files}, meta.json {lay}")
+ok = ok and files == ["shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"] \
+    and lay == {"world": 2, "dp": 2, "tp": 1, "zero_stage": 1, "partitions": 2, "precision": "fp32"} \
+    and [t["name"] for t in meta["tensors"]] == list(z0t.keys()) \
+    and all(int(np.prod(t["shape"])) == z0t[t["name"]].size for t in meta["tensors"])
 dp2 = losses("dp2")
 plan = [p for p in json.load(open("plan.json"))
         if p["tp"] == 1 and p["dp"] == 2 and p["zero_stage"] == 0
@@ -187,9 +201,20 @@ zero)
     --set parallel.zero_stage=3 2>z3b.log
   # Resharding resume: ZeRO-1 -> ZeRO-3 and ZeRO-3 -> ZeRO-1 at step 5 (reference: z0).
   train 2 2 r13 5 --set checkpoint.every_steps=5 --set parallel.zero_stage=1 2>r13.log
-  train 2 2 r13 10 --resume --set parallel.zero_stage=3 2>>r13.log
+  train 2 2 r13 10 --resume --set checkpoint.every_steps=10 --set parallel.zero_stage=3 2>>r13.log
   train 2 2 r31 5 --set checkpoint.every_steps=5 --set parallel.zero_stage=3 2>r31.log
-  train 2 2 r31 10 --resume --set parallel.zero_stage=1 2>>r31.log
+  cp -r r31 r33
+  cp -r r31 r34
+  cp r31.log r33.log
+  cp r31.log r34.log
+  train 2 2 r31 10 --resume --set checkpoint.every_steps=10 --set parallel.zero_stage=1 2>>r31.log
+  # Same layout (ZeRO-3 on 2, per-rank shards): bit-identical; 2 -> 4 ranks reshards.
+  train 2 2 r33 10 --resume --set checkpoint.every_steps=10 --set parallel.zero_stage=3 2>>r33.log
+  train 4 1 r34 10 --resume --set checkpoint.every_steps=10 --set parallel.zero_stage=3 2>>r34.log
+  for run in z0 z2 z3 z3p2 z0a z3a z0b z3b r13 r31 r33 r34; do
+    [ -d "$run/checkpoints/step-00000010" ] || continue
+    "$KILN" checkpoint consolidate "$run/checkpoints/step-00000010" -o "$run.safetensors" >/dev/null
+  done
   "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 2 --json >plan.json
   /usr/bin/python3 - <<'PY'
 import json, re, struct, sys
@@ -198,8 +223,8 @@ import numpy as np
 def metrics(run):
     return [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
 
-def tensors(run):
-    raw = open(f"{run}/checkpoints/step-00000010/model.safetensors", "rb").read()
+def tensors(run):  # `kiln checkpoint consolidate` of the run's step-10 checkpoint
+    raw = open(f"{run}.safetensors", "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8:8 + n])
     out = {}
@@ -239,6 +264,10 @@ compare("DP=2 ZeRO-3 vs ZeRO-0, 2 micro-batches per step", "z0a", "z3a")
 compare("DP=2 ZeRO-3 vs ZeRO-0, bf16", "z0b", "z3b")
 compare("resume ZeRO-1 -> ZeRO-3 at step 5", "z0", "r13", steps=range(6, 11))
 compare("resume ZeRO-3 -> ZeRO-1 at step 5", "z0", "r31", steps=range(6, 11))
+compare("resume ZeRO-3 on 2 ranks -> ZeRO-3 on 2 ranks at step 5", "z3", "r33", tol=0.0,
+        steps=range(6, 11))
+compare("resume ZeRO-3 on 2 ranks -> ZeRO-3 on 4 ranks at step 5", "z0", "r34",
+        steps=range(6, 11))
 
 plans = json.load(open("plan.json"))
 def plan(z, acc="none"):

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "common/atomic_file.h"
-#include "common/hash.h"
+#include "engine/checkpoint.h"
+#include "engine/params.h"
 #include "engine/safetensors.h"
 #include "tools/kiln/command.h"
 
@@ -19,48 +19,39 @@ struct ConsolidateArgs {
 };
 
 // One file with every parameter of a complete checkpoint, loadable by one process (safetensors,
-// fp32). This version's checkpoints keep one copy of every tensor (ZeRO-0/1 gather to rank 0
-// before writing), so consolidation verifies the checkpoint and extracts the weights; sharded
-// layouts (ZeRO-3, tensor parallelism) will be merged here.
+// fp32): the checkpoint is loaded as a resume would (checksums verified, per-rank partitions of
+// any data-parallel size reassembled) and its master weights written per tensor.
 Status run_consolidate(const ConsolidateArgs& a) {
   const fs::path dir(a.dir);
-  const std::string state_path = (dir / "state.json").string();
   std::error_code ec;
-  if (!fs::exists(state_path, ec)) {
+  if (!fs::exists(dir / "state.json", ec)) {
     return Status::usage(a.dir + " is not a complete checkpoint (no state.json; a checkpoint "
                          "directory is RUN/checkpoints/step-NNNNNNNN)");
   }
-  KILN_ASSIGN_OR_RETURN(std::string text, read_file(state_path));
-  nlohmann::json state;
-  uint64_t want = 0;
-  try {
-    state = nlohmann::json::parse(text);
-    KILN_ASSIGN_OR_RETURN(want,
-                          parse_hex64(state.at("files").at("model.safetensors").get<std::string>()));
-  } catch (const nlohmann::json::exception& e) {
-    return Status::data(std::string("malformed state.json: ") + e.what()).with_file(state_path);
-  }
-  const std::string model_path = (dir / "model.safetensors").string();
-  KILN_ASSIGN_OR_RETURN(uint64_t got, xxh3_file(model_path));
-  if (got != want) {
-    return Status::data("checksum mismatch (state.json says " + hex64(want) + ", the file is " +
-                        hex64(got) + ")")
-        .with_file(model_path);
-  }
-  KILN_ASSIGN_OR_RETURN(engine::SafetensorsFile model, engine::SafetensorsFile::read(model_path));
+  KILN_ASSIGN_OR_RETURN(auto shape, engine::checkpoint_model(a.dir));
+  engine::ParamStore params(shape.first, shape.second);
+  engine::TrainerState state;
+  engine::CheckpointLayout layout;
+  KILN_RETURN_IF_ERROR(engine::load_checkpoint(a.dir, &params, &state, &layout));
   std::vector<engine::TensorView> views;
-  for (const std::string& name : model.names()) {
-    KILN_ASSIGN_OR_RETURN(engine::TensorView v, model.view(name));
-    views.push_back(std::move(v));
+  for (size_t i = 0; i < params.tensors().size(); ++i) {
+    const engine::ParamTensor& t = params.tensors()[i];
+    views.push_back({t.name, "F32", t.shape, params.master(static_cast<int>(i)), t.numel * 4});
   }
-  std::map<std::string, std::string> meta = model.metadata();
+  nlohmann::json model = {{"vocab_size", shape.first.vocab_size}, {"d_model", shape.first.d_model},
+                          {"n_layers", shape.first.n_layers}, {"n_heads", shape.first.n_heads},
+                          {"seq_len", shape.first.seq_len}};
+  std::map<std::string, std::string> meta;
   meta["format"] = "kiln-consolidated/1";
+  meta["precision"] = engine::precision_name(shape.second);
   meta["source"] = fs::absolute(dir, ec).string();
-  meta["step"] = std::to_string(state.value("step", int64_t{0}));
-  meta["model"] = state.value("model", nlohmann::json::object()).dump();
+  meta["step"] = std::to_string(state.step);
+  meta["model"] = model.dump();
   KILN_RETURN_IF_ERROR(engine::write_safetensors(a.output, views, meta));
-  std::printf("%s: %zu tensors from %s (step %s)\n", a.output.c_str(), views.size(),
-              a.dir.c_str(), meta["step"].c_str());
+  std::printf("%s: %zu tensors from %s (step %s, %lld partition%s: dp %lld, ZeRO-%lld)\n",
+              a.output.c_str(), views.size(), a.dir.c_str(), meta["step"].c_str(),
+              static_cast<long long>(layout.partitions), layout.partitions == 1 ? "" : "s",
+              static_cast<long long>(layout.dp), static_cast<long long>(layout.zero_stage));
   return Status::ok();
 }
 
