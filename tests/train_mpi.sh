@@ -20,7 +20,9 @@
 #                = 2x the parameter bytes; ZeRO-3: 3x); per-rank model-state bytes as `kiln plan`
 #                says within 5%, ZeRO-3's within 5% of ZeRO-0's / 2, the measured peak of gathered
 #                weights and gradient buffers within the plan's stated buffers; resume ZeRO-1 ->
-#                ZeRO-3 and ZeRO-3 -> ZeRO-1 continue the uninterrupted run within 1e-5.
+#                ZeRO-3 and ZeRO-3 -> ZeRO-1 continue the uninterrupted run within 1e-5; an injected
+#                overflow skips the same step under ZeRO-3 as under ZeRO-0; per-rank shard files
+#                resume bit-identically on the same layout and reshard from 2 to 4 ranks.
 #   kill         kill -9 of rank 0 while it writes checkpoints (one per step): mpirun stops every
 #                rank and names the rank; --resume continues from the last complete checkpoint
 #                and finishes the run.
@@ -199,6 +201,10 @@ zero)
   train 2 2 z0b 10 --set checkpoint.every_steps=10 --set precision=bf16 2>z0b.log
   train 2 2 z3b 10 --set checkpoint.every_steps=10 --set precision=bf16 \
     --set parallel.zero_stage=3 2>z3b.log
+  # An overflow at step 4 (injected into the gradients): every rank skips the same step.
+  train 2 2 z0o 10 --set checkpoint.every_steps=10 --set "stability.inject_overflow_at=[4]" 2>z0o.log
+  train 2 2 z3o 10 --set checkpoint.every_steps=10 --set "stability.inject_overflow_at=[4]" \
+    --set parallel.zero_stage=3 2>z3o.log
   # Resharding resume: ZeRO-1 -> ZeRO-3 and ZeRO-3 -> ZeRO-1 at step 5 (reference: z0).
   train 2 2 r13 5 --set checkpoint.every_steps=5 --set parallel.zero_stage=1 2>r13.log
   train 2 2 r13 10 --resume --set checkpoint.every_steps=10 --set parallel.zero_stage=3 2>>r13.log
@@ -211,7 +217,7 @@ zero)
   # Same layout (ZeRO-3 on 2, per-rank shards): bit-identical; 2 -> 4 ranks reshards.
   train 2 2 r33 10 --resume --set checkpoint.every_steps=10 --set parallel.zero_stage=3 2>>r33.log
   train 4 1 r34 10 --resume --set checkpoint.every_steps=10 --set parallel.zero_stage=3 2>>r34.log
-  for run in z0 z2 z3 z3p2 z0a z3a z0b z3b r13 r31 r33 r34; do
+  for run in z0 z2 z3 z3p2 z0a z3a z0b z3b z0o z3o r13 r31 r33 r34; do
     [ -d "$run/checkpoints/step-00000010" ] || continue
     "$KILN" checkpoint consolidate "$run/checkpoints/step-00000010" -o "$run.safetensors" >/dev/null
   done
@@ -262,6 +268,10 @@ compare("DP=2 ZeRO-3 vs ZeRO-0, 2 micro-batches per step", "z0a", "z3a")
 # bf16: the same rounding on both sides (the working copy is rounded from the same fp32 master
 # shard by the same AdamW kernel), so the bound is the fp32 one.
 compare("DP=2 ZeRO-3 vs ZeRO-0, bf16", "z0b", "z3b")
+compare("DP=2 ZeRO-3 vs ZeRO-0, overflow injected at step 4", "z0o", "z3o")
+skipped = [[r["step"] for r in metrics(run) if r["skipped"]] for run in ("z0o", "z3o")]
+print(f"overflow: skipped steps ZeRO-0 {skipped[0]}, ZeRO-3 {skipped[1]}")
+check("overflow skipped step 4 in both", skipped == [[4], [4]])
 compare("resume ZeRO-1 -> ZeRO-3 at step 5", "z0", "r13", steps=range(6, 11))
 compare("resume ZeRO-3 -> ZeRO-1 at step 5", "z0", "r31", steps=range(6, 11))
 compare("resume ZeRO-3 on 2 ranks -> ZeRO-3 on 2 ranks at step 5", "z3", "r33", tol=0.0,
