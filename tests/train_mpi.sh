@@ -23,7 +23,8 @@
 #                ZeRO-3 and ZeRO-3 -> ZeRO-1 continue the uninterrupted run within 1e-5; an injected
 #                overflow skips the same step under ZeRO-3 as under ZeRO-0; per-rank shard files
 #                resume bit-identically on the same layout and reshard from 2 to 4 ranks.
-#   kill         kill -9 of rank 0 while it writes checkpoints (one per step): mpirun stops every
+#   kill         kill -9 of rank 0 while it writes checkpoints (one per step; ZeRO-0, where rank 0
+#                writes, and ZeRO-3, where every rank writes its shard): mpirun stops every
 #                rank and names the rank; --resume continues from the last complete checkpoint
 #                and finishes the run.
 set -euo pipefail
@@ -317,9 +318,12 @@ sys.exit(0 if ok else 1)
 PY
   ;;
 kill)
+  for Z in 0 3; do  # ZeRO-0: rank 0 writes; ZeRO-3: every rank writes its shard
+  rm -rf run
   # Every step writes a checkpoint, so most of the time rank 0 is inside a checkpoint write.
   set +e
-  train 2 2 run 400 --set checkpoint.every_steps=1 --set checkpoint.keep_last=2 >kill.out 2>&1 &
+  train 2 2 run 400 --set checkpoint.every_steps=1 --set checkpoint.keep_last=2 \
+    --set parallel.zero_stage=$Z >kill.out 2>&1 &
   MPIRUN=$!
   # Wait until 4 checkpoints are complete. `latest` names the newest one; the step-N directories
   # themselves last only keep_last steps (a few ms on a quiet machine: a poll can miss them).
@@ -349,11 +353,11 @@ kill)
   [ "$RC" != 0 ] || { echo "kill: mpirun exited 0 after a rank was killed"; exit 1; }
   grep -q "rank 0" kill.out || { echo "kill: mpirun's message does not name rank 0"; cat kill.out; exit 1; }
   LATEST=$(cat run/checkpoints/latest)
-  echo "kill: rank 0 killed; latest complete checkpoint $LATEST"
+  echo "kill (ZeRO-$Z): rank 0 killed; latest complete checkpoint $LATEST"
   # Resume past the checkpoint wherever the kill landed (on a quiet machine rank 0 may already be
   # dozens of steps in): four more steps than the latest complete checkpoint.
   TARGET=$(( 10#${LATEST#step-} + 4 ))
-  train 2 2 run "$TARGET" --resume --set checkpoint.every_steps=0 2>resume.log ||
+  train 2 2 run "$TARGET" --resume --set checkpoint.every_steps=0 --set parallel.zero_stage=$Z 2>resume.log ||
     { cat resume.log; exit 1; }
   grep -q "resumed from" resume.log || { echo "kill: no resume line"; cat resume.log; exit 1; }
   TARGET="$TARGET" /usr/bin/python3 - <<'PY'
@@ -363,6 +367,7 @@ steps = [json.loads(l)["step"] for l in open("run/metrics.jsonl")]
 print(f"kill: after resume metrics hold steps {steps[0]}..{steps[-1]} ({len(steps)} lines), expected 1..{target}")
 sys.exit(0 if steps == list(range(1, target + 1)) else 1)
 PY
+  done
   ;;
 *)
   echo "unknown check $CHECK"
