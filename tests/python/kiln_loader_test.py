@@ -247,6 +247,35 @@ class Resume(unittest.TestCase):
             b.load_state_dict(a.state_dict())
 
 
+class KilnTrainCheckpoint(unittest.TestCase):
+    def test_data_state_of_a_kiln_train_checkpoint(self):
+        """The state_dict format is the one `kiln train` checkpoints: its data_state loads into
+        kiln.Loader and continues exactly as `kiln stream --state-in` does from it."""
+        run = os.path.join(WORK, "train-run")
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        subprocess.run([KILN, "train", "--config", os.path.join(src, "configs/train/tiny.yaml"),
+                        "--set", "data.manifest=" + DATA, "--set", "run.dir=" + run,
+                        "--set", "model.vocab_size=512", "--set", "model.d_model=16",
+                        "--set", "model.n_layers=1", "--set", "model.n_heads=2",
+                        "--set", "model.seq_len=16", "--set", "data.micro_batch=3",
+                        "--set", "data.mixture={web: 0.6, code: 0.4}",
+                        "--set", "run.steps=6", "--set", "run.seed=13", "--set", "run.threads=1",
+                        "--set", "checkpoint.every_steps=6", "--quiet"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(run, "checkpoints", "step-00000006", "state.json")) as f:
+            data_state = json.load(f)["data_state"]
+        self.assertEqual(json.loads(data_state)["step"], 6)
+        state_file = os.path.join(WORK, "train-data-state.json")
+        with open(state_file, "w") as f:
+            f.write(data_state)
+        loader = kiln.Loader(DATA, seq_len=16, micro_batch=3, sample_ids=True)
+        loader.load_state_dict(data_state)  # JSON text, as stored in state.json
+        self.assertEqual(loader.weights, {"web": 0.6, "code": 0.4})
+        self.assertEqual(rows(loader, 12),
+                         stream("--steps", "12", "--seq-len", "16", "--micro-batch", "3",
+                                "--state-in", state_file))
+
+
 class Weights(unittest.TestCase):
     def test_set_weights_next_batch(self):
         loader = kiln.Loader(DATA, seq_len=16, micro_batch=8, weights={"web": 1, "code": 1})
