@@ -119,10 +119,16 @@ class LoaderImpl final : public Loader {
                             std::to_string(o.dp_world) + ")")
           .with_key("dp_rank");
     }
-    if (o.prefetch_depth < 1) {
-      return Status::config("prefetch_depth must be >= 1").with_key("prefetch_depth");
+    // Upper bounds as in kiln stream's flags and the train config: a thread each, a batch each.
+    if (o.prefetch_depth < 1 || o.prefetch_depth > (1 << 16)) {
+      return Status::config("prefetch_depth must be in [1, 65536], got " +
+                            std::to_string(o.prefetch_depth))
+          .with_key("prefetch_depth");
     }
-    if (o.workers < 1) return Status::config("workers must be >= 1").with_key("workers");
+    if (o.workers < 1 || o.workers > 256) {
+      return Status::config("workers must be in [1, 256], got " + std::to_string(o.workers))
+          .with_key("workers");
+    }
     if (manifest_.tokenizer.eos_id < 0) {
       return Status::config("the manifest's tokenizer has no eos_id; packing needs one")
           .with_key("tokenizer.eos_id");

@@ -52,8 +52,8 @@ struct LoaderOptions {
   uint64_t seed = 0;         // shared by all ranks: shuffles and mixture decisions
   // Domain weights (normalised; domains not named get 0). Empty: the manifest's token shares.
   DomainWeights weights;
-  int prefetch_depth = 4;    // batches assembled ahead (>= 1)
-  int workers = 2;           // threads that read, decompress and pack shards (>= 1)
+  int prefetch_depth = 4;    // batches assembled ahead, 1 .. 65536
+  int workers = 2;           // threads that read, decompress and pack shards, 1 .. 256
   bool skip_bad_shards = false;  // skip (count, log) an unreadable shard instead of failing
   bool verify_checksums = true;  // check each shard's XXH3-64 against the manifest before use
   bool sample_ids = false;       // parse "id" from <key>.json into DocSpan::id (kiln stream)

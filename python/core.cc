@@ -158,7 +158,13 @@ DomainWeights weights_from_dict(const py::dict& d) {
   DomainWeights::Map m;
   for (const auto& [k, v] : d) {
     if (!py::isinstance<py::str>(k)) throw py::type_error("weights: domain names must be str");
-    m[k.cast<std::string>()] = v.cast<double>();
+    const std::string name = k.cast<std::string>();
+    if (py::isinstance<py::str>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v) ||
+                                        py::hasattr(v, "__float__"))) {
+      throw py::type_error("weights: the weight of '" + name + "' must be a number, got " +
+                           py::repr(v).cast<std::string>());
+    }
+    m[name] = v.cast<double>();
   }
   return DomainWeights(std::move(m));
 }

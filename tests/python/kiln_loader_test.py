@@ -287,7 +287,7 @@ class Weights(unittest.TestCase):
         for _ in range(5):
             b = next(loader)
             self.assertEqual(b.domain.tolist(), [0] * 8)
-        loader.set_weights({"web": 1})
+        loader.set_weights({"web": np.float32(1), "code": np.int64(0)})  # NumPy numbers work
         self.assertEqual(next(loader).domain.tolist(), [1] * 8)
 
     def test_invalid_weights_change_nothing(self):
@@ -307,6 +307,8 @@ class Weights(unittest.TestCase):
             self.assertEqual(loader.weights, {"web": 0.7, "code": 0.3})
         with self.assertRaises(TypeError):
             loader.set_weights({1: 0.5})
+        with self.assertRaisesRegex(TypeError, "weight of 'web' must be a number, got 'x'"):
+            loader.set_weights({"web": "x"})
         self.assertEqual(ref.state_dict(), loader.state_dict())
         for x, y in zip(tokens_of(ref, 6), tokens_of(loader, 6)):
             self.assertTrue(np.array_equal(x, y))
@@ -322,6 +324,9 @@ class Errors(unittest.TestCase):
                               (dict(seq_len=8, micro_batch=0), "micro_batch"),
                               (dict(seq_len=8, micro_batch=1, rank=2, world=2), "rank"),
                               (dict(seq_len=8, micro_batch=1, workers=0), "workers"),
+                              (dict(seq_len=8, micro_batch=1, workers=10**6), "workers"),
+                              (dict(seq_len=8, micro_batch=1, prefetch=0), "prefetch"),
+                              (dict(seq_len=2**40, micro_batch=1), "seq_len"),
                               (dict(seq_len=8, micro_batch=1, split="test"), "split"),
                               (dict(seq_len=8, micro_batch=1, weights={"x": 1}), "unknown domain"),
                               (dict(seq_len=8, micro_batch=1, weights={}), "no domain")]:
