@@ -34,7 +34,7 @@ namespace py = pybind11;
 namespace kiln::python {
 namespace {
 
-namespace kl = ::kiln;  // the loader's public API
+namespace kl = ::kiln;  // the loader's public API: the one line to change if it moves
 
 // kiln.DataError, created when the module is imported.
 PyObject* g_data_error = nullptr;
@@ -148,14 +148,14 @@ class PyLoader {
   pid_t pid_;
 };
 
-py::dict weights_to_dict(const DomainWeights& w) {
+py::dict weights_to_dict(const kl::DomainWeights& w) {
   py::dict d;
   for (const auto& [name, weight] : w) d[py::str(name)] = weight;
   return d;
 }
 
-DomainWeights weights_from_dict(const py::dict& d) {
-  DomainWeights::Map m;
+kl::DomainWeights weights_from_dict(const py::dict& d) {
+  kl::DomainWeights::Map m;
   for (const auto& [k, v] : d) {
     if (!py::isinstance<py::str>(k)) throw py::type_error("weights: domain names must be str");
     const std::string name = k.cast<std::string>();
@@ -166,7 +166,7 @@ DomainWeights weights_from_dict(const py::dict& d) {
     }
     m[name] = v.cast<double>();
   }
-  return DomainWeights(std::move(m));
+  return kl::DomainWeights(std::move(m));
 }
 
 std::unique_ptr<PyLoader> open_loader(const std::string& dataset, int64_t seq_len,
@@ -263,13 +263,13 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "merge_states",
       [](const std::vector<std::string>& texts) {
-        std::vector<kiln::LoaderState> states;
+        std::vector<kl::LoaderState> states;
         for (size_t i = 0; i < texts.size(); ++i) {
-          auto s = kiln::LoaderState::from_json(texts[i], "states[" + std::to_string(i) + "]");
+          auto s = kl::LoaderState::from_json(texts[i], "states[" + std::to_string(i) + "]");
           if (!s.is_ok()) raise(kiln::Status::config(s.status().to_string()));
           states.push_back(std::move(s).value());
         }
-        return value_or_raise(kiln::LoaderState::merge(states)).to_json();
+        return value_or_raise(kl::LoaderState::merge(states)).to_json();
       },
       "JSON of the merged state of every rank's state (JSON texts)");
 
@@ -317,7 +317,7 @@ PYBIND11_MODULE(_core, m) {
             py::list rows;
             for (const auto& spans : b.batch.docs) {
               py::list row;
-              for (const kiln::DocSpan& s : spans) {
+              for (const kl::DocSpan& s : spans) {
                 row.append(py::make_tuple(s.shard, s.member, s.epoch, s.doc_offset, s.length,
                                           s.seq_offset));
               }
@@ -339,7 +339,7 @@ PYBIND11_MODULE(_core, m) {
             py::list rows;
             for (const auto& spans : b.batch.docs) {
               py::list ids;
-              for (const kiln::DocSpan& s : spans) ids.append(id_to_python(s.id));
+              for (const kl::DocSpan& s : spans) ids.append(id_to_python(s.id));
               rows.append(std::move(ids));
             }
             return rows;
@@ -354,46 +354,46 @@ PYBIND11_MODULE(_core, m) {
       .def("next", &next_batch)
       .def("set_weights",
            [](PyLoader& self, const py::dict& weights) {
-             const kiln::DomainWeights w = weights_from_dict(weights);
-             ok_or_raise(self.call([&](kiln::Loader& l) { return l.set_weights(w); }));
+             const kl::DomainWeights w = weights_from_dict(weights);
+             ok_or_raise(self.call([&](kl::Loader& l) { return l.set_weights(w); }));
            })
       .def_property_readonly("weights",
                              [](PyLoader& self) {
                                return weights_to_dict(value_or_raise(self.call(
-                                   [](kiln::Loader& l) -> kiln::Result<kiln::DomainWeights> {
+                                   [](kl::Loader& l) -> kiln::Result<kl::DomainWeights> {
                                      return l.weights();
                                    })));
                              })
       .def_property_readonly("domains",
                              [](PyLoader& self) {
                                return value_or_raise(self.call(
-                                   [](kiln::Loader& l) -> kiln::Result<std::vector<std::string>> {
+                                   [](kl::Loader& l) -> kiln::Result<std::vector<std::string>> {
                                      return l.domain_names();
                                    }));
                              })
       .def("state_json",
            [](PyLoader& self) {
-             return value_or_raise(self.call([](kiln::Loader& l) -> kiln::Result<std::string> {
+             return value_or_raise(self.call([](kl::Loader& l) -> kiln::Result<std::string> {
                return l.state().to_json();
              }));
            })
       .def("restore_json",
            [](PyLoader& self, const std::vector<std::string>& texts) {
              if (texts.empty()) throw py::value_error("load_state_dict: no state given");
-             ok_or_raise(self.call([&](kiln::Loader& l) -> kiln::Status {
-               std::vector<kiln::LoaderState> states;
+             ok_or_raise(self.call([&](kl::Loader& l) -> kiln::Status {
+               std::vector<kl::LoaderState> states;
                for (size_t i = 0; i < texts.size(); ++i) {
                  const std::string origin =
                      texts.size() == 1 ? "state_dict" : "state_dict[" + std::to_string(i) + "]";
-                 auto s = kiln::LoaderState::from_json(texts[i], origin);
+                 auto s = kl::LoaderState::from_json(texts[i], origin);
                  if (!s.is_ok()) {  // a malformed state is the caller's argument: ValueError
                    return kiln::Status::config(s.status().to_string());
                  }
                  states.push_back(std::move(s).value());
                }
-               kiln::LoaderState state = states.front();
+               kl::LoaderState state = states.front();
                if (states.size() > 1) {
-                 auto merged = kiln::LoaderState::merge(states);
+                 auto merged = kl::LoaderState::merge(states);
                  if (!merged.is_ok()) return merged.status();
                  state = std::move(merged).value();
                }
@@ -402,8 +402,8 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("stats",
            [](PyLoader& self) {
-             const kiln::LoaderStats s = value_or_raise(
-                 self.call([](kiln::Loader& l) -> kiln::Result<kiln::LoaderStats> {
+             const kl::LoaderStats s = value_or_raise(
+                 self.call([](kl::Loader& l) -> kiln::Result<kl::LoaderStats> {
                    return l.stats();
                  }));
              py::dict domains;

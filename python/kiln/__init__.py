@@ -172,6 +172,11 @@ class Loader:
     def __exit__(self, *exc):
         self.close()
 
+    def __reduce__(self):
+        raise TypeError("a kiln.Loader cannot be pickled or sent to another process (its prefetch "
+                        "runs in threads of this one): open one per process, and carry its "
+                        "position with state_dict() / load_state_dict()")
+
     def __repr__(self):
         return "kiln.Loader(%r, seq_len=%d, micro_batch=%d, rank=%d, world=%d)" % (
             self.dataset, self.seq_len, self.micro_batch, self._rank, self._world)

@@ -352,7 +352,8 @@ class Errors(unittest.TestCase):
         bad = os.path.join(WORK, "damaged")
         shutil.rmtree(bad, ignore_errors=True)
         shutil.copytree(DATA, bad)
-        manifest = json.load(open(os.path.join(bad, "manifest.json")))
+        with open(os.path.join(bad, "manifest.json")) as f:
+            manifest = json.load(f)
         victim = manifest["shards"][0]["path"]
         with open(os.path.join(bad, victim), "r+b") as f:
             f.seek(40)
@@ -382,6 +383,12 @@ class Errors(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "closed"):
             loader.state_dict()
         loader.close()  # twice is fine
+
+    def test_not_picklable(self):
+        import pickle
+        loader = kiln.Loader(DATA, seq_len=8, micro_batch=1)
+        with self.assertRaisesRegex(TypeError, "state_dict"):
+            pickle.dumps(loader)
 
     def test_after_fork(self):
         loader = kiln.Loader(DATA, seq_len=8, micro_batch=1)
