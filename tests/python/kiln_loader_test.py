@@ -411,6 +411,48 @@ class Errors(unittest.TestCase):
 
 
 class Threads(unittest.TestCase):
+    def test_open_releases_the_gil_while_it_waits(self):
+        """manifest.json is a named pipe that this (main) Python thread fills only while another
+        Python thread waits in kiln.Loader(...) reading it: if the C++ side held the GIL, this
+        thread could never write it and the test would hang (faulthandler ends it after 120 s).
+        (Shards must be regular files, so next() cannot be made to wait the same way; it
+        releases the GIL through the same PyLoader::call.)"""
+        import errno
+        import faulthandler
+        import fcntl
+        slow = os.path.join(WORK, "fifo")
+        shutil.rmtree(slow, ignore_errors=True)
+        shutil.copytree(DATA, slow)
+        manifest = os.path.join(slow, "manifest.json")
+        with open(manifest, "rb") as f:
+            text = f.read()
+        os.remove(manifest)
+        os.mkfifo(manifest)
+        got = []
+        opener = threading.Thread(
+            target=lambda: got.append(kiln.Loader(slow, seq_len=16, micro_batch=2)))
+        faulthandler.dump_traceback_later(120, exit=True)
+        try:
+            opener.start()
+            fed = False
+            while not fed:
+                try:  # succeeds once the loader has the pipe open for reading
+                    fd = os.open(manifest, os.O_WRONLY | os.O_NONBLOCK)
+                except OSError as e:
+                    if e.errno != errno.ENXIO:
+                        raise
+                    opener.join(0.01)
+                    continue
+                fcntl.fcntl(fd, fcntl.F_SETFL, 0)  # blocking writes from here
+                os.write(fd, text)
+                os.close(fd)
+                fed = True
+            opener.join()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        self.assertEqual(len(got), 1)
+        self.assertEqual(got[0].domains, ["code", "web"])
+
     def test_two_threads_share_a_loader(self):
         loader = kiln.Loader(DATA, seq_len=16, micro_batch=2, prefetch=1)
         steps, lock = [], threading.Lock()
