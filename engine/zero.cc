@@ -71,6 +71,37 @@ void ZeroOptimizer::track(int64_t delta) {
   peak_buffers_ = std::max<uint64_t>(peak_buffers_, static_cast<uint64_t>(std::max<int64_t>(0, buffers_)));
 }
 
+// Full-unit buffers are reused, not freed: allocating and freeing megabytes per unit per pass
+// fragments the heap (glibc's adaptive mmap threshold), and the process grew by ~6 MiB a step.
+// At most kSpares idle buffers of each size are kept; the held bytes (in use + idle) are what
+// peak_buffer_bytes() reports.
+template <typename T>
+void ZeroOptimizer::take(std::vector<DeviceArray<T>>& spares, DeviceArray<T>& dst, size_t n) {
+  for (size_t i = 0; i < spares.size(); ++i) {
+    if (spares[i].size() == n) {
+      dst = std::move(spares[i]);
+      spares.erase(spares.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+  }
+  dst.reset(&cpu_backend(), n);
+  track(static_cast<int64_t>(dst.bytes()));
+}
+
+template <typename T>
+void ZeroOptimizer::give(std::vector<DeviceArray<T>>& spares, DeviceArray<T>& src) {
+  constexpr size_t kSpares = 3;
+  size_t same = 0;
+  for (const auto& b : spares) same += b.size() == src.size();
+  if (same >= kSpares) {
+    track(-static_cast<int64_t>(src.bytes()));
+    src.clear();
+    return;
+  }
+  spares.push_back(std::move(src));
+  src.clear();
+}
+
 namespace {
 // Runs wait() and adds its duration to *ms.
 Status timed_wait(comm::Work& w, double* ms) {
@@ -103,13 +134,11 @@ void ZeroOptimizer::start_gather(int unit) {
   ParamUnit& u = params_.units()[unit];
   const size_t full = s.size * static_cast<size_t>(dp_.size());
   if (params_.precision() == Precision::kFp32) {
-    u.master.reset(&cpu_backend(), full);
+    take(spare_f32_, u.master, full);
     s.gather = dp_.iallgather(s.master.data(), s.size * sizeof(float), u.master.data());
-    track(static_cast<int64_t>(u.master.bytes()));
   } else {
-    u.lp.reset(&cpu_backend(), full);
+    take(spare_u16_, u.lp, full);
     s.gather = dp_.iallgather(s.lp.data(), s.size * sizeof(uint16_t), u.lp.data());
-    track(static_cast<int64_t>(u.lp.bytes()));
   }
   s.weights = Weights::kInFlight;
 }
@@ -139,9 +168,8 @@ void ZeroOptimizer::acquire(int unit, bool backward) {
   }
   ParamUnit& u = params_.units()[unit];
   if (backward && u.grad.empty()) {
-    u.grad.reset(&cpu_backend(), shards_[unit].size * static_cast<size_t>(dp_.size()));
+    take(spare_f32_, u.grad, shards_[unit].size * static_cast<size_t>(dp_.size()));
     u.grad.zero();
-    track(static_cast<int64_t>(u.grad.bytes()));
   }
 }
 
@@ -151,11 +179,9 @@ void ZeroOptimizer::release(int unit) {
   if (s.weights == Weights::kInFlight) finish_gather(unit);
   ParamUnit& u = params_.units()[unit];
   if (params_.precision() == Precision::kFp32) {  // the fp32 working weights are the master
-    track(-static_cast<int64_t>(u.master.bytes()));
-    u.master.clear();
+    give(spare_f32_, u.master);
   } else {
-    track(-static_cast<int64_t>(u.lp.bytes()));
-    u.lp.clear();
+    give(spare_u16_, u.lp);
   }
   s.weights = Weights::kAbsent;
 }
@@ -174,8 +200,7 @@ void ZeroOptimizer::finish_scatter() {
     for (size_t i = 0; i < s.size; ++i) g[i] += add[i];
   }
   pending_.work.reset();
-  track(-static_cast<int64_t>(u.grad.bytes()));
-  u.grad.clear();
+  give(spare_f32_, u.grad);
 }
 
 void ZeroOptimizer::gradients_ready(int unit) {

@@ -75,8 +75,8 @@ class ZeroOptimizer final : public UnitHooks {
 
   // Model-state bytes this rank holds outside the ParamStore (the shards).
   uint64_t shard_bytes() const;
-  // The largest number of bytes the gathered weights and in-flight gradient buffers took at once
-  // (stages 2-3), since construction.
+  // The most bytes the full-unit buffers (gathered weights, gradients before their reduction;
+  // in use or kept idle for reuse) held at once (stages 2-3), since construction.
   uint64_t peak_buffer_bytes() const { return peak_buffers_; }
   // Milliseconds spent waiting for the collectives started during forward/backward since the
   // last call (the part of their time not hidden behind compute); resets the count.
@@ -112,6 +112,10 @@ class ZeroOptimizer final : public UnitHooks {
   void finish_scatter();
   void note(Status st);
   void track(int64_t delta);
+  template <typename T>
+  void take(std::vector<DeviceArray<T>>& spares, DeviceArray<T>& dst, size_t n);
+  template <typename T>
+  void give(std::vector<DeviceArray<T>>& spares, DeviceArray<T>& src);
 
   ParamStore& params_;
   comm::ProcessGroup& dp_;
@@ -123,6 +127,8 @@ class ZeroOptimizer final : public UnitHooks {
   std::vector<int> order_;
   size_t cursor_ = 0;
   PendingScatter pending_;
+  std::vector<DeviceArray<float>> spare_f32_;    // idle gradient / fp32 weight buffers
+  std::vector<DeviceArray<uint16_t>> spare_u16_;  // idle bf16/fp16 weight buffers
   Status status_ = Status::ok();
   double wait_ms_ = 0;
   int64_t buffers_ = 0;
