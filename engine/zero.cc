@@ -25,21 +25,23 @@ ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
     s.m.reset(&cpu_backend(), s.size);
     s.v.reset(&cpu_backend(), s.size);
     const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
-    auto take = [&](auto& dst, const auto& src) {
+    auto slice = [&](auto& dst, const auto& src) {
       dst.reset(&cpu_backend(), s.size);
       dst.zero();
       if (have) std::memcpy(dst.data(), src.data() + s.begin, have * sizeof(*dst.data()));
     };
-    take(s.m, u.m);
-    take(s.v, u.v);
+    slice(s.m, u.m);
+    slice(s.v, u.v);
     u.m.clear();
     u.v.clear();
     if (stage >= 2) u.grad.clear();
-    if (stage == 3) {
-      take(s.master, u.master);
+    if (master_sharded()) {  // the fp32 master weights are optimizer state here
+      slice(s.master, u.master);
       u.master.clear();
+    }
+    if (stage == 3) {
       if (low) {
-        take(s.lp, u.lp);
+        slice(s.lp, u.lp);
         u.lp.clear();
       }
       s.weights = Weights::kAbsent;
@@ -308,9 +310,11 @@ Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats
       const size_t b = std::min(pt.offset + pt.numel, s.begin + s.size);
       if (a >= b) continue;
       hp.weight_decay = pt.decay ? config_.weight_decay : 0.0f;
-      const size_t at = stage_ == 3 ? a - s.begin : a;  // into the shard or the full buffer
-      float* p = (stage_ == 3 ? s.master.data() : u.master.data()) + at;
-      uint16_t* lp = prec == Precision::kFp32 ? nullptr : (stage_ == 3 ? s.lp.data() : u.lp.data()) + at;
+      // Into the shard or the full buffer.
+      float* p = master_sharded() ? s.master.data() + (a - s.begin) : u.master.data() + a;
+      uint16_t* lp = prec == Precision::kFp32 ? nullptr
+                     : stage_ == 3            ? s.lp.data() + (a - s.begin)
+                                              : u.lp.data() + a;
       float* m = s.m.data() + (a - s.begin);
       float* v = s.v.data() + (a - s.begin);
       const float* g = s.grad.data() + (a - s.begin);
@@ -345,7 +349,7 @@ std::vector<TensorView> ZeroOptimizer::checkpoint_partition(
     const std::vector<int64_t> shape{static_cast<int64_t>(s.size)};
     const size_t bytes = s.size * sizeof(float);
     const float* master = s.master.data();
-    if (stage_ < 3) {  // this rank's slice of the full buffer (current here in every precision)
+    if (!master_sharded()) {  // this rank's slice of the full buffer
       scratch->emplace_back(s.size, 0.0f);
       const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
       if (have) std::memcpy(scratch->back().data(), u.master.data() + s.begin, have * sizeof(float));

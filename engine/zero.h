@@ -2,8 +2,9 @@
 //
 // Every parameter unit (ParamStore: embed, blocks.l, final) of N elements is split into dp shards
 // of S = shard_numel(N, dp) elements (engine/plan.h); rank r owns elements [r*S, r*S + S) ∩ [0, N).
-// Each rank keeps, for its shard only: the summed fp32 gradients, the AdamW moments and (ZeRO-3)
-// the fp32 master weights and, in bf16/fp16, their low-precision copy.
+// Each rank keeps, for its shard only: the summed fp32 gradients, the AdamW moments, the fp32
+// master weights (ZeRO-3; in bf16/fp16 at every stage, as they are then optimizer state) and
+// (ZeRO-3, bf16/fp16) the low-precision working copy.
 //   stage 1  after backward, each unit's full local gradients are reduce-scattered (a rank-order
 //            sum, as comm/comm.h) into the shard; AdamW updates the shard; the updated working
 //            weights (fp32 master, or the bf16/fp16 copy) are all-gathered into the full
@@ -96,7 +97,7 @@ class ZeroOptimizer final : public UnitHooks {
     size_t size = 0;    // S
     size_t begin = 0;   // r*S
     DeviceArray<float> grad, m, v;  // host memory (cpu_backend): ZeRO runs on the CPU
-    DeviceArray<float> master;      // stage 3
+    DeviceArray<float> master;      // master_sharded()
     DeviceArray<uint16_t> lp;       // stage 3, bf16/fp16
     Weights weights = Weights::kResident;
     std::unique_ptr<comm::Work> gather;
@@ -107,6 +108,11 @@ class ZeroOptimizer final : public UnitHooks {
     std::vector<float> recv;
   };
   Status allgather_unit(void* full, size_t elem, size_t numel, size_t shard);
+  // Only the shard of the fp32 master weights exists: stage 3, or bf16/fp16 (where the working
+  // weights are the low-precision copy).
+  bool master_sharded() const {
+    return stage_ == 3 || params_.precision() != Precision::kFp32;
+  }
   void start_gather(int unit);
   void finish_gather(int unit);
   void finish_scatter();

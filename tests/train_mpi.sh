@@ -202,6 +202,10 @@ zero)
   train 2 2 z0b 10 --set checkpoint.every_steps=10 --set precision=bf16 2>z0b.log
   train 2 2 z3b 10 --set checkpoint.every_steps=10 --set precision=bf16 \
     --set parallel.zero_stage=3 2>z3b.log
+  for z in 1 2; do
+    train 2 2 z${z}b 10 --set checkpoint.every_steps=10 --set precision=bf16 \
+      --set parallel.zero_stage=$z 2>z${z}b.log
+  done
   # An overflow at step 4 (injected into the gradients): every rank skips the same step.
   train 2 2 z0o 10 --set checkpoint.every_steps=10 --set "stability.inject_overflow_at=[4]" 2>z0o.log
   train 2 2 z3o 10 --set checkpoint.every_steps=10 --set "stability.inject_overflow_at=[4]" \
@@ -218,11 +222,12 @@ zero)
   # Same layout (ZeRO-3 on 2, per-rank shards): bit-identical; 2 -> 4 ranks reshards.
   train 2 2 r33 10 --resume --set checkpoint.every_steps=10 --set parallel.zero_stage=3 2>>r33.log
   train 4 1 r34 10 --resume --set checkpoint.every_steps=10 --set parallel.zero_stage=3 2>>r34.log
-  for run in z0 z2 z3 z3p2 z0a z3a z0b z3b z0o z3o r13 r31 r33 r34; do
+  for run in z0 z2 z3 z3p2 z0a z3a z0b z1b z2b z3b z0o z3o r13 r31 r33 r34; do
     [ -d "$run/checkpoints/step-00000010" ] || continue
     "$KILN" checkpoint consolidate "$run/checkpoints/step-00000010" -o "$run.safetensors" >/dev/null
   done
   "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 2 --json >plan.json
+  "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --set precision=bf16 --world 2 --json >plan-bf16.json
   /usr/bin/python3 - <<'PY'
 import json, re, struct, sys
 import numpy as np
@@ -269,6 +274,8 @@ compare("DP=2 ZeRO-3 vs ZeRO-0, 2 micro-batches per step", "z0a", "z3a")
 # bf16: the same rounding on both sides (the working copy is rounded from the same fp32 master
 # shard by the same AdamW kernel), so the bound is the fp32 one.
 compare("DP=2 ZeRO-3 vs ZeRO-0, bf16", "z0b", "z3b")
+compare("DP=2 ZeRO-1 vs ZeRO-0, bf16", "z0b", "z1b")
+compare("DP=2 ZeRO-2 vs ZeRO-0, bf16", "z0b", "z2b")
 compare("DP=2 ZeRO-3 vs ZeRO-0, overflow injected at step 4", "z0o", "z3o")
 skipped = [[r["step"] for r in metrics(run) if r["skipped"]] for run in ("z0o", "z3o")]
 print(f"overflow: skipped steps ZeRO-0 {skipped[0]}, ZeRO-3 {skipped[1]}")
@@ -308,6 +315,16 @@ for z, run, factor in ((2, "z2", 2), (3, "z3", 3)):
     print(f"ZeRO-{z}: gathered weights + gradient buffers peaked at {peak} bytes; kiln plan's "
           f"buffers {b['buffers']} (the peak must not exceed them)")
     check(f"ZeRO-{z} buffers", 0 < peak <= b["buffers"])
+# bf16: the fp32 master weights are sharded optimizer state at every stage (18 bytes per
+# parameter at ZeRO-0: bf16 weights, fp32 gradients, master and two moments).
+plans_bf16 = json.load(open("plan-bf16.json"))
+for z in (1, 2, 3):
+    p = [p for p in plans_bf16 if p["tp"] == 1 and p["dp"] == 2 and p["zero_stage"] == z
+         and p["activation_checkpointing"] == "none"][0]["bytes_per_rank"]
+    want = p["params"] + p["grads"] + p["optimizer"]
+    got = states(f"z{z}b.log")
+    print(f"ZeRO-{z} bf16: model states on rank 0 {got} bytes, kiln plan {want} (limit 5%)")
+    check(f"ZeRO-{z} bf16 model states", abs(got - want) <= 0.05 * want)
 b0 = plan(0)["bytes_per_rank"]
 z0_states = b0["params"] + b0["grads"] + b0["optimizer"]
 z3_states = states("z3.log")
