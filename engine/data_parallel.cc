@@ -13,20 +13,21 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
                                  "libopenmpi-dev and rebuild)");
   }
   // engine/plan.h layout_trainable() is the list of what runs; its messages are here.
-  if (config.parallel.tp != 1) {
-    return Status::unimplemented("parallel.tp " + std::to_string(config.parallel.tp) +
-                                 ": tensor parallelism is not in this version's training loop "
-                                 "(`kiln plan` estimates it); use parallel.tp: 1")
-        .with_key("parallel.tp");
-  }
-  KILN_CHECK(layout_trainable(Layout{config.parallel.tp, 1, config.parallel.zero_stage,
-                                     config.activation_checkpointing}),
-             "a layout refused above is trainable per engine/plan.h");
   comm::ProcessGroup& world = comm::world();
   comm::TopologyOptions o;
   o.tp = static_cast<int>(config.parallel.tp);
   o.hierarchical = config.parallel.hierarchical;
   KILN_ASSIGN_OR_RETURN(comm::Topology t, comm::make_topology(world, o));
+  if (t.tp_size > 1 && config.parallel.zero_stage != 0) {  // engine/tensor_parallel.h says more
+    return Status::unimplemented("parallel.tp " + std::to_string(t.tp_size) +
+                                 " with parallel.zero_stage " +
+                                 std::to_string(config.parallel.zero_stage) +
+                                 ": tensor parallelism runs with ZeRO stage 0 in this version")
+        .with_key("parallel.zero_stage");
+  }
+  KILN_CHECK(layout_trainable(Layout{t.tp_size, t.dp_size, config.parallel.zero_stage,
+                                     config.activation_checkpointing}),
+             "a layout refused above is trainable per engine/plan.h");
   return std::unique_ptr<DataParallel>(new DataParallel(std::move(t), config.parallel.zero_stage,
                                                          config.parallel.prefetch));
 }

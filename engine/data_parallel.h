@@ -10,8 +10,9 @@
 // decisions it makes alone (the live mixture file) are broadcast. A failure on one rank becomes
 // an error on every rank that names it (agree()), so no rank hangs in a collective.
 //
-// Implemented: ZeRO stages 0-3 (engine/zero.h) with tensor-parallel size 1. Other layouts
-// are refused with a config error naming the key (kiln plan estimates them all).
+// Implemented: ZeRO stages 0-3 (engine/zero.h); tensor parallelism (engine/tensor_parallel.h,
+// over tp_group()) with ZeRO stage 0. Other layouts are refused with a config error naming the
+// key (kiln plan estimates them all).
 // Not thread-safe: the training thread owns it.
 #pragma once
 
@@ -41,6 +42,8 @@ class DataParallel {
   bool is_root() const { return topo_.world->rank() == 0; }
   int world_rank() const { return topo_.world->rank(); }
   int world_size() const { return topo_.world->size(); }
+  // The ranks that split each layer with this one (tensor parallelism; one rank when tp is 1).
+  comm::ProcessGroup& tp_group() { return *topo_.tp; }
   DataRank data_rank() const { return DataRank{topo_.dp_rank, topo_.dp_size}; }
   const char* backend() const { return topo_.world->backend(); }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "engine/tensor_parallel.h"
 #include "kernels/ops.h"
 #if KILN_HAVE_CUDA
 #include "kernels/cuda/ops.h"
@@ -11,22 +12,26 @@
 namespace kiln::engine {
 namespace {
 
-// Sizes (elements) of one block's activations, per micro-batch.
+// Sizes (elements) of one block's activations, per micro-batch, on one of tp tensor-parallel
+// ranks: btca (attention channels) and btf (MLP hidden) are split, btc (residual stream) is not.
 struct BlockSizes {
-  size_t btc, bt, lse;
-  BlockSizes(const ModelConfig& m, int64_t B) {
+  size_t btc, bt, lse, btca, btf;
+  BlockSizes(const ModelConfig& m, int64_t B, int64_t tp = 1) {
     bt = static_cast<size_t>(B * m.seq_len);
     btc = bt * static_cast<size_t>(m.d_model);
-    lse = static_cast<size_t>(B * m.n_heads * m.seq_len);
+    lse = static_cast<size_t>(B * m.n_heads * m.seq_len / tp);
+    btca = btc / static_cast<size_t>(tp);
+    btf = 4 * btc / static_cast<size_t>(tp);
   }
   // T-typed values kept per block: ln1 1, qkv 3, atty 1, res2 1, ln2 1, fch 4, gelu 4 (x btc).
   // fp32 statistics: ln1/ln2 mean+rstd (4 x bt) and the attention logsumexp.
 };
 
-size_t head_rows(const ModelConfig& m, int64_t B, size_t elem, int64_t requested) {
+// vocab: the logits' width (this rank's part of the vocabulary).
+size_t head_rows(const ModelConfig& m, int64_t B, size_t elem, int64_t requested, size_t vocab) {
   const size_t bt = static_cast<size_t>(B * m.seq_len);
   if (requested > 0) return std::min<size_t>(bt, static_cast<size_t>(requested));
-  const size_t target = (size_t{8} << 20) / (static_cast<size_t>(m.vocab_size) * elem);
+  const size_t target = (size_t{8} << 20) / (vocab * elem);
   return std::clamp<size_t>(target, 1, bt);
 }
 
@@ -35,13 +40,14 @@ size_t elem_size(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 }  // namespace
 
 ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precision p,
-                                        Recompute mode) {
-  const BlockSizes s(m, B);
+                                        Recompute mode, int64_t tp) {
+  const BlockSizes s(m, B, tp);
   const size_t e = elem_size(p);
   const size_t L = static_cast<size_t>(m.n_layers);
   // Per block, split into what can be recomputed by "selective" and the rest.
-  const size_t sel_bytes = (s.btc + 4 * s.btc) * e + s.lse * 4;                   // atty, gelu, lse
-  const size_t rest_bytes = (s.btc + 3 * s.btc + s.btc + s.btc + 4 * s.btc) * e + 4 * s.bt * 4;
+  const size_t sel_bytes = (s.btca + s.btf) * e + s.lse * 4;                      // atty, gelu, lse
+  // ln1, qkv, res2, ln2, fch; ln1/ln2 statistics.
+  const size_t rest_bytes = (s.btc + 3 * s.btca + s.btc + s.btc + s.btf) * e + 4 * s.bt * 4;
   ActivationMemory a;
   // Block inputs x[0..L] (x[L] feeds the final norm) + final norm output and statistics.
   a.kept_bytes = (L + 1) * s.btc * e + s.btc * e + 2 * s.bt * 4;
@@ -57,9 +63,10 @@ ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precisi
       a.recompute_bytes = sel_bytes + rest_bytes;
       break;
   }
-  const size_t rows = head_rows(m, B, e, 0);
+  const size_t vocab = static_cast<size_t>(m.vocab_size / tp);
+  const size_t rows = head_rows(m, B, e, 0, vocab);
   // proj scratch, dresidual, dlnf, 2 x (B,T,C) grads, dqkv, dfch, dgelu; logits chunk.
-  a.working_bytes = (s.btc * 5 + 3 * s.btc + 8 * s.btc) * e + rows * m.vocab_size * e;
+  a.working_bytes = (s.btc * 5 + 3 * s.btca + 2 * s.btf) * e + rows * vocab * e;
   return a;
 }
 
@@ -70,11 +77,19 @@ namespace {
 template <class K, typename T>
 class GptModel final : public Model {
  public:
-  GptModel(ParamStore* params, int64_t B, Recompute mode, int64_t head_chunk)
-      : p_(params), be_(&params->backend()), m_(params->model()), B_(B), mode_(mode), s_(m_, B) {
+  GptModel(ParamStore* params, int64_t B, Recompute mode, int64_t head_chunk, TensorParallel* tp)
+      : p_(params),
+        be_(&params->backend()),
+        m_(params->model()),
+        B_(B),
+        mode_(mode),
+        tp_(tp),
+        ntp_(tp ? tp->size() : 1),
+        s_(m_, B, ntp_) {
+    KILN_CHECK(params->tp_shard().size == ntp_, "Model: the ParamStore is split for another tp");
     const size_t L = static_cast<size_t>(m_.n_layers);
     const size_t e = sizeof(T);
-    head_rows_ = head_rows(m_, B, e, head_chunk);
+    head_rows_ = head_rows(m_, B, e, head_chunk, static_cast<size_t>(V()));
     x_.resize(L + 1);
     for (auto& x : x_) x.reset(be_, s_.btc);
     // Kept-or-recomputed block buffers: one set per block, or one shared set.
@@ -83,16 +98,16 @@ class GptModel final : public Model {
     rest_.resize(rest_sets);
     for (auto& r : rest_) {
       r.ln1.reset(be_, s_.btc);
-      r.qkv.reset(be_, 3 * s_.btc);
+      r.qkv.reset(be_, 3 * s_.btca);
       r.res2.reset(be_, s_.btc);
       r.ln2.reset(be_, s_.btc);
-      r.fch.reset(be_, 4 * s_.btc);
+      r.fch.reset(be_, s_.btf);
       r.stats.reset(be_, 4 * s_.bt);
     }
     sel_.resize(sel_sets);
     for (auto& r : sel_) {
-      r.atty.reset(be_, s_.btc);
-      r.gelu.reset(be_, 4 * s_.btc);
+      r.atty.reset(be_, s_.btca);
+      r.gelu.reset(be_, s_.btf);
       r.lse.reset(be_, s_.lse);
     }
     lnf_.reset(be_, s_.btc);
@@ -102,13 +117,13 @@ class GptModel final : public Model {
     dlnf_.reset(be_, s_.btc);
     dbtc1_.reset(be_, s_.btc);
     dbtc2_.reset(be_, s_.btc);
-    dqkv_.reset(be_, 3 * s_.btc);
-    dfch_.reset(be_, 4 * s_.btc);
-    dgelu_.reset(be_, 4 * s_.btc);
-    logits_.reset(be_, head_rows_ * static_cast<size_t>(m_.vocab_size));
-    mem_ = plan_activation_memory(m_, B, params->precision(), mode);
+    dqkv_.reset(be_, 3 * s_.btca);
+    dfch_.reset(be_, s_.btf);
+    dgelu_.reset(be_, s_.btf);
+    logits_.reset(be_, head_rows_ * static_cast<size_t>(V()));
+    mem_ = plan_activation_memory(m_, B, params->precision(), mode, ntp_);
     mem_.working_bytes += logits_.bytes();
-    mem_.working_bytes -= head_rows(m_, B, e, 0) * static_cast<size_t>(m_.vocab_size) * e;
+    mem_.working_bytes -= head_rows(m_, B, e, 0, V()) * static_cast<size_t>(V()) * e;
     embed_unit_ = unit_of(p_->wte());
     final_unit_ = unit_of(p_->lnf_w());
     for (size_t l = 0; l < L; ++l) block_units_.push_back(unit_of(p_->block(static_cast<int>(l)).ln1_w));
@@ -187,7 +202,18 @@ class GptModel final : public Model {
   int B() const { return static_cast<int>(B_); }
   int Tn() const { return static_cast<int>(m_.seq_len); }
   int C() const { return static_cast<int>(m_.d_model); }
-  int NH() const { return static_cast<int>(m_.n_heads); }
+  // This rank's share under tensor parallelism (the whole without): attention channels and
+  // heads, MLP hidden units, vocabulary.
+  int CA() const { return static_cast<int>(m_.d_model / ntp_); }
+  int NH() const { return static_cast<int>(m_.n_heads / ntp_); }
+  int F() const { return static_cast<int>(4 * m_.d_model / ntp_); }
+  int V() const { return static_cast<int>(m_.vocab_size / ntp_); }
+  // Tensor parallelism's sum over the group (Megatron's g in forward, f in backward).
+  void tp_sum(DeviceArray<T>& x) {
+    if (tp_) tp_->allreduce(x.data(), x.size());
+  }
+  // A row-parallel layer's bias, counted once in the sum over the group.
+  const T* row_bias(int t) { return tp_ ? tp_->row_bias(w(t)) : w(t); }
 
   // Block l from x_[l]; writes x_[l+1] unless `recompute` (which stops after the GELU).
   void block_forward(size_t l, bool recompute) {
@@ -195,24 +221,30 @@ class GptModel final : public Model {
     Acts a = acts(l);
     const T* x = x_[l].data();
     K::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w(bt.ln1_w), w(bt.ln1_b), B(), Tn(), C());
-    K::matmul_forward(a.qkv, a.ln1, w(bt.qkv_w), w(bt.qkv_b), B(), Tn(), C(), 3 * C());
-    K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), C(), NH());
-    K::matmul_forward(proj_.data(), a.atty, w(bt.attn_proj_w), w(bt.attn_proj_b), B(), Tn(), C(),
-                      C());
+    K::matmul_forward(a.qkv, a.ln1, w(bt.qkv_w), w(bt.qkv_b), B(), Tn(), C(), 3 * CA());
+    K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), CA(), NH());
+    K::matmul_forward(proj_.data(), a.atty, w(bt.attn_proj_w), row_bias(bt.attn_proj_b), B(), Tn(),
+                      CA(), C());
+    tp_sum(proj_);
     K::residual_forward(a.res2, x, proj_.data(), s_.btc);
     K::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w(bt.ln2_w), w(bt.ln2_b), B(),
                          Tn(), C());
-    K::matmul_forward(a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), 4 * C());
-    K::gelu_forward(a.gelu, a.fch, 4 * s_.btc);
+    K::matmul_forward(a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), F());
+    K::gelu_forward(a.gelu, a.fch, s_.btf);
     if (recompute) return;
-    K::matmul_forward(proj_.data(), a.gelu, w(bt.fc_proj_w), w(bt.fc_proj_b), B(), Tn(), 4 * C(),
+    K::matmul_forward(proj_.data(), a.gelu, w(bt.fc_proj_w), row_bias(bt.fc_proj_b), B(), Tn(), F(),
                       C());
+    tp_sum(proj_);
     K::residual_forward(x_[l + 1].data(), a.res2, proj_.data(), s_.btc);
   }
 
   void forward_blocks(const int32_t* inputs) {
     acquire(embed_unit_, false);
-    K::encoder_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
+    if (tp_) {
+      tp_->embedding_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
+    } else {
+      K::encoder_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
+    }
     release(embed_unit_);
     for (size_t l = 0; l < x_.size() - 1; ++l) {
       acquire(block_units_[l], false);
@@ -227,7 +259,7 @@ class GptModel final : public Model {
 
   // LM head + cross-entropy in row chunks; with backward, also dlnf and dwte, then d(x_L).
   void head(const int32_t* targets, float* losses, float dloss, bool backward) {
-    const int V = static_cast<int>(m_.vocab_size);
+    const int V = this->V();
     const size_t bt = s_.bt;
     acquire(embed_unit_, backward);
     if (backward) acquire(final_unit_, true);
@@ -237,8 +269,13 @@ class GptModel final : public Model {
       const int n = static_cast<int>(std::min(head_rows_, bt - r0));
       const T* in = lnf_.data() + r0 * C();
       K::matmul_forward(logits_.data(), in, wte, nullptr, 1, n, C(), V);
-      K::crossentropy_forward_backward(backward ? logits_.data() : nullptr, losses + r0,
-                                       logits_.data(), targets + r0, dloss, n, V, V);
+      if (tp_) {  // vocabulary-parallel: this rank's logits and per-row statistics
+        tp_->crossentropy(backward ? logits_.data() : nullptr, losses + r0, logits_.data(),
+                          targets + r0, dloss, n);
+      } else {
+        K::crossentropy_forward_backward(backward ? logits_.data() : nullptr, losses + r0,
+                                         logits_.data(), targets + r0, dloss, n, V, V);
+      }
       if (backward) {
         K::matmul_backward(dlnf_.data() + r0 * C(), g(p_->wte()), nullptr, logits_.data(), in, wte,
                            1, n, C(), V);
@@ -246,6 +283,7 @@ class GptModel final : public Model {
     }
     release(embed_unit_);
     if (!backward) return;
+    tp_sum(dlnf_);
     zero(dres_);
     K::layernorm_backward(dres_.data(), g(p_->lnf_w()), g(p_->lnf_b()), dlnf_.data(),
                           x_.back().data(), w(p_->lnf_w()), lnf_stats_.data(),
@@ -264,37 +302,43 @@ class GptModel final : public Model {
       }
       Acts a = acts(l);
       if (mode_ == Recompute::kSelective) {
-        K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), C(), NH());
-        K::gelu_forward(a.gelu, a.fch, 4 * s_.btc);
+        K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), CA(), NH());
+        K::gelu_forward(a.gelu, a.fch, s_.btf);
       }
       const T* x = x_[l].data();
       // MLP: res3 = res2 + proj(gelu(fc(ln2(res2)))).
       zero(dgelu_);
       K::matmul_backward(dgelu_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres_.data(), a.gelu,
-                         w(bt.fc_proj_w), B(), Tn(), 4 * C(), C());
+                         w(bt.fc_proj_w), B(), Tn(), F(), C());
       zero(dfch_);
-      K::gelu_backward(dfch_.data(), a.fch, dgelu_.data(), 4 * s_.btc);
+      K::gelu_backward(dfch_.data(), a.fch, dgelu_.data(), s_.btf);
       zero(dbtc1_);
       K::matmul_backward(dbtc1_.data(), g(bt.fc_w), g(bt.fc_b), dfch_.data(), a.ln2, w(bt.fc_w),
-                         B(), Tn(), C(), 4 * C());
+                         B(), Tn(), C(), F());
+      tp_sum(dbtc1_);
       K::layernorm_backward(dres_.data(), g(bt.ln2_w), g(bt.ln2_b), dbtc1_.data(), a.res2,
                             w(bt.ln2_w), a.ln2_mean, a.ln2_rstd, B(), Tn(), C());
       // Attention: res2 = x + proj(attn(qkv(ln1(x)))).
       zero(dbtc1_);
       K::matmul_backward(dbtc1_.data(), g(bt.attn_proj_w), g(bt.attn_proj_b), dres_.data(), a.atty,
-                         w(bt.attn_proj_w), B(), Tn(), C(), C());
+                         w(bt.attn_proj_w), B(), Tn(), CA(), C());
       zero(dqkv_);
-      K::attention_backward(dqkv_.data(), dbtc1_.data(), a.qkv, a.atty, a.lse, B(), Tn(), C(),
+      K::attention_backward(dqkv_.data(), dbtc1_.data(), a.qkv, a.atty, a.lse, B(), Tn(), CA(),
                             NH());
       zero(dbtc2_);
       K::matmul_backward(dbtc2_.data(), g(bt.qkv_w), g(bt.qkv_b), dqkv_.data(), a.ln1, w(bt.qkv_w),
-                         B(), Tn(), C(), 3 * C());
+                         B(), Tn(), C(), 3 * CA());
+      tp_sum(dbtc2_);
       K::layernorm_backward(dres_.data(), g(bt.ln1_w), g(bt.ln1_b), dbtc2_.data(), x, w(bt.ln1_w),
                             a.ln1_mean, a.ln1_rstd, B(), Tn(), C());
       release(block_units_[l]);
       gradients_ready(block_units_[l]);
     }
-    K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(), C());
+    if (tp_) {
+      tp_->embedding_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(), C());
+    } else {
+      K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(), C());
+    }
     gradients_ready(embed_unit_);
   }
 
@@ -308,6 +352,8 @@ class GptModel final : public Model {
   ModelConfig m_;
   int64_t B_;
   Recompute mode_;
+  TensorParallel* tp_;  // nullptr without tensor parallelism
+  int64_t ntp_;
   BlockSizes s_;
   size_t head_rows_ = 0;
   std::vector<DeviceArray<T>> x_;
@@ -322,14 +368,14 @@ class GptModel final : public Model {
 
 template <class K>
 std::unique_ptr<Model> create_on(ParamStore* params, int64_t micro_batch, Recompute mode,
-                                 int64_t head_chunk_rows) {
+                                 int64_t head_chunk_rows, TensorParallel* tp) {
   switch (params->precision()) {
     case Precision::kFp32:
-      return std::make_unique<GptModel<K, float>>(params, micro_batch, mode, head_chunk_rows);
+      return std::make_unique<GptModel<K, float>>(params, micro_batch, mode, head_chunk_rows, tp);
     case Precision::kBf16:
-      return std::make_unique<GptModel<K, bf16>>(params, micro_batch, mode, head_chunk_rows);
+      return std::make_unique<GptModel<K, bf16>>(params, micro_batch, mode, head_chunk_rows, tp);
     case Precision::kFp16:
-      return std::make_unique<GptModel<K, fp16>>(params, micro_batch, mode, head_chunk_rows);
+      return std::make_unique<GptModel<K, fp16>>(params, micro_batch, mode, head_chunk_rows, tp);
   }
   return nullptr;
 }
@@ -338,13 +384,14 @@ std::unique_ptr<Model> create_on(ParamStore* params, int64_t micro_batch, Recomp
 
 // The one place the device selects the operators.
 std::unique_ptr<Model> Model::create(ParamStore* params, int64_t micro_batch, Recompute mode,
-                                     int64_t head_chunk_rows) {
+                                     int64_t head_chunk_rows, TensorParallel* tp) {
   switch (params->backend().device()) {
     case Device::kCpu:
-      return create_on<CpuBackend>(params, micro_batch, mode, head_chunk_rows);
+      return create_on<CpuBackend>(params, micro_batch, mode, head_chunk_rows, tp);
     case Device::kCuda:
 #if KILN_HAVE_CUDA
-      return create_on<CudaBackend>(params, micro_batch, mode, head_chunk_rows);
+      KILN_CHECK(tp == nullptr, "Model::create: tensor parallelism runs on host memory");
+      return create_on<CudaBackend>(params, micro_batch, mode, head_chunk_rows, tp);
 #else
       break;
 #endif

@@ -36,9 +36,12 @@ struct ActivationMemory {
   size_t total() const { return kept_bytes + recompute_bytes + working_bytes; }
 };
 
-// What a model of this shape allocates for one micro-batch of `micro_batch` sequences.
+// What a model of this shape allocates for one micro-batch of `micro_batch` sequences (on one of
+// `tp` tensor-parallel ranks).
 ActivationMemory plan_activation_memory(const ModelConfig& model, int64_t micro_batch,
-                                        Precision precision, Recompute mode);
+                                        Precision precision, Recompute mode, int64_t tp = 1);
+
+class TensorParallel;
 
 // What the model tells the distributed engine around each parameter unit (engine/params.h:
 // embed, blocks.l, final) so it can gather sharded weights just before use, free them after, and
@@ -60,8 +63,10 @@ class UnitHooks {
 class Model {
  public:
   // params must outlive the model. head_chunk_rows 0: chosen so a logits chunk is ~8 MiB.
+  // tp (engine/tensor_parallel.h, outlives the model): params holds this rank's slices and the
+  // layers run Megatron-style; nullptr: one rank holds everything.
   static std::unique_ptr<Model> create(ParamStore* params, int64_t micro_batch, Recompute mode,
-                                       int64_t head_chunk_rows = 0);
+                                       int64_t head_chunk_rows = 0, TensorParallel* tp = nullptr);
   virtual ~Model() = default;
 
   // Pointers (inputs, targets, losses) are in the backend's memory: host memory on the CPU, device

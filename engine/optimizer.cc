@@ -7,7 +7,6 @@
 namespace kiln::engine {
 
 StepStats AdamW::inspect(const ParamStore& params, double loss_scale) const {
-  const double clip = config_.clip_grad;
   std::vector<const float*> ptrs;
   std::vector<size_t> sizes;
   for (const auto& u : params.units()) {
@@ -17,6 +16,11 @@ StepStats AdamW::inspect(const ParamStore& params, double loss_scale) const {
   // One fused pass over every unit, one read back to the host: the norm and the overflow check.
   const double ss =
       params.backend().sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()));
+  return stats_from_sum_squares(ss, loss_scale);
+}
+
+StepStats AdamW::stats_from_sum_squares(double ss, double loss_scale) const {
+  const double clip = config_.clip_grad;
   StepStats s;
   s.grad_norm = std::sqrt(ss) / loss_scale;
   s.finite = std::isfinite(s.grad_norm);

@@ -38,6 +38,9 @@ class AdamW {
   StepStats step(ParamStore& params, double lr, double loss_scale);
   // The two halves of step(): global norm, finiteness and clip factor ...
   StepStats inspect(const ParamStore& params, double loss_scale) const;
+  // The same from the sum of squares of every (scaled) gradient, summed elsewhere (sharded
+  // parameters: engine/tensor_parallel.h).
+  StepStats stats_from_sum_squares(double sum_squares, double loss_scale) const;
   // ... and the update itself (stats.finite must be true).
   void apply(ParamStore& params, double lr, double loss_scale, const StepStats& stats);
 

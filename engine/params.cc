@@ -1,5 +1,6 @@
 #include "engine/params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/hash.h"
@@ -12,14 +13,16 @@ size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
 ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases,
-                       Backend* backend)
+                       Backend* backend, TpShard tp)
     : backend_(backend ? backend : &cpu_backend()),
       model_(model),
       precision_(precision),
-      decay_norms_and_biases_(decay_norms_and_biases) {
+      decay_norms_and_biases_(decay_norms_and_biases),
+      tp_(tp) {
+  KILN_CHECK(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "ParamStore: bad TpShard");
   const int64_t V = model.vocab_size, C = model.d_model, T = model.seq_len;
   add_unit("embed");
-  wte_ = add(0, "wte", {V, C}, TensorRole::kEmbedding);
+  wte_ = add(0, "wte", {V, C}, TensorRole::kEmbedding, 0);  // vocabulary-parallel
   wpe_ = add(0, "wpe", {T, C}, TensorRole::kEmbedding);
   for (int l = 0; l < model.n_layers; ++l) {
     const std::string p = "blocks." + std::to_string(l) + ".";
@@ -28,15 +31,15 @@ ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay
     BlockTensors b;
     b.ln1_w = add(u, p + "ln1.weight", {C}, TensorRole::kNormGain);
     b.ln1_b = add(u, p + "ln1.bias", {C}, TensorRole::kNormBias);
-    b.qkv_w = add(u, p + "attn.qkv.weight", {3 * C, C}, TensorRole::kMatrix);
-    b.qkv_b = add(u, p + "attn.qkv.bias", {3 * C}, TensorRole::kBias);
-    b.attn_proj_w = add(u, p + "attn.proj.weight", {C, C}, TensorRole::kResidualOut);
+    b.qkv_w = add(u, p + "attn.qkv.weight", {3 * C, C}, TensorRole::kMatrix, 0, 3);
+    b.qkv_b = add(u, p + "attn.qkv.bias", {3 * C}, TensorRole::kBias, 0, 3);
+    b.attn_proj_w = add(u, p + "attn.proj.weight", {C, C}, TensorRole::kResidualOut, 1);
     b.attn_proj_b = add(u, p + "attn.proj.bias", {C}, TensorRole::kBias);
     b.ln2_w = add(u, p + "ln2.weight", {C}, TensorRole::kNormGain);
     b.ln2_b = add(u, p + "ln2.bias", {C}, TensorRole::kNormBias);
-    b.fc_w = add(u, p + "mlp.fc.weight", {4 * C, C}, TensorRole::kMatrix);
-    b.fc_b = add(u, p + "mlp.fc.bias", {4 * C}, TensorRole::kBias);
-    b.fc_proj_w = add(u, p + "mlp.proj.weight", {C, 4 * C}, TensorRole::kResidualOut);
+    b.fc_w = add(u, p + "mlp.fc.weight", {4 * C, C}, TensorRole::kMatrix, 0);
+    b.fc_b = add(u, p + "mlp.fc.bias", {4 * C}, TensorRole::kBias, 0);
+    b.fc_proj_w = add(u, p + "mlp.proj.weight", {C, 4 * C}, TensorRole::kResidualOut, 1);
     b.fc_proj_b = add(u, p + "mlp.proj.bias", {C}, TensorRole::kBias);
     blocks_.push_back(b);
   }
@@ -62,10 +65,19 @@ void ParamStore::add_unit(const std::string& name) {
 }
 
 int ParamStore::add(int unit, const std::string& name, std::vector<int64_t> shape,
-                    TensorRole role) {
+                    TensorRole role, int split_dim, int split_parts) {
   ParamTensor t;
   t.name = name;
+  t.global_shape = shape;
   t.shape = std::move(shape);
+  if (tp_.size > 1 && split_dim >= 0) {
+    const int64_t parts = split_parts * tp_.size;
+    KILN_CHECK(t.shape[split_dim] % parts == 0,
+               "ParamStore: " + name + " does not split over the tensor-parallel ranks");
+    t.shape[split_dim] /= tp_.size;
+    t.split_dim = split_dim;
+    t.split_parts = split_parts;
+  }
   t.unit = unit;
   t.numel = 1;
   for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
@@ -117,14 +129,17 @@ void ParamStore::init(uint64_t seed) {
       continue;
     }
     const uint64_t stream = xxh3_64(t.name);
-    const size_t cols = static_cast<size_t>(t.shape.back());
+    // The whole tensor's shape: a tensor-parallel slice gets the values of its elements in the
+    // whole tensor (the same model on any number of ranks).
+    const std::vector<int64_t>& shape = t.global_shape;
+    const size_t cols = static_cast<size_t>(shape.back());
     // std per row: DeepNet's q/k/v split needs rows of qkv to differ.
     auto row_std = [&](size_t row) -> double {
       if (model_.init == InitScheme::kGpt2) {
         return t.role == TensorRole::kResidualOut ? std0 / std::sqrt(2.0 * L) : std0;
       }
       if (t.role == TensorRole::kEmbedding) return std0;
-      const double fan_out = static_cast<double>(t.shape[0]);
+      const double fan_out = static_cast<double>(shape[0]);
       const double fan_in = static_cast<double>(cols);
       const bool is_qkv = t.name.find("attn.qkv") != std::string::npos;
       if (is_qkv) {  // q, k, v are three (C, C) matrices
@@ -135,10 +150,19 @@ void ParamStore::init(uint64_t seed) {
       }
       return beta * std::sqrt(2.0 / (fan_in + fan_out));
     };
-    const size_t rows = t.numel / cols;
+    size_t whole = 1;
+    for (int64_t d : shape) whole *= static_cast<size_t>(d);
+    const size_t rows = whole / cols;
     std::vector<double> stds(rows);
     for (size_t row = 0; row < rows; ++row) stds[row] = row_std(row);
-    backend_->fill_normal_rows(w, rows, cols, stds.data(), seed, stream);
+    if (t.split_dim < 0) {
+      backend_->fill_normal_rows(w, rows, cols, stds.data(), seed, stream);
+      continue;
+    }
+    std::vector<float> values(whole), slice(t.numel);
+    random_normal_rows(values.data(), rows, cols, stds.data(), seed, stream);
+    copy_to_shard(t, tp_, values.data(), slice.data());
+    upload(static_cast<int>(ti), ParamField::kMaster, slice.data());
   }
   sync_low_precision();
 }
@@ -192,6 +216,44 @@ size_t ParamStore::state_bytes() const {
   size_t n = 0;
   for (const auto& u : units_) n += u.master.bytes() + u.grad.bytes() + u.m.bytes() + u.v.bytes() + u.lp.bytes();
   return n;
+}
+
+namespace {
+// Calls fn(whole_offset, slice_offset, count) for every contiguous run of the slice.
+template <class Fn>
+void for_each_run(const ParamTensor& t, TpShard s, Fn fn) {
+  if (t.split_dim < 0 || s.size == 1) {
+    fn(size_t{0}, size_t{0}, t.numel);
+    return;
+  }
+  const size_t grows = static_cast<size_t>(t.global_shape[0]);
+  const size_t whole_cols = t.global_shape.size() > 1 ? static_cast<size_t>(t.global_shape[1]) : 1;
+  if (t.split_dim == 0) {  // rows: each of split_parts parts split over the ranks
+    const size_t part_rows = grows / static_cast<size_t>(t.split_parts);
+    const size_t mine = part_rows / static_cast<size_t>(s.size);
+    for (size_t p = 0; p < static_cast<size_t>(t.split_parts); ++p) {
+      fn((p * part_rows + static_cast<size_t>(s.rank) * mine) * whole_cols, p * mine * whole_cols,
+         mine * whole_cols);
+    }
+    return;
+  }
+  const size_t mine = whole_cols / static_cast<size_t>(s.size);  // columns
+  for (size_t r = 0; r < grows; ++r) {
+    fn(r * whole_cols + static_cast<size_t>(s.rank) * mine, r * mine, mine);
+  }
+}
+}  // namespace
+
+void copy_to_shard(const ParamTensor& t, TpShard shard, const float* whole, float* slice) {
+  for_each_run(t, shard, [&](size_t w, size_t l, size_t n) {
+    std::copy(whole + w, whole + w + n, slice + l);
+  });
+}
+
+void copy_from_shard(const ParamTensor& t, TpShard shard, const float* slice, float* whole) {
+  for_each_run(t, shard, [&](size_t w, size_t l, size_t n) {
+    std::copy(slice + l, slice + l + n, whole + w);
+  });
 }
 
 }  // namespace kiln::engine

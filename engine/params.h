@@ -39,9 +39,22 @@ enum class TensorRole {
   kNormBias,
 };
 
+// This rank's place in tensor parallelism (engine/tensor_parallel.h): rank of size.
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+};
+
 struct ParamTensor {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;         // this rank's (the global shape split by TpShard)
+  std::vector<int64_t> global_shape;  // the whole tensor's
+  // Tensor parallelism: -1 replicated on every rank (norms, position embeddings, row-parallel
+  // biases); 0 rows split (vocabulary, column-parallel outputs), 1 columns split (row-parallel
+  // inputs). Dimension split_dim is split_parts equal parts (q, k, v: 3), each split over the
+  // ranks, so a rank holds the same heads of q, k and v.
+  int split_dim = -1;
+  int split_parts = 1;
   int unit = 0;
   size_t offset = 0;  // elements from the start of its unit
   size_t numel = 0;
@@ -71,8 +84,9 @@ enum class ParamField { kMaster, kGrad, kExpAvg, kExpAvgSq };
 class ParamStore {
  public:
   // backend nullptr: the CPU backend.
+  // tp: the tensor-parallel slice this store holds (every tensor whole by default).
   ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases = false,
-             Backend* backend = nullptr);
+             Backend* backend = nullptr, TpShard tp = {});
 
   // GPT-2 or DeepNet-style initialisation of the master weights (zeroes grads and moments, then
   // refreshes the low-precision copy).
@@ -83,6 +97,7 @@ class ParamStore {
 
   Backend& backend() const { return *backend_; }
   const ModelConfig& model() const { return model_; }
+  TpShard tp_shard() const { return tp_; }
   Precision precision() const { return precision_; }
   DType work_dtype() const;
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
@@ -125,12 +140,14 @@ class ParamStore {
 
  private:
   void add_unit(const std::string& name);
-  int add(int unit, const std::string& name, std::vector<int64_t> shape, TensorRole role);
+  int add(int unit, const std::string& name, std::vector<int64_t> shape, TensorRole role,
+          int split_dim = -1, int split_parts = 1);
   float* field(int t, ParamField f) const;
   Backend* backend_;
   ModelConfig model_;
   Precision precision_;
   bool decay_norms_and_biases_;
+  TpShard tp_;
   std::vector<ParamTensor> tensors_;
   std::vector<ParamUnit> units_;
   std::vector<BlockTensors> blocks_;
@@ -147,5 +164,9 @@ T* ParamStore::work(int t) {
     return reinterpret_cast<T*>(u.lp.data()) + tensors_[t].offset;
   }
 }
+
+// Copies between a whole tensor (global_shape, host memory) and rank `shard`'s slice of it.
+void copy_to_shard(const ParamTensor& t, TpShard shard, const float* whole, float* slice);
+void copy_from_shard(const ParamTensor& t, TpShard shard, const float* slice, float* whole);
 
 }  // namespace kiln::engine

@@ -29,36 +29,16 @@ int recompute_rank(Recompute r) {
   return 0;
 }
 
-// Activations of one micro-batch on one tensor-parallel rank: engine/model.cc's buffers with the
-// head-split parts (qkv, attention output and statistics, MLP hidden, logits chunk) divided by tp.
+// Activations of one micro-batch on one tensor-parallel rank: engine/model.cc's own plan.
 uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode) {
-  if (tp == 1) {
-    return plan_activation_memory(c.model, c.data.micro_batch, c.precision, mode).total();
-  }
-  const ModelConfig& m = c.model;
-  const uint64_t e = elem_bytes(c.precision);
-  const uint64_t bt = static_cast<uint64_t>(c.data.micro_batch * m.seq_len);
-  const uint64_t btc = bt * static_cast<uint64_t>(m.d_model);
-  const uint64_t lse = static_cast<uint64_t>(c.data.micro_batch * m.n_heads * m.seq_len) / tp;
-  const uint64_t L = static_cast<uint64_t>(m.n_layers);
-  const uint64_t split = static_cast<uint64_t>(tp);
-  const uint64_t sel = (btc / split + 4 * btc / split) * e + lse * 4;
-  const uint64_t rest = (btc + 3 * btc / split + btc + btc + 4 * btc / split) * e + 4 * bt * 4;
-  uint64_t kept = (L + 1) * btc * e + btc * e + 2 * bt * 4, recompute = 0;
-  switch (mode) {
-    case Recompute::kNone: kept += L * (sel + rest); break;
-    case Recompute::kSelective: kept += L * rest; recompute = sel; break;
-    case Recompute::kFull: recompute = sel + rest; break;
-  }
-  const uint64_t vocab = static_cast<uint64_t>(m.vocab_size) / split;
-  const uint64_t rows = std::clamp<uint64_t>((uint64_t{8} << 20) / (vocab * e), 1, bt);
-  const uint64_t working = (btc * 5 + 3 * btc / split + 8 * btc / split) * e + rows * vocab * e;
-  return kept + recompute + working;
+  return plan_activation_memory(c.model, c.data.micro_batch, c.precision, mode, tp).total();
 }
 
 }  // namespace
 
-bool layout_trainable(const Layout& l) { return l.tp == 1 && l.zero_stage <= 3; }
+bool layout_trainable(const Layout& l) {
+  return l.tp == 1 ? l.zero_stage <= 3 : l.zero_stage == 0;  // engine/tensor_parallel.h
+}
 
 uint64_t LayoutPlan::comm_total() const {
   uint64_t s = 0;
@@ -165,13 +145,15 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
     const uint64_t bt = static_cast<uint64_t>(c.data.micro_batch * m.seq_len);
     const uint64_t btc = bt * static_cast<uint64_t>(m.d_model);
     const uint64_t L = static_cast<uint64_t>(m.n_layers);
-    const uint64_t C = static_cast<uint64_t>(m.d_model);
-    // Per micro-batch: 4 per block, embedding output, head input gradient (activation dtype,
-    // 2x as all-reduces), 3 fp32 cross-entropy row statistics; per step: the replicated
-    // parameters' gradients (norms, row-parallel biases, position embeddings).
-    const uint64_t act = (4 * L + 2) * 2 * btc * e + 3 * 2 * bt * 4;
-    const uint64_t replicated = L * 6 * C + 2 * C + static_cast<uint64_t>(m.seq_len) * C;
-    p.comm_bytes["tp.all_reduce"] = act * A + 2 * replicated * 4;
+    // engine/tensor_parallel.h, per micro-batch: 2 all-reduces per block in forward (attention
+    // out, MLP down) and 2 in backward (the inputs of QKV and MLP up), the embedding output and
+    // the head's input gradient (fp32 on the wire, 2x as all-reduces), L more with full
+    // recomputation (attention out is rerun), and the cross-entropy's row maxima and sums (3
+    // fp32 per row); per step: the gradient norm (one fp64).
+    const uint64_t per_act = 2 * btc * 4;
+    const uint64_t blocks = 4 * L + 2 + (lay.recompute == Recompute::kFull ? L : 0);
+    const uint64_t act = blocks * per_act + 3 * 2 * bt * 4;
+    p.comm_bytes["tp.all_reduce"] = act * A + 2 * 8;
   }
   return p;
 }

@@ -21,9 +21,10 @@
 // all-reduce of G bytes of gradients is 2G; ZeRO-1 reduce-scatters the gradients (G) once per
 // step, ZeRO-2 once per micro-batch, and both all-gather the updated weights once per step;
 // ZeRO-3 all-gathers the weights in forward and again in backward and reduce-scatters the
-// gradients, per micro-batch. Tensor parallelism all-reduces activations
-// twice per block in forward and twice in backward, the embedding output once, the head's input
-// gradient once and three fp32 per-row statistics of the vocabulary-parallel cross-entropy.
+// gradients, per micro-batch. Tensor parallelism (engine/tensor_parallel.h) all-reduces fp32
+// activations twice per block in forward and twice in backward (once more per block with full
+// recomputation), the embedding output once, the head's input gradient once and three fp32
+// per-row statistics of the vocabulary-parallel cross-entropy, and the gradient norm.
 // Pure functions; thread-safe.
 #pragma once
 

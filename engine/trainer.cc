@@ -21,6 +21,7 @@
 #include "engine/data_parallel.h"
 #include "engine/mfu.h"
 #include "engine/schedule.h"
+#include "engine/tensor_parallel.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
 
@@ -64,24 +65,28 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   cpu::set_num_threads(static_cast<int>(config.run.threads));  // host threads (loader, CPU kernels)
   // The device is chosen here, once; everything below reaches it through the Backend.
   KILN_ASSIGN_OR_RETURN(Backend* backend, backend_for(config.device));
-  if (t->dp_->size() > 1 && !backend->host_addressable()) {
-    // The gradient all-reduce (engine/data_parallel.cc) moves host memory over MPI; device
-    // buffers need the NCCL path, which is not wired into training yet.
-    return Status::unimplemented("data-parallel training on device: cuda is not wired yet (the "
-                                 "gradient all-reduce runs on host memory); run one process")
+  if (t->dp_->world_size() > 1 && !backend->host_addressable()) {
+    // The gradient and activation all-reduces (engine/data_parallel.cc, tensor_parallel.cc) move
+    // host memory over MPI; device buffers need the NCCL path, not wired into training yet.
+    return Status::unimplemented("data- and tensor-parallel training on device: cuda is not "
+                                 "wired yet (the all-reduces run on host memory); run one process")
         .with_key("device");
+  }
+  if (t->dp_->tp_group().size() > 1) {
+    KILN_ASSIGN_OR_RETURN(t->tp_, TensorParallel::create(config, t->dp_->tp_group()));
   }
 
   auto data = open_data_source(config, t->dp_->data_rank());
   KILN_RETURN_IF_ERROR(t->dp_->agree(data.is_ok() ? Status::ok() : data.status()));
   t->data_ = std::move(data).value();
   t->params_ = std::make_unique<ParamStore>(config.model, config.precision,
-                                            config.optimizer.decay_norms_and_biases, backend);
+                                            config.optimizer.decay_norms_and_biases, backend,
+                                            t->tp_ ? t->tp_->shard() : TpShard{});
   t->params_->init(config.run.seed);
   t->optimizer_ = std::make_unique<AdamW>(config.optimizer);
   t->scaler_ = LossScaler(config.loss_scale, config.precision == Precision::kFp16);
   t->model_ = Model::create(t->params_.get(), config.data.micro_batch,
-                            config.activation_checkpointing);
+                            config.activation_checkpointing, 0, t->tp_.get());
   t->staged_ = std::make_unique<DeviceBatches>(backend, config.data.micro_batch,
                                                config.model.seq_len);
   std::set<std::string> domains(t->data_->domains().begin(), t->data_->domains().end());
@@ -163,8 +168,9 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
     }
     if (!found.empty()) {
       latest = found;
-      KILN_RETURN_IF_ERROR(
-          t->dp_->agree(load_checkpoint(*latest, t->params_.get(), &t->state_)));
+      KILN_RETURN_IF_ERROR(t->dp_->agree(
+          t->tp_ ? t->tp_->load(*latest, t->params_.get(), &t->state_)
+                 : load_checkpoint(*latest, t->params_.get(), &t->state_)));
       if (t->state_.seed != config.run.seed) {
         return Status::config("run.seed differs from the checkpoint's (" +
                               std::to_string(t->state_.seed) + ")")
@@ -283,7 +289,9 @@ Result<bool> Trainer::rollback(StepRecord* rec) {
   }
   const StabilityState now = stab_;
   TrainerState ck;
-  KILN_RETURN_IF_ERROR(load_checkpoint(*latest, params_.get(), &ck).prefixed("rollback"));
+  KILN_RETURN_IF_ERROR((tp_ ? tp_->load(*latest, params_.get(), &ck)
+                           : load_checkpoint(*latest, params_.get(), &ck))
+                           .prefixed("rollback"));
   StabilityState at_ck;
   spikes_ = std::make_unique<SpikeDetector>(config_.stability.spike);
   if (auto m = ck.extra.find("stability"); m != ck.extra.end()) {
@@ -549,6 +557,8 @@ Result<StepRecord> Trainer::step() {
   StepStats stats;
   if (zero) {
     KILN_ASSIGN_OR_RETURN(stats, zero->inspect(scale));
+  } else if (tp_) {  // the norm over every rank's slices, one overflow decision
+    stats = tp_->inspect(*optimizer_, *params_, scale);
   } else {
     stats = optimizer_->inspect(*params_, scale);
   }
@@ -739,6 +749,12 @@ Status Trainer::save() {
   state_.extra["mixing"] = mix_->state_json();
   state_.extra["stability"] = stab_.to_json(*spikes_);
   const auto t0 = std::chrono::steady_clock::now();
+  // Tensor parallelism: rank 0's group assembles whole tensors (engine/tensor_parallel.h), written
+  // as one process's checkpoint.
+  std::unique_ptr<ParamStore> whole;
+  if (tp_ && dp_->rank() == 0) {
+    KILN_ASSIGN_OR_RETURN(whole, tp_->gather(*params_, dp_->is_root()));
+  }
   if (dp_->is_root()) {
     auto merged = data_->merge_states(per_rank);
     if (merged.is_ok()) {
@@ -783,7 +799,7 @@ Status Trainer::save() {
                                   config_.checkpoint.keep_last, layout, h);
     }
   } else if (dp_->is_root() && written.is_ok()) {
-    written = save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
+    written = save_checkpoint(config_.run.dir, whole ? *whole : *params_, state_, config_yaml_,
                               config_.checkpoint.keep_last, layout);
   }
   KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));

@@ -46,6 +46,7 @@ struct TrainOptions {
 };
 
 class DataParallel;
+class TensorParallel;
 
 class Trainer {
  public:
@@ -84,6 +85,7 @@ class Trainer {
   std::string config_yaml_;
   TrainOptions options_;
   std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<TensorParallel> tp_;  // parallel.tp > 1 only
   std::map<std::string, uint64_t> comm_seen_;
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<Model> model_;

@@ -146,6 +146,26 @@ template <typename T>
 void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* logits,
                                    const int32_t* targets, float dloss, int BT, int V, int Vp);
 
+// ---- vocabulary-parallel cross-entropy (Megatron; engine/tensor_parallel.h) ----------------------
+// A rank holds the logits (BT, V) of vocabulary columns [v0, v0 + V); the caller combines the
+// per-row statistics over the ranks between the passes, so the full logits never meet. The same
+// arithmetic as crossentropy_forward_backward (fp32 exp and sums).
+// 1. row_max[i] = max_j logits[i,j]                       (the caller takes the max over ranks)
+// 2. sum_exp[i] = sum_j exp(logits[i,j] - row_max[i]); target_logit[i] = logits[i, targets[i] - v0]
+//    when the target is one of this rank's columns, else 0  (the caller sums both over ranks);
+//    loss_i = log(sum_exp[i]) + row_max[i] - target_logit[i]
+// 3. dlogits (OVERWRITTEN; may alias logits) = dloss * (exp(logits - row_max) / sum_exp -
+//    onehot(targets - v0)), zero rows where targets[i] < 0.
+template <typename T>
+void crossentropy_shard_max(float* row_max, const T* logits, int BT, int V);
+template <typename T>
+void crossentropy_shard_sum(float* sum_exp, float* target_logit, const T* logits,
+                            const float* row_max, const int32_t* targets, int BT, int V, int v0);
+template <typename T>
+void crossentropy_shard_backward(Same<T>* dlogits, const T* logits, const float* row_max,
+                                 const float* sum_exp, const int32_t* targets, float dloss, int BT,
+                                 int V, int v0);
+
 // ---- AdamW on fp32 master weights -----------------------------------------------------------------
 // params, m, v, grads: n fp32 values. Updates params, m, v in place. params_lp (nullable) receives
 // the updated parameters rounded to bf16/fp16 (the low-precision copy used by forward/backward).

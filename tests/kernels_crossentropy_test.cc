@@ -99,5 +99,55 @@ TEST(KernelsCrossEntropy, ThreadCountInvariant) {
   }
 }
 
+// The vocabulary-parallel pieces: logits split into `ranks` column blocks, the row statistics
+// combined as engine/tensor_parallel.cc does (max, then sums), give the fused op's losses and
+// gradients (the same fp32 arithmetic: only the order of the sum of exponentials differs).
+TEST(KernelsCrossEntropy, ShardedStatisticsMatchTheFusedOp) {
+  const int BT = 13, V = 96;
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "ranks=" << ranks);
+    const int Vl = V / ranks;
+    auto logits = to_t<float>(randn(size_t(BT) * V, 71, 3.0));
+    auto targets = randint(BT, 0, V, 72);
+    targets[4] = -1;
+    const float dloss = 0.25f;
+    std::vector<float> want_loss(BT), want_d(logits.size());
+    cpu::crossentropy_forward_backward<float>(want_d.data(), want_loss.data(), logits.data(),
+                                              targets.data(), dloss, BT, V, V);
+    std::vector<std::vector<float>> shard(ranks, std::vector<float>(size_t(BT) * Vl));
+    for (int k = 0; k < ranks; ++k)
+      for (int r = 0; r < BT; ++r)
+        for (int c = 0; c < Vl; ++c) shard[k][size_t(r) * Vl + c] = logits[size_t(r) * V + k * Vl + c];
+    std::vector<float> mx(BT, -INFINITY), se(BT, 0.0f), xt(BT, 0.0f), m(BT), s(BT), t(BT);
+    for (int k = 0; k < ranks; ++k) {
+      cpu::crossentropy_shard_max<float>(m.data(), shard[k].data(), BT, Vl);
+      for (int r = 0; r < BT; ++r) mx[r] = std::max(mx[r], m[r]);
+    }
+    for (int k = 0; k < ranks; ++k) {
+      cpu::crossentropy_shard_sum<float>(s.data(), t.data(), shard[k].data(), mx.data(),
+                                         targets.data(), BT, Vl, k * Vl);
+      for (int r = 0; r < BT; ++r) {
+        se[r] += s[r];
+        xt[r] += t[r];
+      }
+    }
+    for (int r = 0; r < BT; ++r) {
+      if (targets[r] < 0) continue;
+      EXPECT_NEAR(std::log(se[r]) + mx[r] - xt[r], want_loss[r], 1e-5 * std::fabs(want_loss[r]));
+    }
+    for (int k = 0; k < ranks; ++k) {
+      // In place, as the model calls it.
+      cpu::crossentropy_shard_backward<float>(shard[k].data(), shard[k].data(), mx.data(),
+                                              se.data(), targets.data(), dloss, BT, Vl, k * Vl);
+      for (int r = 0; r < BT; ++r)
+        for (int c = 0; c < Vl; ++c) {
+          const float want = want_d[size_t(r) * V + k * Vl + c];
+          ASSERT_NEAR(shard[k][size_t(r) * Vl + c], want, 1e-7 + 1e-5 * std::fabs(want))
+              << "row " << r << " column " << k * Vl + c;
+        }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln

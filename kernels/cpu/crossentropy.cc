@@ -41,9 +41,58 @@ void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* log
   });
 }
 
+template <typename T>
+void crossentropy_shard_max(float* row_max_out, const T* logits, int BT, int V) {
+  parallel_chunks(static_cast<size_t>(BT), 4, [&](size_t rb, size_t re) {
+    for (size_t r = rb; r < re; ++r) row_max_out[r] = row_max(row_as_float(logits + r * V, V, 0), V);
+  });
+}
+
+template <typename T>
+void crossentropy_shard_sum(float* sum_exp, float* target_logit, const T* logits,
+                            const float* row_max, const int32_t* targets, int BT, int V, int v0) {
+  parallel_chunks(static_cast<size_t>(BT), 4, [&](size_t rb, size_t re) {
+    for (size_t r = rb; r < re; ++r) {
+      const float* x = row_as_float(logits + r * V, V, 0);
+      float* e = scratch(V, 1);
+      exp_shifted(e, x, row_max[r], V);
+      sum_exp[r] = row_sum(e, V);
+      const int32_t t = targets[r] - v0;
+      target_logit[r] = targets[r] >= 0 && t >= 0 && t < V ? x[t] : 0.0f;
+    }
+  });
+}
+
+template <typename T>
+void crossentropy_shard_backward(Same<T>* dlogits, const T* logits, const float* row_max,
+                                 const float* sum_exp, const int32_t* targets, float dloss, int BT,
+                                 int V, int v0) {
+  parallel_chunks(static_cast<size_t>(BT), 4, [&](size_t rb, size_t re) {
+    for (size_t r = rb; r < re; ++r) {
+      T* drow = dlogits + r * V;
+      if (targets[r] < 0) {
+        std::memset(static_cast<void*>(drow), 0, sizeof(T) * V);
+        continue;
+      }
+      const float* x = row_as_float(logits + r * V, V, 0);
+      float* e = scratch(V, 1);
+      exp_shifted(e, x, row_max[r], V);
+      scal(e, dloss / sum_exp[r], V);
+      const int32_t t = targets[r] - v0;
+      if (t >= 0 && t < V) e[t] -= dloss;
+      narrow(drow, e, V);
+    }
+  });
+}
+
 #define KILN_INSTANTIATE(T)                                                                 \
   template void crossentropy_forward_backward<T>(T*, float*, const T*, const int32_t*, float, \
-                                                 int, int, int);
+                                                 int, int, int); \
+  template void crossentropy_shard_max<T>(float*, const T*, int, int);                        \
+  template void crossentropy_shard_sum<T>(float*, float*, const T*, const float*,             \
+                                          const int32_t*, int, int, int);                     \
+  template void crossentropy_shard_backward<T>(T*, const T*, const float*, const float*,      \
+                                               const int32_t*, float, int, int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

@@ -1,0 +1,243 @@
+#include "engine/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "common/log.h"
+#include "kernels/dtype.h"
+#include "kernels/ops.h"
+
+namespace kiln::engine {
+namespace {
+
+// A failed collective leaves the group's ranks unable to agree: stop this rank (mpirun stops the
+// others and names it).
+void check(const Status& st, const char* what, int rank) {
+  KILN_CHECK(st.is_ok(), "tensor-parallel " + std::string(what) + " on tp rank " +
+                             std::to_string(rank) + ": " + st.to_string());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TensorParallel>> TensorParallel::create(const TrainConfig& config,
+                                                               comm::ProcessGroup& group) {
+  const int64_t tp = group.size();
+  const ModelConfig& m = config.model;
+  auto refuse = [&](const std::string& what, const char* key) {
+    return Status::config("parallel.tp " + std::to_string(tp) + ": " + what).with_key(key);
+  };
+  if (m.n_heads % tp != 0) {
+    return refuse("model.n_heads " + std::to_string(m.n_heads) +
+                      " is not divisible by it (each rank computes n_heads / tp heads)",
+                  "model.n_heads");
+  }
+  if (m.vocab_size % tp != 0) {
+    return refuse("model.vocab_size " + std::to_string(m.vocab_size) +
+                      " is not divisible by it (each rank holds vocab_size / tp embedding rows); "
+                      "pad the vocabulary to a multiple of tp",
+                  "model.vocab_size");
+  }
+  if (config.stability.layer_clip_max_norm > 0) {
+    return refuse("per-layer clipping needs whole-layer norms, not computed under tensor "
+                  "parallelism yet; set stability.layer_clip.max_norm: 0",
+                  "stability.layer_clip.max_norm");
+  }
+  if (config.stability.layer_stats_every > 0) {
+    return refuse("per-layer statistics are not computed under tensor parallelism yet; set "
+                  "stability.layer_stats_every: 0",
+                  "stability.layer_stats_every");
+  }
+  return std::unique_ptr<TensorParallel>(new TensorParallel(group, m));
+}
+
+void TensorParallel::sum(float* x, size_t n) {
+  check(group_.allreduce(x, n, comm::DType::kFloat32, comm::ReduceOp::kSum), "all-reduce",
+        rank());
+}
+
+template <typename T>
+void TensorParallel::allreduce(T* x, size_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    sum(x, n);
+  } else {
+    wide_.resize(n);
+    for (size_t i = 0; i < n; ++i) wide_[i] = to_float(x[i]);
+    sum(wide_.data(), n);
+    for (size_t i = 0; i < n; ++i) x[i] = from_float<T>(wide_[i]);
+  }
+}
+
+template <typename T>
+void TensorParallel::embedding_forward(T* out, const int32_t* tokens, const T* wte_local,
+                                       const T* wpe, int B, int T_, int C) {
+  const size_t rows = static_cast<size_t>(B) * T_, cols = static_cast<size_t>(C);
+  const int64_t lo = rank() * vocab_local(), hi = lo + vocab_local();
+  wide_.assign(rows * cols, 0.0f);
+  for (size_t r = 0; r < rows; ++r) {
+    float* o = wide_.data() + r * cols;
+    const int64_t tok = tokens[r];
+    KILN_CHECK(tok >= 0 && tok < model_.vocab_size, "embedding: token id out of range");
+    if (tok >= lo && tok < hi) {
+      const T* a = wte_local + static_cast<size_t>(tok - lo) * cols;
+      for (size_t c = 0; c < cols; ++c) o[c] = to_float(a[c]);
+    }
+    if (rank() == 0) {  // the position embedding once in the sum
+      const T* p = wpe + (r % static_cast<size_t>(T_)) * cols;
+      for (size_t c = 0; c < cols; ++c) o[c] += to_float(p[c]);
+    }
+  }
+  sum(wide_.data(), wide_.size());
+  for (size_t i = 0; i < wide_.size(); ++i) out[i] = from_float<T>(wide_[i]);
+}
+
+template <typename T>
+void TensorParallel::embedding_backward(float* dwte_local, float* dwpe, const T* dout,
+                                        const int32_t* tokens, int B, int T_, int C) {
+  const size_t rows = static_cast<size_t>(B) * T_, cols = static_cast<size_t>(C);
+  const int64_t lo = rank() * vocab_local(), hi = lo + vocab_local();
+  // The order of kernels/cpu/encoder.cc: positions in order per row of wte, batches in order per
+  // position.
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t tok = tokens[r];
+    if (tok < lo || tok >= hi) continue;
+    float* g = dwte_local + static_cast<size_t>(tok - lo) * cols;
+    const T* d = dout + r * cols;
+    for (size_t c = 0; c < cols; ++c) g[c] += to_float(d[c]);
+  }
+  for (size_t t = 0; t < static_cast<size_t>(T_); ++t) {
+    float* g = dwpe + t * cols;
+    for (int b = 0; b < B; ++b) {
+      const T* d = dout + (static_cast<size_t>(b) * T_ + t) * cols;
+      for (size_t c = 0; c < cols; ++c) g[c] += to_float(d[c]);
+    }
+  }
+}
+
+template <typename T>
+void TensorParallel::crossentropy(T* dlogits, float* losses, const T* logits,
+                                  const int32_t* targets, float dloss, int n) {
+  const size_t rows = static_cast<size_t>(n), V = static_cast<size_t>(vocab_local());
+  const int64_t lo = rank() * vocab_local();
+  // Row maxima (max over ranks), then the sums of exponentials and the target logits (sums).
+  // The kernels are host ones: tensor parallelism runs on host memory (device: cpu).
+  stats_.assign(3 * rows, 0.0f);
+  float* mx = stats_.data();
+  float* se = mx + rows;
+  float* xt = se + rows;
+  const int BT = n, Vl = static_cast<int>(V), v0 = static_cast<int>(lo);
+  cpu::crossentropy_shard_max(mx, logits, BT, Vl);
+  check(group_.allreduce(mx, rows, comm::DType::kFloat32, comm::ReduceOp::kMax), "all-reduce",
+        rank());
+  cpu::crossentropy_shard_sum(se, xt, logits, mx, targets, BT, Vl, v0);
+  sum(se, 2 * rows);
+  for (size_t r = 0; r < rows; ++r) {
+    losses[r] = targets[r] < 0 ? 0.0f : std::log(se[r]) + mx[r] - xt[r];
+  }
+  if (dlogits) cpu::crossentropy_shard_backward(dlogits, logits, mx, se, targets, dloss, BT, Vl, v0);
+}
+
+StepStats TensorParallel::inspect(const AdamW& optimizer, const ParamStore& params,
+                                  double loss_scale) {
+  std::vector<const float*> ptrs;
+  std::vector<size_t> sizes;
+  const auto& tensors = params.tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    // Split tensors: every rank its own part; replicated ones (the same on every rank): rank 0.
+    if (tensors[i].split_dim < 0 && rank() != 0) continue;
+    ptrs.push_back(params.grad(static_cast<int>(i)));
+    sizes.push_back(tensors[i].numel);
+  }
+  double ss = params.backend().sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()));
+  // inf/NaN anywhere makes the sum inf/NaN on every rank: one overflow decision.
+  check(group_.allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum), "norm all-reduce",
+        rank());
+  return optimizer.stats_from_sum_squares(ss, loss_scale);
+}
+
+Result<std::unique_ptr<ParamStore>> TensorParallel::gather(ParamStore& params, bool writer) {
+  std::unique_ptr<ParamStore> whole;
+  if (writer) {
+    whole = std::make_unique<ParamStore>(model_, params.precision(), false, nullptr);
+  }
+  const int n = size();
+  std::vector<float> mine, all;
+  const ParamField fields[] = {ParamField::kMaster, ParamField::kExpAvg, ParamField::kExpAvgSq};
+  for (const ParamUnit& u : params.units()) {
+    for (ParamField f : fields) {
+      mine.assign(u.numel, 0.0f);
+      std::vector<float> scratch;
+      for (int t : u.tensors) {
+        const ParamTensor& pt = params.tensors()[t];
+        const float* src = params.host_view(t, f, &scratch);
+        std::copy(src, src + pt.numel, mine.data() + pt.offset);
+      }
+      all.resize(u.numel * n);
+      KILN_RETURN_IF_ERROR(group_.allgather(mine.data(), u.numel * sizeof(float), all.data())
+                               .prefixed("gathering " + u.name + " for a checkpoint"));
+      if (!whole) continue;
+      for (int t : u.tensors) {
+        const ParamTensor& pt = params.tensors()[t];
+        if (pt.split_dim < 0) {  // the invariant replicated parameters live by
+          for (int r = 1; r < n; ++r) {
+            if (std::memcmp(all.data() + pt.offset, all.data() + r * u.numel + pt.offset,
+                            pt.numel * sizeof(float)) != 0) {
+              return Status::internal("replicated tensor " + pt.name +
+                                      " differs between tensor-parallel ranks 0 and " +
+                                      std::to_string(r));
+            }
+          }
+        }
+        float* dst = nullptr;
+        switch (f) {
+          case ParamField::kMaster: dst = whole->master(t); break;
+          case ParamField::kExpAvg: dst = whole->exp_avg(t); break;
+          default: dst = whole->exp_avg_sq(t); break;
+        }
+        for (int r = 0; r < n; ++r) {
+          copy_from_shard(pt, TpShard{r, n}, all.data() + r * u.numel + pt.offset, dst);
+        }
+      }
+    }
+  }
+  if (whole) {
+    KILN_LOG_INFO("checkpoint: replicated tensors identical on {} tensor-parallel ranks", n);
+  }
+  return whole;
+}
+
+Status TensorParallel::load(const std::string& dir, ParamStore* params, TrainerState* state) {
+  ParamStore whole(model_, params->precision(), false, nullptr);
+  KILN_RETURN_IF_ERROR(load_checkpoint(dir, &whole, state));
+  std::vector<float> slice;
+  const ParamField fields[] = {ParamField::kMaster, ParamField::kExpAvg, ParamField::kExpAvgSq};
+  for (size_t i = 0; i < params->tensors().size(); ++i) {
+    const int t = static_cast<int>(i);
+    const ParamTensor& pt = params->tensors()[i];
+    slice.resize(pt.numel);
+    for (ParamField f : fields) {
+      std::vector<float> scratch;
+      copy_to_shard(pt, shard(), whole.host_view(t, f, &scratch), slice.data());
+      params->upload(t, f, slice.data());
+    }
+  }
+  params->sync_low_precision();
+  return Status::ok();
+}
+
+#define KILN_INSTANTIATE(T)                                                                     \
+  template void TensorParallel::allreduce<T>(T*, size_t);                                     \
+  template void TensorParallel::embedding_forward<T>(T*, const int32_t*, const T*, const T*,  \
+                                                     int, int, int);                          \
+  template void TensorParallel::embedding_backward<T>(float*, float*, const T*,               \
+                                                      const int32_t*, int, int, int);         \
+  template void TensorParallel::crossentropy<T>(T*, float*, const T*, const int32_t*, float,  \
+                                                int);
+KILN_INSTANTIATE(float)
+KILN_INSTANTIATE(bf16)
+KILN_INSTANTIATE(fp16)
+#undef KILN_INSTANTIATE
+
+}  // namespace kiln::engine

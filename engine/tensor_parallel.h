@@ -1,0 +1,102 @@
+// Megatron-style tensor parallelism over the ranks of one tensor-parallel group (comm/topology.h:
+// tp adjacent ranks, which share a data-parallel rank and so the same batches).
+//
+// Layout (ParamStore with a TpShard holds this rank's slices; engine/params.h names the split of
+// every tensor):
+//   column-parallel  attn.qkv (the same heads of q, k and v: n_heads / tp heads per rank) and
+//                    mlp.fc (4C / tp hidden units); their outputs stay split
+//   row-parallel     attn.proj and mlp.proj take the split input; their partial outputs are summed
+//                    by one all-reduce in forward (Megatron's g); their bias is added once
+//   vocabulary       wte rows [rank * V/tp, (rank+1) * V/tp): the embedding looks up the rows it
+//                    owns and all-reduces; the tied LM head computes this rank's V/tp logits and
+//                    the cross-entropy combines per-row statistics (max, sum of exponentials,
+//                    target logit: 3 fp32 per row), so the full logits never exist on one rank
+//   replicated       norms, position embeddings and row-parallel biases: identical on every rank,
+//                    because their gradients are computed from identical (all-reduced) inputs
+// Backward all-reduces the input gradient of each column-parallel layer and of the LM head
+// (Megatron's f). Activation sums travel as fp32 (bf16/fp16 activations are widened and rounded
+// back) and are rank-order sums (comm/comm.h), so every rank holds the same bits and takes the
+// same clip and overflow decisions. Per micro-batch that is (4 L + 2) all-reduces of B T C values
+// plus the cross-entropy's 3 B T (L more with full activation checkpointing, which reruns
+// attention-out); engine/plan.h has the formula, tests/train_tp.sh checks it.
+//
+// The collectives move host memory (device: cpu); a failed collective stops the process (mpirun
+// then stops every rank). Not thread-safe: the training thread owns it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "common/status.h"
+#include "engine/checkpoint.h"
+#include "engine/optimizer.h"
+#include "engine/params.h"
+#include "engine/train_config.h"
+
+namespace kiln::engine {
+
+class TensorParallel {
+ public:
+  // kConfig naming the key when the config cannot be split over group's ranks (heads, vocabulary)
+  // or asks for what is not combined with tensor parallelism yet (per-layer clipping and
+  // statistics; ZeRO stages above 0 are refused by engine/data_parallel.h). group must outlive it.
+  static Result<std::unique_ptr<TensorParallel>> create(const TrainConfig& config,
+                                                        comm::ProcessGroup& group);
+
+  int rank() const { return group_.rank(); }
+  int size() const { return group_.size(); }
+  TpShard shard() const { return TpShard{rank(), size()}; }
+  int64_t vocab_local() const { return model_.vocab_size / size(); }
+  int64_t heads_local() const { return model_.n_heads / size(); }
+
+  // In-place sum over the group of n values (fp32 on the wire).
+  template <typename T>
+  void allreduce(T* x, size_t n);
+  // A row-parallel layer's bias: added by rank 0 only (nullptr elsewhere), so the sum has it once.
+  template <typename T>
+  const T* row_bias(const T* bias) const {
+    return rank() == 0 ? bias : nullptr;
+  }
+  // Vocabulary-parallel embedding: out (B, T, C) = wte[token] + wpe[t], summed over the group.
+  template <typename T>
+  void embedding_forward(T* out, const int32_t* tokens, const T* wte_local, const T* wpe, int B,
+                         int T_, int C);
+  // Accumulates this rank's wte rows and the (replicated) wpe gradient from dout (identical on
+  // every rank).
+  template <typename T>
+  void embedding_backward(float* dwte_local, float* dwpe, const T* dout, const int32_t* tokens,
+                          int B, int T_, int C);
+  // Vocabulary-parallel softmax cross-entropy of n rows of this rank's logits (n, V/tp): losses
+  // (every rank the same), and with dlogits (may alias logits) dloss * (softmax - onehot).
+  template <typename T>
+  void crossentropy(T* dlogits, float* losses, const T* logits, const int32_t* targets,
+                    float dloss, int n);
+
+  // AdamW::inspect for sharded parameters: the global norm counts the split tensors of every rank
+  // and the replicated ones once; every rank gets the same (finite or not) result.
+  StepStats inspect(const AdamW& optimizer, const ParamStore& params, double loss_scale);
+
+  // Checkpoints keep the whole-tensor format (engine/checkpoint.h), so they load on any
+  // tensor-parallel size and `kiln checkpoint consolidate` reads them as they are.
+  // Every rank of the group calls; `writer` receives a whole-tensor copy of the master weights
+  // and moments (fp32) to write, the others nullptr.
+  Result<std::unique_ptr<ParamStore>> gather(ParamStore& params, bool writer);
+  // Loads a checkpoint (written with any tensor-parallel size) into this rank's slices.
+  Status load(const std::string& dir, ParamStore* params, TrainerState* state);
+
+ private:
+  TensorParallel(comm::ProcessGroup& group, const ModelConfig& model)
+      : group_(group), model_(model) {}
+  void sum(float* x, size_t n);
+
+  comm::ProcessGroup& group_;
+  ModelConfig model_;
+  std::vector<float> wide_;  // fp32 scratch for bf16/fp16 sums and row statistics
+  std::vector<float> stats_;
+};
+
+}  // namespace kiln::engine
