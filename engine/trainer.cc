@@ -518,7 +518,9 @@ Result<StepRecord> Trainer::step() {
     if (dom_count[d] > 0) rec.domain_loss[data_->domains()[d]] = dom_sum[d] / dom_count[d];
   }
   const auto& inject = config_.stability.inject_overflow_at;
-  if (std::find(inject.begin(), inject.end(), rec.step) != inject.end()) {
+  // On the last rank only: every rank must still skip (the all-reduces carry the inf).
+  if (std::find(inject.begin(), inject.end(), rec.step) != inject.end() &&
+      dp_->world_rank() == dp_->world_size() - 1) {
     // ZeRO-2/3 reduced the gradients during backward: the shard gets it.
     float* g = zero && zero->stage() >= 2 ? zero->shard_grad(0) : params_->grad(0);
     params_->backend().fill(g, std::numeric_limits<float>::infinity(), 1);
