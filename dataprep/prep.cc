@@ -312,6 +312,15 @@ nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
   dd["candidate_pairs"] = c.dedup.candidate_pairs;
   dd["verified_pairs"] = c.dedup.verified_pairs;
   dd["spilled_bytes"] = c.dedup.spilled_bytes;
+  if (!c.opt.against.empty()) {
+    // Documents removed as copies of an earlier dataset's kept documents (of exact / near).
+    uint64_t ext_exact = 0, ext_near = 0;
+    for (const RemovedEntry& e : c.removed)
+      if (is_external(e.kept)) (e.exact ? ext_exact : ext_near) += 1;
+    dd["against"] = c.opt.against;
+    dd["against_exact"] = ext_exact;
+    dd["against_near"] = ext_near;
+  }
   dd["clusters"] = t.clusters;
   dd["largest_cluster"] = t.largest;
   nlohmann::ordered_json hist = nlohmann::ordered_json::object();
@@ -381,6 +390,33 @@ std::string make_summary(const nlohmann::ordered_json& s, const std::string& out
   return text;
 }
 
+// OUT/dedup/index/index.json (and a copy of the domain rules file the index names): the
+// earlier segments of the dataset appended to, then this run's.
+Status write_index_meta(const Context& c, const std::vector<WriteResult>& results) {
+  const std::string dir = c.out + "/dedup/index";
+  nlohmann::json domains = {{"default", c.opt.domains.default_domain},
+                            {"rules", ""},
+                            {"model", c.opt.domains.model}};
+  if (!c.opt.domains.rules.empty()) {
+    KILN_ASSIGN_OR_RETURN(std::string rules, read_file(c.opt.domains.rules));
+    KILN_RETURN_IF_ERROR(write_file_atomic(dir + "/domain_rules.yaml", rules));
+    domains["rules"] = "domain_rules.yaml";
+  }
+  nlohmann::json segments = nlohmann::json::array();
+  if (c.against_self) segments = c.against[0]->meta()["segments"];
+  nlohmann::json runs = nlohmann::json::array();
+  uint64_t docs = 0;
+  for (const WriteResult& w : results) {
+    if (w.index_run.is_null()) return Status::internal("a rank wrote no index run");
+    runs.push_back(w.index_run);
+    docs += w.index_run.value("docs", uint64_t{0});
+  }
+  segments.push_back({{"name", index_segment_name(c.index_segment)}, {"docs", docs}, {"runs", runs}});
+  nlohmann::json extra = {{"domains", domains}};
+  return write_file_atomic(dir + "/index.json",
+                           make_index_meta(dedup_settings(c.opt), extra, segments).dump(1) + "\n");
+}
+
 Status final_stage(Context& c, std::string* summary) {
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
                         comm::allgather_strings(*c.g, c.written.to_json().dump()));
@@ -436,6 +472,21 @@ Status final_stage(Context& c, std::string* summary) {
     for (const RemovedEntry& e : c.removed) {
       nlohmann::ordered_json j;
       auto a = ids.find(e.docid), b = ids.find(e.kept);
+      if (is_external(e.kept) && a != ids.end()) {
+        // Kept by an earlier dataset: its id comes from that dataset's index.
+        const DedupIndex& idx = *c.against.at(external_dataset(e.kept));
+        auto id = idx.id_json(external_ref(e.kept));
+        if (!id.is_ok()) {
+          st = id.status();
+          break;
+        }
+        nlohmann::json kept = nlohmann::json::parse(*id, nullptr, false);
+        if (kept.is_discarded()) {
+          st = Status::data("damaged id in the dedup index").with_file(idx.dataset_dir());
+          break;
+        }
+        b = ids.emplace(e.kept, kept).first;
+      }
       if (a == ids.end() || b == ids.end()) {
         st = Status::internal("missing id of a removed document");
         break;
@@ -443,6 +494,8 @@ Status final_stage(Context& c, std::string* summary) {
       j["id"] = a->second;
       j["kept"] = b->second;
       j["similarity"] = std::round(e.similarity * 1e4) / 1e4;
+      if (is_external(e.kept) && !(c.against_self && external_dataset(e.kept) == 0))
+        j["kept_dataset"] = c.opt.against.at(external_dataset(e.kept));
       if (!e.exact && examples.size() < 3)
         examples.push_back(a->second.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                            " is a near copy of " +
@@ -453,6 +506,7 @@ Status final_stage(Context& c, std::string* summary) {
     if (st.is_ok()) st = write_file_atomic(c.out + "/dedup/removed.jsonl", removed);
     nlohmann::ordered_json stats = make_stats(c, t);
     if (st.is_ok()) st = write_file_atomic(c.out + "/stats.json", stats.dump(2) + "\n");
+    if (st.is_ok() && c.opt.index) st = write_index_meta(c, results);
     if (st.is_ok()) crash_point("final-removed");
     if (st.is_ok()) {
       Manifest m;
@@ -570,6 +624,50 @@ constexpr StageStep kStages[] = {{kScan, run_scan, resume_scan},
                                  {kAnnotator, run_annotator, resume_annotator},
                                  {kWrite, run_write, resume_write}};
 
+// dedup.against: opens every earlier dataset's index (refusing one built with other settings)
+// and, unless the config says otherwise, takes the first one's tokenizer and domain rules so the
+// new shards can be mixed with it.
+Status open_against(Context& c, const PrepRunOptions& ro) {
+  c.against_self = ro.against_self;
+  c.key_base = ro.key_base;
+  if (ro.against_self && c.opt.against.empty())
+    return Status::internal("--append without the dataset in dedup.against");
+  const DedupSettings mine = dedup_settings(c.opt);
+  for (const std::string& dir : c.opt.against) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<DedupIndex> idx, DedupIndex::open(dir));
+    KILN_RETURN_IF_ERROR(idx->settings().check_same(mine, dir));
+    c.against.push_back(std::move(idx));
+  }
+  if (c.against.empty()) return Status::ok();
+  if (c.against_self) {
+    c.index_segment = c.against[0]->segments();
+    if (c.index_segment >= (1u << 16)) return Status::usage(c.opt.against[0] + ": too many appends (65535)");
+  }
+  const DedupIndex& first = *c.against[0];
+  const nlohmann::json& settings = first.meta()["settings"];
+  if (c.opt.tokenizer.trains()) {
+    auto m = read_manifest(first.dataset_dir());
+    if (!m.is_ok()) return m.status();
+    c.opt.tokenizer.path =
+        m->tokenizer.path.empty() ? "none" : first.dataset_dir() + "/" + m->tokenizer.path;
+    if (c.rank == 0)
+      KILN_LOG_INFO("tokenizer: {} (of {})", c.opt.tokenizer.path, first.dataset_dir());
+  } else if (c.against_self) {
+    return Status::usage("--append uses the dataset's own tokenizer; do not give another "
+                         "(tokenizer.path = " + c.opt.tokenizer.path + ")");
+  }
+  if (settings.contains("domains") && settings["domains"].is_object()) {
+    const nlohmann::json& d = settings["domains"];
+    const std::string rules = d.value("rules", std::string());
+    if (c.opt.domains.rules.empty() && !rules.empty())
+      c.opt.domains.rules = first.dataset_dir() + "/dedup/index/" + rules;
+    if (c.opt.domains.default_domain == "web")
+      c.opt.domains.default_domain = d.value("default", std::string("web"));
+    if (c.opt.domains.model.empty()) c.opt.domains.model = d.value("model", std::string());
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
@@ -612,9 +710,9 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
     c.files = std::move(kept);
     if (c.files.empty()) return Status::usage("the inputs hold no files (outside --output)");
   }
-  if (c.files.size() >= (size_t{1} << 24))
+  if (c.files.size() >= kMaxInputFiles)
     return Status::usage("too many input files (" + std::to_string(c.files.size()) +
-                         "); at most 16777215");
+                         "); at most " + std::to_string(kMaxInputFiles - 1));
   {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& f : c.files) list.push_back({f.path, f.size});
@@ -623,6 +721,7 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
     KILN_ASSIGN_OR_RETURN(uint64_t hmax, comm::allreduce_value<uint64_t>(g, h, comm::ReduceOp::kMax));
     if (hmin != hmax) return Status::usage("ranks see different input files (is the input on a shared file system?)");
   }
+  KILN_RETURN_IF_ERROR(open_against(c, run_options));
   c.rank_file_begin = split_files(c.files, c.size);
   c.units = make_units(c.files, c.my_first_file(), c.my_last_file());
   c.file_stats.assign(c.files.size(), FileStats{});

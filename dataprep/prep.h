@@ -26,6 +26,11 @@ struct PrepRunOptions {
   // Discard an existing dataset or unfinished run in the output folder instead of refusing or
   // resuming.
   bool overwrite = false;
+  // Set by the --append driver (dataprep/append.h): dedup.against's first dataset is the one
+  // being appended to, so this run's index segment follows its segments, its sample keys follow
+  // its documents (key_base = its docs_in), and removed.jsonl names no dataset for its documents.
+  bool against_self = false;
+  uint64_t key_base = 0;
 };
 
 struct PrepResult {

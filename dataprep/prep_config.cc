@@ -30,6 +30,8 @@ dedup:
   seed: 1
   verify: true
   strip_punct: false
+  index: true
+  against: []
 domains:
   default: web
   rules: ""
@@ -136,6 +138,14 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
   KILN_RETURN_IF_ERROR(get_into(c, "dedup.strip_punct", &o.strip_punct));
   KILN_RETURN_IF_ERROR(get_into(c, "dedup.fp_weight", &o.fp_weight));
   KILN_RETURN_IF_ERROR(get_into(c, "dedup.fn_weight", &o.fn_weight));
+  KILN_RETURN_IF_ERROR(get_into(c, "dedup.index", &o.index));
+  YAML::Node against = c.node("dedup.against");
+  if (against.IsSequence()) {
+    for (const auto& p : against) o.against.push_back(p.as<std::string>());
+  } else if (against.IsScalar() && !against.Scalar().empty()) {
+    o.against.push_back(against.Scalar());
+  }
+  if (o.against.size() > 127) return range_error("dedup.against", "at most 127 datasets");
   if (!(o.fp_weight >= 0) || !(o.fn_weight >= 0) || o.fp_weight + o.fn_weight <= 0)
     return range_error("dedup.fp_weight", "weights must be >= 0 and not both 0");
   int bands = 0, rows = 0;

@@ -53,6 +53,9 @@ struct PrepOptions {
   bool strip_punct = false;
   double fp_weight = 0.05;
   double fn_weight = 0.95;
+  bool index = true;                  // dedup.index: write OUT/dedup/index/
+  std::vector<std::string> against;   // dedup.against: datasets whose kept documents count as
+                                      // earlier input (their indexes; --against)
   LshParams lsh;                 // resolved: explicit bands/rows or optimal for the threshold
   bool lsh_explicit = false;
 

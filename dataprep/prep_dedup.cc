@@ -25,64 +25,65 @@
 #include "dataprep/prep_internal.h"
 
 namespace kiln::prep {
-namespace {
 
-// Streams this rank's table records in docid order.
-class TableScanner {
- public:
-  explicit TableScanner(const Context& c) : c_(c) {}
-  ~TableScanner() {
-    if (f_) std::fclose(f_);
-  }
-  // The next record, or nullptr at the end (status() tells whether it ended by an error).
-  const uint8_t* next() {
-    const size_t rb = c_.layout.bytes;
-    while (at_ + rb > n_) {
-      if (f_ && std::feof(f_)) {
-        std::fclose(f_);
-        f_ = nullptr;
-      }
+TableScanner::~TableScanner() {
+  if (f_) std::fclose(f_);
+}
+
+const uint8_t* TableScanner::next() {
+  const size_t rb = c_.layout.bytes;
+  while (at_ + rb > n_) {
+    if (f_ && std::feof(f_)) {
+      std::fclose(f_);
+      f_ = nullptr;
+    }
+    if (!f_) {
+      if (unit_ >= c_.units.size()) return nullptr;
+      std::string path = c_.unit_path(c_.units[unit_++], "tbl");
+      f_ = std::fopen(path.c_str(), "rb");
       if (!f_) {
-        if (unit_ >= c_.units.size()) return nullptr;
-        std::string path = c_.unit_path(c_.units[unit_++], "tbl");
-        f_ = std::fopen(path.c_str(), "rb");
-        if (!f_) {
-          status_ = Status::from_errno("open", path);
-          return nullptr;
-        }
-        buf_.resize(std::max<size_t>(rb * 4096, size_t{4} << 20) / rb * rb);
-        n_ = at_ = 0;
-        continue;
-      }
-      size_t keep = n_ - at_;  // records never straddle files, so keep is 0 here normally
-      std::memmove(buf_.data(), buf_.data() + at_, keep);
-      size_t got = std::fread(buf_.data() + keep, 1, buf_.size() - keep, f_);
-      if (got == 0 && std::ferror(f_)) {
-        status_ = Status::io("reading a scan table failed");
+        status_ = Status::from_errno("open", path);
         return nullptr;
       }
-      n_ = keep + got;
-      at_ = 0;
-      if (got == 0) {
-        std::fclose(f_);
-        f_ = nullptr;
-        n_ = at_ = 0;
-      }
+      buf_.resize(std::max<size_t>(rb * 4096, size_t{4} << 20) / rb * rb);
+      n_ = at_ = 0;
+      continue;
     }
-    const uint8_t* p = buf_.data() + at_;
-    at_ += rb;
-    return p;
+    size_t keep = n_ - at_;  // records never straddle files, so keep is 0 here normally
+    std::memmove(buf_.data(), buf_.data() + at_, keep);
+    size_t got = std::fread(buf_.data() + keep, 1, buf_.size() - keep, f_);
+    if (got == 0 && std::ferror(f_)) {
+      status_ = Status::io("reading a scan table failed");
+      return nullptr;
+    }
+    n_ = keep + got;
+    at_ = 0;
+    if (got == 0) {
+      std::fclose(f_);
+      f_ = nullptr;
+      n_ = at_ = 0;
+    }
   }
-  const Status& status() const { return status_; }
+  const uint8_t* p = buf_.data() + at_;
+  at_ += rb;
+  return p;
+}
 
- private:
-  const Context& c_;
-  size_t unit_ = 0;
-  FILE* f_ = nullptr;
-  std::vector<uint8_t> buf_;
-  size_t at_ = 0, n_ = 0;
-  Status status_;
-};
+DedupSettings dedup_settings(const PrepOptions& opt) {
+  DedupSettings s;
+  s.exact = opt.exact;
+  s.near = opt.near;
+  s.threshold = opt.threshold;
+  s.num_perm = opt.num_perm;
+  s.bands = opt.lsh.bands;
+  s.rows = opt.lsh.rows;
+  s.ngram = opt.ngram;
+  s.seed = opt.seed;
+  s.strip_punct = opt.strip_punct;
+  return s;
+}
+
+namespace {
 
 // Sends records produced here to their owner ranks in bounded rounds; the owner adds what it
 // receives to `sorter`. produce(Rec*) returns false when this rank has no more records.
@@ -255,9 +256,14 @@ Result<std::vector<double>> pair_similarities(Context& c, const std::vector<Pair
       std::sort(docs.begin(), docs.end());
       docs.erase(std::unique(docs.begin(), docs.end()), docs.end());
     }
-    // Ask each document's home rank for its signature.
+    // Ask each document's home rank for its signature; documents of earlier datasets are read
+    // from their index here.
     std::vector<std::vector<uint64_t>> requests(c.size);
-    for (uint64_t d : docs) requests[c.file_owner(docid_file(d))].push_back(d);
+    std::vector<uint64_t> external;
+    for (uint64_t d : docs) {
+      if (is_external(d)) external.push_back(d);
+      else requests[c.file_owner(docid_file(d))].push_back(d);
+    }
     std::vector<size_t> req_counts;
     KILN_ASSIGN_OR_RETURN(std::vector<uint64_t> asked,
                           comm::alltoallv(*c.g, requests, &req_counts));
@@ -285,21 +291,34 @@ Result<std::vector<double>> pair_similarities(Context& c, const std::vector<Pair
         sig_of[d] = sig_data.data() + off;
         off += static_cast<size_t>(np);
       }
+    std::vector<uint64_t> external_sigs(external.size() * static_cast<size_t>(np));
+    for (size_t k = 0; k < external.size(); ++k) {
+      const uint64_t d = external[k];
+      uint64_t* sig = external_sigs.data() + k * static_cast<size_t>(np);
+      KILN_RETURN_IF_ERROR(c.against.at(external_dataset(d))->signature(external_ref(d), sig));
+      sig_of[d] = sig;
+    }
     for (size_t i = p0; i < p1; ++i)
       sims[i] = MinHasher::jaccard(sig_of.at(pairs[i].first), sig_of.at(pairs[i].second), np);
   }
   return sims;
 }
 
-// Union-find over docids (the representative of a set is its smallest docid).
+// The clustering order: documents of earlier datasets first (in their order), then the input.
+inline uint64_t cluster_order(uint64_t d) { return d ^ kExternalBit; }
+inline bool cluster_before(uint64_t a, uint64_t b) { return cluster_order(a) < cluster_order(b); }
+
+// Union-find over docids (the representative of a set is its earliest document).
 class DocUnionFind {
  public:
+  // nodes: sorted by cluster_before, unique.
   explicit DocUnionFind(std::vector<uint64_t> nodes) : nodes_(std::move(nodes)) {
     parent_.resize(nodes_.size());
     for (size_t i = 0; i < parent_.size(); ++i) parent_[i] = i;
   }
   size_t index(uint64_t d) const {
-    return static_cast<size_t>(std::lower_bound(nodes_.begin(), nodes_.end(), d) - nodes_.begin());
+    return static_cast<size_t>(std::lower_bound(nodes_.begin(), nodes_.end(), d, cluster_before) -
+                               nodes_.begin());
   }
   bool contains(uint64_t d) const {
     size_t i = index(d);
@@ -349,12 +368,20 @@ Status exact_stage(Context& c) {
   std::vector<Pair> local;
   bool have = false;
   ExactRec leader{};
+  std::vector<uint64_t> refs;
   KILN_RETURN_IF_ERROR(sorter.merge([&](const ExactRec& r) {
     if (have && r.lo == leader.lo && r.hi == leader.hi) {
       local.emplace_back(r.docid, leader.docid);
     } else {
       leader = r;
       have = true;
+      // A group whose text an earlier dataset holds: its leader is a copy of that document.
+      for (size_t i = 0; i < c.against.size(); ++i) {
+        c.against[i]->find_exact(r.lo, r.hi, &refs);
+        if (refs.empty()) continue;
+        local.emplace_back(r.docid, make_external(static_cast<uint32_t>(i), refs[0]));
+        break;
+      }
     }
     return Status::ok();
   }));
@@ -395,10 +422,22 @@ Status dedup_stage(Context& c) {
       }, &sorter);
       if (st.is_ok()) st = scan.status();
       KILN_RETURN_IF_ERROR(st);
-      std::vector<uint64_t> group;
+      std::vector<uint64_t> group, refs;
       uint64_t key = 0;
       auto flush = [&] {
-        for (size_t i = 1; i < group.size(); ++i) {
+        // The earlier datasets' kept documents with this key come first in the bucket, as they
+        // would in one run over all the data; pairs of two of them are not ours to check.
+        size_t n_ext = 0;
+        if (!c.against.empty() && !group.empty()) {
+          std::vector<uint64_t> ext;
+          for (size_t i = 0; i < c.against.size(); ++i) {
+            c.against[i]->find_band(key, &refs);
+            for (uint64_t ref : refs) ext.push_back(make_external(static_cast<uint32_t>(i), ref));
+          }
+          n_ext = ext.size();
+          group.insert(group.begin(), ext.begin(), ext.end());
+        }
+        for (size_t i = std::max<size_t>(1, n_ext); i < group.size(); ++i) {
           candidates.emplace_back(group[0], group[i]);
           if (c.opt.verify && i >= 2) candidates.emplace_back(group[i - 1], group[i]);
         }
@@ -453,7 +492,7 @@ Status dedup_stage(Context& c) {
       nodes.push_back(a);
       nodes.push_back(b);
     }
-    tbb::parallel_sort(nodes.begin(), nodes.end());
+    tbb::parallel_sort(nodes.begin(), nodes.end(), cluster_before);
     nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
     uf = std::make_unique<DocUnionFind>(std::move(nodes));
     for (const auto& [a, b] : edges) uf->unite(a, b);
@@ -462,6 +501,7 @@ Status dedup_stage(Context& c) {
     // Similarity of every removed member to its kept representative, computed round-robin.
     std::vector<Pair> rep_pairs;  // (rep, member), in member order
     for (uint64_t d : uf->nodes()) {
+      if (is_external(d)) continue;  // not ours to remove
       uint64_t r = uf->rep(d);
       if (r != d) rep_pairs.emplace_back(r, d);
     }
@@ -479,9 +519,43 @@ Status dedup_stage(Context& c) {
     for (const auto& ms : all_sims) rep_sim[ms.member] = ms.sim;
     for (const auto& [r, d] : rep_pairs) c.removed.push_back({d, r, rep_sim.at(d), 0, 0});
   }
-  // Exact duplicates follow their leader's cluster.
+  // Leaders that are exact copies of an earlier dataset's document: their similarity to the
+  // document kept there (1 unless the copy was itself a removed member of a cluster there).
+  std::unordered_map<uint64_t, double> external_sim;
+  if (!c.against.empty()) {
+    std::vector<Pair> mine;
+    size_t k = 0;
+    for (const auto& [dup, leader] : c.exact_dups)
+      if (is_external(leader) && k++ % static_cast<size_t>(c.size) == static_cast<size_t>(c.rank))
+        mine.emplace_back(leader, dup);
+    std::vector<double> sims(mine.size(), 1.0);
+    if (c.layout.num_perm > 0) {
+      KILN_ASSIGN_OR_RETURN(sims, pair_similarities(c, mine));
+    }
+    struct DocSim {
+      uint64_t doc;
+      double sim;
+    };
+    std::vector<DocSim> local;
+    for (size_t i = 0; i < mine.size(); ++i) local.push_back({mine[i].second, sims[i]});
+    KILN_ASSIGN_OR_RETURN(std::vector<DocSim> all, comm::allgatherv(*c.g, local));
+    for (const DocSim& ds : all) external_sim[ds.doc] = ds.sim;
+  }
+  // Exact duplicates follow their leader's cluster (or the earlier dataset's document).
   for (const auto& [dup, leader] : c.exact_dups) {
+    if (is_external(leader)) {
+      c.removed.push_back({dup, leader, external_sim.at(dup), 1, 0});
+      continue;
+    }
     RemovedEntry e{dup, leader, 1.0, 1, 0};
+    auto ext = std::lower_bound(c.exact_dups.begin(), c.exact_dups.end(), leader,
+                                [](const Pair& p, uint64_t d) { return p.first < d; });
+    if (ext != c.exact_dups.end() && ext->first == leader) {  // the leader copies an earlier one
+      e.kept = ext->second;
+      e.similarity = external_sim.at(leader);
+      c.removed.push_back(e);
+      continue;
+    }
     if (uf && uf->contains(leader)) {
       uint64_t r = uf->rep(leader);
       if (r != leader) {

@@ -19,6 +19,7 @@
 #include "dataprep/ingest/doc_parser.h"
 #include "dataprep/ingest/input.h"
 #include "dataprep/ingest/line_reader.h"
+#include "dataprep/dedup/dedup_index.h"
 #include "dataprep/dedup/lsh.h"
 #include "dataprep/dedup/minhash.h"
 #include "dataprep/prep_config.h"
@@ -31,6 +32,17 @@ constexpr int kFidShift = 40;
 inline uint64_t make_docid(uint64_t fid, uint64_t ordinal) { return (fid << kFidShift) | ordinal; }
 inline uint32_t docid_file(uint64_t d) { return static_cast<uint32_t>(d >> kFidShift); }
 inline uint64_t docid_ordinal(uint64_t d) { return d & ((uint64_t{1} << kFidShift) - 1); }
+// At most 2^23 input files, so bit 63 of a docid is free: it marks a document of an earlier
+// dataset (dedup.against i, 7 bits) by its index ref (dataset << 56 | ref). External docids sort
+// after every input document; the clustering orders them first (they are earlier input).
+constexpr uint32_t kMaxInputFiles = uint32_t{1} << 23;
+constexpr uint64_t kExternalBit = uint64_t{1} << 63;
+inline uint64_t make_external(uint32_t dataset, uint64_t ref) {
+  return kExternalBit | (static_cast<uint64_t>(dataset) << 56) | ref;
+}
+inline bool is_external(uint64_t d) { return (d & kExternalBit) != 0; }
+inline uint32_t external_dataset(uint64_t d) { return static_cast<uint32_t>((d >> 56) & 0x7f); }
+inline uint64_t external_ref(uint64_t d) { return d & ((uint64_t{1} << 56) - 1); }
 
 enum Stage : int { kNone = 0, kScan = 1, kExact = 2, kDedup = 3, kAnnotator = 4, kWrite = 5,
                    kFinal = 6 };
@@ -129,6 +141,7 @@ struct WriteResult {
   // docid -> input id (a JSON string or number) of removed docs and their kept
   std::vector<std::pair<uint64_t, nlohmann::json>> ids;
   uint64_t docs_out = 0;
+  nlohmann::json index_run;  // this rank's IndexRunInfo (null when no index is written)
   nlohmann::json to_json() const;
   static WriteResult from_json(const nlohmann::json& j);
 };
@@ -148,6 +161,12 @@ struct Context {
   RecordLayout layout;
   std::string fingerprint;
   std::map<std::string, double> timings;  // stage -> seconds (accumulated over runs)
+
+  // Incremental prep (dedup.against, --append): the earlier datasets' indexes, in order.
+  std::vector<std::unique_ptr<DedupIndex>> against;
+  bool against_self = false;    // against[0] is the dataset this run is appended to
+  uint32_t index_segment = 0;   // the index segment this run writes
+  uint64_t key_base = 0;        // added to the sample keys (the documents before this run)
 
   // After the scan (global, every rank).
   std::vector<FileStats> file_stats;
@@ -174,6 +193,59 @@ struct Context {
   std::string tmp_dir() const { return rank_dir + "/tmp"; }
   bool is_removed(uint64_t docid) const;
   bool is_exact_dup(uint64_t docid) const;
+};
+
+// Streams this rank's scan-table records in docid order (prep_dedup.cc).
+class TableScanner {
+ public:
+  explicit TableScanner(const Context& c) : c_(c) {}
+  ~TableScanner();
+  TableScanner(const TableScanner&) = delete;
+  TableScanner& operator=(const TableScanner&) = delete;
+  // The next record, or nullptr at the end (status() tells whether it ended by an error).
+  const uint8_t* next();
+  const Status& status() const { return status_; }
+
+ private:
+  const Context& c_;
+  size_t unit_ = 0;
+  FILE* f_ = nullptr;
+  std::vector<uint8_t> buf_;
+  size_t at_ = 0, n_ = 0;
+  Status status_;
+};
+
+// The dedup settings of this run, as an index records them.
+DedupSettings dedup_settings(const PrepOptions& opt);
+
+// Builds this rank's run of the index segment (prep_index.cc) while the write stage hands it the
+// kept documents in order. Collective: every rank constructs it and calls finish().
+class IndexBuilder {
+ public:
+  explicit IndexBuilder(Context& c);
+  ~IndexBuilder();
+  bool enabled() const { return enabled_; }
+  // The next kept document of this rank (docid order) and its input id as JSON text.
+  Status add_kept(uint64_t docid, std::string_view id_json);
+  // Runs the rest of the table, exchanges the refs of cluster representatives and writes the
+  // run; returns its IndexRunInfo as JSON.
+  Result<nlohmann::json> finish();
+
+ private:
+  Status advance_to(uint64_t docid, bool* found);
+  Context& c_;
+  bool enabled_ = false;
+  std::unique_ptr<IndexRunWriter> writer_;
+  std::unique_ptr<TableScanner> scan_;
+  uint64_t first_ = 0, next_ordinal_ = 0;
+  std::vector<uint64_t> reps_;                          // this rank's documents removed ones keep
+  std::vector<std::pair<uint64_t, uint64_t>> my_reps_;  // (docid, ref) of those, once written
+  uint64_t last_lo_ = 0, last_hi_ = 0;                  // the record advance_to() found
+  std::vector<uint64_t> last_keys_, last_sig_;
+  struct Pending {
+    uint64_t lo, hi, kept;
+  };
+  std::vector<Pending> pending_;  // removed documents whose representative's ref is elsewhere
 };
 
 // Stage implementations (prep_scan.cc, prep_dedup.cc, prep_write.cc). Each is collective:

@@ -102,12 +102,14 @@ nlohmann::json WriteResult::to_json() const {
                           {"val_tokens", d.val_tokens}};
   j["ids"] = nlohmann::json::array();
   for (const auto& [docid, id] : ids) j["ids"].push_back({docid, id});
+  j["index_run"] = index_run;
   return j;
 }
 
 WriteResult WriteResult::from_json(const nlohmann::json& j) {
   WriteResult w;
   w.docs_out = j.at("docs_out").get<uint64_t>();
+  if (j.contains("index_run")) w.index_run = j["index_run"];
   for (const auto& s : j.at("shards")) {
     WrittenShard ws;
     ws.path = s.at("path").get<std::string>();

@@ -237,6 +237,8 @@ struct OutSample {
   uint64_t tokens = 0, bytes = 0;
   uint64_t split_hash = 0;  // hash of the input id: decides the validation split
   bool val = false;         // goes to the domain's validation shards
+  uint64_t docid = 0;
+  std::string id_json;      // the input id as JSON text (for the dedup index)
 };
 
 // The validation split (PrepOptions::val_fraction / val_min_docs), decided in document order by
@@ -465,6 +467,11 @@ Status write_stage(Context& c) {
   if (c.rank == 0) progress = std::make_unique<Progress>("write", to_write, "docs");
 
   WriteResult res;
+  if (c.opt.index) {
+    KILN_RETURN_IF_ERROR(make_dirs(c.out + "/dedup/index/" + index_segment_name(c.index_segment)));
+    KILN_RETURN_IF_ERROR(make_dirs(c.tmp_dir()));
+  }
+  IndexBuilder index(c);
   DomainShards sink(c);
   ValSplitter splitter(c.opt);
   const uint64_t split_seed = c.opt.seed ^ 0x76616c2d73706c74ull;
@@ -502,7 +509,12 @@ Status write_stage(Context& c) {
           o.domain_by = doc.domain_by;
           o.tokens = doc.tokens.size();
           o.bytes = doc.text.size();
-          o.sample.key = sample_key(doc.index);
+          o.sample.key = sample_key(c.key_base + doc.index);
+          o.docid = docid;
+          if (index.enabled())
+            o.id_json = doc.id_is_number ? doc.id : nlohmann::json(doc.id).dump(
+                                                        -1, ' ', false,
+                                                        nlohmann::json::error_handler_t::replace);
           o.split_hash = xxh3_64(doc.id.data(), doc.id.size(), split_seed);
           std::string meta = sample_metadata(doc);
           o.sample.members.push_back({"txt", std::move(doc.text)});
@@ -521,6 +533,7 @@ Status write_stage(Context& c) {
           ds.bytes += o.bytes;
           ++ds.domain_by[o.domain_by];
           ++res.docs_out;
+          KILN_RETURN_IF_ERROR(index.add_kept(o.docid, o.id_json));
           KILN_RETURN_IF_ERROR(splitter.enabled() ? splitter.add(std::move(o), emit)
                                                   : sink.add(std::move(o)));
           crash_point("write-doc");
@@ -530,9 +543,15 @@ Status write_stage(Context& c) {
         return Status::ok();
       });
   if (progress) progress->finish();
-  KILN_RETURN_IF_ERROR(st);
-  KILN_RETURN_IF_ERROR(splitter.finish(emit));
-  KILN_ASSIGN_OR_RETURN(res.shards, sink.finish());
+  if (st.is_ok()) st = splitter.finish(emit);
+  if (st.is_ok()) {
+    auto shards = sink.finish();
+    if (shards.is_ok()) res.shards = std::move(*shards);
+    else st = std::move(shards).take_status();
+  }
+  // The index exchanges refs between ranks: every rank gets there, or none does.
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
+  KILN_ASSIGN_OR_RETURN(res.index_run, index.finish());
   c.written = std::move(res);
   return Status::ok();
 }

@@ -29,7 +29,9 @@ struct PrepFlags {
   std::string shard_bytes;
   std::string default_domain, tokenizer;
   uint64_t vocab_size = 0;
-  bool overwrite = false, keep_work = false;
+  bool overwrite = false, keep_work = false, no_index = false;
+  std::vector<std::string> against;
+  std::string append;
 };
 
 const char* const kFooter = R"(
@@ -122,6 +124,17 @@ RunFn add_prep_command(CLI::App& root) {
   sub->add_flag("--overwrite", f->overwrite,
                 "replace an existing dataset or unfinished run in OUT instead of refusing/resuming");
   sub->add_flag("--keep-work", f->keep_work, "keep OUT/.kiln-prep after success (keep_work)");
+  sub->add_option("--against", f->against,
+                  "an earlier dataset (a prep output): input documents that duplicate its kept "
+                  "documents are removed, with its tokenizer and domain rules used unless given "
+                  "(repeatable; dedup.against)")
+      ->type_name("DATASET");
+  sub->add_option("--append", f->append,
+                  "add the input to this dataset: deduplicated against it, written as new "
+                  "shards, manifest, stats and index updated atomically (no --output)")
+      ->type_name("DATASET");
+  sub->add_flag("--no-index", f->no_index,
+                "write no dedup index OUT/dedup/index (dedup.index=false)");
 
   return [f, sub]() -> Status {
     if (comm::launched_by_mpi() && !comm::mpi_available())
@@ -169,6 +182,12 @@ RunFn add_prep_command(CLI::App& root) {
     if (given("--vocab-size"))
       KILN_RETURN_IF_ERROR(cfg.set("tokenizer.vocab_size", std::to_string(f->vocab_size)));
     if (f->keep_work) KILN_RETURN_IF_ERROR(cfg.set("keep_work", "true"));
+    if (f->no_index) KILN_RETURN_IF_ERROR(cfg.set("dedup.index", "false"));
+    if (!f->against.empty()) {
+      YAML::Node list(YAML::NodeType::Sequence);
+      for (const auto& p : f->against) list.push_back(p);
+      KILN_RETURN_IF_ERROR(cfg.set_node("dedup.against", list));
+    }
 
     comm::ProcessGroup& world = comm::world();
     PrepRunOptions ro;
