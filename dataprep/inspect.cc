@@ -1,5 +1,7 @@
 #include "dataprep/inspect.h"
 
+#include "dataprep/dedup/dedup_index.h"
+
 #include <nlohmann/json.hpp>
 #include <tbb/parallel_for.h>
 
@@ -288,6 +290,20 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
           r.problems.push_back(m.shards[i].path + ": key '" + k + "' is used more than once");
       r.samples_checked += c.samples;
       ++r.shards_checked;
+    }
+    // The dedup index (when there is one) must open and cover every document of the dataset.
+    if (fs::exists(fs::path(m.dir) / "dedup" / "index" / "index.json")) {
+      auto index = prep::DedupIndex::open(m.dir);
+      if (!index.is_ok()) {
+        r.problems.push_back("dedup index: " + index.status().to_string());
+      } else {
+        uint64_t docs = 0;
+        for (const ManifestShard& sh : m.shards) docs += sh.samples;
+        if ((*index)->kept_docs() != docs)
+          r.problems.push_back(format("dedup index covers %llu documents, the shards hold %llu",
+                                      (unsigned long long)(*index)->kept_docs(),
+                                      (unsigned long long)docs));
+      }
     }
     for (const auto& [name, d] : m.domains) {
       auto [samples, tokens] = per_domain[name];

@@ -411,7 +411,10 @@ Status write_index_meta(const Context& c, const std::vector<WriteResult>& result
     runs.push_back(w.index_run);
     docs += w.index_run.value("docs", uint64_t{0});
   }
-  segments.push_back({{"name", index_segment_name(c.index_segment)}, {"docs", docs}, {"runs", runs}});
+  segments.push_back({{"name", index_segment_name(c.index_segment)},
+                      {"docs", docs},
+                      {"runs", runs},
+                      {"fingerprint", c.fingerprint}});
   nlohmann::json extra = {{"domains", domains}};
   return write_file_atomic(dir + "/index.json",
                            make_index_meta(dedup_settings(c.opt), extra, segments).dump(1) + "\n");
@@ -733,6 +736,12 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
   // ---- earlier runs in OUT ----
   PrepResult result;
   result.lsh = c.opt.lsh;
+  if (std::find(run_options.done_fingerprints.begin(), run_options.done_fingerprints.end(),
+                c.fingerprint) != run_options.done_fingerprints.end()) {
+    result.already_complete = true;
+    result.done_before = true;
+    return result;
+  }
   // What OUT holds, as every rank sees it (the ranks agree on the largest).
   enum Verdict : int64_t { kFreshOrResume = 0, kComplete = 1, kConflict = 2 };
   int64_t verdict = kFreshOrResume;

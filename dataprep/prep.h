@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "comm/comm.h"
 #include "common/config.h"
@@ -31,6 +32,9 @@ struct PrepRunOptions {
   // its documents (key_base = its docs_in), and removed.jsonl names no dataset for its documents.
   bool against_self = false;
   uint64_t key_base = 0;
+  // Fingerprints of runs already appended: a run with one of them does nothing and returns
+  // already_complete.
+  std::vector<std::string> done_fingerprints;
 };
 
 struct PrepResult {
@@ -43,6 +47,7 @@ struct PrepResult {
   LshParams lsh;
   bool already_complete = false;  // the output was complete before this call
   bool resumed = false;           // some stages were taken from an earlier, interrupted run
+  bool done_before = false;       // its fingerprint is in PrepRunOptions::done_fingerprints
   std::string summary;            // multi-line human summary (rank 0)
 };
 

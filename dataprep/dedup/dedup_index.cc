@@ -436,6 +436,7 @@ void DedupIndex::find_band(uint64_t key, std::vector<uint64_t>* refs) const {
     }
   }
   std::sort(refs->begin(), refs->end());
+  refs->erase(std::unique(refs->begin(), refs->end()), refs->end());
 }
 
 const DedupIndex::Run* DedupIndex::run_of(uint64_t ref) const {

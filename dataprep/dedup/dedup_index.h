@@ -120,7 +120,7 @@ class DedupIndex {
 
   // Refs recorded for an exact hash (earliest segment first); empty when none.
   void find_exact(uint64_t hash_lo, uint64_t hash_hi, std::vector<uint64_t>* refs) const;
-  // Refs of kept documents with this band key, ascending (all segments).
+  // Refs of kept documents with this band key, ascending and unique (all segments).
   void find_band(uint64_t key, std::vector<uint64_t>* refs) const;
   // The signature (num_perm values) of a kept document.
   Status signature(uint64_t ref, uint64_t* sig) const;

@@ -1,7 +1,9 @@
 // kiln inspect OUT [--verify] [--sample N] — see dataprep/inspect.h.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
+#include "dataprep/append.h"
 #include "dataprep/inspect.h"
 #include "tools/kiln/command.h"
 
@@ -26,6 +28,16 @@ RunFn add_inspect_command(CLI::App& root) {
                   "print at most this many bytes of each sampled document")
       ->capture_default_str();
   return [f]() -> Status {
+    {
+      // An append killed after its commit point is finished first (dataprep/append.h).
+      std::error_code ec;
+      std::string dir = std::filesystem::is_directory(f->out, ec)
+                            ? f->out
+                            : std::filesystem::path(f->out).parent_path().string();
+      if (dir.empty()) dir = ".";
+      KILN_ASSIGN_OR_RETURN(bool finished, prep::finish_pending_append(dir));
+      if (finished) std::fprintf(stderr, "finished an interrupted append to %s\n", dir.c_str());
+    }
     KILN_ASSIGN_OR_RETURN(InspectResult r, inspect_dataset(f->out, f->options));
     std::fputs(r.summary.c_str(), stdout);
     if (!r.samples.empty()) std::fputs(("\n" + r.samples).c_str(), stdout);

@@ -4,6 +4,7 @@
 
 #include "comm/comm.h"
 #include "common/config.h"
+#include "dataprep/append.h"
 #include "dataprep/prep.h"
 #include "dataprep/prep_config.h"
 #include "tools/kiln/command.h"
@@ -192,7 +193,12 @@ RunFn add_prep_command(CLI::App& root) {
     comm::ProcessGroup& world = comm::world();
     PrepRunOptions ro;
     ro.overwrite = f->overwrite;
-    KILN_ASSIGN_OR_RETURN(PrepResult r, run_prep(cfg, world, ro));
+    PrepResult r;
+    if (given("--append")) {
+      KILN_ASSIGN_OR_RETURN(r, prep::append_prep(cfg, f->append, world, ro));
+    } else {
+      KILN_ASSIGN_OR_RETURN(r, run_prep(cfg, world, ro));
+    }
     if (world.rank() == 0) {
       std::fputs(r.summary.c_str(), stdout);
       std::fflush(stdout);

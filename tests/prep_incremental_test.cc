@@ -1,0 +1,218 @@
+// Incremental prep as a user runs it (docs/PREP.md "Incremental prep"): B prepared --against A
+// removes what A+B in one run removes from B; settings that differ from the index are refused by
+// name; --append survives kill -9 at every point of its commit and resumes; the appended dataset
+// verifies and loads as one.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "tests/prep_test_util.h"
+
+namespace kiln {
+namespace {
+using namespace testing_prep;
+
+// JSONL with ids "d<first + i>" in `files` files.
+void write_part(const std::vector<GenDoc>& docs, size_t first, size_t last, const std::string& dir,
+                int files) {
+  std::vector<std::string> out(files);
+  for (size_t i = first; i < last; ++i) {
+    nlohmann::json j = {{"id", "d" + std::to_string(i)}, {"text", docs[i].text}};
+    out[(i - first) * files / (last - first)] += j.dump() + "\n";
+  }
+  for (int f = 0; f < files; ++f) {
+    char name[32];
+    std::snprintf(name, sizeof name, "part-%03d.jsonl", f);
+    write_file(dir + "/" + name, out[f]);
+  }
+}
+
+struct Removed {
+  std::string kept, dataset;
+  double similarity = 0;
+};
+std::map<std::string, Removed> removed_of(const std::string& out) {
+  std::map<std::string, Removed> m;
+  std::ifstream in(out + "/dedup/removed.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    m[j["id"].get<std::string>()] = {j["kept"].get<std::string>(),
+                                     j.value("kept_dataset", std::string()),
+                                     j["similarity"].get<double>()};
+  }
+  return m;
+}
+
+class Incremental : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tmp_ = new TempDir("prep_incr");
+    CorpusGen gen(11);
+    docs_ = new std::vector<GenDoc>(gen.make(700, 0.3, {0.0, 0.0, 0.01, 0.02, 0.05, 0.3}, 2));
+    // A: the first 75%; B: the rest (their duplicates are spread over both by the shuffle).
+    n_a_ = docs_->size() * 3 / 4;
+    write_part(*docs_, 0, n_a_, *tmp_ / "A", 3);
+    write_part(*docs_, n_a_, docs_->size(), *tmp_ / "B", 2);
+    ASSERT_EQ(run_shell(prep(*tmp_ / "A", *tmp_ / "outA")), 0) << read_text(*tmp_ / "outA.log");
+  }
+  static void TearDownTestSuite() {
+    delete tmp_;
+    delete docs_;
+    tmp_ = nullptr;
+  }
+  static std::string kiln() { return KILN_BINARY; }
+  // Settings of the union / first run: a small tokenizer, small shards.
+  static std::string prep(const std::string& inputs, const std::string& out,
+                          const std::string& extra = "") {
+    return kiln() + " prep --input " + inputs + " --output " + out +
+           " --shard-samples 80 --vocab-size 300 --set tokenizer.train_bytes=200000 " + extra +
+           " >/dev/null 2>" + out + ".log";
+  }
+  static std::string append(const std::string& dataset, const std::string& extra = "") {
+    return kiln() + " prep --input " + *tmp_ / "B" + " --append " + dataset + " " + extra +
+           " >/dev/null 2>" + dataset + ".log";
+  }
+  static TempDir* tmp_;
+  static std::vector<GenDoc>* docs_;
+  static size_t n_a_;
+};
+TempDir* Incremental::tmp_ = nullptr;
+std::vector<GenDoc>* Incremental::docs_ = nullptr;
+size_t Incremental::n_a_ = 0;
+
+bool in_b(const std::string& id, size_t n_a) { return std::stoull(id.substr(1)) >= n_a; }
+
+// The property of the issue: what B --against A removes from B equals what A+B in one run
+// removes from B, with the same kept document and similarity. The one order-dependent exception
+// (not present in this corpus, which the test checks by requiring equality): in one run a B
+// document can join a cluster through an A document that A's own run removed (the index holds
+// A's kept documents only, so that link is not there), and a bucket's candidate pairs can differ
+// when removed A documents sat in it.
+TEST_F(Incremental, AgainstRemovesWhatTheUnionRemoves) {
+  const std::string outB = *tmp_ / "outB", outAB = *tmp_ / "outAB";
+  ASSERT_EQ(run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + outB +
+                      " --shard-samples 80 --against " + *tmp_ / "outA" + " >/dev/null 2>" + outB +
+                      ".log"),
+            0)
+      << read_text(outB + ".log");
+  ASSERT_EQ(run_shell(prep(*tmp_ / "A" + " " + *tmp_ / "B", outAB)), 0) << read_text(outAB + ".log");
+  auto union_removed = removed_of(outAB);
+  auto against_removed = removed_of(outB);
+  std::map<std::string, Removed> union_b;
+  for (const auto& [id, r] : union_removed)
+    if (in_b(id, n_a_)) union_b[id] = r;
+  size_t kept_in_a = 0;
+  for (const auto& [id, r] : union_b) {
+    auto it = against_removed.find(id);
+    ASSERT_NE(it, against_removed.end()) << id << " is removed by the union run only";
+    EXPECT_EQ(it->second.kept, r.kept) << id;
+    EXPECT_NEAR(it->second.similarity, r.similarity, 1e-9) << id;
+    if (!in_b(r.kept, n_a_)) {
+      ++kept_in_a;
+      EXPECT_EQ(it->second.dataset, *tmp_ / "outA") << id;
+    } else {
+      EXPECT_EQ(it->second.dataset, "") << id;
+    }
+  }
+  EXPECT_EQ(against_removed.size(), union_b.size());
+  EXPECT_GT(kept_in_a, 20u);                    // many B documents copy A documents...
+  EXPECT_GT(union_b.size(), kept_in_a + 10);    // ...and many copy other B documents
+  // The new dataset uses A's tokenizer and says how much it removed against A.
+  EXPECT_EQ(read_text(outB + "/tokenizer.json"), read_text(*tmp_ / "outA/tokenizer.json"));
+  auto stats = nlohmann::json::parse(read_text(outB + "/stats.json"));
+  EXPECT_EQ(stats["dedup"]["against_exact"].get<uint64_t>() +
+                stats["dedup"]["against_near"].get<uint64_t>(),
+            kept_in_a);
+  EXPECT_EQ(run_shell(kiln() + " inspect " + outB + " --verify >/dev/null"), 0);
+}
+
+TEST_F(Incremental, MismatchingSettingsAreRefusedByName) {
+  struct Case {
+    const char* flags;
+    const char* key;
+  } cases[] = {{"--num-perm 64", "dedup.num_perm"},
+               {"--seed 7", "dedup.seed"},
+               {"--ngram 3", "dedup.ngram"},
+               {"--strip-punct", "dedup.strip_punct"},
+               {"--bands 8 --rows 8", "dedup.bands"}};
+  int n = 0;
+  for (const Case& k : cases) {
+    const std::string out = *tmp_ / ("refused" + std::to_string(n++));
+    int rc = run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + out +
+                       " --against " + *tmp_ / "outA" + " " + k.flags + " >/dev/null 2>" + out +
+                       ".log");
+    EXPECT_EQ(rc, 2) << k.flags;
+    std::string log = read_text(out + ".log");
+    EXPECT_NE(log.find(k.key), std::string::npos) << k.flags << ": " << log;
+    EXPECT_FALSE(fs::exists(out + "/manifest.json")) << k.flags;
+  }
+  // --append takes the dataset's settings by default, but refuses a different one given.
+  const std::string copy = *tmp_ / "refused_append";
+  fs::copy(*tmp_ / "outA", copy, fs::copy_options::recursive);
+  EXPECT_EQ(run_shell(append(copy, "--num-perm 64")), 2);
+  EXPECT_NE(read_text(copy + ".log").find("dedup.num_perm"), std::string::npos);
+  EXPECT_EQ(run_shell(append(copy, "--tokenizer " + *tmp_ / "outA/tokenizer.json")), 2);
+  EXPECT_EQ(read_text(copy + "/manifest.json"), read_text(*tmp_ / "outA/manifest.json"));
+  // A dataset without an index cannot be deduplicated against.
+  const std::string plain = *tmp_ / "plain";
+  ASSERT_EQ(run_shell(prep(*tmp_ / "A", plain, "--no-index")), 0);
+  EXPECT_FALSE(fs::exists(plain + "/dedup/index"));
+  EXPECT_EQ(run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + *tmp_ / "noidx" +
+                      " --against " + plain + " >/dev/null 2>" + *tmp_ / "noidx.log"),
+            2);
+  EXPECT_NE(read_text(*tmp_ / "noidx.log").find("no dedup index"), std::string::npos);
+}
+
+// --append: the result removes what the union removes, verifies, loads as one dataset, and
+// a kill -9 at any point leaves the dataset as it was or fully appended.
+TEST_F(Incremental, AppendIsAtomicUnderKill) {
+  const std::string ref = *tmp_ / "append_ref";
+  fs::copy(*tmp_ / "outA", ref, fs::copy_options::recursive);
+  ASSERT_EQ(run_shell(append(ref)), 0) << read_text(ref + ".log");
+  EXPECT_EQ(run_shell(kiln() + " inspect " + ref + " --verify >/dev/null"), 0);
+  EXPECT_FALSE(fs::exists(ref + "/.kiln-append"));
+  const std::string before = read_text(*tmp_ / "outA/manifest.json");
+  const std::string after = read_text(ref + "/manifest.json");
+  ASSERT_NE(before, after);
+  // Stats add up over both parts; the same command again does nothing.
+  auto stats = nlohmann::json::parse(read_text(ref + "/stats.json"));
+  EXPECT_EQ(stats["docs_in"].get<uint64_t>(), docs_->size());
+  EXPECT_EQ(stats["appends"].get<uint64_t>(), 1u);
+  ASSERT_EQ(run_shell(append(ref)), 0);
+  EXPECT_EQ(read_text(ref + "/manifest.json"), after);
+  // The loader reads the appended dataset as one (kiln stream over every document).
+  EXPECT_EQ(run_shell(kiln() + " stream " + ref + " --world 1 --rank 0 --steps 3 --seq-len 64 "
+                      "--micro-batch 2 >/dev/null"),
+            0);
+
+  const char* points[] = {"stage-dedup",    "write-doc:5",   "append-staged", "append-journal",
+                          "append-move:1",  "append-move:4", "append-finished"};
+  int n = 0;
+  for (const char* point : points) {
+    const std::string out = *tmp_ / ("append_kill" + std::to_string(n++));
+    fs::copy(*tmp_ / "outA", out, fs::copy_options::recursive);
+    int rc = run_shell("KILN_PREP_CRASH_AT=" + std::string(point) + " " + append(out));
+    ASSERT_EQ(rc, 128 + SIGKILL) << point << ": the crash point was not reached";
+    // Right after the kill: the dataset is the old one or the appended one, and it verifies.
+    ASSERT_EQ(run_shell(kiln() + " inspect " + out + " --verify >/dev/null 2>&1"), 0) << point;
+    const std::string now = read_text(out + "/manifest.json");
+    EXPECT_TRUE(now == before || now == after) << point;
+    // The same command again completes it, identical to the uninterrupted append.
+    ASSERT_EQ(run_shell(append(out)), 0) << point << ": " << read_text(out + ".log");
+    EXPECT_EQ(read_text(out + "/manifest.json"), after) << point;
+    EXPECT_EQ(read_text(out + "/dedup/removed.jsonl"), read_text(ref + "/dedup/removed.jsonl"))
+        << point;
+    auto tree = output_tree(out), want = output_tree(ref);
+    for (const auto& [path, bytes] : want) {
+      if (path.rfind("dedup/index/index.json", 0) == 0) continue;  // holds the stage's path
+      auto it = tree.find(path);
+      ASSERT_NE(it, tree.end()) << point << ": missing " << path;
+      EXPECT_TRUE(it->second == bytes) << point << ": " << path << " differs";
+    }
+    EXPECT_EQ(tree.size(), want.size()) << point;
+    EXPECT_FALSE(fs::exists(out + "/.kiln-append")) << point;
+  }
+}
+
+}  // namespace
+}  // namespace kiln
