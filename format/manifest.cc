@@ -306,7 +306,66 @@ Status write_manifest(const std::string& path, const Manifest& m) {
   return write_file_atomic(path, manifest_to_json(m));
 }
 
+Result<Manifest> merge_manifests(const std::vector<Manifest>& parts) {
+  if (parts.empty()) return Status::usage("no datasets to merge");
+  if (parts.size() == 1) return parts[0];
+  auto joined = [](const Manifest& m, const std::string& rel) {
+    return m.dir.empty() ? rel : (fs::path(m.dir) / rel).string();
+  };
+  auto where = [](const Manifest& m) { return m.dir.empty() ? std::string(".") : m.dir; };
+  Manifest out;
+  out.format = parts[0].format;
+  out.tokenizer = parts[0].tokenizer;
+  if (!out.tokenizer.path.empty()) out.tokenizer.path = joined(parts[0], out.tokenizer.path);
+  std::string first_tokenizer;
+  if (!parts[0].tokenizer.path.empty()) {
+    KILN_ASSIGN_OR_RETURN(first_tokenizer, read_file(out.tokenizer.path));
+  }
+  for (const Manifest& m : parts) {
+    const ManifestTokenizer& t = m.tokenizer;
+    bool same = t.vocab_size == out.tokenizer.vocab_size && t.eos_id == out.tokenizer.eos_id &&
+                t.path.empty() == parts[0].tokenizer.path.empty();
+    if (same && !t.path.empty()) {
+      KILN_ASSIGN_OR_RETURN(std::string bytes, read_file(joined(m, t.path)));
+      same = bytes == first_tokenizer;
+    }
+    if (!same)
+      return Status::data("datasets " + where(parts[0]) + " and " + where(m) +
+                          " use different tokenizers; only datasets with the same tokenizer "
+                          "(e.g. prepared with --against) can be read as one");
+    for (const auto& [name, d] : m.domains) out.domains[name];  // every domain, even if empty
+    for (const ManifestShard& s : m.shards) {
+      ManifestShard c = s;
+      c.path = joined(m, s.path);
+      if (!s.val) {
+        ManifestDomain& d = out.domains[s.domain];
+        d.samples += s.samples;
+        d.tokens += s.tokens;
+        d.bytes += s.bytes;
+        d.shards += 1;
+      }
+      out.shards.push_back(std::move(c));
+    }
+  }
+  return out;  // dir "": shard and tokenizer paths are as joined above
+}
+
 Result<Manifest> read_manifest(const std::string& path) {
+  if (path.find(',') != std::string::npos) {
+    std::vector<Manifest> parts;
+    size_t at = 0;
+    while (at <= path.size()) {
+      size_t comma = path.find(',', at);
+      std::string one = path.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      if (!one.empty()) {
+        KILN_ASSIGN_OR_RETURN(Manifest m, read_manifest(one));
+        parts.push_back(std::move(m));
+      }
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+    return merge_manifests(parts);
+  }
   std::string file = path;
   std::error_code ec;
   if (fs::is_directory(path, ec)) file = (fs::path(path) / kManifestName).string();

@@ -61,6 +61,12 @@ Manifest select_split(const Manifest& m, bool val);
 std::string manifest_to_json(const Manifest& m);  // deterministic bytes (sorted keys, fixed order)
 Result<Manifest> manifest_from_json(const std::string& text, const std::string& origin);
 Status write_manifest(const std::string& path, const Manifest& m);  // atomic
-Result<Manifest> read_manifest(const std::string& path);  // a file, or a directory holding one
+// A file, or a directory holding one; or several of them separated by commas ("ds1,ds2"), read
+// as one dataset (merge_manifests).
+Result<Manifest> read_manifest(const std::string& path);
+// Several datasets as one: their shards in order (paths joined with each one's directory; the
+// result's dir is ""), domain totals added. kData unless all use the same tokenizer (same
+// vocab_size, eos_id and file bytes), naming the two datasets that differ.
+Result<Manifest> merge_manifests(const std::vector<Manifest>& parts);
 
 }  // namespace kiln

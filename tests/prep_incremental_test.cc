@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include "format/manifest.h"
 #include "tests/prep_test_util.h"
 
 namespace kiln {
@@ -124,6 +125,21 @@ TEST_F(Incremental, AgainstRemovesWhatTheUnionRemoves) {
                 stats["dedup"]["against_near"].get<uint64_t>(),
             kept_in_a);
   EXPECT_EQ(run_shell(kiln() + " inspect " + outB + " --verify >/dev/null"), 0);
+
+  // A and B read as one dataset (same tokenizer); with a dataset of another tokenizer, refused.
+  const std::string both = *tmp_ / "outA" + "," + outB;
+  auto m = read_manifest(both);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  uint64_t samples = 0;
+  for (const auto& sh : m->shards) samples += sh.samples;
+  auto stats_a = nlohmann::json::parse(read_text(*tmp_ / "outA/stats.json"));
+  EXPECT_EQ(samples, stats_a["docs_out"].get<uint64_t>() + stats["docs_out"].get<uint64_t>());
+  EXPECT_EQ(run_shell(kiln() + " stream " + both + " --world 1 --rank 0 --steps 2 --seq-len 32 "
+                      "--micro-batch 2 >/dev/null"),
+            0);
+  auto mixed = read_manifest(*tmp_ / "outA," + outAB);
+  ASSERT_FALSE(mixed.is_ok());
+  EXPECT_NE(mixed.status().message().find("different tokenizers"), std::string::npos);
 }
 
 TEST_F(Incremental, MismatchingSettingsAreRefusedByName) {

@@ -1,5 +1,6 @@
 // kiln stream OUT --world W --rank R --steps N [--seq-len T --micro-batch B --seed S]
 //   [--weights d1=w1,d2=w2] [--state-in F]... [--state-out F] — see loader/stream.h.
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 
@@ -24,9 +25,25 @@ RunFn add_stream_command(CLI::App& root) {
       "stream",
       "run the loader alone and print what one data-parallel rank sees: one JSON line per "
       "sequence {\"step\",\"rank\",\"domain\",\"samples\":[input ids]}");
-  cmd->add_option("OUT", o.dataset, "the output folder of kiln prep (or its manifest.json)")
+  cmd->add_option("OUT", o.dataset,
+                  "the output folder of kiln prep (or its manifest.json); several datasets with "
+                  "the same tokenizer read as one: OUT1,OUT2")
       ->required()
-      ->check(CLI::ExistingPath);
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            // Several datasets as one: "ds1,ds2" (format/manifest.h read_manifest).
+            size_t at = 0;
+            while (at <= v.size()) {
+              size_t comma = v.find(',', at);
+              std::string one = v.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+              std::error_code ec;
+              if (!one.empty() && !std::filesystem::exists(one, ec)) return "no such path: " + one;
+              if (comma == std::string::npos) break;
+              at = comma + 1;
+            }
+            return "";
+          },
+          "PATH[,PATH...]"));
   cmd->add_option("--world", f->world,
                   "data-parallel world size (default: from mpirun's environment, else 1)")
       ->check(CLI::Range(1, 1 << 24));
