@@ -179,6 +179,26 @@ TEST_F(Incremental, MismatchingSettingsAreRefusedByName) {
   EXPECT_NE(read_text(*tmp_ / "noidx.log").find("no dedup index"), std::string::npos);
 }
 
+// Exact dedup only: the index holds hashes and ids, no signatures; copies are still found.
+TEST_F(Incremental, ExactOnlyIndex) {
+  const std::string a = *tmp_ / "exactA", b = *tmp_ / "exactB";
+  ASSERT_EQ(run_shell(prep(*tmp_ / "A", a, "--no-near")), 0) << read_text(a + ".log");
+  ASSERT_EQ(run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + b + " --no-near" +
+                      " --against " + a + " >/dev/null 2>" + b + ".log"),
+            0)
+      << read_text(b + ".log");
+  size_t against = 0;
+  for (const auto& [id, r] : removed_of(b)) {
+    EXPECT_EQ(r.similarity, 1.0) << id;
+    against += !r.dataset.empty();
+  }
+  EXPECT_GT(against, 10u);
+  EXPECT_EQ(run_shell(kiln() + " inspect " + b + " --verify >/dev/null"), 0);
+  EXPECT_EQ(run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + *tmp_ / "exactC" +
+                      " --against " + a + " >/dev/null 2>&1"),
+            2);  // near dedup on here, off in the index
+}
+
 // --append: the result removes what the union removes, verifies, loads as one dataset, and
 // a kill -9 at any point leaves the dataset as it was or fully appended.
 TEST_F(Incremental, AppendIsAtomicUnderKill) {

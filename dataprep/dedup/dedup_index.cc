@@ -353,7 +353,8 @@ Result<std::unique_ptr<DedupIndex>> DedupIndex::open(const std::string& dataset_
   if (!m.contains("settings") || !m.contains("segments") || !m["segments"].is_array())
     return Status::data("index.json lacks settings or segments").with_file(meta_path);
   KILN_ASSIGN_OR_RETURN(idx->settings_, DedupSettings::from_json(m["settings"], meta_path));
-  const size_t sig_bytes = 8 * static_cast<size_t>(idx->settings_.num_perm);
+  // Without near dedup no signatures are stored.
+  const size_t sig_bytes = idx->settings_.near ? 8 * static_cast<size_t>(idx->settings_.num_perm) : 0;
   try {
     uint32_t seg = 0;
     for (const auto& sj : m["segments"]) {
@@ -449,6 +450,8 @@ const DedupIndex::Run* DedupIndex::run_of(uint64_t ref) const {
 }
 
 Status DedupIndex::signature(uint64_t ref, uint64_t* sig) const {
+  if (!settings_.near)
+    return Status::internal("the dedup index of " + dataset_dir_ + " holds no signatures");
   const Run* r = run_of(ref);
   if (!r) return Status::data("index ref " + std::to_string(ref) + " is outside the index")
                   .with_file(dataset_dir_ + "/dedup/index");

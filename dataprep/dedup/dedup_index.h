@@ -10,7 +10,8 @@
 //             (a removed one points at the document its cluster kept)
 //     .bands  sorted (band key, ref) records, 16 bytes: every band of every kept document
 //     .xidx / .bidx  sparse indexes: the first key of every block of 1024 records
-//     .sigs   the kept documents' MinHash signatures, num_perm x u64, in ref order
+//     .sigs   the kept documents' MinHash signatures, num_perm x u64, in ref order (empty
+//             without near dedup)
 //     .ids    one JSON value per line (the kept documents' input ids), in ref order
 //     .idoff  u64 offsets of those lines (kept + 1 values)
 //
