@@ -117,14 +117,16 @@ def make_corpus(out, total, seed=12345):
         if acc >= total:
             cut = i + 1
             break
-    parts = {"old": docs[:cut], "new": docs[cut:]}
+    # Named so that the old part sorts first: prep takes files in path order, and the re-run over
+    # the union must see the old documents first, as the append does.
+    parts = {"1-old": docs[:cut], "2-new": docs[cut:]}
     for name, part in parts.items():
         os.makedirs(os.path.join(out, name), exist_ok=True)
-        nfiles = 10 if name == "old" else 1
+        nfiles = 10 if name == "1-old" else 1
         for k in range(nfiles):
             with open(os.path.join(out, name, "part-%02d.jsonl" % k), "w") as f:
                 for i in range(len(part) * k // nfiles, len(part) * (k + 1) // nfiles):
-                    f.write(json.dumps({"id": "%s%d" % (name[0], i), "text": part[i]}) + "\n")
+                    f.write(json.dumps({"id": "%s%d" % (name[2], i), "text": part[i]}) + "\n")
     return {k: sum(len(d) for d in v) for k, v in parts.items()}
 
 
@@ -145,28 +147,32 @@ def main():
     ap.add_argument("--kiln", default="build/kiln")
     ap.add_argument("--threads", default="0")
     ap.add_argument("--memory", default="2G")
+    ap.add_argument("--reuse-base", action="store_true",
+                    help="keep DIR/base from an earlier run (same corpus) instead of preparing it")
     a = ap.parse_args()
     corpus = os.path.join(a.dir, "corpus-%d" % a.bytes)
-    if not os.path.exists(os.path.join(corpus, "new")):
+    if not os.path.exists(os.path.join(corpus, "2-new")):
         sizes = make_corpus(corpus, a.bytes)
-        print("corpus: old %.0f MB, new %.0f MB of text" % (sizes["old"] / 1e6, sizes["new"] / 1e6))
+        print("corpus: old %.0f MB, new %.0f MB of text" % (sizes["1-old"] / 1e6, sizes["2-new"] / 1e6))
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
     print("machine: %d cores, load average %s (shared machine: other jobs run beside it)" %
           (os.cpu_count(), load))
     common = ["--threads", a.threads, "--memory", a.memory]
     base, app, uni = (os.path.join(a.dir, n) for n in ("base", "append", "union"))
-    for d in (base, app, uni):
+    reuse = a.reuse_base and os.path.exists(os.path.join(base, "manifest.json"))
+    for d in ((app, uni) if reuse else (base, app, uni)):
         shutil.rmtree(d, ignore_errors=True)
     k = os.path.abspath(a.kiln)
-    w0, c0, r0 = peak_rss_mib([k, "prep", "--input", corpus + "/old", "--output", base] + common,
-                              base + ".log")
-    print("existing dataset (old, %s): %.1f s wall, %.1f s CPU, peak RSS %.0f MiB" %
-          ("prep with tokenizer training", w0, c0, r0))
+    if not reuse:
+        w0, c0, r0 = peak_rss_mib([k, "prep", "--input", corpus + "/1-old", "--output", base] +
+                                  common, base + ".log")
+        print("existing dataset (old, prep with tokenizer training): %.1f s wall, %.1f s CPU, "
+              "peak RSS %.0f MiB" % (w0, c0, r0))
     shutil.copytree(base, app)
-    w1, c1, r1 = peak_rss_mib([k, "prep", "--input", corpus + "/new", "--append", app] + common,
+    w1, c1, r1 = peak_rss_mib([k, "prep", "--input", corpus + "/2-new", "--append", app] + common,
                               app + ".log")
-    w2, c2, r2 = peak_rss_mib([k, "prep", "--input", corpus + "/old", corpus + "/new", "--output",
+    w2, c2, r2 = peak_rss_mib([k, "prep", "--input", corpus + "/1-old", corpus + "/2-new", "--output",
                                uni, "--tokenizer", base + "/tokenizer.json"] + common, uni + ".log")
     print("append 10%% new (--append):       %7.1f s wall, %7.1f s CPU, peak RSS %6.0f MiB" % (w1, c1, r1))
     print("full re-run over the union:      %7.1f s wall, %7.1f s CPU, peak RSS %6.0f MiB" % (w2, c2, r2))
