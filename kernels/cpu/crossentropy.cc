@@ -23,19 +23,29 @@ void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* log
         if (drow) std::memset(static_cast<void*>(drow), 0, sizeof(T) * Vp);
         continue;
       }
+      // x: the row in fp32 (the row itself for float, else widened into scratch); e = exp(x - m)
+      // in fp32, over x where it may be overwritten (a float row with a gradient, where dlogits
+      // may be logits, or the widened copy), else in scratch.
       const float* x = row_as_float(logits + r * Vp, V, 0);
       const float m = row_max(x, V);
       const float xt = x[target];
-      // e = exp(x - m) in fp32 (in place over the row for float with a gradient, where dlogits
-      // may be logits; otherwise in scratch).
-      float* e = (std::is_same_v<T, float> && drow) ? reinterpret_cast<float*>(drow) : scratch(V, 1);
+      float* e = std::is_same_v<T, float> ? (drow ? reinterpret_cast<float*>(drow) : scratch(V, 1))
+                                          : const_cast<float*>(x);
       exp_shifted(e, x, m, V);
       const float sum = row_sum(e, V);
       losses[r] = std::log(sum) + m - xt;
       if (drow == nullptr) continue;
-      scal(e, dloss / sum, V);
-      e[target] -= dloss;
-      narrow(drow, e, V);
+      const float scale = dloss / sum;
+      if constexpr (std::is_same_v<T, bf16>) {
+        // scale and round in one pass (same bits as scal, subtract, narrow).
+        const float et = e[target] * scale - dloss;
+        narrow_scaled(drow, e, scale, V);
+        drow[target] = from_float<T>(et);
+      } else {
+        scal(e, scale, V);
+        e[target] -= dloss;
+        narrow(drow, e, V);
+      }
       for (int c = V; c < Vp; ++c) drow[c] = from_float<T>(0.0f);
     }
   });

@@ -12,24 +12,27 @@ constexpr size_t kSub = 1024;  // sub-block widened to fp32 at a time
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluA = 0.044715f;
 
-void gelu_fwd_f32(float* __restrict y, const float* __restrict x, size_t n) {
+// y = gelu(x); float or bf16 arrays, converted in registers (y must not alias x).
+template <typename TO, typename TI>
+void gelu_fwd(TO* __restrict y, const TI* __restrict x, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    const float xi = x[i];
+    const float xi = load_f32(x, i);
     const float u = kGeluK * (xi + kGeluA * xi * xi * xi);
-    y[i] = 0.5f * xi * (1.0f + fast_tanh(u));
+    store_f32(y, i, 0.5f * xi * (1.0f + fast_tanh(u)));
   }
 }
 
-// g = gelu'(x) * dy
-void gelu_bwd_f32(float* __restrict g, const float* __restrict x, const float* __restrict dy,
-                  size_t n) {
+// dx (+)= gelu'(x) * dy: ACC adds to dx (rounding once for bf16), otherwise overwrites it.
+template <bool ACC, typename TO, typename TI>
+void gelu_bwd(TO* __restrict dx, const TI* __restrict x, const TI* __restrict dy, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    const float xi = x[i];
+    const float xi = load_f32(x, i);
     const float u = kGeluK * (xi + kGeluA * xi * xi * xi);
     const float t = fast_tanh(u);
     const float dudx = kGeluK * (1.0f + 3.0f * kGeluA * xi * xi);
     const float grad = 0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * dudx;
-    g[i] = grad * dy[i];
+    const float g = grad * load_f32(dy, i);
+    store_f32(dx, i, ACC ? load_f32(dx, i) + g : g);
   }
 }
 
@@ -43,21 +46,26 @@ void for_blocks(size_t n, const Body& body) {
 }
 }  // namespace
 
+// float and bf16 convert in registers (no widened copies); fp16 widens blocks through F16C.
+template <typename T>
+constexpr bool kInRegisters = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+
 template <typename T>
 void gelu_forward(T* out, const Same<T>* inp, size_t N) {
   for_blocks<T>(N, [&](size_t off, size_t len) {
-    const float* x = row_as_float(inp + off, len, 0);
     if constexpr (std::is_same_v<T, float>) {
-      if (out + off == x) {  // in place
+      if (out + off == inp + off) {  // in place
         float* y = scratch(len, 1);
-        gelu_fwd_f32(y, x, len);
+        gelu_fwd(y, inp + off, len);
         std::memcpy(out + off, y, len * sizeof(float));
       } else {
-        gelu_fwd_f32(out + off, x, len);
+        gelu_fwd(out + off, inp + off, len);
       }
     } else {
+      // (bf16 converting in registers measured slower here: 495 vs 573 Melem/s on AVX2.)
+      const float* x = row_as_float(inp + off, len, 0);
       float* y = scratch(len, 1);
-      gelu_fwd_f32(y, x, len);
+      gelu_fwd(y, x, len);
       narrow(out + off, y, len);
     }
   });
@@ -66,10 +74,16 @@ void gelu_forward(T* out, const Same<T>* inp, size_t N) {
 template <typename T>
 void gelu_backward(Same<T>* dinp, const T* inp, const Same<T>* dout, size_t N) {
   for_blocks<T>(N, [&](size_t off, size_t len) {
+    if constexpr (kInRegisters<T>) {
+      if (dinp + off != inp + off && dinp + off != dout + off) {
+        gelu_bwd<true>(dinp + off, inp + off, dout + off, len);
+        return;
+      }
+    }
     const float* x = row_as_float(inp + off, len, 0);
     const float* dy = row_as_float(dout + off, len, 1);
     float* g = scratch(len, 2);
-    gelu_bwd_f32(g, x, dy, len);
+    gelu_bwd<false>(g, x, dy, len);
     add_row(dinp + off, g, len);
   });
 }
@@ -77,8 +91,11 @@ void gelu_backward(Same<T>* dinp, const T* inp, const Same<T>* dout, size_t N) {
 template <typename T>
 void residual_forward(T* out, const Same<T>* inp1, const Same<T>* inp2, size_t N) {
   for_blocks<T>(N, [&](size_t off, size_t len) {
-    if constexpr (std::is_same_v<T, float>) {
-      for (size_t i = 0; i < len; ++i) out[off + i] = inp1[off + i] + inp2[off + i];
+    if constexpr (kInRegisters<T>) {
+      T* o = out + off;
+      const T* a = inp1 + off;
+      const T* b = inp2 + off;
+      for (size_t i = 0; i < len; ++i) store_f32(o, i, load_f32(a, i) + load_f32(b, i));
     } else {
       const float* a = row_as_float(inp1 + off, len, 0);
       const float* b = row_as_float(inp2 + off, len, 1);

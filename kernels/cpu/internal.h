@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu_isa.h"
@@ -168,22 +169,54 @@ inline void exp_shifted(float* out, const float* in, float m, size_t n) {
 
 // ---- rows of T <-> fp32 ----------------------------------------------------------------------------
 
-// bf16 <-> fp32 inline (short rows, e.g. one attention head, are widened in hot loops; the loops
-// vectorise); identical results to kernels/dtype.h.
+// bf16 <-> fp32 of one value, inline and branch-free so loops that convert in registers
+// vectorise; identical results to kernels/dtype.h (round to nearest even, NaN stays a quiet NaN).
+inline float bf16_bits_to_float(uint16_t h) {
+  return bits_as_float(static_cast<int32_t>(static_cast<uint32_t>(h) << 16));
+}
+inline uint16_t float_to_bf16_bits(float f) {
+  const uint32_t u = static_cast<uint32_t>(float_as_bits(f));
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+// Element i of a float or bf16 array as fp32, and v stored into one (rounded for bf16): for
+// kernels that convert in registers instead of widening whole rows into scratch.
+template <typename T>
+inline float load_f32(const T* p, size_t i) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p[i];
+  } else {
+    static_assert(std::is_same_v<T, bf16>, "load_f32: float or bf16");
+    return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+  }
+}
+template <typename T>
+inline void store_f32(T* p, size_t i, float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    p[i] = v;
+  } else {
+    static_assert(std::is_same_v<T, bf16>, "store_f32: float or bf16");
+    reinterpret_cast<uint16_t*>(p)[i] = float_to_bf16_bits(v);
+  }
+}
+
+// bf16 <-> fp32 rows inline (short rows, e.g. one attention head, are widened in hot loops; the
+// loops vectorise).
 inline void widen(float* __restrict dst, const bf16* __restrict src, size_t n) {
   const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
   uint32_t* d = reinterpret_cast<uint32_t*>(dst);
   for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
 }
 inline void narrow(bf16* __restrict dst, const float* __restrict src, size_t n) {
-  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
   uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t u = s[i];
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    d[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
+  for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(src[i]);
+}
+// dst = bf16(a * src[i]) in one pass (scale and round fused: same bits as scal then narrow).
+inline void narrow_scaled(bf16* __restrict dst, const float* __restrict src, float a, size_t n) {
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(a * src[i]);
 }
 void widen(float* dst, const fp16* src, size_t n);
 void narrow(fp16* dst, const float* src, size_t n);
@@ -209,9 +242,9 @@ inline const float* row_as_float(const T* src, size_t n, int slot) {
 
 // dst (T) += src (fp32), n values; for T != float this rounds once per element.
 template <typename T>
-inline void add_row(T* dst, const float* src, size_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+inline void add_row(T* __restrict dst, const float* __restrict src, size_t n) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+    for (size_t i = 0; i < n; ++i) store_f32(dst, i, load_f32(dst, i) + src[i]);
   } else {
     float tmp[256];
     for (size_t off = 0; off < n; off += 256) {

@@ -108,30 +108,39 @@ void sgemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, size_t r0, size_t r1, s
 }
 
 // out (BT, OC) = inp (BT, C) @ weight (OC, C)^T + bias, fp32 accumulation. T = float runs on the
-// caller's buffers; otherwise the operands are widened once per call and each block is computed
-// into per-thread scratch and rounded into `out` while it is in cache.
+// caller's buffers; otherwise the operand every block shares is widened once per call, the one
+// each block reads a slice of (the weight rows of a column block, the input rows of a row block)
+// per block while it is in cache, and each block is computed into per-thread scratch and rounded
+// into `out` while it is in cache.
 template <typename T>
 void gemm_forward(T* out, const T* inp, const T* weight, const T* bias, int BT, int C, int OC) {
-  const float* w_f = weight_as_float(weight, static_cast<size_t>(OC) * C);
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  const bool split_cols = gemm_split(BT, OC).cols;
+  const size_t w_n = static_cast<size_t>(OC) * C, in_n = static_cast<size_t>(BT) * C;
+  const float* w_f = kFloat || !split_cols ? weight_as_float(weight, w_n) : nullptr;
   const float* b_f = bias ? weight_as_float(bias, OC, 1) : nullptr;
-  const float* in_f = weight_as_float(inp, static_cast<size_t>(BT) * C, 2);
+  const float* in_f = kFloat || split_cols ? weight_as_float(inp, in_n, 2) : nullptr;
   for_gemm_blocks(BT, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
     const size_t rows = r1 - r0, cols = c1 - c0;
     float* o;
     int ldo;
-    if constexpr (std::is_same_v<T, float>) {
+    const float* a = in_f ? in_f + r0 * C : nullptr;
+    const float* b = w_f ? w_f + c0 * C : nullptr;
+    if constexpr (kFloat) {
       o = out + r0 * OC + c0;
       ldo = OC;
     } else {
       o = scratch(rows * cols, 0);
       ldo = static_cast<int>(cols);
+      if (!a) a = row_as_float(inp + r0 * C, rows * C, 1);
+      if (!b) b = row_as_float(weight + c0 * C, cols * C, 1);
     }
     if (b_f) {
       for (size_t r = 0; r < rows; ++r) std::memcpy(o + r * ldo, b_f + c0, cols * sizeof(float));
     }
-    sgemm_block(CblasNoTrans, CblasTrans, 0, rows, 0, cols, C, in_f + r0 * C, C, w_f + c0 * C, C,
-                b_f ? 1.0f : 0.0f, o, ldo);
-    if constexpr (!std::is_same_v<T, float>) {
+    sgemm_block(CblasNoTrans, CblasTrans, 0, rows, 0, cols, C, a, C, b, C, b_f ? 1.0f : 0.0f, o,
+                ldo);
+    if constexpr (!kFloat) {
       for (size_t r = 0; r < rows; ++r) narrow(out + (r0 + r) * OC + c0, o + r * cols, cols);
     }
   });
