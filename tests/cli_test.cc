@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tests/kiln_cli.h"
+#include "test_paths.h"
 
 namespace {
 
@@ -50,11 +51,11 @@ TEST(Cli, PlanPrintsEveryLayoutAndNamesBadFlags) {
   auto missing = run_kiln("plan --config /no/such/x.yaml --world 8");
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.output.find("--config"), std::string::npos) << missing.output;
-  auto bad = run_kiln(std::string("plan --config ") + KILN_SOURCE_DIR +
+  auto bad = run_kiln(std::string("plan --config ") + kiln::test::source_dir() +
                       "/configs/train/tiny.yaml --world 2 --memory-per-device lots");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.output.find("--memory-per-device"), std::string::npos) << bad.output;
-  auto json = run_kiln(std::string("plan --config ") + KILN_SOURCE_DIR +
+  auto json = run_kiln(std::string("plan --config ") + kiln::test::source_dir() +
                        "/configs/train/tiny.yaml --world 2 --memory-per-device 1GiB --json");
   ASSERT_EQ(json.exit_code, 0) << json.output;
   auto arr = nlohmann::json::parse(json.output);

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/atomic_file.h"
+#include "test_paths.h"
 
 namespace kiln {
 namespace {
@@ -48,7 +49,7 @@ const char* kChinese =
     "本文介绍 GPU 上的训练方法。";
 
 TEST(DomainRules, BuiltinEqualsConfigFile) {
-  auto file = read_file(std::string(KILN_SOURCE_DIR) + "/configs/prep/domains.yaml");
+  auto file = read_file(std::string(kiln::test::source_dir()) + "/configs/prep/domains.yaml");
   ASSERT_TRUE(file.is_ok());
   EXPECT_EQ(*file, DomainRules::builtin_yaml())
       << "regenerate dataprep/tagging/domain_rules_default.cc from configs/prep/domains.yaml";

@@ -17,6 +17,7 @@
 #include "engine/rng.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
+#include "test_paths.h"
 
 namespace kiln::engine {
 namespace {
@@ -70,7 +71,7 @@ class EngineCli : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(root_); }
 
   static std::string train_args(const std::string& dir) {
-    return "train --config " + std::string(KILN_SOURCE_DIR) + "/configs/train/tiny.yaml" +
+    return "train --config " + std::string(kiln::test::source_dir()) + "/configs/train/tiny.yaml" +
            " --set data.manifest=" + manifest_ + " --set run.dir=" + dir +
            " --set model.vocab_size=512 --set model.d_model=32 --set model.n_layers=2"
            " --set model.seq_len=32 --set data.micro_batch=4 --set schedule.total_steps=12"
@@ -186,7 +187,7 @@ TEST_F(EngineCli, CudaWithoutGpuExitsTwoNamingDevice) {
 // applied control file travel in the checkpoint.
 TEST_F(EngineCli, LiveMixtureChangeResumesExactly) {
   auto make = [&](const std::string& dir) {
-    auto cfg = load_train_config(std::string(KILN_SOURCE_DIR) + "/configs/train/tiny.yaml",
+    auto cfg = load_train_config(std::string(kiln::test::source_dir()) + "/configs/train/tiny.yaml",
                                  {"data.manifest=" + manifest_, "run.dir=" + dir,
                                   "model.vocab_size=512", "model.d_model=32", "model.n_layers=1",
                                   "model.seq_len=32", "data.micro_batch=4", "run.steps=8",

@@ -1,4 +1,4 @@
-// Runs the `kiln` binary under test (KILN_BINARY, set by tests/CMakeLists.txt) the way a user
+// Runs the `kiln` binary under test (kiln::test::kiln_binary(), tests/test_paths.h) the way a user
 // would, capturing its exit code, stdout and stderr. Shared by the end-to-end CLI tests.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include "test_paths.h"
 
 namespace kiln::testing_cli {
 
@@ -29,7 +30,7 @@ inline CliRun run_kiln(const std::string& args, const std::string& env = "") {
   const std::string err_file = (std::filesystem::temp_directory_path() /
                                 ("kiln_cli_stderr_" + std::to_string(::getpid()) + "_" +
                                  std::to_string(counter++) + ".txt")).string();
-  const std::string cmd = env + " " + std::string(KILN_BINARY) + " " + args + " 2>" + err_file;
+  const std::string cmd = env + " " + std::string(kiln::test::kiln_binary()) + " " + args + " 2>" + err_file;
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;

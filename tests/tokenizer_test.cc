@@ -12,11 +12,12 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "test_paths.h"
 
 namespace kiln {
 namespace {
 
-const std::string kGpt2Dir = std::string(KILN_SOURCE_DIR) + "/tests/data/gpt2";
+const std::string kGpt2Dir = std::string(kiln::test::source_dir()) + "/tests/data/gpt2";
 
 std::string read_all(const std::string& path) {
   auto r = read_file(path);
@@ -73,7 +74,7 @@ const Tokenizer& small_trained() {
     std::vector<std::string> texts;
     std::mt19937 rng(1);
     for (int i = 0; i < 300; ++i) texts.push_back(random_unicode(rng, 40));
-    std::string gpl = read_all(std::string(KILN_SOURCE_DIR) + "/tests/data/gpt2/sample.txt");
+    std::string gpl = read_all(std::string(kiln::test::source_dir()) + "/tests/data/gpt2/sample.txt");
     for (int i = 0; i < 5; ++i) texts.push_back(gpl);
     std::vector<std::string_view> views(texts.begin(), texts.end());
     TokenizerTrainOptions opts;
