@@ -24,7 +24,7 @@
 #include "dataprep/tagging/tagger.h"
 #include "dataprep/tokenizer/tokenizer.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 class RulesAnnotator final : public Annotator {
@@ -139,4 +139,4 @@ Result<std::unique_ptr<Annotator>> Annotator::create(const DomainOptions& domain
   return std::unique_ptr<Annotator>(std::move(a));
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -20,7 +20,7 @@
 #include "dataprep/ingest/document.h"
 #include "dataprep/prep_config.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 class Annotator {
  public:
@@ -42,4 +42,4 @@ class Annotator {
   virtual Result<ManifestTokenizer> save_tokenizer(const std::string& out_dir) const = 0;
 };
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -15,6 +15,7 @@
 
 namespace kiln::prep {
 namespace fs = std::filesystem;
+using namespace detail;  // the stage helpers (prep_internal.h)
 namespace {
 
 using ojson = nlohmann::ordered_json;

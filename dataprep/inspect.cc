@@ -21,7 +21,7 @@
 #include "format/shard_reader.h"
 #include "dataprep/tokenizer/tokenizer.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace fs = std::filesystem;
 namespace {
 
@@ -375,4 +375,4 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
   return r;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -20,7 +20,7 @@
 
 #include "common/status.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 struct InspectOptions {
   bool verify = false;
@@ -40,4 +40,4 @@ struct InspectResult {
 // while verifying are reported in the result, not as an error.
 Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectOptions& options);
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -21,9 +21,9 @@
 #include "format/manifest.h"
 #include "dataprep/prep_internal.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace fs = std::filesystem;
-using namespace prep;
+using namespace detail;  // the stages (prep_internal.h)
 
 namespace {
 
@@ -860,4 +860,4 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
   return result;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -21,7 +21,7 @@
 #include "common/status.h"
 #include "dataprep/dedup/lsh.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 struct PrepRunOptions {
   // Discard an existing dataset or unfinished run in the output folder instead of refusing or
@@ -57,4 +57,4 @@ struct PrepResult {
 Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& group,
                             const PrepRunOptions& options = {});
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -5,7 +5,7 @@
 #include <cctype>
 #include <cmath>
 
-namespace kiln {
+namespace kiln::prep {
 
 const char* const kPrepDefaultsYaml = R"(
 input:
@@ -203,4 +203,4 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
   return o;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

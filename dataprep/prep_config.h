@@ -11,7 +11,7 @@
 #include "common/status.h"
 #include "dataprep/dedup/lsh.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 // YAML defaults of every prep key (the schema Config::load validates against).
 extern const char* const kPrepDefaultsYaml;
@@ -80,4 +80,4 @@ Result<PrepOptions> prep_options_from_config(const Config& config);
 // "512M", "2G", "1.5GiB", "1048576" -> bytes. kConfig on anything else.
 Result<uint64_t> parse_byte_size(const std::string& text);
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -24,7 +24,7 @@
 #include "dataprep/dedup/external_sort.h"
 #include "dataprep/prep_internal.h"
 
-namespace kiln::prep {
+namespace kiln::prep::detail {
 
 TableScanner::~TableScanner() {
   if (f_) std::fclose(f_);
@@ -570,4 +570,4 @@ Status dedup_stage(Context& c) {
   return Status::ok();
 }
 
-}  // namespace kiln::prep
+}  // namespace kiln::prep::detail

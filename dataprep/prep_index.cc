@@ -6,7 +6,7 @@
 
 #include "dataprep/prep_internal.h"
 
-namespace kiln::prep {
+namespace kiln::prep::detail {
 
 IndexBuilder::IndexBuilder(Context& c) : c_(c), enabled_(c.opt.index) {
   if (!enabled_) return;
@@ -120,4 +120,4 @@ Result<nlohmann::json> IndexBuilder::finish() {
   return info.to_json();
 }
 
-}  // namespace kiln::prep
+}  // namespace kiln::prep::detail

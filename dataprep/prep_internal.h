@@ -24,7 +24,7 @@
 #include "dataprep/dedup/minhash.h"
 #include "dataprep/prep_config.h"
 
-namespace kiln::prep {
+namespace kiln::prep::detail {
 
 // A document's identity during prep: (file index << 40) | ordinal within the file. Sorting docids
 // sorts documents in the global order (files by path, then line).
@@ -317,4 +317,4 @@ Status write_json_file(const std::string& path, const nlohmann::json& j);
 Status write_blob(const std::string& path, const std::string& bytes, nlohmann::json* info);
 Result<std::string> read_blob(const std::string& path, const nlohmann::json& info);
 
-}  // namespace kiln::prep
+}  // namespace kiln::prep::detail

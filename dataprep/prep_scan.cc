@@ -17,7 +17,7 @@
 #include "dataprep/prep_internal.h"
 #include "dataprep/dedup/shingle.h"
 
-namespace kiln::prep {
+namespace kiln::prep::detail {
 namespace {
 
 struct ScanWork {
@@ -264,4 +264,4 @@ Status scan_stage(Context& c) {
   return Status::ok();
 }
 
-}  // namespace kiln::prep
+}  // namespace kiln::prep::detail

@@ -9,7 +9,7 @@
 #include "common/hash.h"
 #include "dataprep/prep_internal.h"
 
-namespace kiln::prep {
+namespace kiln::prep::detail {
 namespace fs = std::filesystem;
 
 const char* stage_name(int stage) {
@@ -343,4 +343,4 @@ ParseResult parse_item(const Context& c, const RawBatch& b, const RawItem& it, b
   return r;
 }
 
-}  // namespace kiln::prep
+}  // namespace kiln::prep::detail

@@ -21,7 +21,7 @@
 #include "format/shard_writer.h"
 #include "dataprep/prep_internal.h"
 
-namespace kiln::prep {
+namespace kiln::prep::detail {
 namespace fs = std::filesystem;
 namespace {
 
@@ -556,4 +556,4 @@ Status write_stage(Context& c) {
   return Status::ok();
 }
 
-}  // namespace kiln::prep
+}  // namespace kiln::prep::detail

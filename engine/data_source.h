@@ -42,9 +42,9 @@ class DataSource {
   virtual Status next(MicroBatch* out) = 0;
   virtual const std::vector<std::string>& domains() const = 0;
   // Normalised weights in effect for the next batch, every domain named.
-  virtual DomainWeights weights() const = 0;
+  virtual loader::DomainWeights weights() const = 0;
   // Replaces the weights from the next batch on (unnamed domains get 0). kConfig when invalid.
-  virtual Status set_weights(const DomainWeights& weights) = 0;
+  virtual Status set_weights(const loader::DomainWeights& weights) = 0;
   virtual std::string state() const = 0;
   // One state from every data-parallel rank's state() (rank order): restore() takes it on any
   // number of ranks and continues without repeating or skipping a sample. kData on a mismatch.

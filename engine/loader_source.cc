@@ -10,12 +10,12 @@ namespace {
 
 class LoaderSource final : public DataSource {
  public:
-  LoaderSource(std::unique_ptr<Loader> loader, Manifest full, std::string manifest_path)
+  LoaderSource(std::unique_ptr<loader::Loader> loader, Manifest full, std::string manifest_path)
       : loader_(std::move(loader)), full_(std::move(full)),
         manifest_path_(std::move(manifest_path)) {}
 
   Status next(MicroBatch* out) override {
-    KILN_ASSIGN_OR_RETURN(Batch b, loader_->next_batch());
+    KILN_ASSIGN_OR_RETURN(loader::Batch b, loader_->next_batch());
     const int64_t T = b.seq_len;
     out->rows = b.micro_batch;
     out->seq_len = T;
@@ -32,7 +32,7 @@ class LoaderSource final : public DataSource {
     out->wait_ms = b.wait_ms;
     out->samples.clear();
     for (const auto& row : b.docs) {
-      for (const DocSpan& d : row) {
+      for (const loader::DocSpan& d : row) {
         if (d.doc_offset != 0 && !out->samples.empty()) continue;  // a continued piece
         out->samples.push_back(loader_->manifest().shards[d.shard].path + "#" +
                                std::to_string(d.member));
@@ -50,7 +50,7 @@ class LoaderSource final : public DataSource {
       const std::string& name = loader_->domain_names()[d];
       auto it = val.domains.find(name);
       if (it == val.domains.end() || it->second.tokens == 0) continue;
-      LoaderOptions o = loader_->options();
+      loader::LoaderOptions o = loader_->options();
       o.val_split = true;
       o.dp_rank = 0;
       o.dp_world = 1;
@@ -58,8 +58,8 @@ class LoaderSource final : public DataSource {
       o.weights = {{name, 1.0}};
       o.workers = 1;
       o.prefetch_depth = 1;
-      KILN_ASSIGN_OR_RETURN(auto loader, Loader::open(full_, o));
-      KILN_ASSIGN_OR_RETURN(Batch b, loader->next_batch());
+      KILN_ASSIGN_OR_RETURN(auto loader, loader::Loader::open(full_, o));
+      KILN_ASSIGN_OR_RETURN(loader::Batch b, loader->next_batch());
       ValidationSequences v;
       v.domain = static_cast<int>(d);
       v.rows = b.micro_batch;
@@ -78,23 +78,23 @@ class LoaderSource final : public DataSource {
   }
 
   const std::vector<std::string>& domains() const override { return loader_->domain_names(); }
-  DomainWeights weights() const override { return loader_->weights(); }
-  Status set_weights(const DomainWeights& w) override { return loader_->set_weights(w); }
+  loader::DomainWeights weights() const override { return loader_->weights(); }
+  Status set_weights(const loader::DomainWeights& w) override { return loader_->set_weights(w); }
   std::string state() const override { return loader_->state().to_json(); }
   Result<std::string> merge_states(const std::vector<std::string>& per_rank) const override {
-    std::vector<LoaderState> states;
+    std::vector<loader::LoaderState> states;
     for (size_t r = 0; r < per_rank.size(); ++r) {
-      KILN_ASSIGN_OR_RETURN(LoaderState s,
-                            LoaderState::from_json(per_rank[r], "rank " + std::to_string(r) +
+      KILN_ASSIGN_OR_RETURN(loader::LoaderState s,
+                            loader::LoaderState::from_json(per_rank[r], "rank " + std::to_string(r) +
                                                                     " data state"));
       states.push_back(std::move(s));
     }
     if (states.size() == 1) return states[0].to_json();
-    KILN_ASSIGN_OR_RETURN(LoaderState merged, LoaderState::merge(states));
+    KILN_ASSIGN_OR_RETURN(loader::LoaderState merged, loader::LoaderState::merge(states));
     return merged.to_json();
   }
   Status restore(const std::string& state) override {
-    KILN_ASSIGN_OR_RETURN(LoaderState s, LoaderState::from_json(state, "checkpoint data_state"));
+    KILN_ASSIGN_OR_RETURN(loader::LoaderState s, loader::LoaderState::from_json(state, "checkpoint data_state"));
     return loader_->restore(s);
   }
   std::string describe() const override {
@@ -110,7 +110,7 @@ class LoaderSource final : public DataSource {
   }
 
  private:
-  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<loader::Loader> loader_;
   Manifest full_;  // both splits
   std::string manifest_path_;
 };
@@ -134,7 +134,7 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
                           std::to_string(config.model.vocab_size))
         .with_key("model.vocab_size");
   }
-  LoaderOptions o;
+  loader::LoaderOptions o;
   o.seq_len = config.model.seq_len;
   o.micro_batch = config.data.micro_batch;
   o.seed = config.run.seed;
@@ -143,7 +143,7 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
   o.weights = config.data.mixture;
   o.prefetch_depth = static_cast<int>(config.data.prefetch_depth);
   o.workers = static_cast<int>(config.data.workers);
-  auto loader = Loader::open(manifest, o);
+  auto loader = loader::Loader::open(manifest, o);
   if (!loader.is_ok()) {
     // The loader names its weights "weights.<domain>"; in a train config they are data.mixture.
     Status st = std::move(loader).take_status();

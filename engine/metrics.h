@@ -35,7 +35,7 @@ struct StepRecord {
   std::string skip_reason;
   double clip_coef = 1;
   std::map<std::string, double> domain_loss;
-  DomainWeights domain_weights;
+  loader::DomainWeights domain_weights;
   double loader_wait_ms = 0;
   // Bytes moved this step by each collective of each group ("dp.all_reduce": ...), multi-rank only.
   std::map<std::string, uint64_t> comm_bytes;

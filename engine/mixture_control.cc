@@ -19,7 +19,7 @@ std::string mixture_path(const std::string& run_dir) {
   return (fs::path(run_dir) / "control" / "mixture.json").string();
 }
 
-Result<DomainWeights> parse_mixture_json(const std::string& text, const std::string& origin,
+Result<loader::DomainWeights> parse_mixture_json(const std::string& text, const std::string& origin,
                                          const std::set<std::string>& known_domains) {
   if (text.size() > kMaxControlBytes) {
     return Status::data("mixture file is larger than 1 MiB").with_file(origin);
@@ -35,14 +35,14 @@ Result<DomainWeights> parse_mixture_json(const std::string& text, const std::str
   }
   const nlohmann::json& w = j["weights"];
   if (!w.is_object()) return Status::data("\"weights\" must be an object").with_file(origin);
-  DomainWeights out;
+  loader::DomainWeights out;
   for (auto it = w.begin(); it != w.end(); ++it) {
     if (!it.value().is_number()) {
       return Status::data("weight must be a number").with_file(origin).with_key("weights." + it.key());
     }
     out.set(it.key(), it.value().get<double>());
   }
-  WeightRules rules;
+  loader::WeightRules rules;
   rules.code = StatusCode::kData;
   rules.known.assign(known_domains.begin(), known_domains.end());
   rules.file = origin;
@@ -50,7 +50,7 @@ Result<DomainWeights> parse_mixture_json(const std::string& text, const std::str
   return out;
 }
 
-std::string mixture_to_json(const DomainWeights& weights) {
+std::string mixture_to_json(const loader::DomainWeights& weights) {
   nlohmann::json w = nlohmann::json::object();
   for (const auto& [k, v] : weights) w[k] = v;
   nlohmann::json j;
@@ -58,26 +58,26 @@ std::string mixture_to_json(const DomainWeights& weights) {
   return j.dump() + "\n";
 }
 
-Status write_mixture(const std::string& run_dir, const DomainWeights& weights) {
-  WeightRules rules;
+Status write_mixture(const std::string& run_dir, const loader::DomainWeights& weights) {
+  loader::WeightRules rules;
   rules.code = StatusCode::kUsage;
   KILN_RETURN_IF_ERROR(weights.check(rules));
   return write_file_atomic(mixture_path(run_dir), mixture_to_json(weights));
 }
 
-Result<std::optional<DomainWeights>> read_mixture(const std::string& run_dir) {
+Result<std::optional<loader::DomainWeights>> read_mixture(const std::string& run_dir) {
   const std::string path = mixture_path(run_dir);
   std::error_code ec;
-  if (!fs::exists(path, ec)) return std::optional<DomainWeights>();
+  if (!fs::exists(path, ec)) return std::optional<loader::DomainWeights>();
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  KILN_ASSIGN_OR_RETURN(DomainWeights w, parse_mixture_json(text, path));
-  return std::optional<DomainWeights>(std::move(w));
+  KILN_ASSIGN_OR_RETURN(loader::DomainWeights w, parse_mixture_json(text, path));
+  return std::optional<loader::DomainWeights>(std::move(w));
 }
 
 MixtureWatcher::MixtureWatcher(std::string run_dir, std::set<std::string> known_domains)
     : path_(mixture_path(run_dir)), known_(std::move(known_domains)) {}
 
-Status MixtureWatcher::publish_if_absent(const DomainWeights& weights) {
+Status MixtureWatcher::publish_if_absent(const loader::DomainWeights& weights) {
   std::error_code ec;
   if (fs::exists(path_, ec) || weights.empty()) return Status::ok();
   const std::string text = mixture_to_json(weights);
@@ -86,7 +86,7 @@ Status MixtureWatcher::publish_if_absent(const DomainWeights& weights) {
   return Status::ok();
 }
 
-std::optional<DomainWeights> MixtureWatcher::poll() {
+std::optional<loader::DomainWeights> MixtureWatcher::poll() {
   std::error_code ec;
   if (!fs::exists(path_, ec)) return std::nullopt;
   auto size = fs::file_size(path_, ec);

@@ -20,7 +20,7 @@ class SyntheticSource final : public DataSource {
   SyntheticSource(const TrainConfig& c, DataRank rank)
       : rank_(rank), seed_(c.run.seed), rows_(c.data.micro_batch), T_(c.model.seq_len),
         V_(static_cast<uint64_t>(c.model.vocab_size)), names_{"markov", "repeat"} {
-    DomainWeights w = c.data.mixture;
+    loader::DomainWeights w = c.data.mixture;
     if (w.empty()) w = {{"markov", 1.0}, {"repeat", 1.0}};
     Status st = set_weights(w);
     KILN_CHECK(st.is_ok(), "synthetic weights were validated with the config: " + st.to_string());
@@ -50,12 +50,12 @@ class SyntheticSource final : public DataSource {
 
   const std::vector<std::string>& domains() const override { return names_; }
 
-  DomainWeights weights() const override {
+  loader::DomainWeights weights() const override {
     return {{names_[0], weights_[0]}, {names_[1], weights_[1]}};
   }
 
-  Status set_weights(const DomainWeights& w) override {
-    WeightRules rules;
+  Status set_weights(const loader::DomainWeights& w) override {
+    loader::WeightRules rules;
     rules.key = "data.mixture";
     rules.known = names_;
     KILN_RETURN_IF_ERROR(w.check(rules));

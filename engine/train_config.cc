@@ -300,7 +300,7 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
           return bad("data.mixture." + name, "expected a number");
         }
       }
-      WeightRules rules;
+      loader::WeightRules rules;
       rules.key = "data.mixture";
       if (!d.mixture.empty()) KILN_RETURN_IF_ERROR(d.mixture.check(rules));
     }

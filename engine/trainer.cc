@@ -388,7 +388,7 @@ Result<StepRecord> Trainer::step() {
     if (auto w = mixture_->poll()) polled = mixture_to_json(*w);
   }
   KILN_RETURN_IF_ERROR(dp_->broadcast(&polled));
-  std::optional<DomainWeights> w;
+  std::optional<loader::DomainWeights> w;
   if (!polled.empty()) {
     KILN_ASSIGN_OR_RETURN(w, parse_mixture_json(polled, "rank 0's control file"));
   }
@@ -674,7 +674,7 @@ Result<StepRecord> Trainer::step() {
     mix_->observe_val(rec.val_loss);
   }
   mix_->observe_step(rec.domain_loss, dom_sequences);
-  KILN_ASSIGN_OR_RETURN(std::optional<DomainWeights> mixed, mix_->after_step(rec.step));
+  KILN_ASSIGN_OR_RETURN(std::optional<loader::DomainWeights> mixed, mix_->after_step(rec.step));
   if (mixed) KILN_RETURN_IF_ERROR(data_->set_weights(*mixed));
   rec.mixing_policy = mix_->state().policy;
   rec.mixing_paused = mix_->state().paused;

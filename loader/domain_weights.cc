@@ -6,7 +6,7 @@
 
 #include "common/config.h"
 
-namespace kiln {
+namespace kiln::loader {
 namespace {
 
 Status error(const WeightRules& rules, std::string message, const std::string& domain = "") {
@@ -116,4 +116,4 @@ double DomainWeights::get(const std::string& domain) const {
   return it == w_.end() ? 0.0 : it->second;
 }
 
-}  // namespace kiln
+}  // namespace kiln::loader

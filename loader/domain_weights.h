@@ -24,7 +24,7 @@
 
 #include "common/status.h"
 
-namespace kiln {
+namespace kiln::loader {
 
 // How a caller's weights are checked and how their errors read.
 struct WeightRules {
@@ -77,4 +77,4 @@ class DomainWeights {
   Map w_;
 };
 
-}  // namespace kiln
+}  // namespace kiln::loader

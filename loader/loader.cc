@@ -41,7 +41,7 @@
 #include "loader/reshard.h"
 #include "loader/weights_history.h"
 
-namespace kiln {
+namespace kiln::loader {
 
 namespace {
 
@@ -687,4 +687,4 @@ Result<std::unique_ptr<Loader>> Loader::open(const std::string& manifest_path,
   return open(std::move(m), std::move(options));
 }
 
-}  // namespace kiln
+}  // namespace kiln::loader

@@ -42,7 +42,7 @@
 #include "common/status.h"
 #include "loader/domain_weights.h"
 
-namespace kiln {
+namespace kiln::loader {
 
 struct LoaderOptions {
   int64_t seq_len = 1024;    // a sequence holds seq_len + 1 tokens (inputs [0,T), targets [1,T])
@@ -186,4 +186,4 @@ class Loader {
   virtual LoaderStats stats() const = 0;
 };
 
-}  // namespace kiln
+}  // namespace kiln::loader

@@ -8,7 +8,7 @@
 #include "common/hash.h"
 #include "loader/loader.h"
 
-namespace kiln {
+namespace kiln::loader {
 
 namespace {
 
@@ -224,4 +224,4 @@ Result<LoaderState> LoaderState::merge(const std::vector<LoaderState>& per_rank)
   return out;
 }
 
-}  // namespace kiln
+}  // namespace kiln::loader

@@ -7,7 +7,7 @@
 #include "common/log.h"
 #include "common/text.h"
 
-namespace kiln {
+namespace kiln::loader {
 
 Status run_stream(const StreamOptions& options, std::FILE* out) {
   if (options.steps < 0) return Status::usage("--steps must be >= 0").with_key("--steps");
@@ -64,4 +64,4 @@ Status run_stream(const StreamOptions& options, std::FILE* out) {
   return Status::ok();
 }
 
-}  // namespace kiln
+}  // namespace kiln::loader

@@ -12,7 +12,7 @@
 #include "common/status.h"
 #include "loader/loader.h"
 
-namespace kiln {
+namespace kiln::loader {
 
 struct StreamOptions {
   std::string dataset;  // prep output folder or its manifest.json
@@ -26,4 +26,4 @@ struct StreamOptions {
 // last batch to state_out (atomically) when set.
 Status run_stream(const StreamOptions& options, std::FILE* out);
 
-}  // namespace kiln
+}  // namespace kiln::loader

@@ -34,7 +34,7 @@ namespace py = pybind11;
 namespace kiln::python {
 namespace {
 
-namespace kl = ::kiln;  // the loader's public API: the one line to change if it moves
+namespace kl = ::kiln::loader;  // the loader's public API
 
 // kiln.DataError, created when the module is imported.
 PyObject* g_data_error = nullptr;

@@ -11,7 +11,7 @@
 #include "dataprep/tagging/tagger.h"
 #include "dataprep/tokenizer/tokenizer.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 
@@ -149,4 +149,4 @@ TEST(Annotate, ConfigErrorsNameTheKey) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

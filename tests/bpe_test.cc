@@ -10,7 +10,7 @@
 #include <map>
 #include <random>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 std::array<uint32_t, 256> identity_bytes() {
@@ -271,4 +271,4 @@ TEST(Bpe, CountWordsEqualsSequentialCountAndIgnoresThreads) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

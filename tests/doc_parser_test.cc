@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 ParseResult parse(const std::string& line, Document* d, bool repair = true) {
@@ -117,4 +117,4 @@ TEST(DocParser, TextDocument) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -8,7 +8,7 @@
 #include "common/atomic_file.h"
 #include "test_paths.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 Document doc_with(std::string text, std::string file = "corpus.jsonl", uint64_t line = 1) {
@@ -191,4 +191,4 @@ TEST(DomainRules, DomainNames) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-namespace kiln {
+namespace kiln::loader {
 namespace {
 
 WeightRules flag_rules() {
@@ -87,4 +87,4 @@ TEST(DomainWeights, Normalises) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::loader

@@ -17,7 +17,7 @@
 #include "format/shard_reader.h"
 #include "dataprep/tokenizer/tokenizer.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace fs = std::filesystem;
 namespace {
 
@@ -177,4 +177,4 @@ TEST_F(InspectTest, UnreadableManifestIsAnError) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

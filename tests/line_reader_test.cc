@@ -7,7 +7,7 @@
 
 #include "tests/compress_util.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 class LineReaderTest : public ::testing::Test {
@@ -121,4 +121,4 @@ TEST_F(LineReaderTest, ReadAllDocument) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

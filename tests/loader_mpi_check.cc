@@ -68,7 +68,7 @@ int partition(const std::string& dir) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   auto truth = load_truth(dir);
   if (!truth) return fail(truth.status().to_string());
-  LoaderOptions o;
+  loader::LoaderOptions o;
   o.seq_len = 7;
   o.micro_batch = 4;
   o.seed = 21;
@@ -77,7 +77,7 @@ int partition(const std::string& dir) {
   o.workers = 1;
   o.prefetch_depth = 2;
   o.weights = {{"alpha", 5}, {"beta", 3}, {"gamma", 2}};
-  auto loader = Loader::open(truth->manifest, o);
+  auto loader = loader::Loader::open(truth->manifest, o);
   if (!loader) return fail(loader.status().to_string());
   Coverage cov(&*truth);
   const uint32_t eos = static_cast<uint32_t>(truth->manifest.tokenizer.eos_id);
@@ -99,7 +99,7 @@ int partition(const std::string& dir) {
     if (!problem.empty()) return fail("rank " + std::to_string(rank) + ": " + problem);
     for (int32_t d : b->domains) mixture_hash = mixture_hash * 1000003u + static_cast<uint64_t>(d);
     for (const auto& row : b->docs) {
-      for (const DocSpan& s : row) {
+      for (const loader::DocSpan& s : row) {
         if (s.epoch == 0) pieces.insert(pieces.end(), {s.shard, s.member, s.doc_offset, s.length});
       }
     }

@@ -5,7 +5,7 @@
 #include "loader/loader.h"
 #include "tests/loader_testutil.h"
 
-namespace kiln {
+namespace kiln::loader {
 namespace {
 
 using testing::Coverage;
@@ -279,4 +279,4 @@ TEST(LoaderResume, RestoreDeepIntoAnEpochReadsOnlyWhatItNeeds) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::loader

@@ -13,7 +13,7 @@
 #include "loader/stream.h"
 #include "tests/loader_testutil.h"
 
-namespace kiln {
+namespace kiln::loader {
 namespace {
 
 using nlohmann::json;
@@ -166,4 +166,4 @@ TEST(KilnStream, ErrorsAndExitCodes) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::loader

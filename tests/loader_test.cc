@@ -11,7 +11,7 @@
 #include "tests/loader_testutil.h"
 #include "format/shard_writer.h"
 
-namespace kiln {
+namespace kiln::loader {
 namespace {
 
 using testing::Coverage;
@@ -463,4 +463,4 @@ TEST(LoaderState, ReshardSplitsTheLeftoversEvenly) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::loader

@@ -129,12 +129,12 @@ class Coverage {
   explicit Coverage(const Dataset* ds) : ds_(ds) {}
 
   // Returns "" or a description of the first mismatch.
-  std::string add(const Batch& b, uint32_t eos, int rank = 0) {
+  std::string add(const loader::Batch& b, uint32_t eos, int rank = 0) {
     const int64_t width = b.seq_len + 1;
     if (static_cast<int64_t>(b.tokens.size()) != b.micro_batch * width) return "bad batch size";
     for (int64_t r = 0; r < b.micro_batch; ++r) {
       int64_t at = 0;
-      for (const DocSpan& s : b.docs[r]) {
+      for (const loader::DocSpan& s : b.docs[r]) {
         if (static_cast<int64_t>(s.seq_offset) != at) return "spans do not tile the row";
         auto it = ds_->docs.find({s.shard, s.member});
         if (it == ds_->docs.end()) return "span names an unknown document";

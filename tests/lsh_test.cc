@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 TEST(Lsh, OptimalParamsLikeDatasketch) {
@@ -51,4 +51,4 @@ TEST(Lsh, BandKeys) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 __extension__ typedef unsigned __int128 u128;
@@ -95,4 +95,4 @@ TEST(MinHash, JaccardEstimateIsUnbiasedWithinNoise) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 std::string norm(const std::string& s, bool strip = false) {
@@ -102,4 +102,4 @@ TEST(Normalise, LongAsciiTextsEqualReference) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -6,7 +6,7 @@
 #include <functional>
 #include "test_paths.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 // configs/prep/default.yaml documents exactly the built-in defaults.
@@ -65,4 +65,4 @@ TEST(PrepConfig, ValidatesAndResolvesLsh) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

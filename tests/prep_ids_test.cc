@@ -17,7 +17,7 @@
 #include "dataprep/prep_internal.h"
 #include "tests/prep_test_util.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 using nlohmann::json;
@@ -52,14 +52,14 @@ TEST(PrepIds, SampleMetadataWritesNumericIdsAsNumbers) {
       j["domain_by"] = "default";
       j["source"] = "";
       j["tokens"] = 3;
-      EXPECT_EQ(prep::sample_metadata(d), j.dump()) << id;
-      EXPECT_TRUE(json::parse(prep::sample_metadata(d))["id"].is_number()) << id;
+      EXPECT_EQ(detail::sample_metadata(d), j.dump()) << id;
+      EXPECT_TRUE(json::parse(detail::sample_metadata(d))["id"].is_number()) << id;
     }
   }
   Document d;
   d.id = "291";
   d.domain = "web";
-  EXPECT_TRUE(json::parse(prep::sample_metadata(d))["id"].is_string());
+  EXPECT_TRUE(json::parse(detail::sample_metadata(d))["id"].is_string());
 }
 
 TEST(PrepIds, NumericIdsStayNumbersInShardsAndStream) {
@@ -137,4 +137,4 @@ TEST(PrepIds, NumericIdsStayNumbersInShardsAndStream) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

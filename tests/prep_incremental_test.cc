@@ -7,6 +7,7 @@
 
 #include "format/manifest.h"
 #include "tests/prep_test_util.h"
+#include "tests/test_paths.h"
 
 namespace kiln {
 namespace {
@@ -61,7 +62,7 @@ class Incremental : public ::testing::Test {
     delete docs_;
     tmp_ = nullptr;
   }
-  static std::string kiln() { return KILN_BINARY; }
+  static std::string kiln() { return kiln::test::kiln_binary(); }
   // Settings of the union / first run: a small tokenizer, small shards.
   static std::string prep(const std::string& inputs, const std::string& out,
                           const std::string& extra = "") {

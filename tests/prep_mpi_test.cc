@@ -10,7 +10,7 @@
 #include "dataprep/prep.h"
 #include "tests/prep_test_util.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 using namespace testing_prep;
 
@@ -138,4 +138,4 @@ TEST(PrepMpi, CollectivesMoveWhatTheySay) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

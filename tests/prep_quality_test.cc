@@ -8,7 +8,7 @@
 #include "dataprep/prep.h"
 #include "tests/prep_test_util.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 using namespace testing_prep;
 
@@ -71,4 +71,4 @@ TEST(PrepQuality, RecallAndPrecisionAgainstBruteForceJaccard) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

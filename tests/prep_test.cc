@@ -10,7 +10,7 @@
 #include "tests/compress_util.h"
 #include "tests/prep_test_util.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 using namespace testing_prep;
 
@@ -58,7 +58,7 @@ TEST(Prep, SampleMetadataMatchesJsonDump) {
     j["source"] = d.source;
     if (!d.url.empty()) j["url"] = d.url;
     j["tokens"] = d.tokens.size();
-    ASSERT_EQ(prep::sample_metadata(d),
+    ASSERT_EQ(detail::sample_metadata(d),
               j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
 }
@@ -300,4 +300,4 @@ TEST(Prep, RefusesForeignOutputAndOverwrites) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

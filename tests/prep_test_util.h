@@ -172,9 +172,9 @@ class CorpusGen {
 // Exact Jaccard of the shingle sets prep compares (normalised, n-gram hashes).
 inline std::vector<uint64_t> shingle_set(const std::string& text, int ngram, bool strip = false) {
   std::string norm;
-  normalise_for_dedup(text, NormaliseOptions{strip}, &norm);
+  prep::normalise_for_dedup(text, prep::NormaliseOptions{strip}, &norm);
   std::vector<uint64_t> h;
-  shingle_hashes(norm, ngram, &h);
+  prep::shingle_hashes(norm, ngram, &h);
   std::sort(h.begin(), h.end());
   h.erase(std::unique(h.begin(), h.end()), h.end());
   return h;
@@ -226,7 +226,7 @@ inline std::map<std::string, std::pair<std::string, double>> read_removed(const 
 }
 
 inline Config prep_config(const std::vector<std::string>& sets) {
-  auto c = Config::load(kPrepDefaultsYaml, "", sets);
+  auto c = Config::load(prep::kPrepDefaultsYaml, "", sets);
   if (!c.is_ok()) throw std::runtime_error(c.status().to_string());
   return *c;
 }

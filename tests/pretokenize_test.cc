@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 std::vector<std::string> split(std::string_view text, PretokenizerKind kind, uint32_t chunk = 4) {
@@ -93,4 +93,4 @@ TEST(Pretokenize, Names) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

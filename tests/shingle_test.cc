@@ -4,7 +4,7 @@
 
 #include "common/hash.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 std::vector<std::string> units_of(const std::string& s) {
@@ -54,4 +54,4 @@ TEST(Shingle, CountsAndHashes) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -11,7 +11,7 @@
 
 #include "common/atomic_file.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 // Synthetic labelled documents: each domain draws from its own word list (with shared filler).
@@ -116,4 +116,4 @@ TEST_F(TaggerTest, BadInputsAreErrors) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -14,7 +14,7 @@
 #include "common/atomic_file.h"
 #include "test_paths.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 const std::string kGpt2Dir = std::string(kiln::test::source_dir()) + "/tests/data/gpt2";
@@ -258,4 +258,4 @@ TEST(Tokenizer, SaveAndLoadFiles) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -15,7 +15,7 @@
 #include "tests/kiln_cli.h"
 #include "tests/prep_test_util.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 using json = nlohmann::json;
@@ -155,4 +155,4 @@ TEST(ValSplit, ManifestRejectsAnUnknownSplit) {
 }
 
 }  // namespace
-}  // namespace kiln
+}  // namespace kiln::prep

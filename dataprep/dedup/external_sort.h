@@ -19,7 +19,7 @@
 
 #include "common/status.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 template <typename T>
 class ExternalSorter {
@@ -146,4 +146,4 @@ class ExternalSorter {
   uint64_t spilled_bytes_ = 0;
 };
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -5,7 +5,7 @@
 
 #include "common/hash.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 // Composite Simpson's rule; the integrands are smooth polynomials, so 512 panels are ample.
@@ -63,4 +63,4 @@ std::string describe_lsh(const LshParams& params) {
   return buf;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-namespace kiln {
+namespace kiln::prep {
 
 struct LshParams {
   int bands = 0;
@@ -30,4 +30,4 @@ void lsh_band_keys(const uint64_t* sig, const LshParams& params, uint64_t* keys)
 // "b x r = 14 x 9; P(candidate) at J=0.5: 0.027, 0.7: 0.438, ..." for logs and --help examples.
 std::string describe_lsh(const LshParams& params);
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -9,7 +9,7 @@
 #include "common/random.h"
 #include "common/status.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 constexpr uint64_t kP = kMersenne61;
@@ -200,4 +200,4 @@ double MinHasher::jaccard(const uint64_t* a, const uint64_t* b, int num_perm) {
   return static_cast<double>(equal) / num_perm;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

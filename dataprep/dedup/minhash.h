@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace kiln {
+namespace kiln::prep {
 
 inline constexpr uint64_t kMersenne61 = (uint64_t{1} << 61) - 1;
 inline constexpr uint64_t kEmptySlot = ~uint64_t{0};
@@ -45,4 +45,4 @@ class MinHasher {
 // (a * x + b) mod (2^61 - 1) for a, b < p and any 64-bit x; the scalar building block.
 uint64_t universal_hash61(uint64_t a, uint64_t b, uint64_t x);
 
-}  // namespace kiln
+}  // namespace kiln::prep

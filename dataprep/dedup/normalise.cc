@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 constexpr utf8proc_option_t kNfkcCasefold = static_cast<utf8proc_option_t>(
@@ -328,4 +328,4 @@ std::string normalise_for_dedup_reference(std::string_view text, const Normalise
   return out;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace kiln {
+namespace kiln::prep {
 
 struct NormaliseOptions {
   bool strip_punct = false;
@@ -25,4 +25,4 @@ void normalise_for_dedup(std::string_view text, const NormaliseOptions& options,
 // punctuation handling. Same result as normalise_for_dedup(); used by tests and the benchmark.
 std::string normalise_for_dedup_reference(std::string_view text, const NormaliseOptions& options);
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -7,7 +7,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-namespace kiln {
+namespace kiln::prep {
 
 bool is_spaceless_script(uint32_t cp) {
   if (cp < 0x0E00) return false;
@@ -121,4 +121,4 @@ void shingle_hashes(std::string_view text, int ngram, std::vector<uint64_t>* out
     o[i] = XXH3_64bits(text.data() + u[i].begin, u[i + n - 1].end - u[i].begin);
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-namespace kiln {
+namespace kiln::prep {
 
 // True for code points of scripts written without spaces between words (see above).
 bool is_spaceless_script(uint32_t cp);
@@ -29,4 +29,4 @@ struct UnitSpan {
 };
 void shingle_units(std::string_view normalised, std::vector<UnitSpan>* units);
 
-}  // namespace kiln
+}  // namespace kiln::prep

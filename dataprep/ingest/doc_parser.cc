@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 bool is_blank(std::string_view s) {
@@ -325,4 +325,4 @@ ParseResult parse_text_document(std::string_view content, const std::string& id_
   return result;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

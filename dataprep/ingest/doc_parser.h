@@ -15,7 +15,7 @@
 
 #include "dataprep/ingest/document.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 // Stable names (used in stats.json and rejects/): see reject_reason_name().
 enum class RejectReason {
@@ -67,4 +67,4 @@ ParseResult parse_text_document(std::string_view content, const std::string& id_
 bool repair_utf8(std::string_view in, std::string* out);
 bool is_valid_utf8(std::string_view in);
 
-}  // namespace kiln
+}  // namespace kiln::prep

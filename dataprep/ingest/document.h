@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace kiln {
+namespace kiln::prep {
 
 struct Document {
   // Position in the deterministic global order: inputs sorted by path, then line (0-based).
@@ -30,4 +30,4 @@ struct Document {
   std::vector<uint32_t> tokens;  // token ids (empty when no tokenizer is configured)
 };
 
-}  // namespace kiln
+}  // namespace kiln::prep

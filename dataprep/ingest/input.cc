@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <map>
 
-namespace kiln {
+namespace kiln::prep {
 namespace fs = std::filesystem;
 namespace {
 
@@ -138,4 +138,4 @@ Result<std::vector<InputFile>> discover_inputs(const std::vector<std::string>& p
   return out;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

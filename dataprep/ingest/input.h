@@ -17,7 +17,7 @@
 
 #include "common/status.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 enum class InputKind { kJsonl, kText };
 enum class InputCompression { kNone, kGzip, kZstd };
@@ -36,4 +36,4 @@ Result<std::vector<InputFile>> discover_inputs(const std::vector<std::string>& p
 // Compression implied by a file name (".gz", ".zst", else none).
 InputCompression compression_for_name(const std::string& name);
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-namespace kiln {
+namespace kiln::prep {
 
 namespace {
 constexpr size_t kChunk = size_t{1} << 20;
@@ -328,4 +328,4 @@ Status LineReader::read_all(LineEvent* ev) {
   }
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -17,7 +17,7 @@
 #include "common/status.h"
 #include "dataprep/ingest/input.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 enum class LineEventKind { kLine, kTooLong, kTruncated, kCorrupt, kEnd };
 
@@ -62,4 +62,4 @@ class LineReader {
   std::string detail_;
 };
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -11,7 +11,7 @@
 #include "common/config.h"
 #include "dataprep/tokenizer/pretokenize.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 // The built-in default rules: configs/prep/domains.yaml (domain_rules_default.cc).
 extern const char* const kDefaultDomainRulesYaml;
@@ -109,7 +109,7 @@ struct DocFacts {
     return *cjk;
   }
   double get_code() {
-    if (!code) code = kiln::code_score(doc.text);
+    if (!code) code = prep::code_score(doc.text);
     return *code;
   }
   void split() {
@@ -506,4 +506,4 @@ double code_score(std::string_view text, size_t max_bytes) {
          0.25 * std::min(1.0, kw / 0.25);
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

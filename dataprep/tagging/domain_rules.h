@@ -40,7 +40,7 @@
 #include "common/status.h"
 #include "dataprep/ingest/document.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 // A domain name is used in paths and file names: 1-64 characters of [A-Za-z0-9_-] (the same rule
 // the JSONL reader applies to an input "domain" field). A kConfig Status otherwise.
@@ -91,4 +91,4 @@ class DomainRules {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace kiln
+}  // namespace kiln::prep

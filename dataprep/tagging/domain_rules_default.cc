@@ -1,6 +1,6 @@
 // The built-in default domain rules: a byte-for-byte copy of configs/prep/domains.yaml
 // (tests/domain_rules_test.cc checks they are equal; regenerate this file after editing it).
-namespace kiln {
+namespace kiln::prep {
 
 extern const char* const kDefaultDomainRulesYaml;
 const char* const kDefaultDomainRulesYaml = R"yaml(# Kiln's default domain rules: `kiln prep` uses them when domains.rules is "" (built-in copy).
@@ -61,4 +61,4 @@ rules:
                     "copyright-format/1.0", "This package was debianized by"]
 )yaml";
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -16,7 +16,7 @@
 #include "dataprep/tokenizer/pretokenize.h"
 #include "dataprep/tokenizer/tokenizer_io.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 constexpr const char* kLabelPrefix = "__label__";
@@ -252,4 +252,4 @@ Result<TaggerReport> train_tagger(const TaggerTrainOptions& o) {
   return report;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

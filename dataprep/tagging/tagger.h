@@ -20,7 +20,7 @@
 
 #include "common/status.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 std::string fasttext_line(std::string_view text, size_t max_bytes = 4096);
 
@@ -70,4 +70,4 @@ struct TaggerReport {
 // two domains), naming file and line.
 Result<TaggerReport> train_tagger(const TaggerTrainOptions& options);
 
-}  // namespace kiln
+}  // namespace kiln::prep

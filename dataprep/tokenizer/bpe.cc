@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
@@ -116,4 +116,4 @@ void BpeModel::encode_word(std::string_view word, std::vector<uint32_t>* out) co
   for (size_t i = 0; i < n; i = next[i]) out->push_back(ids[i]);
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -16,7 +16,7 @@
 
 #include "common/status.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 struct BpeMerge {
   uint32_t left = 0;
@@ -49,4 +49,4 @@ class BpeModel {
   uint64_t table_mask_ = 0;
 };
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -10,7 +10,7 @@
 
 #include "common/hash.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 constexpr uint64_t kEmptyKey = std::numeric_limits<uint64_t>::max();
@@ -407,4 +407,4 @@ BpeTrainResult train_bpe(std::span<const WordCount> words, const std::array<uint
   return result;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -13,7 +13,7 @@
 #include "dataprep/tokenizer/bpe.h"
 #include "dataprep/tokenizer/pretokenize.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 struct WordCount {
   std::string_view word;
@@ -41,4 +41,4 @@ struct BpeTrainResult {
 BpeTrainResult train_bpe(std::span<const WordCount> words, const std::array<uint32_t, 256>& byte_ids,
                          uint32_t first_merge_id, size_t num_merges, uint64_t min_frequency);
 
-}  // namespace kiln
+}  // namespace kiln::prep

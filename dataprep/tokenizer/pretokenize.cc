@@ -4,7 +4,7 @@
 
 #include <array>
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 enum Cls : uint8_t { kLetter, kNumber, kSpace, kOther, kCjk };
@@ -191,4 +191,4 @@ void pretokenize(std::string_view text, const PretokenizerSpec& spec,
   Scanner(text, spec).run(out);
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -28,7 +28,7 @@
 
 #include "common/status.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 enum class PretokenizerKind { kGpt2, kKiln };
 
@@ -49,4 +49,4 @@ void pretokenize(std::string_view text, const PretokenizerSpec& spec,
 // True for a code point in the CJK ranges used by kKiln (and by the `zh` tagging rule).
 bool is_cjk_codepoint(int32_t cp);
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -18,7 +18,7 @@
 #include "dataprep/tokenizer/bpe.h"
 #include "dataprep/tokenizer/bpe_train.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace {
 
 // ---- GPT-2 byte <-> unicode spelling -----------------------------------------------------------
@@ -580,4 +580,4 @@ Result<Tokenizer> Tokenizer::load(const std::string& path) {
   return load_gpt2(path, merges.string());
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -25,7 +25,7 @@
 #include "common/status.h"
 #include "dataprep/tokenizer/pretokenize.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 inline constexpr const char* kTokenizerFormat = "kiln-tokenizer/1";
 inline constexpr const char* kEndOfText = "<|endoftext|>";
@@ -90,4 +90,4 @@ class Tokenizer {
 std::string bytes_to_gpt2_unicode(std::string_view bytes);
 Result<std::string> gpt2_unicode_to_bytes(std::string_view text);
 
-}  // namespace kiln
+}  // namespace kiln::prep

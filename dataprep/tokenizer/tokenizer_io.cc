@@ -10,7 +10,7 @@
 
 #include "common/atomic_file.h"
 
-namespace kiln {
+namespace kiln::prep {
 namespace fs = std::filesystem;
 namespace {
 
@@ -134,4 +134,4 @@ Result<std::vector<uint32_t>> parse_token_ids(std::string_view text) {
   return ids;
 }
 
-}  // namespace kiln
+}  // namespace kiln::prep

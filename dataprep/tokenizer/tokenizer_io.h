@@ -14,7 +14,7 @@
 
 #include "common/status.h"
 
-namespace kiln {
+namespace kiln::prep {
 
 struct TrainingTexts {
   std::vector<std::string> texts;
@@ -35,4 +35,4 @@ Result<std::string> read_maybe_compressed(const std::string& path);
 // Parses whitespace-separated decimal token ids. kData naming the first bad item.
 Result<std::vector<uint32_t>> parse_token_ids(std::string_view text);
 
-}  // namespace kiln
+}  // namespace kiln::prep

@@ -43,6 +43,7 @@
 
 namespace fs = std::filesystem;
 using namespace kiln;
+using namespace kiln::prep;
 using Clock = std::chrono::steady_clock;
 
 namespace {

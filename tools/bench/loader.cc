@@ -49,6 +49,7 @@
 
 namespace fs = std::filesystem;
 using namespace kiln;
+using namespace kiln::loader;
 
 namespace {
 
@@ -197,8 +198,8 @@ Args parse(int argc, char** argv, int first) {
   return a;
 }
 
-LoaderOptions loader_options(const Args& a) {
-  LoaderOptions o;
+loader::LoaderOptions loader_options(const Args& a) {
+  loader::LoaderOptions o;
   o.seq_len = a.seq_len;
   o.micro_batch = a.micro_batch;
   o.workers = a.workers;
@@ -232,8 +233,8 @@ int run(const std::string& dir, const Args& a) {
 
   // 2. The loader over one epoch's worth of tokens.
   const int64_t steps = epoch_steps(m, a);
-  auto loader = value(Loader::open(m, loader_options(a)));
-  std::vector<std::pair<double, LoaderState>> saved;  // (fraction, state)
+  auto loader = value(loader::Loader::open(m, loader_options(a)));
+  std::vector<std::pair<double, loader::LoaderState>> saved;  // (fraction, state)
   const double t0 = now_s(), cpu0 = cpu_s();
   double wait_ms = 0;
   for (int64_t i = 0; i < steps; ++i) {
@@ -244,7 +245,7 @@ int run(const std::string& dir, const Args& a) {
     }
   }
   const double wall = now_s() - t0, cpu = cpu_s() - cpu0;
-  const LoaderStats st = loader->stats();
+  const loader::LoaderStats st = loader->stats();
   loader.reset();
   // zstd decompressed every shard once: its tar bytes are the dataset's tar bytes. The loader
   // consumed st.tokens tokens; in tar bytes that is st.tokens * (dataset tar bytes / tokens).
@@ -287,13 +288,13 @@ int run(const std::string& dir, const Args& a) {
   // 3. Time to the first batch after a restore, by depth.
   {
     const double f0 = now_s();
-    auto fresh = value(Loader::open(m, loader_options(a)));
+    auto fresh = value(loader::Loader::open(m, loader_options(a)));
     value(fresh->next_batch());
     std::printf("first batch from a fresh open: %.0f ms\n", (now_s() - f0) * 1e3);
   }
   for (const auto& [fraction, state] : saved) {
     const double r0 = now_s();
-    auto l = value(Loader::open(m, loader_options(a)));
+    auto l = value(loader::Loader::open(m, loader_options(a)));
     check(l->restore(state));
     value(l->next_batch());
     const double ms = (now_s() - r0) * 1e3;
@@ -306,7 +307,7 @@ int run(const std::string& dir, const Args& a) {
 int rss(const std::string& dir, const Args& a) {
   const Manifest m = value(read_manifest(dir));
   const int64_t steps = epoch_steps(m, a);
-  auto loader = value(Loader::open(m, loader_options(a)));
+  auto loader = value(loader::Loader::open(m, loader_options(a)));
   const double t0 = now_s();
   for (int64_t i = 0; i < steps; ++i) value(loader->next_batch());
   uint64_t tar = 0;
@@ -321,7 +322,7 @@ int rss(const std::string& dir, const Args& a) {
 int wait(const std::string& dir, const Args& a) {
   const Manifest m = value(read_manifest(dir));
   if (a.step_ms <= 0 || a.steps <= 0) die("wait needs --step-ms and --steps");
-  auto loader = value(Loader::open(m, loader_options(a)));
+  auto loader = value(loader::Loader::open(m, loader_options(a)));
   value(loader->next_batch());  // the first batch's wait is start-up, reported separately below
   double wait_ms = 0, max_wait = 0;
   const double t0 = now_s();

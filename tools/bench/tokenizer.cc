@@ -41,6 +41,7 @@
 
 namespace fs = std::filesystem;
 using namespace kiln;
+using namespace kiln::prep;
 
 extern "C" char** environ;
 

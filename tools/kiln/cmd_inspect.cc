@@ -12,7 +12,7 @@ namespace kiln::cli {
 RunFn add_inspect_command(CLI::App& root) {
   struct Flags {
     std::string out;
-    InspectOptions options;
+    prep::InspectOptions options;
   };
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = root.add_subcommand("inspect", "summarise and verify a prepared dataset");
@@ -38,7 +38,7 @@ RunFn add_inspect_command(CLI::App& root) {
       KILN_ASSIGN_OR_RETURN(bool finished, prep::finish_pending_append(dir));
       if (finished) std::fprintf(stderr, "finished an interrupted append to %s\n", dir.c_str());
     }
-    KILN_ASSIGN_OR_RETURN(InspectResult r, inspect_dataset(f->out, f->options));
+    KILN_ASSIGN_OR_RETURN(prep::InspectResult r, prep::inspect_dataset(f->out, f->options));
     std::fputs(r.summary.c_str(), stdout);
     if (!r.samples.empty()) std::fputs(("\n" + r.samples).c_str(), stdout);
     if (r.problems.empty()) return Status::ok();

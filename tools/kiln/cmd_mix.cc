@@ -100,9 +100,9 @@ std::optional<nlohmann::json> last_metrics(const std::string& run_dir) {
   }
 }
 
-std::string format_weights(const DomainWeights& w) {
+std::string format_weights(const loader::DomainWeights& w) {
   std::string out;
-  const DomainWeights norm = w.normalised();
+  const loader::DomainWeights norm = w.normalised();
   for (const auto& [k, v] : w) {
     char buf[128];
     std::snprintf(buf, sizeof buf, "  %-20s %10.4g  (%.1f%%)\n", k.c_str(), v, 100.0 * norm.at(k));
@@ -116,14 +116,14 @@ Status run_set(const MixArgs& args) {
     return Status::usage("run directory does not exist: " + args.run_dir);
   }
   // Names are checked against the domains the run reports, when it has reported any.
-  WeightRules rules;
+  loader::WeightRules rules;
   rules.code = StatusCode::kUsage;
   if (auto m = last_metrics(args.run_dir); m && m->contains("domain_weights") &&
                                             (*m)["domain_weights"].is_object()) {
     for (auto it = (*m)["domain_weights"].begin(); it != (*m)["domain_weights"].end(); ++it)
       rules.known.push_back(it.key());
   }
-  KILN_ASSIGN_OR_RETURN(const DomainWeights weights, DomainWeights::parse(args.assignments, rules));
+  KILN_ASSIGN_OR_RETURN(const loader::DomainWeights weights, loader::DomainWeights::parse(args.assignments, rules));
   KILN_RETURN_IF_ERROR(engine::write_mixture(args.run_dir, weights));
   std::printf("wrote %s\n%s", engine::mixture_path(args.run_dir).c_str(),
               format_weights(weights).c_str());
@@ -186,7 +186,7 @@ Status run_show(const MixArgs& args) {
                 format_weights(**file).c_str());
   }
   if (auto m = last_metrics(args.run_dir); m && m->contains("domain_weights")) {
-    DomainWeights in_effect;
+    loader::DomainWeights in_effect;
     for (auto it = (*m)["domain_weights"].begin(); it != (*m)["domain_weights"].end(); ++it)
       if (it.value().is_number()) in_effect.set(it.key(), it.value().get<double>());
     std::printf("in effect at step %s:\n%s", m->value("step", nlohmann::json()).dump().c_str(),

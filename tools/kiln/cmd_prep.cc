@@ -141,7 +141,7 @@ RunFn add_prep_command(CLI::App& root) {
     if (comm::launched_by_mpi() && !comm::mpi_available())
       return Status::usage("started under mpirun, but this kiln was built without MPI");
     KILN_ASSIGN_OR_RETURN(Config cfg,
-                          Config::load(kPrepDefaultsYaml, f->config.config_file, f->config.sets));
+                          Config::load(prep::kPrepDefaultsYaml, f->config.config_file, f->config.sets));
     auto set_text = [&](const char* key, const std::string& v) {
       return cfg.set_node(key, YAML::Node(v));
     };
@@ -174,7 +174,7 @@ RunFn add_prep_command(CLI::App& root) {
     if (given("--shard-samples"))
       KILN_RETURN_IF_ERROR(cfg.set("shards.max_samples", std::to_string(f->shard_samples)));
     if (given("--shard-bytes")) {
-      auto b = parse_byte_size(f->shard_bytes);
+      auto b = prep::parse_byte_size(f->shard_bytes);
       if (!b.is_ok()) return Status::usage("--shard-bytes: " + b.status().message());
       KILN_RETURN_IF_ERROR(cfg.set("shards.max_bytes", std::to_string(*b)));
     }
@@ -191,13 +191,13 @@ RunFn add_prep_command(CLI::App& root) {
     }
 
     comm::ProcessGroup& world = comm::world();
-    PrepRunOptions ro;
+    prep::PrepRunOptions ro;
     ro.overwrite = f->overwrite;
-    PrepResult r;
+    prep::PrepResult r;
     if (given("--append")) {
       KILN_ASSIGN_OR_RETURN(r, prep::append_prep(cfg, f->append, world, ro));
     } else {
-      KILN_ASSIGN_OR_RETURN(r, run_prep(cfg, world, ro));
+      KILN_ASSIGN_OR_RETURN(r, prep::run_prep(cfg, world, ro));
     }
     if (world.rank() == 0) {
       std::fputs(r.summary.c_str(), stdout);

@@ -13,7 +13,7 @@ namespace kiln::cli {
 
 RunFn add_stream_command(CLI::App& root) {
   struct Flags {
-    StreamOptions options;
+    loader::StreamOptions options;
     std::string weights;
     int world = 0;
     int rank = -1;
@@ -96,13 +96,13 @@ RunFn add_stream_command(CLI::App& root) {
     }
     o.loader.val_split = f->split == "val";
     if (!f->weights.empty()) {
-      WeightRules rules;
+      loader::WeightRules rules;
       rules.code = StatusCode::kUsage;
       rules.key = "--weights";
       rules.key_per_domain = false;
-      KILN_ASSIGN_OR_RETURN(o.loader.weights, DomainWeights::parse(f->weights, rules));
+      KILN_ASSIGN_OR_RETURN(o.loader.weights, loader::DomainWeights::parse(f->weights, rules));
     }
-    return run_stream(o, stdout);
+    return loader::run_stream(o, stdout);
   };
 }
 

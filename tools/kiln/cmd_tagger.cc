@@ -8,7 +8,7 @@
 namespace kiln::cli {
 
 RunFn add_tagger_command(CLI::App& root) {
-  auto o = std::make_shared<TaggerTrainOptions>();
+  auto o = std::make_shared<prep::TaggerTrainOptions>();
   auto model = std::make_shared<std::string>();
   CLI::App* cmd = root.add_subcommand("tagger", "train and try the fastText domain classifier");
   cmd->require_subcommand(1);
@@ -36,7 +36,7 @@ RunFn add_tagger_command(CLI::App& root) {
 
   return [o, model, train, predict]() -> Status {
     if (train->parsed()) {
-      KILN_ASSIGN_OR_RETURN(TaggerReport r, train_tagger(*o));
+      KILN_ASSIGN_OR_RETURN(prep::TaggerReport r, prep::train_tagger(*o));
       std::printf("trained on %llu documents, %zu domains; held-out accuracy %.4f on %llu "
                   "documents -> %s (report %s.json)\n",
                   (unsigned long long)r.train_docs, r.label_docs.size(), r.accuracy,
@@ -50,7 +50,7 @@ RunFn add_tagger_command(CLI::App& root) {
       }
       return Status::ok();
     }
-    KILN_ASSIGN_OR_RETURN(auto tagger, FastTextTagger::load(*model));
+    KILN_ASSIGN_OR_RETURN(auto tagger, prep::FastTextTagger::load(*model));
     std::string text;
     char buf[1 << 16];
     size_t n;

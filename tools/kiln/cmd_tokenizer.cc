@@ -28,15 +28,15 @@ struct TokenizerFlags {
   std::string tokenizer, vocab, merges;
 };
 
-Result<Tokenizer> load_for_use(const TokenizerFlags& f) {
+Result<prep::Tokenizer> load_for_use(const TokenizerFlags& f) {
   if (!f.tokenizer.empty()) {
     if (!f.vocab.empty() || !f.merges.empty())
       return Status::usage("give either --tokenizer or --vocab with --merges, not both");
-    return Tokenizer::load(f.tokenizer);
+    return prep::Tokenizer::load(f.tokenizer);
   }
   if (f.vocab.empty() || f.merges.empty())
     return Status::usage("give --tokenizer FILE, or --vocab vocab.json with --merges merges.txt");
-  return Tokenizer::load_gpt2(f.vocab, f.merges);
+  return prep::Tokenizer::load_gpt2(f.vocab, f.merges);
 }
 
 std::string read_stdin() {
@@ -62,24 +62,24 @@ Result<uint64_t> parse_size(const std::string& text) {
 }
 
 Status run_train(const TokenizerFlags& f) {
-  TokenizerTrainOptions opts;
+  prep::TokenizerTrainOptions opts;
   opts.vocab_size = f.vocab_size;
   opts.min_frequency = f.min_frequency;
   if (!f.specials.empty()) opts.special_tokens = f.specials;
-  auto kind = parse_pretokenizer_name(f.pretokenizer);
+  auto kind = prep::parse_pretokenizer_name(f.pretokenizer);
   if (!kind.is_ok()) return Status::usage("--pretokenizer: " + kind.status().message());
   opts.pretokenizer.kind = *kind;
   opts.pretokenizer.cjk_chunk = f.cjk_chunk;
   KILN_ASSIGN_OR_RETURN(uint64_t max_bytes, parse_size(f.max_bytes));
   auto t0 = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(TrainingTexts input, read_training_texts(f.inputs, max_bytes));
+  KILN_ASSIGN_OR_RETURN(prep::TrainingTexts input, prep::read_training_texts(f.inputs, max_bytes));
   if (input.texts.empty()) return Status::data("no text found in the inputs");
   if (input.skipped_lines)
     KILN_LOG_WARN("skipped {} JSONL lines without a string \"text\"", input.skipped_lines);
   if (input.truncated) KILN_LOG_INFO("stopped reading at --max-bytes {}", max_bytes);
   std::vector<std::string_view> views(input.texts.begin(), input.texts.end());
   auto t1 = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::train(views, opts));
+  KILN_ASSIGN_OR_RETURN(prep::Tokenizer tok, prep::Tokenizer::train(views, opts));
   auto t2 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(tok.save(f.output));
   if (!f.export_dir.empty())
@@ -97,7 +97,7 @@ Status run_train(const TokenizerFlags& f) {
 }
 
 Status run_encode(const TokenizerFlags& f) {
-  KILN_ASSIGN_OR_RETURN(Tokenizer tok, load_for_use(f));
+  KILN_ASSIGN_OR_RETURN(prep::Tokenizer tok, load_for_use(f));
   std::string text = read_stdin();
   std::vector<uint32_t> ids = tok.encode(text);
   std::string out;
@@ -112,8 +112,8 @@ Status run_encode(const TokenizerFlags& f) {
 }
 
 Status run_decode(const TokenizerFlags& f) {
-  KILN_ASSIGN_OR_RETURN(Tokenizer tok, load_for_use(f));
-  KILN_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, parse_token_ids(read_stdin()));
+  KILN_ASSIGN_OR_RETURN(prep::Tokenizer tok, load_for_use(f));
+  KILN_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, prep::parse_token_ids(read_stdin()));
   KILN_ASSIGN_OR_RETURN(std::string text, tok.decode(ids));
   std::fwrite(text.data(), 1, text.size(), stdout);
   return Status::ok();
