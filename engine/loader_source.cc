@@ -11,7 +11,8 @@ namespace {
 class LoaderSource final : public DataSource {
  public:
   LoaderSource(std::unique_ptr<loader::Loader> loader, Manifest full, std::string manifest_path)
-      : loader_(std::move(loader)), full_(std::move(full)),
+      : loader_(std::move(loader)),
+        full_(std::move(full)),
         manifest_path_(std::move(manifest_path)) {}
 
   Status next(MicroBatch* out) override {
@@ -84,9 +85,9 @@ class LoaderSource final : public DataSource {
   Result<std::string> merge_states(const std::vector<std::string>& per_rank) const override {
     std::vector<loader::LoaderState> states;
     for (size_t r = 0; r < per_rank.size(); ++r) {
-      KILN_ASSIGN_OR_RETURN(loader::LoaderState s,
-                            loader::LoaderState::from_json(per_rank[r], "rank " + std::to_string(r) +
-                                                                    " data state"));
+      KILN_ASSIGN_OR_RETURN(
+          loader::LoaderState s,
+          loader::LoaderState::from_json(per_rank[r], "rank " + std::to_string(r) + " data state"));
       states.push_back(std::move(s));
     }
     if (states.size() == 1) return states[0].to_json();
@@ -94,7 +95,8 @@ class LoaderSource final : public DataSource {
     return merged.to_json();
   }
   Status restore(const std::string& state) override {
-    KILN_ASSIGN_OR_RETURN(loader::LoaderState s, loader::LoaderState::from_json(state, "checkpoint data_state"));
+    KILN_ASSIGN_OR_RETURN(loader::LoaderState s,
+                          loader::LoaderState::from_json(state, "checkpoint data_state"));
     return loader_->restore(s);
   }
   std::string describe() const override {

@@ -76,6 +76,23 @@ std::string metrics_path(const std::string& run_dir) {
   return (std::filesystem::path(run_dir) / "metrics.jsonl").string();
 }
 
+std::optional<LoggedWeights> last_logged_weights(const std::string& run_dir) {
+  std::ifstream in(metrics_path(run_dir));
+  std::optional<LoggedWeights> last;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("domain_weights") || !j["domain_weights"].is_object())
+      continue;
+    LoggedWeights w;
+    w.step = j.value("step", int64_t{0});
+    for (const auto& [domain, value] : j["domain_weights"].items())
+      if (value.is_number()) w.weights.set(domain, value.get<double>());
+    last = std::move(w);
+  }
+  return last;
+}
+
 Result<std::unique_ptr<MetricsLog>> MetricsLog::open(const std::string& run_dir,
                                                      int64_t keep_through_step) {
   const std::string path = metrics_path(run_dir);

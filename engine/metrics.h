@@ -64,6 +64,15 @@ std::string step_record_json(const StepRecord& r);
 // RUN/metrics.jsonl
 std::string metrics_path(const std::string& run_dir);
 
+// The domain weights in effect at the last step a run has logged (from the last whole line of
+// RUN/metrics.jsonl that carries them; a line still being written is skipped). nullopt when the
+// run has logged none: `kiln mix` shows these and checks domain names against them.
+struct LoggedWeights {
+  int64_t step = 0;
+  loader::DomainWeights weights;
+};
+std::optional<LoggedWeights> last_logged_weights(const std::string& run_dir);
+
 class MetricsLog {
  public:
   // Keeps the lines of steps <= keep_through_step (0: none), then opens the file for appending.

@@ -20,7 +20,7 @@ std::string mixture_path(const std::string& run_dir) {
 }
 
 Result<loader::DomainWeights> parse_mixture_json(const std::string& text, const std::string& origin,
-                                         const std::set<std::string>& known_domains) {
+                                                 const std::set<std::string>& known_domains) {
   if (text.size() > kMaxControlBytes) {
     return Status::data("mixture file is larger than 1 MiB").with_file(origin);
   }

@@ -22,7 +22,7 @@ std::string mixture_path(const std::string& run_dir);
 
 // Parses and validates. known_domains empty: any names are accepted. Data error on bad content.
 Result<loader::DomainWeights> parse_mixture_json(const std::string& text, const std::string& origin,
-                                         const std::set<std::string>& known_domains = {});
+                                                 const std::set<std::string>& known_domains = {});
 // {"weights": {...}} with keys sorted; numbers printed so they read back exactly.
 std::string mixture_to_json(const loader::DomainWeights& weights);
 // Validates (kUsage on bad weights) then writes RUN/control/mixture.json atomically.

@@ -73,7 +73,7 @@ struct DataConfig {
   std::string manifest;             // "" : synthetic data
   int64_t micro_batch = 8;
   int64_t grad_accum = 1;
-  loader::DomainWeights mixture;  // empty: the manifest's token shares
+  loader::DomainWeights mixture;    // empty: the manifest's token shares
   int64_t prefetch_depth = 4;       // batches the loader prepares ahead
   int64_t workers = 1;              // loader worker threads
 };

@@ -1,13 +1,12 @@
 // The `kiln` front end as a user runs it: help everywhere, version, exit codes.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include "tests/kiln_cli.h"
 #include "test_paths.h"
+#include "tests/kiln_cli.h"
 
 namespace {
 

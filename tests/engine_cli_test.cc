@@ -1,7 +1,6 @@
 // `kiln train` and `kiln mix` end to end on a real `kiln prep` dataset: exit codes, the run
 // directory contract, exact resume through the binary and across a live mixture change.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <array>
@@ -9,15 +8,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "tests/kiln_cli.h"
 #include "engine/mixture_control.h"
 #include "engine/rng.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
 #include "test_paths.h"
+#include "tests/kiln_cli.h"
 
 namespace kiln::engine {
 namespace {
@@ -187,11 +187,11 @@ TEST_F(EngineCli, CudaWithoutGpuExitsTwoNamingDevice) {
 // applied control file travel in the checkpoint.
 TEST_F(EngineCli, LiveMixtureChangeResumesExactly) {
   auto make = [&](const std::string& dir) {
-    auto cfg = load_train_config(std::string(kiln::test::source_dir()) + "/configs/train/tiny.yaml",
-                                 {"data.manifest=" + manifest_, "run.dir=" + dir,
-                                  "model.vocab_size=512", "model.d_model=32", "model.n_layers=1",
-                                  "model.seq_len=32", "data.micro_batch=4", "run.steps=8",
-                                  "schedule.total_steps=8", "run.threads=2"});
+    auto cfg = load_train_config(
+        std::string(kiln::test::source_dir()) + "/configs/train/tiny.yaml",
+        {"data.manifest=" + manifest_, "run.dir=" + dir, "model.vocab_size=512", "model.d_model=32",
+         "model.n_layers=1", "model.seq_len=32", "data.micro_batch=4", "run.steps=8",
+         "schedule.total_steps=8", "run.threads=2"});
     KILN_CHECK(cfg.is_ok(), cfg.status().to_string());
     auto tc = parse_train_config(*cfg);
     KILN_CHECK(tc.is_ok(), tc.status().to_string());

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+
 #include "test_paths.h"
 
 namespace kiln::testing_cli {
@@ -30,7 +31,8 @@ inline CliRun run_kiln(const std::string& args, const std::string& env = "") {
   const std::string err_file = (std::filesystem::temp_directory_path() /
                                 ("kiln_cli_stderr_" + std::to_string(::getpid()) + "_" +
                                  std::to_string(counter++) + ".txt")).string();
-  const std::string cmd = env + " " + std::string(kiln::test::kiln_binary()) + " " + args + " 2>" + err_file;
+  const std::string cmd =
+      env + " " + std::string(kiln::test::kiln_binary()) + " " + args + " 2>" + err_file;
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;

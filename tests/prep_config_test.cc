@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <functional>
+
 #include "test_paths.h"
 
 namespace kiln::prep {
@@ -11,7 +12,8 @@ namespace {
 
 // configs/prep/default.yaml documents exactly the built-in defaults.
 TEST(PrepConfig, DocumentedDefaultsEqualBuiltIn) {
-  YAML::Node file = YAML::LoadFile(std::string(kiln::test::source_dir()) + "/configs/prep/default.yaml");
+  YAML::Node file =
+      YAML::LoadFile(std::string(kiln::test::source_dir()) + "/configs/prep/default.yaml");
   YAML::Node built = YAML::Load(kPrepDefaultsYaml);
   std::function<void(const YAML::Node&, const YAML::Node&, const std::string&)> same =
       [&](const YAML::Node& a, const YAML::Node& b, const std::string& path) {

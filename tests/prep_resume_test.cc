@@ -6,8 +6,8 @@
 #include <chrono>
 #include <thread>
 
-#include "tests/prep_test_util.h"
 #include "test_paths.h"
+#include "tests/prep_test_util.h"
 
 namespace kiln {
 namespace {
@@ -27,9 +27,9 @@ class PrepCli : public ::testing::Test {
     tmp_ = nullptr;
   }
   static std::string cmd(const std::string& out, const std::string& extra = "") {
-    return std::string(kiln::test::kiln_binary()) + " prep --input " + *tmp_ / "in" + " --output " + out +
-           " --shard-samples 60 --vocab-size 300 --set tokenizer.train_bytes=200000 " + extra +
-           " >/dev/null 2>" + out + ".log";
+    return std::string(kiln::test::kiln_binary()) + " prep --input " + *tmp_ / "in" + " --output " +
+           out + " --shard-samples 60 --vocab-size 300 --set tokenizer.train_bytes=200000 " +
+           extra + " >/dev/null 2>" + out + ".log";
   }
   static const std::map<std::string, std::string>& reference() {
     static std::map<std::string, std::string> ref;
@@ -108,8 +108,8 @@ TEST_F(PrepCli, ExitCodes) {
   EXPECT_NE(read_text(*tmp_ / "exit2.log").find("dedup.threshold"), std::string::npos);
   EXPECT_EQ(run_shell(cmd(*tmp_ / "exit2b", "--set dedup.tresholds=1")), 2);
   EXPECT_NE(read_text(*tmp_ / "exit2b.log").find("did you mean"), std::string::npos);
-  EXPECT_EQ(run_shell(std::string(kiln::test::kiln_binary()) + " prep --input /no/such/path --output " +
-                      *tmp_ / "x 2>/dev/null"),
+  EXPECT_EQ(run_shell(std::string(kiln::test::kiln_binary()) +
+                      " prep --input /no/such/path --output " + *tmp_ / "x 2>/dev/null"),
             2);
   std::string help = *tmp_ / "help.txt";
   ASSERT_EQ(run_shell(std::string(kiln::test::kiln_binary()) + " prep --help > " + help), 0);

@@ -74,7 +74,8 @@ const Tokenizer& small_trained() {
     std::vector<std::string> texts;
     std::mt19937 rng(1);
     for (int i = 0; i < 300; ++i) texts.push_back(random_unicode(rng, 40));
-    std::string gpl = read_all(std::string(kiln::test::source_dir()) + "/tests/data/gpt2/sample.txt");
+    std::string gpl =
+        read_all(std::string(kiln::test::source_dir()) + "/tests/data/gpt2/sample.txt");
     for (int i = 0; i < 5; ++i) texts.push_back(gpl);
     std::vector<std::string_view> views(texts.begin(), texts.end());
     TokenizerTrainOptions opts;

@@ -1,14 +1,14 @@
 // kiln mix set RUN d1=w1 d2=w2 ... | kiln mix policy RUN NAME | kiln mix show RUN
 // Writes / reads RUN/control/mixture.json and RUN/control/policy.json, which a running
 // `kiln train` polls between steps, and RUN/mixing.jsonl (the history of weight changes).
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
+#include "engine/metrics.h"
 #include "engine/mix_controller.h"
 #include "engine/mixture_control.h"
 #include "tools/kiln/command.h"
@@ -85,21 +85,6 @@ void print_history(const std::string& run_dir, int limit) {
   }
 }
 
-// The domains and weights the run last reported (last line of RUN/metrics.jsonl), if any.
-std::optional<nlohmann::json> last_metrics(const std::string& run_dir) {
-  std::ifstream in(std::filesystem::path(run_dir) / "metrics.jsonl");
-  if (!in) return std::nullopt;
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty()) last = line;
-  if (last.empty()) return std::nullopt;
-  try {
-    return nlohmann::json::parse(last);
-  } catch (const nlohmann::json::exception&) {
-    return std::nullopt;  // a line being written
-  }
-}
-
 std::string format_weights(const loader::DomainWeights& w) {
   std::string out;
   const loader::DomainWeights norm = w.normalised();
@@ -118,12 +103,11 @@ Status run_set(const MixArgs& args) {
   // Names are checked against the domains the run reports, when it has reported any.
   loader::WeightRules rules;
   rules.code = StatusCode::kUsage;
-  if (auto m = last_metrics(args.run_dir); m && m->contains("domain_weights") &&
-                                            (*m)["domain_weights"].is_object()) {
-    for (auto it = (*m)["domain_weights"].begin(); it != (*m)["domain_weights"].end(); ++it)
-      rules.known.push_back(it.key());
+  if (auto logged = engine::last_logged_weights(args.run_dir)) {
+    for (const auto& [domain, weight] : logged->weights) rules.known.push_back(domain);
   }
-  KILN_ASSIGN_OR_RETURN(const loader::DomainWeights weights, loader::DomainWeights::parse(args.assignments, rules));
+  KILN_ASSIGN_OR_RETURN(const loader::DomainWeights weights,
+                        loader::DomainWeights::parse(args.assignments, rules));
   KILN_RETURN_IF_ERROR(engine::write_mixture(args.run_dir, weights));
   std::printf("wrote %s\n%s", engine::mixture_path(args.run_dir).c_str(),
               format_weights(weights).c_str());
@@ -185,12 +169,9 @@ Status run_show(const MixArgs& args) {
     std::printf("control file %s:\n%s", engine::mixture_path(args.run_dir).c_str(),
                 format_weights(**file).c_str());
   }
-  if (auto m = last_metrics(args.run_dir); m && m->contains("domain_weights")) {
-    loader::DomainWeights in_effect;
-    for (auto it = (*m)["domain_weights"].begin(); it != (*m)["domain_weights"].end(); ++it)
-      if (it.value().is_number()) in_effect.set(it.key(), it.value().get<double>());
-    std::printf("in effect at step %s:\n%s", m->value("step", nlohmann::json()).dump().c_str(),
-                format_weights(in_effect).c_str());
+  if (auto logged = engine::last_logged_weights(args.run_dir)) {
+    std::printf("in effect at step %lld:\n%s", static_cast<long long>(logged->step),
+                format_weights(logged->weights).c_str());
   }
   print_history(args.run_dir, args.history);
   print_accounting(args.run_dir);

@@ -140,8 +140,8 @@ RunFn add_prep_command(CLI::App& root) {
   return [f, sub]() -> Status {
     if (comm::launched_by_mpi() && !comm::mpi_available())
       return Status::usage("started under mpirun, but this kiln was built without MPI");
-    KILN_ASSIGN_OR_RETURN(Config cfg,
-                          Config::load(prep::kPrepDefaultsYaml, f->config.config_file, f->config.sets));
+    KILN_ASSIGN_OR_RETURN(
+        Config cfg, Config::load(prep::kPrepDefaultsYaml, f->config.config_file, f->config.sets));
     auto set_text = [&](const char* key, const std::string& v) {
       return cfg.set_node(key, YAML::Node(v));
     };
