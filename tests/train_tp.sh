@@ -16,29 +16,7 @@
 #   resume       a TP=2 run stopped at step 5 and resumed on TP=2 repeats the uninterrupted
 #                run's losses bit for bit; resumed on one process (tp 1) and a one-process
 #                checkpoint resumed on TP=2 continue within 1e-5 relative.
-set -euo pipefail
-CHECK=$1
-KILN=$(readlink -f "$2")
-SRC=$3
-WORK=$4/$CHECK
-MPI=$5
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-rm -rf "$WORK"
-mkdir -p "$WORK"
-cd "$WORK"
-MODEL=(--config "$SRC/configs/train/tiny.yaml" --set model.vocab_size=256 --set model.d_model=32
-       --set model.n_layers=2 --set model.n_heads=2 --set model.seq_len=16 --set run.threads=1
-       --set schedule.warmup_steps=2 --set schedule.total_steps=10)
-train() {  # train NP MICRO_BATCH RUN_DIR STEPS [extra...]
-  local np=$1 mb=$2 dir=$3 steps=$4
-  shift 4
-  if [ "$np" = 1 ]; then
-    "$KILN" train --quiet "${MODEL[@]}" --set data.micro_batch="$mb" --set run.dir="$dir" --set run.steps="$steps" "$@"
-  else
-    "$MPI" -np "$np" --oversubscribe "$KILN" train --quiet "${MODEL[@]}" --set data.micro_batch="$mb" \
-      --set run.dir="$dir" --set run.steps="$steps" "$@"
-  fi
-}
+source "$(dirname "$0")/mpi_train_common.sh"
 TP=(--set parallel.tp=2)
 
 case "$CHECK" in
