@@ -74,9 +74,11 @@ void check_shard(const Manifest& m, const ManifestShard& shard, const Tokenizer*
   if (size != shard.bytes)
     out->problem(format("%s: %llu bytes on disk, manifest says %llu", name.c_str(),
                         (unsigned long long)size, (unsigned long long)shard.bytes));
-  ShardReaderOptions ropts;
-  ropts.expected_xxh3 = shard.xxh3;
-  auto reader = ShardReader::open(path, ropts);
+  if (auto checked = m.checked_shard_path(shard); !checked.is_ok()) {
+    out->problem(name + ": " + checked.status().to_string());
+    return;
+  }
+  auto reader = ShardReader::open(path, Manifest::reader_options(shard, true));
   if (!reader.is_ok()) {
     out->problem(name + ": " + reader.status().to_string());
     return;
@@ -333,7 +335,8 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
         base += shard.samples;
         continue;
       }
-      auto reader = ShardReader::open(m.shard_path(shard));
+      KILN_ASSIGN_OR_RETURN(std::string path, m.checked_shard_path(shard));
+      auto reader = ShardReader::open(path, Manifest::reader_options(shard, false));
       if (!reader.is_ok()) return std::move(reader).take_status();
       ShardSample sample;
       for (uint64_t idx = base; next < targets.size() && idx < base + shard.samples; ++idx) {

@@ -18,6 +18,7 @@
 #include "common/hash.h"
 #include "common/text.h"
 #include "common/log.h"
+#include "common/stop_signal.h"
 #include "format/manifest.h"
 #include "dataprep/prep_internal.h"
 
@@ -26,6 +27,11 @@ namespace fs = std::filesystem;
 using namespace detail;  // the stages (prep_internal.h)
 
 namespace {
+
+Status stopped_by_signal(int sig, const std::string& stage) {
+  return Status::internal("stopped by " + StopSignals::name(sig) + " after stage '" + stage +
+                          "'; run the same command again to resume from there");
+}
 
 constexpr uint64_t kUnitBytes = uint64_t{256} << 20;
 constexpr uint32_t kUnitFiles = 1024;
@@ -521,6 +527,7 @@ Status final_stage(Context& c, std::string* summary) {
         info.tokens = f.w->tokens;
         info.bytes = f.w->bytes;
         info.xxh3 = f.w->xxh3;
+        info.tar_bytes = f.w->tar_bytes;
         m.add_shard(info, f.domain, c.out, f.w->val);
       }
       st = write_manifest(c.out + "/manifest.json", m);
@@ -676,6 +683,9 @@ Status open_against(Context& c, const PrepRunOptions& ro) {
 Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
                             const PrepRunOptions& run_options) {
   const auto t_start = std::chrono::steady_clock::now();
+  // SIGTERM / SIGINT / SIGUSR1: stop at the next safe point (a finished scan unit or stage), where
+  // the same command resumes; a second signal ends the process at once.
+  StopSignals stop_signals("prep after the current unit or stage");
   Context c;
   c.g = &g;
   c.rank = g.rank();
@@ -838,6 +848,11 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
       KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
     }
     if (step.stage == kScan) KILN_RETURN_IF_ERROR(check_reject_fraction(c));
+    // A safe point: this stage's marker is on disk on every rank. Every rank stops here when any
+    // rank got a stop signal.
+    KILN_ASSIGN_OR_RETURN(int64_t sig, comm::allreduce_value<int64_t>(
+                                           g, StopSignals::requested(), comm::ReduceOp::kMax));
+    if (sig) return stopped_by_signal(static_cast<int>(sig), stage_name(step.stage));
   }
 
   // Stage 6: manifest, stats, removed list (rank 0), shard renumbering (every rank).

@@ -132,6 +132,7 @@ struct WrittenShard {
   std::string path;  // relative to OUT, as written by this rank
   std::string domain;
   uint64_t samples = 0, tokens = 0, bytes = 0, xxh3 = 0;
+  uint64_t tar_bytes = 0;  // the uncompressed tar stream (the manifest's cap for readers)
   bool val = false;  // a validation shard
 };
 
@@ -301,6 +302,7 @@ ParseResult parse_item(const Context& c, const RawBatch& b, const RawItem& it, b
 // "name:N", the process kills itself with SIGKILL at that point (the N-th time it is reached).
 // Points: "scan-batch", "scan-unit", "stage-<name>" (after the stage is recorded),
 // "write-doc", "final-removed" (after removed.jsonl, before the manifest).
+// KILN_PREP_CRASH_SIGNAL=N raises signal N there instead of SIGKILL (stop-signal tests).
 void crash_point(const char* name);
 
 // The sample's <key>.json bytes: id, domain, domain_by, source, url (when set), tokens (count) and

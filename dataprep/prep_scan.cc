@@ -12,6 +12,7 @@
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/stop_signal.h"
 #include "common/progress.h"
 #include "dataprep/dedup/normalise.h"
 #include "dataprep/prep_internal.h"
@@ -246,6 +247,13 @@ Status scan_stage(Context& c) {
     {
       std::lock_guard lock(mu);
       if (!status.is_ok()) return;
+      // A stop signal: finished units keep their markers; the rest are scanned on the rerun.
+      if (int sig = StopSignals::requested()) {
+        status = Status::internal("stopped by " + StopSignals::name(sig) +
+                                  " during the scan; run the same command again to resume (" +
+                                  "finished input units are kept)");
+        return;
+      }
     }
     Status st;
     tbb::this_task_arena::isolate([&] { st = scan_unit(c, u, progress.get()); });

@@ -94,7 +94,7 @@ nlohmann::json WriteResult::to_json() const {
   for (const auto& s : shards)
     j["shards"].push_back({{"path", s.path}, {"domain", s.domain}, {"samples", s.samples},
                            {"tokens", s.tokens}, {"bytes", s.bytes}, {"xxh3", hex64(s.xxh3)},
-                           {"val", s.val}});
+                           {"tar_bytes", s.tar_bytes}, {"val", s.val}});
   j["domains"] = nlohmann::json::object();
   for (const auto& [name, d] : domains)
     j["domains"][name] = {{"docs", d.docs}, {"tokens", d.tokens}, {"bytes", d.bytes},
@@ -120,6 +120,7 @@ WriteResult WriteResult::from_json(const nlohmann::json& j) {
     auto h = parse_hex64(s.at("xxh3").get<std::string>());
     ws.xxh3 = h.is_ok() ? *h : 0;
     ws.val = s.value("val", false);
+    ws.tar_bytes = s.value("tar_bytes", uint64_t{0});
     w.shards.push_back(ws);
   }
   for (const auto& [name, d] : j.at("domains").items()) {
@@ -180,7 +181,12 @@ void crash_point(const char* name) {
   }
   if (want != name) return;
   static std::atomic<uint64_t> hits{0};
-  if (hits.fetch_add(1) + 1 == nth) ::raise(SIGKILL);
+  // KILN_PREP_CRASH_SIGNAL=N sends signal N instead (the stop-signal tests use SIGTERM).
+  static const int sig = [] {
+    const char* v = std::getenv("KILN_PREP_CRASH_SIGNAL");
+    return v ? std::atoi(v) : SIGKILL;
+  }();
+  if (hits.fetch_add(1) + 1 == nth) ::raise(sig);
 }
 
 Status make_dirs(const std::string& path) {

@@ -343,6 +343,7 @@ class DomainShards {
         w.tokens = info.tokens;
         w.bytes = info.bytes;
         w.xxh3 = info.xxh3;
+        w.tar_bytes = info.tar_bytes;
         out.push_back(std::move(w));
       }
     }

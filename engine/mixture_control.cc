@@ -6,6 +6,7 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
+#include "common/json.h"
 #include "common/log.h"
 
 namespace kiln::engine {
@@ -24,12 +25,9 @@ Result<loader::DomainWeights> parse_mixture_json(const std::string& text, const 
   if (text.size() > kMaxControlBytes) {
     return Status::data("mixture file is larger than 1 MiB").with_file(origin);
   }
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::data(std::string("invalid JSON: ") + e.what()).with_file(origin);
-  }
+  Result<nlohmann::json> parsed = parse_untrusted_json(text);
+  if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(origin);
+  nlohmann::json j = std::move(parsed).value();
   if (!j.is_object() || !j.contains("weights")) {
     return Status::data("expected {\"weights\": {\"<domain>\": <number>, ...}}").with_file(origin);
   }

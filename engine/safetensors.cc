@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/atomic_file.h"
+#include "common/json.h"
 
 namespace kiln::engine {
 
@@ -65,17 +66,24 @@ Result<SafetensorsFile> SafetensorsFile::read(const std::string& path) {
   if (f.bytes_.size() < 8) return Status::data("truncated safetensors file").with_file(path);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(f.bytes_[i])) << (8 * i);
-  if (n > f.bytes_.size() - 8 || n > (100u << 20)) {
-    return Status::data("safetensors header length out of range").with_file(path);
+  if (n > kMaxSafetensorsHeaderBytes) {
+    return Status::data("safetensors header length " + std::to_string(n) +
+                        " is over the limit of " + std::to_string(kMaxSafetensorsHeaderBytes) +
+                        " bytes")
+        .with_file(path);
+  }
+  if (n > f.bytes_.size() - 8) {
+    return Status::data("safetensors header length " + std::to_string(n) + " runs past the end of the " +
+                        std::to_string(f.bytes_.size()) + "-byte file (truncated?)")
+        .with_file(path);
   }
   f.data_start_ = 8 + n;
   const size_t data_size = f.bytes_.size() - f.data_start_;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(f.bytes_.substr(8, n));
-  } catch (const nlohmann::json::exception& e) {
-    return Status::data(std::string("safetensors header is not JSON: ") + e.what()).with_file(path);
+  Result<nlohmann::json> parsed = parse_untrusted_json(std::string_view(f.bytes_).substr(8, n));
+  if (!parsed.is_ok()) {
+    return std::move(parsed).take_status().prefixed("safetensors header").with_file(path);
   }
+  nlohmann::json header = std::move(parsed).value();
   if (!header.is_object()) return Status::data("safetensors header is not an object").with_file(path);
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
@@ -99,12 +107,19 @@ Result<SafetensorsFile> SafetensorsFile::read(const std::string& path) {
       return Status::data("malformed tensor entry").with_file(path).with_key(it.key());
     }
     size_t esize = safetensors_dtype_size(e.dtype);
-    size_t count = 1;
+    if (esize == 0) {
+      return Status::data("unknown dtype '" + e.dtype + "'").with_file(path).with_key(it.key());
+    }
+    uint64_t bytes = esize;
     for (int64_t d : e.shape) {
       if (d < 0) return Status::data("negative dimension").with_file(path).with_key(it.key());
-      count *= static_cast<size_t>(d);
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+        return Status::data("shape " + shape_text(e.shape) + " of " + e.dtype +
+                            " overflows 64-bit byte counts")
+            .with_file(path).with_key(it.key());
+      }
     }
-    if (esize == 0 || e.begin > e.end || e.end > data_size || e.end - e.begin != count * esize) {
+    if (e.begin > e.end || e.end > data_size || e.end - e.begin != bytes) {
       return Status::data("tensor bytes do not match dtype/shape or lie outside the file")
           .with_file(path).with_key(it.key());
     }

@@ -4,8 +4,10 @@
 // Layout: 8-byte little-endian header length N, N bytes of JSON
 // {"<name>": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}}
 // padded with spaces to a multiple of 8, then the tensor bytes, contiguous, in the order given.
-// Writing is atomic (common/atomic_file.h). Reading validates the header (offsets inside the file,
-// contiguous, sizes = product(shape) * element size) and names the file and tensor on error.
+// Writing is atomic (common/atomic_file.h). Reading validates the header (at most
+// kMaxSafetensorsHeaderBytes, JSON nested at most kMaxJsonDepth; offsets inside the file, sizes =
+// product(shape) * element size, checked for 64-bit overflow) and names the file and tensor on
+// error.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,9 @@ struct TensorView {
 };
 
 size_t safetensors_dtype_size(const std::string& dtype);  // 0 when unknown
+
+// The JSON header of a file Kiln reads may not be longer (the safetensors library's own cap).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 
 Status write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                          const std::map<std::string, std::string>& metadata = {});

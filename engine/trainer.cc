@@ -19,6 +19,7 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "engine/data_parallel.h"
+#include "common/stop_signal.h"
 #include "engine/mfu.h"
 #include "engine/schedule.h"
 #include "engine/tensor_parallel.h"
@@ -29,9 +30,6 @@ namespace kiln::engine {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 std::string mib(size_t bytes) {
   char buf[32];
@@ -814,16 +812,7 @@ Status Trainer::save() {
 }
 
 Status Trainer::run() {
-  g_stop_signal.store(0);
-  auto old_int = std::signal(SIGINT, on_stop_signal);
-  auto old_term = std::signal(SIGTERM, on_stop_signal);
-  struct Restore {
-    decltype(old_int) i, t;
-    ~Restore() {
-      std::signal(SIGINT, i);
-      std::signal(SIGTERM, t);
-    }
-  } restore{old_int, old_term};
+  StopSignals stop_signals("training after the current step");
 
   const int64_t first = state_.step;
   last_printed_step_ = first;
@@ -845,18 +834,21 @@ Status Trainer::run() {
     }
     const int64_t every = config_.checkpoint.every_steps;
     if (every > 0 && rec.step % every == 0 && rec.step == state_.step) KILN_RETURN_IF_ERROR(save());
-    // Every rank stops after the same step when any rank got the signal.
-    int64_t sig_any = g_stop_signal.load();
+    // Every rank stops after the same step when any rank got the signal (SIGTERM / SIGINT /
+    // SIGUSR1): finish the step, checkpoint, exit 0 so a requeued job resumes from it.
+    int64_t sig_any = StopSignals::requested();
     if (dp_->world_size() > 1) {
       int64_t v[1] = {sig_any};
       KILN_RETURN_IF_ERROR(dp_->sum(v, 1));
-      sig_any = v[0] ? (g_stop_signal.load() ? g_stop_signal.load() : SIGTERM) : 0;
+      sig_any = v[0] ? (StopSignals::requested() ? StopSignals::requested() : SIGTERM) : 0;
     }
     if (int sig = static_cast<int>(sig_any)) {
       if (last_saved_step_ != state_.step) KILN_RETURN_IF_ERROR(save());
-      return Status::internal("stopped by signal " + std::to_string(sig) + " after step " +
-                              std::to_string(state_.step) +
-                              "; checkpoint saved, continue with --resume");
+      KILN_LOG_WARN("stopped by {} after step {} of {}: checkpoint {} is complete; run the same "
+                    "command with --resume to continue",
+                    StopSignals::requested() ? StopSignals::name(sig) : "a signal to another rank",
+                    state_.step, config_.run.steps, checkpoint_dir_name(state_.step));
+      return Status::ok();
     }
   }
   if (config_.checkpoint.at_end && last_saved_step_ != state_.step && state_.step > 0) {

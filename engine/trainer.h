@@ -7,8 +7,9 @@
 // each optimizer step polls RUN/control/mixture.json, runs grad_accum micro-batches, checks the
 // gradients for inf/NaN (skipping and counting the step, and backing off the fp16 loss scale),
 // clips, updates, appends one line to metrics.jsonl, prints a progress line every run.log_every
-// steps and checkpoints every checkpoint.every_steps steps and at the end. SIGINT/SIGTERM finish
-// the current step, checkpoint and stop. Not thread-safe.
+// steps and checkpoints every checkpoint.every_steps steps and at the end. SIGTERM, SIGUSR1 or
+// SIGINT (common/stop_signal.h) finish the current step, checkpoint and make run() return OK
+// (every rank after the same step); a second signal ends the process at once. Not thread-safe.
 #pragma once
 
 #include <chrono>

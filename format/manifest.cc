@@ -1,5 +1,6 @@
 #include "format/manifest.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
+#include "common/json.h"
 
 namespace kiln {
 namespace fs = std::filesystem;
@@ -156,6 +158,9 @@ Result<Manifest> parse_manifest(const nlohmann::json& root) {
     Result<uint64_t> h = parse_hex64(hex);
     if (!h.is_ok()) return Fields::error(where + ".xxh3", h.status().message());
     s.xxh3 = *h;
+    if ((*shards)[i].contains("tar_bytes")) {
+      KILN_ASSIGN_OR_RETURN(s.tar_bytes, sf.count("tar_bytes"));
+    }
     if (auto it = (*shards)[i].find("split"); it != (*shards)[i].end()) {
       if (!it->is_string() || (*it != "train" && *it != "val")) {
         return Fields::error(where + ".split", "must be \"train\" or \"val\"");
@@ -214,6 +219,7 @@ void Manifest::add_shard(const ShardInfo& info, const std::string& domain,
   s.tokens = info.tokens;
   s.bytes = info.bytes;
   s.xxh3 = info.xxh3;
+  s.tar_bytes = info.tar_bytes;
   s.val = val;
   ManifestDomain& d = domains[domain];
   if (val) {
@@ -250,6 +256,30 @@ std::string Manifest::shard_path(const ManifestShard& shard) const {
   return (fs::path(dir) / shard.path).string();
 }
 
+Result<std::string> Manifest::checked_shard_path(const ManifestShard& shard) const {
+  std::string path = shard_path(shard);
+  std::error_code ec;
+  fs::path root = fs::weakly_canonical(dir.empty() ? fs::path(".") : fs::path(dir), ec);
+  if (ec) return Status::from_errno("resolve dataset folder", dir, ec.value());
+  fs::path real = fs::weakly_canonical(path, ec);
+  if (ec) return Status::from_errno("resolve shard", path, ec.value());
+  auto [root_end, real_it] = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
+  if (root_end != root.end()) {
+    return Status::data("shard '" + shard.path + "' resolves to '" + real.string() +
+                        "', outside the dataset folder '" + root.string() +
+                        "' (a symbolic link; copy the file in or read the dataset where it lies)")
+        .with_file(path);
+  }
+  return path;
+}
+
+ShardReaderOptions Manifest::reader_options(const ManifestShard& shard, bool verify_checksum) {
+  ShardReaderOptions options;
+  if (verify_checksum) options.expected_xxh3 = shard.xxh3;
+  if (shard.tar_bytes) options.max_tar_bytes = shard.tar_bytes;
+  return options;
+}
+
 std::string manifest_to_json(const Manifest& m) {
   // Fixed key order and one shard per line: stable bytes, and diffs stay readable.
   ordered_json tok;
@@ -277,6 +307,7 @@ std::string manifest_to_json(const Manifest& m) {
     j["tokens"] = s.tokens;
     j["bytes"] = s.bytes;
     j["xxh3"] = hex64(s.xxh3);
+    if (s.tar_bytes) j["tar_bytes"] = s.tar_bytes;
     if (s.val) j["split"] = "val";
     out += first ? "\n    " : ",\n    ";
     out += j.dump();
@@ -288,12 +319,11 @@ std::string manifest_to_json(const Manifest& m) {
 }
 
 Result<Manifest> manifest_from_json(const std::string& text, const std::string& origin) {
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return Status::data(std::string("manifest is not valid JSON: ") + e.what()).with_file(origin);
+  Result<nlohmann::json> parsed = parse_untrusted_json(text);
+  if (!parsed.is_ok()) {
+    return std::move(parsed).take_status().prefixed("manifest").with_file(origin);
   }
+  nlohmann::json root = std::move(parsed).value();
   Result<Manifest> m = parse_manifest(root);
   if (!m.is_ok()) {
     Status st = std::move(m).take_status();

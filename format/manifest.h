@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "format/shard.h"
+#include "format/shard_reader.h"
 #include "common/status.h"
 
 namespace kiln {
@@ -35,6 +36,9 @@ struct ManifestShard {
   uint64_t tokens = 0;
   uint64_t bytes = 0;
   uint64_t xxh3 = 0;
+  // Length of the uncompressed tar stream ("tar_bytes"; 0 = not recorded, manifests before it).
+  // Readers refuse a shard that decompresses to more.
+  uint64_t tar_bytes = 0;
   bool val = false;    // "split": "val" - a validation shard (absent means train)
 };
 
@@ -52,6 +56,11 @@ struct Manifest {
                  bool val = false);
   // Absolute-or-cwd-relative path of a shard: dir / shard.path.
   std::string shard_path(const ManifestShard& shard) const;
+  // shard_path() for opening: a kData error naming the shard when it (through a symbolic link
+  // anywhere on the way) resolves to a file outside the manifest's directory.
+  Result<std::string> checked_shard_path(const ManifestShard& shard) const;
+  // How to read a listed shard: its checksum (when verify_checksum) and its tar_bytes cap.
+  static ShardReaderOptions reader_options(const ManifestShard& shard, bool verify_checksum);
 };
 
 // The dataset of one split: only the training shards (val false) or only the validation shards,

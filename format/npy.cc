@@ -247,7 +247,8 @@ Result<NpyView> npy_parse(std::string_view bytes) {
   uint64_t header_len = len_bytes == 2 ? load_le<uint16_t>(bytes.data() + 8)
                                        : load_le<uint32_t>(bytes.data() + 8);
   if (header_len > kMaxHeaderLen) {
-    return Status::data("npy: header length " + std::to_string(header_len) + " is implausible");
+    return Status::data("npy: header length " + std::to_string(header_len) +
+                        " is over the limit of " + std::to_string(kMaxHeaderLen) + " bytes");
   }
   if (bytes.size() < prefix + header_len) {
     return Status::data("npy: truncated header (needs " + std::to_string(header_len) +

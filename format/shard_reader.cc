@@ -58,6 +58,9 @@ class ShardReaderImpl final : public ShardReader {
     ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
     if (options_.expected_xxh3) KILN_RETURN_IF_ERROR(verify_checksum(*options_.expected_xxh3));
     KILN_RETURN_IF_ERROR(source_.open(fd_, compression == ShardCompression::kZstd, path_));
+    if (options_.max_tar_bytes) {
+      source_.set_limit(*options_.max_tar_bytes, "the manifest's tar_bytes for this shard");
+    }
     archive_ = archive_read_new();
     if (!archive_) return Status::internal("libarchive: out of memory");
     if (archive_read_support_format_tar(archive_) != ARCHIVE_OK) {
@@ -90,6 +93,13 @@ class ShardReaderImpl final : public ShardReader {
                                    "consecutive, and keys unique in a shard)"));
     }
     size_t used = 0;
+    uint64_t sample_bytes = pending_.data.size();
+    if (sample_bytes > options_.max_sample_bytes) {
+      return fail(member_error(path_, member_name_,
+                               "sample " + quote_name(out->key) + " holds more than " +
+                                   std::to_string(options_.max_sample_bytes) +
+                                   " bytes (max_sample_bytes)"));
+    }
     take_pending(out, &used);
     for (;;) {
       Result<bool> got = read_member();
@@ -105,6 +115,19 @@ class ShardReaderImpl final : public ShardReader {
                                    "duplicate ext " + quote_name(pending_.ext) + " for key " +
                                        quote_name(out->key)));
         }
+      }
+      if (used + 1 > options_.max_sample_members) {
+        return fail(member_error(path_, member_name_,
+                                 "sample " + quote_name(out->key) + " has more than " +
+                                     std::to_string(options_.max_sample_members) +
+                                     " members (max_sample_members)"));
+      }
+      sample_bytes += pending_.data.size();
+      if (sample_bytes > options_.max_sample_bytes) {
+        return fail(member_error(path_, member_name_,
+                                 "sample " + quote_name(out->key) + " holds more than " +
+                                     std::to_string(options_.max_sample_bytes) +
+                                     " bytes (max_sample_bytes)"));
       }
       take_pending(out, &used);
     }
@@ -270,21 +293,38 @@ class ShardReaderImpl final : public ShardReader {
     uint64_t actual = hash.digest();
     if (actual == expected) return Status::ok();
     // Name the member where the damage shows, when a plain read finds it.
+    // Name the member where the damage shows, streaming one sample at a time (a damaged shard
+    // is never held whole).
     std::string where;
     ShardReaderOptions plain = options_;
     plain.expected_xxh3.reset();
-    Result<std::vector<ShardSample>> diag = ShardReader::read_all(path_, plain);
-    if (!diag.is_ok()) {
-      std::string msg = diag.status().message();
+    Status diag_status;
+    uint64_t diag_samples = 0;
+    std::string last_member;
+    if (auto diag = ShardReader::open(path_, plain); !diag.is_ok()) {
+      diag_status = diag.status();
+    } else {
+      ShardSample sample;
+      for (;;) {
+        Result<bool> more = (*diag)->next(&sample);
+        if (!more.is_ok()) {
+          diag_status = more.status();
+          break;
+        }
+        if (!*more) break;
+        ++diag_samples;
+        if (!sample.members.empty()) last_member = sample.key + "." + sample.members.back().ext;
+      }
+    }
+    if (!diag_status.is_ok()) {
+      std::string msg = diag_status.message();
       std::string prefix = "shard " + quote_name(path_) + ": ";
       if (msg.starts_with(prefix)) msg = msg.substr(prefix.size());
       where = "; reading it fails: " + msg;
     } else {
-      where = "; every member still parses (" + std::to_string(diag->size()) +
+      where = "; every member still parses (" + std::to_string(diag_samples) +
               " samples), so the damage is inside member data";
-      if (!diag->empty() && !diag->back().members.empty()) {
-        where += " (last member " + quote_name(diag->back().key + "." + diag->back().members.back().ext) + ")";
-      }
+      if (!last_member.empty()) where += " (last member " + quote_name(last_member) + ")";
     }
     return shard_error(path_, "checksum mismatch: expected xxh3 " + hex64(expected) +
                                   ", the file has " + hex64(actual) + " (" +

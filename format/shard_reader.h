@@ -2,9 +2,11 @@
 // sample format and docs/FORMATS.md "Shards".
 //
 // Shards are untrusted: absolute paths, "..", non-regular members, duplicate extensions for a
-// key, a key appearing again after other keys, members past a size limit, truncation, data after
-// the end-of-archive marker and (when an expected checksum is given) checksum mismatches are kData
-// errors naming the shard and the member.
+// key, a key appearing again after other keys, members, samples or the uncompressed stream past
+// their caps (ShardReaderOptions), truncation, data after the end-of-archive marker and (when an
+// expected checksum is given) checksum mismatches are kData errors naming the shard, the member
+// and the cap. Memory stays bounded by one sample (at most max_sample_bytes) plus two 1 MiB
+// buffers, also when diagnosing a checksum mismatch.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,10 @@ namespace kiln {
 
 struct ShardReaderOptions {
   uint64_t max_member_bytes = 256ull << 20;  // members larger than this are errors
+  uint64_t max_sample_bytes = 1ull << 30;    // all members of one sample together
+  uint64_t max_sample_members = 256;         // members of one sample (Kiln writes 3)
+  // The uncompressed tar stream may not be longer (the manifest's "tar_bytes"; nullopt: no cap).
+  std::optional<uint64_t> max_tar_bytes;
   std::optional<uint64_t> expected_xxh3;     // verify the whole file's XXH3-64 before reading
 };
 

@@ -186,6 +186,7 @@ la_ssize_t TarSource::read(const void** buf) {
     if (!r.is_ok()) return -1;
     n = *r;
   }
+  if (!within_limit(n)) return -1;
   len_[cur_] = n;
   delivered_ += n;
   *buf = out.data();
@@ -211,6 +212,7 @@ std::string TarSource::drain_zero_tail() {
                              : read_file(out.data(), out.size());
     if (!r.is_ok()) return error_;
     if (*r == 0) break;
+    if (!within_limit(*r)) return error_;
     delivered_ += *r;
     if (!all_zero(out.data(), *r)) {
       return "data follows the end-of-archive marker (concatenated or damaged archive)";
@@ -221,6 +223,13 @@ std::string TarSource::drain_zero_tail() {
            " bytes, not a whole number of 512-byte blocks (truncated shard)";
   }
   return "";
+}
+
+bool TarSource::within_limit(size_t more) {
+  if (delivered_ + more <= limit_) return true;
+  error_ = "the uncompressed tar stream is longer than " + std::to_string(limit_) + " bytes (" +
+           limit_why_ + "); damaged shard or decompression bomb";
+  return false;
 }
 
 bool TarSource::all_zero(const char* p, size_t n) {

@@ -96,6 +96,12 @@ class TarSource {
 
   const std::string& error() const { return error_; }
   uint64_t delivered() const { return delivered_; }
+  // Caps the uncompressed tar stream: delivering more than max_bytes is an error naming the cap
+  // and `why` (where the figure comes from), so a decompression bomb stops at the cap.
+  void set_limit(uint64_t max_bytes, std::string why) {
+    limit_ = max_bytes;
+    limit_why_ = std::move(why);
+  }
 
  private:
   static bool all_zero(const char* p, size_t n);
@@ -112,7 +118,12 @@ class TarSource {
   ZSTD_DCtx* dctx_ = nullptr;
   std::vector<char> in_;
   ZSTD_inBuffer in_buf_{nullptr, 0, 0};
+  // False (and error_ set) when `more` bytes would pass the limit.
+  bool within_limit(size_t more);
+
   bool input_eof_ = false;
+  uint64_t limit_ = UINT64_MAX;
+  std::string limit_why_;
   bool frame_open_ = false;
   std::vector<char> out_[2];
   size_t len_[2] = {0, 0};

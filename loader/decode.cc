@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "format/npy.h"
+#include "common/json.h"
 #include "format/shard_reader.h"
 
 namespace kiln::loader::detail {
@@ -14,7 +15,7 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
                  const std::atomic<bool>& abort, Unit* unit) {
   const UnitPlan& plan = unit->plan;
   const ManifestShard& sh = manifest.shards[plan.shard];
-  const std::string path = manifest.shard_path(sh);
+  std::string path = manifest.shard_path(sh);
   auto fail = [&](Status st) {
     // Name the shard once (the shard reader's own errors already do).
     if (st.to_string().find(path) == std::string::npos) {
@@ -23,9 +24,9 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
       unit->status = std::move(st);
     }
   };
-  ShardReaderOptions ro;
-  if (options.verify_checksums) ro.expected_xxh3 = sh.xxh3;
-  auto reader = ShardReader::open(path, ro);
+  Result<std::string> checked = manifest.checked_shard_path(sh);
+  if (!checked.is_ok()) return fail(std::move(checked).take_status());
+  auto reader = ShardReader::open(path, Manifest::reader_options(sh, options.verify_checksums));
   if (!reader) return fail(std::move(reader).take_status());
 
   std::vector<int32_t> slot_of(sh.samples, -1);
@@ -59,6 +60,9 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
     if (options.sample_ids) {
       const ShardMember* js = sample.find("json");
       if (!js) return fail(Status::data("member '" + sample.key + ".json' is missing"));
+      if (Status depth = check_json_depth(js->data); !depth.is_ok()) {
+        return fail(std::move(depth).prefixed("member '" + sample.key + ".json'"));
+      }
       try {
         auto j = nlohmann::json::parse(js->data);
         auto it = j.find("id");

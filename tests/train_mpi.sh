@@ -27,6 +27,9 @@
 #                writes, and ZeRO-3, where every rank writes its shard): mpirun stops every
 #                rank and names the rank; --resume continues from the last complete checkpoint
 #                and finishes the run.
+#   signal       SIGUSR1 to rank 1 only (as a scheduler's warning may reach one process): every
+#                rank stops after the same step, the checkpoint of that step is complete, mpirun
+#                exits 0, and --resume continues from it.
 source "$(dirname "$0")/mpi_train_common.sh"
 
 case "$CHECK" in
@@ -311,6 +314,42 @@ print(f"ZeRO-3 model states {z3_states} bytes vs ZeRO-0's / 2 = {z0_states / 2:.
 check("ZeRO-3 = ZeRO-0 / dp", abs(z3_states - z0_states / 2) <= 0.05 * z0_states / 2)
 sys.exit(0 if ok else 1)
 PY
+  ;;
+signal)
+  set +e
+  train 2 2 run 100000 --set checkpoint.every_steps=0 >signal.out 2>&1 &
+  MPIRUN=$!
+  for _ in $(seq 1 600); do
+    [ "$(wc -l <run/metrics.jsonl 2>/dev/null || echo 0)" -ge 2 ] && break
+    sleep 0.1
+  done
+  descendants() {
+    local kids
+    kids=$(ps -o pid= --ppid "$1" 2>/dev/null || true)
+    for k in $kids; do echo "$k"; descendants "$k"; done
+  }
+  RANK1=""
+  for p in $(descendants "$MPIRUN"); do
+    if tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then RANK1=$p; fi
+  done
+  [ -n "$RANK1" ] || { echo "signal: rank 1 not found"; cat signal.out; kill "$MPIRUN"; exit 1; }
+  kill -USR1 "$RANK1"
+  for _ in $(seq 1 600); do kill -0 "$MPIRUN" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$MPIRUN" 2>/dev/null; then echo "signal: still running 60 s after SIGUSR1"; kill -9 "$MPIRUN"; exit 1; fi
+  wait "$MPIRUN"
+  RC=$?
+  set -e
+  [ "$RC" = 0 ] || { echo "signal: mpirun exited $RC"; cat signal.out; exit 1; }
+  grep -q "stopped by SIGUSR1" signal.out || { echo "signal: no stop message"; cat signal.out; exit 1; }
+  STEPS=$(wc -l <run/metrics.jsonl)
+  LATEST=$(cat run/checkpoints/latest)
+  [ "$LATEST" = "$(printf 'step-%08d' "$STEPS")" ] ||
+    { echo "signal: latest $LATEST but $STEPS metrics lines"; cat signal.out; exit 1; }
+  echo "signal: both ranks stopped after step $STEPS; checkpoint $LATEST complete"
+  TARGET=$(( STEPS + 2 ))
+  train 2 2 run "$TARGET" --resume --set checkpoint.every_steps=0 2>resume.log ||
+    { cat resume.log; exit 1; }
+  [ "$(wc -l <run/metrics.jsonl)" = "$TARGET" ] || { echo "signal: resume did not reach $TARGET"; exit 1; }
   ;;
 kill)
   for Z in 0 3; do  # ZeRO-0: rank 0 writes; ZeRO-3: every rank writes its shard

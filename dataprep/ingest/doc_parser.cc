@@ -2,7 +2,10 @@
 
 #include <simdjson.h>
 
+#include <cstdlib>
 #include <cstring>
+
+#include "common/json.h"
 
 namespace kiln::prep {
 namespace {
@@ -88,6 +91,10 @@ bool repair_surrogate_escapes(std::string_view in, std::string* out) {
 }
 
 struct ThreadParser {
+  ThreadParser() {
+    // The nesting cap every Kiln JSON reader keeps (common/json.h); simdjson's default is 1024.
+    if (parser.allocate(4096, kMaxJsonDepth) != simdjson::SUCCESS) std::abort();
+  }
   simdjson::dom::parser parser;
   std::string padded;
   std::string repaired;
@@ -229,6 +236,10 @@ ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, 
     std::string copy(fixed);  // `fixed` may alias tp buffers that parse_padded reuses
     err = parse_padded(tp, copy, &root);
     result.repaired = true;
+  }
+  if (err == simdjson::DEPTH_ERROR) {
+    return reject(RejectReason::kInvalidJson, "JSON nested deeper than the limit of " +
+                                                  std::to_string(kMaxJsonDepth) + " levels");
   }
   if (err != simdjson::SUCCESS) return reject(RejectReason::kInvalidJson, simdjson::error_message(err));
   simdjson::dom::object obj;

@@ -15,6 +15,7 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
+#include "common/json.h"
 #include "dataprep/tokenizer/bpe.h"
 #include "dataprep/tokenizer/bpe_train.h"
 
@@ -433,13 +434,20 @@ static Result<std::pair<std::string, std::string>> split_merge(const std::string
   return std::make_pair(line.substr(0, sp), line.substr(sp + 1));
 }
 
-Result<Tokenizer> Tokenizer::from_json(std::string_view json_text, const std::string& origin) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::data(std::string("not valid JSON: ") + e.what()).with_file(origin);
-  }
+// kData naming the file and the cap when `count` entries of `what` pass `limit`.
+static Status check_limit(uint64_t count, uint64_t limit, const char* what, const char* knob,
+                          const std::string& origin) {
+  if (count <= limit) return Status::ok();
+  return Status::data(std::string(what) + " has " + std::to_string(count) +
+                      " entries, over the limit of " + std::to_string(limit) + " (" + knob + ")")
+      .with_file(origin);
+}
+
+Result<Tokenizer> Tokenizer::from_json(std::string_view json_text, const std::string& origin,
+                                       const TokenizerLimits& limits) {
+  Result<nlohmann::json> parsed = parse_untrusted_json(json_text);
+  if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(origin);
+  nlohmann::json j = std::move(parsed).value();
   if (!j.is_object()) return Status::data("a tokenizer file must hold a JSON object").with_file(origin);
   auto field = [&](const char* key) -> const nlohmann::json* {
     auto it = j.find(key);
@@ -469,6 +477,10 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view json_text, const std::st
   auto vocab_j = field("vocab");
   if (!vocab_j || !vocab_j->is_object())
     return Status::data("missing or not an object").with_file(origin).with_key("vocab");
+  KILN_RETURN_IF_ERROR(check_limit(vocab_j->size(), limits.max_vocab, "vocab", "max_vocab", origin));
+  if (auto m = field("merges"); m && m->is_array()) {
+    KILN_RETURN_IF_ERROR(check_limit(m->size(), limits.max_merges, "merges", "max_merges", origin));
+  }
   std::vector<std::pair<std::string, int64_t>> vocab;
   vocab.reserve(vocab_j->size());
   for (const auto& [k, v] : vocab_j->items()) {
@@ -519,17 +531,16 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view json_text, const std::st
 }
 
 Result<Tokenizer> Tokenizer::load_gpt2(const std::string& vocab_json_path,
-                                       const std::string& merges_txt_path) {
+                                       const std::string& merges_txt_path,
+                                       const TokenizerLimits& limits) {
   KILN_ASSIGN_OR_RETURN(std::string vocab_text, read_file(vocab_json_path));
   KILN_ASSIGN_OR_RETURN(std::string merges_text, read_file(merges_txt_path));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(vocab_text);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::data(std::string("not valid JSON: ") + e.what()).with_file(vocab_json_path);
-  }
+  Result<nlohmann::json> parsed = parse_untrusted_json(vocab_text);
+  if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(vocab_json_path);
+  nlohmann::json j = std::move(parsed).value();
   if (!j.is_object())
     return Status::data("vocab.json must map token strings to ids").with_file(vocab_json_path);
+  KILN_RETURN_IF_ERROR(check_limit(j.size(), limits.max_vocab, "vocab.json", "max_vocab", vocab_json_path));
   std::vector<std::pair<std::string, int64_t>> vocab;
   vocab.reserve(j.size());
   for (const auto& [k, v] : j.items()) {
@@ -547,6 +558,11 @@ Result<Tokenizer> Tokenizer::load_gpt2(const std::string& vocab_json_path,
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || (line_no == 1 && line.rfind("#version", 0) == 0)) continue;
+    if (merges.size() == limits.max_merges) {
+      return check_limit(merges.size() + 1, limits.max_merges, "merges.txt", "max_merges",
+                         merges_txt_path)
+          .with_line(long(line_no));
+    }
     auto pair = split_merge(line, merges.size(), merges_txt_path);
     if (!pair.is_ok()) return std::move(pair).take_status().with_line(long(line_no));
     merges.push_back(std::move(pair).value());
@@ -568,16 +584,16 @@ Result<Tokenizer> Tokenizer::load_gpt2(const std::string& vocab_json_path,
   return build_tokenizer(vocab, merges, special_ids, eos, pre, vocab_json_path);
 }
 
-Result<Tokenizer> Tokenizer::load(const std::string& path) {
+Result<Tokenizer> Tokenizer::load(const std::string& path, const TokenizerLimits& limits) {
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
   // A Kiln tokenizer names its format; anything else is taken as a GPT-2 vocab.json.
-  if (text.find(kTokenizerFormat) != std::string::npos) return from_json(text, path);
+  if (text.find(kTokenizerFormat) != std::string::npos) return from_json(text, path, limits);
   std::filesystem::path merges = std::filesystem::path(path).parent_path() / "merges.txt";
   if (!std::filesystem::exists(merges))
     return Status::data(std::string("neither a ") + kTokenizerFormat +
                         " file nor a vocab.json with merges.txt beside it")
         .with_file(path);
-  return load_gpt2(path, merges.string());
+  return load_gpt2(path, merges.string(), limits);
 }
 
 }  // namespace kiln::prep

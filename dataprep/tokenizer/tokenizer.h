@@ -37,6 +37,13 @@ struct TokenizerTrainOptions {
   PretokenizerSpec pretokenizer;
 };
 
+// Caps on what a tokenizer file may make Kiln build (checked right after the JSON is read, before
+// any table is built); past one, loading is a kData error naming the file and the limit.
+struct TokenizerLimits {
+  uint64_t max_vocab = uint64_t{1} << 24;   // 16.8M tokens (GPT-4o has 200k)
+  uint64_t max_merges = uint64_t{1} << 24;
+};
+
 class Tokenizer {
  public:
   Tokenizer();
@@ -50,12 +57,14 @@ class Tokenizer {
   static Result<Tokenizer> train(const std::vector<std::string_view>& texts,
                                  const TokenizerTrainOptions& options);
   // Reads a tokenizer file: Kiln's JSON, or a GPT-2 vocab.json with merges.txt beside it.
-  static Result<Tokenizer> load(const std::string& path);
-  static Result<Tokenizer> from_json(std::string_view json_text, const std::string& origin);
+  static Result<Tokenizer> load(const std::string& path, const TokenizerLimits& limits = {});
+  static Result<Tokenizer> from_json(std::string_view json_text, const std::string& origin,
+                                     const TokenizerLimits& limits = {});
   // GPT-2 style pair. Tokens of vocab.json that are neither a byte nor the result of a merge are
   // special tokens; "<|endoftext|>" (when present) is the EOS. Pre-tokenizer "gpt2".
   static Result<Tokenizer> load_gpt2(const std::string& vocab_json_path,
-                                     const std::string& merges_txt_path);
+                                     const std::string& merges_txt_path,
+                                     const TokenizerLimits& limits = {});
 
   std::string to_json() const;                 // deterministic bytes
   Status save(const std::string& path) const;  // atomic

@@ -1,0 +1,300 @@
+// Caps on what an input can make Kiln spend (issue 13): each cap gets an input just past it (an
+// error naming the file and the limit) and one at it (accepted). Tests are named after the cap.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "common/atomic_file.h"
+#include "common/json.h"
+#include "dataprep/ingest/doc_parser.h"
+#include "dataprep/tokenizer/tokenizer.h"
+#include "engine/mixture_control.h"
+#include "engine/safetensors.h"
+#include "format/manifest.h"
+#include "format/npy.h"
+#include "format/shard_reader.h"
+#include "format/shard_writer.h"
+
+namespace kiln {
+namespace {
+namespace fs = std::filesystem;
+
+class InputCaps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("kiln_caps_test_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void spit(const std::string& name, const std::string& bytes) const {
+    std::ofstream f(path(name), std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  fs::path dir_;
+};
+
+std::string nested(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+ShardSample sample(const std::string& key, int members, size_t bytes_each) {
+  ShardSample s;
+  s.key = key;
+  for (int m = 0; m < members; ++m) {
+    s.members.push_back({"part" + std::to_string(m), std::string(bytes_each, 'x')});
+  }
+  return s;
+}
+
+Result<ShardInfo> write_shard(const std::string& path, const std::vector<ShardSample>& samples) {
+  KILN_ASSIGN_OR_RETURN(auto w, ShardWriter::open(path, shard_compression_for_path(path).value()));
+  for (const auto& s : samples) KILN_RETURN_IF_ERROR(w->add(s, 0));
+  return w->close();
+}
+
+Status read_through(const std::string& path, const ShardReaderOptions& opt) {
+  return ShardReader::read_all(path, opt).status();
+}
+
+// ---- shards -----------------------------------------------------------------------------------
+
+TEST_F(InputCaps, SampleMemberCountJustPastCap) {
+  ASSERT_TRUE(write_shard(path("m.tar"), {sample("a", 5, 10), sample("b", 4, 10)}).is_ok());
+  ShardReaderOptions opt;
+  opt.max_sample_members = 4;
+  Status st = read_through(path("m.tar"), opt);
+  ASSERT_EQ(st.code(), StatusCode::kData);
+  EXPECT_NE(st.message().find("more than 4 members (max_sample_members)"), std::string::npos)
+      << st.to_string();
+  EXPECT_NE(st.to_string().find(path("m.tar")), std::string::npos) << st.to_string();
+  opt.max_sample_members = 5;
+  EXPECT_TRUE(read_through(path("m.tar"), opt).is_ok());
+}
+
+TEST_F(InputCaps, SampleBytesJustPastCap) {
+  ASSERT_TRUE(write_shard(path("b.tar.zst"), {sample("a", 3, 100), sample("b", 1, 300)}).is_ok());
+  ShardReaderOptions opt;
+  opt.max_sample_bytes = 299;  // sample b's single member is 300 bytes
+  Status st = read_through(path("b.tar.zst"), opt);
+  ASSERT_EQ(st.code(), StatusCode::kData);
+  EXPECT_NE(st.message().find("more than 299 bytes (max_sample_bytes)"), std::string::npos)
+      << st.to_string();
+  opt.max_sample_bytes = 300;
+  EXPECT_TRUE(read_through(path("b.tar.zst"), opt).is_ok());
+}
+
+TEST_F(InputCaps, DecompressedShardBytesJustPastManifestFigure) {
+  auto info = write_shard(path("z.tar.zst"), {sample("a", 3, 5000), sample("b", 3, 5000)});
+  ASSERT_TRUE(info.is_ok()) << info.status().to_string();
+  ASSERT_GT(info->tar_bytes, info->bytes);  // compressed
+  // The manifest records the figure and the reader enforces it.
+  Manifest m;
+  m.add_shard(*info, "web", dir_.string());
+  ASSERT_EQ(m.shards[0].tar_bytes, info->tar_bytes);
+  auto back = manifest_from_json(manifest_to_json(m), "manifest.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->shards[0].tar_bytes, info->tar_bytes);
+  ShardReaderOptions opt = Manifest::reader_options(back->shards[0], true);
+  EXPECT_TRUE(read_through(path("z.tar.zst"), opt).is_ok());
+  opt.max_tar_bytes = info->tar_bytes - 1;
+  Status st = read_through(path("z.tar.zst"), opt);
+  ASSERT_EQ(st.code(), StatusCode::kData);
+  EXPECT_NE(st.message().find("longer than " + std::to_string(info->tar_bytes - 1) + " bytes"),
+            std::string::npos)
+      << st.to_string();
+  EXPECT_NE(st.message().find("tar_bytes"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.to_string().find(path("z.tar.zst")), std::string::npos) << st.to_string();
+}
+
+TEST_F(InputCaps, ManifestWithoutTarBytesStillReads) {
+  auto info = write_shard(path("old.tar"), {sample("a", 2, 10)});
+  ASSERT_TRUE(info.is_ok());
+  Manifest m;
+  m.add_shard(*info, "web", dir_.string());
+  std::string json = manifest_to_json(m);
+  size_t at = json.find(",\"tar_bytes\":");
+  ASSERT_NE(at, std::string::npos);
+  json.erase(at, json.find('}', at) - at);  // a manifest from before the field
+  auto back = manifest_from_json(json, "manifest.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->shards[0].tar_bytes, 0u);
+  EXPECT_FALSE(Manifest::reader_options(back->shards[0], true).max_tar_bytes.has_value());
+}
+
+TEST_F(InputCaps, ShardSymlinkOutsideDatasetRefused) {
+  fs::create_directories(dir_ / "data/shards/web");
+  fs::create_directories(dir_ / "elsewhere");
+  auto inside = write_shard(path("data/shards/web/web-000000.tar"), {sample("a", 1, 10)});
+  auto outside = write_shard(path("elsewhere/web-000001.tar"), {sample("b", 1, 10)});
+  ASSERT_TRUE(inside.is_ok() && outside.is_ok());
+  fs::create_symlink(dir_ / "elsewhere/web-000001.tar", dir_ / "data/shards/web/web-000001.tar");
+  fs::create_symlink("web-000000.tar", dir_ / "data/shards/web/alias.tar");  // stays inside
+  Manifest m;
+  m.dir = path("data");
+  ManifestShard a, b, c;
+  a.path = "shards/web/web-000000.tar";
+  b.path = "shards/web/web-000001.tar";
+  c.path = "shards/web/alias.tar";
+  EXPECT_TRUE(m.checked_shard_path(a).is_ok());
+  EXPECT_TRUE(m.checked_shard_path(c).is_ok());
+  auto st = m.checked_shard_path(b);
+  ASSERT_EQ(st.status().code(), StatusCode::kData);
+  EXPECT_NE(st.status().message().find("outside the dataset folder"), std::string::npos)
+      << st.status().to_string();
+  EXPECT_NE(st.status().message().find("shards/web/web-000001.tar"), std::string::npos);
+}
+
+// ---- JSON nesting -----------------------------------------------------------------------------
+
+TEST_F(InputCaps, JsonNestingJustPastCap) {
+  EXPECT_TRUE(check_json_depth(nested(kMaxJsonDepth)).is_ok());
+  Status st = check_json_depth(nested(kMaxJsonDepth + 1));
+  ASSERT_EQ(st.code(), StatusCode::kData);
+  EXPECT_NE(st.message().find("limit of " + std::to_string(kMaxJsonDepth) + " levels"),
+            std::string::npos)
+      << st.message();
+  // Brackets inside strings do not count.
+  EXPECT_TRUE(check_json_depth("[\"" + std::string(1000, '[') + "\\\"\"]").is_ok());
+}
+
+TEST_F(InputCaps, JsonNestingJustPastCapInEveryReader) {
+  const std::string deep = nested(kMaxJsonDepth + 1);
+  auto expect_named = [&](const Status& st, const std::string& file) {
+    ASSERT_EQ(st.code(), StatusCode::kData) << file;
+    EXPECT_NE(st.to_string().find(file), std::string::npos) << st.to_string();
+    EXPECT_NE(st.to_string().find("levels"), std::string::npos) << st.to_string();
+  };
+  expect_named(manifest_from_json("{\"format\": " + deep + "}", "m.json").status(), "m.json");
+  expect_named(Tokenizer::from_json("{\"vocab\": " + deep + "}", "t.json").status(), "t.json");
+  expect_named(engine::parse_mixture_json("{\"weights\": " + deep + "}", "mix.json").status(),
+               "mix.json");
+  std::string header = "{\"a\": " + deep + "}";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  spit("deep.safetensors", file + header);
+  expect_named(engine::SafetensorsFile::read(path("deep.safetensors")).status(), "deep.safetensors");
+  // The JSONL document parser rejects the line (counted as invalid_json) naming the limit.
+  Document doc;
+  ParseResult r = parse_jsonl_line("{\"text\": \"x\", \"meta\": {\"a\": " + deep + "}}", "f", 1,
+                                   ParseOptions{}, &doc);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.reason, RejectReason::kInvalidJson);
+  EXPECT_NE(r.detail.find("limit of " + std::to_string(kMaxJsonDepth)), std::string::npos) << r.detail;
+  r = parse_jsonl_line("{\"text\": \"x\", \"meta\": {\"a\": " + nested(kMaxJsonDepth - 3) + "}}",
+                       "f", 1, ParseOptions{}, &doc);
+  EXPECT_TRUE(r.ok) << r.detail;
+}
+
+// ---- .npy ---------------------------------------------------------------------------------------
+
+TEST_F(InputCaps, NpyHeaderLengthJustPastCap) {
+  // Version 2.0 (4-byte header length) with a header of 65537 bytes: refused before parsing it.
+  std::string npy = std::string("\x93NUMPY\x02\x00", 8);
+  uint32_t len = (1u << 16) + 1;
+  npy.append(reinterpret_cast<const char*>(&len), 4);
+  npy.append(len, ' ');
+  auto r = npy_parse(npy);
+  ASSERT_EQ(r.status().code(), StatusCode::kData);
+  EXPECT_NE(r.status().message().find("header length 65537"), std::string::npos)
+      << r.status().message();
+}
+
+TEST_F(InputCaps, NpyDimensionsPastOneOrOverflowing) {
+  auto header = [](const std::string& shape) {
+    std::string dict = "{'descr': '<u4', 'fortran_order': False, 'shape': " + shape + ", }";
+    dict.append(63 - (10 + dict.size()) % 64, ' ');
+    dict += '\n';
+    std::string out("\x93NUMPY\x01\x00", 8);
+    out.push_back(static_cast<char>(dict.size() & 0xff));
+    out.push_back(static_cast<char>(dict.size() >> 8));
+    return out + dict;
+  };
+  auto two_d = npy_parse(header("(2, 2)") + std::string(16, '\0'));
+  ASSERT_EQ(two_d.status().code(), StatusCode::kData);
+  EXPECT_NE(two_d.status().message().find("1-D"), std::string::npos) << two_d.status().message();
+  // 2^62 elements of 4 bytes overflow 64 bits: refused without multiplying.
+  auto huge = npy_parse(header("(4611686018427387904,)") + std::string(16, '\0'));
+  ASSERT_EQ(huge.status().code(), StatusCode::kData);
+  EXPECT_NE(huge.status().message().find("too many"), std::string::npos) << huge.status().message();
+  auto overflow = npy_parse(header("(99999999999999999999999,)"));
+  ASSERT_EQ(overflow.status().code(), StatusCode::kData);
+  EXPECT_NE(overflow.status().message().find("overflows"), std::string::npos);
+}
+
+// ---- safetensors --------------------------------------------------------------------------------
+
+std::string safetensors_bytes(const std::string& header, size_t data_bytes, uint64_t claimed_len = 0) {
+  uint64_t n = claimed_len ? claimed_len : header.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + header + std::string(data_bytes, '\0');
+}
+
+TEST_F(InputCaps, SafetensorsHeaderJustPastCap) {
+  spit("big.safetensors", safetensors_bytes("{}", 0, engine::kMaxSafetensorsHeaderBytes + 1));
+  auto r = engine::SafetensorsFile::read(path("big.safetensors"));
+  ASSERT_EQ(r.status().code(), StatusCode::kData);
+  EXPECT_NE(r.status().message().find("over the limit of " +
+                                      std::to_string(engine::kMaxSafetensorsHeaderBytes)),
+            std::string::npos)
+      << r.status().to_string();
+  EXPECT_EQ(r.status().file(), path("big.safetensors"));
+}
+
+TEST_F(InputCaps, SafetensorsShapeProductOverflow) {
+  // 2^32 * 2^32 * 4 bytes wraps to 0 in 64 bits; data_offsets [0, 0] would then "match".
+  spit("wrap.safetensors",
+       safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0));
+  auto r = engine::SafetensorsFile::read(path("wrap.safetensors"));
+  ASSERT_EQ(r.status().code(), StatusCode::kData) << "a wrapped shape product was accepted";
+  EXPECT_NE(r.status().message().find("overflows"), std::string::npos) << r.status().to_string();
+  EXPECT_EQ(r.status().key(), "w");
+  spit("ok.safetensors",
+       safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})", 24));
+  EXPECT_TRUE(engine::SafetensorsFile::read(path("ok.safetensors")).is_ok());
+}
+
+// ---- tokenizer ----------------------------------------------------------------------------------
+
+TEST_F(InputCaps, TokenizerVocabAndMergesJustPastCap) {
+  std::vector<std::string> texts = {"the cat sat on the mat with the hat"};
+  std::vector<std::string_view> views(texts.begin(), texts.end());
+  TokenizerTrainOptions topt;
+  topt.vocab_size = 262;
+  auto tok = Tokenizer::train(views, topt);
+  ASSERT_TRUE(tok.is_ok());
+  const uint64_t vocab = tok->vocab_size(), merges = tok->num_merges();
+  ASSERT_GT(merges, 0u);
+  std::string json = tok->to_json();
+  TokenizerLimits at{vocab, merges};
+  EXPECT_TRUE(Tokenizer::from_json(json, "t.json", at).is_ok());
+  TokenizerLimits small_vocab{vocab - 1, merges};
+  auto r = Tokenizer::from_json(json, "t.json", small_vocab);
+  ASSERT_EQ(r.status().code(), StatusCode::kData);
+  EXPECT_NE(r.status().to_string().find("t.json"), std::string::npos);
+  EXPECT_NE(r.status().message().find("over the limit of " + std::to_string(vocab - 1) + " (max_vocab)"),
+            std::string::npos)
+      << r.status().to_string();
+  TokenizerLimits small_merges{vocab, merges - 1};
+  r = Tokenizer::from_json(json, "t.json", small_merges);
+  ASSERT_EQ(r.status().code(), StatusCode::kData);
+  EXPECT_NE(r.status().message().find("(max_merges)"), std::string::npos) << r.status().to_string();
+  // The GPT-2 pair: merges.txt past the cap names the file and the line.
+  ASSERT_TRUE(tok->save_gpt2(path("vocab.json"), path("merges.txt")).is_ok());
+  EXPECT_TRUE(Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), at).is_ok());
+  r = Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), small_merges);
+  ASSERT_EQ(r.status().code(), StatusCode::kData);
+  EXPECT_EQ(r.status().file(), path("merges.txt"));
+  EXPECT_GT(r.status().line(), 0);
+  r = Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), small_vocab);
+  ASSERT_EQ(r.status().code(), StatusCode::kData);
+  EXPECT_EQ(r.status().file(), path("vocab.json"));
+}
+
+}  // namespace
+}  // namespace kiln
