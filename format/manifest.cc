@@ -258,6 +258,9 @@ std::string Manifest::shard_path(const ManifestShard& shard) const {
 
 Result<std::string> Manifest::checked_shard_path(const ManifestShard& shard) const {
   std::string path = shard_path(shard);
+  // Only a manifest read from a folder has a folder to stay inside (one assembled in memory,
+  // e.g. over several datasets, lists absolute paths and has no dir).
+  if (dir.empty() || fs::path(shard.path).is_absolute()) return path;
   std::error_code ec;
   fs::path root = fs::weakly_canonical(dir.empty() ? fs::path(".") : fs::path(dir), ec);
   if (ec) return Status::from_errno("resolve dataset folder", dir, ec.value());
