@@ -170,7 +170,7 @@ TEST_F(InputCaps, JsonNestingJustPastCapInEveryReader) {
     EXPECT_NE(st.to_string().find("levels"), std::string::npos) << st.to_string();
   };
   expect_named(manifest_from_json("{\"format\": " + deep + "}", "m.json").status(), "m.json");
-  expect_named(Tokenizer::from_json("{\"vocab\": " + deep + "}", "t.json").status(), "t.json");
+  expect_named(prep::Tokenizer::from_json("{\"vocab\": " + deep + "}", "t.json").status(), "t.json");
   expect_named(engine::parse_mixture_json("{\"weights\": " + deep + "}", "mix.json").status(),
                "mix.json");
   std::string header = "{\"a\": " + deep + "}";
@@ -179,14 +179,14 @@ TEST_F(InputCaps, JsonNestingJustPastCapInEveryReader) {
   spit("deep.safetensors", file + header);
   expect_named(engine::SafetensorsFile::read(path("deep.safetensors")).status(), "deep.safetensors");
   // The JSONL document parser rejects the line (counted as invalid_json) naming the limit.
-  Document doc;
-  ParseResult r = parse_jsonl_line("{\"text\": \"x\", \"meta\": {\"a\": " + deep + "}}", "f", 1,
-                                   ParseOptions{}, &doc);
+  prep::Document doc;
+  prep::ParseResult r = parse_jsonl_line("{\"text\": \"x\", \"meta\": {\"a\": " + deep + "}}", "f", 1,
+                                   prep::ParseOptions{}, &doc);
   EXPECT_FALSE(r.ok);
-  EXPECT_EQ(r.reason, RejectReason::kInvalidJson);
+  EXPECT_EQ(r.reason, prep::RejectReason::kInvalidJson);
   EXPECT_NE(r.detail.find("limit of " + std::to_string(kMaxJsonDepth)), std::string::npos) << r.detail;
-  r = parse_jsonl_line("{\"text\": \"x\", \"meta\": {\"a\": " + nested(kMaxJsonDepth - 3) + "}}",
-                       "f", 1, ParseOptions{}, &doc);
+  r = prep::parse_jsonl_line("{\"text\": \"x\", \"meta\": {\"a\": " + nested(kMaxJsonDepth - 3) + "}}",
+                       "f", 1, prep::ParseOptions{}, &doc);
   EXPECT_TRUE(r.ok) << r.detail;
 }
 
@@ -264,34 +264,34 @@ TEST_F(InputCaps, SafetensorsShapeProductOverflow) {
 TEST_F(InputCaps, TokenizerVocabAndMergesJustPastCap) {
   std::vector<std::string> texts = {"the cat sat on the mat with the hat"};
   std::vector<std::string_view> views(texts.begin(), texts.end());
-  TokenizerTrainOptions topt;
+  prep::TokenizerTrainOptions topt;
   topt.vocab_size = 262;
-  auto tok = Tokenizer::train(views, topt);
+  auto tok = prep::Tokenizer::train(views, topt);
   ASSERT_TRUE(tok.is_ok());
   const uint64_t vocab = tok->vocab_size(), merges = tok->num_merges();
   ASSERT_GT(merges, 0u);
   std::string json = tok->to_json();
-  TokenizerLimits at{vocab, merges};
-  EXPECT_TRUE(Tokenizer::from_json(json, "t.json", at).is_ok());
-  TokenizerLimits small_vocab{vocab - 1, merges};
-  auto r = Tokenizer::from_json(json, "t.json", small_vocab);
+  prep::TokenizerLimits at{vocab, merges};
+  EXPECT_TRUE(prep::Tokenizer::from_json(json, "t.json", at).is_ok());
+  prep::TokenizerLimits small_vocab{vocab - 1, merges};
+  auto r = prep::Tokenizer::from_json(json, "t.json", small_vocab);
   ASSERT_EQ(r.status().code(), StatusCode::kData);
   EXPECT_NE(r.status().to_string().find("t.json"), std::string::npos);
   EXPECT_NE(r.status().message().find("over the limit of " + std::to_string(vocab - 1) + " (max_vocab)"),
             std::string::npos)
       << r.status().to_string();
-  TokenizerLimits small_merges{vocab, merges - 1};
-  r = Tokenizer::from_json(json, "t.json", small_merges);
+  prep::TokenizerLimits small_merges{vocab, merges - 1};
+  r = prep::Tokenizer::from_json(json, "t.json", small_merges);
   ASSERT_EQ(r.status().code(), StatusCode::kData);
   EXPECT_NE(r.status().message().find("(max_merges)"), std::string::npos) << r.status().to_string();
   // The GPT-2 pair: merges.txt past the cap names the file and the line.
   ASSERT_TRUE(tok->save_gpt2(path("vocab.json"), path("merges.txt")).is_ok());
-  EXPECT_TRUE(Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), at).is_ok());
-  r = Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), small_merges);
+  EXPECT_TRUE(prep::Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), at).is_ok());
+  r = prep::Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), small_merges);
   ASSERT_EQ(r.status().code(), StatusCode::kData);
   EXPECT_EQ(r.status().file(), path("merges.txt"));
   EXPECT_GT(r.status().line(), 0);
-  r = Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), small_vocab);
+  r = prep::Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), small_vocab);
   ASSERT_EQ(r.status().code(), StatusCode::kData);
   EXPECT_EQ(r.status().file(), path("vocab.json"));
 }

@@ -76,7 +76,7 @@ class TrainSignals : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(root_); }
 
   static std::string args(const std::string& run, int64_t steps) {
-    return "train --config " + std::string(KILN_SOURCE_DIR) + "/configs/train/tiny.yaml" +
+    return "train --config " + std::string(kiln::test::source_dir()) + "/configs/train/tiny.yaml" +
            " --set data.manifest=" + root_ + "/data/manifest.json --set run.dir=" + root_ + "/" +
            run + " --set model.vocab_size=300 --set model.d_model=32 --set model.n_layers=1" +
            " --set model.seq_len=32 --set data.micro_batch=2 --set schedule.total_steps=50" +
@@ -107,7 +107,7 @@ class TrainSignals : public ::testing::Test {
     std::string err = root_ + "/" + run + ".err";
     pid_t pid = ::fork();
     if (pid == 0) {
-      std::string cmd = "exec " + std::string(KILN_BINARY) + " " + a + " >/dev/null 2>" + err;
+      std::string cmd = "exec " + std::string(kiln::test::kiln_binary()) + " " + a + " >/dev/null 2>" + err;
       ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }

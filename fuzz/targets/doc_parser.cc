@@ -9,27 +9,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;
   std::string_view in = fuzz::as_view(data, size);
   for (bool repair : {true, false}) {
-    ParseOptions opt;
+    prep::ParseOptions opt;
     opt.repair_utf8 = repair;
-    Document doc;
-    ParseResult r = parse_jsonl_line(in, "fuzz", 7, opt, &doc);
+    prep::Document doc;
+    prep::ParseResult r = parse_jsonl_line(in, "fuzz", 7, opt, &doc);
     if (r.ok) {
       FUZZ_REQUIRE(!doc.id.empty());
-      FUZZ_REQUIRE(is_valid_utf8(doc.text));
+      FUZZ_REQUIRE(prep::is_valid_utf8(doc.text));
       FUZZ_REQUIRE(r.text == doc.text);
     }
-    Document text_doc;
-    ParseResult t = parse_text_document(in, "dir/file.txt", opt, &text_doc);
-    if (t.ok) FUZZ_REQUIRE(is_valid_utf8(text_doc.text));
+    prep::Document text_doc;
+    prep::ParseResult t = parse_text_document(in, "dir/file.txt", opt, &text_doc);
+    if (t.ok) FUZZ_REQUIRE(prep::is_valid_utf8(text_doc.text));
     if (t.ok && !repair) FUZZ_REQUIRE(text_doc.text == in);
   }
   std::string fixed;
-  if (repair_utf8(in, &fixed)) {
-    FUZZ_REQUIRE(is_valid_utf8(fixed));
+  if (prep::repair_utf8(in, &fixed)) {
+    FUZZ_REQUIRE(prep::is_valid_utf8(fixed));
     std::string again;
-    FUZZ_REQUIRE(!repair_utf8(fixed, &again));
+    FUZZ_REQUIRE(!prep::repair_utf8(fixed, &again));
   } else {
-    FUZZ_REQUIRE(is_valid_utf8(in));
+    FUZZ_REQUIRE(prep::is_valid_utf8(in));
   }
   return 0;
 }

@@ -9,7 +9,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto [vocab, merges] = fuzz::split_two(fuzz::as_view(data, size), "\n#kiln-fuzz-merges\n");
   std::string vocab_path = fuzz::write_scratch("vocab.json", vocab);
   std::string merges_path = fuzz::write_scratch("merges.txt", merges);
-  auto tok = Tokenizer::load_gpt2(vocab_path, merges_path);
+  auto tok = prep::Tokenizer::load_gpt2(vocab_path, merges_path);
   if (!tok.is_ok()) return 0;
   std::string_view text = "Hello, world! It's 2026 \xe4\xb8\xad\xe6\x96\x87  \n x";
   std::vector<uint32_t> ids = tok->encode(text);

@@ -9,29 +9,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;
   fuzz::quiet_logs();
   if (size < 2) return 0;
-  InputCompression compression = data[0] % 3 == 0   ? InputCompression::kNone
-                                 : data[0] % 3 == 1 ? InputCompression::kGzip
-                                                    : InputCompression::kZstd;
+  prep::InputCompression compression = data[0] % 3 == 0   ? prep::InputCompression::kNone
+                                 : data[0] % 3 == 1 ? prep::InputCompression::kGzip
+                                                    : prep::InputCompression::kZstd;
   size_t max_line = size_t{16} << (data[1] % 12);
   std::string path = fuzz::write_scratch("input.jsonl", fuzz::as_view(data + 2, size - 2));
-  auto reader = LineReader::open(path, compression, max_line);
+  auto reader = prep::LineReader::open(path, compression, max_line);
   if (!reader.is_ok()) return 0;
-  LineEvent ev;
+  prep::LineEvent ev;
   uint64_t events = 0;
   for (;;) {
     Status st = (*reader)->next(&ev);
     if (!st.is_ok()) break;
     FUZZ_REQUIRE(++events <= size + 2);  // every event consumes input (or ends)
-    if (ev.kind == LineEventKind::kEnd || ev.kind == LineEventKind::kTruncated ||
-        ev.kind == LineEventKind::kCorrupt) {
-      LineEvent after;
-      FUZZ_REQUIRE((*reader)->next(&after).is_ok() && after.kind == LineEventKind::kEnd);
+    if (ev.kind == prep::LineEventKind::kEnd || ev.kind == prep::LineEventKind::kTruncated ||
+        ev.kind == prep::LineEventKind::kCorrupt) {
+      prep::LineEvent after;
+      FUZZ_REQUIRE((*reader)->next(&after).is_ok() && after.kind == prep::LineEventKind::kEnd);
       break;
     }
-    if (ev.kind == LineEventKind::kLine) {
+    if (ev.kind == prep::LineEventKind::kLine) {
       FUZZ_REQUIRE(ev.text.size() <= max_line);
       FUZZ_REQUIRE(ev.text.find('\n') == std::string_view::npos);
-    } else if (ev.kind == LineEventKind::kTooLong) {
+    } else if (ev.kind == prep::LineEventKind::kTooLong) {
       FUZZ_REQUIRE(ev.length > max_line);
     }
   }

@@ -8,13 +8,13 @@
 #include "fuzz/fuzz_util.h"
 
 namespace {
-const kiln::Tokenizer& byte_tokenizer() {
-  static const kiln::Tokenizer tok = [] {
+const kiln::prep::Tokenizer& byte_tokenizer() {
+  static const kiln::prep::Tokenizer tok = [] {
     std::vector<std::string> texts = {"the cat sat on the mat, the cat ate the rat"};
     std::vector<std::string_view> views(texts.begin(), texts.end());
-    kiln::TokenizerTrainOptions opt;
+    kiln::prep::TokenizerTrainOptions opt;
     opt.vocab_size = 300;
-    auto t = kiln::Tokenizer::train(views, opt);
+    auto t = kiln::prep::Tokenizer::train(views, opt);
     if (!t.is_ok()) std::abort();
     return std::move(t).value();
   }();
@@ -24,11 +24,11 @@ const kiln::Tokenizer& byte_tokenizer() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;
-  auto ids = parse_token_ids(fuzz::as_view(data, size));
+  auto ids = prep::parse_token_ids(fuzz::as_view(data, size));
   if (!ids.is_ok()) return 0;
   std::string printed;
   for (uint32_t id : *ids) printed += std::to_string(id) + " ";
-  auto back = parse_token_ids(printed);
+  auto back = prep::parse_token_ids(printed);
   FUZZ_REQUIRE(back.is_ok() && *back == *ids);
   auto text = byte_tokenizer().decode(*ids);
   bool all_in_range = true;

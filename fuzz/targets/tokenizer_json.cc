@@ -7,7 +7,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;
   std::string_view in = fuzz::as_view(data, size);
-  auto tok = Tokenizer::from_json(in, "fuzz.json");
+  auto tok = prep::Tokenizer::from_json(in, "fuzz.json");
   if (!tok.is_ok()) return 0;
   for (std::string_view text : {std::string_view("Hello, world! 123 \xe4\xb8\xad\xe6\x96\x87\n\t x"),
                                 in.substr(0, 256)}) {
@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_REQUIRE(back.is_ok() && *back == text);
   }
   std::string json = tok->to_json();
-  auto again = Tokenizer::from_json(json, "again.json");
+  auto again = prep::Tokenizer::from_json(json, "again.json");
   FUZZ_REQUIRE(again.is_ok() && again->to_json() == json);
   return 0;
 }
