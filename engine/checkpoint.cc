@@ -305,6 +305,46 @@ Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& di
   }
 }
 
+namespace {
+
+// state.json's trainer fields (everything but the model shape and the file list).
+Status parse_trainer_state(const nlohmann::json& j, TrainerState* state) {
+  state->precision = j.at("precision").get<std::string>();
+  state->step = j.at("step").get<int64_t>();
+  state->adam_updates = j.at("adam_updates").get<int64_t>();
+  state->tokens = j.at("tokens").get<int64_t>();
+  state->skipped_steps = j.at("skipped_steps").get<int64_t>();
+  state->seed = j.at("seed").get<uint64_t>();
+  const auto& ls = j.at("loss_scaler");
+  state->scaler.scale = ls.at("scale").get<double>();
+  state->scaler.clean_steps = ls.at("clean_steps").get<int64_t>();
+  state->scaler.hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
+  state->scaler.overflows = ls.at("overflows").get<int64_t>();
+  state->data_state = j.at("data_state").get<std::string>();
+  KILN_ASSIGN_OR_RETURN(state->mixture_hash, parse_hex64(j.at("mixture_hash").get<std::string>()));
+  // "extra" came later: checkpoints without it resume with fresh policy/stability state.
+  state->extra.clear();
+  if (auto e = j.find("extra"); e != j.end() && e->is_object()) {
+    for (auto it = e->begin(); it != e->end(); ++it) state->extra[it.key()] = it.value().get<std::string>();
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<TrainerState> read_trainer_state(const std::string& dir_text) {
+  const fs::path dir(dir_text);
+  KILN_ASSIGN_OR_RETURN(nlohmann::json j, read_state_json(dir));
+  TrainerState state;
+  try {
+    KILN_RETURN_IF_ERROR(parse_trainer_state(j, &state));
+  } catch (const nlohmann::json::exception& e) {
+    return Status::data(std::string("malformed state.json: ") + e.what())
+        .with_file((dir / "state.json").string());
+  }
+  return state;
+}
+
 Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerState* state,
                        CheckpointLayout* layout) {
   const fs::path dir(dir_text);
@@ -318,24 +358,7 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
                             " differs from the config's " + model_json(params->model()).dump())
           .with_file(state_path);
     }
-    state->precision = j.at("precision").get<std::string>();
-    state->step = j.at("step").get<int64_t>();
-    state->adam_updates = j.at("adam_updates").get<int64_t>();
-    state->tokens = j.at("tokens").get<int64_t>();
-    state->skipped_steps = j.at("skipped_steps").get<int64_t>();
-    state->seed = j.at("seed").get<uint64_t>();
-    const auto& ls = j.at("loss_scaler");
-    state->scaler.scale = ls.at("scale").get<double>();
-    state->scaler.clean_steps = ls.at("clean_steps").get<int64_t>();
-    state->scaler.hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
-    state->scaler.overflows = ls.at("overflows").get<int64_t>();
-    state->data_state = j.at("data_state").get<std::string>();
-    KILN_ASSIGN_OR_RETURN(state->mixture_hash, parse_hex64(j.at("mixture_hash").get<std::string>()));
-    // "extra" came later: checkpoints without it resume with fresh policy/stability state.
-    state->extra.clear();
-    if (auto e = j.find("extra"); e != j.end() && e->is_object()) {
-      for (auto it = e->begin(); it != e->end(); ++it) state->extra[it.key()] = it.value().get<std::string>();
-    }
+    KILN_RETURN_IF_ERROR(parse_trainer_state(j, state).with_file(state_path));
     if (j.at("format") == kFormat) {
       const std::string meta_path = (dir / "meta.json").string();
       KILN_ASSIGN_OR_RETURN(std::string mtext, read_file(meta_path));

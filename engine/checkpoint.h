@@ -85,6 +85,9 @@ Status finish_checkpoint(const std::string& run_dir, const std::string& tmp_dir,
                          const std::vector<uint64_t>& partition_hashes);
 // The directory `latest` names; kNotFound when the run has no checkpoint.
 Result<std::string> latest_checkpoint(const std::string& run_dir);
+// The trainer state a checkpoint directory records (state.json only; no tensor is read), for
+// tools that report on a run (`kiln mix show`).
+Result<TrainerState> read_trainer_state(const std::string& dir);
 // Loads master weights and moments into params (then refreshes the low-precision copy), from
 // any layout. *layout (optional) receives the writer's.
 Status load_checkpoint(const std::string& dir, ParamStore* params, TrainerState* state,

@@ -223,8 +223,10 @@ Status StabilityState::from_json(const std::string& text, StabilityState* state,
     s.sequences = j.at("sequences").get<std::map<std::string, uint64_t>>();
     auto lw = j.at("loss_window").get<std::vector<double>>();
     auto gw = j.at("grad_window").get<std::vector<double>>();
-    detector->loss().set_values({lw.begin(), lw.end()});
-    detector->grad().set_values({gw.begin(), gw.end()});
+    if (detector) {
+      detector->loss().set_values({lw.begin(), lw.end()});
+      detector->grad().set_values({gw.begin(), gw.end()});
+    }
     for (const auto& q : j.at("quarantined")) {
       Quarantine r;
       r.from_step = q.at("from_step").get<int64_t>();

@@ -119,6 +119,7 @@ struct StabilityState {
   std::map<std::string, uint64_t> sequences;
   std::vector<Quarantine> quarantined;
   std::string to_json(const SpikeDetector& detector) const;
+  // detector may be null (a report that needs no spike windows).
   static Status from_json(const std::string& text, StabilityState* state, SpikeDetector* detector);
 };
 

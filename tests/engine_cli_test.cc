@@ -128,6 +128,10 @@ TEST_F(EngineCli, TrainResumeAndRunDirectory) {
     EXPECT_TRUE((*published)->count("code") && (*published)->count("prose"));
   }
   EXPECT_NE(show.output.find("in effect at step 12"), std::string::npos) << show.output;
+  // The data accounting comes from the latest checkpoint's trainer state.
+  EXPECT_NE(show.output.find("data accounting at checkpoint step 12"), std::string::npos)
+      << show.output;
+  EXPECT_NE(show.output.find("loader weight history"), std::string::npos) << show.output;
   CliRun set = kiln("mix set " + b + " code=3 prose=1");
   EXPECT_EQ(set.exit_code, 0) << set.output;
   auto w = read_mixture(b);

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/checkpoint.h"
+#include "engine/stability.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
 #include "tests/engine_test_util.h"
@@ -150,13 +152,17 @@ TEST_F(StabilityTrain, LrBurstIsRolledBackAndTheWindowQuarantined) {
   EXPECT_EQ(quarantined, static_cast<uint64_t>(spike_step - 20) * 4);
   // Recorded in the checkpoint, and never read again: the data position at the end is the
   // clean run's plus the quarantined window (nothing was rewound).
-  std::ifstream in(fs::path(dir) / "checkpoints" / "step-00000060" / "state.json");
-  json state = json::parse(in);
-  json stab = json::parse(state["extra"]["stability"].get<std::string>());
-  EXPECT_EQ(stab["rollbacks"], 1);
-  ASSERT_EQ(stab["quarantined"].size(), 1u);
+  auto state = read_trainer_state((fs::path(dir) / "checkpoints" / "step-00000060").string());
+  ASSERT_TRUE(state.is_ok()) << state.status().to_string();
+  StabilityState stab;
+  ASSERT_TRUE(StabilityState::from_json(state->extra.at("stability"), &stab, nullptr).is_ok());
+  EXPECT_EQ(stab.rollbacks, 1);
+  ASSERT_EQ(stab.quarantined.size(), 1u);
+  EXPECT_EQ(stab.quarantined[0].spike_step, spike_step);
+  EXPECT_EQ(stab.quarantined[0].from_step, 20);
+  EXPECT_EQ(stab.quarantined[0].to_step, spike_step);
   uint64_t sequences = 0;
-  for (const auto& [d, n] : stab["sequences"].items()) sequences += n.get<uint64_t>();
+  for (const auto& [d, n] : stab.sequences) sequences += n;
   EXPECT_EQ(sequences, 60u * 4 + quarantined);
   // After the rollback the run continues close to the clean one.
   const double clean_tail = mean_loss(*clean_, 45, 60);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,8 @@
 #include "engine/metrics.h"
 #include "engine/mix_controller.h"
 #include "engine/mixture_control.h"
+#include "engine/stability.h"
+#include "loader/loader.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
@@ -42,16 +45,23 @@ Status run_policy(const MixArgs& args) {
   return Status::ok();
 }
 
-std::string format_weights_line(const nlohmann::json& w) {
+std::string format_weights_line(const loader::DomainWeights& w) {
   std::string out;
-  if (!w.is_object()) return out;
-  for (auto it = w.begin(); it != w.end(); ++it) {
+  for (const auto& [domain, weight] : w) {
     char buf[96];
-    std::snprintf(buf, sizeof buf, "%s%s %.4f", out.empty() ? "" : ", ", it.key().c_str(),
-                  it.value().is_number() ? it.value().get<double>() : NAN);
+    std::snprintf(buf, sizeof buf, "%s%s %.4f", out.empty() ? "" : ", ", domain.c_str(), weight);
     out += buf;
   }
   return out;
+}
+
+// A JSON object of weights as logged (a value that is not a number shows as nan).
+std::string format_weights_line(const nlohmann::json& w) {
+  loader::DomainWeights weights;
+  if (!w.is_object()) return {};
+  for (auto it = w.begin(); it != w.end(); ++it)
+    weights.set(it.key(), it.value().is_number() ? it.value().get<double>() : NAN);
+  return format_weights_line(weights);
 }
 
 // The policy and the last `limit` lines of RUN/mixing.jsonl.
@@ -119,40 +129,45 @@ Status run_set(const MixArgs& args) {
 void print_accounting(const std::string& run_dir) {
   auto latest = engine::latest_checkpoint(run_dir);
   if (!latest.is_ok()) return;
-  std::ifstream in(std::filesystem::path(*latest) / "state.json");
-  auto state = nlohmann::json::parse(in, nullptr, false);
-  if (!state.is_object()) return;
+  auto state = engine::read_trainer_state(*latest);
+  if (!state.is_ok()) {
+    std::printf("latest checkpoint %s is unreadable: %s\n", latest->c_str(),
+                state.status().to_string().c_str());
+    return;
+  }
   std::printf("data accounting at checkpoint step %lld (%s):\n",
-              static_cast<long long>(state.value("step", int64_t{0})), latest->c_str());
-  if (state.contains("extra") && state["extra"].contains("stability")) {
-    auto st = nlohmann::json::parse(state["extra"]["stability"].get<std::string>(), nullptr, false);
-    if (st.is_object() && st.contains("sequences")) {
+              static_cast<long long>(state->step), latest->c_str());
+  if (auto it = state->extra.find("stability"); it != state->extra.end()) {
+    engine::StabilityState st;
+    if (engine::StabilityState::from_json(it->second, &st, nullptr).ok()) {
       std::map<std::string, uint64_t> skipped;
-      for (const auto& q : st.value("quarantined", nlohmann::json::array()))
-        for (auto it = q["sequences"].begin(); it != q["sequences"].end(); ++it)
-          skipped[it.key()] += it.value()[1].get<uint64_t>() - it.value()[0].get<uint64_t>();
-      for (auto it = st["sequences"].begin(); it != st["sequences"].end(); ++it) {
-        const uint64_t n = it.value().get<uint64_t>();
+      for (const auto& q : st.quarantined)
+        for (const auto& [domain, range] : q.sequences) skipped[domain] += range.second - range.first;
+      for (const auto& [domain, n] : st.sequences) {
         std::printf("  %-20s %10llu sequences read, %llu trained, %llu quarantined\n",
-                    it.key().c_str(), static_cast<unsigned long long>(n),
-                    static_cast<unsigned long long>(n - skipped[it.key()]),
-                    static_cast<unsigned long long>(skipped[it.key()]));
+                    domain.c_str(), static_cast<unsigned long long>(n),
+                    static_cast<unsigned long long>(n - skipped[domain]),
+                    static_cast<unsigned long long>(skipped[domain]));
       }
-      for (const auto& q : st.value("quarantined", nlohmann::json::array())) {
+      for (const auto& q : st.quarantined) {
+        std::string ranges;
+        for (const auto& [domain, range] : q.sequences) {
+          ranges += (ranges.empty() ? "" : ", ") + domain + " [" + std::to_string(range.first) +
+                    ", " + std::to_string(range.second) + ")";
+        }
         std::printf("  quarantined by a rollback at step %lld (steps %lld..%lld): %s\n",
-                    static_cast<long long>(q.value("spike_step", int64_t{0})),
-                    static_cast<long long>(q.value("from_step", int64_t{0}) + 1),
-                    static_cast<long long>(q.value("to_step", int64_t{0})),
-                    q["sequences"].dump().c_str());
+                    static_cast<long long>(q.spike_step), static_cast<long long>(q.from_step + 1),
+                    static_cast<long long>(q.to_step), ranges.c_str());
       }
     }
   }
-  auto data = nlohmann::json::parse(state.value("data_state", std::string()), nullptr, false);
-  if (data.is_object() && data.contains("weights_history")) {
+  auto data = loader::LoaderState::from_json(state->data_state);
+  if (data.is_ok() && !data->weights_history.empty()) {
     std::printf("  loader weight history (step the weights apply from):\n");
-    for (const auto& w : data["weights_history"])
-      std::printf("    step %8lld  %s\n", static_cast<long long>(w.value("step", int64_t{0})),
-                  format_weights_line(w.value("weights", nlohmann::json())).c_str());
+    for (const auto& w : data->weights_history) {
+      std::printf("    step %8lld  %s\n", static_cast<long long>(w.step),
+                  format_weights_line(w.weights).c_str());
+    }
   }
 }
 
