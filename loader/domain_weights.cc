@@ -86,7 +86,11 @@ Status DomainWeights::check(const WeightRules& rules) const {
     }
     total += value;
   }
-  if (!(total > 0) || !std::isfinite(total)) {
+  if (!std::isfinite(total)) {
+    // Each weight is finite but their sum overflows a double: normalising would give 0 or NaN.
+    return error(rules, "weights are too large: their sum overflows (use relative weights, e.g. 1 and 3)");
+  }
+  if (!(total > 0)) {
     return error(rules, "weights must sum to more than 0");
   }
   return Status::ok();

@@ -6,7 +6,7 @@
 // synthetic training data.
 //
 // Valid weights name each domain once, every weight is a finite number >= 0 and they sum to more
-// than 0; when the caller knows the domains, every name must be one of them. Weights need not sum
+// than 0 without overflowing; when the caller knows the domains, every name must be one of them. Weights need not sum
 // to 1: normalised() divides by the sum. Domains not named have weight 0.
 //
 // A DomainWeights holds whatever it was given (constructing one checks nothing, so a caller can
@@ -52,7 +52,7 @@ class DomainWeights {
 
   // OK when valid (see the top of this file); otherwise the first problem, with its key:
   // "unknown domain 'd' (did you mean 'e'?)", "weight must be a finite number >= 0",
-  // "weights must sum to more than 0".
+  // "weights must sum to more than 0", "weights are too large: their sum overflows ...".
   Status check(const WeightRules& rules) const;
 
   // The weights divided by their sum (all 0 when the sum is 0); the same domains.

@@ -70,7 +70,9 @@ TEST(DomainWeights, CheckUsesTheCallersCodeKeyAndDomains) {
   EXPECT_NE(zero.message().find("sum to more than 0"), std::string::npos);
   EXPECT_FALSE(DomainWeights().check(rules).is_ok());  // nothing weighted
   // Overflowing sum of finite weights.
-  EXPECT_FALSE(DomainWeights({{"code", 1e308}, {"web", 1e308}}).check(rules).is_ok());
+  Status huge = DomainWeights({{"code", 1e308}, {"web", 1e308}}).check(rules);
+  EXPECT_EQ(huge.key(), "data.mixture");
+  EXPECT_NE(huge.message().find("sum overflows"), std::string::npos) << huge.message();
 }
 
 TEST(DomainWeights, Normalises) {
