@@ -52,30 +52,91 @@ Result<std::string> begin_checkpoint(const std::string& run_dir, int64_t step) {
   return tmp_dir.string();
 }
 
-std::string partition_file_name(int64_t index, int64_t partitions) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "shard-%05lld-of-%05lld.safetensors",
-                static_cast<long long>(index), static_cast<long long>(partitions));
+std::string partition_file_name(int64_t index, int64_t partitions, int64_t tp_rank,
+                                int64_t tp_parts) {
+  char buf[96];
+  if (tp_parts <= 1) {
+    std::snprintf(buf, sizeof buf, "shard-%05lld-of-%05lld.safetensors",
+                  static_cast<long long>(index), static_cast<long long>(partitions));
+  } else {
+    std::snprintf(buf, sizeof buf, "shard-tp%05lld-of-%05lld-dp%05lld-of-%05lld.safetensors",
+                  static_cast<long long>(tp_rank), static_cast<long long>(tp_parts),
+                  static_cast<long long>(index), static_cast<long long>(partitions));
+  }
   return buf;
 }
 
 Result<uint64_t> write_checkpoint_partition(const std::string& tmp_dir, int64_t index,
                                             int64_t partitions,
-                                            const std::vector<TensorView>& tensors) {
-  const std::string path = (fs::path(tmp_dir) / partition_file_name(index, partitions)).string();
+                                            const std::vector<TensorView>& tensors,
+                                            int64_t tp_rank, int64_t tp_parts) {
+  const std::string path =
+      (fs::path(tmp_dir) / partition_file_name(index, partitions, tp_rank, tp_parts)).string();
   std::map<std::string, std::string> meta = {{"format", kFormat},
                                              {"partition", std::to_string(index)},
-                                             {"partitions", std::to_string(partitions)}};
+                                             {"partitions", std::to_string(partitions)},
+                                             {"tp_rank", std::to_string(tp_rank)},
+                                             {"tp_partitions", std::to_string(tp_parts)}};
   KILN_RETURN_IF_ERROR(write_safetensors(path, tensors, meta));
   return xxh3_file(path);
 }
 
+std::vector<TensorView> unit_partition(const ParamStore& params,
+                                       std::deque<std::vector<float>>* scratch) {
+  std::vector<TensorView> out;
+  Backend& be = params.backend();
+  for (const ParamUnit& u : params.units()) {
+    const size_t S = shard_numel(u.numel, 1);
+    KILN_CHECK(S == u.numel, "unit_partition: units are padded to 64 elements");
+    const std::vector<int64_t> shape{static_cast<int64_t>(S)};
+    for (auto [suffix, buf] : {std::pair{".master", &u.master}, std::pair{".exp_avg", &u.m},
+                               std::pair{".exp_avg_sq", &u.v}}) {
+      const float* data = buf->data();
+      if (!be.host_addressable()) {
+        scratch->emplace_back(S);
+        be.copy_to_host(scratch->back().data(), data, S * sizeof(float));
+        data = scratch->back().data();
+      }
+      out.push_back({u.name + suffix, "F32", shape, data, S * sizeof(float)});
+    }
+  }
+  return out;
+}
+
+uint64_t replicated_digest(const ParamStore& params, int64_t index, int64_t partitions,
+                           const std::vector<TensorView>& views) {
+  std::vector<uint64_t> parts;
+  const auto& units = params.units();
+  KILN_CHECK(views.size() == 3 * units.size(), "replicated_digest: 3 views per unit");
+  for (size_t i = 0; i < units.size(); ++i) {
+    const size_t S = shard_numel(units[i].numel, partitions);
+    const size_t begin = S * static_cast<size_t>(index);
+    for (int t : units[i].tensors) {
+      const ParamTensor& pt = params.tensors()[t];
+      if (pt.split_dim >= 0) continue;
+      const size_t a = std::max(pt.offset, begin), b = std::min(pt.offset + pt.numel, begin + S);
+      if (a >= b) continue;
+      for (size_t k = 0; k < 3; ++k) {
+        const auto* base = static_cast<const float*>(views[3 * i + k].data);
+        parts.push_back(xxh3_64(base + (a - begin), (b - a) * sizeof(float)));
+      }
+    }
+  }
+  return xxh3_64(parts.data(), parts.size() * sizeof(uint64_t));
+}
+
 namespace {
 
-std::vector<std::string> tensor_files(const CheckpointLayout& l) {
-  if (l.partitions <= 1) return {"model.safetensors", "optimizer.safetensors"};
+// The tensor files of a layout (TP rank major, then data-parallel partition); only TP rank
+// tp_rank's when tp_rank >= 0.
+std::vector<std::string> tensor_files(const CheckpointLayout& l, int64_t tp_rank = -1) {
+  if (!l.sharded()) return {"model.safetensors", "optimizer.safetensors"};
   std::vector<std::string> out;
-  for (int64_t r = 0; r < l.partitions; ++r) out.push_back(partition_file_name(r, l.partitions));
+  for (int64_t t = 0; t < l.tp_partitions; ++t) {
+    if (tp_rank >= 0 && t != tp_rank) continue;
+    for (int64_t r = 0; r < l.partitions; ++r)
+      out.push_back(partition_file_name(r, l.partitions, t, l.tp_partitions));
+  }
   return out;
 }
 
@@ -88,26 +149,36 @@ nlohmann::ordered_json meta_json(const ParamStore& params, const CheckpointLayou
   j["zero_stage"] = l.zero_stage;
   j["precision"] = precision_name(params.precision());
   j["partitions"] = l.partitions;
-  j["split"] = l.partitions > 1 ? "dp-flat: partition r holds elements [r*S, r*S+S) of every "
-                                  "unit, zero past its end"
-                                : "none: model.safetensors / optimizer.safetensors per tensor";
+  j["tp_partitions"] = l.tp_partitions;
+  j["split"] = !l.sharded()
+                   ? "none: model.safetensors / optimizer.safetensors per tensor"
+                   : "tp then dp-flat: file (t, r) holds tensor-parallel rank t's units (every "
+                     "tensor's tp_split slice, shape as listed) and of each unit the elements "
+                     "[r*S, r*S+S), S = partition_numel, zero past its end";
   j["files"] = tensor_files(l);
   nlohmann::ordered_json units = nlohmann::ordered_json::array();
   for (const auto& u : params.units()) {
     units.push_back({{"name", u.name},
                      {"numel", u.numel},
-                     {"partition_numel", l.partitions > 1 ? shard_numel(u.numel, l.partitions)
-                                                          : u.numel}});
+                     {"partition_numel", l.sharded() ? shard_numel(u.numel, l.partitions)
+                                                     : u.numel}});
   }
   j["units"] = units;
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
   for (const auto& t : params.tensors()) {
-    tensors.push_back({{"name", t.name},
-                       {"shape", t.shape},
-                       {"unit", params.units()[t.unit].name},
-                       {"offset", t.offset},
-                       {"numel", t.numel},
-                       {"split", l.partitions > 1 ? "dp-flat" : "none"}});
+    nlohmann::ordered_json e = {{"name", t.name},
+                                {"shape", t.shape},
+                                {"global_shape", t.global_shape},
+                                {"unit", params.units()[t.unit].name},
+                                {"offset", t.offset},
+                                {"numel", t.numel}};
+    // Tensor parallelism: dimension dim is `parts` equal parts (q, k, v: 3), each split in
+    // tp_partitions; TP rank t holds the t-th piece of each part. null: replicated.
+    e["tp_split"] = l.tp_partitions > 1 && t.split_dim >= 0
+                        ? nlohmann::ordered_json{{"dim", t.split_dim}, {"parts", t.split_parts}}
+                        : nlohmann::ordered_json(nullptr);
+    e["split"] = l.sharded() ? "dp-flat" : "none";
+    tensors.push_back(std::move(e));
   }
   j["tensors"] = tensors;
   return j;
@@ -230,9 +301,11 @@ Result<std::string> latest_checkpoint(const std::string& run_dir) {
 
 namespace {
 
-// Every unit's master weights and moments from P partition files (meta.json's layout).
-Status load_partitions(const fs::path& dir, const nlohmann::json& meta, ParamStore* params) {
-  const int64_t P = meta.at("partitions").get<int64_t>();
+// Every unit's master weights and moments from the P partition files of TP rank tp_rank
+// (meta.json's layout); params holds that TP rank's slices.
+Status load_partitions(const fs::path& dir, const nlohmann::json& meta,
+                       const CheckpointLayout& lay, int64_t tp_rank, ParamStore* params) {
+  const int64_t P = lay.partitions;
   const std::string meta_path = (dir / "meta.json").string();
   auto& units = params->units();
   const auto& mu = meta.at("units");
@@ -251,7 +324,8 @@ Status load_partitions(const fs::path& dir, const nlohmann::json& meta, ParamSto
   }
   Backend& be = params->backend();
   for (int64_t r = 0; r < P; ++r) {
-    const std::string path = (dir / partition_file_name(r, P)).string();
+    const std::string path =
+        (dir / partition_file_name(r, P, tp_rank, lay.tp_partitions)).string();
     KILN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::read(path));
     for (auto& u : units) {
       const size_t S = shard_numel(u.numel, P);
@@ -265,6 +339,46 @@ Status load_partitions(const fs::path& dir, const nlohmann::json& meta, ParamSto
         be.copy_to_device(buf->data() + begin, src, n * sizeof(float));
       }
     }
+  }
+  return Status::ok();
+}
+
+// TP rank tp_rank's tensors (all of them when the checkpoint is not split by TP) into params,
+// whose TP split matches: the checksums of the files read are verified first (state.json lists
+// them), then the replicated files or the data-parallel partitions are read.
+Status load_tensors(const fs::path& dir, const nlohmann::json& meta, const nlohmann::json& listed,
+                    const CheckpointLayout& lay, int64_t tp_rank, ParamStore* params) {
+  const std::string state_path = (dir / "state.json").string();
+  for (const std::string& f : tensor_files(lay, tp_rank)) {
+    auto it = listed.find(f);
+    if (it == listed.end() || !it->is_string()) {
+      return Status::data("state.json does not list " + f).with_file(state_path);
+    }
+    KILN_ASSIGN_OR_RETURN(uint64_t want, parse_hex64(it->get<std::string>()));
+    KILN_ASSIGN_OR_RETURN(uint64_t got, xxh3_file((dir / f).string()));
+    if (want != got) return Status::data("checksum mismatch").with_file((dir / f).string());
+  }
+  if (lay.sharded()) {
+    try {
+      return load_partitions(dir, meta, lay, tp_rank, params);
+    } catch (const nlohmann::json::exception& e) {
+      return Status::data(std::string("malformed meta.json: ") + e.what())
+          .with_file((dir / "meta.json").string());
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(SafetensorsFile model, SafetensorsFile::read((dir / "model.safetensors").string()));
+  KILN_ASSIGN_OR_RETURN(SafetensorsFile optim,
+                        SafetensorsFile::read((dir / "optimizer.safetensors").string()));
+  const auto& tensors = params->tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ParamTensor& t = tensors[i];
+    const int ti = static_cast<int>(i);
+    KILN_ASSIGN_OR_RETURN(const void* w, model.get(t.name, "F32", t.shape));
+    KILN_ASSIGN_OR_RETURN(const void* m, optim.get(t.name + ".exp_avg", "F32", t.shape));
+    KILN_ASSIGN_OR_RETURN(const void* v, optim.get(t.name + ".exp_avg_sq", "F32", t.shape));
+    params->upload(ti, ParamField::kMaster, static_cast<const float*>(w));
+    params->upload(ti, ParamField::kExpAvg, static_cast<const float*>(m));
+    params->upload(ti, ParamField::kExpAvgSq, static_cast<const float*>(v));
   }
   return Status::ok();
 }
@@ -350,7 +464,7 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
   const fs::path dir(dir_text);
   const std::string state_path = (dir / "state.json").string();
   KILN_ASSIGN_OR_RETURN(nlohmann::json j, read_state_json(dir));
-  nlohmann::json meta;
+  nlohmann::json meta, files;
   CheckpointLayout lay;
   try {
     if (j.at("model") != model_json(params->model())) {
@@ -369,50 +483,56 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
         lay.tp = meta.at("tp").get<int64_t>();
         lay.zero_stage = meta.at("zero_stage").get<int64_t>();
         lay.partitions = meta.at("partitions").get<int64_t>();
+        lay.tp_partitions = meta.value("tp_partitions", int64_t{1});  // absent before TP shards
       } catch (const nlohmann::json::exception& e) {
         return Status::data(std::string("malformed meta.json: ") + e.what()).with_file(meta_path);
       }
       if (lay.partitions < 1) return Status::data("meta.json: partitions < 1").with_file(meta_path);
     }
-    // Every tensor file the checkpoint lists, before any is read.
-    const std::vector<std::string> files = tensor_files(lay);
-    for (const std::string& f : files) {
-      auto it = j.at("files").find(f);
-      if (it == j.at("files").end()) {
-        return Status::data("state.json does not list " + f).with_file(state_path);
-      }
-      KILN_ASSIGN_OR_RETURN(uint64_t want, parse_hex64(it->get<std::string>()));
-      KILN_ASSIGN_OR_RETURN(uint64_t got, xxh3_file((dir / f).string()));
-      if (want != got) return Status::data("checksum mismatch").with_file((dir / f).string());
+    if (lay.tp_partitions < 1) {
+      return Status::data("meta.json: tp_partitions < 1").with_file((dir / "meta.json").string());
     }
+    files = j.at("files");
   } catch (const nlohmann::json::exception& e) {
     return Status::data(std::string("malformed state.json: ") + e.what()).with_file(state_path);
   }
   if (layout) *layout = lay;
-  if (lay.partitions > 1) {
-    try {
-      KILN_RETURN_IF_ERROR(load_partitions(dir, meta, params));
-    } catch (const nlohmann::json::exception& e) {
-      return Status::data(std::string("malformed meta.json: ") + e.what())
-          .with_file((dir / "meta.json").string());
+  const TpShard mine = params->tp_shard();
+  if (lay.tp_partitions == mine.size) {  // the same tensor-parallel split (or none)
+    KILN_RETURN_IF_ERROR(load_tensors(dir, meta, files, lay, mine.rank, params));
+  } else {
+    // Another tensor-parallel size: whole tensors are assembled in host memory from every TP
+    // rank's files, then this rank's slice is taken.
+    ParamStore whole(params->model(), Precision::kFp32);
+    const ParamField fields[] = {ParamField::kMaster, ParamField::kExpAvg, ParamField::kExpAvgSq};
+    for (int64_t t = 0; t < lay.tp_partitions; ++t) {
+      const TpShard from{static_cast<int>(t), static_cast<int>(lay.tp_partitions)};
+      if (from.size == 1) {
+        KILN_RETURN_IF_ERROR(load_tensors(dir, meta, files, lay, 0, &whole));
+        break;
+      }
+      ParamStore part(params->model(), Precision::kFp32, false, nullptr, from);
+      KILN_RETURN_IF_ERROR(load_tensors(dir, meta, files, lay, t, &part));
+      for (size_t i = 0; i < part.tensors().size(); ++i) {
+        const int ti = static_cast<int>(i);
+        const ParamTensor& pt = part.tensors()[i];
+        copy_from_shard(pt, from, part.master(ti), whole.master(ti));
+        copy_from_shard(pt, from, part.exp_avg(ti), whole.exp_avg(ti));
+        copy_from_shard(pt, from, part.exp_avg_sq(ti), whole.exp_avg_sq(ti));
+      }
     }
-    params->zero_grads();
-    params->sync_low_precision();
-    return Status::ok();
-  }
-  KILN_ASSIGN_OR_RETURN(SafetensorsFile model, SafetensorsFile::read((dir / "model.safetensors").string()));
-  KILN_ASSIGN_OR_RETURN(SafetensorsFile optim,
-                        SafetensorsFile::read((dir / "optimizer.safetensors").string()));
-  const auto& tensors = params->tensors();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const ParamTensor& t = tensors[i];
-    const int ti = static_cast<int>(i);
-    KILN_ASSIGN_OR_RETURN(const void* w, model.get(t.name, "F32", t.shape));
-    KILN_ASSIGN_OR_RETURN(const void* m, optim.get(t.name + ".exp_avg", "F32", t.shape));
-    KILN_ASSIGN_OR_RETURN(const void* v, optim.get(t.name + ".exp_avg_sq", "F32", t.shape));
-    params->upload(ti, ParamField::kMaster, static_cast<const float*>(w));
-    params->upload(ti, ParamField::kExpAvg, static_cast<const float*>(m));
-    params->upload(ti, ParamField::kExpAvgSq, static_cast<const float*>(v));
+    std::vector<float> slice, scratch;
+    for (size_t i = 0; i < params->tensors().size(); ++i) {
+      const int ti = static_cast<int>(i);
+      const ParamTensor& pt = params->tensors()[i];
+      slice.resize(pt.numel);
+      for (ParamField f : fields) {
+        copy_to_shard(pt, mine, whole.host_view(ti, f, &scratch), slice.data());
+        params->upload(ti, f, slice.data());
+      }
+    }
+    KILN_LOG_INFO("checkpoint {}: written with tensor-parallel size {}, resharded to {}",
+                  dir.filename().string(), lay.tp_partitions, mine.size);
   }
   params->zero_grads();
   params->sync_low_precision();

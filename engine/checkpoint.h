@@ -13,6 +13,10 @@
 //     shard-RRRRR-of-PPPPP.safetensors   for every unit "<unit>.master", "<unit>.exp_avg",
 //                           "<unit>.exp_avg_sq" (fp32, [S]): the unit's flat elements
 //                           [R*S, R*S + S), zero past its end (S = shard_numel(N, P), plan.h)
+//   tensor parallelism (tp > 1, tp_partitions = tp): every TP rank writes its own slices, P
+//   files each (P = dp with ZeRO-1/2/3, else 1 written by data-parallel rank 0):
+//     shard-tpTTTTT-of-TTTTT-dpRRRRR-of-PPPPP.safetensors   as above, of TP rank T's units
+//                           (meta.json gives every tensor's global shape and tp_split)
 //   state.json              step, AdamW update count, tokens, skipped steps, loss-scaler state,
 //                           data (loader) state, applied mixture-file hash, seed, precision,
 //                           model shape, and the XXH3-64 of every tensor file
@@ -22,13 +26,15 @@
 // `latest` is then replaced atomically and directories beyond keep_last are removed (oldest
 // first). Loading checks the model shape and the checksums, naming the file on any mismatch, and
 // reassembles full tensors from any number of partitions, so a checkpoint resumes on another
-// data-parallel size or ZeRO stage; the precision may differ (the stored tensors are fp32 either
+// data-parallel size or ZeRO stage (and, through whole tensors in host memory, on another
+// tensor-parallel size); the precision may differ (the stored tensors are fp32 either
 // way). The low-precision working copy is not stored: it is re-derived from the master weights by
 // the same rounding, so resumed training is bit-identical. Checkpoints of format 1 (no meta.json,
 // per-tensor files) still load.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 
@@ -59,7 +65,10 @@ std::string checkpoint_dir_name(int64_t step);  // "step-00000012"
 // The layout a checkpoint records in meta.json.
 struct CheckpointLayout {
   int64_t world = 1, dp = 1, tp = 1, zero_stage = 0;
-  int64_t partitions = 1;  // 1: replicated states; dp: ZeRO-1/2/3 shards
+  int64_t partitions = 1;     // data-parallel partitions: 1 (replicated), dp (ZeRO-1/2/3 shards)
+  int64_t tp_partitions = 1;  // 1: whole tensors; tp: one set of files per TP rank (its slices)
+  // Per-rank shard files (else model.safetensors + optimizer.safetensors, whole tensors).
+  bool sharded() const { return partitions > 1 || tp_partitions > 1; }
 };
 
 // Writes RUN/checkpoints/step-NNNNNNNN from one process's full ParamStore (P = 1), updates latest,
@@ -72,12 +81,23 @@ Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
 // returned for every rank), every rank writes its partition there and hands its checksum to
 // rank 0, which finishes (meta.json, config.yaml, state.json last, rename, latest, pruning).
 Result<std::string> begin_checkpoint(const std::string& run_dir, int64_t step);
-// tensors: the partition's "<unit>.master" / ".exp_avg" / ".exp_avg_sq" views. Returns the
-// file's XXH3-64.
+// tensors: the partition's "<unit>.master" / ".exp_avg" / ".exp_avg_sq" views (of TP rank
+// tp_rank's units). Returns the file's XXH3-64.
 Result<uint64_t> write_checkpoint_partition(const std::string& tmp_dir, int64_t index,
                                             int64_t partitions,
-                                            const std::vector<TensorView>& tensors);
-std::string partition_file_name(int64_t index, int64_t partitions);  // shard-00001-of-00002...
+                                            const std::vector<TensorView>& tensors,
+                                            int64_t tp_rank = 0, int64_t tp_parts = 1);
+// shard-00001-of-00002.safetensors; with tp_parts > 1 shard-tp00000-of-00002-dp00001-of-00002...
+std::string partition_file_name(int64_t index, int64_t partitions, int64_t tp_rank = 0,
+                                int64_t tp_parts = 1);
+// The single partition (P = 1) of params' units: "<unit>.master" / ".exp_avg" / ".exp_avg_sq",
+// views of its buffers (host copies in *scratch when the backend's memory is not the host's).
+std::vector<TensorView> unit_partition(const ParamStore& params,
+                                       std::deque<std::vector<float>>* scratch);
+// A digest of the replicated tensors' (split_dim < 0) elements inside partition `index` of
+// `partitions` (views as written): equal on every TP rank when they hold the same bits.
+uint64_t replicated_digest(const ParamStore& params, int64_t index, int64_t partitions,
+                           const std::vector<TensorView>& views);
 Status finish_checkpoint(const std::string& run_dir, const std::string& tmp_dir,
                          const ParamStore& params, const TrainerState& state,
                          const std::string& config_yaml, int64_t keep_last,

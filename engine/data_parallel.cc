@@ -18,13 +18,6 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
   o.tp = static_cast<int>(config.parallel.tp);
   o.hierarchical = config.parallel.hierarchical;
   KILN_ASSIGN_OR_RETURN(comm::Topology t, comm::make_topology(world, o));
-  if (t.tp_size > 1 && config.parallel.zero_stage != 0) {  // engine/tensor_parallel.h says more
-    return Status::unimplemented("parallel.tp " + std::to_string(t.tp_size) +
-                                 " with parallel.zero_stage " +
-                                 std::to_string(config.parallel.zero_stage) +
-                                 ": tensor parallelism runs with ZeRO stage 0 in this version")
-        .with_key("parallel.zero_stage");
-  }
   KILN_CHECK(layout_trainable(Layout{t.tp_size, t.dp_size, config.parallel.zero_stage,
                                      config.activation_checkpointing}),
              "a layout refused above is trainable per engine/plan.h");
@@ -35,8 +28,9 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
 Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer) {
   if (stage_ >= 1 && topo_.dp_size > 1) {
     const uint64_t before = params.state_bytes();
+    // With tensor parallelism: this TP rank's slices, sharded over its data-parallel group.
     zero_ = std::make_unique<ZeroOptimizer>(params, *topo_.dp, optimizer, static_cast<int>(stage_),
-                                            static_cast<int>(prefetch_));
+                                            static_cast<int>(prefetch_), topo_.tp.get());
     const uint64_t kept = params.state_bytes(), shards = zero_->shard_bytes();
     KILN_LOG_INFO("ZeRO-{}: {} sharded over {} ranks; model states on rank 0: {} bytes "
                   "({:.1f} MiB: full buffers {:.1f} MiB, shards {:.1f} MiB; ZeRO-0 would hold "
@@ -77,6 +71,10 @@ Status DataParallel::broadcast(std::string* blob) { return comm::bcast_string(*t
 
 Result<std::vector<std::string>> DataParallel::gather(const std::string& mine) {
   return comm::gather_strings(*topo_.dp, mine, 0);
+}
+
+Result<std::vector<std::string>> DataParallel::gather_world(const std::string& mine) {
+  return comm::gather_strings(*topo_.world, mine, 0);
 }
 
 std::map<std::string, uint64_t> DataParallel::comm_bytes() const {

@@ -10,9 +10,8 @@
 // decisions it makes alone (the live mixture file) are broadcast. A failure on one rank becomes
 // an error on every rank that names it (agree()), so no rank hangs in a collective.
 //
-// Implemented: ZeRO stages 0-3 (engine/zero.h); tensor parallelism (engine/tensor_parallel.h,
-// over tp_group()) with ZeRO stage 0. Other layouts are refused with a config error naming the
-// key (kiln plan estimates them all).
+// Implemented: ZeRO stages 0-3 (engine/zero.h) and tensor parallelism (engine/tensor_parallel.h,
+// over tp_group()), alone or together (ZeRO shards each TP rank's slices over its DP group).
 // Not thread-safe: the training thread owns it.
 #pragma once
 
@@ -56,8 +55,12 @@ class DataParallel {
   Status agree(Status local);
   // Root's value on every rank.
   Status broadcast(std::string* blob);
-  // Every rank's blob, in rank order, on the root only.
+  // Every data-parallel rank's blob, in rank order, on the root only.
   Result<std::vector<std::string>> gather(const std::string& mine);
+  // Every rank's blob (the world), in world-rank order, on the root only.
+  Result<std::vector<std::string>> gather_world(const std::string& mine);
+  int tp_rank() const { return topo_.tp_rank; }
+  int tp_size() const { return topo_.tp_size; }
 
   // Shards the model states (ZeRO-1/2/3, more than one data-parallel rank) after the parameters
   // were initialised or loaded; logs the model-state bytes this rank holds. Stages 2-3 also need

@@ -37,7 +37,14 @@ uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode) {
 }  // namespace
 
 bool layout_trainable(const Layout& l) {
-  return l.tp == 1 ? l.zero_stage <= 3 : l.zero_stage == 0;  // engine/tensor_parallel.h
+  // Every ZeRO stage, alone or with tensor parallelism (engine/zero.h, engine/tensor_parallel.h).
+  return l.tp >= 1 && l.dp >= 1 && l.zero_stage >= 0 && l.zero_stage <= 3;
+}
+
+bool tp_within_node(int64_t tp, int64_t world, int64_t ranks_per_node) {
+  // comm/topology.h: a TP group is tp adjacent ranks; mpirun --map-by slot fills a machine with
+  // consecutive ranks, so the group stays inside one when tp divides the machine's rank count.
+  return ranks_per_node <= 0 || world <= ranks_per_node || ranks_per_node % tp == 0;
 }
 
 uint64_t LayoutPlan::comm_total() const {
@@ -159,8 +166,10 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
 }
 
 Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world,
-                                             std::optional<uint64_t> budget) {
+                                             std::optional<uint64_t> budget,
+                                             int64_t ranks_per_node) {
   if (world < 1) return Status::usage("--world must be at least 1");
+  if (ranks_per_node < 0) return Status::usage("--gpus-per-node must be at least 1");
   std::vector<LayoutPlan> out;
   for (int64_t tp = 1; tp <= world; ++tp) {
     if (world % tp != 0 || c.model.n_heads % tp != 0) continue;
@@ -170,6 +179,7 @@ Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world
       for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
         LayoutPlan p = plan_layout(c, Layout{tp, dp, z, r});
         if (budget) p.fits = p.memory.total() <= *budget;
+        p.within_node = tp_within_node(tp, world, ranks_per_node);
         out.push_back(std::move(p));
       }
     }
@@ -179,7 +189,7 @@ Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world
     return std::make_tuple(recompute_rank(p.layout.recompute), p.comm_total(), p.memory.total());
   };
   for (auto& p : out) {
-    if ((p.fits.has_value() && !*p.fits) || !p.trainable) continue;
+    if ((p.fits.has_value() && !*p.fits) || !p.trainable || !p.within_node) continue;
     if (!best || key(p) < key(*best)) best = &p;
   }
   if (best) best->suggested = true;

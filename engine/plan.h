@@ -53,6 +53,10 @@ struct RankMemory {
 // Whether this version's `kiln train` runs the layout (engine/data_parallel.h); the others are
 // estimates on paper.
 bool layout_trainable(const Layout& layout);
+// Whether every tensor-parallel group (tp adjacent ranks, comm/topology.h) stays inside one
+// machine of ranks_per_node ranks (consecutive ranks per machine, mpirun --map-by slot): world
+// fits one machine, or tp divides ranks_per_node. ranks_per_node 0: unknown (always true).
+bool tp_within_node(int64_t tp, int64_t world, int64_t ranks_per_node);
 
 struct LayoutPlan {
   Layout layout;
@@ -61,6 +65,7 @@ struct LayoutPlan {
   // "dp.all_reduce", "dp.reduce_scatter", "dp.all_gather", "tp.all_reduce": bytes per rank per step.
   std::map<std::string, uint64_t> comm_bytes;
   std::optional<bool> fits;  // set when a memory budget is known
+  bool within_node = true;   // tp_within_node(): the TP all-reduces stay on a machine's links
   bool suggested = false;
   uint64_t comm_total() const;
 };
@@ -73,11 +78,14 @@ uint64_t shard_numel(uint64_t numel, int64_t dp);
 
 // The plan of one layout for `config` (its model, precision, data and parallel.prefetch).
 LayoutPlan plan_layout(const TrainConfig& config, const Layout& layout);
-// Every layout for `world` ranks; marks fits (when budget is set) and the suggestion: among the
-// trainable layouts that fit (all, without a budget), the least recomputation, then the fewest
-// bytes moved per step, then the least memory.
+// Every layout for `world` ranks on machines of ranks_per_node ranks; marks fits (when budget is
+// set), within_node, and the suggestion: among the trainable layouts that fit (all, without a
+// budget) and whose TP groups stay inside a machine (a TP all-reduce per layer over the network
+// is what no one wants), the least recomputation, then the fewest bytes moved per step, then the
+// least memory.
 Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& config, int64_t world,
-                                             std::optional<uint64_t> budget);
+                                             std::optional<uint64_t> budget,
+                                             int64_t ranks_per_node = 8);
 
 // "80GiB", "16 GB", "512MiB", "1e9" -> bytes (K/M/G/T with or without "i" are powers of 1024).
 Result<uint64_t> parse_byte_size(const std::string& text);

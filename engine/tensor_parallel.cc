@@ -6,7 +6,6 @@
 #include <limits>
 #include <type_traits>
 
-#include "common/log.h"
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 
@@ -155,76 +154,6 @@ StepStats TensorParallel::inspect(const AdamW& optimizer, const ParamStore& para
   check(group_.allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum), "norm all-reduce",
         rank());
   return optimizer.stats_from_sum_squares(ss, loss_scale);
-}
-
-Result<std::unique_ptr<ParamStore>> TensorParallel::gather(ParamStore& params, bool writer) {
-  std::unique_ptr<ParamStore> whole;
-  if (writer) {
-    whole = std::make_unique<ParamStore>(model_, params.precision(), false, nullptr);
-  }
-  const int n = size();
-  std::vector<float> mine, all;
-  const ParamField fields[] = {ParamField::kMaster, ParamField::kExpAvg, ParamField::kExpAvgSq};
-  for (const ParamUnit& u : params.units()) {
-    for (ParamField f : fields) {
-      mine.assign(u.numel, 0.0f);
-      std::vector<float> scratch;
-      for (int t : u.tensors) {
-        const ParamTensor& pt = params.tensors()[t];
-        const float* src = params.host_view(t, f, &scratch);
-        std::copy(src, src + pt.numel, mine.data() + pt.offset);
-      }
-      all.resize(u.numel * n);
-      KILN_RETURN_IF_ERROR(group_.allgather(mine.data(), u.numel * sizeof(float), all.data())
-                               .prefixed("gathering " + u.name + " for a checkpoint"));
-      if (!whole) continue;
-      for (int t : u.tensors) {
-        const ParamTensor& pt = params.tensors()[t];
-        if (pt.split_dim < 0) {  // the invariant replicated parameters live by
-          for (int r = 1; r < n; ++r) {
-            if (std::memcmp(all.data() + pt.offset, all.data() + r * u.numel + pt.offset,
-                            pt.numel * sizeof(float)) != 0) {
-              return Status::internal("replicated tensor " + pt.name +
-                                      " differs between tensor-parallel ranks 0 and " +
-                                      std::to_string(r));
-            }
-          }
-        }
-        float* dst = nullptr;
-        switch (f) {
-          case ParamField::kMaster: dst = whole->master(t); break;
-          case ParamField::kExpAvg: dst = whole->exp_avg(t); break;
-          default: dst = whole->exp_avg_sq(t); break;
-        }
-        for (int r = 0; r < n; ++r) {
-          copy_from_shard(pt, TpShard{r, n}, all.data() + r * u.numel + pt.offset, dst);
-        }
-      }
-    }
-  }
-  if (whole) {
-    KILN_LOG_INFO("checkpoint: replicated tensors identical on {} tensor-parallel ranks", n);
-  }
-  return whole;
-}
-
-Status TensorParallel::load(const std::string& dir, ParamStore* params, TrainerState* state) {
-  ParamStore whole(model_, params->precision(), false, nullptr);
-  KILN_RETURN_IF_ERROR(load_checkpoint(dir, &whole, state));
-  std::vector<float> slice;
-  const ParamField fields[] = {ParamField::kMaster, ParamField::kExpAvg, ParamField::kExpAvgSq};
-  for (size_t i = 0; i < params->tensors().size(); ++i) {
-    const int t = static_cast<int>(i);
-    const ParamTensor& pt = params->tensors()[i];
-    slice.resize(pt.numel);
-    for (ParamField f : fields) {
-      std::vector<float> scratch;
-      copy_to_shard(pt, shard(), whole.host_view(t, f, &scratch), slice.data());
-      params->upload(t, f, slice.data());
-    }
-  }
-  params->sync_low_precision();
-  return Status::ok();
 }
 
 #define KILN_INSTANTIATE(T)                                                                     \

@@ -20,6 +20,9 @@
 // plus the cross-entropy's 3 B T (L more with full activation checkpointing, which reruns
 // attention-out); engine/plan.h has the formula, tests/train_tp.sh checks it.
 //
+// With ZeRO (engine/zero.h) each TP rank's slices are sharded over its data-parallel group, and
+// ZeroOptimizer::inspect takes over the norm below. Checkpoints: every TP rank writes its own
+// slices (engine/checkpoint.h); loading reshards to any TP size.
 // The collectives move host memory (device: cpu); a failed collective stops the process (mpirun
 // then stops every rank). Not thread-safe: the training thread owns it.
 #pragma once
@@ -32,7 +35,6 @@
 
 #include "comm/comm.h"
 #include "common/status.h"
-#include "engine/checkpoint.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
 #include "engine/train_config.h"
@@ -43,7 +45,7 @@ class TensorParallel {
  public:
   // kConfig naming the key when the config cannot be split over group's ranks (heads, vocabulary)
   // or asks for what is not combined with tensor parallelism yet (per-layer clipping and
-  // statistics; ZeRO stages above 0 are refused by engine/data_parallel.h). group must outlive it.
+  // statistics). group must outlive it.
   static Result<std::unique_ptr<TensorParallel>> create(const TrainConfig& config,
                                                         comm::ProcessGroup& group);
 
@@ -79,14 +81,6 @@ class TensorParallel {
   // AdamW::inspect for sharded parameters: the global norm counts the split tensors of every rank
   // and the replicated ones once; every rank gets the same (finite or not) result.
   StepStats inspect(const AdamW& optimizer, const ParamStore& params, double loss_scale);
-
-  // Checkpoints keep the whole-tensor format (engine/checkpoint.h), so they load on any
-  // tensor-parallel size and `kiln checkpoint consolidate` reads them as they are.
-  // Every rank of the group calls; `writer` receives a whole-tensor copy of the master weights
-  // and moments (fp32) to write, the others nullptr.
-  Result<std::unique_ptr<ParamStore>> gather(ParamStore& params, bool writer);
-  // Loads a checkpoint (written with any tensor-parallel size) into this rank's slices.
-  Status load(const std::string& dir, ParamStore* params, TrainerState* state);
 
  private:
   TensorParallel(comm::ProcessGroup& group, const ModelConfig& model)

@@ -166,9 +166,8 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
     }
     if (!found.empty()) {
       latest = found;
-      KILN_RETURN_IF_ERROR(t->dp_->agree(
-          t->tp_ ? t->tp_->load(*latest, t->params_.get(), &t->state_)
-                 : load_checkpoint(*latest, t->params_.get(), &t->state_)));
+      // Any layout: the TP slices and data-parallel partitions are resharded to this run's.
+      KILN_RETURN_IF_ERROR(t->dp_->agree(load_checkpoint(*latest, t->params_.get(), &t->state_)));
       if (t->state_.seed != config.run.seed) {
         return Status::config("run.seed differs from the checkpoint's (" +
                               std::to_string(t->state_.seed) + ")")
@@ -287,9 +286,7 @@ Result<bool> Trainer::rollback(StepRecord* rec) {
   }
   const StabilityState now = stab_;
   TrainerState ck;
-  KILN_RETURN_IF_ERROR((tp_ ? tp_->load(*latest, params_.get(), &ck)
-                           : load_checkpoint(*latest, params_.get(), &ck))
-                           .prefixed("rollback"));
+  KILN_RETURN_IF_ERROR(load_checkpoint(*latest, params_.get(), &ck).prefixed("rollback"));
   StabilityState at_ck;
   spikes_ = std::make_unique<SpikeDetector>(config_.stability.spike);
   if (auto m = ck.extra.find("stability"); m != ck.extra.end()) {
@@ -741,20 +738,16 @@ void Trainer::print_progress(const StepRecord& r) {
 
 Status Trainer::save() {
   // Every data-parallel rank's loader position, merged on rank 0 into one state that resumes on
-  // any number of ranks. With ZeRO-0 every rank holds the same weights and moments: rank 0
-  // writes them; with ZeRO-1/2/3 every rank writes its shards into the directory rank 0
-  // prepares, and rank 0 completes it (engine/checkpoint.h).
+  // any number of ranks. Replicated states (ZeRO-0 without tensor parallelism): rank 0 writes
+  // them. Otherwise every rank that holds states of its own writes its file into the directory
+  // rank 0 prepares — with ZeRO-1/2/3 every rank its shards, with tensor parallelism (ZeRO-0)
+  // data-parallel rank 0 of each TP rank its slices — and rank 0 completes it
+  // (engine/checkpoint.h).
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> per_rank, dp_->gather(data_->state()));
   Status written = Status::ok();
   state_.extra["mixing"] = mix_->state_json();
   state_.extra["stability"] = stab_.to_json(*spikes_);
   const auto t0 = std::chrono::steady_clock::now();
-  // Tensor parallelism: rank 0's group assembles whole tensors (engine/tensor_parallel.h), written
-  // as one process's checkpoint.
-  std::unique_ptr<ParamStore> whole;
-  if (tp_ && dp_->rank() == 0) {
-    KILN_ASSIGN_OR_RETURN(whole, tp_->gather(*params_, dp_->is_root()));
-  }
   if (dp_->is_root()) {
     auto merged = data_->merge_states(per_rank);
     if (merged.is_ok()) {
@@ -767,13 +760,16 @@ Status Trainer::save() {
       written = merged.status();
     }
   }
+  ZeroOptimizer* zero = dp_->zero();
+  const int64_t tp = dp_->tp_size();
   CheckpointLayout layout;
   layout.world = dp_->world_size();
   layout.dp = dp_->size();
-  layout.tp = config_.parallel.tp;
+  layout.tp = tp;
   layout.zero_stage = config_.parallel.zero_stage;
-  if (ZeroOptimizer* zero = dp_->zero()) {
-    layout.partitions = dp_->size();
+  layout.partitions = zero ? dp_->size() : 1;
+  layout.tp_partitions = tp;
+  if (layout.sharded()) {
     std::string tmp;
     if (dp_->is_root() && written.is_ok()) {
       auto begun = begin_checkpoint(config_.run.dir, state_.step);
@@ -782,32 +778,72 @@ Status Trainer::save() {
     }
     KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
     KILN_RETURN_IF_ERROR(dp_->broadcast(&tmp));
-    std::deque<std::vector<float>> scratch;
-    auto hash = write_checkpoint_partition(tmp, dp_->rank(), dp_->size(),
-                                           zero->checkpoint_partition(&scratch));
-    KILN_RETURN_IF_ERROR(dp_->agree(hash.is_ok() ? Status::ok() : hash.status()));
-    KILN_ASSIGN_OR_RETURN(std::vector<std::string> hashes, dp_->gather(hex64(*hash)));
+    const bool writer = zero || dp_->rank() == 0;
+    const int64_t index = zero ? dp_->rank() : 0;
+    std::string mine;  // "<file XXH3>:<replicated tensors' digest>" (writers)
+    Status local = Status::ok();
+    if (writer) {
+      std::deque<std::vector<float>> scratch;
+      const std::vector<TensorView> views =
+          zero ? zero->checkpoint_partition(&scratch) : unit_partition(*params_, &scratch);
+      auto hash = write_checkpoint_partition(tmp, index, layout.partitions, views,
+                                             dp_->tp_rank(), tp);
+      if (hash.is_ok()) {
+        mine = hex64(*hash) + ":" +
+               hex64(replicated_digest(*params_, index, layout.partitions, views));
+      } else {
+        local = hash.status();
+      }
+    }
+    KILN_RETURN_IF_ERROR(dp_->agree(std::move(local)));
+    KILN_ASSIGN_OR_RETURN(std::vector<std::string> got, dp_->gather_world(mine));
     written = Status::ok();
     if (dp_->is_root()) {
-      std::vector<uint64_t> h;
-      for (const auto& x : hashes) {
-        auto v = parse_hex64(x);
+      // World rank w is TP rank w % tp of data-parallel rank w / tp (comm/topology.h); the files
+      // are listed TP rank first.
+      std::vector<uint64_t> h(static_cast<size_t>(layout.tp_partitions * layout.partitions), 0);
+      std::vector<std::string> digest(h.size());
+      for (size_t w = 0; w < got.size(); ++w) {
+        if (got[w].empty()) continue;
+        const int64_t t = static_cast<int64_t>(w) % tp, r = static_cast<int64_t>(w) / tp;
+        const size_t at = static_cast<size_t>(t * layout.partitions + (zero ? r : 0));
+        const size_t colon = got[w].find(':');
+        auto v = parse_hex64(got[w].substr(0, colon));
         if (!v.is_ok()) return v.status();
-        h.push_back(*v);
+        h[at] = *v;
+        digest[at] = got[w].substr(colon + 1);
       }
-      written = finish_checkpoint(config_.run.dir, tmp, *params_, state_, config_yaml_,
-                                  config_.checkpoint.keep_last, layout, h);
+      // The replicated parameters (norms, wpe, row-parallel biases) live by being bit-identical
+      // on every TP rank: each partition's digest must agree across the TP ranks.
+      for (int64_t t = 1; t < tp && written.is_ok(); ++t) {
+        for (int64_t r = 0; r < layout.partitions; ++r) {
+          if (digest[static_cast<size_t>(t * layout.partitions + r)] != digest[static_cast<size_t>(r)]) {
+            written = Status::internal(fmt::format(
+                "replicated parameters differ between tensor-parallel ranks 0 and {} (partition "
+                "{}): checkpoint not written", t, r));
+            break;
+          }
+        }
+      }
+      if (tp > 1 && written.is_ok()) {
+        KILN_LOG_INFO("checkpoint: replicated tensors identical on {} tensor-parallel ranks", tp);
+      }
+      if (written.is_ok()) {
+        written = finish_checkpoint(config_.run.dir, tmp, *params_, state_, config_yaml_,
+                                    config_.checkpoint.keep_last, layout, h);
+      }
     }
   } else if (dp_->is_root() && written.is_ok()) {
-    written = save_checkpoint(config_.run.dir, whole ? *whole : *params_, state_, config_yaml_,
+    written = save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
                               config_.checkpoint.keep_last, layout);
   }
   KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
   last_saved_step_ = state_.step;
+  const int64_t files = layout.sharded() ? layout.partitions * layout.tp_partitions : 0;
   KILN_LOG_INFO("checkpoint {} written ({:.0f} ms{})", checkpoint_dir_name(state_.step),
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                     .count(),
-                layout.partitions > 1 ? fmt::format(", {} shards", layout.partitions) : "");
+                files > 0 ? fmt::format(", {} shard files", files) : "");
   return Status::ok();
 }
 

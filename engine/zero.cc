@@ -6,13 +6,18 @@
 #include <cstring>
 
 #include "engine/plan.h"
-#include "kernels/ops.h"
 
 namespace kiln::engine {
 
 ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
-                             const OptimizerConfig& config, int stage, int prefetch)
-    : params_(params), dp_(dp), config_(config), stage_(stage), prefetch_(prefetch) {
+                             const OptimizerConfig& config, int stage, int prefetch,
+                             comm::ProcessGroup* tp)
+    : params_(params),
+      dp_(dp),
+      tp_(tp && tp->size() > 1 ? tp : nullptr),
+      config_(config),
+      stage_(stage),
+      prefetch_(prefetch) {
   KILN_CHECK(stage >= 1 && stage <= 3, "ZeroOptimizer: stage 1, 2 or 3");
   const int n = dp.size(), r = dp.rank();
   const bool low = params.precision() != Precision::kFp32;
@@ -252,10 +257,43 @@ Status ZeroOptimizer::reduce_scatter_gradients() {
   return Status::ok();
 }
 
+template <typename Fn>
+void ZeroOptimizer::for_each_run(size_t i, Fn fn) const {
+  const Shard& s = shards_[i];
+  const auto& tensors = params_.tensors();
+  for (int t : params_.units()[i].tensors) {
+    const ParamTensor& pt = tensors[t];
+    const size_t a = std::max(pt.offset, s.begin);
+    const size_t b = std::min(pt.offset + pt.numel, s.begin + s.size);
+    if (a >= b) continue;
+    fn(a - s.begin, b - s.begin, pt.split_dim >= 0 || tp_->rank() == 0);
+  }
+}
+
 Result<StepStats> ZeroOptimizer::inspect(double loss_scale) {
+  Backend& be = cpu_backend();  // the shards are host memory
   double ss = 0;
-  for (const auto& s : shards_) ss += cpu::sum_squares(s.grad.data(), s.size);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const Shard& s = shards_[i];
+    if (!tp_) {  // the whole shard (padding is zero)
+      const float* g = s.grad.data();
+      ss += be.sum_squares(&g, &s.size, 1);
+      continue;
+    }
+    // Split tensors on every TP rank, replicated ones on TP rank 0; a replicated run skipped
+    // here still adds its inf/NaN, so every rank sees an overflow wherever it is.
+    for_each_run(i, [&](size_t a, size_t b, bool counted) {
+      const float* g = s.grad.data() + a;
+      const size_t n = b - a;
+      const double part = be.sum_squares(&g, &n, 1);
+      if (counted || !std::isfinite(part)) ss += part;
+    });
+  }
   KILN_RETURN_IF_ERROR(dp_.allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum));
+  if (tp_) {
+    KILN_RETURN_IF_ERROR(tp_->allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum)
+                             .prefixed("gradient norm over the tensor-parallel group"));
+  }
   StepStats st;
   st.grad_norm = std::sqrt(ss) / loss_scale;
   st.finite = std::isfinite(st.grad_norm);
@@ -268,10 +306,21 @@ Result<NonFinite> ZeroOptimizer::find_nonfinite() {
   std::vector<int64_t> counts(shards_.size(), 0);
   for (size_t i = 0; i < shards_.size(); ++i) {
     const float* g = shards_[i].grad.data();
-    for (size_t k = 0; k < shards_[i].size; ++k) counts[i] += !std::isfinite(g[k]);
+    if (!tp_) {
+      for (size_t k = 0; k < shards_[i].size; ++k) counts[i] += !std::isfinite(g[k]);
+      continue;
+    }
+    for_each_run(i, [&](size_t a, size_t b, bool counted) {
+      if (!counted) return;  // replicated: counted on TP rank 0
+      for (size_t k = a; k < b; ++k) counts[i] += !std::isfinite(g[k]);
+    });
   }
   KILN_RETURN_IF_ERROR(
       dp_.allreduce(counts.data(), counts.size(), comm::DType::kInt64, comm::ReduceOp::kSum));
+  if (tp_) {
+    KILN_RETURN_IF_ERROR(
+        tp_->allreduce(counts.data(), counts.size(), comm::DType::kInt64, comm::ReduceOp::kSum));
+  }
   NonFinite r;
   for (size_t i = counts.size(); i-- > 0;) {  // backward order, as engine/stability.h
     if (counts[i] > 0 && r.first_unit.empty()) r.first_unit = params_.units()[i].name;
@@ -318,15 +367,8 @@ Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats
       float* m = s.m.data() + (a - s.begin);
       float* v = s.v.data() + (a - s.begin);
       const float* g = s.grad.data() + (a - s.begin);
-      switch (prec) {
-        case Precision::kFp32: cpu::adamw_update(p, m, v, g, b - a, hp); break;
-        case Precision::kBf16:
-          cpu::adamw_update(p, m, v, g, b - a, hp, reinterpret_cast<bf16*>(lp));
-          break;
-        case Precision::kFp16:
-          cpu::adamw_update(p, m, v, g, b - a, hp, reinterpret_cast<fp16*>(lp));
-          break;
-      }
+      // The shards are host memory: the CPU backend's update (kF32: no low-precision copy).
+      cpu_backend().adamw_update(p, m, v, g, b - a, hp, params_.work_dtype(), lp);
     }
     if (stage_ == 3) continue;  // the next forward gathers them
     // Every rank gets the updated working weights.

@@ -20,6 +20,12 @@
 // The global gradient norm is the sum of every shard's squares (fp64, summed over ranks): every
 // element counted once, every rank the same clip/overflow decision.
 //
+// With tensor parallelism (engine/tensor_parallel.h) the ParamStore holds this TP rank's slices
+// and the data-parallel group is the ranks of the same TP rank, so each TP rank's own units are
+// sharded over its DP group. The norm then adds the TP group's sums too, counting the replicated
+// tensors (norms, wpe, row-parallel biases: the same on every TP rank) on TP rank 0 only; an
+// inf/NaN anywhere still reaches every rank, so the overflow decision is one.
+//
 // Checkpoints are per rank (engine/checkpoint.h): each rank writes its shards of the master
 // weights and moments (checkpoint_partition()); loading reassembles full units in the ParamStore
 // first, then this object is constructed, so a checkpoint of any data-parallel size and ZeRO
@@ -47,9 +53,10 @@ class ZeroOptimizer final : public UnitHooks {
  public:
   // Takes this rank's shards from params (full, e.g. just loaded) and releases what the stage
   // shards: the moments (1+), the gradient buffers (2+), the weights (3). params and dp must
-  // outlive this object. prefetch: units gathered ahead (stage 3).
+  // outlive this object. prefetch: units gathered ahead (stage 3). tp: the tensor-parallel group
+  // (nullptr or one rank: none); it must outlive this object too.
   ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp, const OptimizerConfig& config,
-                int stage, int prefetch);
+                int stage, int prefetch, comm::ProcessGroup* tp = nullptr);
   ~ZeroOptimizer() override;
 
   int stage() const { return stage_; }
@@ -117,6 +124,10 @@ class ZeroOptimizer final : public UnitHooks {
   void finish_gather(int unit);
   void finish_scatter();
   void note(Status st);
+  // Calls fn(begin, end, counted) for the runs of shard i (shard-relative, in order) that hold
+  // tensor elements: counted is false for replicated tensors on TP ranks other than 0.
+  template <typename Fn>
+  void for_each_run(size_t i, Fn fn) const;
   void track(int64_t delta);
   template <typename T>
   void take(std::vector<DeviceArray<T>>& spares, DeviceArray<T>& dst, size_t n);
@@ -125,6 +136,7 @@ class ZeroOptimizer final : public UnitHooks {
 
   ParamStore& params_;
   comm::ProcessGroup& dp_;
+  comm::ProcessGroup* tp_;  // nullptr without tensor parallelism
   OptimizerConfig config_;
   int stage_;
   int prefetch_;

@@ -116,6 +116,40 @@ TEST(Plan, LayoutsFitsAndTheSuggestion) {
   }
 }
 
+TEST(Plan, TensorParallelGroupsStayInsideAMachine) {
+  EXPECT_TRUE(tp_within_node(8, 64, 8));
+  EXPECT_FALSE(tp_within_node(32, 64, 8));  // a TP group over 4 machines
+  EXPECT_FALSE(tp_within_node(3, 24, 8));   // groups straddling machine boundaries
+  EXPECT_FALSE(tp_within_node(4, 4, 2));    // 4 ranks on machines of 2
+  EXPECT_TRUE(tp_within_node(4, 4, 8));     // the world fits one machine
+  // 8 ranks on machines of 2: tp 4 is listed but never suggested, whatever the budget.
+  TrainConfig c = config(kSmall);
+  auto all = plan_layouts(c, 8, std::nullopt, 2);
+  ASSERT_TRUE(all.is_ok());
+  uint64_t inside = UINT64_MAX, across = UINT64_MAX;
+  int suggested = 0;
+  for (const auto& p : *all) {
+    EXPECT_EQ(p.within_node, p.layout.tp <= 2) << p.layout.tp;
+    if (p.suggested) {
+      ++suggested;
+      EXPECT_LE(p.layout.tp, 2);
+    }
+    (p.within_node ? inside : across) = std::min(p.within_node ? inside : across, p.memory.total());
+  }
+  EXPECT_EQ(suggested, 1);
+  // A budget only tp 4 meets (its activations and weights are split 4 ways): nothing is
+  // suggested on 2-rank machines, tp 4 on 8-rank ones.
+  ASSERT_LT(across, inside);
+  const uint64_t budget = (across + inside) / 2;
+  auto small = plan_layouts(c, 8, budget, 2);
+  auto big = plan_layouts(c, 8, budget, 8);
+  ASSERT_TRUE(small.is_ok() && big.is_ok());
+  for (const auto& p : *small) EXPECT_FALSE(p.suggested);
+  int tp4 = 0;
+  for (const auto& p : *big) tp4 += p.suggested && p.layout.tp == 4;
+  EXPECT_EQ(tp4, 1);
+}
+
 TEST(Plan, ByteSizes) {
   EXPECT_EQ(*parse_byte_size("80GiB"), 80ull << 30);
   EXPECT_EQ(*parse_byte_size("16 GB"), 16ull << 30);

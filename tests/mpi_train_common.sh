@@ -2,7 +2,10 @@
 # check's arguments CHECK KILN_BINARY SOURCE_DIR WORK_DIR MPIEXEC. Sets CHECK, KILN, SRC, MPI,
 # MODEL (the small test model), enters a fresh WORK_DIR/CHECK, and defines
 #   train NP MICRO_BATCH RUN_DIR STEPS [extra kiln train flags...]
-# which runs one process directly and NP > 1 under mpirun (as root, oversubscribed).
+# which runs one process directly and NP > 1 under mpirun (as root, oversubscribed), and
+#   rank_pid MPIRUN_PID RANK
+# which prints the pid of that run's rank RANK. The Python comparisons of the checks share
+# tests/python/train_compare.py (PYTHONPATH="$SRC/tests/python").
 set -euo pipefail
 CHECK=$1
 KILN=$(readlink -f "$2")
@@ -25,4 +28,17 @@ train() {  # train NP MICRO_BATCH RUN_DIR STEPS [extra...]
     "$MPI" -np "$np" --oversubscribe "$KILN" train --quiet "${MODEL[@]}" --set data.micro_batch="$mb" \
       --set run.dir="$dir" --set run.steps="$steps" "$@"
   fi
+}
+rank_pid() {  # rank_pid MPIRUN_PID RANK: the pid of RANK among MPIRUN_PID's descendants
+  # (this run's own processes: other tests may be training at the same time), or nothing.
+  local kids k
+  kids=$(ps -o pid= --ppid "$1" 2>/dev/null || true)
+  for k in $kids; do
+    if tr '\0' '\n' </proc/"$k"/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$k"
+      return 0
+    fi
+    rank_pid "$k" "$2" && return 0
+  done
+  return 1
 }

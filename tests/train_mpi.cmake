@@ -9,10 +9,10 @@ if(KILN_HAVE_MPI)
     set_tests_properties(train_mpi_${check} PROPERTIES LABELS "mpi;e2e" TIMEOUT 300)
   endforeach()
 endif()
-# Tensor-parallel `kiln train` (tests/train_tp.sh): TP=2 and DP=2 x TP=2 against one process and
-# DP=2, bytes vs `kiln plan`, checkpoints across tensor-parallel sizes.
+# Tensor-parallel `kiln train` (tests/train_tp.sh): TP=2 and DP=2 x TP=2 (ZeRO 0-3) against one
+# process and DP=2, bytes vs `kiln plan`, checkpoints across tensor-parallel sizes.
 if(KILN_HAVE_MPI)
-  foreach(check equivalence resume)
+  foreach(check equivalence zero resume)
     add_test(NAME train_tp_${check}
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_tp.sh ${check} $<TARGET_FILE:kiln>
                      ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_tp ${MPIEXEC_EXECUTABLE})

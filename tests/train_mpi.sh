@@ -38,9 +38,10 @@ equivalence)
   train 2 2 dp2 10 --set checkpoint.every_steps=10 2>dp2.log
   train 2 2 z1 10 --set checkpoint.every_steps=10 --set parallel.zero_stage=1 2>z1.log
   "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 2 --json >plan.json
-  # One file a single process can load, from the ZeRO-1 run's checkpoint; a corrupted checkpoint
+  # One file a single process can load, from the ZeRO-1 run's checkpoint (z1.safetensors: the
+  # comparisons read a run's weights there, tests/python/train_compare.py); a corrupted checkpoint
   # is refused (exit 3, the file named) and writes nothing.
-  "$KILN" checkpoint consolidate z1/checkpoints/step-00000010 -o z1-consolidated.safetensors >/dev/null
+  "$KILN" checkpoint consolidate z1/checkpoints/step-00000010 -o z1.safetensors >/dev/null
   "$KILN" checkpoint consolidate dp2/checkpoints/step-00000010 -o dp2-consolidated.safetensors >/dev/null
   cp -r z1/checkpoints/step-00000010 broken
   printf 'x' | dd of=broken/shard-00001-of-00002.safetensors bs=1 seek=200 conv=notrunc 2>/dev/null
@@ -50,97 +51,43 @@ equivalence)
   set -e
   [ "$rc" = 3 ] && grep -q "checksum mismatch" broken.err && [ ! -e broken.safetensors ] ||
     { echo "consolidate: a corrupted checkpoint gave exit $rc"; cat broken.err; exit 1; }
-  /usr/bin/python3 - <<'PY'
-import json, struct, sys
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+import json, os
 import numpy as np
+from train_compare import *
 
-def losses(run):
-    return [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
-
-def tensors(run):
-    # ZeRO-1's checkpoint holds per-rank shards: its weights come from `kiln checkpoint consolidate`.
-    path = run if run.endswith(".safetensors") else f"{run}/checkpoints/step-00000010/model.safetensors"
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = meta["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32)
-    return out
-
-def compare(label, ra, rb, tb=None):
-    a, b = losses(ra), losses(rb)
-    assert len(a) == len(b) == 10, (len(a), len(b))
-    worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
-    print(f"{label}: 10 steps, worst relative loss difference {worst:.2e} (limit 1e-5)")
-    ok = worst <= 1e-5
-    t1, t2 = tensors(ra), tensors(tb or rb)
-    assert t1.keys() == t2.keys()
-    return ok, t1, t2
-
-ok, t1, t2 = compare("DP=2 vs one process", "one", "dp2")
-# The issue's bound, element-wise: every parameter within 1e-5 (absolute), and the whole
-# model's relative difference |p1 - p2| / |p1| (all parameters as one vector) beside it.
-adiff = max(float(np.max(np.abs(t1[k] - t2[k]))) for k in t1)
+compare("DP=2 vs one process", "one", "dp2")
+# Beside the element-wise bound: the whole model's relative difference |p1 - p2| / |p1|.
+t1, t2 = tensors("one"), tensors("dp2")
 d2 = sum(float(np.sum((t1[k] - t2[k]).astype(np.float64) ** 2)) for k in t1)
 n2 = sum(float(np.sum(t1[k].astype(np.float64) ** 2)) for k in t1)
-print(f"equivalence: final parameters, largest element difference {adiff:.2e} (limit 1e-5); "
-      f"whole-model relative difference {(d2 / n2) ** 0.5:.2e}")
-ok = ok and adiff <= 1e-5
-ok1, z0t, z1t = compare("DP=2 ZeRO-1 vs DP=2 ZeRO-0", "dp2", "z1", "z1-consolidated.safetensors")
-adiff = max(float(np.max(np.abs(z0t[k] - z1t[k]))) for k in z0t)
-print(f"DP=2 ZeRO-1 vs DP=2 ZeRO-0: final parameters, largest element difference {adiff:.2e} (limit 1e-5)")
-ok = ok and ok1 and adiff <= 1e-5
+print(f"DP=2 vs one process: whole-model relative parameter difference {(d2 / n2) ** 0.5:.2e}")
+# ZeRO-1's checkpoint holds per-rank shards: its weights come from `kiln checkpoint consolidate`.
+compare("DP=2 ZeRO-1 vs DP=2 ZeRO-0", "dp2", "z1")
 # ZeRO-0 (replicated: rank 0 writes model.safetensors) consolidates to the same file contents.
-cons = tensors("dp2-consolidated.safetensors")
+z0t, cons = tensors("dp2"), tensors("dp2-consolidated.safetensors")
 same = cons.keys() == z0t.keys() and all(np.array_equal(cons[k], z0t[k]) for k in cons)
 print(f"consolidate: {len(cons)} tensors, identical to the checkpoint's weights: {same}")
-ok = ok and same
+check("consolidate of a replicated checkpoint", same)
 # The ZeRO-1 checkpoint: one file per rank and meta.json recording the layout.
-import os
 ck = "z1/checkpoints/step-00000010"
 meta = json.load(open(f"{ck}/meta.json"))
 files = sorted(f for f in os.listdir(ck) if f.startswith("shard-"))
 lay = {k: meta[k] for k in ("world", "dp", "tp", "zero_stage", "partitions", "precision")}
 print(f"ZeRO-1 checkpoint: {files}, meta.json {lay}")
-ok = ok and files == ["shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"] \
-    and lay == {"world": 2, "dp": 2, "tp": 1, "zero_stage": 1, "partitions": 2, "precision": "fp32"} \
-    and [t["name"] for t in meta["tensors"]] == list(z0t.keys()) \
-    and all(int(np.prod(t["shape"])) == z0t[t["name"]].size for t in meta["tensors"])
-dp2 = losses("dp2")
-plan = [p for p in json.load(open("plan.json"))
-        if p["tp"] == 1 and p["dp"] == 2 and p["zero_stage"] == 0
-        and p["activation_checkpointing"] == "none"][0]
-want = plan["comm_bytes_per_step"]["dp.all_reduce"]
-for rec in dp2:
-    got = rec["comm_bytes"]["dp.all_reduce"]
-    if abs(got - want) > 0.01 * want:
-        print(f"step {rec['step']}: dp.all_reduce moved {got} bytes, kiln plan says {want}")
-        ok = False
-print(f"equivalence: dp.all_reduce {dp2[-1]['comm_bytes']['dp.all_reduce']} bytes per step, "
-      f"kiln plan {want} (limit 1%)")
-import re
-p1 = [p for p in json.load(open("plan.json"))
-      if p["tp"] == 1 and p["dp"] == 2 and p["zero_stage"] == 1
-      and p["activation_checkpointing"] == "none"][0]
-for coll in ("dp.reduce_scatter", "dp.all_gather"):
-    want = p1["comm_bytes_per_step"][coll]
-    got = [r["comm_bytes"][coll] for r in losses("z1")]
-    bad = [g for g in got if abs(g - want) > 0.01 * want]
-    print(f"ZeRO-1: {coll} {got[-1]} bytes per step, kiln plan {want} (limit 1%)")
-    ok = ok and not bad
-b = p1["bytes_per_rank"]
-want = b["params"] + b["grads"] + b["optimizer"]
-got = int(re.search(r"model states on rank 0: (\d+) bytes", open("z1.log").read()).group(1))
-z0b = [p for p in json.load(open("plan.json")) if p["tp"] == 1 and p["dp"] == 2
-       and p["zero_stage"] == 0 and p["activation_checkpointing"] == "none"][0]["bytes_per_rank"]
+check("ZeRO-1 checkpoint layout",
+      files == ["shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"]
+      and lay == {"world": 2, "dp": 2, "tp": 1, "zero_stage": 1, "partitions": 2, "precision": "fp32"}
+      and [t["name"] for t in meta["tensors"]] == list(z0t.keys())
+      and all(t["shape"] == list(z0t[t["name"]].shape) for t in meta["tensors"]))
+check_comm("dp2", plan_row("plan.json", 1, 2, 0), colls=["dp.all_reduce"])
+z1row = plan_row("plan.json", 1, 2, 1)
+check_comm("z1", z1row, "ZeRO-1")
+want, got = planned_states(z1row), model_states("z1.log")
 print(f"ZeRO-1: model states on rank 0 {got} bytes, kiln plan {want} (limit 5%); "
-      f"ZeRO-0 {z0b['params'] + z0b['grads'] + z0b['optimizer']}")
-ok = ok and abs(got - want) <= 0.05 * want
-sys.exit(0 if ok else 1)
+      f"ZeRO-0 {planned_states(plan_row('plan.json', 1, 2, 0))}")
+check("ZeRO-1 model states", abs(got - want) <= 0.05 * want)
+finish()
 PY
   ;;
 resume)
@@ -155,20 +102,12 @@ resume)
   train 4 1 a4 10 --resume 2>>a4.log          # written on 2 ranks, resumed on 4
   train 4 1 b 5 --set checkpoint.every_steps=5 2>b.log
   train 2 2 b 10 --resume 2>>b.log            # written on 4 ranks, resumed on 2
-  /usr/bin/python3 - <<'PY'
-import json, sys
-def losses(run):
-    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{run}/metrics.jsonl")}
-ref, same, up, down = losses("ref"), losses("a"), losses("a4"), losses("b")
-ok = True
-for name, run, tol in (("2 -> 2", same, 0.0), ("2 -> 4", up, 1e-5), ("4 -> 2", down, 1e-5),
-                       ("2 ZeRO-0 -> 4 ZeRO-1", losses("az"), 1e-5),
-                       ("2 ZeRO-1 -> 2 ZeRO-0", losses("c"), 1e-5)):
-    assert sorted(run) == list(range(1, 11)), (name, sorted(run))
-    worst = max(abs(run[s] - ref[s]) / abs(ref[s]) for s in range(6, 11))
-    print(f"resume {name} ranks: steps 6-10, worst relative loss difference {worst:.2e} (limit {tol:g})")
-    ok = ok and worst <= tol
-sys.exit(0 if ok else 1)
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+from train_compare import *
+for name, run, tol in (("2 -> 2", "a", 0.0), ("2 -> 4", "a4", 1e-5), ("4 -> 2", "b", 1e-5),
+                       ("2 ZeRO-0 -> 4 ZeRO-1", "az", 1e-5), ("2 ZeRO-1 -> 2 ZeRO-0", "c", 1e-5)):
+    compare(f"resume {name} ranks", "ref", run, tol=tol, steps=range(6, 11), params=False)
+finish()
 PY
   ;;
 zero)
@@ -209,44 +148,8 @@ zero)
   done
   "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 2 --json >plan.json
   "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --set precision=bf16 --world 2 --json >plan-bf16.json
-  /usr/bin/python3 - <<'PY'
-import json, re, struct, sys
-import numpy as np
-
-def metrics(run):
-    return [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
-
-def tensors(run):  # `kiln checkpoint consolidate` of the run's step-10 checkpoint
-    raw = open(f"{run}.safetensors", "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = meta["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32)
-    return out
-
-ok = True
-def check(label, cond):
-    global ok
-    if not cond:
-        print(f"FAILED: {label}")
-    ok = ok and cond
-
-def compare(label, ra, rb, tol=1e-5, steps=range(1, 11)):
-    a = {r["step"]: r["loss"] for r in metrics(ra)}
-    b = {r["step"]: r["loss"] for r in metrics(rb)}
-    check(f"{label}: steps", sorted(b) == list(range(1, 11)))
-    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
-    t1, t2 = tensors(ra), tensors(rb)
-    check(f"{label}: tensor names", t1.keys() == t2.keys())
-    adiff = max(float(np.max(np.abs(t1[k] - t2[k]))) for k in t1)
-    same = worst == 0 and adiff == 0
-    print(f"{label}: worst relative loss difference {worst:.2e}, largest parameter difference "
-          f"{adiff:.2e} (limit {tol:g}){' - bit-identical' if same else ''}")
-    check(label, worst <= tol and adiff <= tol)
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+from train_compare import *
 
 compare("DP=2 ZeRO-2 vs ZeRO-0", "z0", "z2")
 compare("DP=2 ZeRO-3 vs ZeRO-0", "z0", "z3")
@@ -268,51 +171,32 @@ compare("resume ZeRO-3 on 2 ranks -> ZeRO-3 on 2 ranks at step 5", "z3", "r33", 
 compare("resume ZeRO-3 on 2 ranks -> ZeRO-3 on 4 ranks at step 5", "z0", "r34",
         steps=range(6, 11))
 
-plans = json.load(open("plan.json"))
-def plan(z, acc="none"):
-    return [p for p in plans if p["tp"] == 1 and p["dp"] == 2 and p["zero_stage"] == z
-            and p["activation_checkpointing"] == acc][0]
-def states(log):
-    return int(re.search(r"model states on rank 0: (\d+) bytes", open(log).read()).group(1))
-param_bytes = plan(0)["comm_bytes_per_step"]["dp.all_reduce"] // 2   # padded fp32 parameters
+param_bytes = plan_row("plan.json", 1, 2, 0)["comm_bytes_per_step"]["dp.all_reduce"] // 2
 for z, run, factor in ((2, "z2", 2), (3, "z3", 3)):
-    p = plan(z)
-    moved = 0
-    for coll in ("dp.reduce_scatter", "dp.all_gather"):
-        want = p["comm_bytes_per_step"][coll]
-        got = [r["comm_bytes"][coll] for r in metrics(run)]
-        print(f"ZeRO-{z}: {coll} {got[-1]} bytes per step, kiln plan {want} (limit 1%)")
-        check(f"ZeRO-{z} {coll}", all(abs(g - want) <= 0.01 * want for g in got))
-        moved += got[-1]
+    row = plan_row("plan.json", 1, 2, z)
+    got = check_comm(run, row, f"ZeRO-{z}")
+    moved = got["dp.reduce_scatter"] + got["dp.all_gather"]
     print(f"ZeRO-{z}: {moved} bytes per step = {moved / param_bytes:.4f} x the parameter bytes "
           f"{param_bytes} (formula {factor}x, limit 1%)")
     check(f"ZeRO-{z} {factor}x", abs(moved - factor * param_bytes) <= 0.01 * factor * param_bytes)
-    b = p["bytes_per_rank"]
-    want = b["params"] + b["grads"] + b["optimizer"]
-    got = states(f"{run}.log")
-    print(f"ZeRO-{z}: model states on rank 0 {got} bytes, kiln plan {want} (limit 5%)")
-    check(f"ZeRO-{z} model states", abs(got - want) <= 0.05 * want)
-    peak = max(int(x) for x in re.findall(r"peaked at (\d+) bytes", open(f"{run}.log").read()))
+    want, have = planned_states(row), model_states(f"{run}.log")
+    print(f"ZeRO-{z}: model states on rank 0 {have} bytes, kiln plan {want} (limit 5%)")
+    check(f"ZeRO-{z} model states", abs(have - want) <= 0.05 * want)
+    peak, buffers = buffer_peak(f"{run}.log"), row["bytes_per_rank"]["buffers"]
     print(f"ZeRO-{z}: gathered weights + gradient buffers peaked at {peak} bytes; kiln plan's "
-          f"buffers {b['buffers']} (the peak must not exceed them)")
-    check(f"ZeRO-{z} buffers", 0 < peak <= b["buffers"])
+          f"buffers {buffers} (the peak must not exceed them)")
+    check(f"ZeRO-{z} buffers", 0 < peak <= buffers)
 # bf16: the fp32 master weights are sharded optimizer state at every stage (18 bytes per
 # parameter at ZeRO-0: bf16 weights, fp32 gradients, master and two moments).
-plans_bf16 = json.load(open("plan-bf16.json"))
 for z in (1, 2, 3):
-    p = [p for p in plans_bf16 if p["tp"] == 1 and p["dp"] == 2 and p["zero_stage"] == z
-         and p["activation_checkpointing"] == "none"][0]["bytes_per_rank"]
-    want = p["params"] + p["grads"] + p["optimizer"]
-    got = states(f"z{z}b.log")
-    print(f"ZeRO-{z} bf16: model states on rank 0 {got} bytes, kiln plan {want} (limit 5%)")
-    check(f"ZeRO-{z} bf16 model states", abs(got - want) <= 0.05 * want)
-b0 = plan(0)["bytes_per_rank"]
-z0_states = b0["params"] + b0["grads"] + b0["optimizer"]
-z3_states = states("z3.log")
+    want, have = planned_states(plan_row("plan-bf16.json", 1, 2, z)), model_states(f"z{z}b.log")
+    print(f"ZeRO-{z} bf16: model states on rank 0 {have} bytes, kiln plan {want} (limit 5%)")
+    check(f"ZeRO-{z} bf16 model states", abs(have - want) <= 0.05 * want)
+z0_states, z3_states = planned_states(plan_row("plan.json", 1, 2, 0)), model_states("z3.log")
 print(f"ZeRO-3 model states {z3_states} bytes vs ZeRO-0's / 2 = {z0_states / 2:.0f} "
       f"(ratio {z3_states / (z0_states / 2):.4f}, limit 5%)")
 check("ZeRO-3 = ZeRO-0 / dp", abs(z3_states - z0_states / 2) <= 0.05 * z0_states / 2)
-sys.exit(0 if ok else 1)
+finish()
 PY
   ;;
 signal)
@@ -323,15 +207,7 @@ signal)
     [ "$(wc -l <run/metrics.jsonl 2>/dev/null || echo 0)" -ge 2 ] && break
     sleep 0.1
   done
-  descendants() {
-    local kids
-    kids=$(ps -o pid= --ppid "$1" 2>/dev/null || true)
-    for k in $kids; do echo "$k"; descendants "$k"; done
-  }
-  RANK1=""
-  for p in $(descendants "$MPIRUN"); do
-    if tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then RANK1=$p; fi
-  done
+  RANK1=$(rank_pid "$MPIRUN" 1 || true)
   [ -n "$RANK1" ] || { echo "signal: rank 1 not found"; cat signal.out; kill "$MPIRUN"; exit 1; }
   kill -USR1 "$RANK1"
   for _ in $(seq 1 600); do kill -0 "$MPIRUN" 2>/dev/null || break; sleep 0.1; done
@@ -366,16 +242,7 @@ kill)
     [[ "$L" =~ ^step-([0-9]+)$ ]] && [ $((10#${BASH_REMATCH[1]})) -ge 4 ] && break
     sleep 0.1
   done
-  # Rank 0 among this run's own processes (other tests may be training at the same time).
-  descendants() {
-    local kids
-    kids=$(ps -o pid= --ppid "$1" 2>/dev/null || true)
-    for k in $kids; do echo "$k"; descendants "$k"; done
-  }
-  RANK0=""
-  for p in $(descendants "$MPIRUN"); do
-    if tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0'; then RANK0=$p; fi
-  done
+  RANK0=$(rank_pid "$MPIRUN" 0 || true)
   [ -n "$RANK0" ] || { echo "kill: rank 0 not found"; cat kill.out; kill "$MPIRUN"; exit 1; }
   kill -9 "$RANK0" || { echo "kill: could not kill rank 0 ($RANK0)"; exit 1; }
   # mpirun must stop every rank (not hang) and say which one died.

@@ -7,15 +7,26 @@
 #                relative, final parameters within 1e-5 (absolute, element-wise); the same with
 #                full activation checkpointing; the tensor-parallel all-reduce moves per step what
 #                `kiln plan --json` says (within 1%), and the data-parallel one too under
-#                DP x TP. Writing a checkpoint checks that the replicated parameters are
+#                DP x TP. Every TP rank writes its own checkpoint files (meta.json records every
+#                tensor's TP split), and writing checks that the replicated parameters are
 #                bit-identical on every TP rank. `kiln checkpoint consolidate` of the TP
-#                checkpoint writes the weights of the checkpoint, and one process loads it. bf16
-#                and fp16 TP=2 runs stay within 1e-3 / 1e-4 of one process, and an overflow
-#                injected on the last rank only is skipped by every rank at the same step. A
-#                vocabulary not divisible by tp is refused (exit 2, the key named).
+#                checkpoint writes whole tensors, and one process loads it. bf16 and fp16 TP=2
+#                runs stay within 1e-3 / 1e-4 of one process, and an overflow injected on the
+#                last rank only is skipped by every rank at the same step. A vocabulary not
+#                divisible by tp is refused (exit 2, the key named).
+#   zero         DP=2 x TP=2 with ZeRO-1, -2 and -3 (and ZeRO-3 with full activation
+#                checkpointing, and with an overflow injected on the last rank) vs DP=2 ZeRO-0
+#                (no TP), fp32, 10 steps: losses within 1e-5 relative, final parameters within
+#                1e-5; bytes per step per collective as `kiln plan` says (within 1%): the
+#                data-parallel part is 2x (ZeRO-1/2) or 3x (ZeRO-3) each TP rank's own parameter
+#                bytes, plus the TP all-reduces; model-state bytes per rank as the plan says
+#                (within 5%). 4 shard files (2 TP x 2 DP) and meta.json with every tensor's split.
 #   resume       a TP=2 run stopped at step 5 and resumed on TP=2 repeats the uninterrupted
 #                run's losses bit for bit; resumed on one process (tp 1) and a one-process
-#                checkpoint resumed on TP=2 continue within 1e-5 relative.
+#                checkpoint resumed on TP=2 continue within 1e-5 relative; DP=2 x TP=2 ZeRO-3
+#                resumes bit-identically on the same layout, and reshards onto DP=1 x TP=2
+#                ZeRO-0 (another DP size and ZeRO stage) and onto DP=2 ZeRO-1 without TP
+#                (another TP size) within 1e-5.
 source "$(dirname "$0")/mpi_train_common.sh"
 TP=(--set parallel.tp=2)
 
@@ -47,80 +58,126 @@ equivalence)
   "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 4 --json >plan4.json
   grep -q "replicated tensors identical on 2 tensor-parallel ranks" tp2.log ||
     { echo "no replicated-tensor check in the TP=2 log"; cat tp2.log; exit 1; }
-  # One file a single process can load: consolidate the TP checkpoint, then train one more step
-  # from it on one process (kiln train --init-from is not a thing: resume a copy instead).
-  "$KILN" checkpoint consolidate tp2/checkpoints/step-00000010 -o tp2.safetensors >/dev/null
+  # One file a single process can load: consolidate the TP checkpoints (every TP rank wrote its
+  # own slices), then train one more step from one on one process.
+  for run in tp2 tp2f dp2tp2; do
+    "$KILN" checkpoint consolidate $run/checkpoints/step-00000010 -o $run.safetensors >/dev/null
+  done
   cp -r tp2 tp2one
   train 1 4 tp2one 11 --resume 2>tp2one.log
   grep -q "resumed from" tp2one.log || { echo "one process did not load the TP checkpoint"; cat tp2one.log; exit 1; }
-  /usr/bin/python3 - <<'PY'
-import json, struct, sys
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+import json, os
 import numpy as np
+from train_compare import *
 
-def metrics(run):
-    return [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
-
-def tensors(run):
-    path = run if run.endswith(".safetensors") else f"{run}/checkpoints/step-00000010/model.safetensors"
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    return {name: np.frombuffer(raw[8 + n + m["data_offsets"][0]:8 + n + m["data_offsets"][1]],
-                                dtype=np.float32).reshape(m["shape"])
-            for name, m in header.items() if name != "__metadata__"}
-
-ok = True
 for label, ra, rb in (("TP=2 vs one process", "one", "tp2"),
                       ("TP=2 vs one process, full activation checkpointing", "onef", "tp2f"),
                       ("DP=2 x TP=2 vs DP=2", "dp2", "dp2tp2")):
-    a, b = metrics(ra), metrics(rb)
-    assert len(a) == len(b) == 10, (label, len(a), len(b))
-    worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
-    gn = max(abs(x["grad_norm"] - y["grad_norm"]) / abs(x["grad_norm"]) for x, y in zip(a, b))
-    t1, t2 = tensors(ra), tensors(rb)
-    assert t1.keys() == t2.keys() and all(t1[k].shape == t2[k].shape for k in t1), label
-    adiff = max(float(np.max(np.abs(t1[k] - t2[k]))) for k in t1)
-    print(f"{label}: 10 steps, worst relative loss difference {worst:.2e} (limit 1e-5), grad norm "
-          f"{gn:.2e}; final parameters, largest element difference {adiff:.2e} (limit 1e-5)")
-    ok = ok and worst <= 1e-5 and adiff <= 1e-5
-    # The losses fell: the comparison is of training, not of two idle runs.
-    ok = ok and b[-1]["loss"] < b[0]["loss"]
+    compare(label, ra, rb, grad_norm=True, fell=True)
 
 # bf16 / fp16: each row-parallel partial sum is rounded to the activation type before the fp32
 # sum (one more rounding than one process), a relative error of up to 2^-9 (bf16) / 2^-12 (fp16)
 # per element that averages out over the B*T tokens of the loss: limits 1e-3 / 1e-4 relative.
 for p, tol in (("bf16", 1e-3), ("fp16", 1e-4)):
-    a, b = metrics(f"one{p}"), metrics(f"tp2{p}")
-    assert len(a) == len(b) == 10, (p, len(a), len(b))
-    worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
+    compare(f"TP=2 vs one process, {p}", f"one{p}", f"tp2{p}", tol=tol, params=False)
+    b = metrics(f"tp2{p}")
     skips = [r["step"] for r in b if r["skipped"]]
-    print(f"TP=2 vs one process, {p}: worst relative loss difference {worst:.2e} (limit {tol:g}); "
-          f"steps skipped for the overflow on the last rank: {skips} (want [3], as one process: "
-          f"{[r['step'] for r in a if r['skipped']]})")
-    ok = ok and worst <= tol and skips == [3] and b[2]["skip_reason"] == "overflow"
+    print(f"TP=2 {p}: steps skipped for the overflow on the last rank: {skips} (want [3], as one "
+          f"process: {[r['step'] for r in metrics(f'one{p}') if r['skipped']]})")
+    check(f"{p} overflow skip", skips == [3] and b[2]["skip_reason"] == "overflow")
 
-def plan_row(path, tp, dp, ac="none"):
-    return [p for p in json.load(open(path)) if p["tp"] == tp and p["dp"] == dp
-            and p["zero_stage"] == 0 and p["activation_checkpointing"] == ac][0]
+for run, path, dp, ac in (("tp2", "plan2.json", 1, "none"), ("tp2f", "plan2.json", 1, "full"),
+                          ("dp2tp2", "plan4.json", 2, "none")):
+    row = plan_row(path, 2, dp, 0, ac)
+    check(f"{run} trainable", row["trainable"])
+    check_comm(run, row)
 
-for run, path, tp, dp, ac in (("tp2", "plan2.json", 2, 1, "none"), ("tp2f", "plan2.json", 2, 1, "full"),
-                              ("dp2tp2", "plan4.json", 2, 2, "none")):
-    row = plan_row(path, tp, dp, ac)
-    assert row["trainable"], (run, row)
-    for coll, want in row["comm_bytes_per_step"].items():
-        got = [r["comm_bytes"].get(coll, 0) for r in metrics(run)]
-        bad = [g for g in got if abs(g - want) > 0.01 * want]
-        print(f"{run}: {coll} {got[-1]} bytes per step, kiln plan {want} (limit 1%)")
-        ok = ok and not bad
-
-cons, ck = tensors("tp2.safetensors"), tensors("tp2")
-same = cons.keys() == ck.keys() and all(np.array_equal(cons[k], ck[k]) for k in cons)
-print(f"consolidate: {len(cons)} tensors (whole shapes), identical to the TP checkpoint's: {same}")
-ok = ok and same
+# The TP checkpoint: one file per TP rank, every tensor's split in meta.json; consolidated, the
+# whole shapes of one process.
+ck = "tp2/checkpoints/step-00000010"
+meta = json.load(open(f"{ck}/meta.json"))
+files = sorted(f for f in os.listdir(ck) if f.endswith(".safetensors"))
+print(f"TP=2 checkpoint: {files}; meta.json tp {meta['tp']}, tp_partitions {meta['tp_partitions']}")
+check("TP shard files", files == meta["files"] == ["shard-tp00000-of-00002-dp00000-of-00001.safetensors",
+                                                    "shard-tp00001-of-00002-dp00000-of-00001.safetensors"])
+split = {t["name"]: t["tp_split"] for t in meta["tensors"]}
+check("meta.json TP splits", split["wte"] == {"dim": 0, "parts": 1}
+      and split["blocks.0.attn.qkv.weight"] == {"dim": 0, "parts": 3}
+      and split["blocks.0.attn.proj.weight"] == {"dim": 1, "parts": 1}
+      and split["wpe"] is None and split["ln_f.weight"] is None)
+cons, one = tensors("tp2.safetensors"), tensors("one")
+check("consolidated TP checkpoint has one process's tensors and shapes",
+      cons.keys() == one.keys() and all(cons[k].shape == one[k].shape for k in cons))
+print(f"consolidate: {len(cons)} tensors with whole shapes")
 one_more = metrics("tp2one")
 print(f"one process from the TP=2 checkpoint: step {one_more[-1]['step']} loss {one_more[-1]['loss']:.4f}")
-ok = ok and len(one_more) == 11 and np.isfinite(one_more[-1]["loss"])
-sys.exit(0 if ok else 1)
+check("one process continues the TP checkpoint", len(one_more) == 11 and np.isfinite(one_more[-1]["loss"]))
+finish()
+PY
+  ;;
+zero)
+  CK=(--set checkpoint.every_steps=10)
+  train 2 2 dp2 10 "${CK[@]}" 2>dp2.log
+  for z in 1 2 3; do
+    train 4 2 z$z 10 "${CK[@]}" "${TP[@]}" --set parallel.zero_stage=$z 2>z$z.log
+  done
+  train 4 2 z3f 10 "${CK[@]}" "${TP[@]}" --set parallel.zero_stage=3 \
+    --set activation_checkpointing=full 2>z3f.log
+  # An overflow on the last rank only (TP rank 1, DP rank 1): every rank skips step 4.
+  train 2 2 dp2o 10 "${CK[@]}" --set "stability.inject_overflow_at=[4]" 2>dp2o.log
+  train 4 2 z3o 10 "${CK[@]}" "${TP[@]}" --set parallel.zero_stage=3 \
+    --set "stability.inject_overflow_at=[4]" 2>z3o.log
+  for run in z1 z2 z3 z3f z3o; do
+    "$KILN" checkpoint consolidate $run/checkpoints/step-00000010 -o $run.safetensors >/dev/null
+  done
+  "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 4 --json >plan4.json
+  grep -q "replicated tensors identical on 2 tensor-parallel ranks" z3.log ||
+    { echo "no replicated-tensor check in the ZeRO-3 x TP=2 log"; cat z3.log; exit 1; }
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+import json, os
+from train_compare import *
+
+for z in (1, 2, 3):
+    compare(f"DP=2 x TP=2 ZeRO-{z} vs DP=2 ZeRO-0", "dp2", f"z{z}", grad_norm=True)
+compare("DP=2 x TP=2 ZeRO-3, full activation checkpointing vs DP=2 ZeRO-0", "dp2", "z3f")
+compare("DP=2 x TP=2 ZeRO-3 vs DP=2 ZeRO-0, overflow injected at step 4 on the last rank",
+        "dp2o", "z3o")
+skipped = [[r["step"] for r in metrics(run) if r["skipped"]] for run in ("dp2o", "z3o")]
+print(f"overflow: skipped steps DP=2 {skipped[0]}, DP=2 x TP=2 ZeRO-3 {skipped[1]}")
+check("overflow skipped step 4 on every rank", skipped == [[4], [4]])
+
+# Bytes: each TP rank's data-parallel group moves 2x (ZeRO-1/2) or 3x (ZeRO-3) the bytes of the
+# parameters that TP rank holds (its slices + the replicated tensors, padded per unit), plus the
+# tensor-parallel all-reduces; all as kiln plan says.
+rows = {z: plan_row("plan4.json", 2, 2, z) for z in (0, 1, 2, 3)}
+rows["3f"] = plan_row("plan4.json", 2, 2, 3, "full")
+local = rows[0]["comm_bytes_per_step"]["dp.all_reduce"] // 2   # one TP rank's padded fp32 params
+for z, factor in ((1, 2), (2, 2), (3, 3), ("3f", 3)):
+    run = f"z{z}"
+    check(f"{run} trainable", rows[z]["trainable"])
+    got = check_comm(run, rows[z], f"DP=2 x TP=2 ZeRO-{z}")
+    moved = got["dp.reduce_scatter"] + got["dp.all_gather"]
+    print(f"DP=2 x TP=2 ZeRO-{z}: data-parallel {moved} bytes per step = {moved / local:.4f} x "
+          f"this TP rank's parameter bytes {local} (formula {factor}x, limit 1%)")
+    check(f"ZeRO-{z} x TP {factor}x", abs(moved - factor * local) <= 0.01 * factor * local)
+    if z != "3f":
+        want, have = planned_states(rows[z]), model_states(f"{run}.log")
+        print(f"DP=2 x TP=2 ZeRO-{z}: model states on rank 0 {have} bytes, kiln plan {want} (limit 5%)")
+        check(f"ZeRO-{z} x TP model states", abs(have - want) <= 0.05 * want)
+peak = buffer_peak("z3.log")
+print(f"DP=2 x TP=2 ZeRO-3: gathered weights + gradient buffers peaked at {peak} bytes; kiln "
+      f"plan's buffers {rows[3]['bytes_per_rank']['buffers']}")
+check("ZeRO-3 x TP buffers", 0 < peak <= rows[3]["bytes_per_rank"]["buffers"])
+
+ck = "z3/checkpoints/step-00000010"
+meta = json.load(open(f"{ck}/meta.json"))
+files = sorted(f for f in os.listdir(ck) if f.endswith(".safetensors"))
+print(f"DP=2 x TP=2 ZeRO-3 checkpoint: {files}")
+check("4 shard files", files == meta["files"] and len(files) == 4
+      and {k: meta[k] for k in ("world", "dp", "tp", "zero_stage", "partitions", "tp_partitions")}
+      == {"world": 4, "dp": 2, "tp": 2, "zero_stage": 3, "partitions": 2, "tp_partitions": 2})
+finish()
 PY
   ;;
 resume)
@@ -131,19 +188,27 @@ resume)
   train 1 4 a1 10 --resume 2>>a1.log               # TP=2 checkpoint on one process
   train 1 4 b 5 --set checkpoint.every_steps=5 2>b.log
   train 2 4 b 10 --resume "${TP[@]}" 2>>b.log      # one-process checkpoint on TP=2
-  /usr/bin/python3 - <<'PY'
-import json, sys
-def losses(run):
-    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{run}/metrics.jsonl")}
-ref = losses("ref")
-ok = True
-for name, run, tol in (("TP=2 -> TP=2", losses("a"), 0.0), ("TP=2 -> one process", losses("a1"), 1e-5),
-                       ("one process -> TP=2", losses("b"), 1e-5)):
-    assert sorted(run) == list(range(1, 11)), (name, sorted(run))
-    worst = max(abs(run[s] - ref[s]) / abs(ref[s]) for s in range(6, 11))
-    print(f"resume {name}: steps 6-10, worst relative loss difference {worst:.2e} (limit {tol:g})")
-    ok = ok and worst <= tol
-sys.exit(0 if ok else 1)
+  # DP=2 x TP=2 ZeRO-3 (4 shard files) at step 5: the same layout, DP=1 x TP=2 ZeRO-0, and DP=2
+  # ZeRO-1 without TP (reference: the uninterrupted DP=2 x TP=2 ZeRO-3 run).
+  Z3=("${TP[@]}" --set parallel.zero_stage=3)
+  train 4 2 zref 10 "${Z3[@]}" 2>zref.log
+  train 4 2 z 5 --set checkpoint.every_steps=5 "${Z3[@]}" 2>z.log
+  cp -r z z1tp
+  cp -r z zdp
+  train 4 2 z 10 --resume "${Z3[@]}" 2>>z.log
+  train 2 4 z1tp 10 --resume "${TP[@]}" 2>>z1tp.log
+  train 2 2 zdp 10 --resume --set parallel.zero_stage=1 2>>zdp.log
+  grep -q "written with tensor-parallel size 2, resharded to 1" zdp.log ||
+    { echo "no TP reshard line"; cat zdp.log; exit 1; }
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+from train_compare import *
+for name, ref, run, tol in (("TP=2 -> TP=2", "ref", "a", 0.0), ("TP=2 -> one process", "ref", "a1", 1e-5),
+                            ("one process -> TP=2", "ref", "b", 1e-5),
+                            ("DP=2 x TP=2 ZeRO-3 -> the same", "zref", "z", 0.0),
+                            ("DP=2 x TP=2 ZeRO-3 -> DP=1 x TP=2 ZeRO-0", "zref", "z1tp", 1e-5),
+                            ("DP=2 x TP=2 ZeRO-3 -> DP=2 ZeRO-1 (tp 1)", "zref", "zdp", 1e-5)):
+    compare(f"resume {name}", ref, run, tol=tol, steps=range(6, 11), params=False)
+finish()
 PY
   ;;
 *)

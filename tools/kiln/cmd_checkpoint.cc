@@ -48,10 +48,11 @@ Status run_consolidate(const ConsolidateArgs& a) {
   meta["step"] = std::to_string(state.step);
   meta["model"] = model.dump();
   KILN_RETURN_IF_ERROR(engine::write_safetensors(a.output, views, meta));
-  std::printf("%s: %zu tensors from %s (step %s, %lld partition%s: dp %lld, ZeRO-%lld)\n",
-              a.output.c_str(), views.size(), a.dir.c_str(), meta["step"].c_str(),
-              static_cast<long long>(layout.partitions), layout.partitions == 1 ? "" : "s",
-              static_cast<long long>(layout.dp), static_cast<long long>(layout.zero_stage));
+  const long long files = layout.sharded() ? layout.partitions * layout.tp_partitions : 2;
+  std::printf("%s: %zu tensors from %s (step %s, %lld file%s: dp %lld, tp %lld, ZeRO-%lld)\n",
+              a.output.c_str(), views.size(), a.dir.c_str(), meta["step"].c_str(), files,
+              files == 1 ? "" : "s", static_cast<long long>(layout.dp),
+              static_cast<long long>(layout.tp), static_cast<long long>(layout.zero_stage));
   return Status::ok();
 }
 

@@ -1,4 +1,5 @@
-// kiln plan --config FILE --world N [--memory-per-device SIZE] [--json] [--set k=v ...]
+// kiln plan --config FILE --world N [--memory-per-device SIZE] [--gpus-per-node N] [--json]
+//           [--set k=v ...]
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@ namespace {
 struct PlanArgs {
   ConfigFlags config;
   int64_t world = 1;
+  int64_t per_node = 8;
   std::string memory;
   bool json = false;
 };
@@ -51,7 +53,7 @@ Status run_plan(const PlanArgs& a) {
   } else {
     budget_note = "unknown (set --memory-per-device)";
   }
-  KILN_ASSIGN_OR_RETURN(auto plans, engine::plan_layouts(tc, a.world, budget));
+  KILN_ASSIGN_OR_RETURN(auto plans, engine::plan_layouts(tc, a.world, budget, a.per_node));
 
   if (a.json) {
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
@@ -68,6 +70,7 @@ Status run_plan(const PlanArgs& a) {
       for (const auto& [k, v] : p.comm_bytes) comm[k] = v;
       j["comm_bytes_per_step"] = comm;
       j["fits"] = p.fits ? nlohmann::ordered_json(*p.fits) : nlohmann::ordered_json(nullptr);
+      j["within_node"] = p.within_node;
       j["trainable"] = p.trainable;
       j["suggested"] = p.suggested;
       arr.push_back(j);
@@ -80,40 +83,44 @@ Status run_plan(const PlanArgs& a) {
   uint64_t params = 0;
   for (uint64_t n : units) params += n;
   std::printf("kiln plan: %s on %lld ranks: %.2fM parameters (padded), %s, micro_batch %lld x "
-              "seq_len %lld, grad_accum %lld\nmemory budget: %s\n\n",
+              "seq_len %lld, grad_accum %lld\nmemory budget: %s\nmachines: %lld ranks each "
+              "(--gpus-per-node); a tensor-parallel group must stay inside one\n\n",
               a.config.config_file.c_str(), static_cast<long long>(a.world), params / 1e6,
               engine::precision_name(tc.precision), static_cast<long long>(tc.data.micro_batch),
               static_cast<long long>(tc.model.seq_len), static_cast<long long>(tc.data.grad_accum),
-              budget_note.c_str());
-  std::printf("%3s %4s %4s %-9s | %11s %11s %11s %11s %11s %11s | %-4s %-5s | %s\n", "tp", "dp",
-              "zero", "recompute", "params", "grads", "optimizer", "activations", "buffers",
-              "total", "fits", "train", "bytes moved per step");
+              budget_note.c_str(), static_cast<long long>(a.per_node));
+  std::printf("%3s %4s %4s %-9s | %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %s\n", "tp",
+              "dp", "zero", "recompute", "params", "grads", "optimizer", "activations", "buffers",
+              "total", "fits", "train", "node", "bytes moved per step");
   const engine::LayoutPlan* best = nullptr;
   for (const auto& p : plans) {
     std::string comm;
     for (const auto& [k, v] : p.comm_bytes) comm += (comm.empty() ? "" : ", ") + k + " " + gib(v);
     if (comm.empty()) comm = "-";
-    std::printf("%3lld %4lld %4lld %-9s | %11s %11s %11s %11s %11s %11s | %-4s %-5s | %s%s\n",
+    std::printf("%3lld %4lld %4lld %-9s | %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %s%s\n",
                 static_cast<long long>(p.layout.tp), static_cast<long long>(p.layout.dp),
                 static_cast<long long>(p.layout.zero_stage),
                 engine::recompute_name(p.layout.recompute), gib(p.memory.params).c_str(),
                 gib(p.memory.grads).c_str(), gib(p.memory.optimizer).c_str(),
                 gib(p.memory.activations).c_str(), gib(p.memory.buffers).c_str(),
                 gib(p.memory.total()).c_str(), p.fits ? (*p.fits ? "yes" : "no") : "?",
-                p.trainable ? "yes" : "paper", comm.c_str(), p.suggested ? "  <- suggested" : "");
+                p.trainable ? "yes" : "paper", p.within_node ? "yes" : "no", comm.c_str(),
+                p.suggested ? "  <- suggested" : "");
     if (p.suggested) best = &p;
   }
   if (best) {
     std::printf("\nsuggested: --set parallel.tp=%lld --set parallel.zero_stage=%lld --set "
                 "activation_checkpointing=%s (mpirun -np %lld): the least recomputation, then "
-                "the fewest bytes per step, among the layouts that fit and that this version "
-                "trains (train: yes; \"paper\" rows are estimates for the layouts to come)\n",
+                "the fewest bytes per step, among the layouts that fit, whose tensor-parallel "
+                "groups stay inside one machine (node: yes) and that this version trains "
+                "(train: yes)\n",
                 static_cast<long long>(best->layout.tp),
                 static_cast<long long>(best->layout.zero_stage),
                 engine::recompute_name(best->layout.recompute), static_cast<long long>(a.world));
   } else {
-    std::printf("\nno trainable layout fits %s: add ranks, or use a smaller micro_batch or model\n",
-                budget_note.c_str());
+    std::printf("\nno trainable layout fits %s with its tensor-parallel groups inside machines of "
+                "%lld ranks: add ranks, or use a smaller micro_batch or model\n",
+                budget_note.c_str(), static_cast<long long>(a.per_node));
   }
   return Status::ok();
 }
@@ -130,6 +137,10 @@ RunFn add_plan_command(CLI::App& root) {
   cmd->add_option("--world", args->world, "number of ranks to plan for")->check(CLI::PositiveNumber);
   cmd->add_option("--memory-per-device", args->memory,
                   "memory of one device, e.g. 80GiB (default on CPU: this machine's memory / world)");
+  cmd->add_option("--gpus-per-node", args->per_node,
+                  "ranks (devices) per machine: a tensor-parallel group must stay inside one, so "
+                  "only layouts whose tp divides it are suggested (default 8)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", args->json, "print the layouts as a JSON array");
   cmd->footer("Bytes follow docs/DISTRIBUTED.md; example: kiln plan --config configs/train/tiny.yaml --world 4");
   return [args] { return run_plan(*args); };
