@@ -16,7 +16,8 @@
 #                divisible by tp is refused (exit 2, the key named).
 #   zero         DP=2 x TP=2 with ZeRO-1, -2 and -3 (and ZeRO-3 with full activation
 #                checkpointing, and with an overflow injected on the last rank) vs DP=2 ZeRO-0
-#                (no TP), fp32, 10 steps: losses within 1e-5 relative, final parameters within
+#                (no TP), fp32, 10 steps (and fp16 DP=2 x TP=2 ZeRO-3 vs ZeRO-0, the overflow
+#                skipped by every rank at the same step): losses within 1e-5 relative, final parameters within
 #                1e-5; bytes per step per collective as `kiln plan` says (within 1%): the
 #                data-parallel part is 2x (ZeRO-1/2) or 3x (ZeRO-3) each TP rank's own parameter
 #                bytes, plus the TP all-reduces; model-state bytes per rank as the plan says
@@ -128,7 +129,12 @@ zero)
   train 2 2 dp2o 10 "${CK[@]}" --set "stability.inject_overflow_at=[4]" 2>dp2o.log
   train 4 2 z3o 10 "${CK[@]}" "${TP[@]}" --set parallel.zero_stage=3 \
     --set "stability.inject_overflow_at=[4]" 2>z3o.log
-  for run in z1 z2 z3 z3f z3o; do
+  # fp16 (loss scaling) with an overflow on the last rank: DP=2 x TP=2 ZeRO-3 vs ZeRO-0.
+  for z in 0 3; do
+    train 4 2 h$z 10 "${CK[@]}" "${TP[@]}" --set parallel.zero_stage=$z --set precision=fp16 \
+      --set "stability.inject_overflow_at=[4]" 2>h$z.log
+  done
+  for run in z1 z2 z3 z3f z3o h0 h3; do
     "$KILN" checkpoint consolidate $run/checkpoints/step-00000010 -o $run.safetensors >/dev/null
   done
   "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 4 --json >plan4.json
@@ -143,9 +149,11 @@ for z in (1, 2, 3):
 compare("DP=2 x TP=2 ZeRO-3, full activation checkpointing vs DP=2 ZeRO-0", "dp2", "z3f")
 compare("DP=2 x TP=2 ZeRO-3 vs DP=2 ZeRO-0, overflow injected at step 4 on the last rank",
         "dp2o", "z3o")
-skipped = [[r["step"] for r in metrics(run) if r["skipped"]] for run in ("dp2o", "z3o")]
-print(f"overflow: skipped steps DP=2 {skipped[0]}, DP=2 x TP=2 ZeRO-3 {skipped[1]}")
-check("overflow skipped step 4 on every rank", skipped == [[4], [4]])
+compare("DP=2 x TP=2 ZeRO-3 vs ZeRO-0, fp16, overflow injected at step 4", "h0", "h3")
+skipped = [[r["step"] for r in metrics(run) if r["skipped"]] for run in ("dp2o", "z3o", "h0", "h3")]
+print(f"overflow: skipped steps DP=2 {skipped[0]}, DP=2 x TP=2 ZeRO-3 {skipped[1]}; fp16 "
+      f"DP=2 x TP=2 ZeRO-0 {skipped[2]}, ZeRO-3 {skipped[3]}")
+check("overflow skipped step 4 on every rank", skipped == [[4]] * 4)
 
 # Bytes: each TP rank's data-parallel group moves 2x (ZeRO-1/2) or 3x (ZeRO-3) the bytes of the
 # parameters that TP rank holds (its slices + the replicated tensors, padded per unit), plus the
