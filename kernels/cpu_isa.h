@@ -3,7 +3,7 @@
 // The default build runs on any x86-64 CPU with AVX2, FMA and F16C (the baseline; a CPU without
 // them gets a clear message and exit status 1 before any kernel code runs). Faster paths are
 // picked at run time from what the CPU has:
-//   avx2    Kiln's AVX2/FMA kernels; bf16/fp16 GEMM widens to fp32 (no native bf16 on AVX2)
+//   avx2    Kiln's AVX2/FMA kernels; bf16/fp16 GEMM in fp32 arithmetic (no native bf16 on AVX2)
 //   avx512  + AVX-512 attention micro-kernel; oneDNN may use AVX-512 / AVX512-BF16
 //   amx     + oneDNN may use AMX tiles for the bf16 GEMM
 // KILN_CPU_ISA=avx2|avx512|amx forces a path; a path the CPU does not have, or any other value,
@@ -12,8 +12,8 @@
 // kernels at load time; OPENBLAS_CORETYPE=Haswell pins them, as tools/test does for forced runs.)
 //
 // The bf16 GEMM is oneDNN when Kiln is built with it AND oneDNN can create a non-reference bf16
-// matmul on the chosen path (probed once; a failure is reported, not thrown), otherwise the
-// widening fallback. `kiln --version` and `kiln train`'s log print describe_cpu_runtime().
+// matmul on the chosen path (probed once; a failure is reported, not thrown), otherwise Kiln's
+// own AVX2/FMA GEMM (kernels/cpu/gemm_lp.cc, "kiln-avx2": widens the operands while packing). `kiln --version` and `kiln train`'s log print describe_cpu_runtime().
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,7 @@
 namespace kiln::cpu {
 
 enum class Isa : uint8_t { kAvx2 = 0, kAvx512 = 1, kAmx = 2 };
-enum class Bf16Gemm : uint8_t { kOneDnn = 0, kWiden = 1 };
+enum class Bf16Gemm : uint8_t { kOneDnn = 0, kKiln = 1 };
 
 // What the CPU (and OS) support, as far as the paths care.
 struct CpuFeatures {
@@ -41,7 +41,7 @@ bool has_baseline(const CpuFeatures& f);
 Isa best_isa(const CpuFeatures& f);
 const char* isa_name(Isa isa);  // "avx2", "avx512", "amx"
 bool parse_isa(std::string_view s, Isa* out);
-const char* bf16_gemm_name(Bf16Gemm g);  // "onednn", "widen+sgemm"
+const char* bf16_gemm_name(Bf16Gemm g);  // "onednn", "kiln-avx2"
 
 // The path for a CPU with features `f` given KILN_CPU_ISA's value (nullptr or "" = best).
 // Errors (StatusCode::kConfig): an unknown value, or a path above the CPU's best.
@@ -53,7 +53,7 @@ struct CpuRuntime {
   CpuFeatures features;
   Isa isa = Isa::kAvx2;
   bool forced = false;  // KILN_CPU_ISA was set
-  Bf16Gemm bf16_gemm = Bf16Gemm::kWiden;
+  Bf16Gemm bf16_gemm = Bf16Gemm::kKiln;
   std::string bf16_gemm_why;  // why that GEMM (e.g. oneDNN's error message)
 };
 // Checks KILN_CPU_ISA and makes the choices; an error names the bad value (call it first in main).
@@ -62,7 +62,7 @@ Status init_cpu_runtime();
 // and exits with status 1.
 const CpuRuntime& cpu_runtime();
 // One line for logs and --version, e.g.
-// "cpu: AMD EPYC 7B13; path avx2 (best avx2); bf16 GEMM widen+sgemm (oneDNN: ...)".
+// "cpu: AMD EPYC 7B13; path avx2 (best avx2); bf16 GEMM kiln-avx2 (oneDNN: ...)".
 std::string describe_cpu_runtime();
 
 // Tests and benchmarks: switch the bf16 GEMM of this process (not while ops run). False (and no

@@ -68,7 +68,8 @@ namespace cpu {
 void set_num_threads(int n);
 int num_threads();
 // True if matmul runs bf16 on oneDNN's native bf16 GEMM (AMX / AVX512-BF16) in this process, false
-// if it widens to fp32 (kernels/cpu_isa.h: chosen once at start-up, named by describe_cpu_runtime).
+// if on Kiln's own AVX2/FMA GEMM in fp32 arithmetic (kernels/cpu_isa.h: chosen once at start-up,
+// named by describe_cpu_runtime).
 bool have_native_bf16_gemm();
 
 // ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] ---------------------------------------
@@ -96,7 +97,8 @@ void layernorm_backward(Same<T>* dinp, float* dweight, float* dbias, const T* do
 
 // ---- matmul: out (B,T,OC) = inp (B,T,C) @ weight(OC,C)^T + bias(OC) --------------------------------
 // fp32: cblas_sgemm in fixed row chunks, no copies. bf16/fp16: fp32 accumulation (oneDNN's bf16
-// matmul where the start-up probe allows it, else widening to fp32 + the same sgemm). bias nullable.
+// matmul where the start-up probe allows it, else Kiln's AVX2/FMA GEMM, which widens the operands
+// while packing them and rounds on its output tiles). bias nullable.
 template <typename T>
 void matmul_forward(T* out, const Same<T>* inp, const Same<T>* weight, const Same<T>* bias, int B,
                     int T_, int C, int OC);

@@ -1,6 +1,6 @@
 // matmul_forward / matmul_backward: gradient check of the reference, fast vs reference in fp32,
 // bf16 and fp16, null gradients, accumulation, and thread-count invariance. The bf16 tests run
-// on every bf16 GEMM this machine has (the widening fallback everywhere, oneDNN where it works).
+// on every bf16 GEMM this machine has (Kiln's own everywhere, oneDNN where it works).
 #include "kernels/cpu_isa.h"
 #include "kernels/reference.h"
 #include "kernels_test_util.h"
@@ -14,13 +14,13 @@ struct Shape {
   int B, T, C, OC;
 };
 
-// Runs fn() once per bf16 GEMM available here (the fallback always), then restores the choice.
+// Runs fn() once per bf16 GEMM available here (Kiln's own always), then restores the choice.
 template <typename Fn>
 void for_each_bf16_gemm(const Fn& fn) {
   const cpu::Bf16Gemm chosen = cpu::cpu_runtime().bf16_gemm;
-  for (cpu::Bf16Gemm g : {cpu::Bf16Gemm::kWiden, cpu::Bf16Gemm::kOneDnn}) {
+  for (cpu::Bf16Gemm g : {cpu::Bf16Gemm::kKiln, cpu::Bf16Gemm::kOneDnn}) {
     if (!cpu::set_bf16_gemm(g)) {
-      EXPECT_NE(g, cpu::Bf16Gemm::kWiden) << "the widening fallback must always be available";
+      EXPECT_NE(g, cpu::Bf16Gemm::kKiln) << "Kiln's own bf16 GEMM must always be available";
       continue;
     }
     SCOPED_TRACE(::testing::Message() << "bf16 GEMM " << cpu::bf16_gemm_name(g));
@@ -187,6 +187,59 @@ TEST(KernelsMatmul, ThreadCountInvariantAtModelShapes) {
       EXPECT_TRUE(bits_equal(dw, dw0)) << n << " threads";
     }
   }
+}
+
+// Kiln's own bf16/fp16 GEMM (kernels/cpu/gemm_lp.cc: every fp16 matmul, and bf16 wherever
+// oneDNN has no bf16 matmul) defines its bits exactly: each output element is one fp32 FMA chain
+// over k in order starting from the bias (or 0), then rounded once (out), or added to the old
+// value, rounded once (dinp; dweight in fp32). Checked bit for bit for every thread count at a
+// shape with several k blocks, outputs split into row and column groups, and partial 6x16 tiles.
+template <typename E>
+void check_fma_chain_bits() {
+  const int BT = 331, C = 337, OC = 401;
+  auto inp = to_t<E>(randn(size_t(BT) * C, 21)), w = to_t<E>(randn(size_t(OC) * C, 22, 0.05));
+  auto bias = to_t<E>(randn(OC, 23)), dout = to_t<E>(randn(size_t(BT) * OC, 24));
+  auto dinp0 = to_t<E>(randn(size_t(BT) * C, 25));
+  auto dw0 = to_t<float>(randn(size_t(OC) * C, 26));
+  auto f = [](E x) { return to_float(x); };
+  std::vector<E> out_ref(size_t(BT) * OC), dinp_ref = dinp0;
+  std::vector<float> dw_ref = dw0;
+  for (int m = 0; m < BT; ++m)
+    for (int n = 0; n < OC; ++n) {
+      float acc = f(bias[n]);
+      for (int k = 0; k < C; ++k) acc = std::fma(f(inp[size_t(m) * C + k]), f(w[size_t(n) * C + k]), acc);
+      out_ref[size_t(m) * OC + n] = from_float<E>(acc);
+    }
+  for (int m = 0; m < BT; ++m)
+    for (int n = 0; n < C; ++n) {
+      float acc = 0.0f;
+      for (int k = 0; k < OC; ++k) acc = std::fma(f(dout[size_t(m) * OC + k]), f(w[size_t(k) * C + n]), acc);
+      dinp_ref[size_t(m) * C + n] = from_float<E>(f(dinp0[size_t(m) * C + n]) + acc);
+    }
+  for (int m = 0; m < OC; ++m)
+    for (int n = 0; n < C; ++n) {
+      float acc = 0.0f;
+      for (int k = 0; k < BT; ++k) acc = std::fma(f(dout[size_t(k) * OC + m]), f(inp[size_t(k) * C + n]), acc);
+      dw_ref[size_t(m) * C + n] += acc;
+    }
+  for (int n : thread_counts()) {
+    ThreadCount tc(n);
+    std::vector<E> out(size_t(BT) * OC), dinp = dinp0;
+    std::vector<float> dw = dw0;
+    cpu::matmul_forward(out.data(), inp.data(), w.data(), bias.data(), 1, BT, C, OC);
+    cpu::matmul_backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), 1, BT, C, OC);
+    EXPECT_TRUE(bits_equal(out, out_ref)) << n << " threads";
+    EXPECT_TRUE(bits_equal(dinp, dinp_ref)) << n << " threads";
+    EXPECT_TRUE(bits_equal(dw, dw_ref)) << n << " threads";
+  }
+}
+
+TEST(KernelsMatmul, KilnLowPrecisionGemmIsOneFmaChainPerElement) {
+  const cpu::Bf16Gemm chosen = cpu::cpu_runtime().bf16_gemm;
+  ASSERT_TRUE(cpu::set_bf16_gemm(cpu::Bf16Gemm::kKiln));
+  check_fma_chain_bits<bf16>();
+  EXPECT_TRUE(cpu::set_bf16_gemm(chosen));
+  check_fma_chain_bits<fp16>();
 }
 
 TEST(KernelsMatmul, ThreadCountInvariant) {

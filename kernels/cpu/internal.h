@@ -52,6 +52,18 @@ constexpr int kCallSlot = 4;
 // oneDNN's implementation name, or the reason it cannot (its error message). Never throws.
 bool probe_onednn_bf16(Isa isa, std::string* why);
 
+// ---- gemm_lp.cc: the AVX2/FMA GEMM for bf16/fp16 operands --------------------------------------
+
+// One block of C (M x N, row stride ldc) = bias + A (M x K) @ B (K x N), or C += A @ B when
+// `accumulate` (bias then nullptr); fp32 arithmetic, the result rounded into TC once. Element
+// (i, k) of A is A[i * a_rs + k * a_cs], (k, n) of B is B[k * b_rs + n * b_cs]; each operand must
+// have a contiguous dimension (a_rs or a_cs == 1, b_rs or b_cs == 1). bias (N fp32) nullable.
+// Single-threaded (callers split C into blocks); uses scratch slots 0..3. Element (m, n) is one
+// fp32 FMA chain over k in order from the bias (or 0): the bits do not depend on the blocking.
+template <typename T, typename TC>
+void gemm_lp(int M, int N, int K, const T* A, size_t a_rs, size_t a_cs, const T* B, size_t b_rs,
+             size_t b_cs, TC* C, size_t ldc, const float* bias, bool accumulate);
+
 // ---- vectorisable reductions (fixed order: 16 interleaved partial sums, then a fixed tree) -----
 
 inline float reduce16(const float* acc) {

@@ -120,7 +120,7 @@ bool parse_isa(std::string_view s, Isa* out) {
   return false;
 }
 
-const char* bf16_gemm_name(Bf16Gemm g) { return g == Bf16Gemm::kOneDnn ? "onednn" : "widen+sgemm"; }
+const char* bf16_gemm_name(Bf16Gemm g) { return g == Bf16Gemm::kOneDnn ? "onednn" : "kiln-avx2"; }
 
 Result<Isa> choose_isa(const CpuFeatures& f, const char* kiln_cpu_isa) {
   const Isa best = best_isa(f);
@@ -151,7 +151,7 @@ Status init_cpu_runtime() {
   rt.isa = *isa;
   rt.forced = env != nullptr && *env != '\0';
   std::string why;
-  rt.bf16_gemm = detail::probe_onednn_bf16(rt.isa, &why) ? Bf16Gemm::kOneDnn : Bf16Gemm::kWiden;
+  rt.bf16_gemm = detail::probe_onednn_bf16(rt.isa, &why) ? Bf16Gemm::kOneDnn : Bf16Gemm::kKiln;
   rt.bf16_gemm_why = why;
   g_rt = std::move(rt);
   g_ready.store(true);

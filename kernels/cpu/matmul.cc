@@ -7,8 +7,9 @@
 // bf16 uses oneDNN's matmul (AMX / AVX512-BF16 kernels, fp32 accumulation) when the start-up probe
 // (probe_onednn_bf16, via kernels/cpu_isa.h) found that oneDNN can run it on this CPU and path, in
 // fixed row chunks with one oneDNN thread per chunk, again independent of the thread count.
-// Otherwise (and for fp16) the same chunked sgemm runs on operands widened to fp32: the weight once
-// per call, the activation rows per chunk (while in cache), the output rounded per chunk.
+// Otherwise (and for fp16) Kiln's own AVX2/FMA GEMM (gemm_lp.cc) runs on the bf16/fp16 operands:
+// it widens them while packing its panels and rounds the result on its output tiles, so no
+// widened copy of an operand and no separate rounding pass is made.
 // No oneDNN exception leaves this file: the probe turns one into the fallback, and a failure after
 // a successful probe stops the process via KILN_CHECK (file and line).
 #include <cblas.h>
@@ -34,8 +35,6 @@ using namespace detail;
 
 namespace {
 
-constexpr size_t kElemChunk = 1 << 15;
-
 // dbias (OC) += column sums of dout (rows, OC); column slices in parallel, rows in order.
 template <typename T>
 void bias_backward(float* dbias, const T* dout, size_t rows, int OC) {
@@ -49,19 +48,6 @@ void bias_backward(float* dbias, const T* dout, size_t rows, int OC) {
     }
     for (size_t c = 0; c < w; ++c) dbias[cb + c] += acc[c];
   });
-}
-
-// A whole call-level operand as fp32: the buffer itself for float, else widened (in parallel)
-// into call scratch slot kCallSlot + k.
-template <typename T>
-const float* weight_as_float(const T* src, size_t n, int k = 0) {
-  if constexpr (std::is_same_v<T, float>) {
-    return src;
-  } else {
-    float* dst = scratch(n, kCallSlot + k);
-    parallel_chunks(n, kElemChunk, [&](size_t b, size_t e) { widen(dst + b, src + b, e - b); });
-    return dst;
-  }
 }
 
 // The fixed partition of a GEMM's output C[M,N] (a function of the shape only, never of the thread
@@ -107,71 +93,79 @@ void sgemm_block(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, size_t r0, size_t r1, s
               a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc);
 }
 
-// out (BT, OC) = inp (BT, C) @ weight (OC, C)^T + bias, fp32 accumulation. T = float runs on the
-// caller's buffers; otherwise the operand every block shares is widened once per call, the one
-// each block reads a slice of (the weight rows of a column block, the input rows of a row block)
-// per block while it is in cache, and each block is computed into per-thread scratch and rounded
-// into `out` while it is in cache.
-template <typename T>
-void gemm_forward(T* out, const T* inp, const T* weight, const T* bias, int BT, int C, int OC) {
-  constexpr bool kFloat = std::is_same_v<T, float>;
-  const bool split_cols = gemm_split(BT, OC).cols;
-  const size_t w_n = static_cast<size_t>(OC) * C, in_n = static_cast<size_t>(BT) * C;
-  const float* w_f = kFloat || !split_cols ? weight_as_float(weight, w_n) : nullptr;
-  const float* b_f = bias ? weight_as_float(bias, OC, 1) : nullptr;
-  const float* in_f = kFloat || split_cols ? weight_as_float(inp, in_n, 2) : nullptr;
+// out (BT, OC) = inp (BT, C) @ weight (OC, C)^T + bias in fp32, on the caller's buffers.
+void sgemm_forward(float* out, const float* inp, const float* weight, const float* bias, int BT,
+                   int C, int OC) {
   for_gemm_blocks(BT, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
-    const size_t rows = r1 - r0, cols = c1 - c0;
-    float* o;
-    int ldo;
-    const float* a = in_f ? in_f + r0 * C : nullptr;
-    const float* b = w_f ? w_f + c0 * C : nullptr;
-    if constexpr (kFloat) {
-      o = out + r0 * OC + c0;
-      ldo = OC;
-    } else {
-      o = scratch(rows * cols, 0);
-      ldo = static_cast<int>(cols);
-      if (!a) a = row_as_float(inp + r0 * C, rows * C, 1);
-      if (!b) b = row_as_float(weight + c0 * C, cols * C, 1);
+    if (bias) {
+      for (size_t r = r0; r < r1; ++r)
+        std::memcpy(out + r * OC + c0, bias + c0, (c1 - c0) * sizeof(float));
     }
-    if (b_f) {
-      for (size_t r = 0; r < rows; ++r) std::memcpy(o + r * ldo, b_f + c0, cols * sizeof(float));
-    }
-    sgemm_block(CblasNoTrans, CblasTrans, 0, rows, 0, cols, C, a, C, b, C, b_f ? 1.0f : 0.0f, o,
-                ldo);
-    if constexpr (!kFloat) {
-      for (size_t r = 0; r < rows; ++r) narrow(out + (r0 + r) * OC + c0, o + r * cols, cols);
-    }
+    sgemm_block(CblasNoTrans, CblasTrans, r0, r1, c0, c1, C, inp, C, weight, C, bias ? 1.0f : 0.0f,
+                out, OC);
   });
 }
 
-// dinp (BT, C) += dout @ weight; dweight (OC, C) += dout^T @ inp (fp32), in fixed blocks.
-template <typename T>
-void gemm_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int BT,
-                   int C, int OC) {
-  const float* dout_f = weight_as_float(dout, static_cast<size_t>(BT) * OC);
+// dinp (BT, C) += dout @ weight; dweight (OC, C) += dout^T @ inp, fp32, in fixed blocks.
+void sgemm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                    const float* weight, int BT, int C, int OC) {
   if (dweight) {
-    const float* inp_f = weight_as_float(inp, static_cast<size_t>(BT) * C, 1);
     for_gemm_blocks(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
-      sgemm_block(CblasTrans, CblasNoTrans, r0, r1, c0, c1, BT, dout_f, OC, inp_f, C, 1.0f,
-                  dweight, C);
+      sgemm_block(CblasTrans, CblasNoTrans, r0, r1, c0, c1, BT, dout, OC, inp, C, 1.0f, dweight,
+                  C);
     });
   }
   if (!dinp) return;
-  const float* w_f = weight_as_float(weight, static_cast<size_t>(OC) * C, 2);
   for_gemm_blocks(BT, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
-    if constexpr (std::is_same_v<T, float>) {
-      sgemm_block(CblasNoTrans, CblasNoTrans, r0, r1, c0, c1, OC, dout_f, OC, w_f, C, 1.0f, dinp,
-                  C);
-    } else {
-      const size_t rows = r1 - r0, cols = c1 - c0;
-      float* d = scratch(rows * cols, 0);
-      sgemm_block(CblasNoTrans, CblasNoTrans, 0, rows, 0, cols, OC, dout_f + r0 * OC, OC,
-                  w_f + c0, C, 0.0f, d, static_cast<int>(cols));
-      for (size_t r = 0; r < rows; ++r) add_row(dinp + (r0 + r) * C + c0, d + r * cols, cols);
-    }
+    sgemm_block(CblasNoTrans, CblasNoTrans, r0, r1, c0, c1, OC, dout, OC, weight, C, 1.0f, dinp, C);
   });
+}
+
+// bf16/fp16 without oneDNN: gemm_lp (packs and widens the operands itself, rounds on the tile).
+// Its bits do not depend on how the output is split, so the split follows the thread count: one
+// block on one thread (no operand packed twice), else the larger dimension in 2 blocks per thread.
+template <typename Fn>
+void for_lp_blocks(size_t M, size_t N, const Fn& fn) {
+  const size_t parts = current_threads() == 1 ? 1 : 2 * static_cast<size_t>(current_threads());
+  const bool cols = N > M;
+  const size_t len = cols ? N : M, align = cols ? 16 : 48;
+  const size_t chunk = std::max(align, ((len + parts - 1) / parts + align - 1) / align * align);
+  parallel_chunks(len, chunk, [&](size_t b, size_t e) {
+    if (cols) fn(size_t{0}, M, b, e);
+    else fn(b, e, size_t{0}, N);
+  });
+}
+
+template <typename T>
+void lp_forward(T* out, const T* inp, const T* weight, const T* bias, int BT, int C, int OC) {
+  float* b_f = nullptr;
+  if (bias) {
+    b_f = scratch(static_cast<size_t>(OC), kCallSlot);
+    widen(b_f, bias, static_cast<size_t>(OC));
+  }
+  for_lp_blocks(BT, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+    // out block = inp rows (K contiguous) @ weight rows^T (B's columns contiguous in k)
+    gemm_lp<T, T>(static_cast<int>(r1 - r0), static_cast<int>(c1 - c0), C, inp + r0 * C, C, 1,
+                  weight + c0 * C, 1, C, out + r0 * OC + c0, OC, b_f ? b_f + c0 : nullptr,
+                  false);
+  });
+}
+
+template <typename T>
+void lp_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int BT,
+                 int C, int OC) {
+  if (dweight) {  // dweight (OC, C) += dout^T @ inp
+    for_lp_blocks(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+      gemm_lp<T, float>(static_cast<int>(r1 - r0), static_cast<int>(c1 - c0), BT, dout + r0, 1,
+                        OC, inp + c0, C, 1, dweight + r0 * C + c0, C, nullptr, true);
+    });
+  }
+  if (dinp) {  // dinp (BT, C) += dout @ weight
+    for_lp_blocks(BT, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+      gemm_lp<T, T>(static_cast<int>(r1 - r0), static_cast<int>(c1 - c0), OC, dout + r0 * OC, OC,
+                    1, weight + c0, C, 1, dinp + r0 * C + c0, C, nullptr, true);
+    });
+  }
 }
 
 #if KILN_HAVE_DNNL
@@ -344,7 +338,8 @@ void matmul_forward(T* out, const Same<T>* inp, const Same<T>* weight, const Sam
     }
   }
 #endif
-  gemm_forward(out, inp, weight, bias, BT, C, OC);
+  if constexpr (std::is_same_v<T, float>) sgemm_forward(out, inp, weight, bias, BT, C, OC);
+  else lp_forward(out, inp, weight, bias, BT, C, OC);
 }
 
 template <typename T>
@@ -360,7 +355,8 @@ void matmul_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
     }
   }
 #endif
-  gemm_backward(dinp, dweight, dout, inp, weight, BT, C, OC);
+  if constexpr (std::is_same_v<T, float>) sgemm_backward(dinp, dweight, dout, inp, weight, BT, C, OC);
+  else lp_backward(dinp, dweight, dout, inp, weight, BT, C, OC);
 }
 
 #define KILN_INSTANTIATE(T)                                                                      \

@@ -1,6 +1,6 @@
 // Shared by the benchmark programs in tools/bench: one line that says what machine a run measured
 // and which CPU code paths it took, so that every recorded number carries them.
-//   machine: 2 cores, 23.5 GiB; cpu: AMD EPYC 7B13; path avx2 (best avx2); bf16 GEMM widen+sgemm
+//   machine: 2 cores, 23.5 GiB; cpu: AMD EPYC 7B13; path avx2 (best avx2); bf16 GEMM kiln-avx2
 //   (...); cpu flags: avx2 fma f16c (no avx512f ...); OpenBLAS Zen; forced: none; load average ...
 // The path and the bf16 GEMM are the kernels' own start-up choice (kernels/cpu_isa.h).
 #pragma once
