@@ -2,8 +2,13 @@
 """Two processes under torch.distributed (gloo) read disjoint data through kiln.torch.
 
 Run by the test suite as
-    /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
-        kiln_torch_dist.py KILN_BINARY FIXTURE_BINARY WORK_DIR
+    /usr/bin/python3 kiln_torch_dist.py KILN_BINARY FIXTURE_BINARY WORK_DIR
+which starts itself again under
+    /usr/bin/python3 -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 \
+        --master_port FREE_PORT --redirects 1 --tee 1 kiln_torch_dist.py ...
+(127.0.0.1 and a free port rather than --standalone: the c10d rendezvous of --standalone resolves
+"localhost" and the machine's host name, which a minimal root without /etc/hosts cannot; Debian's
+torch 1.13 on Python 3.11 needs --redirects 1 --tee 1 in the launcher).
 Each process takes its rank and world size from torch.distributed (not from arguments), reads
 60 steps with sample ids, and the results are gathered on rank 0, which checks:
 - each rank's sequences are exactly `kiln stream --world 2 --rank R`'s (ids, domains, order);
@@ -99,5 +104,20 @@ def main():
     sys.exit(1 if flags[0] else 0)
 
 
+def launch():
+    """Not under torch.distributed.run yet: start two ranks of this script under it."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                              "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                              "--master_port", str(port), "--redirects", "1", "--tee", "1",
+                              os.path.abspath(__file__)] + sys.argv[1:])
+
+
 if __name__ == "__main__":
-    main()
+    if "LOCAL_RANK" in os.environ:
+        main()
+    else:
+        launch()
