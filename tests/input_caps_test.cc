@@ -2,6 +2,7 @@
 // error naming the file and the limit) and one at it (accepted). Tests are named after the cap.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "common/json.h"
 #include "dataprep/ingest/doc_parser.h"
 #include "dataprep/tokenizer/tokenizer.h"
+#include "dataprep/tokenizer/tokenizer_io.h"
 #include "engine/mixture_control.h"
 #include "engine/safetensors.h"
 #include "format/manifest.h"
@@ -294,6 +296,78 @@ TEST_F(InputCaps, TokenizerVocabAndMergesJustPastCap) {
   r = prep::Tokenizer::load_gpt2(path("vocab.json"), path("merges.txt"), small_vocab);
   ASSERT_EQ(r.status().code(), StatusCode::kData);
   EXPECT_EQ(r.status().file(), path("vocab.json"));
+}
+
+// `kiln tokenizer train` streams its inputs; one text (a whole text file, or one JSONL line) is
+// capped after decompression (--max-text-bytes), so a small .gz cannot expand into all memory.
+// The cap is past one read chunk (1 MiB) so the text arrives in several pieces.
+void write_gzip(const std::string& path, const std::string& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), unsigned(bytes.size())), int(bytes.size()));
+  ASSERT_EQ(gzclose(f), Z_OK);
+}
+
+TEST_F(InputCaps, TokenizerTrainingTextFileJustPastCap) {
+  const uint64_t cap = (3u << 20) + 17;
+  write_gzip(path("at.txt.gz"), std::string(cap, 'a'));
+  auto ok = prep::read_training_texts({path("at.txt.gz")}, 0, cap);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  ASSERT_EQ(ok->texts.size(), 1u);
+  EXPECT_EQ(ok->texts[0].size(), cap);
+  write_gzip(path("past.txt.gz"), std::string(cap + 1, 'a'));
+  auto r = prep::read_training_texts({path("past.txt.gz")}, 0, cap);
+  ASSERT_EQ(r.status().code(), StatusCode::kData);
+  EXPECT_EQ(r.status().file(), path("past.txt.gz"));
+  EXPECT_NE(r.status().message().find("limit of " + std::to_string(cap) + " bytes (--max-text-bytes)"),
+            std::string::npos)
+      << r.status().to_string();
+  // The same cap for a plain (uncompressed) file, and for read_maybe_compressed's callers.
+  spit("past.txt", std::string(cap + 1, 'b'));
+  EXPECT_EQ(prep::read_training_texts({path("past.txt")}, 0, cap).status().code(), StatusCode::kData);
+  auto whole = prep::read_maybe_compressed(path("past.txt.gz"), cap);
+  ASSERT_EQ(whole.status().code(), StatusCode::kData);
+  EXPECT_EQ(whole.status().file(), path("past.txt.gz"));
+  EXPECT_NE(whole.status().message().find(std::to_string(cap)), std::string::npos);
+  EXPECT_TRUE(prep::read_maybe_compressed(path("past.txt.gz"), cap + 1).is_ok());
+}
+
+TEST_F(InputCaps, TokenizerTrainingJsonlLineJustPastCap) {
+  const uint64_t cap = (2u << 20) + 5;
+  auto line_of = [](uint64_t bytes) {  // {"text":"xxx"} of exactly `bytes` bytes
+    const std::string head = "{\"text\":\"", tail = "\"}";
+    return head + std::string(bytes - head.size() - tail.size(), 'x') + tail;
+  };
+  const std::string small = "{\"text\":\"hello\"}\n";
+  write_gzip(path("at.jsonl.gz"), small + line_of(cap) + "\n" + small);
+  auto ok = prep::read_training_texts({path("at.jsonl.gz")}, 0, cap);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->texts.size(), 3u);
+  write_gzip(path("past.jsonl.gz"), small + line_of(cap + 1) + "\n" + small);
+  auto r = prep::read_training_texts({path("past.jsonl.gz")}, 0, cap);
+  ASSERT_EQ(r.status().code(), StatusCode::kData);
+  EXPECT_EQ(r.status().file(), path("past.jsonl.gz"));
+  EXPECT_NE(r.status().message().find("line 2 is longer than the limit of " + std::to_string(cap)),
+            std::string::npos)
+      << r.status().to_string();
+}
+
+TEST_F(InputCaps, TokenizerTrainingStopsMidFileAtMaxBytes) {
+  // Streaming: --max-bytes stops inside a JSONL file (the rest is never read), and a last line
+  // without a newline still counts.
+  std::string jsonl;
+  for (int i = 0; i < 1000; ++i) jsonl += "{\"text\":\"0123456789\"}\n";
+  jsonl += "{\"text\":\"last\"}";
+  write_gzip(path("many.jsonl.gz"), jsonl);
+  auto r = prep::read_training_texts({path("many.jsonl.gz")}, 95);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r->truncated);
+  EXPECT_EQ(r->texts.size(), 10u);
+  auto all = prep::read_training_texts({path("many.jsonl.gz")});
+  ASSERT_TRUE(all.is_ok());
+  EXPECT_FALSE(all->truncated);
+  ASSERT_EQ(all->texts.size(), 1001u);
+  EXPECT_EQ(all->texts.back(), "last");
 }
 
 }  // namespace

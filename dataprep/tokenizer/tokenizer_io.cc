@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "common/atomic_file.h"
 
@@ -31,30 +34,76 @@ bool is_jsonl_name(const std::string& name) {
 
 }  // namespace
 
-Result<std::string> read_maybe_compressed(const std::string& path) {
-  if (strip_compression(path) == path) return read_file(path);
+namespace {
+
+// Calls fn(chunk, &stop) with consecutive pieces of the file's bytes, decompressed when the name
+// ends in a compression suffix, until the end of the file or until fn sets stop.
+using ChunkFn = std::function<Status(std::string_view chunk, bool* stop)>;
+
+Status stream_file(const std::string& path, const ChunkFn& fn) {
+  std::vector<char> buf(1 << 20);
+  bool stop = false;
+  if (strip_compression(path) == path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return Status::from_errno("open", path);
+    Status st;
+    while (st.is_ok() && !stop) {
+      size_t n = std::fread(buf.data(), 1, buf.size(), f);
+      if (n > 0) st = fn(std::string_view(buf.data(), n), &stop);
+      if (n < buf.size()) {
+        if (std::ferror(f)) st = Status::from_errno("read", path);
+        break;
+      }
+    }
+    std::fclose(f);
+    return st;
+  }
   struct archive* a = archive_read_new();
   archive_read_support_filter_all(a);
   archive_read_support_format_raw(a);
-  std::string out;
   Status st;
   if (archive_read_open_filename(a, path.c_str(), 1 << 20) != ARCHIVE_OK) {
     st = Status::io(std::string("cannot open: ") + archive_error_string(a)).with_file(path);
   } else {
     struct archive_entry* entry;
     if (archive_read_next_header(a, &entry) == ARCHIVE_OK) {
-      char buf[1 << 16];
       la_ssize_t n;
-      while ((n = archive_read_data(a, buf, sizeof(buf))) > 0) out.append(buf, size_t(n));
-      if (n < 0) st = Status::data(std::string("cannot decompress: ") + archive_error_string(a)).with_file(path);
+      while (st.is_ok() && !stop && (n = archive_read_data(a, buf.data(), buf.size())) != 0) {
+        if (n < 0) {
+          st = Status::data(std::string("cannot decompress: ") + archive_error_string(a)).with_file(path);
+          break;
+        }
+        st = fn(std::string_view(buf.data(), size_t(n)), &stop);
+      }
     }
   }
   archive_read_free(a);
-  if (!st.is_ok()) return st;
+  return st;
+}
+
+Status too_long(const std::string& what, uint64_t limit, const std::string& path) {
+  return Status::data(what + " is longer than the limit of " + std::to_string(limit) +
+                      " bytes (--max-text-bytes)")
+      .with_file(path);
+}
+
+}  // namespace
+
+Result<std::string> read_maybe_compressed(const std::string& path, uint64_t max_bytes) {
+  std::string out;
+  KILN_RETURN_IF_ERROR(stream_file(path, [&](std::string_view chunk, bool*) -> Status {
+    if (out.size() + chunk.size() > max_bytes)
+      return Status::data("decompressed content is larger than the limit of " +
+                          std::to_string(max_bytes) + " bytes")
+          .with_file(path);
+    out.append(chunk);
+    return Status::ok();
+  }));
   return out;
 }
 
-Result<TrainingTexts> read_training_texts(const std::vector<std::string>& paths, uint64_t max_bytes) {
+Result<TrainingTexts> read_training_texts(const std::vector<std::string>& paths, uint64_t max_bytes,
+                                          uint64_t max_text_bytes) {
   std::vector<std::string> files;
   for (const auto& p : paths) {
     std::error_code ec;
@@ -84,33 +133,62 @@ Result<TrainingTexts> read_training_texts(const std::vector<std::string>& paths,
       out.truncated = true;
       break;
     }
-    KILN_ASSIGN_OR_RETURN(std::string content, read_maybe_compressed(file));
     ++out.files;
     if (!is_jsonl_name(file)) {
+      std::string content;
+      KILN_RETURN_IF_ERROR(stream_file(file, [&](std::string_view chunk, bool*) -> Status {
+        if (content.size() + chunk.size() > max_text_bytes) return too_long("the text", max_text_bytes, file);
+        content.append(chunk);
+        return Status::ok();
+      }));
       out.bytes += content.size();
       out.texts.push_back(std::move(content));
       continue;
     }
-    size_t pos = 0;
-    while (pos < content.size()) {
-      size_t end = content.find('\n', pos);
-      if (end == std::string::npos) end = content.size();
-      std::string_view line(content.data() + pos, end - pos);
-      pos = end + 1;
-      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    // JSONL: one line at a time; only the current line is held.
+    std::string line;
+    uint64_t line_no = 0;
+    auto take_line = [&](bool* stop) -> Status {
+      ++line_no;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) return Status::ok();
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.is_object() || !j.contains("text") || !j["text"].is_string()) {
         ++out.skipped_lines;
-        continue;
+        return Status::ok();
       }
       std::string text = j["text"].get<std::string>();
       out.bytes += text.size();
       out.texts.push_back(std::move(text));
       if (max_bytes && out.bytes >= max_bytes) {
         out.truncated = true;
-        break;
+        *stop = true;
       }
+      return Status::ok();
+    };
+    bool stopped = false;
+    KILN_RETURN_IF_ERROR(stream_file(file, [&](std::string_view chunk, bool* stop) -> Status {
+      while (!chunk.empty()) {
+        size_t nl = chunk.find('\n');
+        std::string_view piece = chunk.substr(0, nl);
+        if (line.size() + piece.size() > max_text_bytes)
+          return too_long("line " + std::to_string(line_no + 1), max_text_bytes, file);
+        line.append(piece);
+        if (nl == std::string_view::npos) break;
+        chunk.remove_prefix(nl + 1);
+        KILN_RETURN_IF_ERROR(take_line(stop));
+        line.clear();
+        if (*stop) {
+          stopped = true;
+          return Status::ok();
+        }
+      }
+      return Status::ok();
+    }));
+    if (!stopped && !line.empty()) {  // a last line without '\n'
+      bool stop = false;
+      KILN_RETURN_IF_ERROR(take_line(&stop));
     }
+    if (out.truncated) break;
   }
   return out;
 }

@@ -4,7 +4,7 @@
 // A file whose name ends in .jsonl / .ndjson / .json (optionally + .gz / .zst / .xz / .bz2) is
 // JSONL: the "text" string of every line is one text; lines that are not JSON objects with a
 // string "text" are counted as skipped. Any other file is one text (decompressed when its name
-// ends in a compression suffix). Decompression goes through libarchive's raw format.
+// ends in a compression suffix). Decompression goes through libarchive's raw format, streamed.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +24,23 @@ struct TrainingTexts {
   bool truncated = false;  // stopped at max_bytes
 };
 
-// Reads texts in sorted path order until max_bytes of text (0 = no limit). Missing paths are
-// kUsage errors naming them; unreadable or corrupt files kIo / kData naming the file.
-Result<TrainingTexts> read_training_texts(const std::vector<std::string>& paths,
-                                          uint64_t max_bytes = 0);
+// The largest single text (a whole text file, or one JSONL line) read for training, after
+// decompression: a bound on what one input file can make Kiln hold (`--max-text-bytes`).
+inline constexpr uint64_t kDefaultMaxTextBytes = uint64_t(1) << 30;
 
-// Whole file contents, decompressed when the name ends in .gz / .zst / .xz / .bz2.
-Result<std::string> read_maybe_compressed(const std::string& path);
+// Reads texts in sorted path order until max_bytes of text (0 = no limit), streaming each file
+// (a JSONL file is never held whole; reading stops mid-file at max_bytes). A text file or JSONL
+// line longer than max_text_bytes is a kData error naming the file (and line) and the limit.
+// Missing paths are kUsage errors naming them; unreadable or corrupt files kIo / kData naming
+// the file.
+Result<TrainingTexts> read_training_texts(const std::vector<std::string>& paths,
+                                          uint64_t max_bytes = 0,
+                                          uint64_t max_text_bytes = kDefaultMaxTextBytes);
+
+// Whole file contents, decompressed when the name ends in .gz / .zst / .xz / .bz2; more than
+// max_bytes (after decompression) is a kData error naming the file and the limit.
+Result<std::string> read_maybe_compressed(const std::string& path,
+                                          uint64_t max_bytes = kDefaultMaxTextBytes);
 
 // Parses whitespace-separated decimal token ids. kData naming the first bad item.
 Result<std::vector<uint32_t>> parse_token_ids(std::string_view text);

@@ -1,5 +1,7 @@
 // kiln tokenizer train | encode | decode — see dataprep/tokenizer/tokenizer.h and docs/TOKENIZER.md.
+#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -23,6 +25,7 @@ struct TokenizerFlags {
   std::string pretokenizer = "kiln-v1";
   uint32_t cjk_chunk = 0;
   std::string max_bytes = "0";
+  std::string max_text_bytes = "1G";
   std::string export_dir;
   // encode / decode
   std::string tokenizer, vocab, merges;
@@ -47,18 +50,25 @@ std::string read_stdin() {
   return data;
 }
 
-Result<uint64_t> parse_size(const std::string& text) {
+Result<uint64_t> parse_size(const std::string& flag, const std::string& text) {
   // Plain bytes or with a K/M/G suffix (binary units).
   size_t i = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  if (i == 0) return Status::usage("--max-bytes: not a size: '" + text + "'");
-  uint64_t v = std::stoull(text.substr(0, i));
+  if (i == 0) return Status::usage(flag + ": not a size: '" + text + "'");
+  uint64_t v = 0;
+  if (std::from_chars(text.data(), text.data() + i, v).ec != std::errc())
+    return Status::usage(flag + ": too large: '" + text + "'");
   std::string unit = text.substr(i);
-  if (unit.empty() || unit == "B") return v;
-  if (unit == "K" || unit == "KiB") return v << 10;
-  if (unit == "M" || unit == "MiB") return v << 20;
-  if (unit == "G" || unit == "GiB") return v << 30;
-  return Status::usage("--max-bytes: unknown unit '" + unit + "' (use K, M, G)");
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  if (unit == "K" || unit == "KiB") shift = 10;
+  if (unit == "M" || unit == "MiB") shift = 20;
+  if (unit == "G" || unit == "GiB") shift = 30;
+  if (shift >= 0) {
+    if (v > (UINT64_MAX >> shift)) return Status::usage(flag + ": too large: '" + text + "'");
+    return v << shift;
+  }
+  return Status::usage(flag + ": unknown unit '" + unit + "' (use K, M, G)");
 }
 
 Status run_train(const TokenizerFlags& f) {
@@ -70,9 +80,11 @@ Status run_train(const TokenizerFlags& f) {
   if (!kind.is_ok()) return Status::usage("--pretokenizer: " + kind.status().message());
   opts.pretokenizer.kind = *kind;
   opts.pretokenizer.cjk_chunk = f.cjk_chunk;
-  KILN_ASSIGN_OR_RETURN(uint64_t max_bytes, parse_size(f.max_bytes));
+  KILN_ASSIGN_OR_RETURN(uint64_t max_bytes, parse_size("--max-bytes", f.max_bytes));
+  KILN_ASSIGN_OR_RETURN(uint64_t max_text_bytes, parse_size("--max-text-bytes", f.max_text_bytes));
+  if (max_text_bytes == 0) return Status::usage("--max-text-bytes must be positive");
   auto t0 = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(prep::TrainingTexts input, prep::read_training_texts(f.inputs, max_bytes));
+  KILN_ASSIGN_OR_RETURN(prep::TrainingTexts input, prep::read_training_texts(f.inputs, max_bytes, max_text_bytes));
   if (input.texts.empty()) return Status::data("no text found in the inputs");
   if (input.skipped_lines)
     KILN_LOG_WARN("skipped {} JSONL lines without a string \"text\"", input.skipped_lines);
@@ -142,7 +154,7 @@ RunFn add_tokenizer_command(CLI::App& root) {
       ->required()
       ->check(CLI::Range(size_t(257), size_t(1) << 31));
   train->add_option("--input", flags->inputs,
-                    "text / JSONL files or folders (JSONL: the \"text\" field; .gz/.zst ok)")
+                    "text / JSONL files or folders (JSONL: the \"text\" field; .gz/.zst/.xz/.bz2 ok)")
       ->required()
       ->take_all();
   train->add_option("--output", flags->output, "tokenizer JSON file to write")->required();
@@ -159,6 +171,9 @@ RunFn add_tokenizer_command(CLI::App& root) {
                     "kiln-v1: max CJK characters per pre-token (0 = whole runs)")
       ->capture_default_str();
   train->add_option("--max-bytes", flags->max_bytes, "read at most this much text (0 = all; K/M/G)")
+      ->capture_default_str();
+  train->add_option("--max-text-bytes", flags->max_text_bytes,
+                    "refuse a text file or JSONL line longer than this after decompression (K/M/G)")
       ->capture_default_str();
   train->add_option("--export-gpt2", flags->export_dir,
                     "also write vocab.json and merges.txt into this folder");
