@@ -182,9 +182,10 @@ Result<Manifest> parse_manifest(const nlohmann::json& root) {
   for (auto& [name, d] : m.domains) {
     ManifestDomain t = totals.count(name) ? totals[name] : ManifestDomain{};
     if (!domains->at(name).contains("bytes")) d.bytes = t.bytes;
+    const std::string& domain = name;  // (clang before 16 cannot capture a structured binding)
     auto check = [&](const char* field, uint64_t listed, uint64_t derived) -> Status {
       if (listed == derived) return Status::ok();
-      return Fields::error("domains." + name + "." + field,
+      return Fields::error("domains." + domain + "." + field,
                            "is " + std::to_string(listed) + " but the domain's shards add up to " +
                                std::to_string(derived));
     };
