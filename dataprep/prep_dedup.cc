@@ -371,7 +371,7 @@ Status exact_stage(Context& c) {
   std::vector<uint64_t> refs;
   KILN_RETURN_IF_ERROR(sorter.merge([&](const ExactRec& r) {
     if (have && r.lo == leader.lo && r.hi == leader.hi) {
-      local.emplace_back(r.docid, leader.docid);
+      local.push_back({r.docid, leader.docid});
     } else {
       leader = r;
       have = true;
@@ -379,7 +379,7 @@ Status exact_stage(Context& c) {
       for (size_t i = 0; i < c.against.size(); ++i) {
         c.against[i]->find_exact(r.lo, r.hi, &refs);
         if (refs.empty()) continue;
-        local.emplace_back(r.docid, make_external(static_cast<uint32_t>(i), refs[0]));
+        local.push_back({r.docid, make_external(static_cast<uint32_t>(i), refs[0])});
         break;
       }
     }
@@ -438,8 +438,8 @@ Status dedup_stage(Context& c) {
           group.insert(group.begin(), ext.begin(), ext.end());
         }
         for (size_t i = std::max<size_t>(1, n_ext); i < group.size(); ++i) {
-          candidates.emplace_back(group[0], group[i]);
-          if (c.opt.verify && i >= 2) candidates.emplace_back(group[i - 1], group[i]);
+          candidates.push_back({group[0], group[i]});
+          if (c.opt.verify && i >= 2) candidates.push_back({group[i - 1], group[i]});
         }
         group.clear();
       };
@@ -503,7 +503,7 @@ Status dedup_stage(Context& c) {
     for (uint64_t d : uf->nodes()) {
       if (is_external(d)) continue;  // not ours to remove
       uint64_t r = uf->rep(d);
-      if (r != d) rep_pairs.emplace_back(r, d);
+      if (r != d) rep_pairs.push_back({r, d});
     }
     std::vector<Pair> mine;
     for (size_t i = static_cast<size_t>(c.rank); i < rep_pairs.size(); i += c.size)
@@ -527,7 +527,7 @@ Status dedup_stage(Context& c) {
     size_t k = 0;
     for (const auto& [dup, leader] : c.exact_dups)
       if (is_external(leader) && k++ % static_cast<size_t>(c.size) == static_cast<size_t>(c.rank))
-        mine.emplace_back(leader, dup);
+        mine.push_back({leader, dup});
     std::vector<double> sims(mine.size(), 1.0);
     if (c.layout.num_perm > 0) {
       KILN_ASSIGN_OR_RETURN(sims, pair_similarities(c, mine));

@@ -92,10 +92,6 @@ struct RecordView {
 
 // Two docids (a duplicate and its leader, or a candidate pair); trivially copyable for comm.
 struct DocPair {
-  // (A constructor so emplace_back(a, b) also builds with clang before 16, which lacks C++20's
-  // parenthesised aggregate initialisation.)
-  DocPair() = default;
-  DocPair(uint64_t a, uint64_t b) : first(a), second(b) {}
   uint64_t first = 0;
   uint64_t second = 0;
   auto operator<=>(const DocPair&) const = default;
