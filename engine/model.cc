@@ -270,8 +270,8 @@ class GptModel final : public Model {
       const T* in = lnf_.data() + r0 * C();
       K::matmul_forward(logits_.data(), in, wte, nullptr, 1, n, C(), V);
       if (tp_) {  // vocabulary-parallel: this rank's logits and per-row statistics
-        tp_->crossentropy(backward ? logits_.data() : nullptr, losses + r0, logits_.data(),
-                          targets + r0, dloss, n);
+        tp_->crossentropy<K>(*be_, backward ? logits_.data() : nullptr, losses + r0,
+                             logits_.data(), targets + r0, dloss, n);
       } else {
         K::crossentropy_forward_backward(backward ? logits_.data() : nullptr, losses + r0,
                                          logits_.data(), targets + r0, dloss, n, V, V);

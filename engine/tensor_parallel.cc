@@ -8,6 +8,9 @@
 
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
+#if KILN_HAVE_CUDA
+#include "kernels/cuda/ops.h"
+#endif
 
 namespace kiln::engine {
 namespace {
@@ -115,27 +118,33 @@ void TensorParallel::embedding_backward(float* dwte_local, float* dwpe, const T*
   }
 }
 
-template <typename T>
-void TensorParallel::crossentropy(T* dlogits, float* losses, const T* logits,
+void TensorParallel::reduce_stats(Backend& be, float* x, size_t n, comm::ReduceOp op) {
+  float* host = x;
+  if (!be.host_addressable()) {
+    staged_.resize(n);
+    be.copy_to_host(staged_.data(), x, n * sizeof(float));
+    host = staged_.data();
+  }
+  check(group_.allreduce(host, n, comm::DType::kFloat32, op), "all-reduce", rank());
+  if (host != x) be.copy_to_device(x, host, n * sizeof(float));
+}
+
+template <class K, typename T>
+void TensorParallel::crossentropy(Backend& be, T* dlogits, float* losses, const T* logits,
                                   const int32_t* targets, float dloss, int n) {
-  const size_t rows = static_cast<size_t>(n), V = static_cast<size_t>(vocab_local());
-  const int64_t lo = rank() * vocab_local();
-  // Row maxima (max over ranks), then the sums of exponentials and the target logits (sums).
-  // The kernels are host ones: tensor parallelism runs on host memory (device: cpu).
-  stats_.assign(3 * rows, 0.0f);
+  const size_t rows = static_cast<size_t>(n);
+  if (stats_.size() < 3 * rows) stats_.reset(&be, 3 * rows);
   float* mx = stats_.data();
   float* se = mx + rows;
   float* xt = se + rows;
-  const int BT = n, Vl = static_cast<int>(V), v0 = static_cast<int>(lo);
-  cpu::crossentropy_shard_max(mx, logits, BT, Vl);
-  check(group_.allreduce(mx, rows, comm::DType::kFloat32, comm::ReduceOp::kMax), "all-reduce",
-        rank());
-  cpu::crossentropy_shard_sum(se, xt, logits, mx, targets, BT, Vl, v0);
-  sum(se, 2 * rows);
-  for (size_t r = 0; r < rows; ++r) {
-    losses[r] = targets[r] < 0 ? 0.0f : std::log(se[r]) + mx[r] - xt[r];
-  }
-  if (dlogits) cpu::crossentropy_shard_backward(dlogits, logits, mx, se, targets, dloss, BT, Vl, v0);
+  const int Vl = static_cast<int>(vocab_local()), v0 = static_cast<int>(rank() * vocab_local());
+  // Row maxima (max over ranks), then the sums of exponentials and the target logits (sums).
+  K::crossentropy_shard_max(mx, logits, n, Vl);
+  reduce_stats(be, mx, rows, comm::ReduceOp::kMax);
+  K::crossentropy_shard_sum(se, xt, logits, mx, targets, n, Vl, v0);
+  reduce_stats(be, se, 2 * rows, comm::ReduceOp::kSum);
+  K::crossentropy_shard_loss(losses, mx, se, xt, targets, n);
+  if (dlogits) K::crossentropy_shard_backward(dlogits, logits, mx, se, targets, dloss, n, Vl, v0);
 }
 
 StepStats TensorParallel::inspect(const AdamW& optimizer, const ParamStore& params,
@@ -156,17 +165,25 @@ StepStats TensorParallel::inspect(const AdamW& optimizer, const ParamStore& para
   return optimizer.stats_from_sum_squares(ss, loss_scale);
 }
 
+#define KILN_INSTANTIATE_CE(K, T)                                                             \
+  template void TensorParallel::crossentropy<K, T>(Backend&, T*, float*, const T*,            \
+                                                   const int32_t*, float, int);
 #define KILN_INSTANTIATE(T)                                                                     \
+  KILN_INSTANTIATE_CE(CpuBackend, T)                                                          \
   template void TensorParallel::allreduce<T>(T*, size_t);                                     \
   template void TensorParallel::embedding_forward<T>(T*, const int32_t*, const T*, const T*,  \
                                                      int, int, int);                          \
   template void TensorParallel::embedding_backward<T>(float*, float*, const T*,               \
-                                                      const int32_t*, int, int, int);         \
-  template void TensorParallel::crossentropy<T>(T*, float*, const T*, const int32_t*, float,  \
-                                                int);
+                                                      const int32_t*, int, int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)
+#if KILN_HAVE_CUDA  // compiled for the CUDA model; tensor parallelism on cuda is refused for now
+KILN_INSTANTIATE_CE(CudaBackend, float)
+KILN_INSTANTIATE_CE(CudaBackend, bf16)
+KILN_INSTANTIATE_CE(CudaBackend, fp16)
+#endif
 #undef KILN_INSTANTIATE
+#undef KILN_INSTANTIATE_CE
 
 }  // namespace kiln::engine

@@ -74,9 +74,12 @@ class TensorParallel {
                           int B, int T_, int C);
   // Vocabulary-parallel softmax cross-entropy of n rows of this rank's logits (n, V/tp): losses
   // (every rank the same), and with dlogits (may alias logits) dloss * (softmax - onehot).
-  template <typename T>
-  void crossentropy(T* dlogits, float* losses, const T* logits, const int32_t* targets,
-                    float dloss, int n);
+  // K: the kernel backend type (kiln::CpuBackend / kiln::CudaBackend) whose
+  // crossentropy_shard_* kernels compute the row statistics in be's memory; the statistics are
+  // all-reduced in place (through host memory when be's memory is not the host's).
+  template <class K, typename T>
+  void crossentropy(Backend& be, T* dlogits, float* losses, const T* logits,
+                    const int32_t* targets, float dloss, int n);
 
   // AdamW::inspect for sharded parameters: the global norm counts the split tensors of every rank
   // and the replicated ones once; every rank gets the same (finite or not) result.
@@ -86,11 +89,14 @@ class TensorParallel {
   TensorParallel(comm::ProcessGroup& group, const ModelConfig& model)
       : group_(group), model_(model) {}
   void sum(float* x, size_t n);
+  // In-place all-reduce of n fp32 statistics in be's memory.
+  void reduce_stats(Backend& be, float* x, size_t n, comm::ReduceOp op);
 
   comm::ProcessGroup& group_;
   ModelConfig model_;
-  std::vector<float> wide_;  // fp32 scratch for bf16/fp16 sums and row statistics
-  std::vector<float> stats_;
+  std::vector<float> wide_;   // fp32 scratch for bf16/fp16 sums
+  std::vector<float> staged_;  // host copy of device statistics
+  DeviceArray<float> stats_;   // cross-entropy row statistics (max, sum of exp, target logit)
 };
 
 }  // namespace kiln::engine

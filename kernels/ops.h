@@ -158,6 +158,8 @@ void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* log
 //    loss_i = log(sum_exp[i]) + row_max[i] - target_logit[i]
 // 3. dlogits (OVERWRITTEN; may alias logits) = dloss * (exp(logits - row_max) / sum_exp -
 //    onehot(targets - v0)), zero rows where targets[i] < 0.
+// crossentropy_shard_loss writes the rows' losses from the combined statistics (0 where
+// targets[i] < 0).
 template <typename T>
 void crossentropy_shard_max(float* row_max, const T* logits, int BT, int V);
 template <typename T>
@@ -167,6 +169,8 @@ template <typename T>
 void crossentropy_shard_backward(Same<T>* dlogits, const T* logits, const float* row_max,
                                  const float* sum_exp, const int32_t* targets, float dloss, int BT,
                                  int V, int v0);
+void crossentropy_shard_loss(float* losses, const float* row_max, const float* sum_exp,
+                             const float* target_logit, const int32_t* targets, int BT);
 
 // ---- AdamW on fp32 master weights -----------------------------------------------------------------
 // params, m, v, grads: n fp32 values. Updates params, m, v in place. params_lp (nullable) receives
@@ -231,6 +235,10 @@ struct CpuBackend {
   KILN_BACKEND_FORWARD(cpu, residual_forward)
   KILN_BACKEND_FORWARD(cpu, residual_backward)
   KILN_BACKEND_FORWARD(cpu, crossentropy_forward_backward)
+  KILN_BACKEND_FORWARD(cpu, crossentropy_shard_max)
+  KILN_BACKEND_FORWARD(cpu, crossentropy_shard_sum)
+  KILN_BACKEND_FORWARD(cpu, crossentropy_shard_backward)
+  KILN_BACKEND_FORWARD(cpu, crossentropy_shard_loss)
   KILN_BACKEND_FORWARD(cpu, adamw_update)
   KILN_BACKEND_FORWARD(cpu, cast)
   KILN_BACKEND_FORWARD(cpu, sum_squares)

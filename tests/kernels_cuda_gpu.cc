@@ -223,6 +223,34 @@ TEST(KernelsCuda, ElementwiseAndEmbedding) {
   EXPECT_TRUE(bits_equal(gdwpe.host(), dwpe));
 }
 
+// The vocabulary-parallel cross-entropy kernels (engine/tensor_parallel.h) against the CPU's:
+// row statistics, losses and the in-place gradient of one rank's columns.
+TEST(KernelsCuda, ShardedCrossEntropyMatchesTheCpu) {
+  REQUIRE_GPU();
+  const int BT = 11, V = 500, v0 = 500;  // rank 1 of 2 over a 1000-word vocabulary
+  auto logits = to_t<float>(randn(BT * V, 5, 3.0));
+  auto targets = randint(BT, 0, 2 * V, 6);
+  targets[3] = -1;
+  std::vector<float> mx(BT), se(BT), xt(BT), loss(BT), d = logits;
+  cpu::crossentropy_shard_max(mx.data(), logits.data(), BT, V);
+  cpu::crossentropy_shard_sum(se.data(), xt.data(), logits.data(), mx.data(), targets.data(), BT, V, v0);
+  cpu::crossentropy_shard_loss(loss.data(), mx.data(), se.data(), xt.data(), targets.data(), BT);
+  cpu::crossentropy_shard_backward(d.data(), d.data(), mx.data(), se.data(), targets.data(), 0.5f,
+                                   BT, V, v0);
+  Dev<float> glog(logits), gmx(BT), gse(BT), gxt(BT), gloss(BT);
+  Dev<int32_t> gt(targets);
+  cuda::crossentropy_shard_max(gmx.get(), glog.get(), BT, V);
+  cuda::crossentropy_shard_sum(gse.get(), gxt.get(), glog.get(), gmx.get(), gt.get(), BT, V, v0);
+  cuda::crossentropy_shard_loss(gloss.get(), gmx.get(), gse.get(), gxt.get(), gt.get(), BT);
+  cuda::crossentropy_shard_backward(glog.get(), glog.get(), gmx.get(), gse.get(), gt.get(), 0.5f,
+                                    BT, V, v0);
+  expect_close(to_d(gmx.host()), to_d(mx), 0.0, "row max");
+  expect_close(to_d(gse.host()), to_d(se), 1e-5, "sum of exponentials");
+  expect_close(to_d(gxt.host()), to_d(xt), 0.0, "target logit");
+  expect_close(to_d(gloss.host()), to_d(loss), 1e-5, "losses");
+  expect_close(to_d(glog.host()), to_d(d), 1e-6, "dlogits (in place)");
+}
+
 TEST(KernelsCuda, CrossEntropyAdamWCastsNorms) {
   REQUIRE_GPU();
   const int BT = 9, V = 1000, Vp = 1024;

@@ -95,6 +95,13 @@ void crossentropy_shard_backward(Same<T>* dlogits, const T* logits, const float*
   });
 }
 
+void crossentropy_shard_loss(float* losses, const float* row_max, const float* sum_exp,
+                             const float* target_logit, const int32_t* targets, int BT) {
+  for (int r = 0; r < BT; ++r) {
+    losses[r] = targets[r] < 0 ? 0.0f : std::log(sum_exp[r]) + row_max[r] - target_logit[r];
+  }
+}
+
 #define KILN_INSTANTIATE(T)                                                                 \
   template void crossentropy_forward_backward<T>(T*, float*, const T*, const int32_t*, float, \
                                                  int, int, int); \

@@ -41,7 +41,95 @@ __global__ void crossentropy_kernel(T* dlogits, float* losses, const T* logits,
   }
 }
 
+// Vocabulary-parallel statistics: one block per row of this rank's V columns.
+template <typename T>
+__global__ void shard_max_kernel(float* row_max, const T* logits, int V) {
+  __shared__ float shared[32];
+  const T* x = logits + size_t(blockIdx.x) * V;
+  float m = -INFINITY;
+  for (int c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, ld(x + c));
+  m = block_max(m, shared);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+template <typename T>
+__global__ void shard_sum_kernel(float* sum_exp, float* target_logit, const T* logits,
+                                 const float* row_max, const int32_t* targets, int V, int v0) {
+  __shared__ float shared[32];
+  const int row = blockIdx.x;
+  const T* x = logits + size_t(row) * V;
+  const float m = row_max[row];
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < V; c += blockDim.x) s += expf(ld(x + c) - m);
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) {
+    sum_exp[row] = s;
+    const int t = targets[row] - v0;
+    target_logit[row] = targets[row] >= 0 && t >= 0 && t < V ? ld(x + t) : 0.0f;
+  }
+}
+
+template <typename T>
+__global__ void shard_backward_kernel(T* dlogits, const T* logits, const float* row_max,
+                                      const float* sum_exp, const int32_t* targets, float dloss,
+                                      int V, int v0) {
+  const int row = blockIdx.x;
+  const T* x = logits + size_t(row) * V;
+  T* g = dlogits + size_t(row) * V;
+  if (targets[row] < 0) {
+    for (int c = threadIdx.x; c < V; c += blockDim.x) g[c] = from_float<T>(0.0f);
+    return;
+  }
+  const float m = row_max[row], k = dloss / sum_exp[row];
+  const int t = targets[row] - v0;
+  // Each element is read before the same thread overwrites it (dlogits may alias logits).
+  for (int c = threadIdx.x; c < V; c += blockDim.x) {
+    const float p = expf(ld(x + c) - m) * k;
+    st(g + c, c == t ? p - dloss : p);
+  }
+}
+
+__global__ void shard_loss_kernel(float* losses, const float* row_max, const float* sum_exp,
+                                  const float* target_logit, const int32_t* targets, int BT) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < BT) losses[r] = targets[r] < 0 ? 0.0f : logf(sum_exp[r]) + row_max[r] - target_logit[r];
+}
+
 }  // namespace
+
+template <typename T>
+void crossentropy_shard_max(float* row_max, const T* logits, int BT, int V) {
+  if (BT == 0) return;
+  shard_max_kernel<<<BT, kThreads, 0, stream()>>>(row_max, logits, V);
+  KILN_CUDA_LAUNCHED();
+}
+
+template <typename T>
+void crossentropy_shard_sum(float* sum_exp, float* target_logit, const T* logits,
+                            const float* row_max, const int32_t* targets, int BT, int V, int v0) {
+  if (BT == 0) return;
+  shard_sum_kernel<<<BT, kThreads, 0, stream()>>>(sum_exp, target_logit, logits, row_max, targets,
+                                                  V, v0);
+  KILN_CUDA_LAUNCHED();
+}
+
+template <typename T>
+void crossentropy_shard_backward(Same<T>* dlogits, const T* logits, const float* row_max,
+                                 const float* sum_exp, const int32_t* targets, float dloss, int BT,
+                                 int V, int v0) {
+  if (BT == 0) return;
+  shard_backward_kernel<<<BT, kThreads, 0, stream()>>>(dlogits, logits, row_max, sum_exp, targets,
+                                                       dloss, V, v0);
+  KILN_CUDA_LAUNCHED();
+}
+
+void crossentropy_shard_loss(float* losses, const float* row_max, const float* sum_exp,
+                             const float* target_logit, const int32_t* targets, int BT) {
+  if (BT == 0) return;
+  shard_loss_kernel<<<grid_for(size_t(BT), 256), 256, 0, stream()>>>(losses, row_max, sum_exp,
+                                                                    target_logit, targets, BT);
+  KILN_CUDA_LAUNCHED();
+}
 
 template <typename T>
 void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* logits,
@@ -54,7 +142,12 @@ void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* log
 
 #define KILN_INSTANTIATE(T)                                                                 \
   template void crossentropy_forward_backward<T>(T*, float*, const T*, const int32_t*, float, \
-                                                 int, int, int);
+                                                 int, int, int);                              \
+  template void crossentropy_shard_max<T>(float*, const T*, int, int);                        \
+  template void crossentropy_shard_sum<T>(float*, float*, const T*, const float*,             \
+                                          const int32_t*, int, int, int);                     \
+  template void crossentropy_shard_backward<T>(T*, const T*, const float*, const float*,      \
+                                               const int32_t*, float, int, int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

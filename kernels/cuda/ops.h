@@ -103,6 +103,18 @@ void residual_backward(Same<T>* dinp1, Same<T>* dinp2, const T* dout, size_t N);
 template <typename T>
 void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* logits,
                                    const int32_t* targets, float dloss, int BT, int V, int Vp);
+// Vocabulary-parallel cross-entropy (kernels/ops.h has the contract); device pointers.
+template <typename T>
+void crossentropy_shard_max(float* row_max, const T* logits, int BT, int V);
+template <typename T>
+void crossentropy_shard_sum(float* sum_exp, float* target_logit, const T* logits,
+                            const float* row_max, const int32_t* targets, int BT, int V, int v0);
+template <typename T>
+void crossentropy_shard_backward(Same<T>* dlogits, const T* logits, const float* row_max,
+                                 const float* sum_exp, const int32_t* targets, float dloss, int BT,
+                                 int V, int v0);
+void crossentropy_shard_loss(float* losses, const float* row_max, const float* sum_exp,
+                             const float* target_logit, const int32_t* targets, int BT);
 
 void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
                   const AdamWParams& hp);
@@ -145,6 +157,10 @@ struct CudaBackend {
   KILN_BACKEND_FORWARD(cuda, residual_forward)
   KILN_BACKEND_FORWARD(cuda, residual_backward)
   KILN_BACKEND_FORWARD(cuda, crossentropy_forward_backward)
+  KILN_BACKEND_FORWARD(cuda, crossentropy_shard_max)
+  KILN_BACKEND_FORWARD(cuda, crossentropy_shard_sum)
+  KILN_BACKEND_FORWARD(cuda, crossentropy_shard_backward)
+  KILN_BACKEND_FORWARD(cuda, crossentropy_shard_loss)
   KILN_BACKEND_FORWARD(cuda, adamw_update)
   KILN_BACKEND_FORWARD(cuda, cast)
   KILN_BACKEND_FORWARD(cuda, sum_squares)
