@@ -484,6 +484,21 @@ Status dedup_stage(Context& c) {
     tbb::parallel_sort(edges.begin(), edges.end());
     edges.erase(std::unique(edges.begin(), edges.end()), edges.end());
     c.dedup.verified_pairs = edges.size();
+    // An earlier dataset's document that its run removed links to the document its cluster kept
+    // there: the edges of that run's clustering, which a run over all the data would find again.
+    if (!c.against.empty()) {
+      std::vector<Pair> links;
+      for (const auto& [a, b] : edges)
+        for (uint64_t d : {a, b}) {
+          if (!is_external(d)) continue;
+          KILN_ASSIGN_OR_RETURN(uint64_t kept,
+                                c.against.at(external_dataset(d))->kept_ref(external_ref(d)));
+          if (kept != external_ref(d)) links.push_back({make_external(external_dataset(d), kept), d});
+        }
+      edges.insert(edges.end(), links.begin(), links.end());
+      tbb::parallel_sort(edges.begin(), edges.end());
+      edges.erase(std::unique(edges.begin(), edges.end()), edges.end());
+    }
 
     // Clusters (identical on every rank).
     std::vector<uint64_t> nodes;
@@ -504,6 +519,14 @@ Status dedup_stage(Context& c) {
       if (is_external(d)) continue;  // not ours to remove
       uint64_t r = uf->rep(d);
       if (r != d) rep_pairs.push_back({r, d});
+      // The earliest document of a cluster is never one its own run removed (it links to an
+      // earlier one), so removed.jsonl names a kept document.
+      if (is_external(r)) {
+        KILN_ASSIGN_OR_RETURN(uint64_t kept, c.against.at(external_dataset(r))->kept_ref(external_ref(r)));
+        if (kept != external_ref(r))
+          return Status::internal("dedup: a cluster is kept by a removed document of " +
+                                  c.opt.against.at(external_dataset(r)));
+      }
     }
     std::vector<Pair> mine;
     for (size_t i = static_cast<size_t>(c.rank); i < rep_pairs.size(); i += c.size)

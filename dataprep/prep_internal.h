@@ -219,21 +219,28 @@ class TableScanner {
 // The dedup settings of this run, as an index records them.
 DedupSettings dedup_settings(const PrepOptions& opt);
 
+// Whether a removed document is an entry of this run's index segment: a near duplicate of a
+// document of this dataset (docs/PREP.md "Incremental prep").
+bool index_entry(const Context& c, const RemovedEntry& e);
+
 // Builds this rank's run of the index segment (prep_index.cc) while the write stage hands it the
-// kept documents in order. Collective: every rank constructs it and calls finish().
+// kept documents and removed entries in order. Collective: every rank constructs it and calls
+// finish().
 class IndexBuilder {
  public:
   explicit IndexBuilder(Context& c);
   ~IndexBuilder();
   bool enabled() const { return enabled_; }
-  // The next kept document of this rank (docid order) and its input id as JSON text.
-  Status add_kept(uint64_t docid, std::string_view id_json);
+  // The next kept document or removed entry of this rank (docid order) and its input id as JSON
+  // text.
+  Status add(uint64_t docid, std::string_view id_json);
   // Runs the rest of the table, exchanges the refs of cluster representatives and writes the
   // run; returns its IndexRunInfo as JSON.
   Result<nlohmann::json> finish();
 
  private:
   Status advance_to(uint64_t docid, bool* found);
+  Result<uint64_t> ref_of_kept(uint64_t kept) const;
   Context& c_;
   bool enabled_ = false;
   std::unique_ptr<IndexRunWriter> writer_;
@@ -247,6 +254,10 @@ class IndexBuilder {
     uint64_t lo, hi, kept;
   };
   std::vector<Pending> pending_;  // removed documents whose representative's ref is elsewhere
+  struct PendingLink {
+    uint64_t ref, kept;
+  };
+  std::vector<PendingLink> pending_links_;  // removed entries whose representative is elsewhere
 };
 
 // Stage implementations (prep_scan.cc, prep_dedup.cc, prep_write.cc). Each is collective:

@@ -238,7 +238,6 @@ struct OutSample {
   uint64_t split_hash = 0;  // hash of the input id: decides the validation split
   bool val = false;         // goes to the domain's validation shards
   uint64_t docid = 0;
-  std::string id_json;      // the input id as JSON text (for the dedup index)
 };
 
 // The validation split (PrepOptions::val_fraction / val_min_docs), decided in document order by
@@ -458,6 +457,7 @@ Status write_stage(Context& c) {
     RawBatch raw;
     std::vector<Out> outs;
     std::vector<std::pair<uint64_t, nlohmann::json>> ids;
+    std::vector<std::pair<uint64_t, std::string>> index_docs;  // (docid, input id as JSON text)
   };
   uint64_t to_write = 0;
   for (uint32_t f = c.my_first_file(); f < c.my_last_file(); ++f) to_write += c.file_stats[f].valid;
@@ -473,6 +473,16 @@ Status write_stage(Context& c) {
     KILN_RETURN_IF_ERROR(make_dirs(c.tmp_dir()));
   }
   IndexBuilder index(c);
+  // The index entries among the removed documents (index_entry()), sorted.
+  std::vector<uint64_t> removed_entries;
+  if (index.enabled())
+    for (const RemovedEntry& e : c.removed)
+      if (e.docid >= my_lo && e.docid < my_hi && index_entry(c, e)) removed_entries.push_back(e.docid);
+  auto id_json = [](const Document& doc) {
+    return doc.id_is_number ? doc.id
+                            : nlohmann::json(doc.id).dump(-1, ' ', false,
+                                                          nlohmann::json::error_handler_t::replace);
+  };
   DomainShards sink(c);
   ValSplitter splitter(c.opt);
   const uint64_t split_seed = c.opt.seed ^ 0x76616c2d73706c74ull;
@@ -497,7 +507,12 @@ Status write_stage(Context& c) {
           if (want_id)  // a numeric input id stays a number in removed.jsonl
             w.ids.emplace_back(docid, doc.id_is_number ? nlohmann::json::parse(doc.id)
                                                        : nlohmann::json(doc.id));
-          if (removed) continue;
+          if (removed) {
+            if (std::binary_search(removed_entries.begin(), removed_entries.end(), docid))
+              w.index_docs.emplace_back(docid, id_json(doc));
+            continue;
+          }
+          if (index.enabled()) w.index_docs.emplace_back(docid, id_json(doc));
           doc.domain.clear();
           doc.domain_by.clear();
           doc.tokens.clear();
@@ -512,10 +527,6 @@ Status write_stage(Context& c) {
           o.bytes = doc.text.size();
           o.sample.key = sample_key(c.key_base + doc.index);
           o.docid = docid;
-          if (index.enabled())
-            o.id_json = doc.id_is_number ? doc.id : nlohmann::json(doc.id).dump(
-                                                        -1, ' ', false,
-                                                        nlohmann::json::error_handler_t::replace);
           o.split_hash = xxh3_64(doc.id.data(), doc.id.size(), split_seed);
           std::string meta = sample_metadata(doc);
           o.sample.members.push_back({"txt", std::move(doc.text)});
@@ -527,6 +538,7 @@ Status write_stage(Context& c) {
         return Status::ok();
       },
       [&](Work& w) -> Status {
+        for (const auto& [docid, id] : w.index_docs) KILN_RETURN_IF_ERROR(index.add(docid, id));
         for (Out& o : w.outs) {
           DomainStats& ds = res.domains[o.domain];
           ++ds.docs;
@@ -534,7 +546,6 @@ Status write_stage(Context& c) {
           ds.bytes += o.bytes;
           ++ds.domain_by[o.domain_by];
           ++res.docs_out;
-          KILN_RETURN_IF_ERROR(index.add_kept(o.docid, o.id_json));
           KILN_RETURN_IF_ERROR(splitter.enabled() ? splitter.add(std::move(o), emit)
                                                   : sink.add(std::move(o)));
           crash_point("write-doc");

@@ -15,7 +15,7 @@ namespace {
 using testing_prep::TempDir;
 
 struct Doc {
-  uint64_t ref, lo, hi;
+  uint64_t ref, link, lo, hi;
   std::vector<uint64_t> keys, sig;
   std::string id;
 };
@@ -23,20 +23,33 @@ struct Doc {
 class DedupIndexTest : public ::testing::Test {
  protected:
   static constexpr int kPerm = 8, kBands = 4;
-  // Segment s, run r: `n` kept documents with ordinals from `first`. Band keys come from a small
-  // range so that many documents share them (runs of equal keys longer than a 1024-record block).
-  nlohmann::json write_run(uint32_t seg, int rank, uint64_t first, uint64_t n, std::mt19937_64& rng) {
+  // Segment s, run r: `n` entries with ordinals from `first`; with `removed`, every fifth is a
+  // removed document linked to the run's first (every tenth through set_link). Band keys come
+  // from a small range so that many documents share them (runs of equal keys longer than a
+  // 1024-record block).
+  nlohmann::json write_run(uint32_t seg, int rank, uint64_t first, uint64_t n, std::mt19937_64& rng,
+                           bool removed = true) {
     IndexRunWriter w(tmp_.str() + "/dedup/index", seg, rank, kPerm, kBands, tmp_.str(), 1 << 16);
     std::filesystem::create_directories(tmp_.str() + "/dedup/index/" + index_segment_name(seg));
     for (uint64_t k = 0; k < n; ++k) {
       Doc d;
       d.ref = make_ref(seg, first + k);
+      d.link = removed && k % 5 == 4 ? make_ref(seg, first) : d.ref;
       d.lo = rng();
       d.hi = rng();
       for (int b = 0; b < kBands; ++b) d.keys.push_back(rng() % 500);
       for (int p = 0; p < kPerm; ++p) d.sig.push_back(rng());
       d.id = "\"doc-" + std::to_string(seg) + "-" + std::to_string(first + k) + "\"";
-      EXPECT_TRUE(w.add_kept(d.ref, d.lo, d.hi, d.keys.data(), d.sig.data(), d.id).is_ok());
+      const bool later = d.link != d.ref && k % 10 == 9;
+      EXPECT_TRUE(w.add_doc(d.ref, later ? IndexRunWriter::kLinkLater : d.link, d.lo, d.hi,
+                            d.keys.data(), d.sig.data(), d.id)
+                      .is_ok());
+      if (later) {
+        EXPECT_TRUE(w.set_link(d.ref, d.link).is_ok());
+      }
+      if (d.link != d.ref) {
+        EXPECT_TRUE(w.add_exact(d.lo, d.hi, d.link).is_ok());
+      }
       docs_.push_back(d);
     }
     // An extra exact hash pointing at the run's first document (a removed copy of it).
@@ -76,7 +89,8 @@ TEST_F(DedupIndexTest, FindsEverythingItHolds) {
   auto idx = DedupIndex::open(tmp_.str());
   ASSERT_TRUE(idx.is_ok()) << idx.status().to_string();
   EXPECT_EQ((*idx)->segments(), 2u);
-  EXPECT_EQ((*idx)->kept_docs(), 5200u);
+  EXPECT_EQ((*idx)->entries(), 5200u);
+  EXPECT_EQ((*idx)->kept_docs(), 5200u - 5200u / 5);
 
   std::map<uint64_t, std::vector<uint64_t>> by_key;
   for (const Doc& d : docs_)
@@ -84,7 +98,10 @@ TEST_F(DedupIndexTest, FindsEverythingItHolds) {
   std::vector<uint64_t> refs, sig(kPerm);
   for (const Doc& d : docs_) {
     (*idx)->find_exact(d.lo, d.hi, &refs);
-    ASSERT_EQ(refs, std::vector<uint64_t>{d.ref});
+    ASSERT_EQ(refs, std::vector<uint64_t>{d.link});
+    auto kept = (*idx)->kept_ref(d.ref);
+    ASSERT_TRUE(kept.is_ok());
+    EXPECT_EQ(*kept, d.link);
     ASSERT_TRUE((*idx)->signature(d.ref, sig.data()).is_ok());
     EXPECT_EQ(sig, d.sig);
     auto id = (*idx)->id_json(d.ref);
@@ -104,6 +121,32 @@ TEST_F(DedupIndexTest, FindsEverythingItHolds) {
   (*idx)->find_exact(extra0[0], extra0[1], &refs);
   EXPECT_EQ(refs, std::vector<uint64_t>{extra0[2]});
   EXPECT_FALSE((*idx)->signature(make_ref(1, 700), sig.data()).is_ok());  // past the end
+}
+
+// An index of format 1 (older kiln: kept documents only, no .kept files) is read as such.
+TEST_F(DedupIndexTest, ReadsFormatOne) {
+  std::mt19937_64 rng(7);
+  nlohmann::json run = write_run(0, 0, 0, 300, rng, /*removed=*/false);
+  run.erase("kept");
+  std::filesystem::remove(tmp_.str() + "/dedup/index/seg-000000/run-00000.kept");
+  nlohmann::json segments = nlohmann::json::array();
+  segments.push_back({{"name", "seg-000000"}, {"docs", 300}, {"runs", {run}}});
+  nlohmann::json meta = make_index_meta(settings_, {}, segments);
+  meta["format"] = "kiln-dedup-index/1";
+  ASSERT_TRUE(write_file_atomic(tmp_.str() + "/dedup/index/index.json", meta.dump()).is_ok());
+  auto idx = DedupIndex::open(tmp_.str());
+  ASSERT_TRUE(idx.is_ok()) << idx.status().to_string();
+  EXPECT_EQ((*idx)->kept_docs(), 300u);
+  for (const Doc& d : docs_) {
+    auto kept = (*idx)->kept_ref(d.ref);
+    ASSERT_TRUE(kept.is_ok());
+    EXPECT_EQ(*kept, d.ref);
+  }
+  meta["format"] = "kiln-dedup-index/9";
+  ASSERT_TRUE(write_file_atomic(tmp_.str() + "/dedup/index/index.json", meta.dump()).is_ok());
+  auto future = DedupIndex::open(tmp_.str());
+  ASSERT_FALSE(future.is_ok());
+  EXPECT_NE(future.status().message().find("kiln-dedup-index/9"), std::string::npos);
 }
 
 TEST_F(DedupIndexTest, DamageAndMissingIndexAreNamed) {

@@ -1,12 +1,16 @@
 // Multi-rank prep: one binary, run by tests/prep_mpi.cmake under `mpirun -np 1/2/3` (and, alone,
 // as a 1-rank test). Rank 0 makes a corpus and a single-process reference run; then every rank
 // runs prep together; the kept set, removed list, stats and per-sample contents must equal the
-// reference exactly.
+// reference exactly. Incremental prep too: B --against A and --append B to A under mpirun
+// remove what one process removes.
 #include <gtest/gtest.h>
 
 #include "comm/comm.h"
 #include "format/manifest.h"
 #include "format/shard_reader.h"
+#include "dataprep/append.h"
+#include "dataprep/dedup/dedup_index.h"
+#include "dataprep/inspect.h"
 #include "dataprep/prep.h"
 #include "tests/prep_test_util.h"
 
@@ -83,6 +87,104 @@ TEST(PrepMpi, KeptSetEqualsSingleProcess) {
                 (unsigned long long)r->docs_in, (unsigned long long)r->docs_out,
                 (unsigned long long)r->exact_dups, (unsigned long long)r->near_dups,
                 (unsigned long long)r->rejected);
+  }
+  ASSERT_TRUE(world.barrier().is_ok());
+}
+
+// A prepared by all ranks (an index with one run per rank), then B --against it and --append B
+// to it by all ranks: removed.jsonl equals the single-process runs' (A, B --against A, append),
+// the appended index covers the dataset. The corpus has chains through documents A removed whose
+// kept document another rank holds (index links resolved across ranks).
+TEST(PrepMpi, AgainstAndAppendEqualSingleProcess) {
+  comm::ProcessGroup& world = comm::world();
+  std::unique_ptr<TempDir> tmp;
+  std::string dir;
+  const std::vector<std::string> common = {"input.max_reject_fraction=1", "shards.max_samples=40"};
+  auto config = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), common.begin(), common.end());
+    return prep_config(sets);
+  };
+  auto in = [&](const std::string& part) { return "input.paths=[\"" + dir + "/" + part + "\"]"; };
+  if (world.rank() == 0) {
+    tmp = std::make_unique<TempDir>("prep_mpi_incr");
+    dir = tmp->str();
+    CorpusGen gen(91);
+    auto docs = gen.make(240, 0.2, {0.0, 0.01, 0.02, 0.05, 0.2}, 3);
+    const size_t n_a = docs.size() * 3 / 4;
+    write_corpus({docs.begin(), docs.begin() + n_a}, dir + "/A", 6);
+    write_corpus({docs.begin() + n_a, docs.end()}, dir + "/B", 3);
+    // Chains: x in A's first file, x' (a near copy) in its last, x'' (near x', not x) in B.
+    std::mt19937_64 rng(4);
+    auto change = [&](std::vector<std::string> t, int k) {
+      std::uniform_int_distribution<size_t> pos(5, t.size() - 1);
+      for (int i = 0; i < k; ++i) t[pos(rng)] = gen.english_tokens(1)[0] + "q";
+      return t;
+    };
+    std::string a0, a1, b0;
+    for (int i = 0; i < 20; ++i) {
+      auto x = gen.english_tokens(300);
+      auto x1 = change(x, 4), x2 = change(x1, 4);
+      auto line = [&](const char* p, const std::vector<std::string>& t) {
+        std::string id = p;
+        id += std::to_string(i);
+        return nlohmann::json{{"id", id}, {"text", CorpusGen::join(t, false)}}.dump() + "\n";
+      };
+      a0 += line("x", x);
+      a1 += line("y", x1);
+      b0 += line("z", x2);
+    }
+    write_file(dir + "/A/part-000-chain.jsonl", a0);
+    write_file(dir + "/A/part-999-chain.jsonl", a1);
+    write_file(dir + "/B/part-000-chain.jsonl", b0);
+    auto local_group = comm::make_local_group();
+    auto& local = *local_group;
+    auto ra = run_prep(config({in("A"), "output=\"" + dir + "/refA\"", "tokenizer.path=none"}), local);
+    ASSERT_TRUE(ra.is_ok()) << ra.status().to_string();
+    auto rb = run_prep(config({in("B"), "output=\"" + dir + "/refB\"", "tokenizer.path=none",
+                               "dedup.against=[\"" + dir + "/refA\"]"}),
+                       local);
+    ASSERT_TRUE(rb.is_ok()) << rb.status().to_string();
+    fs::copy(dir + "/refA", dir + "/refApp", fs::copy_options::recursive);
+    auto rp = append_prep(config({in("B")}), dir + "/refApp", local);
+    ASSERT_TRUE(rp.is_ok()) << rp.status().to_string();
+  }
+  ASSERT_TRUE(comm::bcast_string(world, &dir, 0).is_ok());
+  auto ma = run_prep(config({in("A"), "output=\"" + dir + "/mpiA\"", "tokenizer.path=none",
+                             "memory=1M"}),
+                     world);
+  ASSERT_TRUE(ma.is_ok()) << ma.status().to_string();
+  auto mb = run_prep(config({in("B"), "output=\"" + dir + "/mpiB\"", "tokenizer.path=none",
+                             "memory=1M", "dedup.against=[\"" + dir + "/mpiA\"]"}),
+                     world);
+  ASSERT_TRUE(mb.is_ok()) << mb.status().to_string();
+  if (world.rank() == 0) fs::copy(dir + "/mpiA", dir + "/mpiApp", fs::copy_options::recursive);
+  ASSERT_TRUE(world.barrier().is_ok());
+  auto mp = append_prep(config({in("B"), "memory=1M"}), dir + "/mpiApp", world);
+  ASSERT_TRUE(mp.is_ok()) << mp.status().to_string();
+  ASSERT_TRUE(world.barrier().is_ok());
+  if (world.rank() == 0) {
+    EXPECT_EQ(read_text(dir + "/mpiA/dedup/removed.jsonl"), read_text(dir + "/refA/dedup/removed.jsonl"));
+    // kept_dataset names the dataset given to --against: mpiA here, refA there.
+    std::string mpi_b = read_text(dir + "/mpiB/dedup/removed.jsonl");
+    for (size_t at; (at = mpi_b.find(dir + "/mpiA")) != std::string::npos;)
+      mpi_b.replace(at, dir.size() + 5, dir + "/refA");
+    const std::string ref_b = read_text(dir + "/refB/dedup/removed.jsonl");
+    EXPECT_EQ(mpi_b, ref_b);
+    EXPECT_NE(ref_b.find("\"z"), std::string::npos);  // some chain ends were removed
+    EXPECT_EQ(read_text(dir + "/mpiApp/dedup/removed.jsonl"),
+              read_text(dir + "/refApp/dedup/removed.jsonl"));
+    auto ia = DedupIndex::open(dir + "/mpiApp"), ib = DedupIndex::open(dir + "/refApp");
+    ASSERT_TRUE(ia.is_ok() && ib.is_ok());
+    EXPECT_EQ((*ia)->entries(), (*ib)->entries());
+    EXPECT_EQ((*ia)->kept_docs(), (*ib)->kept_docs());
+    EXPECT_GT((*ia)->entries(), (*ia)->kept_docs());  // removed documents are entries too
+    InspectOptions verify;
+    verify.verify = true;
+    for (const char* out : {"/mpiApp", "/mpiB", "/refApp"}) {
+      auto r = inspect_dataset(dir + out, verify);
+      ASSERT_TRUE(r.is_ok()) << out << ": " << r.status().to_string();
+      EXPECT_TRUE(r->problems.empty()) << out << ": " << r->problems.front();
+    }
   }
   ASSERT_TRUE(world.barrier().is_ok());
 }

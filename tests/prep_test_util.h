@@ -201,7 +201,9 @@ inline double jaccard(const std::vector<uint64_t>& a, const std::vector<uint64_t
 inline void write_corpus(const std::vector<GenDoc>& docs, const std::string& dir, int files) {
   std::vector<std::string> out(files);
   for (size_t i = 0; i < docs.size(); ++i) {
-    nlohmann::json j = {{"id", "d" + std::to_string(i)}, {"text", docs[i].text}};
+    std::string id = "d";  // (appended: GCC 12 warns falsely on "d" + std::string)
+    id += std::to_string(i);
+    nlohmann::json j = {{"id", id}, {"text", docs[i].text}};
     // Consecutive blocks per file keep the global order equal to the index order.
     size_t f = i * files / docs.size();
     out[f] += j.dump() + "\n";

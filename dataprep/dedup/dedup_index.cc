@@ -78,6 +78,36 @@ class MappedFile {
 
 const char* bool_text(bool b) { return b ? "true" : "false"; }
 
+// Writes a sorted run: the records to `stem + ext` and the key of every kBlock-th record to
+// `stem + sparse_ext` (the sparse index the reader searches first). Records must come sorted.
+template <typename Rec, typename Key>
+class SortedRunWriter {
+ public:
+  Status open(const std::string& path) { return out_.open(path); }
+  Status add(const Rec& r, const Key& key) {
+    if (count_ % kBlock == 0) sparse_.append(reinterpret_cast<const char*>(&key), sizeof key);
+    buf_.append(reinterpret_cast<const char*>(&r), sizeof r);
+    ++count_;
+    if (buf_.size() >= (size_t{4} << 20)) {
+      KILN_RETURN_IF_ERROR(out_.write(buf_));
+      buf_.clear();
+    }
+    return Status::ok();
+  }
+  // Commits the records, then writes the sparse index; returns the record count.
+  Result<uint64_t> finish(const std::string& sparse_path) {
+    KILN_RETURN_IF_ERROR(out_.write(buf_));
+    KILN_RETURN_IF_ERROR(out_.commit());
+    KILN_RETURN_IF_ERROR(write_file_atomic(sparse_path, sparse_));
+    return count_;
+  }
+
+ private:
+  AtomicFile out_;
+  std::string buf_, sparse_;
+  uint64_t count_ = 0;
+};
+
 }  // namespace
 
 // ---- settings --------------------------------------------------------------------------------
@@ -142,7 +172,10 @@ Status DedupSettings::check_same(const DedupSettings& mine, const std::string& n
 }
 
 nlohmann::json IndexRunInfo::to_json() const {
-  return {{"rank", rank}, {"first", first}, {"docs", docs}, {"exact", exact}, {"bands", bands}};
+  nlohmann::json j = {{"rank", rank},   {"first", first}, {"docs", docs},
+                      {"exact", exact}, {"bands", bands}};
+  if (links) j["kept"] = kept;
+  return j;
 }
 
 IndexRunInfo IndexRunInfo::from_json(const nlohmann::json& j) {
@@ -152,6 +185,8 @@ IndexRunInfo IndexRunInfo::from_json(const nlohmann::json& j) {
   r.docs = j.at("docs").get<uint64_t>();
   r.exact = j.at("exact").get<uint64_t>();
   r.bands = j.at("bands").get<uint64_t>();
+  r.links = j.contains("kept");  // a format-1 run: every entry is a kept document
+  r.kept = r.links ? j.at("kept").get<uint64_t>() : r.docs;
   return r;
 }
 
@@ -182,10 +217,11 @@ struct IndexRunWriter::Impl {
   int num_perm = 0, bands = 0;
   ExternalSorter<ExactRec> exact;
   ExternalSorter<BandRec> band;
-  AtomicFile sigs, ids, idoff;
+  AtomicFile sigs, ids, idoff, links;
   bool opened = false;
-  uint64_t kept = 0, id_bytes = 0;
-  std::string sig_buf, off_buf, id_buf;
+  uint64_t docs = 0, kept = 0, id_bytes = 0;
+  std::string sig_buf, off_buf, id_buf, link_buf;
+  std::vector<std::pair<uint64_t, uint64_t>> late_links;  // (ref, link) from set_link
   Status status;
 
   Impl(std::string s, int np, int b, const std::string& tmp, size_t mem)
@@ -197,6 +233,7 @@ struct IndexRunWriter::Impl {
     KILN_RETURN_IF_ERROR(sigs.open(stem + ".sigs"));
     KILN_RETURN_IF_ERROR(ids.open(stem + ".ids"));
     KILN_RETURN_IF_ERROR(idoff.open(stem + ".idoff"));
+    KILN_RETURN_IF_ERROR(links.open(stem + ".kept"));
     opened = true;
     return Status::ok();
   }
@@ -214,6 +251,10 @@ struct IndexRunWriter::Impl {
       KILN_RETURN_IF_ERROR(idoff.write(off_buf));
       off_buf.clear();
     }
+    if (all || link_buf.size() >= kFlush) {
+      KILN_RETURN_IF_ERROR(this->links.write(link_buf));
+      link_buf.clear();
+    }
     return Status::ok();
   }
 };
@@ -225,11 +266,16 @@ IndexRunWriter::IndexRunWriter(std::string index_dir, uint32_t segment, int rank
 
 IndexRunWriter::~IndexRunWriter() = default;
 
-Status IndexRunWriter::add_kept(uint64_t ref, uint64_t lo, uint64_t hi, const uint64_t* keys,
-                                const uint64_t* sig, std::string_view id_json) {
+Status IndexRunWriter::add_doc(uint64_t ref, uint64_t link, uint64_t lo, uint64_t hi,
+                               const uint64_t* keys, const uint64_t* sig,
+                               std::string_view id_json) {
   Impl& m = *impl_;
   KILN_RETURN_IF_ERROR(m.open());
-  KILN_RETURN_IF_ERROR(m.exact.add({lo, hi, ref}));
+  if (link == ref) {
+    KILN_RETURN_IF_ERROR(m.exact.add({lo, hi, ref}));
+    ++m.kept;
+  }
+  m.link_buf.append(reinterpret_cast<const char*>(&link), 8);
   if (keys)
     for (int b = 0; b < m.bands; ++b) KILN_RETURN_IF_ERROR(m.band.add({keys[b], ref}));
   if (m.num_perm > 0) {
@@ -244,8 +290,13 @@ Status IndexRunWriter::add_kept(uint64_t ref, uint64_t lo, uint64_t hi, const ui
   m.id_buf.append(id_json);
   m.id_buf.push_back('\n');
   m.id_bytes += id_json.size() + 1;
-  ++m.kept;
+  ++m.docs;
   return m.flush(false);
+}
+
+Status IndexRunWriter::set_link(uint64_t ref, uint64_t link) {
+  impl_->late_links.emplace_back(ref, link);
+  return Status::ok();
 }
 
 Status IndexRunWriter::add_exact(uint64_t lo, uint64_t hi, uint64_t ref) {
@@ -257,53 +308,46 @@ Result<IndexRunInfo> IndexRunWriter::finish(uint64_t first_ordinal) {
   KILN_RETURN_IF_ERROR(m.open());
   m.off_buf.append(reinterpret_cast<const char*>(&m.id_bytes), 8);
   KILN_RETURN_IF_ERROR(m.flush(true));
+  // Links that were not known when their entry was written (kept on another rank).
+  if (!m.late_links.empty()) {
+    std::FILE* f = m.links.stream();
+    for (const auto& [ref, link] : m.late_links) {
+      const uint64_t k = ref_ordinal(ref) - first_ordinal;
+      if (ref_ordinal(ref) < first_ordinal || k >= m.docs)
+        return Status::internal("index: a link for an entry outside the run");
+      if (std::fseek(f, static_cast<long>(8 * k), SEEK_SET) != 0 || std::fwrite(&link, 8, 1, f) != 1)
+        return Status::io("cannot write an index link").with_file(m.links.temp_path());
+    }
+    if (std::fseek(f, 0, SEEK_END) != 0)
+      return Status::io("cannot seek in an index file").with_file(m.links.temp_path());
+  }
   KILN_RETURN_IF_ERROR(m.sigs.commit());
   KILN_RETURN_IF_ERROR(m.ids.commit());
   KILN_RETURN_IF_ERROR(m.idoff.commit());
+  KILN_RETURN_IF_ERROR(m.links.commit());
   IndexRunInfo info;
   info.first = first_ordinal;
-  info.docs = m.kept;
+  info.docs = m.docs;
+  info.kept = m.kept;
   // Sorted records plus the first key of every block.
   {
-    AtomicFile out;
+    SortedRunWriter<ExactRec, ExactKey> out;
     KILN_RETURN_IF_ERROR(out.open(m.stem + ".exact"));
-    std::string buf, sparse;
     bool have = false;
     ExactKey last{};
     KILN_RETURN_IF_ERROR(m.exact.merge([&](const ExactRec& r) -> Status {
       if (have && r.lo == last.lo && r.hi == last.hi) return Status::ok();  // one ref per hash
       have = true;
       last = {r.lo, r.hi};
-      if (info.exact % kBlock == 0) sparse.append(reinterpret_cast<const char*>(&last), 16);
-      buf.append(reinterpret_cast<const char*>(&r), sizeof r);
-      ++info.exact;
-      if (buf.size() >= (size_t{4} << 20)) {
-        KILN_RETURN_IF_ERROR(out.write(buf));
-        buf.clear();
-      }
-      return Status::ok();
+      return out.add(r, last);
     }));
-    KILN_RETURN_IF_ERROR(out.write(buf));
-    KILN_RETURN_IF_ERROR(out.commit());
-    KILN_RETURN_IF_ERROR(write_file_atomic(m.stem + ".xidx", sparse));
+    KILN_ASSIGN_OR_RETURN(info.exact, out.finish(m.stem + ".xidx"));
   }
   {
-    AtomicFile out;
+    SortedRunWriter<BandRec, uint64_t> out;
     KILN_RETURN_IF_ERROR(out.open(m.stem + ".bands"));
-    std::string buf, sparse;
-    KILN_RETURN_IF_ERROR(m.band.merge([&](const BandRec& r) -> Status {
-      if (info.bands % kBlock == 0) sparse.append(reinterpret_cast<const char*>(&r.key), 8);
-      buf.append(reinterpret_cast<const char*>(&r), sizeof r);
-      ++info.bands;
-      if (buf.size() >= (size_t{4} << 20)) {
-        KILN_RETURN_IF_ERROR(out.write(buf));
-        buf.clear();
-      }
-      return Status::ok();
-    }));
-    KILN_RETURN_IF_ERROR(out.write(buf));
-    KILN_RETURN_IF_ERROR(out.commit());
-    KILN_RETURN_IF_ERROR(write_file_atomic(m.stem + ".bidx", sparse));
+    KILN_RETURN_IF_ERROR(m.band.merge([&](const BandRec& r) { return out.add(r, r.key); }));
+    KILN_ASSIGN_OR_RETURN(info.bands, out.finish(m.stem + ".bidx"));
   }
   return info;
 }
@@ -312,7 +356,7 @@ Result<IndexRunInfo> IndexRunWriter::finish(uint64_t first_ordinal) {
 
 struct DedupIndex::Run {
   IndexRunInfo info;
-  MappedFile exact, bands, sigs, ids, idoff;
+  MappedFile exact, bands, sigs, ids, idoff, links;
   std::vector<ExactKey> exact_sparse;
   std::vector<uint64_t> band_sparse;
 
@@ -348,8 +392,12 @@ Result<std::unique_ptr<DedupIndex>> DedupIndex::open(const std::string& dataset_
   idx->dataset_dir_ = dir;
   idx->meta_ = nlohmann::json::parse(text, nullptr, false);
   const nlohmann::json& m = idx->meta_;
-  if (!m.is_object() || m.value("format", "") != kDedupIndexFormat)
-    return Status::data(std::string("not a ") + kDedupIndexFormat + " index").with_file(meta_path);
+  const std::string format = m.is_object() ? m.value("format", "") : "";
+  if (format != kDedupIndexFormat && format != kDedupIndexFormatV1)
+    return Status::data("not a kiln dedup index (format '" + format + "'; this kiln reads " +
+                        kDedupIndexFormatV1 + " and " + kDedupIndexFormat +
+                        "): prepare the dataset again with this kiln")
+        .with_file(meta_path);
   if (!m.contains("settings") || !m.contains("segments") || !m["segments"].is_array())
     return Status::data("index.json lacks settings or segments").with_file(meta_path);
   KILN_ASSIGN_OR_RETURN(idx->settings_, DedupSettings::from_json(m["settings"], meta_path));
@@ -371,7 +419,9 @@ Result<std::unique_ptr<DedupIndex>> DedupIndex::open(const std::string& dataset_
         KILN_RETURN_IF_ERROR(run->ids.open(stem + ".ids"));
         KILN_RETURN_IF_ERROR(run->idoff.open(stem + ".idoff"));
         const IndexRunInfo& i = run->info;
-        if (run->exact.size() != i.exact * sizeof(ExactRec) ||
+        if (i.links) KILN_RETURN_IF_ERROR(run->links.open(stem + ".kept"));
+        if ((i.links && run->links.size() != i.docs * 8) || i.kept > i.docs ||
+            run->exact.size() != i.exact * sizeof(ExactRec) ||
             run->bands.size() != i.bands * sizeof(BandRec) ||
             run->sigs.size() != i.docs * sig_bytes || run->idoff.size() != (i.docs + 1) * 8)
           return Status::data("index run files do not match index.json (damaged index)")
@@ -400,6 +450,13 @@ Result<std::unique_ptr<DedupIndex>> DedupIndex::open(const std::string& dataset_
 uint32_t DedupIndex::segments() const { return static_cast<uint32_t>(segments_.size()); }
 
 uint64_t DedupIndex::kept_docs() const {
+  uint64_t n = 0;
+  for (const auto& seg : segments_)
+    for (const auto& r : seg) n += r->info.kept;
+  return n;
+}
+
+uint64_t DedupIndex::entries() const {
   uint64_t n = 0;
   for (const auto& seg : segments_)
     for (const auto& r : seg) n += r->info.docs;
@@ -447,6 +504,20 @@ const DedupIndex::Run* DedupIndex::run_of(uint64_t ref) const {
   for (const auto& r : segments_[seg])
     if (ord >= r->info.first && ord < r->info.first + r->info.docs) return r.get();
   return nullptr;
+}
+
+Result<uint64_t> DedupIndex::kept_ref(uint64_t ref) const {
+  const Run* r = run_of(ref);
+  if (!r) return Status::data("index ref " + std::to_string(ref) + " is outside the index")
+                  .with_file(dataset_dir_ + "/dedup/index");
+  if (!r->info.links) return ref;
+  uint64_t link;
+  std::memcpy(&link, r->links.data() + 8 * (ref_ordinal(ref) - r->info.first), 8);
+  // A link goes to an earlier (or the same) entry of the index, which is itself kept.
+  if (link > ref || !run_of(link))
+    return Status::data("index link of ref " + std::to_string(ref) + " is damaged")
+        .with_file(dataset_dir_ + "/dedup/index");
+  return link;
 }
 
 Status DedupIndex::signature(uint64_t ref, uint64_t* sig) const {
