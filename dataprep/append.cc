@@ -1,5 +1,6 @@
 #include "dataprep/append.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -32,24 +33,42 @@ bool exists(const std::string& p) {
   return fs::exists(p, ec);
 }
 
-// Settings left at their defaults are taken from the index; others must agree (checked later by
-// run_prep, which names the setting).
-Status adopt_index_settings(Config* config, const DedupIndex& index) {
+// Settings left at their defaults are taken from the index: the dedup settings (others must
+// agree; checked later by run_prep, which names the setting) and the output layout (shards.*,
+// split.*: another value given is used, and said). `adopted` gets "key=value" for every value
+// taken that differs from the default, and notes.
+Status adopt_index_settings(Config* config, const DedupIndex& index, const std::string& dataset,
+                            std::vector<std::string>* adopted) {
   KILN_ASSIGN_OR_RETURN(Config defaults, Config::load(kPrepDefaultsYaml, "", {}));
   const DedupSettings& s = index.settings();
   auto is_default = [&](const char* key) {
     return YAML::Dump(config->node(key)) == YAML::Dump(defaults.node(key));
   };
+  // Equal as numbers when both are ("0" and "0.0"), else as text.
+  auto same = [](const std::string& a, const std::string& b) {
+    char *ea = nullptr, *eb = nullptr;
+    const double x = std::strtod(a.c_str(), &ea), y = std::strtod(b.c_str(), &eb);
+    if (!a.empty() && !b.empty() && *ea == 0 && *eb == 0) return x == y;
+    return a == b;
+  };
   auto adopt = [&](const char* key, const std::string& value) -> Status {
     if (!is_default(key)) return Status::ok();
+    if (!same(value, YAML::Dump(defaults.node(key))))
+      adopted->push_back(std::string(key) + "=" + value);
     return config->set(key, value);
+  };
+  auto number = [](double v) {  // the shortest text that reads back as v
+    char buf[64];
+    for (int digits = 15; digits <= 17; ++digits) {
+      std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+      if (std::strtod(buf, nullptr) == v) break;
+    }
+    return std::string(buf);
   };
   KILN_RETURN_IF_ERROR(adopt("dedup.exact", s.exact ? "true" : "false"));
   KILN_RETURN_IF_ERROR(adopt("dedup.near", s.near ? "true" : "false"));
   KILN_RETURN_IF_ERROR(adopt("dedup.strip_punct", s.strip_punct ? "true" : "false"));
-  char threshold[64];
-  std::snprintf(threshold, sizeof threshold, "%.17g", s.threshold);
-  KILN_RETURN_IF_ERROR(adopt("dedup.threshold", threshold));
+  KILN_RETURN_IF_ERROR(adopt("dedup.threshold", number(s.threshold)));
   KILN_RETURN_IF_ERROR(adopt("dedup.num_perm", std::to_string(s.num_perm)));
   KILN_RETURN_IF_ERROR(adopt("dedup.ngram", std::to_string(s.ngram)));
   KILN_RETURN_IF_ERROR(adopt("dedup.seed", std::to_string(s.seed)));
@@ -58,7 +77,39 @@ Status adopt_index_settings(Config* config, const DedupIndex& index) {
     if (o.lsh.bands != s.bands || o.lsh.rows != s.rows) {
       KILN_RETURN_IF_ERROR(config->set("dedup.bands", std::to_string(s.bands)));
       KILN_RETURN_IF_ERROR(config->set("dedup.rows", std::to_string(s.rows)));
+      adopted->push_back("dedup.bands=" + std::to_string(s.bands));
+      adopted->push_back("dedup.rows=" + std::to_string(s.rows));
     }
+  }
+  // The layout: recorded by this kiln in index.json; an older index has none (then only the
+  // shard compression can be told, from the shards' names).
+  const nlohmann::json& settings = index.meta()["settings"];
+  nlohmann::json layout = settings.contains("layout") && settings["layout"].is_object()
+                              ? settings["layout"]
+                              : nlohmann::json::object();
+  if (layout.empty()) {
+    KILN_ASSIGN_OR_RETURN(Manifest m, read_manifest(dataset + "/manifest.json"));
+    if (!m.shards.empty()) {
+      auto comp = shard_compression_for_path(m.shards.front().path);
+      if (comp.is_ok())
+        layout["shards.compression"] = *comp == ShardCompression::kZstd ? "zstd" : "none";
+    }
+    adopted->push_back("(the dataset's index records no shards.* / split.* settings: it was "
+                       "made by an older kiln; this run's are used" +
+                       std::string(layout.empty() ? "" : ", but for the shards' compression") + ")");
+  }
+  for (const auto& [key, v] : layout.items()) {
+    if (key.rfind("shards.", 0) != 0 && key.rfind("split.", 0) != 0) continue;
+    const std::string value = v.is_string()             ? v.get<std::string>()
+                              : v.is_number_float()      ? number(v.get<double>())
+                                                         : v.dump();
+    if (!is_default(key.c_str())) {
+      if (!same(YAML::Dump(config->node(key)), value))
+        adopted->push_back("(" + key + "=" + YAML::Dump(config->node(key)) +
+                           " as given; the dataset has " + value + ")");
+      continue;
+    }
+    KILN_RETURN_IF_ERROR(adopt(key.c_str(), value));
   }
   return Status::ok();
 }
@@ -251,7 +302,12 @@ Result<PrepResult> append_prep(Config config, const std::string& dataset_in,
   }
   KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<DedupIndex> index, DedupIndex::open(dataset));
-  KILN_RETURN_IF_ERROR(adopt_index_settings(&config, *index));
+  std::vector<std::string> adopted;
+  KILN_RETURN_IF_ERROR(adopt_index_settings(&config, *index, dataset, &adopted));
+  std::string adopted_line = "settings taken from " + dataset + " (where left at the default): ";
+  if (adopted.empty()) adopted_line = dataset + " was made with the default settings";
+  for (size_t i = 0; i < adopted.size(); ++i) adopted_line += (i ? ", " : "") + adopted[i];
+  if (g.rank() == 0) KILN_LOG_INFO("--append: {}", adopted_line);
   KILN_ASSIGN_OR_RETURN(ojson stats, read_ojson(dataset + "/stats.json"));
 
   const std::string stage = append_dir(dataset) + "/stage";
@@ -289,6 +345,7 @@ Result<PrepResult> append_prep(Config config, const std::string& dataset_in,
       at = nl == std::string::npos ? r.summary.size() : nl + 1;
     }
     s += "  appended to " + dataset + " (index segment " + index_segment_name(index->segments()) + ")\n";
+    s += "  " + adopted_line + "\n";
     r.summary = s;
   }
   return r;

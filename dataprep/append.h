@@ -1,7 +1,8 @@
 // `kiln prep --append DATASET`: adds new input to a prepared dataset, deduplicated against it.
 //
 // The new input is prepared in DATASET/.kiln-append/stage (an ordinary, resumable prep run with
-// DATASET as its first dedup.against, DATASET's tokenizer, domain rules and dedup settings, its
+// DATASET as its first dedup.against, DATASET's tokenizer, domain rules, dedup settings and shard
+// and split settings (each where the config leaves the default; the run says which it took), its
 // sample keys after DATASET's and its index segment after DATASET's). Then the commit:
 //   1. the merged manifest.json, stats.json and dedup/removed.jsonl are written into the stage,
 //      together with the list of moves that put the stage's shards, rejects and index segment
@@ -28,7 +29,8 @@ namespace kiln::prep {
 
 // config: the prep config of the new input (its `output` must be empty: the output is DATASET).
 // Settings the user left at their defaults are taken from DATASET's index (dedup.*, tokenizer,
-// domains); a setting given that differs from the index is refused naming it (kUsage).
+// domains, shards.*, split.*); a dedup setting or tokenizer given that differs from the index is
+// refused naming it (kUsage); a shards.* / split.* value given is used (and reported).
 Result<PrepResult> append_prep(Config config, const std::string& dataset, comm::ProcessGroup& g,
                                const PrepRunOptions& options = {});
 

@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/stop_signal.h"
 #include "format/manifest.h"
+#include "dataprep/append.h"
 #include "dataprep/prep_internal.h"
 
 namespace kiln::prep {
@@ -421,7 +422,15 @@ Status write_index_meta(const Context& c, const std::vector<WriteResult>& result
                       {"docs", docs},
                       {"runs", runs},
                       {"fingerprint", c.fingerprint}});
-  nlohmann::json extra = {{"domains", domains}};
+  // The output layout, which --append adopts (config keys; the latest run's values).
+  nlohmann::json layout = {
+      {"shards.compression", c.opt.compression == ShardCompression::kZstd ? "zstd" : "none"},
+      {"shards.level", c.opt.level},
+      {"shards.max_samples", c.opt.max_samples},
+      {"shards.max_bytes", c.opt.max_bytes},
+      {"split.val_fraction", c.opt.val_fraction},
+      {"split.val_min_docs", c.opt.val_min_docs}};
+  nlohmann::json extra = {{"domains", domains}, {"layout", layout}};
   return write_file_atomic(dir + "/index.json",
                            make_index_meta(dedup_settings(c.opt), extra, segments).dump(1) + "\n");
 }
@@ -643,7 +652,27 @@ Status open_against(Context& c, const PrepRunOptions& ro) {
   if (ro.against_self && c.opt.against.empty())
     return Status::internal("--append without the dataset in dedup.against");
   const DedupSettings mine = dedup_settings(c.opt);
-  for (const std::string& dir : c.opt.against) {
+  for (size_t i = 0; i < c.opt.against.size(); ++i) {
+    const std::string& dir = c.opt.against[i];
+    // An append to the dataset killed after its commit point: its journal decides every move, so
+    // finish it before reading the dataset (as --append and kiln inspect do); refuse when that
+    // cannot be done. (--append's own dataset was finished by its driver.)
+    if (!(ro.against_self && i == 0)) {
+      Status st;
+      if (c.rank == 0) {
+        auto done = finish_pending_append(dir);
+        if (!done.is_ok())
+          st = Status::usage(dir + " has an unfinished append (" + dir +
+                             "/.kiln-append/commit.json) that could not be finished here: " +
+                             done.status().to_string() + "; finish it with `kiln inspect " + dir +
+                             "` where the dataset can be written, then run this again");
+        else if (*done)
+          KILN_LOG_INFO("{}: finished an interrupted append (its commit was decided) before "
+                        "reading the dataset",
+                        dir);
+      }
+      KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
+    }
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<DedupIndex> idx, DedupIndex::open(dir));
     KILN_RETURN_IF_ERROR(idx->settings().check_same(mine, dir));
     c.against.push_back(std::move(idx));
@@ -669,11 +698,21 @@ Status open_against(Context& c, const PrepRunOptions& ro) {
   if (settings.contains("domains") && settings["domains"].is_object()) {
     const nlohmann::json& d = settings["domains"];
     const std::string rules = d.value("rules", std::string());
-    if (c.opt.domains.rules.empty() && !rules.empty())
+    std::string adopted;
+    if (c.opt.domains.rules.empty() && !rules.empty()) {
       c.opt.domains.rules = first.dataset_dir() + "/dedup/index/" + rules;
-    if (c.opt.domains.default_domain == "web")
+      adopted += " rules " + c.opt.domains.rules;
+    }
+    if (c.opt.domains.default_domain == "web" && d.value("default", std::string("web")) != "web") {
       c.opt.domains.default_domain = d.value("default", std::string("web"));
-    if (c.opt.domains.model.empty()) c.opt.domains.model = d.value("model", std::string());
+      adopted += " default " + c.opt.domains.default_domain;
+    }
+    if (c.opt.domains.model.empty() && !d.value("model", std::string()).empty()) {
+      c.opt.domains.model = d.value("model", std::string());
+      adopted += " model " + c.opt.domains.model;
+    }
+    if (c.rank == 0 && !adopted.empty())
+      KILN_LOG_INFO("domains:{} (of {})", adopted, first.dataset_dir());
   }
   return Status::ok();
 }

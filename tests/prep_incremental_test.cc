@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <set>
+
 #include "format/manifest.h"
 #include "tests/prep_test_util.h"
 #include "tests/test_paths.h"
@@ -284,6 +286,84 @@ TEST_F(Incremental, ExactOnlyIndex) {
   EXPECT_EQ(run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + *tmp_ / "exactC" +
                       " --against " + a + " >/dev/null 2>&1"),
             2);  // near dedup on here, off in the index
+}
+
+// --append takes the dataset's shard and split settings (recorded in its index) unless given,
+// and says which it took; a value given wins and is reported beside the dataset's.
+TEST_F(Incremental, AppendAdoptsTheDatasetsLayout) {
+  auto meta = nlohmann::json::parse(read_text(*tmp_ / "outA/dedup/index/index.json"));
+  EXPECT_EQ(meta["format"], "kiln-dedup-index/2");
+  EXPECT_EQ(meta["settings"]["layout"]["shards.max_samples"].get<uint64_t>(), 80u);
+  const std::string before = read_text(*tmp_ / "outA/manifest.json");
+  auto appended_max = [&](const std::string& ds) {
+    auto m = read_manifest(ds);
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+    uint64_t most = 0, samples = 0;
+    auto a = read_manifest(*tmp_ / "outA");
+    std::set<std::string> old;
+    for (const auto& sh : a->shards) old.insert(fs::path(sh.path).filename().string());
+    for (const auto& sh : m->shards) {
+      if (old.count(fs::path(sh.path).filename().string())) continue;
+      most = std::max(most, sh.samples);
+      samples += sh.samples;
+    }
+    EXPECT_GT(samples, 100u);  // enough appended documents for shards to roll over
+    return most;
+  };
+  const std::string adopt = *tmp_ / "adopt_layout";
+  fs::copy(*tmp_ / "outA", adopt, fs::copy_options::recursive);
+  ASSERT_EQ(run_shell(append(adopt)), 0) << read_text(adopt + ".log");
+  EXPECT_NE(read_text(adopt + ".log").find("shards.max_samples=80"), std::string::npos)
+      << read_text(adopt + ".log");
+  EXPECT_EQ(appended_max(adopt), 80u);
+  const std::string given = *tmp_ / "given_layout";
+  fs::copy(*tmp_ / "outA", given, fs::copy_options::recursive);
+  ASSERT_EQ(run_shell(append(given, "--shard-samples 30")), 0) << read_text(given + ".log");
+  EXPECT_NE(read_text(given + ".log").find("shards.max_samples=30 as given; the dataset has 80"),
+            std::string::npos)
+      << read_text(given + ".log");
+  EXPECT_EQ(appended_max(given), 30u);
+  EXPECT_EQ(read_text(*tmp_ / "outA/manifest.json"), before);
+}
+
+// --against a dataset whose append was killed after its commit point finishes that append first
+// (its journal decides it), then deduplicates against the whole appended dataset; a journal that
+// cannot be finished is refused with a message, the dataset left as it is.
+TEST_F(Incremental, AgainstFinishesAPendingAppendOrRefuses) {
+  const std::string pend = *tmp_ / "pending";
+  fs::copy(*tmp_ / "outA", pend, fs::copy_options::recursive);
+  const std::string before = read_text(pend + "/manifest.json");
+  ASSERT_EQ(run_shell("KILN_PREP_CRASH_AT=append-journal " + append(pend)), 128 + SIGKILL);
+  ASSERT_TRUE(fs::exists(pend + "/.kiln-append/commit.json"));
+  ASSERT_EQ(read_text(pend + "/manifest.json"), before);
+  const std::string out = *tmp_ / "against_pending";
+  ASSERT_EQ(run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + out + " --against " +
+                      pend + " >/dev/null 2>" + out + ".log"),
+            0)
+      << read_text(out + ".log");
+  EXPECT_NE(read_text(out + ".log").find("finished an interrupted append"), std::string::npos);
+  EXPECT_FALSE(fs::exists(pend + "/.kiln-append"));
+  EXPECT_NE(read_text(pend + "/manifest.json"), before);
+  EXPECT_EQ(run_shell(kiln() + " inspect " + pend + " --verify >/dev/null"), 0);
+  // B is in the appended dataset now: every document of B is a copy of one there.
+  auto stats = nlohmann::json::parse(read_text(out + "/stats.json"));
+  EXPECT_EQ(stats["docs_out"].get<uint64_t>(), 0u);
+  EXPECT_GT(stats["dedup"]["against_exact"].get<uint64_t>(), 100u);
+
+  // A journal that cannot be replayed (it names files that are gone): refused, nothing changed.
+  const std::string bad = *tmp_ / "bad_journal";
+  fs::copy(*tmp_ / "outA", bad, fs::copy_options::recursive);
+  write_file(bad + "/.kiln-append/commit.json",
+             R"({"moves": [["/nonexistent/kiln/a", "/nonexistent/kiln/b"]]})");
+  const std::string out2 = *tmp_ / "against_bad";
+  EXPECT_EQ(run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + out2 +
+                      " --against " + bad + " >/dev/null 2>" + out2 + ".log"),
+            2);
+  EXPECT_NE(read_text(out2 + ".log").find("has an unfinished append"), std::string::npos)
+      << read_text(out2 + ".log");
+  EXPECT_TRUE(fs::exists(bad + "/.kiln-append/commit.json"));
+  EXPECT_EQ(read_text(bad + "/manifest.json"), before);
+  EXPECT_FALSE(fs::exists(out2 + "/manifest.json"));
 }
 
 // --append: the result removes what the union removes, verifies, loads as one dataset, and

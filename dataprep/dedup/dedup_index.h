@@ -3,7 +3,8 @@
 // its text.
 //
 //   index.json                 format "kiln-dedup-index/2", the settings the index was built
-//                              with (MinHash, LSH, normalisation, domain rules) and its segments
+//                              with (MinHash, LSH, normalisation, domain rules, and the latest
+//                              run's shards.* / split.* settings as "layout") and its segments
 //                              (one per prep run: the first, then one per --append)
 //   seg-SSSSSS/run-RRRRR.*     one run per rank of the run that wrote the segment:
 //     .exact  sorted (hash_lo, hash_hi, ref) records, 24 bytes: every valid document of the run
