@@ -305,6 +305,8 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
           r.problems.push_back(format("dedup index covers %llu documents, the shards hold %llu",
                                       (unsigned long long)(*index)->kept_docs(),
                                       (unsigned long long)docs));
+        if (Status links = (*index)->check_links(); !links.is_ok())
+          r.problems.push_back("dedup index: " + links.to_string());
       }
     }
     for (const auto& [name, d] : m.domains) {

@@ -542,15 +542,21 @@ Status dedup_stage(Context& c) {
     for (const auto& ms : all_sims) rep_sim[ms.member] = ms.sim;
     for (const auto& [r, d] : rep_pairs) c.removed.push_back({d, r, rep_sim.at(d), 0, 0});
   }
+  // An exact copy of an earlier dataset's document is kept for by the document kept there (the
+  // index's exact hash points at it), or, when this run joined that document's cluster to an
+  // earlier one (a new document near both), by that cluster's kept document, as in one run.
+  auto kept_for_external = [&](uint64_t ext) {
+    return uf && uf->contains(ext) ? uf->rep(ext) : ext;
+  };
   // Leaders that are exact copies of an earlier dataset's document: their similarity to the
-  // document kept there (1 unless the copy was itself a removed member of a cluster there).
+  // document kept for them (1 unless the copy was itself a removed member of a cluster there).
   std::unordered_map<uint64_t, double> external_sim;
   if (!c.against.empty()) {
     std::vector<Pair> mine;
     size_t k = 0;
     for (const auto& [dup, leader] : c.exact_dups)
       if (is_external(leader) && k++ % static_cast<size_t>(c.size) == static_cast<size_t>(c.rank))
-        mine.push_back({leader, dup});
+        mine.push_back({kept_for_external(leader), dup});
     std::vector<double> sims(mine.size(), 1.0);
     if (c.layout.num_perm > 0) {
       KILN_ASSIGN_OR_RETURN(sims, pair_similarities(c, mine));
@@ -567,14 +573,14 @@ Status dedup_stage(Context& c) {
   // Exact duplicates follow their leader's cluster (or the earlier dataset's document).
   for (const auto& [dup, leader] : c.exact_dups) {
     if (is_external(leader)) {
-      c.removed.push_back({dup, leader, external_sim.at(dup), 1, 0});
+      c.removed.push_back({dup, kept_for_external(leader), external_sim.at(dup), 1, 0});
       continue;
     }
     RemovedEntry e{dup, leader, 1.0, 1, 0};
     auto ext = std::lower_bound(c.exact_dups.begin(), c.exact_dups.end(), leader,
                                 [](const Pair& p, uint64_t d) { return p.first < d; });
     if (ext != c.exact_dups.end() && ext->first == leader) {  // the leader copies an earlier one
-      e.kept = ext->second;
+      e.kept = kept_for_external(ext->second);
       e.similarity = external_sim.at(leader);
       c.removed.push_back(e);
       continue;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "common/atomic_file.h"
@@ -142,6 +143,19 @@ TEST_F(DedupIndexTest, ReadsFormatOne) {
     ASSERT_TRUE(kept.is_ok());
     EXPECT_EQ(*kept, d.ref);
   }
+  // Appended to by this kiln: a format-2 segment after the format-1 one (read run by run).
+  nlohmann::json run1 = write_run(1, 0, 0, 100, rng);
+  segments.push_back({{"name", "seg-000001"}, {"docs", 100}, {"runs", {run1}}});
+  meta = make_index_meta(settings_, {}, segments);
+  ASSERT_TRUE(write_file_atomic(tmp_.str() + "/dedup/index/index.json", meta.dump()).is_ok());
+  auto mixed = DedupIndex::open(tmp_.str());
+  ASSERT_TRUE(mixed.is_ok()) << mixed.status().to_string();
+  EXPECT_EQ((*mixed)->kept_docs(), 300u + 80u);
+  EXPECT_EQ((*mixed)->entries(), 400u);
+  EXPECT_TRUE((*mixed)->check_links().is_ok());
+  auto link = (*mixed)->kept_ref(make_ref(1, 4));
+  ASSERT_TRUE(link.is_ok());
+  EXPECT_EQ(*link, make_ref(1, 0));
   meta["format"] = "kiln-dedup-index/9";
   ASSERT_TRUE(write_file_atomic(tmp_.str() + "/dedup/index/index.json", meta.dump()).is_ok());
   auto future = DedupIndex::open(tmp_.str());
@@ -162,6 +176,31 @@ TEST_F(DedupIndexTest, DamageAndMissingIndexAreNamed) {
   auto damaged = DedupIndex::open(tmp_.str());
   ASSERT_FALSE(damaged.is_ok());
   EXPECT_NE(damaged.status().to_string().find("run-00000"), std::string::npos);
+}
+
+// check_links (kiln inspect --verify): every removed entry links to a kept one.
+TEST_F(DedupIndexTest, LinksAreChecked) {
+  std::mt19937_64 rng(8);
+  nlohmann::json segments = nlohmann::json::array();
+  segments.push_back({{"name", "seg-000000"}, {"docs", 40}, {"runs", {write_run(0, 0, 0, 40, rng)}}});
+  write_meta(segments);
+  {
+    auto idx = DedupIndex::open(tmp_.str());
+    ASSERT_TRUE(idx.is_ok()) << idx.status().to_string();
+    EXPECT_TRUE((*idx)->check_links().is_ok());
+  }
+  // Entry 14 (removed) now links to entry 9, itself a removed one.
+  const std::string kept_file = tmp_.str() + "/dedup/index/seg-000000/run-00000.kept";
+  std::string bytes = read_file(kept_file).value();
+  const uint64_t nine = make_ref(0, 9);
+  std::memcpy(bytes.data() + 8 * 14, &nine, 8);
+  ASSERT_TRUE(write_file_atomic(kept_file, bytes).is_ok());
+  auto idx = DedupIndex::open(tmp_.str());
+  ASSERT_TRUE(idx.is_ok());
+  Status st = (*idx)->check_links();
+  EXPECT_EQ(st.code(), StatusCode::kData);
+  EXPECT_NE(st.to_string().find("not a kept document"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.to_string().find("run-00000.kept"), std::string::npos) << st.to_string();
 }
 
 TEST(DedupSettingsTest, CheckSameNamesTheSetting) {

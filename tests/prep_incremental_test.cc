@@ -178,6 +178,24 @@ TEST(IncrementalChains, ChainsThroughRemovedDocumentsAreFollowed) {
     a0 += line(name_of("fa", i), gen.english_tokens(200));  // unrelated documents
     b0 += line(name_of("fb", i), gen.english_tokens(200));
   }
+  // Bridges: A holds p and q (10 tokens apart: two clusters) and q' (a near copy of q, removed
+  // for q); B holds s (halfway between p and q: near both) and t (an exact copy of q'). One run
+  // joins p's and q's clusters through s, so it removes t for p; so must --against.
+  for (int i = 0; i < kChains; ++i) {
+    auto p = gen.english_tokens(300), q = p, s = p;
+    std::uniform_int_distribution<size_t> pos(5, p.size() - 1);
+    for (int k = 0; k < 10; ++k) {
+      const size_t at = pos(rng);
+      q[at] = gen.english_tokens(1)[0] + "q";
+      if (k < 5) s[at] = q[at];
+    }
+    auto q1 = change(q, 2);
+    a0 += line(name_of("p", i), p);
+    a0 += line(name_of("q", i), q);
+    a1 += line(name_of("r", i), q1);
+    b0 += line(name_of("s", i), s);
+    b0 += line(name_of("t", i), q1);
+  }
   write_file(tmp / "A/part-0.jsonl", a0);
   write_file(tmp / "A/part-1.jsonl", a1);
   write_file(tmp / "B/part-0.jsonl", b0);
@@ -205,15 +223,19 @@ TEST(IncrementalChains, ChainsThroughRemovedDocumentsAreFollowed) {
   EXPECT_GT(y_removed, kChains * 3 / 4);
   // The union removes x'' for x, some of them only through x' (similarity to x below the
   // threshold): the chains this test is about.
-  auto of_b = [](const std::string& id) { return id[0] == 'z' || id.rfind("fb", 0) == 0; };
+  auto of_b = [](const std::string& id) {
+    return id[0] == 'z' || id[0] == 's' || id[0] == 't' || id.rfind("fb", 0) == 0;
+  };
   std::map<std::string, Removed> union_b;
-  size_t chained = 0;
+  size_t chained = 0, bridged = 0;
   for (const auto& [id, r] : removed_of(tmp / "outAB")) {
     if (!of_b(id)) continue;
     union_b[id] = r;
     chained += r.kept[0] == 'x' && r.similarity < 0.8;
+    bridged += id[0] == 't' && r.kept[0] == 'p';
   }
   EXPECT_GE(chained, 5u) << "the corpus has too few chains to test";
+  EXPECT_GE(bridged, 5u) << "the corpus has too few bridges to test";
   for (const std::string& out : {tmp / "outB", tmp / "appended"}) {
     auto got = removed_of(out);
     std::map<std::string, Removed> got_b;

@@ -520,6 +520,33 @@ Result<uint64_t> DedupIndex::kept_ref(uint64_t ref) const {
   return link;
 }
 
+Status DedupIndex::check_links() const {
+  for (uint32_t seg = 0; seg < segments_.size(); ++seg) {
+    for (const auto& run : segments_[seg]) {
+      const IndexRunInfo& i = run->info;
+      uint64_t kept = 0;
+      for (uint64_t k = 0; k < i.docs; ++k) {
+        const uint64_t ref = make_ref(seg, i.first + k);
+        KILN_ASSIGN_OR_RETURN(uint64_t link, kept_ref(ref));
+        if (link == ref) {
+          ++kept;
+          continue;
+        }
+        KILN_ASSIGN_OR_RETURN(uint64_t again, kept_ref(link));
+        if (again != link)
+          return Status::data("index entry " + std::to_string(ref) + " links to " +
+                              std::to_string(link) + ", which is not a kept document")
+              .with_file(index_run_stem(dataset_dir_ + "/dedup/index", seg, i.rank) + ".kept");
+      }
+      if (kept != i.kept)
+        return Status::data("index run holds " + std::to_string(kept) +
+                            " kept documents, index.json says " + std::to_string(i.kept))
+            .with_file(index_run_stem(dataset_dir_ + "/dedup/index", seg, i.rank) + ".kept");
+    }
+  }
+  return Status::ok();
+}
+
 Status DedupIndex::signature(uint64_t ref, uint64_t* sig) const {
   if (!settings_.near)
     return Status::internal("the dedup index of " + dataset_dir_ + " holds no signatures");

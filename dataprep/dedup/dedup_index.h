@@ -145,6 +145,9 @@ class DedupIndex {
   void find_band(uint64_t key, std::vector<uint64_t>* refs) const;
   // The ref of the kept document an entry's cluster kept (`ref` itself for a kept document).
   Result<uint64_t> kept_ref(uint64_t ref) const;
+  // Checks every entry's link: it goes to a kept entry of the index (which links to itself), and
+  // each run holds as many kept entries as index.json says. kData naming the run otherwise.
+  Status check_links() const;
   // The signature (num_perm values) of an entry.
   Status signature(uint64_t ref, uint64_t* sig) const;
   // Its input id as JSON text.

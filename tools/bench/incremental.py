@@ -140,6 +140,30 @@ def removed(path, prefix):
     return out
 
 
+def index_format(ds):
+    try:
+        with open(os.path.join(ds, "dedup", "index", "index.json")) as f:
+            return json.load(f).get("format", "?")
+    except (OSError, ValueError):
+        return "missing"
+
+
+def index_summary(ds):
+    """(entries, kept documents, bytes) of a dataset's dedup index."""
+    idx = os.path.join(ds, "dedup", "index")
+    with open(os.path.join(idx, "index.json")) as f:
+        meta = json.load(f)
+    entries = kept = 0
+    for seg in meta["segments"]:
+        for run in seg["runs"]:
+            entries += run["docs"]
+            kept += run.get("kept", run["docs"])
+    size = 0
+    for root, _, files in os.walk(idx):
+        size += sum(os.path.getsize(os.path.join(root, n)) for n in files)
+    return entries, kept, size
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bytes", type=int, default=1 << 30)
@@ -161,6 +185,10 @@ def main():
     common = ["--threads", a.threads, "--memory", a.memory]
     base, app, uni = (os.path.join(a.dir, n) for n in ("base", "append", "union"))
     reuse = a.reuse_base and os.path.exists(os.path.join(base, "manifest.json"))
+    if reuse and index_format(base) != "kiln-dedup-index/2":
+        print("--reuse-base: %s has a %s index (no removed entries): preparing it again" %
+              (base, index_format(base)))
+        reuse = False
     for d in ((app, uni) if reuse else (base, app, uni)):
         shutil.rmtree(d, ignore_errors=True)
     k = os.path.abspath(a.kiln)
@@ -183,6 +211,11 @@ def main():
     same = sum(1 for i in ra if i in ru and ru[i] == ra[i])
     print("removed from new/: append %d, union %d, same id and kept %d, only append %d, only union %d"
           % (len(ra), len(ru), same, len(set(ra) - set(ru)), len(set(ru) - set(ra))))
+    print("removals equal to the union run's (same ids, same kept documents): %s" %
+          ("yes" if ra == ru else "NO"))
+    e, kd, size = index_summary(base)
+    print("index of the existing dataset: %d entries (%d kept, %d removed near duplicates), "
+          "%.1f MB (%.0f bytes per entry)" % (e, kd, e - kd, size / 1e6, size / max(1, e)))
     rc = subprocess.call([k, "inspect", app, "--verify"], stdout=subprocess.DEVNULL)
     print("kiln inspect --verify of the appended dataset: %s" % ("ok" if rc == 0 else "FAILED"))
 
