@@ -578,7 +578,9 @@ Status resume_exact(Context& c, const nlohmann::json& m, int) {
   auto bytes = read_blob(c.rank_dir + "/exact.bin", m.at("blob"));
   KILN_RETURN_IF_ERROR(comm::agree(*c.g, bytes.is_ok() ? Status::ok() : bytes.status()));
   c.exact_dups.resize(bytes->size() / 16);
-  std::memcpy(c.exact_dups.data(), bytes->data(), c.exact_dups.size() * 16);
+  // (memcpy from or to the null data() of an empty vector is undefined: UBSan, resuming a prep
+  // whose corpus had no exact duplicates.)
+  if (!c.exact_dups.empty()) std::memcpy(c.exact_dups.data(), bytes->data(), c.exact_dups.size() * 16);
   c.dedup.spilled_bytes = m.value("spilled_bytes", uint64_t{0});
   return Status::ok();
 }
@@ -600,7 +602,8 @@ Status resume_dedup(Context& c, const nlohmann::json& m, int) {
   auto bytes = read_blob(c.rank_dir + "/removed.bin", m.at("blob"));
   KILN_RETURN_IF_ERROR(comm::agree(*c.g, bytes.is_ok() ? Status::ok() : bytes.status()));
   c.removed.resize(bytes->size() / sizeof(RemovedEntry));
-  std::memcpy(c.removed.data(), bytes->data(), c.removed.size() * sizeof(RemovedEntry));
+  if (!c.removed.empty())
+    std::memcpy(c.removed.data(), bytes->data(), c.removed.size() * sizeof(RemovedEntry));
   c.dedup = DedupStats::from_json(m.at("dedup"));
   return Status::ok();
 }

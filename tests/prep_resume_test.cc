@@ -76,6 +76,32 @@ TEST_F(PrepCli, KillAtAnyStageThenResumeIsByteIdentical) {
   }
 }
 
+// Found by UBSan (full_disk_prep_enospc under ASan + UBSan): resuming a prep whose corpus has no
+// exact duplicates restored the empty exact-stage blob with memcpy(nullptr, ..., 0), which is
+// undefined (likewise an empty removed list). A corpus without duplicates, killed after the exact
+// and after the dedup stage, resumes to the uninterrupted run's output.
+TEST_F(PrepCli, ResumeWithNoDuplicatesRestoresEmptyDedupStages) {
+  CorpusGen gen(11);
+  write_corpus(gen.make(120, 0.2, {0.0}, 0), *tmp_ / "nodup_in", 2);
+  auto command = [&](const std::string& out) {
+    return std::string(kiln::test::kiln_binary()) + " prep --input " + *tmp_ / "nodup_in" +
+           " --output " + out + " --shard-samples 60 --vocab-size 300" +
+           " --set tokenizer.train_bytes=200000 >/dev/null 2>" + out + ".log";
+  };
+  const std::string ref_out = *tmp_ / "nodup_ref";
+  ASSERT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 " + command(ref_out)), 0) << read_text(ref_out + ".log");
+  const auto ref = output_tree(ref_out);
+  for (const std::string point : {"stage-exact", "stage-dedup"}) {
+    const std::string out = *tmp_ / ("nodup_" + point);
+    EXPECT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 KILN_PREP_CRASH_AT=" + point + " " + command(out)),
+              128 + SIGKILL)
+        << point;
+    ASSERT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 " + command(out)), 0) << point << ": " << read_text(out + ".log");
+    EXPECT_NE(read_text(out + ".log").find("resuming"), std::string::npos) << point;
+    EXPECT_TRUE(output_tree(out) == ref) << point << ": the resumed output differs";
+  }
+}
+
 TEST_F(PrepCli, TimedKillsThenResume) {
   const auto& ref = reference();
   int n = 0;

@@ -432,9 +432,9 @@ Result<std::unique_ptr<DedupIndex>> DedupIndex::open(const std::string& dataset_
             bs.size() != (i.bands + kBlock - 1) / kBlock * 8)
           return Status::data("sparse index does not match its records").with_file(stem + ".xidx");
         run->exact_sparse.resize(xs.size() / 16);
-        std::memcpy(run->exact_sparse.data(), xs.data(), xs.size());
+        if (!xs.empty()) std::memcpy(run->exact_sparse.data(), xs.data(), xs.size());
         run->band_sparse.resize(bs.size() / 8);
-        std::memcpy(run->band_sparse.data(), bs.data(), bs.size());
+        if (!bs.empty()) std::memcpy(run->band_sparse.data(), bs.data(), bs.size());
         runs.push_back(std::move(run));
       }
       std::sort(runs.begin(), runs.end(),
