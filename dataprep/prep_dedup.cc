@@ -304,6 +304,32 @@ Result<std::vector<double>> pair_similarities(Context& c, const std::vector<Pair
   return sims;
 }
 
+// The similarity of each (kept, member) pair, keyed by member, on every rank (collective: every
+// rank passes the same pairs). Each rank computes a round-robin share and the shares are
+// all-gathered. Without signatures (no near-duplicate stage) every pair is an exact copy: 1.
+Result<std::unordered_map<uint64_t, double>> gathered_similarities(Context& c,
+                                                                   const std::vector<Pair>& pairs) {
+  std::vector<Pair> mine;
+  for (size_t i = static_cast<size_t>(c.rank); i < pairs.size(); i += static_cast<size_t>(c.size))
+    mine.push_back(pairs[i]);
+  std::vector<double> sims(mine.size(), 1.0);
+  if (c.layout.num_perm > 0) {
+    KILN_ASSIGN_OR_RETURN(sims, pair_similarities(c, mine));
+  }
+  struct MemberSim {
+    uint64_t member;
+    double sim;
+  };
+  std::vector<MemberSim> local;
+  local.reserve(mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) local.push_back({mine[i].second, sims[i]});
+  KILN_ASSIGN_OR_RETURN(std::vector<MemberSim> all, comm::allgatherv(*c.g, local));
+  std::unordered_map<uint64_t, double> by_member;
+  by_member.reserve(all.size());
+  for (const MemberSim& ms : all) by_member[ms.member] = ms.sim;
+  return by_member;
+}
+
 // The clustering order: documents of earlier datasets first (in their order), then the input.
 inline uint64_t cluster_order(uint64_t d) { return d ^ kExternalBit; }
 inline bool cluster_before(uint64_t a, uint64_t b) { return cluster_order(a) < cluster_order(b); }
@@ -528,18 +554,7 @@ Status dedup_stage(Context& c) {
                                   c.opt.against.at(external_dataset(r)));
       }
     }
-    std::vector<Pair> mine;
-    for (size_t i = static_cast<size_t>(c.rank); i < rep_pairs.size(); i += c.size)
-      mine.push_back(rep_pairs[i]);
-    KILN_ASSIGN_OR_RETURN(std::vector<double> sims, pair_similarities(c, mine));
-    struct MemberSim {
-      uint64_t member;
-      double sim;
-    };
-    std::vector<MemberSim> mine_sims;
-    for (size_t i = 0; i < mine.size(); ++i) mine_sims.push_back({mine[i].second, sims[i]});
-    KILN_ASSIGN_OR_RETURN(std::vector<MemberSim> all_sims, comm::allgatherv(*c.g, mine_sims));
-    for (const auto& ms : all_sims) rep_sim[ms.member] = ms.sim;
+    KILN_ASSIGN_OR_RETURN(rep_sim, gathered_similarities(c, rep_pairs));
     for (const auto& [r, d] : rep_pairs) c.removed.push_back({d, r, rep_sim.at(d), 0, 0});
   }
   // An exact copy of an earlier dataset's document is kept for by the document kept there (the
@@ -552,23 +567,10 @@ Status dedup_stage(Context& c) {
   // document kept for them (1 unless the copy was itself a removed member of a cluster there).
   std::unordered_map<uint64_t, double> external_sim;
   if (!c.against.empty()) {
-    std::vector<Pair> mine;
-    size_t k = 0;
+    std::vector<Pair> copies;  // (document kept for the leader, copy), in copy order
     for (const auto& [dup, leader] : c.exact_dups)
-      if (is_external(leader) && k++ % static_cast<size_t>(c.size) == static_cast<size_t>(c.rank))
-        mine.push_back({kept_for_external(leader), dup});
-    std::vector<double> sims(mine.size(), 1.0);
-    if (c.layout.num_perm > 0) {
-      KILN_ASSIGN_OR_RETURN(sims, pair_similarities(c, mine));
-    }
-    struct DocSim {
-      uint64_t doc;
-      double sim;
-    };
-    std::vector<DocSim> local;
-    for (size_t i = 0; i < mine.size(); ++i) local.push_back({mine[i].second, sims[i]});
-    KILN_ASSIGN_OR_RETURN(std::vector<DocSim> all, comm::allgatherv(*c.g, local));
-    for (const DocSim& ds : all) external_sim[ds.doc] = ds.sim;
+      if (is_external(leader)) copies.push_back({kept_for_external(leader), dup});
+    KILN_ASSIGN_OR_RETURN(external_sim, gathered_similarities(c, copies));
   }
   // Exact duplicates follow their leader's cluster (or the earlier dataset's document).
   for (const auto& [dup, leader] : c.exact_dups) {
