@@ -1,10 +1,14 @@
 // The NCCL backend: a ProcessGroup whose buffers are CUDA device memory.
 //
-// make_nccl_group() is collective over `bootstrap` (an MPI group of the same ranks): rank 0
-// creates an ncclUniqueId, bootstrap broadcasts it, and every rank joins the NCCL communicator on
-// `device`. Collectives are enqueued on the group's stream (the caller's, or one it creates):
-// blocking calls synchronize the stream before returning; the i*() calls return a handle that
-// records a CUDA event, whose wait() synchronizes on it. Counters, names and call-order rules are
+// make_nccl_group() is collective over `bootstrap` (an MPI group of the same ranks): every rank
+// selects `device` (cudaSetDevice: call it before the process allocates on a GPU), rank 0
+// creates an ncclUniqueId, bootstrap broadcasts it, and every rank joins the NCCL communicator
+// on `device`; a failure on any rank is an error on every rank (the failing one names the CUDA
+// device count it sees). Collectives run on the group's own stream, each ordered after the work
+// queued on `stream` (the compute stream that wrote the buffers; nullptr: the legacy default
+// stream, where Kiln's CUDA kernels run) when it is issued, so they overlap the compute queued
+// after them: blocking calls synchronize the group's stream before returning; the i*() calls
+// return a handle that records a CUDA event, whose wait() synchronizes on it. Counters, names and call-order rules are
 // those of comm/comm.h. Floating-point sums are NCCL's: deterministic for a fixed rank count,
 // topology and NCCL_ALGO / NCCL_PROTO, but not in rank order as the MPI backend's. Variable-size
 // and point-to-point shapes (allgatherv, gatherv, alltoallv) use ncclSend / ncclRecv in a group
@@ -22,7 +26,7 @@ namespace kiln::comm {
 // True when this binary has the NCCL backend.
 bool nccl_available();
 
-// stream: a cudaStream_t to enqueue on (nullptr: the group creates and owns one).
+// stream: the cudaStream_t the collectives follow (nullptr: the legacy default stream).
 Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup& bootstrap, int device,
                                                       void* stream = nullptr);
 

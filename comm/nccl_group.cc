@@ -75,10 +75,13 @@ class NcclWork final : public Work {
   bool done_ = false;
 };
 
+// Collectives run on the group's own stream, each ordered after the work queued on `follow` (the
+// compute stream) when it is issued: an event recorded there, waited for by the group's stream.
 class NcclGroup final : public ProcessGroup {
  public:
-  NcclGroup(ncclComm_t comm, int device, cudaStream_t stream, bool own_stream)
-      : comm_(comm), device_(device), stream_(stream), own_stream_(own_stream) {
+  NcclGroup(ncclComm_t comm, int device, cudaStream_t stream, cudaEvent_t ready,
+            cudaStream_t follow)
+      : comm_(comm), device_(device), stream_(stream), ready_(ready), follow_(follow) {
     ncclCommUserRank(comm_, &rank_);
     ncclCommCount(comm_, &size_);
   }
@@ -86,7 +89,9 @@ class NcclGroup final : public ProcessGroup {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
-    if (own_stream_) cudaStreamDestroy(stream_);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(stream_);
+    if (scratch_) cudaFree(scratch_);
   }
 
   int rank() const override { return rank_; }
@@ -100,16 +105,19 @@ class NcclGroup final : public ProcessGroup {
  protected:
   Status do_barrier() override {
     KILN_RETURN_IF_ERROR(ensure_scratch());
+    KILN_RETURN_IF_ERROR(order());
     KILN_RETURN_IF_ERROR(nccl_status(
         ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "barrier"));
     return sync("barrier");
   }
   Status do_bcast(void* data, size_t bytes, int root) override {
+    KILN_RETURN_IF_ERROR(order());
     KILN_RETURN_IF_ERROR(enqueue_bcast(data, bytes, root));
     return sync("broadcast");
   }
   Status do_allgatherv(const void* send, size_t send_bytes, void* recv,
                        const size_t* recv_bytes) override {
+    KILN_RETURN_IF_ERROR(order());
     bool equal = true;
     for (int r = 0; r < size_; ++r) equal = equal && recv_bytes[r] == recv_bytes[0];
     char* out = static_cast<char*>(recv);
@@ -132,6 +140,7 @@ class NcclGroup final : public ProcessGroup {
   }
   Status do_gatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes,
                     int root) override {
+    KILN_RETURN_IF_ERROR(order());
     KILN_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "group start"));
     if (rank_ == root) {
       char* out = static_cast<char*>(recv);
@@ -158,6 +167,7 @@ class NcclGroup final : public ProcessGroup {
                       const size_t* recv_bytes) override {
     const char* in = static_cast<const char*>(send);
     char* out = static_cast<char*>(recv);
+    KILN_RETURN_IF_ERROR(order());
     KILN_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "group start"));
     size_t so = 0, ro = 0;
     for (int r = 0; r < size_; ++r) {
@@ -174,6 +184,7 @@ class NcclGroup final : public ProcessGroup {
     return sync("alltoallv");
   }
   Status do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    KILN_RETURN_IF_ERROR(order());
     KILN_RETURN_IF_ERROR(nccl_status(
         ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
         "all_reduce"));
@@ -181,6 +192,7 @@ class NcclGroup final : public ProcessGroup {
   }
   Status do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
                            ReduceOp op) override {
+    KILN_RETURN_IF_ERROR(order());
     KILN_RETURN_IF_ERROR(nccl_status(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype),
                                                        nccl_op(op), comm_, stream_),
                                      "reduce_scatter"));
@@ -189,36 +201,60 @@ class NcclGroup final : public ProcessGroup {
   Result<std::unique_ptr<ProcessGroup>> do_split(int color, int key) override {
     ncclComm_t sub = nullptr;
     KILN_RETURN_IF_ERROR(nccl_status(ncclCommSplit(comm_, color, key, &sub, nullptr), "comm split"));
-    cudaStream_t s = nullptr;
-    KILN_RETURN_IF_ERROR(
-        cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create"));
-    return std::unique_ptr<ProcessGroup>(new NcclGroup(sub, device_, s, true));
+    return wrap(sub, device_, follow_);
   }
 
   std::unique_ptr<Work> do_iallreduce(void* data, size_t count, DType dtype,
                                       ReduceOp op) override {
-    Status st = nccl_status(
+    Status st = order();
+    if (st.is_ok()) st = nccl_status(
         ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
         "all_reduce");
     return st.is_ok() ? record() : completed_work(std::move(st));
   }
   std::unique_ptr<Work> do_iallgather(const void* send, size_t bytes, void* recv) override {
-    Status st = nccl_status(ncclAllGather(send, recv, bytes, ncclChar, comm_, stream_), "all_gather");
+    Status st = order();
+    if (st.is_ok())
+      st = nccl_status(ncclAllGather(send, recv, bytes, ncclChar, comm_, stream_), "all_gather");
     return st.is_ok() ? record() : completed_work(std::move(st));
   }
   std::unique_ptr<Work> do_ireduce_scatter(const void* send, void* recv, size_t recv_count,
                                            DType dtype, ReduceOp op) override {
-    Status st = nccl_status(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype),
+    Status st = order();
+    if (st.is_ok()) st = nccl_status(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype),
                                               nccl_op(op), comm_, stream_),
                             "reduce_scatter");
     return st.is_ok() ? record() : completed_work(std::move(st));
   }
   std::unique_ptr<Work> do_ibcast(void* data, size_t bytes, int root) override {
-    Status st = enqueue_bcast(data, bytes, root);
+    Status st = order();
+    if (st.is_ok()) st = enqueue_bcast(data, bytes, root);
     return st.is_ok() ? record() : completed_work(std::move(st));
   }
 
+ public:
+  // A group over `comm` with a new stream and event, following `follow`.
+  static Result<std::unique_ptr<ProcessGroup>> wrap(ncclComm_t comm, int device,
+                                                    cudaStream_t follow) {
+    cudaStream_t s = nullptr;
+    cudaEvent_t e = nullptr;
+    Status st = cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create");
+    if (st.is_ok()) st = cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event create");
+    if (!st.is_ok()) {
+      if (s) cudaStreamDestroy(s);
+      ncclCommDestroy(comm);
+      return st;
+    }
+    return std::unique_ptr<ProcessGroup>(new NcclGroup(comm, device, s, e, follow));
+  }
+
  private:
+  // The group's stream waits for the work queued on the compute stream so far (the buffers a
+  // collective reads were written there; the ones it writes may still be read there).
+  Status order() {
+    KILN_RETURN_IF_ERROR(cuda_status(cudaEventRecord(ready_, follow_), "event record"));
+    return cuda_status(cudaStreamWaitEvent(stream_, ready_, 0), "stream wait");
+  }
   Status enqueue_bcast(void* data, size_t bytes, int root) {
     return nccl_status(ncclBroadcast(data, data, bytes, ncclChar, root, comm_, stream_),
                        "broadcast");
@@ -240,8 +276,9 @@ class NcclGroup final : public ProcessGroup {
 
   ncclComm_t comm_;
   int device_;
-  cudaStream_t stream_;
-  bool own_stream_;
+  cudaStream_t stream_;  // owned
+  cudaEvent_t ready_;    // owned
+  cudaStream_t follow_;  // the compute stream (nullptr: the legacy default stream)
   int rank_ = 0, size_ = 1;
   void* scratch_ = nullptr;
 };
@@ -252,7 +289,15 @@ bool nccl_available() { return true; }
 
 Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup& bootstrap, int device,
                                                       void* stream) {
-  KILN_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "set device"));
+  Status set = cuda_status(cudaSetDevice(device), ("set device " + std::to_string(device)).c_str());
+  if (!set.is_ok()) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    (void)cudaGetLastError();
+    set = Status::internal(set.message() + " (this process sees " + std::to_string(count) +
+                           " CUDA device" + (count == 1 ? "" : "s") + ")");
+  }
+  KILN_RETURN_IF_ERROR(agree(bootstrap, std::move(set)));
   ncclUniqueId id{};
   Status local = bootstrap.rank() == 0 ? nccl_status(ncclGetUniqueId(&id), "get unique id")
                                        : Status::ok();
@@ -262,15 +307,10 @@ Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup& bootstrap, i
   KILN_RETURN_IF_ERROR(agree(
       bootstrap, nccl_status(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()),
                              "comm init rank")));
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool own = s == nullptr;
-  if (own) {
-    KILN_RETURN_IF_ERROR(
-        cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create"));
-  }
-  auto g = std::make_unique<NcclGroup>(comm, device, s, own);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g,
+                        NcclGroup::wrap(comm, device, static_cast<cudaStream_t>(stream)));
   g->set_name(bootstrap.name());
-  return std::unique_ptr<ProcessGroup>(std::move(g));
+  return g;
 }
 
 }  // namespace kiln::comm

@@ -54,6 +54,9 @@ class CpuRuntime final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
   void* allocate_pinned(size_t bytes) override { return allocate(bytes); }
   void deallocate_pinned(void* p, size_t bytes) override { deallocate(p, bytes); }
   void upload_async(void* dst, const void* src, size_t bytes, int) override {
@@ -77,6 +80,7 @@ class CpuRuntime final : public Backend {
       default: cpu::adamw_update(p, m, v, g, n, hp); break;
     }
   }
+  void accumulate(float* y, const float* x, size_t n) override { cpu::accumulate(y, x, n); }
   void cast_from_fp32(void* dst, DType lp_type, const float* src, size_t n) override {
     if (lp_type == DType::kBF16) {
       cpu::cast(static_cast<bf16*>(dst), src, n);

@@ -62,6 +62,8 @@ class Backend {
   // Synchronous copies (copy_to_host waits for the work queued before it).
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  // dst and src both in this backend's memory (stream-ordered on the compute stream).
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // Page-locked host memory for staging uploads (plain aligned memory on the CPU).
   virtual void* allocate_pinned(size_t bytes) = 0;
   virtual void deallocate_pinned(void* p, size_t bytes) = 0;
@@ -85,6 +87,8 @@ class Backend {
   // lp_type kF32 means no low-precision copy (lp ignored); kBF16/kF16 write lp in the same pass.
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
                             const AdamWParams& hp, DType lp_type, void* lp) = 0;
+  // y[i] += x[i] for n fp32 values (kernels/ops.h accumulate).
+  virtual void accumulate(float* y, const float* x, size_t n) = 0;
   // dst (lp_type: kBF16 or kF16) = round(src), n values.
   virtual void cast_from_fp32(void* dst, DType lp_type, const float* src, size_t n) = 0;
   // Sum of squares over all tensors in one fused pass (fp64, fixed order), read back to the host

@@ -53,6 +53,9 @@ class CudaRuntime final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (bytes) cuda::copy_to_host(dst, src, bytes);
   }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) cuda::copy_device(dst, src, bytes);
+  }
   void* allocate_pinned(size_t bytes) override { return cuda::pinned_alloc(bytes); }
   void deallocate_pinned(void* p, size_t) override {
     if (p) cuda::pinned_free(p);
@@ -85,6 +88,7 @@ class CudaRuntime final : public Backend {
       default: cuda::adamw_update(p, m, v, g, n, hp); break;
     }
   }
+  void accumulate(float* y, const float* x, size_t n) override { cuda::accumulate(y, x, n); }
   void cast_from_fp32(void* dst, DType lp_type, const float* src, size_t n) override {
     if (lp_type == DType::kBF16) {
       cuda::cast(static_cast<bf16*>(dst), src, n);

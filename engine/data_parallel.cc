@@ -1,9 +1,88 @@
 #include "engine/data_parallel.h"
 
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+
+#include "comm/nccl.h"
 #include "common/log.h"
+#include "engine/backend.h"
 #include "engine/plan.h"
 
 namespace kiln::engine {
+
+LocalPlace local_place(const std::vector<std::string>& hosts, int world_rank) {
+  LocalPlace p{0, 0};
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+    if (hosts[r] != hosts[world_rank]) continue;
+    if (r < world_rank) ++p.rank;
+    ++p.size;
+  }
+  return p;
+}
+
+int cuda_device_for(LocalPlace local, const char* visible) {
+  if (visible != nullptr && *visible != '\0' && std::string(visible).find(',') == std::string::npos)
+    return 0;  // one GPU bound to this rank by the launcher
+  return local.rank;
+}
+
+Status cuda_group_error(int world_rank, LocalPlace local, const std::string& host, int device,
+                        const Status& why) {
+  return Status::config(
+             "'cuda' under mpirun: rank " + std::to_string(world_rank) + " (local rank " +
+             std::to_string(local.rank) + " of " + std::to_string(local.size) + " on " + host +
+             ") could not set up NCCL on GPU " + std::to_string(device) + ": " + why.message() +
+             ". Each rank needs its own GPU (NCCL refuses two ranks on one): " +
+             std::to_string(local.size) + " ranks on " + host + " need " +
+             std::to_string(local.size) + " GPUs; start fewer ranks per machine or use device: cpu")
+      .with_key("device");
+}
+
+Status DataParallel::open_device_groups(const TrainConfig& config) {
+  comm::ProcessGroup& world = *topo_.world;
+  // What the config and the build decide (the same on every rank) first, then the GPU.
+  if (topo_.tp_size > 1) {
+    return Status::unimplemented(
+               "'cuda' with parallel.tp " + std::to_string(topo_.tp_size) +
+               ": tensor parallelism on the GPU is not built yet (the vocabulary-parallel "
+               "embedding and the bf16/fp16 activation sums run as host loops); use parallel.tp: "
+               "1 - data parallelism with ZeRO 0-3 runs on cuda over NCCL")
+        .with_key("device");
+  }
+  if (!comm::nccl_available()) {
+    return Status::unimplemented(
+               "'cuda' with " + std::to_string(world.size()) +
+               " ranks needs the NCCL backend for the gradients in GPU memory, and this kiln was "
+               "built without it (NCCL not found next to the CUDA toolkit, or KILN_NCCL=OFF); "
+               "rebuild with NCCL, run one process, or use device: cpu")
+        .with_key("device");
+  }
+  // A usable GPU (backend_for names `device` and the reason when there is none), agreed by every
+  // rank: one rank without one must not leave the others waiting in NCCL's set-up.
+  KILN_RETURN_IF_ERROR(comm::agree(world, backend_for(Device::kCuda).status()));
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof name - 1) != 0) std::snprintf(name, sizeof name, "unknown");
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> hosts, comm::allgather_strings(world, name));
+  const LocalPlace local = local_place(hosts, world.rank());
+  cuda_device_ = cuda_device_for(local, std::getenv("CUDA_VISIBLE_DEVICES"));
+  // Before anything is allocated on a GPU: make_nccl_group selects the device (cudaSetDevice).
+  auto g = comm::make_nccl_group(*topo_.dp, cuda_device_, nullptr);
+  if (!g.is_ok()) {
+    const Status why = g.status();
+    return cuda_group_error(world.rank(), local, name, cuda_device_, why);
+  }
+  dp_data_ = std::move(g).value();
+  dp_data_->set_name(topo_.dp->name());
+  if (config.parallel.hierarchical) {
+    KILN_LOG_INFO("parallel.hierarchical applies to the host groups; on cuda NCCL chooses its own "
+                  "algorithms across machines");
+  }
+  KILN_LOG_INFO("rank {}: local rank {} of {} on {}, GPU {}, gradients over NCCL", world.rank(),
+                local.rank, local.size, name, cuda_device_);
+  return Status::ok();
+}
 
 Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& config) {
   if (comm::launched_by_mpi() && comm::launcher_world_size() > 1 && !comm::mpi_available()) {
@@ -21,16 +100,21 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
   KILN_CHECK(layout_trainable(Layout{t.tp_size, t.dp_size, config.parallel.zero_stage,
                                      config.activation_checkpointing}),
              "a layout refused above is trainable per engine/plan.h");
-  return std::unique_ptr<DataParallel>(new DataParallel(std::move(t), config.parallel.zero_stage,
-                                                         config.parallel.prefetch));
+  std::unique_ptr<DataParallel> dp(
+      new DataParallel(std::move(t), config.parallel.zero_stage, config.parallel.prefetch));
+  if (config.device == Device::kCuda && world.size() > 1) {
+    KILN_RETURN_IF_ERROR(dp->open_device_groups(config));
+  }
+  return dp;
 }
 
 Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer) {
   if (stage_ >= 1 && topo_.dp_size > 1) {
     const uint64_t before = params.state_bytes();
     // With tensor parallelism: this TP rank's slices, sharded over its data-parallel group.
-    zero_ = std::make_unique<ZeroOptimizer>(params, *topo_.dp, optimizer, static_cast<int>(stage_),
-                                            static_cast<int>(prefetch_), topo_.tp.get());
+    zero_ = std::make_unique<ZeroOptimizer>(params, data_dp(), optimizer, static_cast<int>(stage_),
+                                            static_cast<int>(prefetch_), topo_.tp.get(),
+                                            topo_.dp.get());
     const uint64_t kept = params.state_bytes(), shards = zero_->shard_bytes();
     KILN_LOG_INFO("ZeRO-{}: {} sharded over {} ranks; model states on rank 0: {} bytes "
                   "({:.1f} MiB: full buffers {:.1f} MiB, shards {:.1f} MiB; ZeRO-0 would hold "
@@ -58,7 +142,7 @@ Status DataParallel::sum(int64_t* values, size_t n) {
 Status DataParallel::reduce_gradients(ParamStore& params) {
   if (topo_.dp_size == 1) return Status::ok();
   for (auto& u : params.units()) {
-    KILN_RETURN_IF_ERROR(topo_.dp->allreduce(u.grad.data(), u.numel, comm::DType::kFloat32,
+    KILN_RETURN_IF_ERROR(data_dp().allreduce(u.grad.data(), u.numel, comm::DType::kFloat32,
                                              comm::ReduceOp::kSum)
                              .prefixed("gradient all-reduce of " + u.name));
   }
@@ -79,7 +163,9 @@ Result<std::vector<std::string>> DataParallel::gather_world(const std::string& m
 
 std::map<std::string, uint64_t> DataParallel::comm_bytes() const {
   std::map<std::string, uint64_t> out;
-  for (const comm::ProcessGroup* g : topo_.groups()) {
+  std::vector<const comm::ProcessGroup*> groups = topo_.groups();
+  if (dp_data_) groups.push_back(dp_data_.get());  // its bytes add to the host group's name
+  for (const comm::ProcessGroup* g : groups) {
     for (const auto& [op, c] : g->counters()) {
       if (c.bytes) out[g->name() + "." + op] += c.bytes;
     }

@@ -12,6 +12,15 @@
 //
 // Implemented: ZeRO stages 0-3 (engine/zero.h) and tensor parallelism (engine/tensor_parallel.h,
 // over tp_group()), alone or together (ZeRO shards each TP rank's slices over its DP group).
+//
+// Two kinds of groups, chosen once here: the host groups (MPI under mpirun) carry every value the
+// host holds (losses, token and per-domain counts, the gradient norm's scalars, the control file,
+// checkpoint digests, failures), and the data group data_dp() carries the model's buffers (the
+// Backend's memory: gradients, ZeRO's shards and gathers). On the CPU the data group is the host
+// group; with `device: cuda` under mpirun it is an NCCL group over the same ranks, bootstrapped
+// through the MPI group, on the GPU of the rank's local index on its machine (cuda_device_for).
+// The code that issues the collectives is the same for both. Tensor parallelism on cuda is refused
+// (its embedding and widened activation sums are host loops).
 // Not thread-safe: the training thread owns it.
 #pragma once
 
@@ -32,6 +41,21 @@
 
 namespace kiln::engine {
 
+// A rank's place on its machine: its index among the world ranks on the same host (in rank
+// order), and how many there are. hosts: every world rank's host name, in rank order.
+struct LocalPlace {
+  int rank = 0;
+  int size = 1;
+};
+LocalPlace local_place(const std::vector<std::string>& hosts, int world_rank);
+// The CUDA device a rank uses: its local rank, or 0 when CUDA_VISIBLE_DEVICES (visible, may be
+// nullptr) names exactly one device (the launcher bound one GPU to each rank).
+int cuda_device_for(LocalPlace local, const char* visible);
+// The config error (key `device`) when rank `world_rank`, local rank local.rank of local.size on
+// `host`, could not join the NCCL group on `device`: names the GPUs the machine needs.
+Status cuda_group_error(int world_rank, LocalPlace local, const std::string& host, int device,
+                        const Status& why);
+
 class DataParallel {
  public:
   static Result<std::unique_ptr<DataParallel>> create(const TrainConfig& config);
@@ -43,6 +67,11 @@ class DataParallel {
   int world_size() const { return topo_.world->size(); }
   // The ranks that split each layer with this one (tensor parallelism; one rank when tp is 1).
   comm::ProcessGroup& tp_group() { return *topo_.tp; }
+  // The data-parallel ranks over the model's memory (see the header comment): the MPI group on
+  // the CPU, an NCCL group with device: cuda under mpirun.
+  comm::ProcessGroup& data_dp() { return dp_data_ ? *dp_data_ : *topo_.dp; }
+  // The CUDA device this rank uses (-1 on the CPU or in one process).
+  int cuda_device() const { return cuda_device_; }
   DataRank data_rank() const { return DataRank{topo_.dp_rank, topo_.dp_size}; }
   const char* backend() const { return topo_.world->backend(); }
 
@@ -75,7 +104,11 @@ class DataParallel {
  private:
   DataParallel(comm::Topology t, int64_t stage, int64_t prefetch)
       : topo_(std::move(t)), stage_(stage), prefetch_(prefetch) {}
+  // device: cuda under mpirun: binds this rank to its GPU and opens the NCCL data group.
+  Status open_device_groups(const TrainConfig& config);
   comm::Topology topo_;
+  std::unique_ptr<comm::ProcessGroup> dp_data_;  // NCCL, with device: cuda under mpirun
+  int cuda_device_ = -1;
   int64_t stage_ = 0;
   int64_t prefetch_ = 1;
   std::unique_ptr<ZeroOptimizer> zero_;

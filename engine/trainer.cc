@@ -62,14 +62,9 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   if (!t->dp_->is_root()) t->options_.console = false;
   cpu::set_num_threads(static_cast<int>(config.run.threads));  // host threads (loader, CPU kernels)
   // The device is chosen here, once; everything below reaches it through the Backend.
+  // (Under mpirun with cuda, DataParallel::create bound this rank to its GPU and opened the NCCL
+  // group that carries the device buffers; host values stay on the MPI groups.)
   KILN_ASSIGN_OR_RETURN(Backend* backend, backend_for(config.device));
-  if (t->dp_->world_size() > 1 && !backend->host_addressable()) {
-    // The gradient and activation all-reduces (engine/data_parallel.cc, tensor_parallel.cc) move
-    // host memory over MPI; device buffers need the NCCL path, not wired into training yet.
-    return Status::unimplemented("data- and tensor-parallel training on device: cuda is not "
-                                 "wired yet (the all-reduces run on host memory); run one process")
-        .with_key("device");
-  }
   if (t->dp_->tp_group().size() > 1) {
     KILN_ASSIGN_OR_RETURN(t->tp_, TensorParallel::create(config, t->dp_->tp_group()));
   }

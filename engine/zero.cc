@@ -11,14 +11,18 @@ namespace kiln::engine {
 
 ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
                              const OptimizerConfig& config, int stage, int prefetch,
-                             comm::ProcessGroup* tp)
+                             comm::ProcessGroup* tp, comm::ProcessGroup* dp_host)
     : params_(params),
+      be_(params.backend()),
       dp_(dp),
+      dp_host_(dp_host ? *dp_host : dp),
       tp_(tp && tp->size() > 1 ? tp : nullptr),
       config_(config),
       stage_(stage),
       prefetch_(prefetch) {
   KILN_CHECK(stage >= 1 && stage <= 3, "ZeroOptimizer: stage 1, 2 or 3");
+  KILN_CHECK(dp_host_.size() == dp.size() && dp_host_.rank() == dp.rank(),
+             "ZeroOptimizer: the host group has other ranks than the data-parallel group");
   const int n = dp.size(), r = dp.rank();
   const bool low = params.precision() != Precision::kFp32;
   for (auto& u : params.units()) {
@@ -26,14 +30,11 @@ ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
     s.numel = u.numel;
     s.size = shard_numel(u.numel, n);
     s.begin = s.size * r;
-    s.grad.reset(&cpu_backend(), s.size);
-    s.m.reset(&cpu_backend(), s.size);
-    s.v.reset(&cpu_backend(), s.size);
+    s.grad.reset(&be_, s.size);
     const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
-    auto slice = [&](auto& dst, const auto& src) {
-      dst.reset(&cpu_backend(), s.size);
-      dst.zero();
-      if (have) std::memcpy(dst.data(), src.data() + s.begin, have * sizeof(*dst.data()));
+    auto slice = [&](auto& dst, const auto& src) {  // zero past the unit's end
+      dst.reset(&be_, s.size);
+      if (have) be_.copy(dst.data(), src.data() + s.begin, have * sizeof(*dst.data()));
     };
     slice(s.m, u.m);
     slice(s.v, u.v);
@@ -53,6 +54,15 @@ ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
     }
     shards_.push_back(std::move(s));
   }
+}
+
+char* ZeroOptimizer::scratch(size_t bytes) {
+  if (scratch_.bytes() < bytes) {
+    scratch_.reset(&be_, (bytes + 3) / 4);
+  } else {
+    be_.fill_zero(scratch_.data(), bytes);
+  }
+  return reinterpret_cast<char*>(scratch_.data());
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
@@ -91,7 +101,7 @@ void ZeroOptimizer::take(std::vector<DeviceArray<T>>& spares, DeviceArray<T>& ds
       return;
     }
   }
-  dst.reset(&cpu_backend(), n);
+  dst.reset(&be_, n);
   track(static_cast<int64_t>(dst.bytes()));
 }
 
@@ -201,11 +211,7 @@ void ZeroOptimizer::finish_scatter() {
   Status st = timed_wait(*pending_.work, &wait_ms_);
   const bool reduced = st.is_ok();
   note(std::move(st).prefixed("gradient reduce-scatter of " + u.name));
-  if (reduced) {  // accumulate over the step's micro-batches
-    float* g = s.grad.data();
-    const float* add = pending_.recv.data();
-    for (size_t i = 0; i < s.size; ++i) g[i] += add[i];
-  }
+  if (reduced) be_.accumulate(s.grad.data(), pending_.recv.data(), s.size);  // over micro-batches
   pending_.work.reset();
   give(spare_f32_, u.grad);
 }
@@ -216,7 +222,7 @@ void ZeroOptimizer::gradients_ready(int unit) {
   ParamUnit& u = params_.units()[unit];
   Shard& s = shards_[unit];
   pending_.unit = unit;
-  pending_.recv.assign(s.size, 0.0f);
+  if (pending_.recv.size() < s.size) pending_.recv.reset(&be_, s.size);
   pending_.work = dp_.ireduce_scatter(u.grad.data(), pending_.recv.data(), s.size,
                                       comm::DType::kFloat32, comm::ReduceOp::kSum);
 }
@@ -246,9 +252,9 @@ Status ZeroOptimizer::reduce_scatter_gradients() {
     Shard& s = shards_[i];
     const float* send = units[i].grad.data();
     if (s.size * n != s.numel) {  // the last shard runs past the unit: send a padded copy
-      scratch_.assign(s.size * n * sizeof(float), 0);
-      std::memcpy(scratch_.data(), send, s.numel * sizeof(float));
-      send = reinterpret_cast<const float*>(scratch_.data());
+      float* padded = reinterpret_cast<float*>(scratch(s.size * n * sizeof(float)));
+      be_.copy(padded, send, s.numel * sizeof(float));
+      send = padded;
     }
     KILN_RETURN_IF_ERROR(dp_.reduce_scatter(send, s.grad.data(), s.size, comm::DType::kFloat32,
                                             comm::ReduceOp::kSum)
@@ -271,7 +277,7 @@ void ZeroOptimizer::for_each_run(size_t i, Fn fn) const {
 }
 
 Result<StepStats> ZeroOptimizer::inspect(double loss_scale) {
-  Backend& be = cpu_backend();  // the shards are host memory
+  Backend& be = be_;
   double ss = 0;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const Shard& s = shards_[i];
@@ -289,7 +295,7 @@ Result<StepStats> ZeroOptimizer::inspect(double loss_scale) {
       if (counted || !std::isfinite(part)) ss += part;
     });
   }
-  KILN_RETURN_IF_ERROR(dp_.allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum));
+  KILN_RETURN_IF_ERROR(dp_host_.allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum));
   if (tp_) {
     KILN_RETURN_IF_ERROR(tp_->allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum)
                              .prefixed("gradient norm over the tensor-parallel group"));
@@ -304,8 +310,11 @@ Result<StepStats> ZeroOptimizer::inspect(double loss_scale) {
 
 Result<NonFinite> ZeroOptimizer::find_nonfinite() {
   std::vector<int64_t> counts(shards_.size(), 0);
+  std::vector<float> host;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    const float* g = shards_[i].grad.data();
+    host.resize(shards_[i].size);  // after an overflow only: a copy is fine
+    be_.copy_to_host(host.data(), shards_[i].grad.data(), host.size() * sizeof(float));
+    const float* g = host.data();
     if (!tp_) {
       for (size_t k = 0; k < shards_[i].size; ++k) counts[i] += !std::isfinite(g[k]);
       continue;
@@ -316,7 +325,7 @@ Result<NonFinite> ZeroOptimizer::find_nonfinite() {
     });
   }
   KILN_RETURN_IF_ERROR(
-      dp_.allreduce(counts.data(), counts.size(), comm::DType::kInt64, comm::ReduceOp::kSum));
+      dp_host_.allreduce(counts.data(), counts.size(), comm::DType::kInt64, comm::ReduceOp::kSum));
   if (tp_) {
     KILN_RETURN_IF_ERROR(
         tp_->allreduce(counts.data(), counts.size(), comm::DType::kInt64, comm::ReduceOp::kSum));
@@ -334,11 +343,11 @@ Status ZeroOptimizer::allgather_unit(void* full, size_t elem, size_t numel, size
   char* out = static_cast<char*>(full);
   const size_t mine = shard * elem * dp_.rank();
   if (shard * n == numel) return dp_.allgather(out + mine, shard * elem, out);
-  scratch_.assign(shard * n * elem, 0);
+  char* padded = scratch(shard * n * elem);
   const size_t have = std::min(shard * elem, numel * elem > mine ? numel * elem - mine : 0);
-  if (have) std::memcpy(scratch_.data() + mine, out + mine, have);
-  KILN_RETURN_IF_ERROR(dp_.allgather(scratch_.data() + mine, shard * elem, scratch_.data()));
-  std::memcpy(out, scratch_.data(), numel * elem);
+  if (have) be_.copy(padded + mine, out + mine, have);
+  KILN_RETURN_IF_ERROR(dp_.allgather(padded + mine, shard * elem, padded));
+  be_.copy(out, padded, numel * elem);
   return Status::ok();
 }
 
@@ -367,8 +376,8 @@ Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats
       float* m = s.m.data() + (a - s.begin);
       float* v = s.v.data() + (a - s.begin);
       const float* g = s.grad.data() + (a - s.begin);
-      // The shards are host memory: the CPU backend's update (kF32: no low-precision copy).
-      cpu_backend().adamw_update(p, m, v, g, b - a, hp, params_.work_dtype(), lp);
+      // kF32: no low-precision copy.
+      be_.adamw_update(p, m, v, g, b - a, hp, params_.work_dtype(), lp);
     }
     if (stage_ == 3) continue;  // the next forward gathers them
     // Every rank gets the updated working weights.
@@ -390,16 +399,23 @@ std::vector<TensorView> ZeroOptimizer::checkpoint_partition(
     const ParamUnit& u = units[i];
     const std::vector<int64_t> shape{static_cast<int64_t>(s.size)};
     const size_t bytes = s.size * sizeof(float);
-    const float* master = s.master.data();
-    if (!master_sharded()) {  // this rank's slice of the full buffer
+    // A host view of shard memory: the buffer itself on the CPU, a copy in *scratch otherwise.
+    auto host = [&](const float* src, size_t n) -> const float* {
+      if (be_.host_addressable() && n == s.size) return src;
       scratch->emplace_back(s.size, 0.0f);
+      be_.copy_to_host(scratch->back().data(), src, n * sizeof(float));
+      return scratch->back().data();
+    };
+    const float* master = nullptr;
+    if (master_sharded()) {
+      master = host(s.master.data(), s.size);
+    } else {  // this rank's slice of the full buffer (zero past the unit's end)
       const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
-      if (have) std::memcpy(scratch->back().data(), u.master.data() + s.begin, have * sizeof(float));
-      master = scratch->back().data();
+      master = host(u.master.data() + s.begin, have);
     }
     out.push_back({u.name + ".master", "F32", shape, master, bytes});
-    out.push_back({u.name + ".exp_avg", "F32", shape, s.m.data(), bytes});
-    out.push_back({u.name + ".exp_avg_sq", "F32", shape, s.v.data(), bytes});
+    out.push_back({u.name + ".exp_avg", "F32", shape, host(s.m.data(), s.size), bytes});
+    out.push_back({u.name + ".exp_avg_sq", "F32", shape, host(s.v.data(), s.size), bytes});
   }
   return out;
 }

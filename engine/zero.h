@@ -29,8 +29,13 @@
 // Checkpoints are per rank (engine/checkpoint.h): each rank writes its shards of the master
 // weights and moments (checkpoint_partition()); loading reassembles full units in the ParamStore
 // first, then this object is constructed, so a checkpoint of any data-parallel size and ZeRO
-// stage resumes on any other. Host memory only (the CPU backend). Not thread-safe: the training thread
-// owns it.
+// stage resumes on any other.
+//
+// Memory: the shards and every buffer live in params.backend()'s memory, and the collectives on
+// them go over `dp`, the group that carries that memory (engine/data_parallel.h chooses it once:
+// an MPI group on the CPU, an NCCL group on a GPU); the norm's and the overflow count's scalars go
+// over `dp_host` (and `tp`), host-memory groups of the same ranks. Nothing here branches on the
+// device. Not thread-safe: the training thread owns it.
 #pragma once
 
 #include <cstdint>
@@ -54,9 +59,11 @@ class ZeroOptimizer final : public UnitHooks {
   // Takes this rank's shards from params (full, e.g. just loaded) and releases what the stage
   // shards: the moments (1+), the gradient buffers (2+), the weights (3). params and dp must
   // outlive this object. prefetch: units gathered ahead (stage 3). tp: the tensor-parallel group
-  // (nullptr or one rank: none); it must outlive this object too.
+  // over host memory (nullptr or one rank: none). dp_host: the data-parallel ranks over host
+  // memory (nullptr: dp itself, when dp carries host memory). Both must outlive this object.
   ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp, const OptimizerConfig& config,
-                int stage, int prefetch, comm::ProcessGroup* tp = nullptr);
+                int stage, int prefetch, comm::ProcessGroup* tp = nullptr,
+                comm::ProcessGroup* dp_host = nullptr);
   ~ZeroOptimizer() override;
 
   int stage() const { return stage_; }
@@ -103,7 +110,7 @@ class ZeroOptimizer final : public UnitHooks {
     size_t numel = 0;   // the unit's N
     size_t size = 0;    // S
     size_t begin = 0;   // r*S
-    DeviceArray<float> grad, m, v;  // host memory (cpu_backend): ZeRO runs on the CPU
+    DeviceArray<float> grad, m, v;  // params.backend()'s memory, as every buffer here
     DeviceArray<float> master;      // master_sharded()
     DeviceArray<uint16_t> lp;       // stage 3, bf16/fp16
     Weights weights = Weights::kResident;
@@ -112,9 +119,11 @@ class ZeroOptimizer final : public UnitHooks {
   struct PendingScatter {
     int unit = -1;
     std::unique_ptr<comm::Work> work;
-    std::vector<float> recv;
+    DeviceArray<float> recv;
   };
   Status allgather_unit(void* full, size_t elem, size_t numel, size_t shard);
+  // A zero-filled scratch buffer of at least `bytes` in the backend's memory (reused).
+  char* scratch(size_t bytes);
   // Only the shard of the fp32 master weights exists: stage 3, or bf16/fp16 (where the working
   // weights are the low-precision copy).
   bool master_sharded() const {
@@ -135,13 +144,15 @@ class ZeroOptimizer final : public UnitHooks {
   void give(std::vector<DeviceArray<T>>& spares, DeviceArray<T>& src);
 
   ParamStore& params_;
-  comm::ProcessGroup& dp_;
+  Backend& be_;  // params_.backend()
+  comm::ProcessGroup& dp_;       // carries be_'s memory
+  comm::ProcessGroup& dp_host_;  // the same ranks over host memory (scalars)
   comm::ProcessGroup* tp_;  // nullptr without tensor parallelism
   OptimizerConfig config_;
   int stage_;
   int prefetch_;
   std::vector<Shard> shards_;
-  std::vector<char> scratch_;
+  DeviceArray<float> scratch_;
   std::vector<int> order_;
   size_t cursor_ = 0;
   PendingScatter pending_;

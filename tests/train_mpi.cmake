@@ -19,3 +19,15 @@ if(KILN_HAVE_MPI)
     set_tests_properties(train_tp_${check} PROPERTIES LABELS "mpi;e2e" TIMEOUT 300)
   endforeach()
 endif()
+# Data parallelism and ZeRO on `device: cuda` over NCCL (tests/train_gpu_dist.sh): `refuse` runs
+# everywhere; `nccl` needs 2 GPUs and skips (exit 77, the reason printed) elsewhere.
+if(KILN_HAVE_MPI)
+  foreach(check refuse nccl)
+    add_test(NAME train_gpu_dist_${check}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_gpu_dist.sh ${check} $<TARGET_FILE:kiln>
+                     ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_gpu_dist
+                     ${MPIEXEC_EXECUTABLE})
+    set_tests_properties(train_gpu_dist_${check} PROPERTIES LABELS "mpi;e2e;gpu" TIMEOUT 300
+                         SKIP_RETURN_CODE 77)
+  endforeach()
+endif()

@@ -36,6 +36,7 @@ void* device_alloc(size_t bytes);
 void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
+void copy_device(void* dst, const void* src, size_t bytes);  // device to device, stream-ordered
 // Why no device is usable ("" when one is): the CUDA runtime's error or "no CUDA device".
 std::string unavailable_reason();
 struct DeviceInfo {

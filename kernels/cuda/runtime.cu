@@ -36,6 +36,10 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   synchronize();
 }
 
+void copy_device(void* dst, const void* src, size_t bytes) {
+  if (bytes) KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream));
+}
+
 std::string unavailable_reason() {
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
