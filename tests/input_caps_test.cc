@@ -11,6 +11,7 @@
 #include "common/atomic_file.h"
 #include "common/json.h"
 #include "dataprep/ingest/doc_parser.h"
+#include "dataprep/tagging/tagger.h"
 #include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_io.h"
 #include "engine/mixture_control.h"
@@ -368,6 +369,48 @@ TEST_F(InputCaps, TokenizerTrainingStopsMidFileAtMaxBytes) {
   EXPECT_FALSE(all->truncated);
   ASSERT_EQ(all->texts.size(), 1001u);
   EXPECT_EQ(all->texts.back(), "last");
+}
+
+// `kiln tagger train` streams its labelled JSONL one line at a time (it used to read each file
+// whole); one line is capped after decompression (--max-text-bytes). Past it: an error naming the
+// file, the line and the limit, and no training file left behind.
+TEST_F(InputCaps, TaggerTrainingLineJustPastCap) {
+  const uint64_t cap = (2u << 20) + 3;
+  auto labelled = [](const std::string& text, const std::string& domain) {
+    return "{\"text\":\"" + text + "\",\"domain\":\"" + domain + "\"}";
+  };
+  auto line_of = [&](uint64_t bytes) {  // a "web" line of exactly `bytes` bytes
+    const std::string empty = labelled("", "web");
+    return labelled(std::string(bytes - empty.size(), 'w'), "web");
+  };
+  std::string docs;
+  for (int i = 0; i < 40; ++i)
+    docs += labelled(i % 2 ? "int main ( ) { return 0 ; }" : "the river and the village", i % 2 ? "code" : "web") + "\n";
+  prep::TaggerTrainOptions o;
+  o.output = path("tagger.bin");
+  o.epochs = 2;
+  o.dim = 8;
+  o.bucket = 1000;
+  o.max_text_bytes = cap;
+  write_gzip(path("at.jsonl.gz"), docs + line_of(cap) + "\n" + docs);
+  o.inputs = {path("at.jsonl.gz")};
+  auto ok = prep::train_tagger(o);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->train_docs + ok->holdout_docs, 81u);
+  EXPECT_EQ(ok->label_docs.at("web"), 41u);
+
+  write_gzip(path("past.jsonl.gz"), docs + line_of(cap + 1) + "\n" + docs);
+  o.inputs = {path("past.jsonl.gz")};
+  o.output = path("past.bin");
+  auto r = prep::train_tagger(o);
+  ASSERT_EQ(r.status().code(), StatusCode::kData);
+  EXPECT_EQ(r.status().file(), path("past.jsonl.gz"));
+  EXPECT_NE(r.status().message().find("line 41 is longer than the limit of " + std::to_string(cap) +
+                                      " bytes (--max-text-bytes)"),
+            std::string::npos)
+      << r.status().to_string();
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find("past.bin"), std::string::npos) << e.path();
 }
 
 }  // namespace

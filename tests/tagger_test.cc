@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -85,6 +86,11 @@ TEST_F(TaggerTest, TrainsReportsAccuracyAndPredicts) {
   auto j = nlohmann::json::parse(*json);
   EXPECT_DOUBLE_EQ(j["accuracy"].get<double>(), report->accuracy);
   EXPECT_TRUE(j["domains"].contains("zh"));
+  // The streamed training and held-out lines went to temporaries next to the model; none is left.
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) files.push_back(e.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"labelled.jsonl", "model.bin", "model.bin.json"}));
 
   auto tagger = FastTextTagger::load((dir_ / "model.bin").string());
   ASSERT_TRUE(tagger.is_ok()) << tagger.status().to_string();

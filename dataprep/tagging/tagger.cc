@@ -2,12 +2,11 @@
 
 #include <fasttext/fasttext.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 #include <utf8proc.h>
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <cstring>
 #include <sstream>
 
 #include "common/atomic_file.h"
@@ -151,21 +150,24 @@ Result<TaggerReport> train_tagger(const TaggerTrainOptions& o) {
   if (o.epochs < 1 || o.dim < 1 || o.bucket < 1 || o.threads < 1 || !(o.lr > 0))
     return Status::usage("epochs, dim, bucket, threads and lr must be positive");
 
+  if (o.max_text_bytes == 0) return Status::usage("--max-text-bytes must be positive");
+
+  // Streamed: each input is read one line at a time (a line longer than max_text_bytes is an
+  // error naming it), the prepared training lines go straight to the file libfasttext trains from
+  // and the held-out ones to a second file next to the output, so memory does not grow with the
+  // input. Both files are removed however training ends (AtomicFile never committed).
   TaggerReport report;
-  std::string train_text;
-  std::vector<std::pair<std::string, std::string>> holdout;  // label, prepared line
+  AtomicFile train_file, holdout_file;
+  KILN_RETURN_IF_ERROR(train_file.open(o.output + ".train"));
+  KILN_RETURN_IF_ERROR(holdout_file.open(o.output + ".holdout"));
   const uint64_t cut = uint64_t(o.holdout * 18446744073709551615.0);
   uint64_t global_line = 0;
   for (const auto& path : o.inputs) {
     if (!std::filesystem::is_regular_file(path)) return Status::usage("input not found: " + path);
-    KILN_ASSIGN_OR_RETURN(std::string content, read_maybe_compressed(path));
-    std::istringstream in(std::move(content));
-    std::string line;
-    uint64_t line_no = 0;
-    while (std::getline(in, line)) {
-      ++line_no;
+    KILN_RETURN_IF_ERROR(for_each_line(path, o.max_text_bytes,
+                                       [&](std::string_view line, uint64_t line_no, bool*) -> Status {
       ++global_line;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) return Status::ok();
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(line);
@@ -183,28 +185,28 @@ Result<TaggerReport> train_tagger(const TaggerTrainOptions& o) {
       std::string prepared = fasttext_line(j["text"].get<std::string>());
       if (prepared.empty()) {
         ++report.skipped;
-        continue;
+        return Status::ok();
       }
       ++report.label_docs[domain];
+      std::string labelled = kLabelPrefix + domain + " " + prepared + "\n";
       uint64_t h = xxh3_64(&global_line, sizeof(global_line), o.seed);
       if (o.holdout > 0 && h < cut) {
-        holdout.emplace_back(domain, std::move(prepared));
-      } else {
-        train_text += kLabelPrefix + domain + " " + prepared + "\n";
-        ++report.train_docs;
+        ++report.holdout_docs;
+        return holdout_file.write(labelled);
       }
-    }
+      ++report.train_docs;
+      return train_file.write(labelled);
+    }));
   }
   if (report.label_docs.size() < 2)
     return Status::data("the labelled input needs at least two domains (found " +
                         std::to_string(report.label_docs.size()) + ")");
   if (report.train_docs == 0) return Status::data("no training lines left after the hold-out");
+  for (AtomicFile* f : {&train_file, &holdout_file})
+    if (std::fflush(f->stream()) != 0) return Status::from_errno("write", f->temp_path());
 
-  // libfasttext trains from a file: write the prepared lines next to the output.
-  std::string tmp = o.output + ".train.tmp." + std::to_string(getpid());
-  KILN_RETURN_IF_ERROR(write_file_atomic(tmp, train_text));
   fasttext::Args args;
-  args.input = tmp;
+  args.input = train_file.temp_path();
   args.model = fasttext::model_name::sup;
   args.loss = fasttext::loss_name::softmax;
   args.epoch = o.epochs;
@@ -222,24 +224,29 @@ Result<TaggerReport> train_tagger(const TaggerTrainOptions& o) {
   try {
     ft.train(args);
   } catch (const std::exception& e) {
-    std::filesystem::remove(tmp);
     return Status::internal(std::string("fastText training failed: ") + e.what());
   }
-  std::filesystem::remove(tmp);
+  train_file.abort();
 
   uint64_t correct = 0;
-  for (const auto& [label, prepared] : holdout) {
-    std::istringstream in(prepared + "\n");
+  KILN_RETURN_IF_ERROR(for_each_line(holdout_file.temp_path(), o.max_text_bytes,
+                                     [&](std::string_view line, uint64_t, bool*) -> Status {
+    // "__label__<domain> <prepared text>", as written above.
+    size_t space = line.find(' ');
+    if (space == std::string_view::npos) return Status::internal("bad held-out line");
+    std::string label(line.substr(0, space));
+    std::istringstream in(std::string(line.substr(space + 1)) + "\n");
     std::vector<std::pair<fasttext::real, std::string>> predictions;
     ft.predictLine(in, predictions, 1, 0.0);
-    bool ok = !predictions.empty() && predictions[0].second == kLabelPrefix + label;
+    bool ok = !predictions.empty() && predictions[0].second == label;
     correct += ok;
-    auto& [c, t] = report.holdout_by_label[label];
+    auto& [c, t] = report.holdout_by_label[label.substr(std::strlen(kLabelPrefix))];
     c += ok;
     ++t;
-  }
-  report.holdout_docs = holdout.size();
-  report.accuracy = holdout.empty() ? 0.0 : double(correct) / double(holdout.size());
+    return Status::ok();
+  }));
+  holdout_file.abort();
+  report.accuracy = report.holdout_docs == 0 ? 0.0 : double(correct) / double(report.holdout_docs);
 
   std::string partial = o.output + ".partial";
   try {

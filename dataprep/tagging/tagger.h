@@ -19,10 +19,13 @@
 #include <vector>
 
 #include "common/status.h"
+#include "dataprep/tokenizer/tokenizer_io.h"
 
 namespace kiln::prep {
 
-std::string fasttext_line(std::string_view text, size_t max_bytes = 4096);
+// How much of a text is classified (and trained on): its first 4 KiB.
+inline constexpr size_t kTaggerTextBytes = 4096;
+std::string fasttext_line(std::string_view text, size_t max_bytes = kTaggerTextBytes);
 
 struct TaggerPrediction {
   std::string domain;  // without fastText's "__label__" prefix
@@ -56,6 +59,9 @@ struct TaggerTrainOptions {
   int minn = 2, maxn = 4;           // character n-grams (0 = off)
   int bucket = 200000;
   int threads = 1;                  // 1 = deterministic
+  // The longest input line (after decompression); a longer one is an error naming the file, the
+  // line and the limit. Inputs are streamed, so this bounds what one line makes Kiln hold.
+  uint64_t max_text_bytes = kDefaultMaxTextBytes;
 };
 
 struct TaggerReport {
@@ -67,7 +73,9 @@ struct TaggerReport {
 };
 
 // Trains, evaluates and saves. kUsage for bad options, kData for unusable input (e.g. fewer than
-// two domains), naming file and line.
+// two domains, a line past max_text_bytes), naming file and line. The inputs are streamed: the
+// prepared lines go to "<output>.train.tmp.<pid>" (what libfasttext trains from) and
+// "<output>.holdout.tmp.<pid>", both removed before returning.
 Result<TaggerReport> train_tagger(const TaggerTrainOptions& options);
 
 }  // namespace kiln::prep

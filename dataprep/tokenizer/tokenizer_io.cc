@@ -89,6 +89,35 @@ Status too_long(const std::string& what, uint64_t limit, const std::string& path
 
 }  // namespace
 
+Status for_each_line(const std::string& path, uint64_t max_line_bytes, const LineFn& fn) {
+  std::string line;
+  uint64_t line_no = 0;
+  bool stopped = false;
+  KILN_RETURN_IF_ERROR(stream_file(path, [&](std::string_view chunk, bool* stop) -> Status {
+    while (!chunk.empty()) {
+      size_t nl = chunk.find('\n');
+      std::string_view piece = chunk.substr(0, nl);
+      if (line.size() + piece.size() > max_line_bytes)
+        return too_long("line " + std::to_string(line_no + 1), max_line_bytes, path);
+      line.append(piece);
+      if (nl == std::string_view::npos) break;
+      chunk.remove_prefix(nl + 1);
+      KILN_RETURN_IF_ERROR(fn(line, ++line_no, stop));
+      line.clear();
+      if (*stop) {
+        stopped = true;
+        return Status::ok();
+      }
+    }
+    return Status::ok();
+  }));
+  if (!stopped && !line.empty()) {  // a last line without '\n'
+    bool stop = false;
+    KILN_RETURN_IF_ERROR(fn(line, ++line_no, &stop));
+  }
+  return Status::ok();
+}
+
 Result<std::string> read_maybe_compressed(const std::string& path, uint64_t max_bytes) {
   std::string out;
   KILN_RETURN_IF_ERROR(stream_file(path, [&](std::string_view chunk, bool*) -> Status {
@@ -146,10 +175,8 @@ Result<TrainingTexts> read_training_texts(const std::vector<std::string>& paths,
       continue;
     }
     // JSONL: one line at a time; only the current line is held.
-    std::string line;
-    uint64_t line_no = 0;
-    auto take_line = [&](bool* stop) -> Status {
-      ++line_no;
+    KILN_RETURN_IF_ERROR(for_each_line(file, max_text_bytes,
+                                       [&](std::string_view line, uint64_t, bool* stop) -> Status {
       if (line.find_first_not_of(" \t\r") == std::string::npos) return Status::ok();
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.is_object() || !j.contains("text") || !j["text"].is_string()) {
@@ -164,30 +191,7 @@ Result<TrainingTexts> read_training_texts(const std::vector<std::string>& paths,
         *stop = true;
       }
       return Status::ok();
-    };
-    bool stopped = false;
-    KILN_RETURN_IF_ERROR(stream_file(file, [&](std::string_view chunk, bool* stop) -> Status {
-      while (!chunk.empty()) {
-        size_t nl = chunk.find('\n');
-        std::string_view piece = chunk.substr(0, nl);
-        if (line.size() + piece.size() > max_text_bytes)
-          return too_long("line " + std::to_string(line_no + 1), max_text_bytes, file);
-        line.append(piece);
-        if (nl == std::string_view::npos) break;
-        chunk.remove_prefix(nl + 1);
-        KILN_RETURN_IF_ERROR(take_line(stop));
-        line.clear();
-        if (*stop) {
-          stopped = true;
-          return Status::ok();
-        }
-      }
-      return Status::ok();
     }));
-    if (!stopped && !line.empty()) {  // a last line without '\n'
-      bool stop = false;
-      KILN_RETURN_IF_ERROR(take_line(&stop));
-    }
     if (out.truncated) break;
   }
   return out;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,14 @@ inline constexpr uint64_t kDefaultMaxTextBytes = uint64_t(1) << 30;
 Result<TrainingTexts> read_training_texts(const std::vector<std::string>& paths,
                                           uint64_t max_bytes = 0,
                                           uint64_t max_text_bytes = kDefaultMaxTextBytes);
+
+// Calls fn(line, line_no, &stop) for each line of the file (1-based numbers; "\n" ends a line and
+// is not passed; a last line without one still counts), decompressed when the name ends in a
+// compression suffix, streamed: only the current line is held. Stops when fn returns an error
+// (returned) or sets stop. A line longer than max_line_bytes is a kData error naming the file,
+// the line and the limit (`--max-text-bytes`).
+using LineFn = std::function<Status(std::string_view line, uint64_t line_no, bool* stop)>;
+Status for_each_line(const std::string& path, uint64_t max_line_bytes, const LineFn& fn);
 
 // Whole file contents, decompressed when the name ends in .gz / .zst / .xz / .bz2; more than
 // max_bytes (after decompression) is a kData error naming the file and the limit.

@@ -1,4 +1,5 @@
 // kiln tagger train | predict — the fastText domain classifier (dataprep/tagging/tagger.h, docs/TAGGING.md).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -10,6 +11,7 @@ namespace kiln::cli {
 RunFn add_tagger_command(CLI::App& root) {
   auto o = std::make_shared<prep::TaggerTrainOptions>();
   auto model = std::make_shared<std::string>();
+  auto max_text_bytes = std::make_shared<std::string>("1G");
   CLI::App* cmd = root.add_subcommand("tagger", "train and try the fastText domain classifier");
   cmd->require_subcommand(1);
   CLI::App* train = cmd->add_subcommand(
@@ -30,12 +32,16 @@ RunFn add_tagger_command(CLI::App& root) {
   train->add_option("--bucket", o->bucket, "hash buckets for n-grams")->capture_default_str();
   train->add_option("--threads", o->threads, "training threads (1 = deterministic)")
       ->capture_default_str();
+  train->add_option("--max-text-bytes", *max_text_bytes,
+                    "refuse an input line longer than this, after decompression (K, M, G)")
+      ->capture_default_str();
   CLI::App* predict = cmd->add_subcommand(
       "predict", "read text on standard input, print the predicted domain and its probability");
   predict->add_option("--model", *model, "fastText model file")->required();
 
-  return [o, model, train, predict]() -> Status {
+  return [o, model, max_text_bytes, train, predict]() -> Status {
     if (train->parsed()) {
+      KILN_ASSIGN_OR_RETURN(o->max_text_bytes, parse_size("--max-text-bytes", *max_text_bytes));
       KILN_ASSIGN_OR_RETURN(prep::TaggerReport r, prep::train_tagger(*o));
       std::printf("trained on %llu documents, %zu domains; held-out accuracy %.4f on %llu "
                   "documents -> %s (report %s.json)\n",
@@ -51,10 +57,14 @@ RunFn add_tagger_command(CLI::App& root) {
       return Status::ok();
     }
     KILN_ASSIGN_OR_RETURN(auto tagger, prep::FastTextTagger::load(*model));
+    // Only the first kTaggerTextBytes of a text are classified (prep::fasttext_line); the rest of
+    // standard input is read and dropped, never held.
     std::string text;
     char buf[1 << 16];
     size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), stdin)) > 0) text.append(buf, n);
+    while ((n = std::fread(buf, 1, sizeof(buf), stdin)) > 0)
+      if (text.size() < prep::kTaggerTextBytes)
+        text.append(buf, std::min(n, prep::kTaggerTextBytes - text.size()));
     auto p = tagger->predict(text);
     if (!p) return Status::data("no words in the input to classify");
     std::printf("%s %.4f\n", p->domain.c_str(), p->probability);

@@ -1,5 +1,4 @@
 // kiln tokenizer train | encode | decode — see dataprep/tokenizer/tokenizer.h and docs/TOKENIZER.md.
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -48,27 +47,6 @@ std::string read_stdin() {
   size_t n;
   while ((n = std::fread(buf, 1, sizeof(buf), stdin)) > 0) data.append(buf, n);
   return data;
-}
-
-Result<uint64_t> parse_size(const std::string& flag, const std::string& text) {
-  // Plain bytes or with a K/M/G suffix (binary units).
-  size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  if (i == 0) return Status::usage(flag + ": not a size: '" + text + "'");
-  uint64_t v = 0;
-  if (std::from_chars(text.data(), text.data() + i, v).ec != std::errc())
-    return Status::usage(flag + ": too large: '" + text + "'");
-  std::string unit = text.substr(i);
-  int shift = -1;
-  if (unit.empty() || unit == "B") shift = 0;
-  if (unit == "K" || unit == "KiB") shift = 10;
-  if (unit == "M" || unit == "MiB") shift = 20;
-  if (unit == "G" || unit == "GiB") shift = 30;
-  if (shift >= 0) {
-    if (v > (UINT64_MAX >> shift)) return Status::usage(flag + ": too large: '" + text + "'");
-    return v << shift;
-  }
-  return Status::usage(flag + ": unknown unit '" + unit + "' (use K, M, G)");
 }
 
 Status run_train(const TokenizerFlags& f) {

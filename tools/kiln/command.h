@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -33,5 +34,9 @@ struct ConfigFlags {
   std::vector<std::string> sets;
 };
 void add_config_flags(CLI::App* app, ConfigFlags* flags);
+
+// A size flag's value: plain bytes or with a K/M/G (KiB/MiB/GiB) suffix, binary units. kUsage
+// naming the flag for anything else or a value past 2^64 - 1.
+Result<uint64_t> parse_size(const std::string& flag, const std::string& text);
 
 }  // namespace kiln::cli
