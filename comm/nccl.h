@@ -12,8 +12,9 @@
 // those of comm/comm.h. Floating-point sums are NCCL's: deterministic for a fixed rank count,
 // topology and NCCL_ALGO / NCCL_PROTO, but not in rank order as the MPI backend's. Variable-size
 // and point-to-point shapes (allgatherv, gatherv, alltoallv) use ncclSend / ncclRecv in a group
-// call. Built when CMake finds CUDA and NCCL (KILN_HAVE_NCCL); elsewhere make_nccl_group()
-// returns kUnimplemented.
+// call. The group lives in the NCCL module libkiln_nccl.so (common/cuda_module.h), built when CMake
+// finds CUDA and NCCL and loaded on the first call here; where it is not built, not found or cannot
+// load (no libnccl), make_nccl_group() returns kUnimplemented with the reason.
 #pragma once
 
 #include <memory>
@@ -23,7 +24,7 @@
 
 namespace kiln::comm {
 
-// True when this binary has the NCCL backend.
+// True when the NCCL module is built and loads here (this loads it: NCCL and the CUDA runtime).
 bool nccl_available();
 
 // stream: the cudaStream_t the collectives follow (nullptr: the legacy default stream).

@@ -1,7 +1,10 @@
-// NCCL backend of ProcessGroup (device memory). Built only with CUDA and NCCL (KILN_HAVE_NCCL).
+// NCCL backend of ProcessGroup (device memory). Compiled only into the NCCL module
+// libkiln_nccl.so (common/cuda_module.h), built with CUDA and NCCL; comm/nccl.cc loads it when
+// make_nccl_group is first called. The module's entry points are the extern "C" functions at the
+// end (named apart from comm/nccl.h's: a module's calls to a name the executable also defines go
+// to the executable's).
 #include "comm/nccl.h"
-
-#ifdef KILN_HAVE_NCCL
+#include "common/cuda_module.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -283,12 +286,8 @@ class NcclGroup final : public ProcessGroup {
   void* scratch_ = nullptr;
 };
 
-}  // namespace
-
-bool nccl_available() { return true; }
-
-Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup& bootstrap, int device,
-                                                      void* stream) {
+Result<std::unique_ptr<ProcessGroup>> make_group(ProcessGroup& bootstrap, int device,
+                                                 void* stream) {
   Status set = cuda_status(cudaSetDevice(device), ("set device " + std::to_string(device)).c_str());
   if (!set.is_ok()) {
     int count = 0;
@@ -313,19 +312,14 @@ Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup& bootstrap, i
   return g;
 }
 
+}  // namespace
 }  // namespace kiln::comm
 
-#else  // !KILN_HAVE_NCCL
+// ---- the module's entry points (looked up by name: comm/nccl.cc) ----------------------------------
 
-namespace kiln::comm {
+extern "C" const char* kiln_cuda_module_stamp() { return KILN_CUDA_MODULE_STAMP; }
 
-bool nccl_available() { return false; }
-
-Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup&, int, void*) {
-  return Status::unimplemented(
-      "this build has no NCCL backend (CMake found no CUDA toolkit with NCCL; KILN_NCCL=ON)");
+extern "C" kiln::Result<std::unique_ptr<kiln::comm::ProcessGroup>> kiln_nccl_make_group(
+    kiln::comm::ProcessGroup& bootstrap, int device, void* stream) {
+  return kiln::comm::make_group(bootstrap, device, stream);
 }
-
-}  // namespace kiln::comm
-
-#endif

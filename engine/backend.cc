@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/cuda_module.h"
 #include "engine/rng.h"
 
 namespace kiln::engine {
@@ -104,23 +105,18 @@ Backend& cpu_backend() {
   return runtime;
 }
 
-// engine/backend_cuda.cc (a CUDA build) defines it; otherwise the stub below.
-Result<Backend*> open_cuda_backend();
-#if !KILN_HAVE_CUDA
-Result<Backend*> open_cuda_backend() {
-  return Status::unimplemented(
-             "'cuda': this kiln was built without CUDA (no CUDA toolkit was found at build time); "
-             "use device: cpu, or rebuild on a machine with the CUDA toolkit")
-      .with_key("device");
-}
-bool cuda_compiled() { return false; }
-#else
-bool cuda_compiled() { return true; }
-#endif
+bool cuda_compiled() { return cuda_module_built(CudaModule::kCuda); }
 
+// The CUDA backend lives in libkiln_cuda.so (engine/backend_cuda.cc), loaded on first use.
 Result<Backend*> backend_for(Device d) {
   if (d == Device::kCpu) return &cpu_backend();
-  return open_cuda_backend();
+  auto open = cuda_module_symbol(CudaModule::kCuda, "kiln_cuda_open_backend");
+  if (!open.is_ok()) {
+    return Status::unimplemented("'cuda': " + open.status().message() + "; use device: cpu")
+        .with_key("device");
+  }
+  using OpenFn = Result<Backend*> (*)();
+  return reinterpret_cast<OpenFn>(*open)();
 }
 
 }  // namespace kiln::engine

@@ -1,11 +1,16 @@
-// The CUDA backend of the engine (engine/backend.h), built when the CUDA kernels are. Plain C++:
-// everything device-side goes through kiln::cuda (kernels/cuda/ops.h).
-#if KILN_HAVE_CUDA
-
+// The CUDA backend of the engine (engine/backend.h) and the CUDA model: compiled only into the
+// CUDA module libkiln_cuda.so (common/cuda_module.h) with the CUDA kernels, which the executable
+// loads the first time backend_for(Device::kCuda) is called. Plain C++: everything device-side
+// goes through kiln::cuda (kernels/cuda/ops.h). The module's entry points are the extern "C"
+// functions at the end (their names differ from every engine function: a module's calls to a
+// name the executable also defines go to the executable's).
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/cuda_module.h"
 #include "engine/backend.h"
+#include "engine/gpt_model.h"
 #include "engine/rng.h"
 #include "kernels/cuda/ops.h"
 
@@ -106,9 +111,7 @@ class CudaRuntime final : public Backend {
   DeviceMemory mem_;
 };
 
-}  // namespace
-
-Result<Backend*> open_cuda_backend() {
+Result<Backend*> open_backend() {
   const std::string why = cuda::unavailable_reason();
   if (!why.empty()) {
     return Status::unimplemented("'cuda': " + why + "; use device: cpu on this machine")
@@ -118,6 +121,20 @@ Result<Backend*> open_cuda_backend() {
   return &runtime;
 }
 
+}  // namespace
 }  // namespace kiln::engine
 
-#endif  // KILN_HAVE_CUDA
+// ---- the module's entry points (looked up by name: engine/backend.cc, engine/model.cc) ----------
+
+extern "C" const char* kiln_cuda_module_stamp() { return KILN_CUDA_MODULE_STAMP; }
+
+extern "C" kiln::Result<kiln::engine::Backend*> kiln_cuda_open_backend() {
+  return kiln::engine::open_backend();
+}
+
+extern "C" std::unique_ptr<kiln::engine::Model> kiln_cuda_create_model(
+    kiln::engine::ParamStore* params, int64_t micro_batch, kiln::engine::Recompute mode,
+    int64_t head_chunk_rows, kiln::engine::TensorParallel* tp) {
+  return kiln::engine::detail::create_on<kiln::CudaBackend>(params, micro_batch, mode,
+                                                            head_chunk_rows, tp);
+}

@@ -8,9 +8,6 @@
 
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
-#if KILN_HAVE_CUDA
-#include "kernels/cuda/ops.h"
-#endif
 
 namespace kiln::engine {
 namespace {
@@ -129,24 +126,6 @@ void TensorParallel::reduce_stats(Backend& be, float* x, size_t n, comm::ReduceO
   if (host != x) be.copy_to_device(x, host, n * sizeof(float));
 }
 
-template <class K, typename T>
-void TensorParallel::crossentropy(Backend& be, T* dlogits, float* losses, const T* logits,
-                                  const int32_t* targets, float dloss, int n) {
-  const size_t rows = static_cast<size_t>(n);
-  if (stats_.size() < 3 * rows) stats_.reset(&be, 3 * rows);
-  float* mx = stats_.data();
-  float* se = mx + rows;
-  float* xt = se + rows;
-  const int Vl = static_cast<int>(vocab_local()), v0 = static_cast<int>(rank() * vocab_local());
-  // Row maxima (max over ranks), then the sums of exponentials and the target logits (sums).
-  K::crossentropy_shard_max(mx, logits, n, Vl);
-  reduce_stats(be, mx, rows, comm::ReduceOp::kMax);
-  K::crossentropy_shard_sum(se, xt, logits, mx, targets, n, Vl, v0);
-  reduce_stats(be, se, 2 * rows, comm::ReduceOp::kSum);
-  K::crossentropy_shard_loss(losses, mx, se, xt, targets, n);
-  if (dlogits) K::crossentropy_shard_backward(dlogits, logits, mx, se, targets, dloss, n, Vl, v0);
-}
-
 StepStats TensorParallel::inspect(const AdamW& optimizer, const ParamStore& params,
                                   double loss_scale) {
   std::vector<const float*> ptrs;
@@ -178,11 +157,6 @@ StepStats TensorParallel::inspect(const AdamW& optimizer, const ParamStore& para
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)
-#if KILN_HAVE_CUDA  // compiled for the CUDA model; tensor parallelism on cuda is refused for now
-KILN_INSTANTIATE_CE(CudaBackend, float)
-KILN_INSTANTIATE_CE(CudaBackend, bf16)
-KILN_INSTANTIATE_CE(CudaBackend, fp16)
-#endif
 #undef KILN_INSTANTIATE
 #undef KILN_INSTANTIATE_CE
 

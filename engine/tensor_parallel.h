@@ -99,4 +99,23 @@ class TensorParallel {
   DeviceArray<float> stats_;   // cross-entropy row statistics (max, sum of exp, target logit)
 };
 
+// In the header so that each kernel backend's model (engine/gpt_model.h) instantiates it.
+template <class K, typename T>
+void TensorParallel::crossentropy(Backend& be, T* dlogits, float* losses, const T* logits,
+                                  const int32_t* targets, float dloss, int n) {
+  const size_t rows = static_cast<size_t>(n);
+  if (stats_.size() < 3 * rows) stats_.reset(&be, 3 * rows);
+  float* mx = stats_.data();
+  float* se = mx + rows;
+  float* xt = se + rows;
+  const int Vl = static_cast<int>(vocab_local()), v0 = static_cast<int>(rank() * vocab_local());
+  // Row maxima (max over ranks), then the sums of exponentials and the target logits (sums).
+  K::crossentropy_shard_max(mx, logits, n, Vl);
+  reduce_stats(be, mx, rows, comm::ReduceOp::kMax);
+  K::crossentropy_shard_sum(se, xt, logits, mx, targets, n, Vl, v0);
+  reduce_stats(be, se, 2 * rows, comm::ReduceOp::kSum);
+  K::crossentropy_shard_loss(losses, mx, se, xt, targets, n);
+  if (dlogits) K::crossentropy_shard_backward(dlogits, logits, mx, se, targets, dloss, n, Vl, v0);
+}
+
 }  // namespace kiln::engine
