@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "kernels/dtype.h"
@@ -94,6 +95,14 @@ class Backend {
   // Sum of squares over all tensors in one fused pass (fp64, fixed order), read back to the host
   // once: inf/NaN when any element is inf/NaN, so this is also the overflow check.
   virtual double sum_squares(const float* const* tensors, const size_t* sizes, int count) = 0;
+
+  // ---- kernel timing (benchmarks, tools/bench/train_gpu) ----
+  // While on, the device time of every operator is measured by kernel family (cuda: CUDA events
+  // around each operator; the CPU backend measures nothing).
+  virtual void set_kernel_timing(bool on) {}
+  // Device milliseconds per family ("gemm", "attention", "elementwise", "cross_entropy",
+  // "optimizer") since the previous call; waits for the queued work. Empty where not measured.
+  virtual std::vector<std::pair<std::string, double>> take_kernel_times() { return {}; }
 };
 
 // The process-wide backend for `d`. cpu always works; cuda fails with a config-key error naming

@@ -106,6 +106,16 @@ class CudaRuntime final : public Backend {
     return cuda::sum_squares(tensors, sizes, count);
   }
 
+  void set_kernel_timing(bool on) override { cuda::set_kernel_timing(on); }
+  std::vector<std::pair<std::string, double>> take_kernel_times() override {
+    const cuda::KernelTimes t = cuda::take_kernel_times();
+    std::vector<std::pair<std::string, double>> out;
+    for (int f = 0; f < cuda::kKernelFamilies; ++f) {
+      out.emplace_back(cuda::kernel_family_name(static_cast<cuda::KernelFamily>(f)), t.ms[f]);
+    }
+    return out;
+  }
+
  private:
   cuda::DeviceInfo info_;
   DeviceMemory mem_;

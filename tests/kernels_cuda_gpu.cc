@@ -107,8 +107,9 @@ TEST(KernelsCuda, Matmul) {
   check_matmul<fp16>();
 }
 
+// out_tol / grad_tol: multiples of tol<E>() for the output and the gradients.
 template <typename E>
-void check_attention(int B, int T, int C, int NH) {
+void check_attention(int B, int T, int C, int NH, double out_tol = 1, double grad_tol = 2) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dtype_of<E>()) << " T=" << T << " NH=" << NH);
   auto qkv = to_t<E>(randn(size_t(B) * T * 3 * C, 1)), dout = to_t<E>(randn(size_t(B) * T * C, 2));
   auto dqkv0 = to_t<E>(randn(qkv.size(), 3));
@@ -122,10 +123,10 @@ void check_attention(int B, int T, int C, int NH) {
   // Backward from the CPU forward's output so both see the same O.
   Dev<E> gout_cpu(out);
   cuda::attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout_cpu.get(), glse.get(), B, T, C, NH);
-  expect_close(to_d(gout.host()), to_d(out), tol<E>(), "out");
+  expect_close(to_d(gout.host()), to_d(out), out_tol * tol<E>(), "out");
   expect_close(to_d(glse.host()), to_d(lse), 1e-5, "lse");
-  // Gradients sum O(T) terms in a different order: twice the forward bound.
-  expect_close(to_d(gdqkv.host()), to_d(dqkv), 2 * tol<E>(), "dqkv");
+  // Gradients sum O(T) terms in a different order: twice the forward bound by default.
+  expect_close(to_d(gdqkv.host()), to_d(dqkv), grad_tol * tol<E>(), "dqkv");
 }
 
 TEST(KernelsCuda, Attention) {
@@ -145,6 +146,45 @@ TEST(KernelsCuda, AttentionTileEdgesAndHeadSizes) {
   for (int hs : {16, 48, 64, 96, 128, 256}) check_attention<float>(1, 70, 2 * hs, 2);
   check_attention<bf16>(1, 70, 192, 2);   // hs 96
   check_attention<fp16>(1, 70, 2 * 256, 2);
+}
+
+// The tensor-core kernels (attention_mma.cu, FlashAttention-2 style) against the CPU: bf16 and
+// fp16, head sizes 64 and 128, T around their 64-row blocks and 32/64-row tiles. Like
+// FlashAttention they round P to the input type before O = P V, and P and dS before the gradient
+// products (dV = P^T dO, dK = dS^T Q, dQ = dS K): each output is then a sum of terms that carry
+// one more rounding each, so out gets two rounding steps (2 x tol) and the gradients four. The
+// scores and the log-sum-exp stay fp32 (exact products, fp32 sums): lse as tight as the tiled
+// kernels'. Results repeat bit for bit.
+TEST(KernelsCuda, AttentionTensorCores) {
+  REQUIRE_GPU();
+  if (!cuda::attention_mma_eligible(DType::kBF16, 128, 2)) {
+    GTEST_SKIP() << "tensor-core attention needs compute capability 8.0 or newer";
+  }
+  EXPECT_FALSE(cuda::attention_mma_eligible(DType::kF32, 128, 2));
+  EXPECT_FALSE(cuda::attention_mma_eligible(DType::kBF16, 96, 2));  // head size 48
+  const cuda::AttentionKernel before = cuda::attention_kernel();
+  cuda::set_attention_kernel(cuda::AttentionKernel::kTensorCore);
+  for (int T : {1, 15, 31, 32, 33, 63, 64, 65, 130, 200}) check_attention<bf16>(2, T, 128, 2, 2, 4);
+  check_attention<bf16>(1, 130, 256, 2, 2, 4);   // head size 128
+  check_attention<bf16>(2, 96, 512, 8, 2, 4);    // 8 heads of 64
+  check_attention<fp16>(2, 130, 128, 2, 2, 4);
+  check_attention<fp16>(1, 200, 256, 2, 2, 4);
+  {  // bit-reproducible
+    const int B = 2, T = 100, C = 256, NH = 2;
+    auto qkv = to_t<bf16>(randn(size_t(B) * T * 3 * C, 21)), dout = to_t<bf16>(randn(size_t(B) * T * C, 22));
+    std::vector<bf16> outs[2], grads[2];
+    for (int run = 0; run < 2; ++run) {
+      Dev<bf16> gqkv(qkv), gdout(dout), gout(size_t(B) * T * C), gdqkv(qkv.size());
+      Dev<float> glse(size_t(B) * NH * T);
+      cuda::attention_forward(gout.get(), glse.get(), gqkv.get(), B, T, C, NH);
+      cuda::attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.get(), B, T, C, NH);
+      outs[run] = gout.host();
+      grads[run] = gdqkv.host();
+    }
+    EXPECT_TRUE(bits_equal(outs[0], outs[1]));
+    EXPECT_TRUE(bits_equal(grads[0], grads[1]));
+  }
+  cuda::set_attention_kernel(before);
 }
 
 // Finite differences through the GPU kernels themselves (fp32): d/dx of dot(f(x), probe)

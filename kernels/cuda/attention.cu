@@ -316,8 +316,15 @@ void check_shape(const char* op, int C, int NH) {
 
 template <typename T>
 void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, int C, int NH) {
+  KILN_CUDA_TIMED(kAttention);
   check_shape("attention_forward", C, NH);
   if (size_t(B) * NH * T_ == 0) return;
+  if constexpr (!std::is_same_v<T, float>) {  // tensor cores: bf16 / fp16 only
+    if (use_attention_mma<T>(qkv, qkv, C, NH)) {
+      attention_forward_mma<T>(out, lse, qkv, B, T_, C, NH);
+      return;
+    }
+  }
   const int hs = C / NH;
   const dim3 grid(unsigned((T_ + kOwn - 1) / kOwn), unsigned(B * NH));
   const size_t smem = sizeof(float) * size_t(2 * kTile + kOwn) * pad(hs);
@@ -328,6 +335,7 @@ void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, in
 template <typename T>
 void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const Same<T>* out,
                         const float* lse, int B, int T_, int C, int NH) {
+  KILN_CUDA_TIMED(kAttention);
   check_shape("attention_backward", C, NH);
   const size_t rows = size_t(B) * NH * T_;
   if (rows == 0) return;
@@ -336,6 +344,12 @@ void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const 
   attention_d_kernel<<<unsigned((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream()>>>(
       D, dout, out, B, T_, C, NH);
   KILN_CUDA_LAUNCHED();
+  if constexpr (!std::is_same_v<T, float>) {
+    if (use_attention_mma<T>(qkv, dout, C, NH)) {
+      attention_backward_mma<T>(dqkv, dout, qkv, lse, D, B, T_, C, NH);
+      return;
+    }
+  }
   const dim3 grid(unsigned((T_ + kOwn - 1) / kOwn), unsigned(B * NH));
   const float* Dc = D;
   void* args[] = {&dqkv, const_cast<T**>(&dout), const_cast<T**>(&qkv), const_cast<float**>(&lse),

@@ -83,6 +83,39 @@ __device__ __forceinline__ float block_max(float v, float* shared32) {
   return r;
 }
 
+// Kernel timing (ops.h set_kernel_timing): KILN_CUDA_TIMED(kGemm) at the top of an operator
+// brackets everything it enqueues; an operator called from another is counted in the outer one.
+bool kernel_timing_on();
+void kernel_timing_begin(KernelFamily f);
+void kernel_timing_end();
+class TimedOp {
+ public:
+  explicit TimedOp(KernelFamily f) : on_(kernel_timing_on()) {
+    if (on_) kernel_timing_begin(f);
+  }
+  ~TimedOp() {
+    if (on_) kernel_timing_end();
+  }
+  TimedOp(const TimedOp&) = delete;
+  TimedOp& operator=(const TimedOp&) = delete;
+
+ private:
+  bool on_;
+};
+#define KILN_CUDA_TIMED(family) \
+  ::kiln::cuda::detail::TimedOp kiln_timed_op_(::kiln::cuda::KernelFamily::family)
+
+// The tensor-core attention (attention_mma.cu), called by attention.cu: whether it runs for these
+// arguments (chosen, eligible, aligned; always false for fp32), forward, and backward given
+// D = rowsum(dout o out) (B, NH, T).
+template <typename T>
+bool use_attention_mma(const T* qkv, const T* dout, int C, int NH);
+template <typename T>
+void attention_forward_mma(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH);
+template <typename T>
+void attention_backward_mma(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                            const float* D, int B, int T_, int C, int NH);
+
 // out[c] += sum over rows of f(row, c), deterministic: rows are cut into fixed chunks of
 // kColumnChunkRows, each (chunk, column) sums in row order into a partial, partials are then
 // added in chunk order. Used for bias / layernorm parameter gradients.

@@ -99,6 +99,7 @@ __global__ void shard_loss_kernel(float* losses, const float* row_max, const flo
 
 template <typename T>
 void crossentropy_shard_max(float* row_max, const T* logits, int BT, int V) {
+  KILN_CUDA_TIMED(kCrossEntropy);
   if (BT == 0) return;
   shard_max_kernel<<<BT, kThreads, 0, stream()>>>(row_max, logits, V);
   KILN_CUDA_LAUNCHED();
@@ -107,6 +108,7 @@ void crossentropy_shard_max(float* row_max, const T* logits, int BT, int V) {
 template <typename T>
 void crossentropy_shard_sum(float* sum_exp, float* target_logit, const T* logits,
                             const float* row_max, const int32_t* targets, int BT, int V, int v0) {
+  KILN_CUDA_TIMED(kCrossEntropy);
   if (BT == 0) return;
   shard_sum_kernel<<<BT, kThreads, 0, stream()>>>(sum_exp, target_logit, logits, row_max, targets,
                                                   V, v0);
@@ -117,6 +119,7 @@ template <typename T>
 void crossentropy_shard_backward(Same<T>* dlogits, const T* logits, const float* row_max,
                                  const float* sum_exp, const int32_t* targets, float dloss, int BT,
                                  int V, int v0) {
+  KILN_CUDA_TIMED(kCrossEntropy);
   if (BT == 0) return;
   shard_backward_kernel<<<BT, kThreads, 0, stream()>>>(dlogits, logits, row_max, sum_exp, targets,
                                                        dloss, V, v0);
@@ -125,6 +128,7 @@ void crossentropy_shard_backward(Same<T>* dlogits, const T* logits, const float*
 
 void crossentropy_shard_loss(float* losses, const float* row_max, const float* sum_exp,
                              const float* target_logit, const int32_t* targets, int BT) {
+  KILN_CUDA_TIMED(kCrossEntropy);
   if (BT == 0) return;
   shard_loss_kernel<<<grid_for(size_t(BT), 256), 256, 0, stream()>>>(losses, row_max, sum_exp,
                                                                     target_logit, targets, BT);
@@ -134,6 +138,7 @@ void crossentropy_shard_loss(float* losses, const float* row_max, const float* s
 template <typename T>
 void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* logits,
                                    const int32_t* targets, float dloss, int BT, int V, int Vp) {
+  KILN_CUDA_TIMED(kCrossEntropy);
   KILN_CHECK(V > 0 && Vp >= V, "crossentropy: need 0 < V <= Vp");
   if (BT == 0) return;
   crossentropy_kernel<<<BT, kThreads, 0, stream()>>>(dlogits, losses, logits, targets, dloss, V, Vp);

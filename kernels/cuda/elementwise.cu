@@ -86,6 +86,7 @@ __global__ void accumulate_kernel(float* y, const float* x, size_t n) {
 
 template <typename D, typename S>
 void cast_impl(D* dst, const S* src, size_t n) {
+  KILN_CUDA_TIMED(kElementwise);
   if (n == 0) return;
   cast_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(dst, src, n);
   KILN_CUDA_LAUNCHED();
@@ -94,6 +95,7 @@ void cast_impl(D* dst, const S* src, size_t n) {
 template <typename L>
 void adamw_impl(float* params, float* m, float* v, const float* grads, size_t n,
                 const AdamWParams& hp, L* params_lp) {
+  KILN_CUDA_TIMED(kOptimizer);
   if (n == 0) return;
   const double bc1 = 1.0 - std::pow(double(hp.beta1), double(hp.step));
   const double bc2 = 1.0 - std::pow(double(hp.beta2), double(hp.step));
@@ -123,24 +125,28 @@ void cast(float* dst, const float* src, size_t n) {
 
 template <typename T>
 void residual_forward(T* out, const Same<T>* inp1, const Same<T>* inp2, size_t N) {
+  KILN_CUDA_TIMED(kElementwise);
   if (N == 0) return;
   residual_forward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(out, inp1, inp2, N);
   KILN_CUDA_LAUNCHED();
 }
 template <typename T>
 void residual_backward(Same<T>* dinp1, Same<T>* dinp2, const T* dout, size_t N) {
+  KILN_CUDA_TIMED(kElementwise);
   if (N == 0) return;
   residual_backward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(dinp1, dinp2, dout, N);
   KILN_CUDA_LAUNCHED();
 }
 template <typename T>
 void gelu_forward(T* out, const Same<T>* inp, size_t N) {
+  KILN_CUDA_TIMED(kElementwise);
   if (N == 0) return;
   gelu_forward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(out, inp, N);
   KILN_CUDA_LAUNCHED();
 }
 template <typename T>
 void gelu_backward(Same<T>* dinp, const T* inp, const Same<T>* dout, size_t N) {
+  KILN_CUDA_TIMED(kElementwise);
   if (N == 0) return;
   gelu_backward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(dinp, inp, dout, N);
   KILN_CUDA_LAUNCHED();
@@ -160,11 +166,13 @@ void adamw_update(float* params, float* m, float* v, const float* grads, size_t 
 }
 
 void scale(float* x, float s, size_t n) {
+  KILN_CUDA_TIMED(kElementwise);
   if (n == 0) return;
   scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x, s, n);
   KILN_CUDA_LAUNCHED();
 }
 void accumulate(float* y, const float* x, size_t n) {
+  KILN_CUDA_TIMED(kElementwise);
   if (n == 0) return;
   accumulate_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(y, x, n);
   KILN_CUDA_LAUNCHED();

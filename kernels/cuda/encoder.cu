@@ -41,6 +41,7 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const T* dout, int B, i
 template <typename T>
 void encoder_forward(T* out, const int32_t* tokens, const Same<T>* wte, const Same<T>* wpe, int B,
                      int T_, int C) {
+  KILN_CUDA_TIMED(kElementwise);
   const size_t n = size_t(B) * T_ * C;
   if (n == 0) return;
   encoder_forward_kernel<<<grid_for(n, 256), 256, 0, stream()>>>(out, tokens, wte, wpe, B * T_, T_, C);
@@ -50,6 +51,7 @@ void encoder_forward(T* out, const int32_t* tokens, const Same<T>* wte, const Sa
 template <typename T>
 void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_,
                       int C) {
+  KILN_CUDA_TIMED(kElementwise);
   if (size_t(B) * T_ * C == 0) return;
   if (dwte) {
     encoder_backward_wte_kernel<<<(C + 127) / 128, 128, 0, stream()>>>(dwte, dout, tokens, B * T_, C);

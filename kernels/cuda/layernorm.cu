@@ -96,6 +96,7 @@ __global__ void layernorm_param_reduce(float* dweight, float* dbias, const float
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const Same<T>* inp, const Same<T>* weight,
                        const Same<T>* bias, int B, int T_, int C) {
+  KILN_CUDA_TIMED(kElementwise);
   const int N = B * T_;
   if (N == 0) return;
   layernorm_forward_kernel<<<(N + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock, 0, stream()>>>(
@@ -107,6 +108,7 @@ template <typename T>
 void layernorm_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
                         const Same<T>* inp, const Same<T>* weight, const float* mean,
                         const float* rstd, int B, int T_, int C) {
+  KILN_CUDA_TIMED(kElementwise);
   const int N = B * T_;
   if (N == 0) return;
   if (dinp) {

@@ -122,6 +122,7 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const
 template <typename T>
 void matmul_forward(T* out, const Same<T>* inp, const Same<T>* weight, const Same<T>* bias, int B,
                     int T_, int C, int OC) {
+  KILN_CUDA_TIMED(kGemm);
   const int BT = B * T_;
   if (BT == 0 || OC == 0) return;
   // Column-major: out^T (OC x BT) = W (OC x C) . inp^T (C x BT) + bias; W row-major is W^T
@@ -133,6 +134,7 @@ void matmul_forward(T* out, const Same<T>* inp, const Same<T>* weight, const Sam
 template <typename T>
 void matmul_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
                      const Same<T>* inp, const Same<T>* weight, int B, int T_, int C, int OC) {
+  KILN_CUDA_TIMED(kGemm);
   const int BT = B * T_;
   if (BT == 0 || OC == 0) return;
   if (dinp) {

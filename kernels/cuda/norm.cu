@@ -35,6 +35,7 @@ __global__ void inf_nan_kernel(const float* x, size_t n, int* flag) {
 }  // namespace
 
 double sum_squares(const float* const* tensors, const size_t* sizes, int count) {
+  KILN_CUDA_TIMED(kOptimizer);
   if (count <= 0) return 0.0;
   double* partial = static_cast<double*>(workspace(sizeof(double) * size_t(kBlocks) * count, 2));
   for (int t = 0; t < count; ++t) {
@@ -49,12 +50,14 @@ double sum_squares(const float* const* tensors, const size_t* sizes, int count) 
 }
 
 double sum_squares(const float* x, size_t n) {
+  KILN_CUDA_TIMED(kOptimizer);
   const float* t[1] = {x};
   size_t s[1] = {n};
   return sum_squares(t, s, 1);
 }
 
 bool has_inf_or_nan(const float* const* tensors, const size_t* sizes, int count) {
+  KILN_CUDA_TIMED(kOptimizer);
   int* flag = static_cast<int*>(workspace(sizeof(int), 3));
   KILN_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
   for (int t = 0; t < count; ++t) {
@@ -68,6 +71,7 @@ bool has_inf_or_nan(const float* const* tensors, const size_t* sizes, int count)
 }
 
 bool has_inf_or_nan(const float* x, size_t n) {
+  KILN_CUDA_TIMED(kOptimizer);
   const float* t[1] = {x};
   size_t s[1] = {n};
   return has_inf_or_nan(t, s, 1);

@@ -3,9 +3,10 @@
 // include it); implemented in kernels/cuda/*.cu, library kiln_kernels_cuda (built when a CUDA
 // toolkit is found; KILN_HAVE_CUDA is then defined for its users).
 //
-// Implemented: casts, residual, GELU, layernorm, matmul (cuBLAS, fp32 accumulation), causal
-// attention (first version: one warp per row, online softmax, O(T) memory; correct, not yet
-// fast), embedding, fused cross-entropy, AdamW, sum_squares / has_inf_or_nan, scale / accumulate.
+// Implemented: casts, residual, GELU, layernorm, matmul (cuBLASLt, fp32 accumulation), causal
+// attention (tiled on CUDA cores, or FlashAttention-2-style on tensor cores: see
+// set_attention_kernel; online softmax, O(T) memory), embedding, fused cross-entropy, AdamW,
+// sum_squares / has_inf_or_nan, scale / accumulate.
 //
 // Execution: every op is enqueued on the current stream (set_stream; default: the legacy default
 // stream) and returns without synchronising. Pointers must be device (or managed) memory.
@@ -61,6 +62,35 @@ void pinned_free(void* p);
 void upload_async(void* dst, const void* pinned_src, size_t bytes, int slot);
 void wait_upload(int slot);
 void upload_done(int slot);
+
+// ---- kernel timing (benchmarks; off by default) ----
+// While on, each operator's device work is bracketed by a pair of CUDA events on the current
+// stream, labelled with the operator's family; take_kernel_times() waits for the stream and
+// returns the device milliseconds per family since the previous take (and starts again). The
+// events serialise nothing, but add a few microseconds of host time per operator.
+enum class KernelFamily { kGemm, kAttention, kElementwise, kCrossEntropy, kOptimizer, kCount };
+constexpr int kKernelFamilies = static_cast<int>(KernelFamily::kCount);
+// "gemm" | "attention" | "elementwise" (layernorm, GELU, residual, embedding, casts) |
+// "cross_entropy" | "optimizer" (AdamW, the gradient norm)
+const char* kernel_family_name(KernelFamily f);
+void set_kernel_timing(bool on);
+struct KernelTimes {
+  double ms[kKernelFamilies] = {};
+};
+KernelTimes take_kernel_times();
+
+// ---- attention kernel choice ----
+// kTiled: attention.cu's tiled kernels on CUDA cores (every dtype and head size up to 256).
+// kTensorCore: attention_mma.cu's FlashAttention-2-style kernels on tensor cores (mma.sync
+// bf16/fp16, fp32 accumulation), used where eligible (attention_mma_eligible, 16-byte aligned
+// rows) and the tiled ones elsewhere. The default is kTiled, or kTensorCore when the environment
+// has KILN_CUDA_ATTENTION=mma: the tensor-core kernels have not yet run on a GPU (docs/GPU.md);
+// tools/gpu_check tests both.
+enum class AttentionKernel { kTiled, kTensorCore };
+void set_attention_kernel(AttentionKernel k);
+AttentionKernel attention_kernel();
+// bf16 / fp16, head size C / NH of 64 or 128, a device of compute capability 8.0 or newer.
+bool attention_mma_eligible(DType t, int C, int NH);
 
 // ---- ops: see kernels/ops.h for the contracts ----
 template <typename T>

@@ -1,5 +1,6 @@
 // CUDA runtime state: the current stream, the cuBLAS handle, grow-only workspaces.
 #include <mutex>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 
@@ -72,6 +73,7 @@ size_t device_bytes_in_use() {
 }
 
 void memset_zero(void* p, size_t bytes) {
+  KILN_CUDA_TIMED(kElementwise);
   if (bytes) KILN_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
 }
 
@@ -102,6 +104,7 @@ cudaEvent_t slot_event(int slot) {
 }  // namespace
 
 void fill(float* p, float value, size_t n) {
+  KILN_CUDA_TIMED(kElementwise);
   if (n == 0) return;
   fill_kernel<<<detail::grid_for(n, 256, 4096), 256, 0, g_stream>>>(p, value, n);
   KILN_CUDA_LAUNCHED();
@@ -126,7 +129,78 @@ void upload_async(void* dst, const void* src, size_t bytes, int slot) {
 void wait_upload(int slot) { KILN_CUDA_CHECK(cudaStreamWaitEvent(g_stream, slot_event(slot), 0)); }
 void upload_done(int slot) { KILN_CUDA_CHECK(cudaEventSynchronize(slot_event(slot))); }
 
+// ---- kernel timing ----
+namespace {
+struct Timing {
+  bool on = false;
+  int depth = 0;  // operators nest (matmul_backward's bias sums): only the outermost is timed
+  struct Mark {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    KernelFamily family = KernelFamily::kGemm;
+  };
+  std::vector<Mark> marks;  // events are reused from one take to the next
+  size_t used = 0;
+};
+Timing& timing() {
+  static Timing t;
+  return t;
+}
+}  // namespace
+
+const char* kernel_family_name(KernelFamily f) {
+  switch (f) {
+    case KernelFamily::kGemm: return "gemm";
+    case KernelFamily::kAttention: return "attention";
+    case KernelFamily::kElementwise: return "elementwise";
+    case KernelFamily::kCrossEntropy: return "cross_entropy";
+    case KernelFamily::kOptimizer: return "optimizer";
+    case KernelFamily::kCount: break;
+  }
+  return "?";
+}
+
+void set_kernel_timing(bool on) {
+  Timing& t = timing();
+  KILN_CHECK(t.depth == 0, "set_kernel_timing inside an operator");
+  t.on = on;
+}
+
+KernelTimes take_kernel_times() {
+  Timing& t = timing();
+  KernelTimes out;
+  if (t.used > 0) KILN_CUDA_CHECK(cudaEventSynchronize(t.marks[t.used - 1].stop));
+  for (size_t i = 0; i < t.used; ++i) {
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, t.marks[i].start, t.marks[i].stop));
+    out.ms[static_cast<int>(t.marks[i].family)] += ms;
+  }
+  t.used = 0;
+  return out;
+}
+
 namespace detail {
+
+bool kernel_timing_on() { return timing().on; }
+
+void kernel_timing_begin(KernelFamily f) {
+  Timing& t = timing();
+  if (t.depth++ > 0) return;
+  if (t.used == t.marks.size()) {
+    Timing::Mark m;
+    KILN_CUDA_CHECK(cudaEventCreate(&m.start));
+    KILN_CUDA_CHECK(cudaEventCreate(&m.stop));
+    t.marks.push_back(m);
+  }
+  t.marks[t.used].family = f;
+  KILN_CUDA_CHECK(cudaEventRecord(t.marks[t.used].start, g_stream));
+}
+
+void kernel_timing_end() {
+  Timing& t = timing();
+  if (--t.depth > 0) return;
+  KILN_CUDA_CHECK(cudaEventRecord(t.marks[t.used].stop, g_stream));
+  ++t.used;
+}
 
 cublasHandle_t cublas() {
   static cublasHandle_t handle = [] {

@@ -65,9 +65,13 @@ def backend_summary():
 
 
 class Block(nn.Module):
-    def __init__(self, C, NH):
+    """sdpa: attention through F.scaled_dot_product_attention(is_causal=True) (PyTorch >= 2.0:
+    FlashAttention / memory-efficient kernels on a GPU) instead of the explicit masked softmax."""
+
+    def __init__(self, C, NH, sdpa=False):
         super().__init__()
         self.NH = NH
+        self.sdpa = sdpa
         self.ln1 = nn.LayerNorm(C)
         self.qkv = nn.Linear(C, 3 * C)
         self.proj = nn.Linear(C, C)
@@ -82,20 +86,23 @@ class Block(nn.Module):
         q = q.view(B, T, self.NH, hs).transpose(1, 2)
         k = k.view(B, T, self.NH, hs).transpose(1, 2)
         v = v.view(B, T, self.NH, hs).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        att = att.masked_fill(mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            y = att.masked_fill(mask, float("-inf")).softmax(dim=-1) @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.proj(y)
         x = x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
         return x
 
 
 class Gpt(nn.Module):
-    def __init__(self, V, C, L, NH, T):
+    def __init__(self, V, C, L, NH, T, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(V, C)
         self.wpe = nn.Embedding(T, C)
-        self.blocks = nn.ModuleList([Block(C, NH) for _ in range(L)])
+        self.blocks = nn.ModuleList([Block(C, NH, sdpa) for _ in range(L)])
         self.ln_f = nn.LayerNorm(C)
         self.register_buffer("mask", torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1))
         # GPT-2 initialisation, as Kiln's engine.
@@ -110,7 +117,7 @@ class Gpt(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.blocks:
             x = b(x, self.mask[:T, :T])
         logits = self.ln_f(x) @ self.wte.weight.t()  # tied LM head
