@@ -460,7 +460,7 @@ Result<TrainerState> read_trainer_state(const std::string& dir_text) {
 }
 
 Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerState* state,
-                       CheckpointLayout* layout) {
+                       CheckpointLayout* layout, LoadStats* stats) {
   const fs::path dir(dir_text);
   const std::string state_path = (dir / "state.json").string();
   KILN_ASSIGN_OR_RETURN(nlohmann::json j, read_state_json(dir));
@@ -501,38 +501,66 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
   if (lay.tp_partitions == mine.size) {  // the same tensor-parallel split (or none)
     KILN_RETURN_IF_ERROR(load_tensors(dir, meta, files, lay, mine.rank, params));
   } else {
-    // Another tensor-parallel size: whole tensors are assembled in host memory from every TP
-    // rank's files, then this rank's slice is taken.
-    ParamStore whole(params->model(), Precision::kFp32);
-    const ParamField fields[] = {ParamField::kMaster, ParamField::kExpAvg, ParamField::kExpAvgSq};
-    for (int64_t t = 0; t < lay.tp_partitions; ++t) {
-      const TpShard from{static_cast<int>(t), static_cast<int>(lay.tp_partitions)};
-      if (from.size == 1) {
-        KILN_RETURN_IF_ERROR(load_tensors(dir, meta, files, lay, 0, &whole));
-        break;
+    // Another tensor-parallel size: the TP ranks' files are read one TP rank at a time (its
+    // data-parallel partitions one file at a time), and this rank keeps only the elements its
+    // slices share with that TP rank's - the whole tensors never exist here.
+    const auto& tensors = params->tensors();
+    const bool in_place = params->backend().host_addressable();
+    // This rank's slices in host memory: the parameters themselves on the CPU, else a copy
+    // uploaded at the end.
+    std::vector<std::vector<float>> staged(in_place ? 0 : 3 * tensors.size());
+    uint64_t staged_bytes = 0;
+    auto dst = [&](int ti, int k) -> float* {
+      if (in_place) {
+        return k == 0 ? params->master(ti) : k == 1 ? params->exp_avg(ti) : params->exp_avg_sq(ti);
       }
-      ParamStore part(params->model(), Precision::kFp32, false, nullptr, from);
+      std::vector<float>& v = staged[3 * static_cast<size_t>(ti) + static_cast<size_t>(k)];
+      if (v.empty()) {
+        v.assign(tensors[ti].numel, 0.0f);
+        staged_bytes += v.size() * sizeof(float);
+      }
+      return v.data();
+    };
+    Backend& host = cpu_backend();
+    uint64_t held = 0;
+    int64_t read = 0;
+    const int64_t T = lay.tp_partitions, R = mine.size, r = mine.rank;
+    for (int64_t t = 0; t < T; ++t) {
+      // Every split tensor cuts its dimension into equal pieces, so TP rank t of T shares
+      // elements with rank r of R exactly when [t/T, (t+1)/T) and [r/R, (r+1)/R) intersect.
+      if (!(t * R < (r + 1) * T && r * T < (t + 1) * R)) continue;
+      const TpShard from{static_cast<int>(t), static_cast<int>(T)};
+      const uint64_t base = host.memory().in_use;
+      ParamStore part(params->model(), Precision::kFp32, false, &host, from);
+      for (auto& u : part.units()) u.grad.clear();  // weights and moments only
       KILN_RETURN_IF_ERROR(load_tensors(dir, meta, files, lay, t, &part));
-      for (size_t i = 0; i < part.tensors().size(); ++i) {
+      held = std::max<uint64_t>(held, host.memory().in_use - base);
+      for (size_t i = 0; i < tensors.size(); ++i) {
         const int ti = static_cast<int>(i);
-        const ParamTensor& pt = part.tensors()[i];
-        copy_from_shard(pt, from, part.master(ti), whole.master(ti));
-        copy_from_shard(pt, from, part.exp_avg(ti), whole.exp_avg(ti));
-        copy_from_shard(pt, from, part.exp_avg_sq(ti), whole.exp_avg_sq(ti));
+        const ParamTensor& ps = part.tensors()[i];
+        // Replicated tensors (the same on every TP rank: checked when written) from the first.
+        if (ps.split_dim < 0 && read > 0) continue;
+        copy_between_shards(ps, from, part.master(ti), tensors[i], mine, dst(ti, 0));
+        copy_between_shards(ps, from, part.exp_avg(ti), tensors[i], mine, dst(ti, 1));
+        copy_between_shards(ps, from, part.exp_avg_sq(ti), tensors[i], mine, dst(ti, 2));
+      }
+      ++read;
+    }
+    if (!in_place) {
+      const ParamField fields[] = {ParamField::kMaster, ParamField::kExpAvg, ParamField::kExpAvgSq};
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        for (int k = 0; k < 3; ++k) params->upload(static_cast<int>(i), fields[k], dst(static_cast<int>(i), k));
       }
     }
-    std::vector<float> slice, scratch;
-    for (size_t i = 0; i < params->tensors().size(); ++i) {
-      const int ti = static_cast<int>(i);
-      const ParamTensor& pt = params->tensors()[i];
-      slice.resize(pt.numel);
-      for (ParamField f : fields) {
-        copy_to_shard(pt, mine, whole.host_view(ti, f, &scratch), slice.data());
-        params->upload(ti, f, slice.data());
-      }
+    if (stats) {
+      stats->reshard_host_bytes = held + staged_bytes;
+      stats->reshard_sources = read;
     }
-    KILN_LOG_INFO("checkpoint {}: written with tensor-parallel size {}, resharded to {}",
-                  dir.filename().string(), lay.tp_partitions, mine.size);
+    KILN_LOG_INFO("checkpoint {}: written with tensor-parallel size {}, resharded to {} "
+                  "(read the files of the {} TP rank(s) that hold its slices, one at a time: {} "
+                  "bytes of host memory held beside this rank's slices)",
+                  dir.filename().string(), lay.tp_partitions, mine.size, read,
+                  held + staged_bytes);
   }
   params->zero_grads();
   params->sync_low_precision();

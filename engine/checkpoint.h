@@ -25,9 +25,11 @@
 // by rank 0 after every file is complete, state.json last, so it appears complete or not at all;
 // `latest` is then replaced atomically and directories beyond keep_last are removed (oldest
 // first). Loading checks the model shape and the checksums, naming the file on any mismatch, and
-// reassembles full tensors from any number of partitions, so a checkpoint resumes on another
-// data-parallel size or ZeRO stage (and, through whole tensors in host memory, on another
-// tensor-parallel size); the precision may differ (the stored tensors are fp32 either
+// reassembles full units from any number of partitions, so a checkpoint resumes on another
+// data-parallel size or ZeRO stage; on another tensor-parallel size each source TP rank's files
+// are read in turn and a rank keeps only the elements its slices share with them (no whole
+// tensor is assembled: at most one source TP rank's states are held beside the rank's own);
+// the precision may differ (the stored tensors are fp32 either
 // way). The low-precision working copy is not stored: it is re-derived from the master weights by
 // the same rounding, so resumed training is bit-identical. Checkpoints of format 1 (no meta.json,
 // per-tensor files) still load.
@@ -108,10 +110,20 @@ Result<std::string> latest_checkpoint(const std::string& run_dir);
 // The trainer state a checkpoint directory records (state.json only; no tensor is read), for
 // tools that report on a run (`kiln mix show`).
 Result<TrainerState> read_trainer_state(const std::string& dir);
+// Host memory a load held beside its destination (measured: the CPU backend's allocations, plus
+// the host copy of the rank's slices when they live on a device).
+struct LoadStats {
+  // Another tensor-parallel size: the most bytes held at once while resharding (one source TP
+  // rank's weights and moments, read one data-parallel file at a time; 0 on the same TP size).
+  uint64_t reshard_host_bytes = 0;
+  // Another tensor-parallel size: how many source TP ranks' files were read (those whose slices
+  // share elements with this rank's).
+  int64_t reshard_sources = 0;
+};
 // Loads master weights and moments into params (then refreshes the low-precision copy), from
-// any layout. *layout (optional) receives the writer's.
+// any layout. *layout (optional) receives the writer's; *stats (optional) what it held.
 Status load_checkpoint(const std::string& dir, ParamStore* params, TrainerState* state,
-                       CheckpointLayout* layout = nullptr);
+                       CheckpointLayout* layout = nullptr, LoadStats* stats = nullptr);
 // The model shape and precision a checkpoint was written with (for tools that load one without
 // a run's config, e.g. `kiln checkpoint consolidate`).
 Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& dir);
