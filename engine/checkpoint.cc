@@ -399,6 +399,31 @@ Result<nlohmann::json> read_state_json(const fs::path& dir) {
 
 }  // namespace
 
+Status load_consolidated(const std::string& path, ParamStore* params, const std::string& key) {
+  KILN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::read(path));
+  if (auto m = f.metadata().find("model"); m != f.metadata().end()) {
+    nlohmann::json shape = nlohmann::json::parse(m->second, nullptr, false);
+    if (shape != model_json(params->model())) {
+      return Status::config("the weights are of model " + m->second + ", the config's is " +
+                            model_json(params->model()).dump())
+          .with_key(key)
+          .with_file(path);
+    }
+  }
+  std::vector<float> slice;
+  const TpShard mine = params->tp_shard();
+  for (size_t i = 0; i < params->tensors().size(); ++i) {
+    const ParamTensor& t = params->tensors()[i];
+    auto whole = f.get(t.name, "F32", t.global_shape);
+    if (!whole.is_ok()) return std::move(whole).take_status().with_key(key);
+    slice.resize(t.numel);
+    copy_to_shard(t, mine, static_cast<const float*>(*whole), slice.data());
+    params->upload(static_cast<int>(i), ParamField::kMaster, slice.data());
+  }
+  params->sync_low_precision();
+  return Status::ok();
+}
+
 Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& dir_text) {
   const fs::path dir(dir_text);
   KILN_ASSIGN_OR_RETURN(nlohmann::json j, read_state_json(dir));

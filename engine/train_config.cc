@@ -15,6 +15,7 @@ model:
   seq_len: 256
   init: gpt2            # gpt2 | deepnet
   init_std: 0.02
+  init_from: ""         # start from these weights (a `kiln checkpoint consolidate` file)
 parallel:
   tp: 1
   zero_stage: 0
@@ -215,6 +216,7 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_enum<InitScheme>(
       cfg, "model.init", {{"gpt2", InitScheme::kGpt2}, {"deepnet", InitScheme::kDeepNet}}, &m.init));
   KILN_RETURN_IF_ERROR(read_real(cfg, "model.init_std", 0.0, 10.0, &m.init_std, true));
+  KILN_ASSIGN_OR_RETURN(m.init_from, cfg.get<std::string>("model.init_from"));
   // parallel
   KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.tp", 1, 1 << 16, &c.parallel.tp));
   KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.zero_stage", 0, 3, &c.parallel.zero_stage));

@@ -35,6 +35,9 @@ struct ModelConfig {
   int64_t seq_len = 256;  // also the size of the learned position table
   InitScheme init = InitScheme::kGpt2;
   float init_std = 0.02f;
+  // A safetensors file of whole fp32 weights (`kiln checkpoint consolidate`'s output) that a run
+  // starts from instead of the random initialisation ("": none); not part of the model's shape.
+  std::string init_from;
 };
 
 // Dynamic loss scaling (fp16 only), DeepSpeed/Megatron semantics: an overflow skips the step and

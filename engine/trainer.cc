@@ -191,6 +191,12 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
       KILN_LOG_WARN("--resume: no checkpoint in {}; starting from step 0", config.run.dir);
     }
   }
+  if (t->state_.step == 0 && !config.model.init_from.empty()) {  // not when resumed
+    KILN_RETURN_IF_ERROR(
+        t->dp_->agree(load_consolidated(config.model.init_from, t->params_.get())));
+    KILN_LOG_INFO("weights from {} (model.init_from); AdamW moments start at zero",
+                  config.model.init_from);
+  }
   // ZeRO-1: from here on each rank keeps only its shard of the AdamW moments.
   KILN_RETURN_IF_ERROR(t->dp_->attach(*t->params_, config.optimizer));
   // ZeRO-2/3: the model hands each unit's gradients over (and gathers its weights) as it goes.

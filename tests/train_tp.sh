@@ -27,7 +27,9 @@
 #                checkpoint resumed on TP=2 continue within 1e-5 relative; DP=2 x TP=2 ZeRO-3
 #                resumes bit-identically on the same layout, and reshards onto DP=1 x TP=2
 #                ZeRO-0 (another DP size and ZeRO stage) and onto DP=2 ZeRO-1 without TP
-#                (another TP size) within 1e-5.
+#                (another TP size) within 1e-5. The reverse of `kiln checkpoint consolidate`:
+#                a consolidated file starts a DP=2 x TP=2 ZeRO-3 run (model.init_from) with the
+#                file's weights bit for bit; a file of another shape is exit 2 naming the key.
 source "$(dirname "$0")/mpi_train_common.sh"
 TP=(--set parallel.tp=2)
 
@@ -208,6 +210,22 @@ resume)
   train 2 2 zdp 10 --resume --set parallel.zero_stage=1 2>>zdp.log
   grep -q "written with tensor-parallel size 2, resharded to 1" zdp.log ||
     { echo "no TP reshard line"; cat zdp.log; exit 1; }
+  # The reverse of consolidate: one file of whole weights as the start of a DP=2 x TP=2 ZeRO-3
+  # run (model.init_from). With lr 0 its step-1 checkpoint holds the file's weights bit for bit;
+  # a file of another model shape is a config error naming the key (exit 2).
+  "$KILN" checkpoint consolidate "zref/checkpoints/$(cat zref/checkpoints/latest)" \
+    -o zref.safetensors >/dev/null
+  train 4 2 init 1 "${Z3[@]}" --set model.init_from="$PWD/zref.safetensors" \
+    --set optimizer.lr=0 --set checkpoint.every_steps=1 2>init.log
+  grep -q "model.init_from" init.log || { echo "init_from not logged"; cat init.log; exit 1; }
+  "$KILN" checkpoint consolidate init/checkpoints/step-00000001 -o init.safetensors >/dev/null
+  set +e
+  train 1 4 badinit 1 --set model.init_from="$PWD/zref.safetensors" --set model.d_model=64 \
+    >badinit.out 2>&1
+  rc=$?
+  set -e
+  [ "$rc" = 2 ] && grep -q "model.init_from" badinit.out ||
+    { echo "init_from of another shape: exit $rc"; cat badinit.out; exit 1; }
   PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
 from train_compare import *
 for name, ref, run, tol in (("TP=2 -> TP=2", "ref", "a", 0.0), ("TP=2 -> one process", "ref", "a1", 1e-5),
@@ -216,6 +234,9 @@ for name, ref, run, tol in (("TP=2 -> TP=2", "ref", "a", 0.0), ("TP=2 -> one pro
                             ("DP=2 x TP=2 ZeRO-3 -> DP=1 x TP=2 ZeRO-0", "zref", "z1tp", 1e-5),
                             ("DP=2 x TP=2 ZeRO-3 -> DP=2 ZeRO-1 (tp 1)", "zref", "zdp", 1e-5)):
     compare(f"resume {name}", ref, run, tol=tol, steps=range(6, 11), params=False)
+d = max_param_diff(tensors("zref.safetensors"), tensors("init.safetensors"), "init_from")
+print(f"model.init_from on DP=2 x TP=2 ZeRO-3, lr 0, 1 step: largest weight difference {d:.2e} (limit 0)")
+check("model.init_from loads the file's weights", d == 0)
 finish()
 PY
   ;;
