@@ -107,6 +107,16 @@ Backend& cpu_backend() {
 
 bool cuda_compiled() { return cuda_module_built(CudaModule::kCuda); }
 
+Status select_cuda_device(int ordinal) {
+  auto select = cuda_module_symbol(CudaModule::kCuda, "kiln_cuda_select_device");
+  if (!select.is_ok()) {
+    return Status::unimplemented("'cuda': " + select.status().message() + "; use device: cpu")
+        .with_key("device");
+  }
+  using SelectFn = Status (*)(int);
+  return reinterpret_cast<SelectFn>(*select)(ordinal);
+}
+
 // The CUDA backend lives in libkiln_cuda.so (engine/backend_cuda.cc), loaded on first use.
 Result<Backend*> backend_for(Device d) {
   if (d == Device::kCpu) return &cpu_backend();

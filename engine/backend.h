@@ -108,6 +108,11 @@ class Backend {
 // The process-wide backend for `d`. cpu always works; cuda fails with a config-key error naming
 // `device` when the build has no CUDA or no GPU is usable (the reason is in the message).
 Result<Backend*> backend_for(Device d);
+// Makes GPU `ordinal` this process's CUDA device (before anything is allocated on a GPU; for
+// several ranks on one machine, engine/data_parallel.h). kUnimplemented naming `device` as
+// backend_for when no GPU is usable; kConfig naming `device` when `ordinal` does not exist (the
+// message says how many devices this process sees).
+Status select_cuda_device(int ordinal);
 Backend& cpu_backend();
 // Whether this build has the CUDA backend compiled in.
 bool cuda_compiled();

@@ -138,6 +138,17 @@ Result<Backend*> open_backend() {
 
 extern "C" const char* kiln_cuda_module_stamp() { return KILN_CUDA_MODULE_STAMP; }
 
+extern "C" kiln::Status kiln_cuda_select_device(int ordinal) {
+  const std::string why = kiln::cuda::unavailable_reason();
+  if (!why.empty()) {
+    return kiln::Status::unimplemented("'cuda': " + why + "; use device: cpu on this machine")
+        .with_key("device");
+  }
+  const std::string failed = kiln::cuda::select_device(ordinal);
+  if (!failed.empty()) return kiln::Status::config(failed).with_key("device");
+  return kiln::Status::ok();
+}
+
 extern "C" kiln::Result<kiln::engine::Backend*> kiln_cuda_open_backend() {
   return kiln::engine::open_backend();
 }

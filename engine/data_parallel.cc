@@ -33,7 +33,7 @@ Status cuda_group_error(int world_rank, LocalPlace local, const std::string& hos
   return Status::config(
              "'cuda' under mpirun: rank " + std::to_string(world_rank) + " (local rank " +
              std::to_string(local.rank) + " of " + std::to_string(local.size) + " on " + host +
-             ") could not set up NCCL on GPU " + std::to_string(device) + ": " + why.message() +
+             ") cannot use GPU " + std::to_string(device) + ": " + why.message() +
              ". Each rank needs its own GPU (NCCL refuses two ranks on one): " +
              std::to_string(local.size) + " ranks on " + host + " need " +
              std::to_string(local.size) + " GPUs; start fewer ranks per machine or use device: cpu")
@@ -59,15 +59,21 @@ Status DataParallel::open_device_groups(const TrainConfig& config) {
                "rebuild with NCCL, run one process, or use device: cpu")
         .with_key("device");
   }
-  // A usable GPU (backend_for names `device` and the reason when there is none), agreed by every
-  // rank: one rank without one must not leave the others waiting in NCCL's set-up.
-  KILN_RETURN_IF_ERROR(comm::agree(world, backend_for(Device::kCuda).status()));
   char name[HOST_NAME_MAX + 1] = {};
   if (gethostname(name, sizeof name - 1) != 0) std::snprintf(name, sizeof name, "unknown");
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> hosts, comm::allgather_strings(world, name));
   const LocalPlace local = local_place(hosts, world.rank());
   cuda_device_ = cuda_device_for(local, std::getenv("CUDA_VISIBLE_DEVICES"));
-  // Before anything is allocated on a GPU: make_nccl_group selects the device (cudaSetDevice).
+  // This rank's GPU, before anything is allocated on one (the CUDA backend opens on it), agreed by
+  // every rank: one rank without a GPU must not leave the others waiting in NCCL's set-up. No
+  // usable GPU is backend_for's error; a missing ordinal says how many GPUs the machine needs.
+  Status selected = comm::agree(world, select_cuda_device(cuda_device_));
+  if (!selected.is_ok()) {
+    if (selected.code() == StatusCode::kUnimplemented) return selected;
+    return cuda_group_error(world.rank(), local, name, cuda_device_, selected);
+  }
+  KILN_RETURN_IF_ERROR(comm::agree(world, backend_for(Device::kCuda).status()));
+  // The NCCL module's CUDA runtime selects the same device (make_nccl_group: cudaSetDevice).
   auto g = comm::make_nccl_group(*topo_.dp, cuda_device_, nullptr);
   if (!g.is_ok()) {
     const Status why = g.status();

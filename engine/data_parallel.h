@@ -52,7 +52,8 @@ LocalPlace local_place(const std::vector<std::string>& hosts, int world_rank);
 // nullptr) names exactly one device (the launcher bound one GPU to each rank).
 int cuda_device_for(LocalPlace local, const char* visible);
 // The config error (key `device`) when rank `world_rank`, local rank local.rank of local.size on
-// `host`, could not join the NCCL group on `device`: names the GPUs the machine needs.
+// `host`, cannot use GPU `device` (it does not exist, or NCCL could not be set up on it): names
+// the GPUs the machine needs.
 Status cuda_group_error(int world_rank, LocalPlace local, const std::string& host, int device,
                         const Status& why);
 

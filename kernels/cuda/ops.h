@@ -38,6 +38,9 @@ void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_device(void* dst, const void* src, size_t bytes);  // device to device, stream-ordered
+// Makes GPU `ordinal` this thread's device (cudaSetDevice); "" or why it cannot (the CUDA
+// runtime's error and how many devices this process sees).
+std::string select_device(int ordinal);
 // Why no device is usable ("" when one is): the CUDA runtime's error or "no CUDA device".
 std::string unavailable_reason();
 struct DeviceInfo {

@@ -41,6 +41,17 @@ void copy_device(void* dst, const void* src, size_t bytes) {
   if (bytes) KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream));
 }
 
+std::string select_device(int ordinal) {
+  const cudaError_t err = cudaSetDevice(ordinal);
+  if (err == cudaSuccess) return std::string();
+  (void)cudaGetLastError();
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  (void)cudaGetLastError();
+  return "CUDA set device " + std::to_string(ordinal) + ": " + cudaGetErrorString(err) +
+         " (this process sees " + std::to_string(n) + " CUDA device" + (n == 1 ? "" : "s") + ")";
+}
+
 std::string unavailable_reason() {
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
