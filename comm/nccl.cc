@@ -7,7 +7,9 @@
 
 namespace kiln::comm {
 
-bool nccl_available() { return cuda_module_symbol(CudaModule::kNccl, "kiln_nccl_make_group").is_ok(); }
+Status nccl_status() { return cuda_module_symbol(CudaModule::kNccl, "kiln_nccl_make_group").status(); }
+
+bool nccl_available() { return nccl_status().is_ok(); }
 
 Result<std::unique_ptr<ProcessGroup>> make_nccl_group(ProcessGroup& bootstrap, int device,
                                                       void* stream) {

@@ -24,7 +24,9 @@
 
 namespace kiln::comm {
 
-// True when the NCCL module is built and loads here (this loads it: NCCL and the CUDA runtime).
+// Ok when the NCCL module is built and loads here, else why not (not built, not found, the
+// loader's message); this loads it: NCCL and the CUDA runtime. nccl_available() is its is_ok().
+Status nccl_status();
 bool nccl_available();
 
 // stream: the cudaStream_t the collectives follow (nullptr: the legacy default stream).

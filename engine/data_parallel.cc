@@ -51,12 +51,10 @@ Status DataParallel::open_device_groups(const TrainConfig& config) {
                "1 - data parallelism with ZeRO 0-3 runs on cuda over NCCL")
         .with_key("device");
   }
-  if (!comm::nccl_available()) {
-    return Status::unimplemented(
-               "'cuda' with " + std::to_string(world.size()) +
-               " ranks needs the NCCL backend for the gradients in GPU memory, and this kiln was "
-               "built without it (NCCL not found next to the CUDA toolkit, or KILN_NCCL=OFF); "
-               "rebuild with NCCL, run one process, or use device: cpu")
+  if (const Status nccl = comm::nccl_status(); !nccl.is_ok()) {
+    return Status::unimplemented("'cuda' with " + std::to_string(world.size()) +
+                                 " ranks needs the NCCL backend for the gradients in GPU memory: " +
+                                 nccl.message() + "; run one process, or use device: cpu")
         .with_key("device");
   }
   char name[HOST_NAME_MAX + 1] = {};
