@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -156,7 +157,9 @@ struct Tokenizer::Impl {
   std::vector<std::string> spelled;    // GPT-2 spelling by id (special tokens: their text)
   int64_t eos_id = -1;
   BpeModel model;
-  mutable tbb::enumerable_thread_specific<WordCache> caches;
+  // std::allocator, not oneTBB's default (libtbbmalloc, memory LeakSanitizer does not scan): a
+  // tokenizer alive at exit otherwise has its caches reported as leaked (docs/HARDENING.md).
+  mutable tbb::enumerable_thread_specific<WordCache, std::allocator<WordCache>> caches;
 
   void encode(std::string_view text, std::vector<uint32_t>* out) const {
     thread_local std::vector<std::string_view> pieces;
