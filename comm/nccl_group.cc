@@ -16,7 +16,7 @@
 namespace kiln::comm {
 namespace {
 
-Status nccl_status(ncclResult_t rc, const char* what) {
+Status nccl_check(ncclResult_t rc, const char* what) {
   if (rc == ncclSuccess) return Status::ok();
   return Status::internal(std::string("NCCL ") + what + ": " + ncclGetErrorString(rc));
 }
@@ -109,7 +109,7 @@ class NcclGroup final : public ProcessGroup {
   Status do_barrier() override {
     KILN_RETURN_IF_ERROR(ensure_scratch());
     KILN_RETURN_IF_ERROR(order());
-    KILN_RETURN_IF_ERROR(nccl_status(
+    KILN_RETURN_IF_ERROR(nccl_check(
         ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), "barrier"));
     return sync("barrier");
   }
@@ -125,26 +125,26 @@ class NcclGroup final : public ProcessGroup {
     for (int r = 0; r < size_; ++r) equal = equal && recv_bytes[r] == recv_bytes[0];
     char* out = static_cast<char*>(recv);
     if (equal) {
-      KILN_RETURN_IF_ERROR(nccl_status(
+      KILN_RETURN_IF_ERROR(nccl_check(
           ncclAllGather(send, out, send_bytes, ncclChar, comm_, stream_), "all_gather"));
       return sync("all_gather");
     }
     // Variable sizes: one broadcast per rank, grouped.
-    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "group start"));
+    KILN_RETURN_IF_ERROR(nccl_check(ncclGroupStart(), "group start"));
     size_t at = 0;
     for (int r = 0; r < size_; ++r) {
       const void* src = r == rank_ ? send : out + at;
-      KILN_RETURN_IF_ERROR(nccl_status(
+      KILN_RETURN_IF_ERROR(nccl_check(
           ncclBroadcast(src, out + at, recv_bytes[r], ncclChar, r, comm_, stream_), "allgatherv"));
       at += recv_bytes[r];
     }
-    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupEnd(), "group end"));
+    KILN_RETURN_IF_ERROR(nccl_check(ncclGroupEnd(), "group end"));
     return sync("allgatherv");
   }
   Status do_gatherv(const void* send, size_t send_bytes, void* recv, const size_t* recv_bytes,
                     int root) override {
     KILN_RETURN_IF_ERROR(order());
-    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "group start"));
+    KILN_RETURN_IF_ERROR(nccl_check(ncclGroupStart(), "group start"));
     if (rank_ == root) {
       char* out = static_cast<char*>(recv);
       size_t at = 0;
@@ -154,16 +154,16 @@ class NcclGroup final : public ProcessGroup {
                                                            cudaMemcpyDeviceToDevice, stream_),
                                            "gatherv copy"));
         } else if (recv_bytes[r]) {
-          KILN_RETURN_IF_ERROR(nccl_status(
+          KILN_RETURN_IF_ERROR(nccl_check(
               ncclRecv(out + at, recv_bytes[r], ncclChar, r, comm_, stream_), "gatherv recv"));
         }
         at += recv_bytes[r];
       }
     } else if (send_bytes) {
       KILN_RETURN_IF_ERROR(
-          nccl_status(ncclSend(send, send_bytes, ncclChar, root, comm_, stream_), "gatherv send"));
+          nccl_check(ncclSend(send, send_bytes, ncclChar, root, comm_, stream_), "gatherv send"));
     }
-    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupEnd(), "group end"));
+    KILN_RETURN_IF_ERROR(nccl_check(ncclGroupEnd(), "group end"));
     return sync("gatherv");
   }
   Status do_alltoallv(const void* send, const size_t* send_bytes, void* recv,
@@ -171,24 +171,24 @@ class NcclGroup final : public ProcessGroup {
     const char* in = static_cast<const char*>(send);
     char* out = static_cast<char*>(recv);
     KILN_RETURN_IF_ERROR(order());
-    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "group start"));
+    KILN_RETURN_IF_ERROR(nccl_check(ncclGroupStart(), "group start"));
     size_t so = 0, ro = 0;
     for (int r = 0; r < size_; ++r) {
       if (send_bytes[r])
-        KILN_RETURN_IF_ERROR(nccl_status(
+        KILN_RETURN_IF_ERROR(nccl_check(
             ncclSend(in + so, send_bytes[r], ncclChar, r, comm_, stream_), "alltoallv send"));
       if (recv_bytes[r])
-        KILN_RETURN_IF_ERROR(nccl_status(
+        KILN_RETURN_IF_ERROR(nccl_check(
             ncclRecv(out + ro, recv_bytes[r], ncclChar, r, comm_, stream_), "alltoallv recv"));
       so += send_bytes[r];
       ro += recv_bytes[r];
     }
-    KILN_RETURN_IF_ERROR(nccl_status(ncclGroupEnd(), "group end"));
+    KILN_RETURN_IF_ERROR(nccl_check(ncclGroupEnd(), "group end"));
     return sync("alltoallv");
   }
   Status do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
     KILN_RETURN_IF_ERROR(order());
-    KILN_RETURN_IF_ERROR(nccl_status(
+    KILN_RETURN_IF_ERROR(nccl_check(
         ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
         "all_reduce"));
     return sync("all_reduce");
@@ -196,21 +196,21 @@ class NcclGroup final : public ProcessGroup {
   Status do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
                            ReduceOp op) override {
     KILN_RETURN_IF_ERROR(order());
-    KILN_RETURN_IF_ERROR(nccl_status(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype),
+    KILN_RETURN_IF_ERROR(nccl_check(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype),
                                                        nccl_op(op), comm_, stream_),
                                      "reduce_scatter"));
     return sync("reduce_scatter");
   }
   Result<std::unique_ptr<ProcessGroup>> do_split(int color, int key) override {
     ncclComm_t sub = nullptr;
-    KILN_RETURN_IF_ERROR(nccl_status(ncclCommSplit(comm_, color, key, &sub, nullptr), "comm split"));
+    KILN_RETURN_IF_ERROR(nccl_check(ncclCommSplit(comm_, color, key, &sub, nullptr), "comm split"));
     return wrap(sub, device_, follow_);
   }
 
   std::unique_ptr<Work> do_iallreduce(void* data, size_t count, DType dtype,
                                       ReduceOp op) override {
     Status st = order();
-    if (st.is_ok()) st = nccl_status(
+    if (st.is_ok()) st = nccl_check(
         ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
         "all_reduce");
     return st.is_ok() ? record() : completed_work(std::move(st));
@@ -218,13 +218,13 @@ class NcclGroup final : public ProcessGroup {
   std::unique_ptr<Work> do_iallgather(const void* send, size_t bytes, void* recv) override {
     Status st = order();
     if (st.is_ok())
-      st = nccl_status(ncclAllGather(send, recv, bytes, ncclChar, comm_, stream_), "all_gather");
+      st = nccl_check(ncclAllGather(send, recv, bytes, ncclChar, comm_, stream_), "all_gather");
     return st.is_ok() ? record() : completed_work(std::move(st));
   }
   std::unique_ptr<Work> do_ireduce_scatter(const void* send, void* recv, size_t recv_count,
                                            DType dtype, ReduceOp op) override {
     Status st = order();
-    if (st.is_ok()) st = nccl_status(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype),
+    if (st.is_ok()) st = nccl_check(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype),
                                               nccl_op(op), comm_, stream_),
                             "reduce_scatter");
     return st.is_ok() ? record() : completed_work(std::move(st));
@@ -259,7 +259,7 @@ class NcclGroup final : public ProcessGroup {
     return cuda_status(cudaStreamWaitEvent(stream_, ready_, 0), "stream wait");
   }
   Status enqueue_bcast(void* data, size_t bytes, int root) {
-    return nccl_status(ncclBroadcast(data, data, bytes, ncclChar, root, comm_, stream_),
+    return nccl_check(ncclBroadcast(data, data, bytes, ncclChar, root, comm_, stream_),
                        "broadcast");
   }
   Status sync(const char* what) {
@@ -298,13 +298,13 @@ Result<std::unique_ptr<ProcessGroup>> make_group(ProcessGroup& bootstrap, int de
   }
   KILN_RETURN_IF_ERROR(agree(bootstrap, std::move(set)));
   ncclUniqueId id{};
-  Status local = bootstrap.rank() == 0 ? nccl_status(ncclGetUniqueId(&id), "get unique id")
+  Status local = bootstrap.rank() == 0 ? nccl_check(ncclGetUniqueId(&id), "get unique id")
                                        : Status::ok();
   KILN_RETURN_IF_ERROR(agree(bootstrap, std::move(local)));
   KILN_RETURN_IF_ERROR(bootstrap.bcast(&id, sizeof(id), 0));
   ncclComm_t comm = nullptr;
   KILN_RETURN_IF_ERROR(agree(
-      bootstrap, nccl_status(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()),
+      bootstrap, nccl_check(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()),
                              "comm init rank")));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g,
                         NcclGroup::wrap(comm, device, static_cast<cudaStream_t>(stream)));
