@@ -207,7 +207,7 @@ TEST_F(EngineCli, LiveMixtureChangeResumesExactly) {
   auto ta = Trainer::open(make(a), "", quiet);
   ASSERT_TRUE(ta.is_ok()) << ta.status().to_string();
   for (int s = 1; s <= 8; ++s) {
-    if (s == 5) ASSERT_TRUE(write_mixture(a, {{"prose", 1.0}}).is_ok());
+    if (s == 5) { ASSERT_TRUE(write_mixture(a, {{"prose", 1.0}}).is_ok()); }
     ASSERT_TRUE((*ta)->step().is_ok());
   }
   {

@@ -112,7 +112,7 @@ TEST(Plan, LayoutsFitsAndTheSuggestion) {
   ASSERT_TRUE(some.is_ok());
   for (const auto& p : *some) {
     EXPECT_EQ(*p.fits, p.memory.total() <= (z0 + z3) / 2);
-    if (p.suggested) EXPECT_TRUE(*p.fits);
+    if (p.suggested) { EXPECT_TRUE(*p.fits); }
   }
 }
 

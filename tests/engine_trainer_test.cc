@@ -225,9 +225,11 @@ TEST(Trainer, LiveMixtureChangesApplyBetweenSteps) {
   c.run.steps = 8;
   auto t = open_trainer(c);
   for (int s = 1; s <= 8; ++s) {
-    if (s == 3) ASSERT_TRUE(write_mixture(dir, {{"markov", 1.0}}).is_ok());
-    if (s == 5) ASSERT_TRUE(write_file_atomic(mixture_path(dir), "{\"weights\": {\"nope\": 1}}").is_ok());
-    if (s == 7) ASSERT_TRUE(write_mixture(dir, {{"markov", 1.0}, {"repeat", 3.0}}).is_ok());
+    if (s == 3) { ASSERT_TRUE(write_mixture(dir, {{"markov", 1.0}}).is_ok()); }
+    if (s == 5) {
+      ASSERT_TRUE(write_file_atomic(mixture_path(dir), "{\"weights\": {\"nope\": 1}}").is_ok());
+    }
+    if (s == 7) { ASSERT_TRUE(write_mixture(dir, {{"markov", 1.0}, {"repeat", 3.0}}).is_ok()); }
     ASSERT_TRUE(t->step().is_ok());
   }
   const auto& h = t->history();

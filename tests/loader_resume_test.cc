@@ -68,7 +68,7 @@ std::vector<uint64_t> flat(const Batch& b) {
 void run(Loader* l, int64_t from, int64_t to, std::vector<std::vector<uint64_t>>* out) {
   for (int64_t step = from; step < to; ++step) {
     auto it = changes().find(step);
-    if (it != changes().end()) ASSERT_TRUE(l->set_weights(it->second).is_ok());
+    if (it != changes().end()) { ASSERT_TRUE(l->set_weights(it->second).is_ok()); }
     auto b = l->next_batch();
     ASSERT_TRUE(b.is_ok()) << b.status().to_string();
     ASSERT_EQ(b->step, step);
@@ -131,7 +131,7 @@ void run_ranks(std::vector<std::unique_ptr<Loader>>& ranks, int64_t from, int64_
   for (int64_t step = from; step < to; ++step) {
     for (size_t r = 0; r < ranks.size(); ++r) {
       auto it = changes().find(step);
-      if (it != changes().end()) ASSERT_TRUE(ranks[r]->set_weights(it->second).is_ok());
+      if (it != changes().end()) { ASSERT_TRUE(ranks[r]->set_weights(it->second).is_ok()); }
       auto b = ranks[r]->next_batch();
       ASSERT_TRUE(b.is_ok()) << b.status().to_string();
       ASSERT_EQ(b->step, step);
