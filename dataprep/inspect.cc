@@ -16,6 +16,7 @@
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/text.h"
+#include "common/tsan.h"
 #include "format/manifest.h"
 #include "format/npy.h"
 #include "format/shard_reader.h"
@@ -274,9 +275,11 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
   // ---- verify ----
   if (options.verify) {
     std::vector<ShardCheck> checks(m.shards.size());
-    tbb::parallel_for(size_t(0), m.shards.size(), [&](size_t i) {
+    const tsan::ForkJoin fork_join;
+    tbb::parallel_for(size_t(0), m.shards.size(), fork_join.task([&](size_t i) {
       check_shard(m, m.shards[i], tok ? &*tok : nullptr, &checks[i]);
-    });
+    }));
+    fork_join.join();
     std::map<std::string, std::pair<uint64_t, uint64_t>> per_domain;  // samples, tokens
     std::unordered_set<std::string> keys;
     for (size_t i = 0; i < checks.size(); ++i) {

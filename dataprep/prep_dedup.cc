@@ -10,7 +10,6 @@
 // every rank computes the same clusters, each kept by its earliest document.
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <tbb/parallel_sort.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/tsan.h"
 #include "dataprep/dedup/external_sort.h"
 #include "dataprep/prep_internal.h"
 
@@ -413,7 +413,7 @@ Status exact_stage(Context& c) {
   }));
   c.dedup.spilled_bytes += sorter.spilled_bytes();
   KILN_ASSIGN_OR_RETURN(c.exact_dups, comm::allgatherv(*c.g, local));
-  tbb::parallel_sort(c.exact_dups.begin(), c.exact_dups.end());
+  tsan::parallel_sort(c.exact_dups.begin(), c.exact_dups.end());
   return Status::ok();
 }
 
@@ -478,7 +478,7 @@ Status dedup_stage(Context& c) {
       flush();
       c.dedup.spilled_bytes += sorter.spilled_bytes();
     }
-    tbb::parallel_sort(candidates.begin(), candidates.end());
+    tsan::parallel_sort(candidates.begin(), candidates.end());
     candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
     if (c.size > 1) {
       // Several bands (owned by different ranks) can propose the same pair: give each pair one
@@ -490,7 +490,7 @@ Status dedup_stage(Context& c) {
       }
       std::vector<Pair>().swap(candidates);
       KILN_ASSIGN_OR_RETURN(candidates, comm::alltoallv(*c.g, per_dest));
-      tbb::parallel_sort(candidates.begin(), candidates.end());
+      tsan::parallel_sort(candidates.begin(), candidates.end());
       candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
     }
     std::vector<Pair> local_edges;
@@ -507,7 +507,7 @@ Status dedup_stage(Context& c) {
     c.dedup.candidate_pairs = total_candidates;
     std::vector<Pair>().swap(candidates);
     KILN_ASSIGN_OR_RETURN(edges, comm::allgatherv(*c.g, local_edges));
-    tbb::parallel_sort(edges.begin(), edges.end());
+    tsan::parallel_sort(edges.begin(), edges.end());
     edges.erase(std::unique(edges.begin(), edges.end()), edges.end());
     c.dedup.verified_pairs = edges.size();
     // An earlier dataset's document that its run removed links to the document its cluster kept
@@ -522,7 +522,7 @@ Status dedup_stage(Context& c) {
           if (kept != external_ref(d)) links.push_back({make_external(external_dataset(d), kept), d});
         }
       edges.insert(edges.end(), links.begin(), links.end());
-      tbb::parallel_sort(edges.begin(), edges.end());
+      tsan::parallel_sort(edges.begin(), edges.end());
       edges.erase(std::unique(edges.begin(), edges.end()), edges.end());
     }
 
@@ -533,7 +533,7 @@ Status dedup_stage(Context& c) {
       nodes.push_back(a);
       nodes.push_back(b);
     }
-    tbb::parallel_sort(nodes.begin(), nodes.end(), cluster_before);
+    tsan::parallel_sort(nodes.begin(), nodes.end(), cluster_before);
     nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
     uf = std::make_unique<DocUnionFind>(std::move(nodes));
     for (const auto& [a, b] : edges) uf->unite(a, b);
@@ -596,8 +596,8 @@ Status dedup_stage(Context& c) {
     }
     c.removed.push_back(e);
   }
-  tbb::parallel_sort(c.removed.begin(), c.removed.end(),
-                     [](const RemovedEntry& a, const RemovedEntry& b) { return a.docid < b.docid; });
+  tsan::parallel_sort(c.removed.begin(), c.removed.end(),
+                      [](const RemovedEntry& a, const RemovedEntry& b) { return a.docid < b.docid; });
   return Status::ok();
 }
 

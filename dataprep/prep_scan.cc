@@ -13,6 +13,7 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "common/stop_signal.h"
+#include "common/tsan.h"
 #include "common/progress.h"
 #include "dataprep/dedup/normalise.h"
 #include "dataprep/prep_internal.h"
@@ -126,11 +127,12 @@ Status scan_file(const Context& c, uint32_t fid, UnitOutput* out, FileStats* sta
   };
   uint64_t reported = 0;
   const size_t tokens = 2 * static_cast<size_t>(tbb::this_task_arena::max_concurrency());
+  const tsan::ForkJoin fork_join;
   tbb::parallel_pipeline(
       tokens,
       tbb::make_filter<void, ScanWork*>(
           tbb::filter_mode::serial_in_order,
-          [&](tbb::flow_control& fc) -> ScanWork* {
+          fork_join.serial_filter([&](tbb::flow_control& fc) -> ScanWork* {
             auto* w = new ScanWork();
             auto r = batcher->next(&w->raw);
             if (progress) {
@@ -145,19 +147,21 @@ Status scan_file(const Context& c, uint32_t fid, UnitOutput* out, FileStats* sta
               return nullptr;
             }
             return w;
-          }) &
+          })) &
           tbb::make_filter<ScanWork*, ScanWork*>(tbb::filter_mode::parallel,
-                                                 [&](ScanWork* w) {
+                                                 fork_join.parallel_filter([&](ScanWork* w) {
                                                    process_batch(c, w);
                                                    return w;
-                                                 }) &
-          tbb::make_filter<ScanWork*, void>(tbb::filter_mode::serial_in_order, [&](ScanWork* w) {
-            Status st = out->write(w->table, w->rejects);
-            if (!st.is_ok()) fail(std::move(st));
-            stats->add(w->stats);
-            delete w;
-            crash_point("scan-batch");
-          }));
+                                                 })) &
+          tbb::make_filter<ScanWork*, void>(
+              tbb::filter_mode::serial_in_order, fork_join.serial_filter([&](ScanWork* w) {
+                Status st = out->write(w->table, w->rejects);
+                if (!st.is_ok()) fail(std::move(st));
+                stats->add(w->stats);
+                delete w;
+                crash_point("scan-batch");
+              })));
+  fork_join.join();
   return status;
 }
 
@@ -243,7 +247,8 @@ Status scan_stage(Context& c) {
     progress = std::make_unique<Progress>("scan", pending_bytes >> 20, "MiB");
   Status status;
   std::mutex mu;
-  tbb::parallel_for_each(pending.begin(), pending.end(), [&](const FileRun& u) {
+  const tsan::ForkJoin fork_join;
+  tbb::parallel_for_each(pending.begin(), pending.end(), fork_join.task([&](const FileRun& u) {
     {
       std::lock_guard lock(mu);
       if (!status.is_ok()) return;
@@ -261,7 +266,8 @@ Status scan_stage(Context& c) {
       std::lock_guard lock(mu);
       if (status.is_ok()) status = std::move(st);
     }
-  });
+  }));
+  fork_join.join();
   if (progress) progress->finish();
   KILN_RETURN_IF_ERROR(status);
   // Every unit is done: load the stats of the ones just written.

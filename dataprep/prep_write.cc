@@ -15,6 +15,7 @@
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/text.h"
+#include "common/tsan.h"
 #include "common/log.h"
 #include "format/npy.h"
 #include "common/progress.h"
@@ -92,11 +93,12 @@ Status document_pass(const Context& c, Proc&& proc, Out&& out) {
     return !status.is_ok();
   };
   const size_t tokens = 2 * static_cast<size_t>(tbb::this_task_arena::max_concurrency());
+  const tsan::ForkJoin fork_join;
   tbb::parallel_pipeline(
       tokens,
       tbb::make_filter<void, Work*>(
           tbb::filter_mode::serial_in_order,
-          [&](tbb::flow_control& fc) -> Work* {
+          fork_join.serial_filter([&](tbb::flow_control& fc) -> Work* {
             while (!failed() && fid < last) {
               if (!batcher) {
                 auto b = FileBatcher::open(c, fid);
@@ -120,22 +122,24 @@ Status document_pass(const Context& c, Proc&& proc, Out&& out) {
             }
             fc.stop();
             return nullptr;
-          }) &
+          })) &
           tbb::make_filter<Work*, Work*>(tbb::filter_mode::parallel,
-                                         [&](Work* w) {
+                                         fork_join.parallel_filter([&](Work* w) {
                                            if (!failed()) {
                                              Status st = proc(*w);
                                              if (!st.is_ok()) fail(std::move(st));
                                            }
                                            return w;
-                                         }) &
-          tbb::make_filter<Work*, void>(tbb::filter_mode::serial_in_order, [&](Work* w) {
-            if (!failed()) {
-              Status st = out(*w);
-              if (!st.is_ok()) fail(std::move(st));
-            }
-            delete w;
-          }));
+                                         })) &
+          tbb::make_filter<Work*, void>(tbb::filter_mode::serial_in_order,
+                                        fork_join.serial_filter([&](Work* w) {
+                                          if (!failed()) {
+                                            Status st = out(*w);
+                                            if (!st.is_ok()) fail(std::move(st));
+                                          }
+                                          delete w;
+                                        })));
+  fork_join.join();
   return status;
 }
 

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/atomic_file.h"
+#include "common/tsan.h"
 #include "format/tar_zstd.h"
 
 namespace kiln {
@@ -200,14 +201,16 @@ struct ShardWritePool::Impl {
   // even with one thread) executes writing tasks only, never the caller's other work.
   tbb::task_arena arena;
   tbb::task_group tasks;
+  tsan::ForkJoin fork_join;  // each task sees what its caller did; wait() sees every task's work
   std::atomic<uint64_t> queued{0};
   uint64_t limit = 0;
 
   void run(std::function<void()> f) {
-    arena.execute([&] { tasks.run(std::move(f)); });
+    arena.execute([&] { tasks.run(fork_join.task(std::move(f))); });
   }
   void wait() {
     arena.execute([&] { tasks.wait(); });
+    fork_join.join();
   }
 };
 

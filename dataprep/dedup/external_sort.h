@@ -7,8 +7,6 @@
 // the sorter is destroyed. Not thread-safe; single use (add..., then merge once).
 #pragma once
 
-#include <tbb/parallel_sort.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/tsan.h"
 
 namespace kiln::prep {
 
@@ -56,7 +55,7 @@ class ExternalSorter {
   // Calls fn(const T&) -> Status for every record in ascending order.
   template <typename F>
   Status merge(F&& fn) {
-    tbb::parallel_sort(buf_.begin(), buf_.end());
+    tsan::parallel_sort(buf_.begin(), buf_.end());
     if (runs_.empty()) {
       for (const T& r : buf_) KILN_RETURN_IF_ERROR(fn(r));
       std::vector<T>().swap(buf_);
@@ -120,7 +119,7 @@ class ExternalSorter {
 
  private:
   Status spill() {
-    tbb::parallel_sort(buf_.begin(), buf_.end());
+    tsan::parallel_sort(buf_.begin(), buf_.end());
     KILN_RETURN_IF_ERROR(write_run());
     buf_.clear();
     return Status::ok();

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "common/hash.h"
+#include "common/tsan.h"
 
 namespace kiln::prep {
 namespace {
@@ -231,7 +232,8 @@ std::vector<WordCount> count_words(const std::vector<std::string_view>& texts,
                                    const PretokenizerSpec& spec) {
   using Tables = std::vector<WordTable>;
   tbb::enumerable_thread_specific<Tables> local([] { return Tables(kParts); });
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size()), [&](const auto& range) {
+  const tsan::ForkJoin count_fork_join;
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size()), count_fork_join.task([&](const auto& range) {
     Tables& tables = local.local();
     std::vector<std::string_view> pieces;
     for (size_t i = range.begin(); i != range.end(); ++i) {
@@ -242,11 +244,13 @@ std::vector<WordCount> count_words(const std::vector<std::string_view>& texts,
         tables[part_of(h)].add(p, h, 1);
       }
     }
-  });
+  }));
+  count_fork_join.join();
   std::vector<Tables*> all;
   for (auto& t : local) all.push_back(&t);
   std::vector<std::vector<WordCount>> parts(kParts);
-  tbb::parallel_for(0, kParts, [&](int p) {
+  const tsan::ForkJoin merge_fork_join;
+  tbb::parallel_for(0, kParts, merge_fork_join.task([&](int p) {
     WordTable merged;
     for (Tables* t : all) (*t)[p].for_each([&](const WordSlot& s) { merged.add(s.word, s.hash, s.count); });
     std::vector<WordSlot> slots;
@@ -257,7 +261,8 @@ std::vector<WordCount> count_words(const std::vector<std::string_view>& texts,
     });
     parts[p].reserve(slots.size());
     for (const auto& s : slots) parts[p].push_back({s.word, s.count});
-  });
+  }));
+  merge_fork_join.join();
   size_t total = 0;
   for (const auto& p : parts) total += p.size();
   std::vector<WordCount> out;
@@ -377,9 +382,11 @@ BpeTrainResult train_bpe(std::span<const WordCount> words, const std::array<uint
       }
     };
     if (chunks > 2) {
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, chunks, 1), [&](const auto& r) {
+      const tsan::ForkJoin fork_join;
+      tbb::parallel_for(tbb::blocked_range<size_t>(0, chunks, 1), fork_join.task([&](const auto& r) {
         for (size_t k = r.begin(); k != r.end(); ++k) run_chunk(k);
-      });
+      }));
+      fork_join.join();
     } else {
       for (size_t k = 0; k < chunks; ++k) run_chunk(k);
     }

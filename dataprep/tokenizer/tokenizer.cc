@@ -17,6 +17,7 @@
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/json.h"
+#include "common/tsan.h"
 #include "dataprep/tokenizer/bpe.h"
 #include "dataprep/tokenizer/bpe_train.h"
 
@@ -222,9 +223,11 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
 std::vector<std::vector<uint32_t>> Tokenizer::encode_batch(
     const std::vector<std::string_view>& texts) const {
   std::vector<std::vector<uint32_t>> out(texts.size());
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size()), [&](const auto& range) {
+  const tsan::ForkJoin fork_join;
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, texts.size()), fork_join.task([&](const auto& range) {
     for (size_t i = range.begin(); i != range.end(); ++i) out[i] = encode(texts[i]);
-  });
+  }));
+  fork_join.join();
   return out;
 }
 

@@ -5,6 +5,8 @@
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 
+#include "common/tsan.h"
+
 namespace kiln::cpu::detail {
 
 int current_threads();  // the value set by set_num_threads (>= 1)
@@ -20,12 +22,14 @@ void parallel_chunks(size_t n, size_t chunk, const Fn& fn) {
   }
   // simple_partitioner with grain 1: every range handed to a worker is exactly one chunk, so the
   // partition is independent of the thread count and of work stealing.
+  const tsan::ForkJoin fork_join;
   tbb::parallel_for(
       tbb::blocked_range<size_t>(0, num_chunks, 1),
-      [&](const tbb::blocked_range<size_t>& r) {
+      fork_join.task([&](const tbb::blocked_range<size_t>& r) {
         for (size_t c = r.begin(); c < r.end(); ++c) fn(c * chunk, std::min(n, (c + 1) * chunk));
-      },
+      }),
       tbb::simple_partitioner());
+  fork_join.join();
 }
 
 }  // namespace kiln::cpu::detail
