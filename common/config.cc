@@ -200,14 +200,19 @@ Status Config::set_node(const std::string& path, const YAML::Node& value) {
 }
 
 YAML::Node Config::node(const std::string& path) const {
-  YAML::Node cur = YAML::Clone(root_);
+  // Walks root_ itself with const lookups (a non-const operator[] can add the key) and moves along
+  // with reset() (yaml-cpp's Node::operator= would overwrite the node assigned to, here one of
+  // root_'s); only the subtree found is cloned, so the caller never shares root_. (Cloning root_
+  // for every lookup made loading a config quadratic in its size.)
+  YAML::Node cur(root_);
   for (const auto& part : split_path(path)) {
     if (!cur.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
-    YAML::Node next = cur[part];
+    const YAML::Node& view = cur;
+    const YAML::Node next = view[part];
     if (!next.IsDefined()) return YAML::Node(YAML::NodeType::Undefined);
-    cur = next;
+    cur.reset(next);
   }
-  return cur;
+  return YAML::Clone(cur);
 }
 
 bool Config::has(const std::string& path) const {
