@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "common/log_text.h"
+
 namespace kiln {
 
 void init_logging() {
@@ -24,6 +26,8 @@ void set_log_level(const std::string& level) {
   if (parsed == spdlog::level::off && level != "off") return;
   spdlog::set_level(parsed);
 }
+
+void log_warning_text(const std::string& message) { KILN_LOG_WARN("{}", message); }
 
 bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
 

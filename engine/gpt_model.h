@@ -29,11 +29,20 @@ struct BlockSizes {
   // fp32 statistics: ln1/ln2 mean+rstd (4 x bt) and the attention logsumexp.
 };
 
+// The head works on the logits of this many bytes at a time, unless asked otherwise: ~8 MiB on
+// the CPU (the chunk stays in cache); up to 1 GiB on a GPU, where a chunk must be wide enough for
+// the tensor cores and each chunk's weight-gradient GEMM reads and writes the whole fp32 dwte
+// (154 MB for GPT-2), so few chunks.
+inline size_t head_chunk_bytes(Device d) {
+  return d == Device::kCpu ? size_t{8} << 20 : size_t{1} << 30;
+}
+
 // vocab: the logits' width (this rank's part of the vocabulary).
-inline size_t head_rows(const ModelConfig& m, int64_t B, size_t elem, int64_t requested, size_t vocab) {
+inline size_t head_rows(const ModelConfig& m, int64_t B, size_t elem, int64_t requested,
+                        size_t vocab, Device device) {
   const size_t bt = static_cast<size_t>(B * m.seq_len);
   if (requested > 0) return std::min<size_t>(bt, static_cast<size_t>(requested));
-  const size_t target = (size_t{8} << 20) / (vocab * elem);
+  const size_t target = head_chunk_bytes(device) / (vocab * elem);
   return std::clamp<size_t>(target, 1, bt);
 }
 
@@ -56,7 +65,7 @@ class GptModel final : public Model {
     KILN_CHECK(params->tp_shard().size == ntp_, "Model: the ParamStore is split for another tp");
     const size_t L = static_cast<size_t>(m_.n_layers);
     const size_t e = sizeof(T);
-    head_rows_ = head_rows(m_, B, e, head_chunk, static_cast<size_t>(V()));
+    head_rows_ = head_rows(m_, B, e, head_chunk, static_cast<size_t>(V()), be_->device());
     x_.resize(L + 1);
     for (auto& x : x_) x.reset(be_, s_.btc);
     // Kept-or-recomputed block buffers: one set per block, or one shared set.
@@ -88,9 +97,9 @@ class GptModel final : public Model {
     dfch_.reset(be_, s_.btf);
     dgelu_.reset(be_, s_.btf);
     logits_.reset(be_, head_rows_ * static_cast<size_t>(V()));
-    mem_ = plan_activation_memory(m_, B, params->precision(), mode, ntp_);
+    mem_ = plan_activation_memory(m_, B, params->precision(), mode, ntp_, be_->device());
     mem_.working_bytes += logits_.bytes();
-    mem_.working_bytes -= head_rows(m_, B, e, 0, V()) * static_cast<size_t>(V()) * e;
+    mem_.working_bytes -= head_rows(m_, B, e, 0, V(), be_->device()) * static_cast<size_t>(V()) * e;
     embed_unit_ = unit_of(p_->wte());
     final_unit_ = unit_of(p_->lnf_w());
     for (size_t l = 0; l < L; ++l) block_units_.push_back(unit_of(p_->block(static_cast<int>(l)).ln1_w));

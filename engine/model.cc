@@ -11,7 +11,7 @@ using detail::elem_size;
 using detail::head_rows;
 
 ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precision p,
-                                        Recompute mode, int64_t tp) {
+                                        Recompute mode, int64_t tp, Device device) {
   const BlockSizes s(m, B, tp);
   const size_t e = elem_size(p);
   const size_t L = static_cast<size_t>(m.n_layers);
@@ -35,7 +35,7 @@ ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precisi
       break;
   }
   const size_t vocab = static_cast<size_t>(m.vocab_size / tp);
-  const size_t rows = head_rows(m, B, e, 0, vocab);
+  const size_t rows = head_rows(m, B, e, 0, vocab, device);
   // proj scratch, dresidual, dlnf, 2 x (B,T,C) grads, dqkv, dfch, dgelu; logits chunk.
   a.working_bytes = (s.btc * 5 + 3 * s.btca + 2 * s.btf) * e + rows * vocab * e;
   return a;

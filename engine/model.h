@@ -40,9 +40,10 @@ struct ActivationMemory {
 };
 
 // What a model of this shape allocates for one micro-batch of `micro_batch` sequences (on one of
-// `tp` tensor-parallel ranks).
+// `tp` tensor-parallel ranks) on `device` (its logits chunk differs: engine/gpt_model.h).
 ActivationMemory plan_activation_memory(const ModelConfig& model, int64_t micro_batch,
-                                        Precision precision, Recompute mode, int64_t tp = 1);
+                                        Precision precision, Recompute mode, int64_t tp = 1,
+                                        Device device = Device::kCpu);
 
 class TensorParallel;
 
@@ -65,7 +66,8 @@ class UnitHooks {
 
 class Model {
  public:
-  // params must outlive the model. head_chunk_rows 0: chosen so a logits chunk is ~8 MiB.
+  // params must outlive the model. head_chunk_rows 0: chosen so a logits chunk is ~8 MiB on the
+  // CPU, <= 1 GiB on a GPU.
   // tp (engine/tensor_parallel.h, outlives the model): params holds this rank's slices and the
   // layers run Megatron-style; nullptr: one rank holds everything.
   static std::unique_ptr<Model> create(ParamStore* params, int64_t micro_batch, Recompute mode,

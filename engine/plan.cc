@@ -31,7 +31,8 @@ int recompute_rank(Recompute r) {
 
 // Activations of one micro-batch on one tensor-parallel rank: engine/model.cc's own plan.
 uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode) {
-  return plan_activation_memory(c.model, c.data.micro_batch, c.precision, mode, tp).total();
+  return plan_activation_memory(c.model, c.data.micro_batch, c.precision, mode, tp, c.device)
+      .total();
 }
 
 }  // namespace

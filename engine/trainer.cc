@@ -118,10 +118,11 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   KILN_LOG_INFO("model states (weights, grads, AdamW moments{}): {}",
                 config.precision == Precision::kFp32 ? "" : ", low-precision copy",
                 mib(t->params_->state_bytes()));
-  const ActivationMemory none = plan_activation_memory(m, config.data.micro_batch,
-                                                       config.precision, Recompute::kNone);
+  const ActivationMemory none = plan_activation_memory(m, config.data.micro_batch, config.precision,
+                                                       Recompute::kNone, 1, config.device);
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    ActivationMemory a = plan_activation_memory(m, config.data.micro_batch, config.precision, r);
+    ActivationMemory a =
+        plan_activation_memory(m, config.data.micro_batch, config.precision, r, 1, config.device);
     const size_t stored = a.kept_bytes + a.recompute_bytes;
     const size_t base = none.kept_bytes + none.recompute_bytes;
     KILN_LOG_INFO("activations ({}{}): kept {} + recompute buffers {} = {}; saves {} vs none",

@@ -122,6 +122,32 @@ TEST(Model, ActivationMemoryShrinksWithCheckpointing) {
   EXPECT_LT(b16.kept_bytes, f32.kept_bytes * 0.6);
 }
 
+// The LM head's logits chunk: ~8 MiB on the CPU (cache-sized), up to 1 GiB on a GPU (wide GEMMs,
+// and each chunk's weight-gradient GEMM passes over the whole fp32 dwte, so few chunks).
+TEST(Model, GpuLogitsChunkIsWideAndBounded) {
+  ModelConfig m;  // GPT-2 124M's head at micro-batch 16
+  m.vocab_size = 50304;
+  m.d_model = 768;
+  m.n_layers = 1;
+  m.n_heads = 12;
+  m.seq_len = 1024;
+  const auto cpu =
+      plan_activation_memory(m, 16, Precision::kBf16, Recompute::kNone, 1, Device::kCpu);
+  const auto gpu =
+      plan_activation_memory(m, 16, Precision::kBf16, Recompute::kNone, 1, Device::kCuda);
+  const size_t row = size_t(m.vocab_size) * 2;
+  const size_t cpu_rows = (size_t{8} << 20) / row, gpu_rows = (size_t{1} << 30) / row;
+  EXPECT_EQ(cpu_rows, 83u);
+  EXPECT_EQ(gpu.working_bytes - cpu.working_bytes, (gpu_rows - cpu_rows) * row);
+  EXPECT_EQ(gpu.kept_bytes, cpu.kept_bytes);
+  // A micro-batch whose logits fit in 1 GiB is one chunk: the whole B*T rows.
+  const auto small =
+      plan_activation_memory(m, 2, Precision::kBf16, Recompute::kNone, 1, Device::kCuda);
+  const auto small_cpu =
+      plan_activation_memory(m, 2, Precision::kBf16, Recompute::kNone, 1, Device::kCpu);
+  EXPECT_EQ(small.working_bytes - small_cpu.working_bytes, (2048 - cpu_rows) * row);
+}
+
 TEST(Params, InitSchemesAndReproducibility) {
   ModelConfig m = small_model();
   m.n_layers = 8;

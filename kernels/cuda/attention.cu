@@ -58,7 +58,7 @@ attention_forward_tiled(T* out, float* lse, const T* qkv, int T_, int C, int NH)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const size_t C3 = size_t(3) * C;
   const T* base = qkv + size_t(b) * T_ * C3 + size_t(h) * hs;
-  const float scale = rsqrtf(float(hs));
+  const float scale = 1.0f / sqrtf(float(hs));  // correctly rounded, as the CPU and the mma path
   load_rows(Qs, base, C3, r0, kOwn, T_, hs);
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][KH];
 #pragma unroll
@@ -146,7 +146,7 @@ attention_dq_tiled(T* dqkv, const T* dout, const T* qkv, const float* lse, const
   const size_t C3 = size_t(3) * C;
   const T* base = qkv + size_t(b) * T_ * C3 + size_t(h) * hs;
   const size_t stat0 = (size_t(b) * NH + h) * T_;
-  const float scale = rsqrtf(float(hs));
+  const float scale = 1.0f / sqrtf(float(hs));  // correctly rounded, as the CPU and the mma path
   load_rows(Qs, base, C3, r0, kOwn, T_, hs);
   load_rows(dOs, dout + size_t(b) * T_ * C + size_t(h) * hs, size_t(C), r0, kOwn, T_, hs);
   float acc[kRowsPerWarp][KH], row_lse[kRowsPerWarp], row_d[kRowsPerWarp];
@@ -217,7 +217,7 @@ attention_dkv_tiled(T* dqkv, const T* dout, const T* qkv, const float* lse, cons
   const T* base = qkv + size_t(b) * T_ * C3 + size_t(h) * hs;
   const T* dbase = dout + size_t(b) * T_ * C + size_t(h) * hs;
   const size_t stat0 = (size_t(b) * NH + h) * T_;
-  const float scale = rsqrtf(float(hs));
+  const float scale = 1.0f / sqrtf(float(hs));  // correctly rounded, as the CPU and the mma path
   load_rows(Ks, base + C, C3, j0, kOwn, T_, hs);
   load_rows(Vs, base + 2 * C, C3, j0, kOwn, T_, hs);
   float dk[kRowsPerWarp][KH], dv[kRowsPerWarp][KH];

@@ -18,11 +18,12 @@
                std::string(#expr) + ": " + cudaGetErrorString(kiln_err_));          \
   } while (0)
 
-#define KILN_CUBLAS_CHECK(expr)                                                      \
-  do {                                                                               \
-    cublasStatus_t kiln_st_ = (expr);                                                \
-    KILN_CHECK(kiln_st_ == CUBLAS_STATUS_SUCCESS,                                    \
-               std::string(#expr) + ": cuBLAS status " + std::to_string(int(kiln_st_))); \
+#define KILN_CUBLAS_CHECK(expr)                                                               \
+  do {                                                                                        \
+    cublasStatus_t kiln_st_ = (expr);                                                         \
+    KILN_CHECK(kiln_st_ == CUBLAS_STATUS_SUCCESS, std::string(#expr) + ": " +                 \
+                                                      cublasGetStatusName(kiln_st_) + " (" +  \
+                                                      cublasGetStatusString(kiln_st_) + ")"); \
   } while (0)
 
 // Checks the last kernel launch.

@@ -1,5 +1,9 @@
-// Token + position embedding on the GPU; the backward scatter-add is deterministic (each thread
-// owns one channel and walks the positions in order; no atomics).
+// Token + position embedding on the GPU. The token-embedding gradient is deterministic and
+// bit-identical with the CPU's: the positions are stably sorted by token (CUB's radix sort), then
+// one block per distinct token adds its positions' rows in increasing position order — the CPU's
+// order for every element — with no atomics.
+#include <cub/device/device_radix_sort.cuh>
+
 #include "kernels/cuda/common.cuh"
 
 namespace kiln::cuda {
@@ -19,12 +23,51 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const T* w
   }
 }
 
+__global__ void iota_kernel(int32_t* out, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = i;
+}
+
+// Block i: if sorted position i starts a run of one token, adds the run's rows of dout (in
+// increasing position order) to that token's row of dwte; other blocks return at once.
 template <typename T>
-__global__ void encoder_backward_wte_kernel(float* dwte, const T* dout, const int32_t* tokens,
-                                            int BT, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int r = 0; r < BT; ++r) dwte[size_t(tokens[r]) * C + c] += ld(dout + size_t(r) * C + c);
+__global__ void encoder_backward_wte_kernel(float* dwte, const T* dout,
+                                            const int32_t* sorted_tokens,
+                                            const int32_t* sorted_rows, int BT, int C) {
+  const int i = blockIdx.x;
+  const int32_t token = sorted_tokens[i];
+  if (i > 0 && sorted_tokens[i - 1] == token) return;
+  int end = i + 1;
+  while (end < BT && sorted_tokens[end] == token) ++end;
+  float* g = dwte + size_t(token) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = g[c];
+    for (int j = i; j < end; ++j) acc += ld(dout + size_t(sorted_rows[j]) * C + c);
+    g[c] = acc;
+  }
+}
+
+// dwte on the current stream: sort (token, position) pairs by token, stably, in workspace slot 0.
+template <typename T>
+void encoder_backward_wte(float* dwte, const T* dout, const int32_t* tokens, int BT, int C) {
+  size_t sort_bytes = 0;  // CUB's scratch for BT pairs (a size query: nothing runs)
+  int32_t* none = nullptr;
+  KILN_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, tokens, none, none, none, BT));
+  const size_t ints =
+      (size_t(BT) * 3 + 63) / 64 * 64;  // keys out, rows in, rows out (256-B aligned)
+  char* ws = static_cast<char*>(workspace(ints * sizeof(int32_t) + sort_bytes, 0));
+  int32_t* sorted_tokens = reinterpret_cast<int32_t*>(ws);
+  int32_t* rows = sorted_tokens + BT;
+  int32_t* sorted_rows = rows + BT;
+  iota_kernel<<<grid_for(size_t(BT), 256), 256, 0, stream()>>>(rows, BT);
+  KILN_CUDA_LAUNCHED();
+  KILN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws + ints * sizeof(int32_t), sort_bytes, tokens,
+                                                  sorted_tokens, rows, sorted_rows, BT, 0,
+                                                  int(sizeof(int32_t) * 8), stream()));
+  encoder_backward_wte_kernel<<<BT, 128, 0, stream()>>>(dwte, dout, sorted_tokens, sorted_rows, BT,
+                                                        C);
+  KILN_CUDA_LAUNCHED();
 }
 
 template <typename T>
@@ -53,10 +96,7 @@ void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* to
                       int C) {
   KILN_CUDA_TIMED(kElementwise);
   if (size_t(B) * T_ * C == 0) return;
-  if (dwte) {
-    encoder_backward_wte_kernel<<<(C + 127) / 128, 128, 0, stream()>>>(dwte, dout, tokens, B * T_, C);
-    KILN_CUDA_LAUNCHED();
-  }
+  if (dwte) encoder_backward_wte(dwte, dout, tokens, B * T_, C);
   if (dwpe) {
     encoder_backward_wpe_kernel<<<grid_for(size_t(T_) * C, 256), 256, 0, stream()>>>(dwpe, dout, B, T_, C);
     KILN_CUDA_LAUNCHED();
