@@ -88,6 +88,20 @@ class Backend {
   // lp_type kF32 means no low-precision copy (lp ignored); kBF16/kF16 write lp in the same pass.
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
                             const AdamWParams& hp, DType lp_type, void* lp) = 0;
+  // AdamW over several tensors, each with its own weight decay (hp.weight_decay is ignored; the
+  // low-precision copies, where params_lp is set, are of lp_type). The default calls
+  // adamw_update per tensor (the CPU); cuda updates them all in one launch (multi-tensor,
+  // docs/GPU.md "Fused kernels"). Same results as adamw_update per tensor.
+  virtual void adamw_update_tensors(const AdamWTensor* tensors, int count, const AdamWParams& hp,
+                                    DType lp_type) {
+    for (int i = 0; i < count; ++i) {
+      AdamWParams h = hp;
+      h.weight_decay = tensors[i].weight_decay;
+      const AdamWTensor& t = tensors[i];
+      adamw_update(t.params, t.m, t.v, t.grads, t.n, h, t.params_lp ? lp_type : DType::kF32,
+                   t.params_lp);
+    }
+  }
   // y[i] += x[i] for n fp32 values (kernels/ops.h accumulate).
   virtual void accumulate(float* y, const float* x, size_t n) = 0;
   // dst (lp_type: kBF16 or kF16) = round(src), n values.

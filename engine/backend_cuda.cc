@@ -93,6 +93,10 @@ class CudaRuntime final : public Backend {
       default: cuda::adamw_update(p, m, v, g, n, hp); break;
     }
   }
+  void adamw_update_tensors(const AdamWTensor* tensors, int count, const AdamWParams& hp,
+                            DType lp_type) override {
+    cuda::adamw_update_multi(tensors, count, hp, lp_type);
+  }
   void accumulate(float* y, const float* x, size_t n) override { cuda::accumulate(y, x, n); }
   void cast_from_fp32(void* dst, DType lp_type, const float* src, size_t n) override {
     if (lp_type == DType::kBF16) {

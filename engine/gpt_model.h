@@ -191,6 +191,18 @@ class GptModel final : public Model {
   // A row-parallel layer's bias, counted once in the sum over the group.
   const T* row_bias(int t) { return tp_ ? tp_->row_bias(w(t)) : w(t); }
 
+  // res = a + b, then out = layernorm(res): one fused operator where the backend has it (CUDA),
+  // the two operators otherwise (same results).
+  void residual_layernorm(T* res, T* out, float* mean, float* rstd, const T* a, const T* b,
+                          const T* weight, const T* bias) {
+    if constexpr (requires { K::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, 1, 1, 1); }) {
+      K::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, B(), Tn(), C());
+    } else {
+      K::residual_forward(res, a, b, s_.btc);
+      K::layernorm_forward(out, mean, rstd, res, weight, bias, B(), Tn(), C());
+    }
+  }
+
   // Block l from x_[l]; writes x_[l+1] unless `recompute` (which stops after the GELU).
   void block_forward(size_t l, bool recompute) {
     const BlockTensors& bt = p_->block(static_cast<int>(l));
@@ -202,9 +214,8 @@ class GptModel final : public Model {
     K::matmul_forward(proj_.data(), a.atty, w(bt.attn_proj_w), row_bias(bt.attn_proj_b), B(), Tn(),
                       CA(), C());
     tp_sum(proj_);
-    K::residual_forward(a.res2, x, proj_.data(), s_.btc);
-    K::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w(bt.ln2_w), w(bt.ln2_b), B(),
-                         Tn(), C());
+    residual_layernorm(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, proj_.data(), w(bt.ln2_w),
+                       w(bt.ln2_b));
     K::matmul_forward(a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), F());
     K::gelu_forward(a.gelu, a.fch, s_.btf);
     if (recompute) return;

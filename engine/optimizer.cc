@@ -50,17 +50,22 @@ void AdamW::apply(ParamStore& params, double lr, double loss_scale, const StepSt
   KILN_CHECK(s.finite, "AdamW::apply with non-finite gradients");
   ++updates_;
   AdamWParams hp = adamw_params(config_, lr, loss_scale, s, updates_);
+  // All tensors in one call: the CUDA backend updates them in one launch (multi-tensor).
   const auto& tensors = params.tensors();
+  std::vector<AdamWTensor> batch(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const int t = static_cast<int>(i);
-    hp.weight_decay = tensors[i].decay ? config_.weight_decay : 0.0f;
-    float* p = params.master(t);
-    float* m = params.exp_avg(t);
-    float* v = params.exp_avg_sq(t);
-    const float* g = params.grad(t);
-    const size_t n = tensors[i].numel;
-    params.backend().adamw_update(p, m, v, g, n, hp, params.work_dtype(), params.work_bytes(t));
+    AdamWTensor& a = batch[i];
+    a.params = params.master(t);
+    a.m = params.exp_avg(t);
+    a.v = params.exp_avg_sq(t);
+    a.grads = params.grad(t);
+    a.params_lp = params.work_bytes(t);  // nullptr in fp32
+    a.n = tensors[i].numel;
+    a.weight_decay = tensors[i].decay ? config_.weight_decay : 0.0f;
   }
+  params.backend().adamw_update_tensors(batch.data(), static_cast<int>(batch.size()), hp,
+                                        params.work_dtype());
 }
 
 }  // namespace kiln::engine

@@ -55,6 +55,19 @@ struct AdamWParams {
   int64_t step = 1;           // 1-based step count, for bias correction
 };
 
+// One tensor of a multi-tensor AdamW update (Backend::adamw_update_tensors, CUDA
+// adamw_update_multi): its fp32 master, moments and gradient, its low-precision copy (nullable)
+// and its own weight decay; the other hyper-parameters are shared (AdamWParams).
+struct AdamWTensor {
+  float* params = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  const float* grads = nullptr;
+  void* params_lp = nullptr;  // bf16/fp16 bits, or nullptr
+  size_t n = 0;
+  float weight_decay = 0.0f;
+};
+
 // Identity alias: keeps a parameter out of template argument deduction so nullptr may be passed.
 template <typename T>
 using Same = std::type_identity_t<T>;

@@ -2,6 +2,8 @@
 // the same inputs, with an error bound per op. Skips cleanly when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <memory>
 #include <vector>
 
 #include "kernels/cuda/ops.h"
@@ -356,6 +358,193 @@ TEST(KernelsCuda, CrossEntropyAdamWCastsNorms) {
   bad[999] = NAN;
   Dev<float> gbad(bad);
   EXPECT_TRUE(cuda::has_inf_or_nan(gbad.get(), bad.size()));
+}
+
+
+// ---- fused kernels (docs/GPU.md "Fused kernels"): each against the CPU and against the unfused
+// GPU path it replaces (KILN_CUDA_FUSED=0) ----
+
+// Sets the fused-kernel switch for a scope, then restores it.
+class FusedScope {
+ public:
+  explicit FusedScope(bool on) : was_(cuda::fused_kernels()) { cuda::set_fused_kernels(on); }
+  ~FusedScope() { cuda::set_fused_kernels(was_); }
+
+ private:
+  bool was_;
+};
+
+template <typename E>
+void check_residual_layernorm(int C) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dtype_of<E>()) << " C=" << C);
+  const int B = 2, T = 19;
+  const size_t n = size_t(B) * T * C;
+  auto a = to_t<E>(randn(n, 1, 2.0)), b = to_t<E>(randn(n, 2)), w = to_t<E>(randn(C, 3)),
+       bias = to_t<E>(randn(C, 4));
+  std::vector<E> res(n), out(n);
+  std::vector<float> mean(B * T), rstd(B * T);
+  cpu::residual_forward(res.data(), a.data(), b.data(), n);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(), B, T, C);
+  Dev<E> ga(a), gb(b), gw(w), gbias(bias);
+  std::vector<E> res_path[2], out_path[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    SCOPED_TRACE(fused ? "fused" : "unfused");
+    FusedScope scope(fused == 1);
+    Dev<E> gres(n), gout(n);
+    Dev<float> gmean(B * T), grstd(B * T);
+    cuda::residual_layernorm_forward(gres.get(), gout.get(), gmean.get(), grstd.get(), ga.get(),
+                                     gb.get(), gw.get(), gbias.get(), B, T, C);
+    res_path[fused] = gres.host();
+    out_path[fused] = gout.host();
+    EXPECT_TRUE(bits_equal(res_path[fused], res));  // one addition, one rounding: exact
+    expect_close(to_d(out_path[fused]), to_d(out), tol<E>(), "out");
+    expect_close(to_d(gmean.host()), to_d(mean), 1e-5, "mean");
+    expect_close(to_d(grstd.host()), to_d(rstd), 1e-5, "rstd");
+  }
+  // The fused kernel sums in the unfused one's order: at most one rounding apart (the compiler may
+  // contract differently), usually identical.
+  expect_close(to_d(out_path[1]), to_d(out_path[0]), tol<E>(), "fused vs unfused out");
+}
+
+TEST(KernelsCuda, ResidualLayernormFused) {
+  REQUIRE_GPU();
+  // 200 / 768: the row in registers (32 per lane); 1600: 64 per lane; 2100: read back.
+  for (int C : {200, 768, 1600, 2100}) {
+    check_residual_layernorm<float>(C);
+    check_residual_layernorm<bf16>(C);
+    check_residual_layernorm<fp16>(C);
+  }
+}
+
+template <typename E>
+void check_crossentropy_paths(int BT, int V, int Vp) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dtype_of<E>()) << " V=" << V << " Vp=" << Vp);
+  auto logits = to_t<E>(randn(size_t(BT) * Vp, 11, 3.0));
+  // A row with -inf logits (masked words) and a large spread: the online rescaling must cope.
+  for (int c = 0; c < V; c += 3) logits[size_t(1) * Vp + c] = from_float<E>(-INFINITY);
+  logits[size_t(2) * Vp + 7] = from_float<E>(60.0f);
+  auto targets = randint(BT, 0, V, 12);
+  targets[0] = -1;
+  targets[1] = 1;  // not a -inf column
+  std::vector<float> losses(BT);
+  std::vector<E> dl = logits;
+  cpu::crossentropy_forward_backward(dl.data(), losses.data(), dl.data(), targets.data(), 0.25f, BT, V, Vp);
+  Dev<int32_t> gt(targets);
+  std::vector<float> loss_path[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    SCOPED_TRACE(fused ? "fused" : "unfused");
+    FusedScope scope(fused == 1);
+    Dev<E> glog(logits);
+    Dev<float> glosses(BT), gfwd(BT);
+    cuda::crossentropy_forward_backward<E>(nullptr, gfwd.get(), glog.get(), gt.get(), 0.25f, BT, V, Vp);
+    cuda::crossentropy_forward_backward(glog.get(), glosses.get(), glog.get(), gt.get(), 0.25f, BT, V, Vp);
+    loss_path[fused] = glosses.host();
+    EXPECT_TRUE(bits_equal(gfwd.host(), loss_path[fused]));  // forward-only gives the same losses
+    expect_close(to_d(loss_path[fused]), to_d(losses), 1e-5, "losses");
+    // dlogits: fp32 within 1e-6 of the probabilities' scale (dloss); bf16/fp16 one rounding.
+    expect_close(to_d(glog.host()), to_d(dl), std::is_same_v<E, float> ? 1e-6 : tol<E>(), "dlogits (in place)");
+  }
+  expect_close(to_d(loss_path[1]), to_d(loss_path[0]), 1e-5, "fused vs unfused losses");
+}
+
+TEST(KernelsCuda, CrossEntropyFusedAndUnfused) {
+  REQUIRE_GPU();
+  check_crossentropy_paths<float>(9, 1000, 1024);
+  check_crossentropy_paths<bf16>(9, 1000, 1024);
+  check_crossentropy_paths<fp16>(5, 50257, 50257);  // GPT-2's vocabulary, unpadded
+  check_crossentropy_paths<bf16>(5, 50257, 50304);
+}
+
+// Multi-tensor AdamW: one launch over tensors across chunk boundaries, bit-identical to
+// adamw_update per tensor (the unfused path) and close to the CPU.
+TEST(KernelsCuda, AdamWMultiTensor) {
+  REQUIRE_GPU();
+  const std::vector<size_t> sizes{1, 65536, 65537, 0, 200003, 31};
+  AdamWParams hp;
+  hp.lr = 2e-3f;
+  hp.step = 9;
+  hp.grad_scale = 0.7f;
+  for (int classes : {2, 9}) {  // 9 distinct weight decays: more than the fused kernel's classes
+    SCOPED_TRACE(::testing::Message() << classes << " weight decays");
+    std::vector<std::vector<float>> p, g, m, v;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      p.push_back(to_t<float>(randn(sizes[t], 20 + t)));
+      g.push_back(to_t<float>(randn(sizes[t], 40 + t)));
+      m.push_back(to_t<float>(randn(sizes[t], 60 + t, 0.1)));
+      v.push_back(to_t<float>(randn(sizes[t], 80 + t, 0.1, 1.0)));
+    }
+    auto wd = [&](size_t t) { return classes == 2 ? (t % 2 ? 0.0f : 0.1f) : 0.01f * float(t + classes * t); };
+    std::vector<float> got[2][4];
+    std::vector<bf16> got_lp[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      FusedScope scope(fused == 1);
+      std::vector<std::unique_ptr<Dev<float>>> dp, dg, dm, dv;
+      std::vector<std::unique_ptr<Dev<bf16>>> dlp;
+      std::vector<AdamWTensor> batch;
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        dp.push_back(std::make_unique<Dev<float>>(p[t]));
+        dg.push_back(std::make_unique<Dev<float>>(g[t]));
+        dm.push_back(std::make_unique<Dev<float>>(m[t]));
+        dv.push_back(std::make_unique<Dev<float>>(v[t]));
+        dlp.push_back(std::make_unique<Dev<bf16>>(sizes[t]));
+        batch.push_back(AdamWTensor{dp[t]->get(), dm[t]->get(), dv[t]->get(), dg[t]->get(),
+                                    t == 5 ? nullptr : dlp[t]->get(), sizes[t], wd(t)});
+      }
+      cuda::adamw_update_multi(batch.data(), int(batch.size()), hp, DType::kBF16);
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        auto hp_ = dp[t]->host(), hm = dm[t]->host(), hv = dv[t]->host();
+        auto hlp = dlp[t]->host();
+        got[fused][0].insert(got[fused][0].end(), hp_.begin(), hp_.end());
+        got[fused][1].insert(got[fused][1].end(), hm.begin(), hm.end());
+        got[fused][2].insert(got[fused][2].end(), hv.begin(), hv.end());
+        got_lp[fused].insert(got_lp[fused].end(), hlp.begin(), hlp.end());
+      }
+    }
+    for (int f = 0; f < 3; ++f) EXPECT_TRUE(bits_equal(got[1][f], got[0][f])) << "field " << f;
+    EXPECT_TRUE(bits_equal(got_lp[1], got_lp[0]));
+    // Against the CPU.
+    std::vector<float> want;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      AdamWParams h = hp;
+      h.weight_decay = wd(t);
+      std::vector<float> pc = p[t], mc = m[t], vc = v[t];
+      cpu::adamw_update(pc.data(), mc.data(), vc.data(), g[t].data(), sizes[t], h);
+      want.insert(want.end(), pc.begin(), pc.end());
+    }
+    expect_close(to_d(got[1][0]), to_d(want), 1e-6, "params vs CPU");
+  }
+}
+
+TEST(KernelsCuda, SumSquaresFused) {
+  REQUIRE_GPU();
+  const std::vector<size_t> sizes{5, 100003, 0, 65536 * 3 + 1};
+  std::vector<std::vector<float>> h;
+  std::vector<std::unique_ptr<Dev<float>>> d;
+  std::vector<const float*> ptrs, hptrs;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    h.push_back(to_t<float>(randn(sizes[t], 90 + t)));
+    d.push_back(std::make_unique<Dev<float>>(h[t]));
+    ptrs.push_back(d[t]->get());
+    hptrs.push_back(h[t].data());
+  }
+  const double cpu_ss = cpu::sum_squares(hptrs.data(), sizes.data(), int(sizes.size()));
+  double ss[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    FusedScope scope(fused == 1);
+    ss[fused] = cuda::sum_squares(ptrs.data(), sizes.data(), int(sizes.size()));
+    EXPECT_NEAR(ss[fused], cpu_ss, 1e-12 * cpu_ss);
+    EXPECT_EQ(cuda::sum_squares(ptrs.data(), sizes.data(), int(sizes.size())), ss[fused]);  // deterministic
+  }
+  EXPECT_NEAR(ss[1], ss[0], 1e-13 * ss[0]);
+  // An inf anywhere makes the sum inf (the overflow check).
+  FusedScope scope(true);
+  std::vector<float> bad(1000, 1.0f);
+  bad[500] = INFINITY;
+  Dev<float> gbad(bad);
+  ptrs.push_back(gbad.get());
+  std::vector<size_t> sizes2 = sizes;
+  sizes2.push_back(bad.size());
+  EXPECT_FALSE(std::isfinite(cuda::sum_squares(ptrs.data(), sizes2.data(), int(sizes2.size()))));
 }
 
 }  // namespace

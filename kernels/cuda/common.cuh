@@ -32,6 +32,12 @@
 namespace kiln::cuda::detail {
 
 cublasHandle_t cublas();
+// A device copy of `bytes` of host data (a launch table), cached per slot 0..3: uploaded on the
+// current stream only when the content differs from the slot's previous upload, so a table that
+// stays the same from step to step (multi-tensor AdamW's) costs no copy after the first.
+const void* device_table(const void* host, size_t bytes, int slot);
+// One fp64 value read back through a pinned buffer (waits for the current stream).
+double read_scalar(const double* device_value);
 // A device buffer of at least `bytes`, owned by the runtime, reused across calls (slot 0..3).
 // Growing it synchronises the device (cudaFree). Not for concurrent use from several host threads.
 void* workspace(size_t bytes, int slot);

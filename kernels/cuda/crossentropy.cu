@@ -1,4 +1,10 @@
-// Fused softmax + cross-entropy on the GPU: one block per row, no probability tensor.
+// Fused softmax + cross-entropy on the GPU: one block per row, no probability tensor. The model
+// feeds it the logits in row chunks of the storage type (engine/gpt_model.h head_rows: about
+// 8 MiB of logits at a time, never the fp32 logits of the whole batch), and the gradient
+// overwrites the logits in place. Two kernels: the fused one (fused_kernels(), the default) reads
+// each row twice - once for the row's max and sum of exponentials together (online softmax, the
+// running sum rescaled when the max grows), once for the gradient -; the unfused one three times
+// (max, sum, gradient).
 #include "kernels/cuda/common.cuh"
 
 namespace kiln::cuda {
@@ -35,6 +41,71 @@ __global__ void crossentropy_kernel(T* dlogits, float* losses, const T* logits,
     const float k = dloss / s;
     for (int c = threadIdx.x; c < V; c += blockDim.x) {
       const float p = expf(ld(x + c) - m) * k;
+      st(g + c, c == target ? p - dloss : p);
+    }
+    for (int c = V + threadIdx.x; c < Vp; c += blockDim.x) g[c] = from_float<T>(0.0f);
+  }
+}
+
+// Online softmax statistics: (m, s) with s = sum exp(x - m) over the values seen.
+struct MaxSum {
+  float m, s;
+};
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return MaxSum{m, 0.0f};
+  return MaxSum{m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+// Block-wide combine in a fixed order (warp butterflies, then warp 0 over the warps' values);
+// every thread gets the result.
+__device__ __forceinline__ MaxSum block_combine(MaxSum v, float* sm, float* ss) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1)
+    v = combine(v, MaxSum{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  __syncthreads();
+  if (lane == 0) {
+    sm[warp] = v.m;
+    ss[warp] = v.s;
+  }
+  __syncthreads();
+  MaxSum r = lane < nwarps ? MaxSum{sm[lane], ss[lane]} : MaxSum{-INFINITY, 0.0f};
+  for (int o = 16; o > 0; o >>= 1)
+    r = combine(r, MaxSum{__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
+  return r;
+}
+
+template <typename T>
+__global__ void crossentropy_online_kernel(T* dlogits, float* losses, const T* logits,
+                                           const int32_t* targets, float dloss, int V, int Vp) {
+  __shared__ float sm[32], ss[32];
+  const int row = blockIdx.x;
+  const int target = targets[row];
+  const T* x = logits + size_t(row) * Vp;
+  T* g = dlogits ? dlogits + size_t(row) * Vp : nullptr;
+  if (target < 0) {
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (g)
+      for (int c = threadIdx.x; c < Vp; c += blockDim.x) g[c] = from_float<T>(0.0f);
+    return;
+  }
+  if (target >= V) __trap();  // caller bug: stops the process at the next CUDA call
+  const float xt = ld(x + target);  // read before any thread may overwrite it (in place)
+  MaxSum a{-INFINITY, 0.0f};
+  for (int c = threadIdx.x; c < V; c += blockDim.x) {
+    const float v = ld(x + c);
+    if (v > a.m) {
+      a.s = a.s * expf(a.m - v) + 1.0f;  // expf(-inf) = 0 for the first value
+      a.m = v;
+    } else if (v != -INFINITY) {  // (-inf) - (-inf) would be NaN
+      a.s += expf(v - a.m);
+    }
+  }
+  const MaxSum r = block_combine(a, sm, ss);
+  if (threadIdx.x == 0) losses[row] = logf(r.s) + r.m - xt;
+  if (g) {
+    const float k = dloss / r.s;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+      const float p = expf(ld(x + c) - r.m) * k;
       st(g + c, c == target ? p - dloss : p);
     }
     for (int c = V + threadIdx.x; c < Vp; c += blockDim.x) g[c] = from_float<T>(0.0f);
@@ -141,7 +212,12 @@ void crossentropy_forward_backward(Same<T>* dlogits, float* losses, const T* log
   KILN_CUDA_TIMED(kCrossEntropy);
   KILN_CHECK(V > 0 && Vp >= V, "crossentropy: need 0 < V <= Vp");
   if (BT == 0) return;
-  crossentropy_kernel<<<BT, kThreads, 0, stream()>>>(dlogits, losses, logits, targets, dloss, V, Vp);
+  if (fused_kernels()) {
+    crossentropy_online_kernel<<<BT, kThreads, 0, stream()>>>(dlogits, losses, logits, targets,
+                                                              dloss, V, Vp);
+  } else {
+    crossentropy_kernel<<<BT, kThreads, 0, stream()>>>(dlogits, losses, logits, targets, dloss, V, Vp);
+  }
   KILN_CUDA_LAUNCHED();
 }
 

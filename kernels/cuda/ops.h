@@ -95,6 +95,20 @@ AttentionKernel attention_kernel();
 // bf16 / fp16, head size C / NH of 64 or 128, a device of compute capability 8.0 or newer.
 bool attention_mma_eligible(DType t, int C, int NH);
 
+// ---- fused kernels (docs/GPU.md "Fused kernels") ----
+// On (the default; KILN_CUDA_FUSED=0 in the environment turns them off): the one-pass residual +
+// layernorm (residual_layernorm_forward), the cross-entropy with one pass for the row statistics
+// (online max and sum) instead of two, AdamW and the gradient norm as one launch over all
+// tensors (multi-tensor tables), the norm reduced on the device to one 8-byte read. Off: the
+// separate kernels they replace, one launch per tensor. Same results within the tolerances of
+// tests/kernels_cuda_gpu.cc (most bit-identical); tools/gpu_check trains with both.
+void set_fused_kernels(bool on);
+bool fused_kernels();
+// cuBLASLt GELU epilogues (matmul_gelu_forward, matmul_dgelu_backward): on by default,
+// KILN_CUDA_GEMM_EPILOGUE=0 turns them off (a GEMM, then the separate GELU kernel).
+void set_gemm_epilogues(bool on);
+bool gemm_epilogues();
+
 // ---- ops: see kernels/ops.h for the contracts ----
 template <typename T>
 void encoder_forward(T* out, const int32_t* tokens, const Same<T>* wte, const Same<T>* wpe, int B,
@@ -123,6 +137,14 @@ void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, in
 template <typename T>
 void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const Same<T>* out,
                         const float* lse, int B, int T_, int C, int NH);
+
+// res = inp1 + inp2 (rounded to T), then out = layernorm(res): residual_forward followed by
+// layernorm_forward (same arithmetic, same bits for res), fused into one pass over the rows when
+// fused_kernels() is on.
+template <typename T>
+void residual_layernorm_forward(T* res, T* out, float* mean, float* rstd, const Same<T>* inp1,
+                                const Same<T>* inp2, const Same<T>* weight, const Same<T>* bias,
+                                int B, int T_, int C);
 
 template <typename T>
 void gelu_forward(T* out, const Same<T>* inp, size_t N);
@@ -157,6 +179,13 @@ void adamw_update(float* params, float* m, float* v, const float* grads, size_t 
 void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
                   const AdamWParams& hp, fp16* params_lp);
 
+// AdamW over `count` tensors (kernels/ops.h AdamWTensor; hp.weight_decay is ignored, each
+// tensor has its own), the low-precision copies of type lp_type (kF32: none): one launch over a
+// multi-tensor chunk table (launch_plan.h) when fused_kernels() is on, else adamw_update per
+// tensor. Bit-identical either way.
+void adamw_update_multi(const AdamWTensor* tensors, int count, const AdamWParams& hp,
+                        DType lp_type);
+
 void cast(bf16* dst, const float* src, size_t n);
 void cast(fp16* dst, const float* src, size_t n);
 void cast(float* dst, const bf16* src, size_t n);
@@ -190,6 +219,7 @@ struct CudaBackend {
   KILN_BACKEND_FORWARD(cuda, gelu_backward)
   KILN_BACKEND_FORWARD(cuda, residual_forward)
   KILN_BACKEND_FORWARD(cuda, residual_backward)
+  KILN_BACKEND_FORWARD(cuda, residual_layernorm_forward)
   KILN_BACKEND_FORWARD(cuda, crossentropy_forward_backward)
   KILN_BACKEND_FORWARD(cuda, crossentropy_shard_max)
   KILN_BACKEND_FORWARD(cuda, crossentropy_shard_sum)

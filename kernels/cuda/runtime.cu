@@ -1,8 +1,11 @@
 // CUDA runtime state: the current stream, the cuBLAS handle, grow-only workspaces.
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch_plan.h"
 
 namespace kiln::cuda {
 namespace {
@@ -140,6 +143,37 @@ void upload_async(void* dst, const void* src, size_t bytes, int slot) {
 void wait_upload(int slot) { KILN_CUDA_CHECK(cudaStreamWaitEvent(g_stream, slot_event(slot), 0)); }
 void upload_done(int slot) { KILN_CUDA_CHECK(cudaEventSynchronize(slot_event(slot))); }
 
+// ---- fused-kernel switches ----
+namespace {
+// The switch's value from `env` (unset: `fallback`); a value that is neither on nor off stops the
+// process naming the variable (it is read once, on the first operator that asks).
+bool switch_from_env(const char* env, bool fallback) {
+  const char* text = std::getenv(env);
+  switch (parse_switch(text)) {
+    case SwitchValue::kDefault: return fallback;
+    case SwitchValue::kOn: return true;
+    case SwitchValue::kOff: return false;
+    case SwitchValue::kBad: break;
+  }
+  KILN_CHECK(false, std::string("environment variable ") + env + "='" + text +
+                        "': expected 1/on/true/yes or 0/off/false/no");
+  return fallback;
+}
+bool& fused_flag() {
+  static bool on = switch_from_env("KILN_CUDA_FUSED", true);
+  return on;
+}
+bool& epilogue_flag() {
+  static bool on = switch_from_env("KILN_CUDA_GEMM_EPILOGUE", true);
+  return on;
+}
+}  // namespace
+
+void set_fused_kernels(bool on) { fused_flag() = on; }
+bool fused_kernels() { return fused_flag(); }
+void set_gemm_epilogues(bool on) { epilogue_flag() = on; }
+bool gemm_epilogues() { return epilogue_flag(); }
+
 // ---- kernel timing ----
 namespace {
 struct Timing {
@@ -240,6 +274,40 @@ void* workspace(size_t bytes, int slot) {
     b.size = cap;
   }
   return b.p;
+}
+
+const void* device_table(const void* host, size_t bytes, int slot) {
+  struct Table {
+    std::vector<unsigned char> copy;  // what the device buffer holds
+    void* p = nullptr;
+    size_t cap = 0;
+  };
+  static Table tables[4];
+  KILN_CHECK(slot >= 0 && slot < 4, "cuda device table slot out of range");
+  Table& t = tables[slot];
+  if (bytes == 0) return nullptr;
+  if (t.copy.size() == bytes && std::memcmp(t.copy.data(), host, bytes) == 0) return t.p;
+  if (t.cap < bytes) {
+    if (t.p) KILN_CUDA_CHECK(cudaFree(t.p));  // synchronises: nothing queued still reads it
+    t.cap = bytes < 4096 ? 4096 : bytes;
+    KILN_CUDA_CHECK(cudaMalloc(&t.p, t.cap));
+  }
+  t.copy.assign(static_cast<const unsigned char*>(host), static_cast<const unsigned char*>(host) + bytes);
+  // Stream-ordered after the kernels that read the previous table; the source is t.copy, which
+  // stays unchanged until the next upload, so a staged (pageable) copy is safe.
+  KILN_CUDA_CHECK(cudaMemcpyAsync(t.p, t.copy.data(), bytes, cudaMemcpyHostToDevice, g_stream));
+  return t.p;
+}
+
+double read_scalar(const double* device_value) {
+  static double* pinned = [] {
+    double* p = nullptr;
+    KILN_CUDA_CHECK(cudaMallocHost(&p, sizeof(double)));
+    return p;
+  }();
+  KILN_CUDA_CHECK(cudaMemcpyAsync(pinned, device_value, sizeof(double), cudaMemcpyDeviceToHost, g_stream));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  return *pinned;
 }
 
 }  // namespace detail

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """The table of tools/bench/train_gpu: reads its JSON lines (bench_train_gpu's, then the PyTorch
-runs of the same model, in that order per model) and prints, per model, tokens/s, MFU, the median
+runs of the same model, in that order per model; "kiln unfused" rows, the same run without the
+fused kernels, among them) and prints, per model, tokens/s, MFU, the median
 step, peak device memory and the speed relative to PyTorch eager and torch.compile, then Kiln's
 device time per step by kernel family.
 
@@ -57,16 +58,19 @@ def main():
             print(f"   {name:<28} {tps:>12,.0f} {fmt(mfu and 100 * mfu, '6.1f') + ('%' if mfu else ''):>7} "
                   f"{r['step_ms']:>9.2f} {fmt(r.get('device_memory_peak_mib'), ',.0f'):>15} "
                   f"{r['loss_first']:>8.3f}/{r['loss_last']:<8.3f}{note}")
-        for peer in ("pytorch eager", "pytorch compile"):
+        for peer in ("kiln unfused", "pytorch eager", "pytorch compile"):
             if peer in by_impl:
                 print(f"   Kiln vs {peer}: {by_impl['kiln'] / by_impl[peer]:.2f}x tokens/s")
-        km = kiln.get("kernel_ms")
-        if km:
+        for r in [kiln] + peers:
+            km = r.get("kernel_ms")
+            if not km or not r.get("available", True):
+                continue
             total = sum(km.values())
-            step = kiln["step_ms"]
+            step = r["step_ms"]
             parts = ", ".join(f"{k} {v:.2f} ms ({100 * v / step:.0f}%)"
                               for k, v in sorted(km.items(), key=lambda kv: -kv[1]))
-            print(f"   Kiln device time per step by kernel family: {parts}; "
+            who = "Kiln" if r is kiln else r["impl"]
+            print(f"   {who} device time per step by kernel family: {parts}; "
                   f"outside kernels {max(step - total, 0):.2f} ms ({100 * max(step - total, 0) / step:.0f}%) "
                   f"of the {step:.2f} ms step")
     if bad:
