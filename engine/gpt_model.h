@@ -95,7 +95,7 @@ class GptModel final : public Model {
     dbtc2_.reset(be_, s_.btc);
     dqkv_.reset(be_, 3 * s_.btca);
     dfch_.reset(be_, s_.btf);
-    dgelu_.reset(be_, s_.btf);
+    if constexpr (!kFusedGelu) dgelu_.reset(be_, s_.btf);
     logits_.reset(be_, head_rows_ * static_cast<size_t>(V()));
     mem_ = plan_activation_memory(m_, B, params->precision(), mode, ntp_, be_->device());
     mem_.working_bytes += logits_.bytes();
@@ -126,6 +126,13 @@ class GptModel final : public Model {
   Recompute recompute() const override { return mode_; }
 
  private:
+  // Whether the kernel backend has the MLP's GEMM + GELU operators (CUDA: cuBLASLt epilogues,
+  // kernels/cuda/ops.h); the CPU runs the separate operators.
+  static constexpr bool kFusedGelu = requires(T* t, float* f, const T* c) {
+    K::matmul_gelu_forward(t, t, c, c, c, 1, 1, 1, 1);
+    K::matmul_dgelu_backward(t, f, f, c, c, c, c, 1, 1, 1, 1);
+  };
+
   struct RestBuffers {  // kept by none and selective
     DeviceArray<T> ln1, qkv, res2, ln2, fch;
     DeviceArray<float> stats;  // ln1 mean, ln1 rstd, ln2 mean, ln2 rstd (bt each)
@@ -195,7 +202,8 @@ class GptModel final : public Model {
   // the two operators otherwise (same results).
   void residual_layernorm(T* res, T* out, float* mean, float* rstd, const T* a, const T* b,
                           const T* weight, const T* bias) {
-    if constexpr (requires { K::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, 1, 1, 1); }) {
+    if constexpr (requires { K::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias,
+                                                           1, 1, 1); }) {
       K::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, B(), Tn(), C());
     } else {
       K::residual_forward(res, a, b, s_.btc);
@@ -216,8 +224,12 @@ class GptModel final : public Model {
     tp_sum(proj_);
     residual_layernorm(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, proj_.data(), w(bt.ln2_w),
                        w(bt.ln2_b));
-    K::matmul_forward(a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), F());
-    K::gelu_forward(a.gelu, a.fch, s_.btf);
+    if constexpr (kFusedGelu) {  // one GEMM with the GELU in its epilogue (CUDA)
+      K::matmul_gelu_forward(a.gelu, a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), F());
+    } else {
+      K::matmul_forward(a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), F());
+      K::gelu_forward(a.gelu, a.fch, s_.btf);
+    }
     if (recompute) return;
     K::matmul_forward(proj_.data(), a.gelu, w(bt.fc_proj_w), row_bias(bt.fc_proj_b), B(), Tn(), F(),
                       C());
@@ -294,11 +306,16 @@ class GptModel final : public Model {
       }
       const T* x = x_[l].data();
       // MLP: res3 = res2 + proj(gelu(fc(ln2(res2)))).
-      zero(dgelu_);
-      K::matmul_backward(dgelu_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres_.data(), a.gelu,
-                         w(bt.fc_proj_w), B(), Tn(), F(), C());
-      zero(dfch_);
-      K::gelu_backward(dfch_.data(), a.fch, dgelu_.data(), s_.btf);
+      if constexpr (kFusedGelu) {  // the GELU's derivative in the GEMM's epilogue (CUDA)
+        K::matmul_dgelu_backward(dfch_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres_.data(),
+                                 a.gelu, w(bt.fc_proj_w), a.fch, B(), Tn(), F(), C());
+      } else {
+        zero(dgelu_);
+        K::matmul_backward(dgelu_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres_.data(), a.gelu,
+                           w(bt.fc_proj_w), B(), Tn(), F(), C());
+        zero(dfch_);
+        K::gelu_backward(dfch_.data(), a.fch, dgelu_.data(), s_.btf);
+      }
       zero(dbtc1_);
       K::matmul_backward(dbtc1_.data(), g(bt.fc_w), g(bt.fc_b), dfch_.data(), a.ln2, w(bt.fc_w),
                          B(), Tn(), C(), F());

@@ -114,6 +114,9 @@ TEST(CudaLaunchPlan, GemmKeysSeparateEveryField) {
     k.epilogue = GemmEpilogue::kGeluAuxBias;
     k.aux_ld = 3072;
   });
+  vary([](GemmKey& k) { k.align_a = 32; });
+  vary([](GemmKey& k) { k.align_b = 128; });
+  vary([](GemmKey& k) { k.align_c = 64; });
   std::map<GemmKey, int> cache;
   for (size_t i = 0; i < keys.size(); ++i) cache.emplace(keys[i], static_cast<int>(i));
   EXPECT_EQ(cache.size(), keys.size());
@@ -124,9 +127,22 @@ TEST(CudaLaunchPlan, GemmKeysSeparateEveryField) {
   GemmKey same = base;
   EXPECT_TRUE(same == base);
   EXPECT_FALSE(same < base || base < same);
-  EXPECT_NE(keys.back().describe().find("epilogue=gelu_aux_bias aux_ld=3072"), std::string::npos)
-      << keys.back().describe();
+  EXPECT_NE(keys[16].describe().find("epilogue=gelu_aux_bias aux_ld=3072"), std::string::npos)
+      << keys[16].describe();
+  EXPECT_NE(keys.back().describe().find("align=256/256/64"), std::string::npos) << keys.back().describe();
   EXPECT_NE(base.describe().find("m=768 n=8192 k=3072"), std::string::npos) << base.describe();
+}
+
+TEST(CudaLaunchPlan, PointerAlignment) {
+  alignas(256) static unsigned char buf[1024];
+  EXPECT_EQ(cuda::pointer_alignment(buf), 256u);
+  EXPECT_EQ(cuda::pointer_alignment(buf + 512), 256u);  // capped at cuBLASLt's default
+  EXPECT_EQ(cuda::pointer_alignment(buf + 128), 128u);
+  EXPECT_EQ(cuda::pointer_alignment(buf + 32), 32u);
+  EXPECT_EQ(cuda::pointer_alignment(buf + 48), 16u);
+  EXPECT_EQ(cuda::pointer_alignment(buf + 2), 2u);
+  EXPECT_EQ(cuda::pointer_alignment(buf + 1), 1u);
+  EXPECT_EQ(cuda::pointer_alignment(nullptr), 256u);
 }
 
 TEST(CudaLaunchPlan, GeluEpilogueNeedsAlignedAux) {

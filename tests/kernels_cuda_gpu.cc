@@ -459,13 +459,14 @@ TEST(KernelsCuda, CrossEntropyFusedAndUnfused) {
 // adamw_update per tensor (the unfused path) and close to the CPU.
 TEST(KernelsCuda, AdamWMultiTensor) {
   REQUIRE_GPU();
-  const std::vector<size_t> sizes{1, 65536, 65537, 0, 200003, 31};
   AdamWParams hp;
   hp.lr = 2e-3f;
   hp.step = 9;
   hp.grad_scale = 0.7f;
-  for (int classes : {2, 9}) {  // 9 distinct weight decays: more than the fused kernel's classes
+  for (int classes : {2, 10}) {  // 10 distinct weight decays: more than the fused kernel's 8
     SCOPED_TRACE(::testing::Message() << classes << " weight decays");
+    std::vector<size_t> sizes{1, 65536, 65537, 0, 200003, 31};
+    if (classes == 10) sizes.insert(sizes.end(), {7, 8, 9, 10});
     std::vector<std::vector<float>> p, g, m, v;
     for (size_t t = 0; t < sizes.size(); ++t) {
       p.push_back(to_t<float>(randn(sizes[t], 20 + t)));
@@ -473,7 +474,7 @@ TEST(KernelsCuda, AdamWMultiTensor) {
       m.push_back(to_t<float>(randn(sizes[t], 60 + t, 0.1)));
       v.push_back(to_t<float>(randn(sizes[t], 80 + t, 0.1, 1.0)));
     }
-    auto wd = [&](size_t t) { return classes == 2 ? (t % 2 ? 0.0f : 0.1f) : 0.01f * float(t + classes * t); };
+    auto wd = [&](size_t t) { return classes == 2 ? (t % 2 ? 0.0f : 0.1f) : 0.01f * float(t); };
     std::vector<float> got[2][4];
     std::vector<bf16> got_lp[2];
     for (int fused = 0; fused < 2; ++fused) {
@@ -545,6 +546,63 @@ TEST(KernelsCuda, SumSquaresFused) {
   std::vector<size_t> sizes2 = sizes;
   sizes2.push_back(bad.size());
   EXPECT_FALSE(std::isfinite(cuda::sum_squares(ptrs.data(), sizes2.data(), int(sizes2.size()))));
+}
+
+
+// The MLP's GEMM + GELU operators (cuBLASLt GELU_AUX_BIAS / DGELU epilogues) against the CPU's
+// separate operators, with the epilogues on and off. With them on, GELU and its derivative are
+// applied to the fp32 accumulator before rounding, so low-precision results may be one more
+// rounding away; fp32 is held to 2e-5 of the scale, which also tells the tanh-approximated GELU
+// (the CPU's) from the erf one (they differ by up to 4.7e-4).
+class EpilogueScope {
+ public:
+  explicit EpilogueScope(bool on) : was_(cuda::gemm_epilogues()) { cuda::set_gemm_epilogues(on); }
+  ~EpilogueScope() { cuda::set_gemm_epilogues(was_); }
+
+ private:
+  bool was_;
+};
+
+template <typename E>
+void check_matmul_gelu(bool epilogue) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dtype_of<E>()) << (epilogue ? " epilogue" : " separate"));
+  EpilogueScope scope(epilogue);
+  const int B = 2, T = 33, C = 96, OC = 256;  // OC: the aux leading dimension, a multiple of 8
+  const double t = std::is_same_v<E, float> ? 2e-5 : 2 * tol<E>();
+  auto x = to_t<E>(randn(B * T * C, 1)), w = to_t<E>(randn(OC * C, 2, 0.2)), b = to_t<E>(randn(OC, 3));
+  std::vector<E> pre(B * T * OC), out(pre.size());
+  cpu::matmul_forward(pre.data(), x.data(), w.data(), b.data(), B, T, C, OC);
+  cpu::gelu_forward(out.data(), pre.data(), pre.size());
+  Dev<E> gx(x), gw(w), gb(b), gpre(pre.size()), gout(pre.size());
+  cuda::matmul_gelu_forward(gout.get(), gpre.get(), gx.get(), gw.get(), gb.get(), B, T, C, OC);
+  expect_close(to_d(gpre.host()), to_d(pre), tol<E>(), "pre-activation (aux)");
+  expect_close(to_d(gout.host()), to_d(out), t, "gelu out");
+
+  // Backward of the next layer (OC -> C2) through the GELU: dpre = (dout W2) * gelu'(pre). The
+  // CPU reference reads the GPU's pre-activation and GELU output, so only the backward differs.
+  const int C2 = 72;
+  const auto hpre = gpre.host(), hout = gout.host();
+  auto w2 = to_t<E>(randn(C2 * OC, 4, 0.1)), dout = to_t<E>(randn(B * T * C2, 5));
+  std::vector<E> dgelu(pre.size()), dpre(pre.size());
+  std::vector<float> dw2(w2.size()), db2(C2);
+  cpu::matmul_backward(dgelu.data(), dw2.data(), db2.data(), dout.data(), hout.data(), w2.data(), B, T, OC, C2);
+  cpu::gelu_backward(dpre.data(), hpre.data(), dgelu.data(), pre.size());
+  Dev<E> gw2(w2), gdout(dout), gdpre(to_t<E>(randn(pre.size(), 6)));  // overwritten, not accumulated
+  Dev<float> gdw2(w2.size()), gdb2(C2);
+  cuda::matmul_dgelu_backward(gdpre.get(), gdw2.get(), gdb2.get(), gdout.get(), gout.get(), gw2.get(),
+                              gpre.get(), B, T, OC, C2);
+  expect_close(to_d(gdpre.host()), to_d(dpre), t, "dpre");
+  expect_close(to_d(gdw2.host()), to_d(dw2), 1e-5, "dweight");
+  expect_close(to_d(gdb2.host()), to_d(db2), 1e-5, "dbias");
+}
+
+TEST(KernelsCuda, MatmulGeluEpilogues) {
+  REQUIRE_GPU();
+  for (bool epilogue : {true, false}) {
+    check_matmul_gelu<float>(epilogue);
+    check_matmul_gelu<bf16>(epilogue);
+    check_matmul_gelu<fp16>(epilogue);
+  }
 }
 
 }  // namespace

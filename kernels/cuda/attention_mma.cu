@@ -136,6 +136,22 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const
   a[3] = pack2<T>(hi[2], hi[3]);
 }
 
+// out[d] += A . B over the head-dim columns d: A the k-step j fragment of accumulator tiles
+// s[2j], s[2j+1] (rounded to T), B rows [16j, 16j + 16) of `tile` - P.V in forward, dS.K, P^T.dO
+// and dS^T.Q in backward.
+template <typename T, int HS>
+__device__ __forceinline__ void mma_acc_by_tile(float (*out)[4], const float (*s)[4], int j,
+                                                const uint16_t* tile) {
+  uint32_t a[4];
+  acc_to_a<T>(a, s[2 * j], s[2 * j + 1]);
+#pragma unroll
+  for (int d = 0; d < HS / 8; ++d) {
+    uint32_t b0, b1;
+    frag_b_cols<HS>(b0, b1, tile, j * 16, d * 8);
+    mma<T>(out[d], a, b0, b1);
+  }
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -227,16 +243,7 @@ fwd_mma_kernel(T* out, float* lse, const T* qkv, int T_, int C, int NH) {
     }
     // O += P V, P rounded to T.
 #pragma unroll
-    for (int j = 0; j < kFwdTile / 16; ++j) {
-      uint32_t pa[4];
-      acc_to_a<T>(pa, s[2 * j], s[2 * j + 1]);
-#pragma unroll
-      for (int d = 0; d < HS / 8; ++d) {
-        uint32_t b0, b1;
-        frag_b_cols<HS>(b0, b1, Vs, j * 16, d * 8);
-        mma<T>(o[d], pa, b0, b1);
-      }
-    }
+    for (int j = 0; j < kFwdTile / 16; ++j) mma_acc_by_tile<T, HS>(o, s, j, Vs);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -318,16 +325,7 @@ dq_mma_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const floa
       }
     }
 #pragma unroll
-    for (int j = 0; j < kBwdTile / 16; ++j) {
-      uint32_t sa[4];
-      acc_to_a<T>(sa, s[2 * j], s[2 * j + 1]);
-#pragma unroll
-      for (int d = 0; d < HS / 8; ++d) {
-        uint32_t b0, b1;
-        frag_b_cols<HS>(b0, b1, Ks, j * 16, d * 8);
-        mma<T>(dq[d], sa, b0, b1);
-      }
-    }
+    for (int j = 0; j < kBwdTile / 16; ++j) mma_acc_by_tile<T, HS>(dq, s, j, Ks);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -406,17 +404,8 @@ dkv_mma_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const flo
     }
 #pragma unroll
     for (int j = 0; j < kBwdTile / 16; ++j) {
-      uint32_t pa[4], sa[4];
-      acc_to_a<T>(pa, st[2 * j], st[2 * j + 1]);
-      acc_to_a<T>(sa, dpt[2 * j], dpt[2 * j + 1]);
-#pragma unroll
-      for (int d = 0; d < HS / 8; ++d) {
-        uint32_t b0, b1;
-        frag_b_cols<HS>(b0, b1, dOs, j * 16, d * 8);
-        mma<T>(dv[d], pa, b0, b1);
-        frag_b_cols<HS>(b0, b1, Qs, j * 16, d * 8);
-        mma<T>(dk[d], sa, b0, b1);
-      }
+      mma_acc_by_tile<T, HS>(dv, st, j, dOs);
+      mma_acc_by_tile<T, HS>(dk, dpt, j, Qs);
     }
   }
 #pragma unroll
@@ -537,7 +526,6 @@ void attention_backward_mma(T* dqkv, const T* dout, const T* qkv, const float* l
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)
 #undef KILN_INSTANTIATE
-template bool use_attention_mma<float>(const float*, const float*, int, int);
 
 }  // namespace detail
 }  // namespace kiln::cuda

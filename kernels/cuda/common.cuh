@@ -123,6 +123,11 @@ template <typename T>
 void attention_backward_mma(T* dqkv, const T* dout, const T* qkv, const float* lse,
                             const float* D, int B, int T_, int C, int NH);
 
+// d[i] = gelu'(inp[i]) * d[i] in place (matmul_dgelu_backward without the epilogue; the same
+// arithmetic as gelu_backward into a zeroed buffer).
+template <typename T>
+void gelu_backward_inplace(T* d, const T* inp, size_t n);
+
 // out[c] += sum over rows of f(row, c), deterministic: rows are cut into fixed chunks of
 // kColumnChunkRows, each (chunk, column) sums in row order into a partial, partials are then
 // added in chunk order. Used for bias / layernorm parameter gradients.

@@ -46,16 +46,24 @@ __global__ void gelu_forward_kernel(T* out, const T* inp, size_t n) {
   }
 }
 
+// d gelu(x) / dx for the tanh approximation.
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float u = kGeluK * (x + kGeluA * x * x * x);
+  const float t = tanhf(u);
+  const float dudx = kGeluK * (1.0f + 3.0f * kGeluA * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dudx;
+}
+
 template <typename T>
 __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float x = ld(inp + i);
-    const float u = kGeluK * (x + kGeluA * x * x * x);
-    const float t = tanhf(u);
-    const float dudx = kGeluK * (1.0f + 3.0f * kGeluA * x * x);
-    const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dudx;
-    st(dinp + i, ld(dinp + i) + grad * ld(dout + i));
-  }
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    st(dinp + i, ld(dinp + i) + gelu_grad(ld(inp + i)) * ld(dout + i));
+}
+
+template <typename T>
+__global__ void gelu_backward_inplace_kernel(T* d, const T* inp, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    st(d + i, gelu_grad(ld(inp + i)) * ld(d + i));
 }
 
 struct AdamWConst {
@@ -193,6 +201,18 @@ void gelu_backward(Same<T>* dinp, const T* inp, const Same<T>* dout, size_t N) {
   gelu_backward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(dinp, inp, dout, N);
   KILN_CUDA_LAUNCHED();
 }
+
+namespace detail {
+template <typename T>
+void gelu_backward_inplace(T* d, const T* inp, size_t n) {
+  if (n == 0) return;
+  gelu_backward_inplace_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(d, inp, n);
+  KILN_CUDA_LAUNCHED();
+}
+template void gelu_backward_inplace<float>(float*, const float*, size_t);
+template void gelu_backward_inplace<bf16>(bf16*, const bf16*, size_t);
+template void gelu_backward_inplace<fp16>(fp16*, const fp16*, size_t);
+}  // namespace detail
 
 void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
                   const AdamWParams& hp) {

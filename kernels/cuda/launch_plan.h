@@ -72,9 +72,18 @@ inline const char* gemm_epilogue_name(GemmEpilogue e) {
   return "?";
 }
 
+// The largest power of two (up to 256 bytes, cuBLASLt's default assumption) dividing the address.
+inline uint32_t pointer_alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 256u;
+  const uintptr_t low = a & (~a + 1);
+  return static_cast<uint32_t>(low < 256 ? low : 256);
+}
+
 // Everything that selects a cuBLASLt plan (descriptors + algorithm): two GEMMs with equal keys run
 // the same algorithm, so results repeat bit for bit; any field that changes the problem, the
-// types, the layouts or the epilogue gives another key. Types are cudaDataType_t values, the
+// types, the layouts, the operands' alignment (the heuristic is told it) or the epilogue gives
+// another key. Types are cudaDataType_t values, the
 // transposes cublasOperation_t values (kept as int so this header needs no CUDA).
 struct GemmKey {
   int transa = 0, transb = 0;
@@ -83,9 +92,11 @@ struct GemmKey {
   bool accumulate = false;  // beta != 0
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   int aux_ld = 0;  // leading dimension of the aux matrix (gelu epilogues), else 0
+  // The A, B and C/D pointers' alignment in bytes (pointer_alignment).
+  uint32_t align_a = 256, align_b = 256, align_c = 256;
   auto tie() const {
     return std::tie(transa, transb, m, n, k, atype, lda, btype, ldb, ctype, ldc, accumulate,
-                    epilogue, aux_ld);
+                    epilogue, aux_ld, align_a, align_b, align_c);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
   bool operator==(const GemmKey& o) const { return tie() == o.tie(); }
@@ -97,7 +108,9 @@ struct GemmKey {
            std::to_string(ctype) + " ld=" + std::to_string(lda) + "/" + std::to_string(ldb) + "/" +
            std::to_string(ldc) + " beta=" + (accumulate ? "1" : "0") +
            " epilogue=" + gemm_epilogue_name(epilogue) +
-           (aux_ld ? " aux_ld=" + std::to_string(aux_ld) : std::string());
+           (aux_ld ? " aux_ld=" + std::to_string(aux_ld) : std::string()) +
+           " align=" + std::to_string(align_a) + "/" + std::to_string(align_b) + "/" +
+           std::to_string(align_c);
   }
 };
 

@@ -1,19 +1,23 @@
 // matmul on the GPU: cuBLASLt (fp32 accumulation, no TF32; bf16/fp16 inputs on tensor cores),
-// the bias added in the GEMM's epilogue. Each distinct GEMM (shape, types, transposes, bias)
-// gets its descriptors and algorithm (the heuristic's first choice) once, cached, so a given GEMM
-// always runs the same algorithm: results repeat bit for bit. The heuristic is told each
-// pointer's real alignment (cuBLASLt assumes 256 bytes unless told; Kiln's tensors are 32-byte
-// aligned, and a GPT-2 XL weight sits on a 128-byte boundary). Where cuBLASLt offers no algorithm
-// (e.g. unaligned leading dimensions), or refuses one at run time, the GEMM falls back to
-// cublasGemmEx, bias preloaded.
+// the bias added in the GEMM's epilogue. Each distinct GEMM (GemmKey: shape, types, layouts,
+// alignment, epilogue) gets its descriptors and algorithm (the heuristic's first choice) once,
+// cached, so a given GEMM always runs the same algorithm: results repeat bit for bit. The
+// heuristic is told each pointer's real alignment (cuBLASLt assumes 256 bytes unless told; Kiln's
+// tensors are 32-byte aligned, and a GPT-2 XL weight sits on a 128-byte boundary). Where cuBLASLt
+// offers no algorithm (e.g. unaligned leading dimensions), or refuses one at run time, the GEMM
+// falls back to cublasGemmEx, bias preloaded.
+// The MLP's first GEMM can carry its GELU (CUBLASLT_EPILOGUE_GELU_AUX_BIAS, the pre-activation
+// kept as the aux output for backward) and the backward GEMM into it the GELU's derivative
+// (CUBLASLT_EPILOGUE_DGELU, reading that aux): matmul_gelu_forward / matmul_dgelu_backward, on
+// when gemm_epilogues() is (ops.h), else a GEMM and the separate GELU kernel.
 #include <cublasLt.h>
 
-#include <compare>
 #include <cstdint>
 #include <map>
 
 #include "common/log_text.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch_plan.h"
 
 namespace kiln::cuda {
 
@@ -44,24 +48,10 @@ struct LtPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// One distinct GEMM: everything the algorithm choice depends on.
-struct GemmKey {
-  int ta, tb, m, n, k, at, lda, bt, ldb, ct, ldc;
-  bool bias, accumulate;
-  uint32_t align_a = 256, align_b = 256, align_c = 256;  // the pointers' (powers of two, bytes)
-  auto operator<=>(const GemmKey&) const = default;
-};
-
-// The largest power of two (up to 256, cuBLASLt's default assumption) dividing the address.
-uint32_t alignment(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(a & (~a + 1), 256));
-}
-
 struct LtState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  std::map<GemmKey, LtPlan> plans;
+  std::map<GemmKey, LtPlan> plans;  // launch_plan.h: every field that selects the algorithm
   LtState() {
     KILN_CUBLAS_CHECK(cublasLtCreate(&handle));
     KILN_CUDA_CHECK(cudaMalloc(&workspace, kLtWorkspace));
@@ -72,27 +62,47 @@ LtState& lt() {
   return s;
 }
 
-// Column-major D(m,n) = op(A) op(B) (+ beta C) (+ bias(m)), C and D the same buffer.
-LtPlan& plan(const GemmKey& key) {
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kGeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::kNone: break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// Column-major D(m,n) = op(A) op(B) (+ beta C) with the key's epilogue, C and D the same buffer.
+// The plan (descriptors + the heuristic's first algorithm) is made once per key; bias and aux are
+// the first call's pointers (the heuristic looks at their alignment, which every later call with
+// this key shares: both are 16-byte aligned or the key has no such epilogue).
+LtPlan& plan(const GemmKey& key, const void* bias, const void* aux) {
   LtState& s = lt();
-  const auto ta = cublasOperation_t(key.ta), tb = cublasOperation_t(key.tb);
-  const auto at = cudaDataType_t(key.at), bt = cudaDataType_t(key.bt), ct = cudaDataType_t(key.ct);
-  const int m = key.m, n = key.n, k = key.k;
   auto it = s.plans.find(key);
   if (it != s.plans.end()) return it->second;
+  const auto ta = static_cast<cublasOperation_t>(key.transa), tb = static_cast<cublasOperation_t>(key.transb);
+  const auto at = static_cast<cudaDataType_t>(key.atype), bt = static_cast<cudaDataType_t>(key.btype),
+             ct = static_cast<cudaDataType_t>(key.ctype);
+  const int m = key.m, n = key.n, k = key.k;
   LtPlan p;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  if (key.bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  if (key.epilogue != GemmEpilogue::kNone) {
+    const cublasLtEpilogue_t epi = lt_epilogue(key.epilogue);
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct));
   }
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, at, ta == CUBLAS_OP_N ? m : k,
-                                               ta == CUBLAS_OP_N ? k : m, key.lda));
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, bt, tb == CUBLAS_OP_N ? k : n,
-                                               tb == CUBLAS_OP_N ? n : k, key.ldb));
+  if (bias) {
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  }
+  if (aux) {
+    const int64_t ld = key.aux_ld;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+  }
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, at, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, key.lda));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, bt, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, key.ldb));
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, m, n, key.ldc));
   cublasLtMatmulPreference_t pref;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -116,34 +126,77 @@ LtPlan& plan(const GemmKey& key) {
   return s.plans.emplace(key, p).first->second;
 }
 
+GemmKey gemm_key(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A,
+                 cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb,
+                 const void* C, cudaDataType_t ct, int ldc, float beta, GemmEpilogue epilogue,
+                 int aux_ld) {
+  GemmKey key;
+  key.align_a = pointer_alignment(A);
+  key.align_b = pointer_alignment(B);
+  key.align_c = pointer_alignment(C);
+  key.transa = int(ta);
+  key.transb = int(tb);
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.atype = int(at);
+  key.lda = lda;
+  key.btype = int(bt);
+  key.ldb = ldb;
+  key.ctype = int(ct);
+  key.ldc = ldc;
+  key.accumulate = beta != 0.0f;
+  key.epilogue = epilogue;
+  key.aux_ld = aux_ld;
+  return key;
+}
+
+// cublasLtMatmul with the plan's algorithm; false when that algorithm refused these operands at
+// run time (nothing ran: the plan is marked unusable and the caller falls back). Any other
+// failure stops the process.
+bool run_plan(LtPlan& p, const GemmKey& key, const void* A, const void* B, float beta, void* D) {
+  const float alpha = 1.0f;
+  const cublasStatus_t st = cublasLtMatmul(lt().handle, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.c,
+                                           D, p.c, &p.algo, lt().workspace, kLtWorkspace, stream());
+  if (st == CUBLAS_STATUS_SUCCESS) return true;
+  KILN_CHECK(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
+             std::string("cublasLtMatmul: ") + cublasGetStatusName(st) + " (" +
+                 cublasGetStatusString(st) + ")");
+  log_warning_text(std::string("cuBLASLt refused a GEMM (") + cublasGetStatusName(st) + ", " +
+                   key.describe() + "); running it without cuBLASLt");
+  p.ok = false;
+  return false;
+}
+
+// One cuBLASLt call with an epilogue that needs an aux matrix (the GELU ones); false (nothing
+// enqueued) where cuBLASLt has no algorithm for it, so the caller runs the unfused kernels.
+bool gemm_aux(GemmEpilogue epilogue, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+              const void* A, cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb,
+              void* D, cudaDataType_t ct, int ldc, const void* bias, const void* aux, int aux_ld) {
+  if (!gelu_epilogue_fits(aux_ld, aux) || (bias && reinterpret_cast<uintptr_t>(bias) % 16 != 0)) return false;
+  const float beta = 0.0f;
+  const GemmKey key =
+      gemm_key(ta, tb, m, n, k, A, at, lda, B, bt, ldb, D, ct, ldc, beta, epilogue, aux_ld);
+  LtPlan& p = plan(key, bias, aux);
+  if (!p.ok) return false;
+  if (bias) KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+  return run_plan(p, key, A, B, beta, D);
+}
+
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A,
           cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb, float beta,
           void* C, cudaDataType_t ct, int ldc, const void* bias = nullptr) {
   const float alpha = 1.0f;
-  GemmKey key{int(ta), int(tb), m, n, k, int(at), lda, int(bt), ldb, int(ct), ldc, bias != nullptr,
-              beta != 0.0f};
-  key.align_a = alignment(A);
-  key.align_b = alignment(B);
-  key.align_c = alignment(C);
-  LtPlan& p = plan(key);
+  const GemmKey key = gemm_key(ta, tb, m, n, k, A, at, lda, B, bt, ldb, C, ct, ldc, beta,
+                               bias ? GemmEpilogue::kBias : GemmEpilogue::kNone, 0);
+  LtPlan& p = plan(key, bias, nullptr);
   if (p.ok) {
     if (bias) {
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                    sizeof bias));
     }
-    const cublasStatus_t st =
-        cublasLtMatmul(lt().handle, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo,
-                       lt().workspace, kLtWorkspace, stream());
-    if (st == CUBLAS_STATUS_SUCCESS) return;
-    // The chosen algorithm refused these operands (nothing ran): this GEMM uses cublasGemmEx from
-    // now on. Any other failure stops the process.
-    KILN_CHECK(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
-               std::string("cublasLtMatmul: ") + cublasGetStatusName(st) + " (" +
-                   cublasGetStatusString(st) + ")");
-    log_warning_text(std::string("cuBLASLt refused a ") + std::to_string(m) + "x" +
-                     std::to_string(n) + "x" + std::to_string(k) + " GEMM (" +
-                     cublasGetStatusName(st) + "); using cublasGemmEx for it");
-    p.ok = false;
+    if (run_plan(p, key, A, B, beta, C)) return;
   }
   if (bias) {  // fallback: preload the bias, then accumulate (beta is 0 for biased GEMMs)
     if (ct == CUDA_R_32F) {
@@ -193,7 +246,47 @@ void matmul_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
   if (dbias) column_sums_accumulate(dbias, dout, BT, OC);
 }
 
+template <typename T>
+void matmul_gelu_forward(T* out, T* pre, const Same<T>* inp, const Same<T>* weight,
+                         const Same<T>* bias, int B, int T_, int C, int OC) {
+  KILN_CUDA_TIMED(kGemm);
+  const int BT = B * T_;
+  if (BT == 0 || OC == 0) return;
+  // out^T = gelu(W . inp^T + bias), pre^T = W . inp^T + bias (column-major OC x BT, ld OC).
+  if (gemm_epilogues() && bias &&
+      gemm_aux(GemmEpilogue::kGeluAuxBias, CUBLAS_OP_T, CUBLAS_OP_N, OC, BT, C, weight, cuda_type<T>(), C,
+               inp, cuda_type<T>(), C, out, cuda_type<T>(), OC, bias, pre, OC)) {
+    return;
+  }
+  matmul_forward(pre, inp, weight, bias, B, T_, C, OC);
+  gelu_forward(out, pre, size_t(BT) * OC);
+}
+
+template <typename T>
+void matmul_dgelu_backward(Same<T>* dpre, float* dweight, float* dbias, const T* dout,
+                           const Same<T>* inp, const Same<T>* weight, const Same<T>* pre, int B,
+                           int T_, int C, int OC) {
+  KILN_CUDA_TIMED(kGemm);
+  const int BT = B * T_;
+  if (BT == 0 || OC == 0) return;
+  // dpre^T (C x BT) = (W^T . dout^T) * gelu'(pre^T): the DGELU epilogue reads pre as its aux.
+  const bool fused =
+      gemm_epilogues() &&
+      gemm_aux(GemmEpilogue::kDGelu, CUBLAS_OP_N, CUBLAS_OP_N, C, BT, OC, weight, cuda_type<T>(), C,
+               dout, cuda_type<T>(), OC, dpre, cuda_type<T>(), C, nullptr, pre, C);
+  if (!fused) {
+    // The unfused arithmetic: d(gelu out) rounded to T, then times gelu'(pre), rounded again.
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, BT, OC, weight, cuda_type<T>(), C, dout, cuda_type<T>(), OC,
+         0.0f, dpre, cuda_type<T>(), C);
+    gelu_backward_inplace(dpre, pre, size_t(BT) * C);
+  }
+  matmul_backward(static_cast<T*>(nullptr), dweight, dbias, dout, inp, weight, B, T_, C, OC);
+}
+
 #define KILN_INSTANTIATE(T)                                                                      \
+  template void matmul_gelu_forward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int); \
+  template void matmul_dgelu_backward<T>(T*, float*, float*, const T*, const T*, const T*,       \
+                                         const T*, int, int, int, int);                          \
   template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int, int);        \
   template void matmul_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int,  \
                                    int, int);

@@ -105,7 +105,9 @@ bool attention_mma_eligible(DType t, int C, int NH);
 void set_fused_kernels(bool on);
 bool fused_kernels();
 // cuBLASLt GELU epilogues (matmul_gelu_forward, matmul_dgelu_backward): on by default,
-// KILN_CUDA_GEMM_EPILOGUE=0 turns them off (a GEMM, then the separate GELU kernel).
+// KILN_CUDA_GEMM_EPILOGUE=0 turns them off (a GEMM, then the separate GELU kernel). They also
+// fall back to that where cuBLASLt offers no algorithm or the aux matrix is not aligned
+// (launch_plan.h gelu_epilogue_fits).
 void set_gemm_epilogues(bool on);
 bool gemm_epilogues();
 
@@ -131,6 +133,23 @@ void matmul_forward(T* out, const Same<T>* inp, const Same<T>* weight, const Sam
 template <typename T>
 void matmul_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
                      const Same<T>* inp, const Same<T>* weight, int B, int T_, int C, int OC);
+
+// The MLP's first linear layer with its GELU: pre = inp W^T + bias (kept for backward), out =
+// gelu(pre) - matmul_forward then gelu_forward, as one cuBLASLt GEMM with the GELU_AUX_BIAS
+// epilogue when gemm_epilogues() (GELU of the fp32 accumulator, so `out` may differ from
+// gelu(rounded pre) by one rounding). bias required for the epilogue.
+template <typename T>
+void matmul_gelu_forward(T* out, T* pre, const Same<T>* inp, const Same<T>* weight,
+                         const Same<T>* bias, int B, int T_, int C, int OC);
+// The backward of the layer after that GELU (inp = gelu(pre), C inputs, OC outputs): dpre =
+// (dout W) * gelu'(pre), overwritten (not accumulated); dweight, dbias accumulate as in
+// matmul_backward. One GEMM with the DGELU epilogue when gemm_epilogues(); else the GEMM, then
+// gelu'(pre) applied in place (the arithmetic of matmul_backward into a zeroed buffer followed by
+// gelu_backward into another).
+template <typename T>
+void matmul_dgelu_backward(Same<T>* dpre, float* dweight, float* dbias, const T* dout,
+                           const Same<T>* inp, const Same<T>* weight, const Same<T>* pre, int B,
+                           int T_, int C, int OC);
 
 template <typename T>
 void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, int C, int NH);
@@ -213,6 +232,8 @@ struct CudaBackend {
   KILN_BACKEND_FORWARD(cuda, layernorm_backward)
   KILN_BACKEND_FORWARD(cuda, matmul_forward)
   KILN_BACKEND_FORWARD(cuda, matmul_backward)
+  KILN_BACKEND_FORWARD(cuda, matmul_gelu_forward)
+  KILN_BACKEND_FORWARD(cuda, matmul_dgelu_backward)
   KILN_BACKEND_FORWARD(cuda, attention_forward)
   KILN_BACKEND_FORWARD(cuda, attention_backward)
   KILN_BACKEND_FORWARD(cuda, gelu_forward)
