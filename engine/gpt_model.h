@@ -198,12 +198,20 @@ class GptModel final : public Model {
   // A row-parallel layer's bias, counted once in the sum over the group.
   const T* row_bias(int t) { return tp_ ? tp_->row_bias(w(t)) : w(t); }
 
+  // Whether the kernel backend has the fused residual + layernorm (CUDA).
+  static constexpr bool kFusedResidualLn = requires(T* t, float* f, const T* c) {
+    K::residual_layernorm_forward(t, t, f, f, c, c, c, c, 1, 1, 1);
+  };
+  // A block's last residual fused with the next layernorm (block l+1's ln1, or ln_f after the
+  // last block): only with the fused operator and without unit hooks (ZeRO-3 gathers a unit's
+  // weights when it starts, so the next unit's layernorm weights are not at hand yet).
+  bool fuse_next_layernorm() const { return kFusedResidualLn && hooks_ == nullptr; }
+
   // res = a + b, then out = layernorm(res): one fused operator where the backend has it (CUDA),
   // the two operators otherwise (same results).
   void residual_layernorm(T* res, T* out, float* mean, float* rstd, const T* a, const T* b,
                           const T* weight, const T* bias) {
-    if constexpr (requires { K::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias,
-                                                           1, 1, 1); }) {
+    if constexpr (kFusedResidualLn) {
       K::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, B(), Tn(), C());
     } else {
       K::residual_forward(res, a, b, s_.btc);
@@ -212,11 +220,14 @@ class GptModel final : public Model {
   }
 
   // Block l from x_[l]; writes x_[l+1] unless `recompute` (which stops after the GELU).
-  void block_forward(size_t l, bool recompute) {
+  // ln1_done: the previous block's last residual already wrote this block's ln1 (forward_blocks).
+  void block_forward(size_t l, bool recompute, bool ln1_done = false) {
     const BlockTensors& bt = p_->block(static_cast<int>(l));
     Acts a = acts(l);
     const T* x = x_[l].data();
-    K::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w(bt.ln1_w), w(bt.ln1_b), B(), Tn(), C());
+    if (!ln1_done) {
+      K::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w(bt.ln1_w), w(bt.ln1_b), B(), Tn(), C());
+    }
     K::matmul_forward(a.qkv, a.ln1, w(bt.qkv_w), w(bt.qkv_b), B(), Tn(), C(), 3 * CA());
     K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), CA(), NH());
     K::matmul_forward(proj_.data(), a.atty, w(bt.attn_proj_w), row_bias(bt.attn_proj_b), B(), Tn(),
@@ -234,7 +245,17 @@ class GptModel final : public Model {
     K::matmul_forward(proj_.data(), a.gelu, w(bt.fc_proj_w), row_bias(bt.fc_proj_b), B(), Tn(), F(),
                       C());
     tp_sum(proj_);
-    K::residual_forward(x_[l + 1].data(), a.res2, proj_.data(), s_.btc);
+    if (!fuse_next_layernorm()) {
+      K::residual_forward(x_[l + 1].data(), a.res2, proj_.data(), s_.btc);
+    } else if (l + 2 < x_.size()) {  // x_{l+1} and block l+1's ln1 in one pass
+      const BlockTensors& next = p_->block(static_cast<int>(l + 1));
+      Acts n = acts(l + 1);  // (with full recomputation the same buffers: block l is done with them)
+      residual_layernorm(x_[l + 1].data(), n.ln1, n.ln1_mean, n.ln1_rstd, a.res2, proj_.data(),
+                         w(next.ln1_w), w(next.ln1_b));
+    } else {  // x_L and ln_f
+      residual_layernorm(x_[l + 1].data(), lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt,
+                         a.res2, proj_.data(), w(p_->lnf_w()), w(p_->lnf_b()));
+    }
   }
 
   void forward_blocks(const int32_t* inputs) {
@@ -245,14 +266,17 @@ class GptModel final : public Model {
       K::encoder_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
     }
     release(embed_unit_);
+    const bool fused = fuse_next_layernorm();
     for (size_t l = 0; l < x_.size() - 1; ++l) {
       acquire(block_units_[l], false);
-      block_forward(l, false);
+      block_forward(l, false, /*ln1_done=*/fused && l > 0);
       release(block_units_[l]);
     }
     acquire(final_unit_, false);
-    K::layernorm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt,
-                         x_.back().data(), w(p_->lnf_w()), w(p_->lnf_b()), B(), Tn(), C());
+    if (!fused || x_.size() == 1) {
+      K::layernorm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt,
+                           x_.back().data(), w(p_->lnf_w()), w(p_->lnf_b()), B(), Tn(), C());
+    }
     release(final_unit_);
   }
 
