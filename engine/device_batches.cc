@@ -9,6 +9,7 @@ DeviceBatches::DeviceBatches(Backend* backend, int64_t rows, int64_t seq_len)
 
 DeviceBatches::~DeviceBatches() {
   be_->synchronize();
+  if (pinned_losses_) be_->deallocate_pinned(pinned_losses_, pinned_count_ * n_ * sizeof(float));
   for (size_t i = 0; i < slots_.size(); ++i) {
     be_->deallocate_pinned(slots_[i].pinned, 2 * n_ * sizeof(int32_t));
   }
@@ -47,8 +48,24 @@ DeviceBatches::Tokens DeviceBatches::at(size_t i) {
 
 float* DeviceBatches::losses(size_t i) { return losses_.data() + i * n_; }
 
+const float* DeviceBatches::host_losses(size_t count) {
+  KILN_CHECK(count * n_ <= losses_.size(), "DeviceBatches::host_losses: more micro-batches than uploaded");
+  if (be_->host_addressable()) {
+    be_->synchronize();
+    return losses_.data();
+  }
+  if (count > pinned_count_) {
+    if (pinned_losses_) be_->deallocate_pinned(pinned_losses_, pinned_count_ * n_ * sizeof(float));
+    pinned_count_ = slots_.size();  // all that losses_ holds, so it grows as rarely as losses_
+    pinned_losses_ = static_cast<float*>(be_->allocate_pinned(pinned_count_ * n_ * sizeof(float)));
+  }
+  be_->copy_to_host(pinned_losses_, losses_.data(), count * n_ * sizeof(float));
+  return pinned_losses_;
+}
+
 void DeviceBatches::download_losses(size_t count, float* out) {
-  be_->copy_to_host(out, losses_.data(), count * n_ * sizeof(float));
+  if (count == 0) return;
+  std::memcpy(out, host_losses(count), count * n_ * sizeof(float));
 }
 
 }  // namespace kiln::engine

@@ -4,8 +4,9 @@
 // an asynchronous copy to backend memory (on a GPU, on the copy stream, so it overlaps the compute
 // already queued and the loader's work on the next micro-batch); at(i) returns the backend
 // pointers, making the compute queued afterwards wait for that copy (no host sync). Each
-// micro-batch writes its losses to losses(i); download_losses() brings all of a step's losses to
-// the host in one copy. On the CPU the copies are memcpy and nothing waits. Buffers grow to the
+// micro-batch writes its losses to losses(i); host_losses() brings all of a step's losses to the
+// host in one copy into pinned memory (a direct DMA; on the CPU no copy at all), download_losses()
+// copies them on into a caller's buffer. On the CPU the copies are memcpy and nothing waits. Buffers grow to the
 // largest grad_accum seen and are reused. Not thread-safe.
 #pragma once
 
@@ -32,7 +33,11 @@ class DeviceBatches {
   };
   Tokens at(size_t i);
   float* losses(size_t i);
-  // Micro-batches 0..count-1's losses, count * rows * seq_len values, into host `out`.
+  // Micro-batches 0..count-1's losses, count * rows * seq_len values, readable by the host: the
+  // backend's buffer itself where the host can address it (CPU), else a pinned host copy (waits
+  // for the work queued before). Valid until the next host_losses / download_losses.
+  const float* host_losses(size_t count);
+  // The same into host `out`.
   void download_losses(size_t count, float* out);
 
  private:
@@ -45,6 +50,8 @@ class DeviceBatches {
   size_t n_;  // rows * seq_len
   std::vector<Slot> slots_;
   DeviceArray<float> losses_;
+  float* pinned_losses_ = nullptr;  // host copy of losses_ (device backends), pinned_count_ * n_
+  size_t pinned_count_ = 0;
 };
 
 }  // namespace kiln::engine

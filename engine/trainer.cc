@@ -477,11 +477,11 @@ Result<StepRecord> Trainer::step() {
     model_->forward_backward(tok.inputs, tok.targets, dloss, staged_->losses(bi));
   }
   const size_t per_batch = static_cast<size_t>(config_.data.micro_batch * T);
-  losses_.resize(batches_.size() * per_batch);
-  staged_->download_losses(batches_.size(), losses_.data());
+  // The step's one wait for the device: every micro-batch's per-token losses, one copy (pinned).
+  const float* step_losses = staged_->host_losses(batches_.size());
   for (size_t bi = 0; bi < batches_.size(); ++bi) {
     const MicroBatch& b = batches_[bi];
-    const float* losses = losses_.data() + bi * per_batch;
+    const float* losses = step_losses + bi * per_batch;
     for (int64_t r = 0; r < b.rows; ++r) {
       double row = 0;
       int64_t n = 0;

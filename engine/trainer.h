@@ -104,7 +104,6 @@ class Trainer {
   std::vector<StepRecord> history_;
   std::vector<MicroBatch> batches_;
   std::unique_ptr<DeviceBatches> staged_;  // the step's micro-batches and losses on the device
-  std::vector<float> losses_;
   std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
   double flops_per_token_ = 0;           // engine/mfu.h
   std::optional<double> peak_flops_;     // the GPU's dense bf16 peak, when known

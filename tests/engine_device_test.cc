@@ -136,6 +136,12 @@ TEST(Device, StagedBatchesRoundTrip) {
       staged.download_losses(mb.size(), losses.data());
       EXPECT_EQ(losses[0], static_cast<float>(step));
       EXPECT_EQ(losses[2 * rows * T], static_cast<float>(2 + step));
+      // The host view (pinned copy on a GPU, the buffer itself on the CPU), of fewer micro-batches.
+      const float* host = staged.host_losses(2);
+      EXPECT_EQ(host[0], static_cast<float>(step));
+      EXPECT_EQ(host[rows * T + 1], static_cast<float>(1 + step));
+      EXPECT_EQ(std::vector<float>(host, host + 2 * rows * T),
+                std::vector<float>(losses.begin(), losses.begin() + 2 * rows * T));
     }
   }
 }
