@@ -31,7 +31,10 @@ class CudaRuntime final : public Backend {
   std::string describe() const override {
     return "cuda: " + info_.name + " (sm_" + std::to_string(info_.major) +
            std::to_string(info_.minor) + ", " + std::to_string(info_.multiprocessors) + " SMs, " +
-           gib(info_.total_bytes) + ")";
+           gib(info_.total_bytes) + "; fused kernels " + (cuda::fused_kernels() ? "on" : "off") +
+           ", GEMM epilogues " + (cuda::gemm_epilogues() ? "on" : "off") + ", attention " +
+           (cuda::attention_kernel() == cuda::AttentionKernel::kTensorCore ? "tensor-core" : "tiled") +
+           ")";
   }
   bool host_addressable() const override { return false; }
   std::string product_name() const override { return info_.name; }
