@@ -11,6 +11,7 @@
 #include "common/atomic_file.h"
 #include "common/json.h"
 #include "dataprep/ingest/doc_parser.h"
+#include "dataprep/ingest/line_reader.h"
 #include "dataprep/tagging/tagger.h"
 #include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_io.h"
@@ -20,6 +21,7 @@
 #include "format/npy.h"
 #include "format/shard_reader.h"
 #include "format/shard_writer.h"
+#include "tests/compress_util.h"
 
 namespace kiln {
 namespace {
@@ -411,6 +413,75 @@ TEST_F(InputCaps, TaggerTrainingLineJustPastCap) {
       << r.status().to_string();
   for (const auto& e : fs::directory_iterator(dir_))
     EXPECT_EQ(e.path().filename().string().find("past.bin"), std::string::npos) << e.path();
+}
+
+// ---- JSONL lines --------------------------------------------------------------------------------
+
+// input.max_line_bytes: a line of exactly the cap is read, one byte more is skipped as it streams
+// and reported as too long with its line number and length (prep counts it as `too_long`, with
+// the file and line, in its rejects), and the next line is intact - plain and gzip.
+TEST_F(InputCaps, JsonlLineJustPastCap) {
+  constexpr size_t kCap = 3000;
+  const std::string at(kCap, 'a'), past(kCap + 1, 'p');
+  const std::string text = "first\n" + at + "\n" + past + "\nafter\n";
+  spit("lines.jsonl", text);
+  spit("lines.jsonl.gz", testing_compress::gzip(text));
+  for (const auto& [name, compression] :
+       {std::pair{"lines.jsonl", prep::InputCompression::kNone},
+        std::pair{"lines.jsonl.gz", prep::InputCompression::kGzip}}) {
+    auto reader = prep::LineReader::open(path(name), compression, kCap);
+    ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+    std::vector<std::pair<prep::LineEventKind, std::string>> events;
+    prep::LineEvent ev;
+    uint64_t past_line = 0, past_length = 0;
+    for (;;) {
+      ASSERT_TRUE((*reader)->next(&ev).is_ok()) << name;
+      if (ev.kind == prep::LineEventKind::kEnd) break;
+      if (ev.kind == prep::LineEventKind::kTooLong) {
+        past_line = ev.line;
+        past_length = ev.length;
+      }
+      events.emplace_back(ev.kind, std::string(ev.text));
+    }
+    ASSERT_EQ(events.size(), 4u) << name;
+    EXPECT_EQ(events[1].first, prep::LineEventKind::kLine) << name;
+    EXPECT_EQ(events[1].second, at) << name;
+    EXPECT_EQ(events[2].first, prep::LineEventKind::kTooLong) << name;
+    EXPECT_EQ(past_line, 3u) << name;
+    EXPECT_EQ(past_length, kCap + 1) << name;
+    EXPECT_EQ(events[3].second, "after") << name;
+  }
+}
+
+// ---- mixture control file -----------------------------------------------------------------------
+
+// RUN/control/mixture.json is capped at 1 MiB: a file of exactly 1 MiB is parsed, one byte more
+// is refused with the file named (and the trainer's watcher, which checks the size before reading,
+// counts it as rejected and keeps the current weights).
+TEST_F(InputCaps, MixtureControlFileJustPastCap) {
+  constexpr size_t kCap = size_t{1} << 20;
+  std::string at = R"({"weights": {"web": 1, "code": 3}})";
+  at.resize(kCap, ' ');
+  auto ok = engine::parse_mixture_json(at, "at-cap.json", {"web", "code"});
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_DOUBLE_EQ(ok->normalised().at("code"), 0.75);
+  const std::string past = at + " ";
+  auto refused = engine::parse_mixture_json(past, "past-cap.json", {"web", "code"});
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().to_string().find("past-cap.json"), std::string::npos)
+      << refused.status().to_string();
+  EXPECT_NE(refused.status().to_string().find("larger than 1 MiB"), std::string::npos)
+      << refused.status().to_string();
+
+  const std::string run = path("run");
+  engine::MixtureWatcher watcher(run, {"web", "code"});
+  ASSERT_TRUE(write_file_atomic(engine::mixture_path(run), past).is_ok());
+  EXPECT_FALSE(watcher.poll().has_value());
+  EXPECT_EQ(watcher.rejected(), 1);
+  ASSERT_TRUE(write_file_atomic(engine::mixture_path(run), at).is_ok());
+  auto applied = watcher.poll();
+  ASSERT_TRUE(applied.has_value());
+  EXPECT_DOUBLE_EQ(applied->at("code"), 3.0);
 }
 
 }  // namespace
