@@ -82,7 +82,61 @@ std::unique_ptr<Work> completed_work(Status status) {
   return std::make_unique<DoneWork>(std::move(status));
 }
 
-// ---- ProcessGroup: counting front, backend behind ---------------------------------------------
+// ---- ProcessGroup: counting and watching front, backend behind --------------------------------
+
+class ProcessGroup::Watch {
+ public:
+  Watch(ProcessGroup& g, const char* collective) : id_(g.begin(collective)) {}
+  ~Watch() {
+    if (id_) detail::watch_end(id_);
+  }
+  Watch(const Watch&) = delete;
+  Watch& operator=(const Watch&) = delete;
+
+ private:
+  uint64_t id_;
+};
+
+namespace {
+
+// An asynchronous collective's handle whose completion ends its watch.
+class WatchedWork final : public Work {
+ public:
+  WatchedWork(uint64_t id, std::unique_ptr<Work> inner) : id_(id), inner_(std::move(inner)) {}
+  ~WatchedWork() override {
+    inner_.reset();  // waits
+    end();
+  }
+  Status wait() override {
+    Status st = inner_->wait();
+    end();
+    return st;
+  }
+  bool test() override {
+    const bool done = inner_->test();
+    if (done) end();
+    return done;
+  }
+
+ private:
+  void end() {
+    if (id_) detail::watch_end(id_);
+    id_ = 0;
+  }
+  uint64_t id_;
+  std::unique_ptr<Work> inner_;
+};
+
+}  // namespace
+
+uint64_t ProcessGroup::begin(const char* collective) {
+  return detail::watch_begin(*this, collective, ++seq_);
+}
+
+std::unique_ptr<Work> ProcessGroup::watched(uint64_t id, std::unique_ptr<Work> work) {
+  if (id == 0) return work;
+  return std::make_unique<WatchedWork>(id, std::move(work));
+}
 
 void ProcessGroup::count(const char* collective, uint64_t bytes) {
   if (size() <= 1) return;
@@ -93,11 +147,13 @@ void ProcessGroup::count(const char* collective, uint64_t bytes) {
 
 Status ProcessGroup::barrier() {
   count("barrier", 0);
+  Watch w(*this, "barrier");
   return do_barrier();
 }
 
 Status ProcessGroup::bcast(void* data, size_t bytes, int root) {
   count("broadcast", bytes);
+  Watch w(*this, "broadcast");
   return do_bcast(data, bytes, root);
 }
 
@@ -111,6 +167,7 @@ Status ProcessGroup::allgatherv(const void* send, size_t send_bytes, void* recv,
   uint64_t total = 0;
   for (int r = 0; r < size(); ++r) total += recv_bytes[r];
   count("all_gather", total);
+  Watch w(*this, "all_gather");
   return do_allgatherv(send, send_bytes, recv, recv_bytes);
 }
 
@@ -119,6 +176,7 @@ Status ProcessGroup::gatherv(const void* send, size_t send_bytes, void* recv,
   uint64_t total = 0;
   for (int r = 0; r < size(); ++r) total += recv_bytes[r];
   count("gather", total);
+  Watch w(*this, "gather");
   return do_gatherv(send, send_bytes, recv, recv_bytes, root);
 }
 
@@ -132,45 +190,53 @@ Status ProcessGroup::alltoallv(const void* send, const size_t* send_bytes, void*
   uint64_t total = 0;
   for (int r = 0; r < size(); ++r) total += send_bytes[r];
   count("all_to_all", total);
+  Watch w(*this, "all_to_all");
   return do_alltoallv(send, send_bytes, recv, recv_bytes);
 }
 
 Status ProcessGroup::allreduce(void* data, size_t count_, DType dtype, ReduceOp op) {
   count("all_reduce", 2 * count_ * dtype_size(dtype));
+  Watch w(*this, "all_reduce");
   return do_allreduce(data, count_, dtype, op);
 }
 
 Status ProcessGroup::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
                                     ReduceOp op) {
   count("reduce_scatter", recv_count * dtype_size(dtype) * static_cast<uint64_t>(size()));
+  Watch w(*this, "reduce_scatter");
   return do_reduce_scatter(send, recv, recv_count, dtype, op);
 }
 
 std::unique_ptr<Work> ProcessGroup::iallreduce(void* data, size_t count_, DType dtype,
                                                ReduceOp op) {
   count("all_reduce", 2 * count_ * dtype_size(dtype));
-  return do_iallreduce(data, count_, dtype, op);
+  const uint64_t id = begin("all_reduce");
+  return watched(id, do_iallreduce(data, count_, dtype, op));
 }
 
 std::unique_ptr<Work> ProcessGroup::iallgather(const void* send, size_t bytes, void* recv) {
   count("all_gather", bytes * static_cast<uint64_t>(size()));
-  return do_iallgather(send, bytes, recv);
+  const uint64_t id = begin("all_gather");
+  return watched(id, do_iallgather(send, bytes, recv));
 }
 
 std::unique_ptr<Work> ProcessGroup::ireduce_scatter(const void* send, void* recv,
                                                     size_t recv_count, DType dtype, ReduceOp op) {
   count("reduce_scatter", recv_count * dtype_size(dtype) * static_cast<uint64_t>(size()));
-  return do_ireduce_scatter(send, recv, recv_count, dtype, op);
+  const uint64_t id = begin("reduce_scatter");
+  return watched(id, do_ireduce_scatter(send, recv, recv_count, dtype, op));
 }
 
 std::unique_ptr<Work> ProcessGroup::ibcast(void* data, size_t bytes, int root) {
   count("broadcast", bytes);
-  return do_ibcast(data, bytes, root);
+  const uint64_t id = begin("broadcast");
+  return watched(id, do_ibcast(data, bytes, root));
 }
 
 std::unique_ptr<Work> ProcessGroup::ibarrier() {
   count("barrier", 0);
-  return do_ibarrier();
+  const uint64_t id = begin("barrier");
+  return watched(id, do_ibarrier());
 }
 
 Result<std::unique_ptr<ProcessGroup>> ProcessGroup::split(int color, int key, std::string name) {

@@ -27,8 +27,12 @@
 //   (n-1)/n of that on each rank's link. One-rank groups count nothing (no data moves).
 // - Byte counts are size_t; the MPI backend splits transfers larger than MPI's int limits.
 // - Only one thread per process calls into a group at a time (MPI_THREAD_FUNNELED semantics:
-//   the thread that first called world()).
+//   the thread that first called world()). MPI is initialised with MPI_THREAD_MULTIPLE only so
+//   that the watchdog's thread can use a communicator of its own.
 // - Failures (an MPI / NCCL error code) come back as Status::internal naming the collective.
+// - A collective that does not complete within the watchdog's timeout (comm/watchdog.h) stops
+//   every rank with a message naming this rank, the collective, the group and the ranks that had
+//   not arrived.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +43,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "comm/watchdog.h"
 #include "common/status.h"
 
 namespace kiln::comm {
@@ -77,6 +82,10 @@ class Work {
 };
 // A handle that is already complete with `status`.
 std::unique_ptr<Work> completed_work(Status status);
+
+namespace detail {
+struct GroupWatch;
+}
 
 class ProcessGroup {
  public:
@@ -128,6 +137,19 @@ class ProcessGroup {
   Result<std::unique_ptr<ProcessGroup>> split(int color, int key, std::string name = "");
   // Ends every process of the group at once with `code` (use when ranks can no longer agree).
   [[noreturn]] virtual void abort(int code) = 0;
+  // Aborts the group's communicator so that calls blocked in it can return (NCCL:
+  // ncclCommAbort); the group is unusable afterwards. For the watchdog, from its thread; the
+  // MPI and local backends do nothing (MPI_Abort on the world ends them).
+  virtual void cancel() {}
+  // The watchdog threads' channel (comm/watchdog.h), opened on the world group: nullptr when the
+  // backend has none (one process; MPI without MPI_THREAD_MULTIPLE). Collective.
+  virtual Result<std::unique_ptr<detail::WatchdogLink>> open_watchdog_link() {
+    return std::unique_ptr<detail::WatchdogLink>();
+  }
+
+  // This group's members as world ranks, in group-rank order (empty when unknown).
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  void set_world_ranks(std::vector<int> ranks) { world_ranks_ = std::move(ranks); }
 
   const CommCounters& counters() const { return counters_; }
   void reset_counters() { counters_.clear(); }
@@ -156,8 +178,19 @@ class ProcessGroup {
   void count(const char* collective, uint64_t bytes);
 
  private:
+  friend uint64_t detail::watch_begin(ProcessGroup& g, const char* collective, uint64_t seq);
+  // The collective's watch: begin() on construction, end() on destruction (blocking calls).
+  class Watch;
+  // Counts the collective (its number on this group) and starts watching it.
+  uint64_t begin(const char* collective);
+  // An asynchronous collective's handle, watched until it completes.
+  std::unique_ptr<Work> watched(uint64_t id, std::unique_ptr<Work> work);
+
   std::string name_ = "group";
   CommCounters counters_;
+  std::vector<int> world_ranks_;
+  uint64_t seq_ = 0;                          // collectives started on this group
+  detail::GroupWatch* watch_ = nullptr;       // the watchdog's record of this group (not owned)
 };
 
 // The world group (created on first use; MPI is initialised then and finalised at exit).

@@ -4,10 +4,15 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <numeric>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/comm.h"
@@ -143,12 +148,135 @@ struct Blocks {
   size_t len(int r) const { return std::min(count, per * (r + 1)) - begin(r); }
 };
 
+// The watchdog threads' channel (comm/watchdog.h): a duplicate of the world communicator, used
+// only by the watchdog thread of each process (MPI_THREAD_MULTIPLE). A question is a group key;
+// the answer goes back to the asker with another tag.
+class MpiWatchdogLink final : public detail::WatchdogLink {
+ public:
+  explicit MpiWatchdogLink(MPI_Comm comm) : comm_(comm) { post(); }
+  ~MpiWatchdogLink() override {
+    if (req_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&req_);
+      MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    }
+    reap(true);
+    MPI_Comm_free(&comm_);
+  }
+
+  void serve(const std::function<std::string(const std::string&)>& answer) override {
+    reap(false);
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (req_ == MPI_REQUEST_NULL || MPI_Test(&req_, &flag, &st) != MPI_SUCCESS || !flag) return;
+      int n = 0;
+      MPI_Get_count(&st, MPI_CHAR, &n);
+      Send& s = sends_.emplace_back();
+      s.text = answer(std::string(question_, std::max(0, n)));
+      if (s.text.size() > kMax) s.text.resize(kMax);
+      if (MPI_Isend(s.text.data(), static_cast<int>(s.text.size()), MPI_CHAR, st.MPI_SOURCE,
+                    kAnswer, comm_, &s.req) != MPI_SUCCESS)
+        s.req = MPI_REQUEST_NULL;
+      post();
+    }
+  }
+
+  std::vector<std::optional<std::string>> ask(
+      const std::vector<int>& ranks, const std::string& question, double grace_s,
+      const std::function<std::string(const std::string&)>& answer) override {
+    const size_t n = ranks.size();
+    asked_ = question.substr(0, kMax);
+    std::vector<MPI_Request> recv(n, MPI_REQUEST_NULL);
+    std::vector<std::vector<char>> bufs(n, std::vector<char>(kMax));
+    std::vector<std::optional<std::string>> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      MPI_Irecv(bufs[i].data(), static_cast<int>(kMax), MPI_CHAR, ranks[i], kAnswer, comm_,
+                &recv[i]);
+      Send& s = sends_.emplace_back();
+      if (MPI_Isend(asked_.data(), static_cast<int>(asked_.size()), MPI_CHAR, ranks[i], kAsk,
+                    comm_, &s.req) != MPI_SUCCESS)
+        s.req = MPI_REQUEST_NULL;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+    size_t pending = n;
+    while (pending > 0 && std::chrono::steady_clock::now() < deadline) {
+      for (size_t i = 0; i < n; ++i) {
+        if (recv[i] == MPI_REQUEST_NULL) continue;
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Test(&recv[i], &flag, &st) != MPI_SUCCESS) {
+          recv[i] = MPI_REQUEST_NULL;
+          --pending;
+          continue;
+        }
+        if (!flag) continue;
+        int got = 0;
+        MPI_Get_count(&st, MPI_CHAR, &got);
+        out[i] = std::string(bufs[i].data(), std::max(0, got));
+        --pending;
+      }
+      serve(answer);  // ranks asking this one meanwhile
+      if (pending > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (MPI_Request& q : recv) {
+      if (q == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&q);
+      MPI_Wait(&q, MPI_STATUS_IGNORE);
+    }
+    return out;
+  }
+
+ private:
+  static constexpr int kAsk = 1, kAnswer = 2;
+  static constexpr size_t kMax = 4096;
+  struct Send {
+    std::string text;
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+  void post() {
+    if (MPI_Irecv(question_, static_cast<int>(kMax), MPI_CHAR, MPI_ANY_SOURCE, kAsk, comm_,
+                  &req_) != MPI_SUCCESS)
+      req_ = MPI_REQUEST_NULL;
+  }
+  // Drops the sends that completed (all: also those that did not, whose buffers are then leaked
+  // rather than freed under MPI).
+  void reap(bool all) {
+    while (!sends_.empty()) {
+      Send& s = sends_.front();
+      int flag = 1;
+      if (s.req != MPI_REQUEST_NULL) MPI_Test(&s.req, &flag, MPI_STATUS_IGNORE);
+      if (!flag) {
+        if (!all) return;
+        MPI_Request_free(&s.req);
+        new std::string(std::move(s.text));  // leaked on purpose: MPI may still read it
+      }
+      sends_.pop_front();
+    }
+  }
+
+  MPI_Comm comm_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  char question_[kMax];
+  std::string asked_;
+  std::deque<Send> sends_;
+};
+
 class MpiGroup final : public ProcessGroup {
  public:
   explicit MpiGroup(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    // The members' world ranks (a local translation, no communication): the watchdog's messages.
+    MPI_Group mine, all;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &all);
+    std::vector<int> in(size_), out(size_, -1);
+    std::iota(in.begin(), in.end(), 0);
+    MPI_Group_translate_ranks(mine, size_, in.data(), all, out.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&all);
+    set_world_ranks(std::move(out));
   }
   ~MpiGroup() override {
     int finalized = 0;
@@ -163,6 +291,19 @@ class MpiGroup final : public ProcessGroup {
   [[noreturn]] void abort(int code) override {
     MPI_Abort(comm_, code);
     std::_Exit(code);
+  }
+
+  Result<std::unique_ptr<detail::WatchdogLink>> open_watchdog_link() override {
+    // Every rank decides alike: the watchdog thread may use MPI only if every rank allows it.
+    int level = MPI_THREAD_SINGLE, lowest = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    KILN_RETURN_IF_ERROR(mpi_status(
+        MPI_Allreduce(&level, &lowest, 1, MPI_INT, MPI_MIN, comm_), "watchdog thread level"));
+    if (lowest < MPI_THREAD_MULTIPLE) return std::unique_ptr<detail::WatchdogLink>();
+    MPI_Comm dup = MPI_COMM_NULL;
+    KILN_RETURN_IF_ERROR(mpi_status(MPI_Comm_dup(comm_, &dup), "watchdog comm_dup"));
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    return std::unique_ptr<detail::WatchdogLink>(new MpiWatchdogLink(dup));
   }
 
  protected:
@@ -491,7 +632,14 @@ std::unique_ptr<ProcessGroup> make_mpi_world() {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    // MPI_THREAD_MULTIPLE: the collective watchdog's thread asks the other ranks what they are
+    // doing (comm/watchdog.h); the training thread is still the only one calling collectives.
+    // KILN_MPI_THREAD_MULTIPLE=0 asks for MPI_THREAD_FUNNELED (an MPI slower with threads): the
+    // watchdog then still stops the job, without naming the ranks that had not arrived.
+    const char* multiple = std::getenv("KILN_MPI_THREAD_MULTIPLE");
+    const bool funneled = multiple != nullptr && std::string(multiple) == "0";
+    MPI_Init_thread(nullptr, nullptr, funneled ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE,
+                    &provided);
     std::atexit(finalize_at_exit);
   }
   return std::make_unique<MpiGroup>(MPI_COMM_WORLD, false);

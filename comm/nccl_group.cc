@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -90,6 +91,7 @@ class NcclGroup final : public ProcessGroup {
   }
   ~NcclGroup() override {
     cudaSetDevice(device_);
+    if (cancelled_) return;  // the process is being ended (the watchdog)
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
     cudaEventDestroy(ready_);
@@ -103,6 +105,11 @@ class NcclGroup final : public ProcessGroup {
   [[noreturn]] void abort(int code) override {
     ncclCommAbort(comm_);
     std::_Exit(code);
+  }
+  // The watchdog's thread: the kernels of this communicator stop, blocked waits return.
+  void cancel() override {
+    cancelled_ = true;
+    ncclCommAbort(comm_);
   }
 
  protected:
@@ -284,6 +291,7 @@ class NcclGroup final : public ProcessGroup {
   cudaStream_t follow_;  // the compute stream (nullptr: the legacy default stream)
   int rank_ = 0, size_ = 1;
   void* scratch_ = nullptr;
+  std::atomic<bool> cancelled_{false};
 };
 
 Result<std::unique_ptr<ProcessGroup>> make_group(ProcessGroup& bootstrap, int device,
@@ -309,6 +317,7 @@ Result<std::unique_ptr<ProcessGroup>> make_group(ProcessGroup& bootstrap, int de
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g,
                         NcclGroup::wrap(comm, device, static_cast<cudaStream_t>(stream)));
   g->set_name(bootstrap.name());
+  g->set_world_ranks(bootstrap.world_ranks());
   return g;
 }
 

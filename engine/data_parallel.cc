@@ -2,10 +2,14 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "comm/nccl.h"
+#include "comm/watchdog.h"
 #include "common/log.h"
 #include "engine/backend.h"
 #include "engine/plan.h"
@@ -106,10 +110,33 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
              "a layout refused above is trainable per engine/plan.h");
   std::unique_ptr<DataParallel> dp(
       new DataParallel(std::move(t), config.parallel.zero_stage, config.parallel.prefetch));
+  if (world.size() > 1 && config.parallel.collective_timeout_s > 0) {
+    // Every rank starts it here, after the same collectives (it may open a communicator).
+    KILN_RETURN_IF_ERROR(comm::start_watchdog(world, config.parallel.collective_timeout_s));
+    KILN_LOG_DEBUG("collective watchdog: {} s", config.parallel.collective_timeout_s);
+  }
   if (config.device == Device::kCuda && world.size() > 1) {
     KILN_RETURN_IF_ERROR(dp->open_device_groups(config));
   }
   return dp;
+}
+
+DataParallel::~DataParallel() {
+  // Before the groups go: the watchdog may look at an outstanding collective's group.
+  if (topo_.world && topo_.world->size() > 1) comm::stop_watchdog();
+}
+
+void DataParallel::begin_step(int64_t step) {
+  comm::set_watchdog_context("step " + std::to_string(step));
+  static const char* stall = std::getenv("KILN_TEST_STALL");  // RANK:STEP:SECONDS, tests only
+  if (stall == nullptr || *stall == '\0') return;
+  long rank = -1, at = -1;
+  double secs = 0;
+  if (std::sscanf(stall, "%ld:%ld:%lf", &rank, &at, &secs) != 3) return;
+  if (rank != world_rank() || at != step) return;
+  KILN_LOG_WARN("rank {}: KILN_TEST_STALL: sleeping {} s at step {} before its collectives", rank,
+                secs, step);
+  std::this_thread::sleep_for(std::chrono::duration<double>(secs));
 }
 
 Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer) {

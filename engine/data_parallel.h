@@ -101,6 +101,11 @@ class DataParallel {
 
   // Bytes moved so far by each collective of every group ("dp.all_reduce", ...).
   std::map<std::string, uint64_t> comm_bytes() const;
+  // Called at the start of every training step: names the step in the collective watchdog's
+  // messages. Test-only hook: KILN_TEST_STALL=RANK:STEP:SECONDS makes world rank RANK sleep
+  // SECONDS before the first collective of step STEP (a rank that stops arriving).
+  void begin_step(int64_t step);
+  ~DataParallel();
 
  private:
   DataParallel(comm::Topology t, int64_t stage, int64_t prefetch)

@@ -21,6 +21,7 @@ parallel:
   zero_stage: 0
   prefetch: 1
   hierarchical: false   # data-parallel all-reduce inside each machine first, then across
+  collective_timeout_s: 600   # a collective waiting longer stops every rank, naming who is missing (0: off)
 precision: fp32         # fp32 | bf16 | fp16
 loss_scale:
   initial: 65536.0
@@ -222,6 +223,8 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.zero_stage", 0, 3, &c.parallel.zero_stage));
   KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.prefetch", 0, 64, &c.parallel.prefetch));
   KILN_ASSIGN_OR_RETURN(c.parallel.hierarchical, cfg.get<bool>("parallel.hierarchical"));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "parallel.collective_timeout_s", 0.0, 1e7,
+                                 &c.parallel.collective_timeout_s));
   // precision + loss scale
   KILN_RETURN_IF_ERROR(read_enum<Precision>(
       cfg, "precision",

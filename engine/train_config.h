@@ -86,6 +86,8 @@ struct ParallelConfig {
   int64_t zero_stage = 0;
   int64_t prefetch = 1;  // ZeRO-3: layers gathered ahead (distributed engine)
   bool hierarchical = false;  // DP all-reduce: intra-node, inter-node, intra-node (comm/topology.h)
+  // A collective outstanding longer than this stops every rank (comm/watchdog.h); 0: off.
+  double collective_timeout_s = 600;
 };
 
 struct CheckpointConfig {

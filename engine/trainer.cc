@@ -377,6 +377,7 @@ Result<StepRecord> Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   StepRecord rec;
   rec.step = state_.step + 1;
+  dp_->begin_step(rec.step);
 
   // Live mixture changes apply from this step's batch on: rank 0 reads the control file and
   // every rank applies what it read, at the same step.

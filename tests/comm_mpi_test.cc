@@ -11,6 +11,7 @@
 #include "comm/comm.h"
 #include "comm/nccl.h"
 #include "comm/topology.h"
+#include "comm/watchdog.h"
 
 namespace kiln::comm {
 namespace {
@@ -226,6 +227,63 @@ TEST(CommMpi, AgreeNamesTheFailingRank) {
               std::string::npos)
         << agreed.to_string();
   }
+}
+
+// The collective watchdog's records (comm/watchdog.h): an asynchronous collective is outstanding
+// until its handle completes, a blocking one until it returns; what a rank answers names them.
+TEST(CommMpi, WatchdogRecordsOutstandingCollectives) {
+  ProcessGroup& g = world();
+  const std::string key = "world/" + std::string(g.backend());
+  ASSERT_TRUE(start_watchdog(g, 600).is_ok());
+  EXPECT_EQ(watchdog_timeout_s(), 600);
+  set_watchdog_context("step 7");
+  std::vector<float> a(64, 1.0f);
+  auto w = g.iallreduce(a.data(), a.size(), DType::kFloat32, ReduceOp::kSum);
+  const std::string during = detail::watchdog_answer(key);
+  const uint64_t n = std::stoull(during.substr(0, during.find('\n')));
+  EXPECT_NE(during.find("at step 7; in all_reduce #" + std::to_string(n) + " on world for "),
+            std::string::npos)
+      << during;
+  ASSERT_TRUE(w->wait().is_ok());
+  const std::string after = detail::watchdog_answer(key);
+  EXPECT_NE(after.find("in no collective for"), std::string::npos) << after;
+  EXPECT_NE(after.find("the last one it completed: all_reduce #" + std::to_string(n) + " on world"),
+            std::string::npos)
+      << after;
+  ASSERT_TRUE(g.barrier().is_ok());
+  EXPECT_EQ(detail::watchdog_answer(key).substr(0, after.find('\n')), std::to_string(n + 1));
+  EXPECT_EQ(detail::watchdog_answer("no-such-group/mpi").substr(0, 2), "0\n");
+  stop_watchdog();
+  EXPECT_EQ(watchdog_timeout_s(), 0);
+  // Not watched any more: nothing is recorded.
+  ASSERT_TRUE(g.barrier().is_ok());
+  EXPECT_NE(detail::watchdog_answer(key).find("barrier #" + std::to_string(n + 1)),
+            std::string::npos);
+}
+
+// The watchdog threads' channel: every rank asks every other rank at once (each serves while it
+// waits) and gets each one's own answer.
+TEST(CommMpi, WatchdogLinkAnswersEveryAsker) {
+  ProcessGroup& g = world();
+  if (g.size() == 1) GTEST_SKIP() << "one process: nobody to ask";
+  auto link = g.open_watchdog_link();
+  ASSERT_TRUE(link.is_ok()) << link.status().to_string();
+  ASSERT_NE(link.value(), nullptr) << "this MPI does not provide MPI_THREAD_MULTIPLE";
+  std::vector<int> peers;
+  for (int r = 0; r < g.size(); ++r)
+    if (r != g.rank()) peers.push_back(r);
+  const int me = g.rank();
+  auto answer = [me](const std::string& q) { return "rank " + std::to_string(me) + " on " + q; };
+  auto got = link.value()->ask(peers, "dp/mpi", 60.0, answer);
+  ASSERT_EQ(got.size(), peers.size());
+  for (size_t i = 0; i < peers.size(); ++i) {
+    ASSERT_TRUE(got[i].has_value()) << "rank " << peers[i] << " did not answer";
+    EXPECT_EQ(*got[i], "rank " + std::to_string(peers[i]) + " on dp/mpi");
+  }
+  // Others may still be asking this rank: keep answering until every rank has its answers.
+  auto done = g.ibarrier();
+  while (!done->test()) link.value()->serve(answer);
+  ASSERT_TRUE(done->wait().is_ok());
 }
 
 TEST(CommMpi, NcclBackendIsBuiltOrSaysWhy) {

@@ -6,6 +6,9 @@
 #   rank_pid MPIRUN_PID RANK
 # which prints the pid of that run's rank RANK. The Python comparisons of the checks share
 # tests/python/train_compare.py (PYTHONPATH="$SRC/tests/python").
+# On failure the work directory is kept and the end of its newest logs is printed (the runs'
+# stderr goes to files there), so a failure seen once under load can be read afterwards. Under
+# ctest every mpirun test has its own OpenMPI session directory (tests/CMakeLists.txt).
 set -euo pipefail
 CHECK=$1
 KILN=$(readlink -f "$2")
@@ -16,6 +19,18 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 rm -rf "$WORK"
 mkdir -p "$WORK"
 cd "$WORK"
+show_failure() {
+  local rc=$?
+  if [ "$rc" = 0 ] || [ "$rc" = 77 ]; then return 0; fi  # 77: skipped (tests/train_gpu_dist.sh)
+  echo "=== $CHECK failed (exit $rc); its work directory is kept: $WORK"
+  local f
+  for f in $(ls -t ./*.log ./*.err ./*.out 2>/dev/null | head -4); do
+    echo "=== the last 40 lines of $f:"
+    tail -n 40 "$f"
+  done
+  return "$rc"
+}
+trap show_failure EXIT
 MODEL=(--config "$SRC/configs/train/tiny.yaml" --set model.vocab_size=256 --set model.d_model=32
        --set model.n_layers=2 --set model.n_heads=2 --set model.seq_len=16 --set run.threads=1
        --set schedule.warmup_steps=2 --set schedule.total_steps=10)

@@ -30,6 +30,13 @@
 #   signal       SIGUSR1 to rank 1 only (as a scheduler's warning may reach one process): every
 #                rank stops after the same step, the checkpoint of that step is complete, mpirun
 #                exits 0, and --resume continues from it.
+#   hang         a rank that stops arriving (KILN_TEST_STALL, a test-only hook: world rank 1 sleeps
+#                120 s at step 3 before its collectives) with parallel.collective_timeout_s 2: the
+#                job exits non-zero long before the stall ends (not a hang: an outer timeout of
+#                90 s would give 124), and rank 0's message names itself, the collective and its
+#                group, the step, and rank 1 as not arrived; the same on DP=2 x TP=2 ZeRO-3 with
+#                rank 3 stalled (ZeRO-3's asynchronous gathers). Without a stall, runs with the
+#                watchdog off (0) and on are bit-identical.
 source "$(dirname "$0")/mpi_train_common.sh"
 
 case "$CHECK" in
@@ -269,6 +276,41 @@ print(f"kill: after resume metrics hold steps {steps[0]}..{steps[-1]} ({len(step
 sys.exit(0 if steps == list(range(1, target + 1)) else 1)
 PY
   done
+  ;;
+hang)
+  stalled() {  # stalled NAME STALL NP [extra flags]: a run that must stop itself, its rc in RC
+    local name=$1 stall=$2 np=$3
+    shift 3
+    set +e
+    KILN_TEST_STALL=$stall timeout 90 "$MPI" -np "$np" --oversubscribe "$KILN" train --quiet \
+      "${MODEL[@]}" --set data.micro_batch=2 --set run.dir="$name" --set run.steps=6 \
+      --set parallel.collective_timeout_s=2 "$@" >"$name.log" 2>&1
+    RC=$?
+    set -e
+    [ "$RC" != 0 ] && [ "$RC" != 124 ] ||
+      { echo "hang ($name): exit $RC (124: the job hung until the outer timeout)"; exit 1; }
+  }
+  expect() {  # expect LOG PATTERN WHAT
+    grep -qE "$2" "$1" || { echo "hang: $1 lacks $3 (/$2/)"; exit 1; }
+  }
+  stalled dp2 1:3:120 2
+  expect dp2.log "rank 0: collective timeout: [a-z_]+ #[0-9]+ on group [a-z]+ \(mpi, rank 0 of 2\) has not completed after [0-9.]+ s \(parallel.collective_timeout_s 2\); this rank is at step 3" "the timed-out collective"
+  expect dp2.log "rank 0: not arrived: rank 1 \(it has started [0-9]+ collectives on [a-z]+, this is #[0-9]+\): at step 3; in no collective" "rank 1 as not arrived"
+  expect dp2.log "ranks not arrived or not answering: 1; arrived: none" "the summary"
+  grep -E "collective timeout|not arrived" dp2.log | sed 's/^/  /'
+  echo "hang: DP=2, rank 1 stalled at step 3: exit $RC"
+  stalled tp 3:2:120 4 --set parallel.tp=2 --set parallel.zero_stage=3
+  for r in 0 1 2; do
+    expect tp.log "rank $r: not arrived: rank 3 .*: at step 2" "rank $r naming rank 3"
+  done
+  echo "hang: DP=2 x TP=2 ZeRO-3, rank 3 stalled at step 2: exit $RC"
+  train 2 2 on 4 2>on.log
+  train 2 2 off 4 --set parallel.collective_timeout_s=0 2>off.log
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+from train_compare import *
+worst, adiff = compare("watchdog off vs on", "on", "off", tol=0.0)
+finish()
+PY
   ;;
 *)
   echo "unknown check $CHECK"

@@ -1,0 +1,302 @@
+#include "comm/watchdog.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "comm/comm.h"
+#include "common/log.h"
+
+namespace kiln::comm {
+
+using Clock = std::chrono::steady_clock;
+
+namespace detail {
+
+// The watchdog's record of one group (owned by the registry, never freed: a ProcessGroup keeps a
+// pointer to it, and the watchdog thread reads it while the group may be gone).
+struct GroupWatch {
+  std::string key;  // "name/backend": how ranks ask each other about the group
+  std::string name;
+  std::string backend;
+  int rank = 0, size = 1;
+  std::vector<int> world_ranks;
+  uint64_t started = 0;  // the number of the last collective started on the group
+  uint64_t used = 0;     // when it was last used (of several groups with one key, the newest answers)
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::GroupWatch;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct Op {
+  GroupWatch* group;
+  ProcessGroup* pg;  // alive while the collective is outstanding
+  const char* collective;
+  uint64_t seq;
+  Clock::time_point start;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool running = false, stopping = false;
+  double timeout_s = 0;
+  ProcessGroup* world = nullptr;
+  std::unique_ptr<detail::WatchdogLink> link;
+  std::thread thread;
+  std::map<uint64_t, Op> ops;  // outstanding, by id: the first is the oldest
+  std::vector<std::unique_ptr<GroupWatch>> groups;
+  uint64_t next_id = 1, uses = 0;
+  std::string context;
+  // The last collective this rank completed, and when.
+  const GroupWatch* last_group = nullptr;
+  const char* last_collective = nullptr;
+  uint64_t last_seq = 0;
+  Clock::time_point last_end = Clock::now();
+};
+
+// Leaked: collectives may end during static destruction.
+Registry& reg() {
+  static Registry* r = new Registry;
+  return *r;
+}
+std::atomic<bool> g_on{false};
+
+std::string key_of(const std::string& name, const std::string& backend) {
+  return name + "/" + backend;
+}
+
+// What this rank is doing (r.mu held): "at step 3; in all_reduce #42 on dp for 5.0 s".
+std::string activity(const Registry& r) {
+  std::string out = r.context.empty() ? std::string() : "at " + r.context + "; ";
+  if (!r.ops.empty()) {
+    const Op& op = r.ops.begin()->second;
+    out += fmt::format("in {} #{} on {} for {:.1f} s", op.collective, op.seq, op.group->name,
+                       seconds_since(op.start));
+    if (r.ops.size() > 1) out += fmt::format(" ({} collectives outstanding)", r.ops.size());
+  } else if (r.last_group != nullptr) {
+    out += fmt::format("in no collective for {:.1f} s (the last one it completed: {} #{} on {})",
+                       seconds_since(r.last_end), r.last_collective, r.last_seq,
+                       r.last_group->name);
+  } else {
+    out += fmt::format("in no collective for {:.1f} s (none completed since the watchdog started)",
+                       seconds_since(r.last_end));
+  }
+  return out;
+}
+
+std::string answer_locked(Registry& r, const std::string& key) {
+  const GroupWatch* g = nullptr;
+  for (const auto& w : r.groups)
+    if (w->key == key && (g == nullptr || w->used > g->used)) g = w.get();
+  return std::to_string(g ? g->started : 0) + "\n" + activity(r);
+}
+
+std::string answer(const std::string& key) {
+  Registry& r = reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  return answer_locked(r, key);
+}
+
+// The oldest collective has waited past the timeout: report and end the job. Called by the
+// watchdog thread with `lk` held; does not return.
+[[noreturn]] void fire(Registry& r, std::unique_lock<std::mutex>& lk) {
+  const Op op = r.ops.begin()->second;
+  const GroupWatch g = *op.group;
+  const double waited = seconds_since(op.start), timeout = r.timeout_s;
+  const std::string context = r.context;
+  const int me = r.world->rank();
+  std::vector<ProcessGroup*> outstanding;
+  for (const auto& [id, o] : r.ops) outstanding.push_back(o.pg);
+  detail::WatchdogLink* link = r.link.get();
+  lk.unlock();
+
+  KILN_LOG_ERROR("rank {}: collective timeout: {} #{} on group {} ({}, rank {} of {}) has not "
+                 "completed after {:.1f} s (parallel.collective_timeout_s {}){}",
+                 me, op.collective, op.seq, g.name, g.backend, g.rank, g.size, waited, timeout,
+                 context.empty() ? "" : "; this rank is at " + context);
+  std::vector<int> peers;
+  for (int w : g.world_ranks)
+    if (w != me) peers.push_back(w);
+  if (link == nullptr || g.world_ranks.empty()) {
+    KILN_LOG_ERROR("rank {}: the other ranks of {} could not be asked which of them have not "
+                   "arrived ({})",
+                   me, g.name,
+                   link == nullptr ? "MPI without MPI_THREAD_MULTIPLE" : "members unknown");
+  } else if (!peers.empty()) {
+    constexpr double kGrace = 5.0;
+    const auto answers = link->ask(peers, g.key, kGrace, answer);
+    std::string missing, arrived;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const std::string who = "rank " + std::to_string(peers[i]);
+      if (!answers[i]) {
+        KILN_LOG_ERROR("rank {}: {} did not answer within {:.0f} s (its process or machine is "
+                       "not responding)",
+                       me, who, kGrace);
+        missing += (missing.empty() ? "" : ", ") + std::to_string(peers[i]);
+        continue;
+      }
+      const std::string& a = *answers[i];
+      const size_t nl = a.find('\n');
+      const uint64_t started = std::strtoull(a.substr(0, nl).c_str(), nullptr, 10);
+      const std::string what = nl == std::string::npos ? std::string() : a.substr(nl + 1);
+      if (started < op.seq) {
+        KILN_LOG_ERROR("rank {}: not arrived: {} (it has started {} collectives on {}, this is "
+                       "#{}): {}",
+                       me, who, started, g.name, op.seq, what);
+        missing += (missing.empty() ? "" : ", ") + std::to_string(peers[i]);
+      } else {
+        arrived += (arrived.empty() ? "" : ", ") + std::to_string(peers[i]);
+      }
+    }
+    KILN_LOG_ERROR("rank {}: {} #{} on {}: ranks not arrived or not answering: {}; arrived: {}",
+                   me, op.collective, op.seq, g.name, missing.empty() ? "none" : missing,
+                   arrived.empty() ? "none" : arrived);
+  }
+  KILN_LOG_ERROR("rank {}: stopping every rank", me);
+  spdlog::default_logger()->flush();
+  std::fflush(stderr);
+  // If the abort below does not end this process, this does.
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+    std::_Exit(1);
+  }).detach();
+  for (ProcessGroup* pg : outstanding)
+    if (pg != r.world) pg->cancel();
+  r.world->abort(1);
+  std::_Exit(1);
+}
+
+void run() {
+  Registry& r = reg();
+  std::unique_lock<std::mutex> lk(r.mu);
+  while (!r.stopping) {
+    // Answer peers within a fraction of a second; look at the clock often enough for the timeout.
+    const double tick = std::clamp(r.timeout_s / 4, 0.01, 0.2);
+    r.cv.wait_for(lk, std::chrono::duration<double>(tick));
+    if (r.stopping) break;
+    if (!r.ops.empty() && seconds_since(r.ops.begin()->second.start) > r.timeout_s) fire(r, lk);
+    if (r.link) {
+      lk.unlock();
+      r.link->serve(answer);
+      lk.lock();
+    }
+  }
+}
+
+}  // namespace
+
+Status start_watchdog(ProcessGroup& world, double timeout_s) {
+  if (timeout_s <= 0) return Status::ok();
+  Registry& r = reg();
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (r.running) {
+      r.timeout_s = timeout_s;
+      return Status::ok();
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<detail::WatchdogLink> link, world.open_watchdog_link());
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    r.world = &world;
+    r.link = std::move(link);
+    r.timeout_s = timeout_s;
+    r.running = true;
+    r.stopping = false;
+    r.last_end = Clock::now();
+    r.thread = std::thread(run);
+  }
+  g_on.store(true, std::memory_order_release);
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit(stop_watchdog); });
+  return Status::ok();
+}
+
+void stop_watchdog() {
+  Registry& r = reg();
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (!r.running || r.stopping) return;
+    r.stopping = true;
+  }
+  g_on.store(false, std::memory_order_release);
+  r.cv.notify_all();
+  r.thread.join();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.link.reset();
+  r.ops.clear();
+  r.running = false;
+  r.stopping = false;
+  r.timeout_s = 0;
+}
+
+double watchdog_timeout_s() {
+  Registry& r = reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  return r.running ? r.timeout_s : 0;
+}
+
+void set_watchdog_context(const std::string& context) {
+  if (!g_on.load(std::memory_order_acquire)) return;
+  Registry& r = reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.context = context;
+}
+
+namespace detail {
+
+uint64_t watch_begin(ProcessGroup& g, const char* collective, uint64_t seq) {
+  if (!g_on.load(std::memory_order_acquire)) return 0;
+  Registry& r = reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (!r.running || r.stopping) return 0;
+  GroupWatch* w = g.watch_;
+  if (w == nullptr) {
+    auto owned = std::make_unique<GroupWatch>();
+    owned->name = g.name();
+    owned->backend = g.backend();
+    owned->key = key_of(owned->name, owned->backend);
+    owned->rank = g.rank();
+    owned->size = g.size();
+    owned->world_ranks = g.world_ranks();
+    w = owned.get();
+    r.groups.push_back(std::move(owned));
+    g.watch_ = w;
+  }
+  w->started = seq;
+  w->used = ++r.uses;
+  const uint64_t id = r.next_id++;
+  r.ops.emplace(id, Op{w, &g, collective, seq, Clock::now()});
+  return id;
+}
+
+void watch_end(uint64_t id) {
+  Registry& r = reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.ops.find(id);
+  if (it == r.ops.end()) return;  // the watchdog was stopped meanwhile
+  r.last_group = it->second.group;
+  r.last_collective = it->second.collective;
+  r.last_seq = it->second.seq;
+  r.last_end = Clock::now();
+  r.ops.erase(it);
+}
+
+std::string watchdog_answer(const std::string& key) { return answer(key); }
+
+}  // namespace detail
+}  // namespace kiln::comm
