@@ -46,15 +46,7 @@ Status cuda_group_error(int world_rank, LocalPlace local, const std::string& hos
 
 Status DataParallel::open_device_groups(const TrainConfig& config) {
   comm::ProcessGroup& world = *topo_.world;
-  // What the config and the build decide (the same on every rank) first, then the GPU.
-  if (topo_.tp_size > 1) {
-    return Status::unimplemented(
-               "'cuda' with parallel.tp " + std::to_string(topo_.tp_size) +
-               ": tensor parallelism on the GPU is not built yet (the vocabulary-parallel "
-               "embedding and the bf16/fp16 activation sums run as host loops); use parallel.tp: "
-               "1 - data parallelism with ZeRO 0-3 runs on cuda over NCCL")
-        .with_key("device");
-  }
+  // What the build decides (the same on every rank) first, then the GPU.
   if (const Status nccl = comm::nccl_status(); !nccl.is_ok()) {
     return Status::unimplemented("'cuda' with " + std::to_string(world.size()) +
                                  " ranks needs the NCCL backend for the gradients in GPU memory: " +
@@ -83,12 +75,19 @@ Status DataParallel::open_device_groups(const TrainConfig& config) {
   }
   dp_data_ = std::move(g).value();
   dp_data_->set_name(topo_.dp->name());
+  if (topo_.tp_size > 1) {  // tensor parallelism: activations, embedding, cross-entropy statistics
+    auto t = comm::make_nccl_group(*topo_.tp, cuda_device_, nullptr);
+    if (!t.is_ok()) return cuda_group_error(world.rank(), local, name, cuda_device_, t.status());
+    tp_data_ = std::move(t).value();
+    tp_data_->set_name(topo_.tp->name());
+  }
   if (config.parallel.hierarchical) {
     KILN_LOG_INFO("parallel.hierarchical applies to the host groups; on cuda NCCL chooses its own "
                   "algorithms across machines");
   }
-  KILN_LOG_INFO("rank {}: local rank {} of {} on {}, GPU {}, gradients over NCCL", world.rank(),
-                local.rank, local.size, name, cuda_device_);
+  KILN_LOG_INFO("rank {}: local rank {} of {} on {}, GPU {}, gradients{} over NCCL", world.rank(),
+                local.rank, local.size, name, cuda_device_,
+                tp_data_ ? " and tensor-parallel activations" : "");
   return Status::ok();
 }
 
@@ -196,6 +195,7 @@ std::map<std::string, uint64_t> DataParallel::comm_bytes() const {
   std::map<std::string, uint64_t> out;
   std::vector<const comm::ProcessGroup*> groups = topo_.groups();
   if (dp_data_) groups.push_back(dp_data_.get());  // its bytes add to the host group's name
+  if (tp_data_) groups.push_back(tp_data_.get());
   for (const comm::ProcessGroup* g : groups) {
     for (const auto& [op, c] : g->counters()) {
       if (c.bytes) out[g->name() + "." + op] += c.bytes;

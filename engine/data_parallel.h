@@ -19,8 +19,9 @@
 // Backend's memory: gradients, ZeRO's shards and gathers). On the CPU the data group is the host
 // group; with `device: cuda` under mpirun it is an NCCL group over the same ranks, bootstrapped
 // through the MPI group, on the GPU of the rank's local index on its machine (cuda_device_for).
-// The code that issues the collectives is the same for both. Tensor parallelism on cuda is refused
-// (its embedding and widened activation sums are host loops).
+// The code that issues the collectives is the same for both. With tensor parallelism on cuda the
+// TP group has its NCCL twin too (data_tp()): activation sums, the vocabulary-parallel embedding
+// and the cross-entropy statistics stay on the GPU.
 // Not thread-safe: the training thread owns it.
 #pragma once
 
@@ -71,6 +72,9 @@ class DataParallel {
   // The data-parallel ranks over the model's memory (see the header comment): the MPI group on
   // the CPU, an NCCL group with device: cuda under mpirun.
   comm::ProcessGroup& data_dp() { return dp_data_ ? *dp_data_ : *topo_.dp; }
+  // The tensor-parallel ranks over the model's memory: tp_group() on the CPU, its NCCL twin with
+  // device: cuda under mpirun.
+  comm::ProcessGroup& data_tp() { return tp_data_ ? *tp_data_ : *topo_.tp; }
   // The CUDA device this rank uses (-1 on the CPU or in one process).
   int cuda_device() const { return cuda_device_; }
   DataRank data_rank() const { return DataRank{topo_.dp_rank, topo_.dp_size}; }
@@ -114,6 +118,7 @@ class DataParallel {
   Status open_device_groups(const TrainConfig& config);
   comm::Topology topo_;
   std::unique_ptr<comm::ProcessGroup> dp_data_;  // NCCL, with device: cuda under mpirun
+  std::unique_ptr<comm::ProcessGroup> tp_data_;  // NCCL, with device: cuda and parallel.tp > 1
   int cuda_device_ = -1;
   int64_t stage_ = 0;
   int64_t prefetch_ = 1;

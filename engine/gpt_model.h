@@ -193,7 +193,7 @@ class GptModel final : public Model {
   int V() const { return static_cast<int>(m_.vocab_size / ntp_); }
   // Tensor parallelism's sum over the group (Megatron's g in forward, f in backward).
   void tp_sum(DeviceArray<T>& x) {
-    if (tp_) tp_->allreduce(x.data(), x.size());
+    if (tp_) tp_->allreduce<K>(*be_, x.data(), x.size());
   }
   // A row-parallel layer's bias, counted once in the sum over the group.
   const T* row_bias(int t) { return tp_ ? tp_->row_bias(w(t)) : w(t); }
@@ -261,7 +261,8 @@ class GptModel final : public Model {
   void forward_blocks(const int32_t* inputs) {
     acquire(embed_unit_, false);
     if (tp_) {
-      tp_->embedding_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
+      tp_->embedding_forward<K>(*be_, x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(),
+                                C());
     } else {
       K::encoder_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
     }
@@ -363,7 +364,8 @@ class GptModel final : public Model {
       gradients_ready(block_units_[l]);
     }
     if (tp_) {
-      tp_->embedding_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(), C());
+      tp_->embedding_backward<K>(*be_, g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(),
+                                 C());
     } else {
       K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(), C());
     }

@@ -22,7 +22,8 @@ void check(const Status& st, const char* what, int rank) {
 }  // namespace
 
 Result<std::unique_ptr<TensorParallel>> TensorParallel::create(const TrainConfig& config,
-                                                               comm::ProcessGroup& group) {
+                                                               comm::ProcessGroup& group,
+                                                               comm::ProcessGroup* data_group) {
   const int64_t tp = group.size();
   const ModelConfig& m = config.model;
   auto refuse = [&](const std::string& what, const char* key) {
@@ -49,7 +50,13 @@ Result<std::unique_ptr<TensorParallel>> TensorParallel::create(const TrainConfig
                   "stability.layer_stats_every: 0",
                   "stability.layer_stats_every");
   }
-  return std::unique_ptr<TensorParallel>(new TensorParallel(group, m));
+  if (data_group != nullptr && data_group->size() != group.size()) {
+    return Status::internal("tensor parallelism: the data group has " +
+                            std::to_string(data_group->size()) + " ranks, the host group " +
+                            std::to_string(group.size()));
+  }
+  return std::unique_ptr<TensorParallel>(
+      new TensorParallel(group, data_group ? *data_group : group, m));
 }
 
 void TensorParallel::sum(float* x, size_t n) {
@@ -57,8 +64,17 @@ void TensorParallel::sum(float* x, size_t n) {
         rank());
 }
 
+void TensorParallel::device_sum(float* x, size_t n) {
+  check(data_.allreduce(x, n, comm::DType::kFloat32, comm::ReduceOp::kSum), "all-reduce", rank());
+}
+
+float* TensorParallel::device_wide(Backend& be, size_t n) {
+  if (wide_dev_.size() < n || wide_dev_.backend() != &be) wide_dev_.reset(&be, n);
+  return wide_dev_.data();
+}
+
 template <typename T>
-void TensorParallel::allreduce(T* x, size_t n) {
+void TensorParallel::host_allreduce(T* x, size_t n) {
   if constexpr (std::is_same_v<T, float>) {
     sum(x, n);
   } else {
@@ -70,8 +86,8 @@ void TensorParallel::allreduce(T* x, size_t n) {
 }
 
 template <typename T>
-void TensorParallel::embedding_forward(T* out, const int32_t* tokens, const T* wte_local,
-                                       const T* wpe, int B, int T_, int C) {
+void TensorParallel::host_embedding_forward(T* out, const int32_t* tokens, const T* wte_local,
+                                            const T* wpe, int B, int T_, int C) {
   const size_t rows = static_cast<size_t>(B) * T_, cols = static_cast<size_t>(C);
   const int64_t lo = rank() * vocab_local(), hi = lo + vocab_local();
   wide_.assign(rows * cols, 0.0f);
@@ -93,8 +109,8 @@ void TensorParallel::embedding_forward(T* out, const int32_t* tokens, const T* w
 }
 
 template <typename T>
-void TensorParallel::embedding_backward(float* dwte_local, float* dwpe, const T* dout,
-                                        const int32_t* tokens, int B, int T_, int C) {
+void TensorParallel::host_embedding_backward(float* dwte_local, float* dwpe, const T* dout,
+                                             const int32_t* tokens, int B, int T_, int C) {
   const size_t rows = static_cast<size_t>(B) * T_, cols = static_cast<size_t>(C);
   const int64_t lo = rank() * vocab_local(), hi = lo + vocab_local();
   // The order of kernels/cpu/encoder.cc: positions in order per row of wte, batches in order per
@@ -116,6 +132,10 @@ void TensorParallel::embedding_backward(float* dwte_local, float* dwpe, const T*
 }
 
 void TensorParallel::reduce_stats(Backend& be, float* x, size_t n, comm::ReduceOp op) {
+  if (!be.host_addressable() && &data_ != &group_) {  // in place on the device (NCCL)
+    check(data_.allreduce(x, n, comm::DType::kFloat32, op), "all-reduce", rank());
+    return;
+  }
   float* host = x;
   if (!be.host_addressable()) {
     staged_.resize(n);
@@ -149,11 +169,11 @@ StepStats TensorParallel::inspect(const AdamW& optimizer, const ParamStore& para
                                                    const int32_t*, float, int);
 #define KILN_INSTANTIATE(T)                                                                     \
   KILN_INSTANTIATE_CE(CpuBackend, T)                                                          \
-  template void TensorParallel::allreduce<T>(T*, size_t);                                     \
-  template void TensorParallel::embedding_forward<T>(T*, const int32_t*, const T*, const T*,  \
-                                                     int, int, int);                          \
-  template void TensorParallel::embedding_backward<T>(float*, float*, const T*,               \
-                                                      const int32_t*, int, int, int);
+  template void TensorParallel::host_allreduce<T>(T*, size_t);                                \
+  template void TensorParallel::host_embedding_forward<T>(T*, const int32_t*, const T*,       \
+                                                          const T*, int, int, int);           \
+  template void TensorParallel::host_embedding_backward<T>(float*, float*, const T*,          \
+                                                           const int32_t*, int, int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

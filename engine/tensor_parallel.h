@@ -23,14 +23,21 @@
 // With ZeRO (engine/zero.h) each TP rank's slices are sharded over its data-parallel group, and
 // ZeroOptimizer::inspect takes over the norm below. Checkpoints: every TP rank writes its own
 // slices (engine/checkpoint.h); loading reshards to any TP size.
-// The collectives move host memory (device: cpu); a failed collective stops the process (mpirun
-// then stops every rank). Not thread-safe: the training thread owns it.
+// Two groups over the same ranks, as data parallelism has (engine/data_parallel.h): the host group
+// (MPI) for host values (the gradient norm's sum) and the data group for the model's memory - the
+// same MPI group on the CPU, an NCCL group with device: cuda, where the activation sums, the
+// embedding and the cross-entropy statistics stay on the GPU (kernels/cuda/tp_ops.h for the
+// embedding, kiln::CudaBackend's cast to widen bf16/fp16 sums to fp32). The model's calls are
+// templates over the kernel backend K, so the CPU build keeps its host loops (bit-identical to
+// before) and only the CUDA module instantiates the device paths. A failed collective stops the
+// process (mpirun then stops every rank). Not thread-safe: the training thread owns it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/comm.h"
@@ -38,6 +45,7 @@
 #include "engine/optimizer.h"
 #include "engine/params.h"
 #include "engine/train_config.h"
+#include "kernels/cuda/tp_ops.h"
 
 namespace kiln::engine {
 
@@ -46,8 +54,11 @@ class TensorParallel {
   // kConfig naming the key when the config cannot be split over group's ranks (heads, vocabulary)
   // or asks for what is not combined with tensor parallelism yet (per-layer clipping and
   // statistics). group must outlive it.
+  // data_group (nullptr: group itself) carries the model's memory: an NCCL group over the same
+  // ranks with device: cuda.
   static Result<std::unique_ptr<TensorParallel>> create(const TrainConfig& config,
-                                                        comm::ProcessGroup& group);
+                                                        comm::ProcessGroup& group,
+                                                        comm::ProcessGroup* data_group = nullptr);
 
   int rank() const { return group_.rank(); }
   int size() const { return group_.size(); }
@@ -55,23 +66,24 @@ class TensorParallel {
   int64_t vocab_local() const { return model_.vocab_size / size(); }
   int64_t heads_local() const { return model_.n_heads / size(); }
 
-  // In-place sum over the group of n values (fp32 on the wire).
-  template <typename T>
-  void allreduce(T* x, size_t n);
+  // In-place sum over the group of n values in be's memory (fp32 on the wire). K: the kernel
+  // backend type (kiln::CpuBackend / kiln::CudaBackend).
+  template <class K, typename T>
+  void allreduce(Backend& be, T* x, size_t n);
   // A row-parallel layer's bias: added by rank 0 only (nullptr elsewhere), so the sum has it once.
   template <typename T>
   const T* row_bias(const T* bias) const {
     return rank() == 0 ? bias : nullptr;
   }
   // Vocabulary-parallel embedding: out (B, T, C) = wte[token] + wpe[t], summed over the group.
-  template <typename T>
-  void embedding_forward(T* out, const int32_t* tokens, const T* wte_local, const T* wpe, int B,
-                         int T_, int C);
+  template <class K, typename T>
+  void embedding_forward(Backend& be, T* out, const int32_t* tokens, const T* wte_local,
+                         const T* wpe, int B, int T_, int C);
   // Accumulates this rank's wte rows and the (replicated) wpe gradient from dout (identical on
   // every rank).
-  template <typename T>
-  void embedding_backward(float* dwte_local, float* dwpe, const T* dout, const int32_t* tokens,
-                          int B, int T_, int C);
+  template <class K, typename T>
+  void embedding_backward(Backend& be, float* dwte_local, float* dwpe, const T* dout,
+                          const int32_t* tokens, int B, int T_, int C);
   // Vocabulary-parallel softmax cross-entropy of n rows of this rank's logits (n, V/tp): losses
   // (every rank the same), and with dlogits (may alias logits) dloss * (softmax - onehot).
   // K: the kernel backend type (kiln::CpuBackend / kiln::CudaBackend) whose
@@ -86,18 +98,84 @@ class TensorParallel {
   StepStats inspect(const AdamW& optimizer, const ParamStore& params, double loss_scale);
 
  private:
-  TensorParallel(comm::ProcessGroup& group, const ModelConfig& model)
-      : group_(group), model_(model) {}
+  TensorParallel(comm::ProcessGroup& group, comm::ProcessGroup& data, const ModelConfig& model)
+      : group_(group), data_(data), model_(model) {}
+  // Host memory (the CPU kernels): the loops of tensor_parallel.cc over the host group.
+  template <typename T>
+  void host_allreduce(T* x, size_t n);
+  template <typename T>
+  void host_embedding_forward(T* out, const int32_t* tokens, const T* wte_local, const T* wpe,
+                              int B, int T_, int C);
+  template <typename T>
+  void host_embedding_backward(float* dwte_local, float* dwpe, const T* dout,
+                               const int32_t* tokens, int B, int T_, int C);
   void sum(float* x, size_t n);
+  // In-place sum of n fp32 values in device memory over the data group.
+  void device_sum(float* x, size_t n);
+  // fp32 device scratch of at least n values.
+  float* device_wide(Backend& be, size_t n);
   // In-place all-reduce of n fp32 statistics in be's memory.
   void reduce_stats(Backend& be, float* x, size_t n, comm::ReduceOp op);
 
-  comm::ProcessGroup& group_;
+  comm::ProcessGroup& group_;  // host values
+  comm::ProcessGroup& data_;   // the model's memory (group_ on the CPU; NCCL with cuda)
   ModelConfig model_;
   std::vector<float> wide_;   // fp32 scratch for bf16/fp16 sums
-  std::vector<float> staged_;  // host copy of device statistics
+  std::vector<float> staged_;  // host copy of device statistics (no device group)
   DeviceArray<float> stats_;   // cross-entropy row statistics (max, sum of exp, target logit)
+  DeviceArray<float> wide_dev_;  // fp32 device scratch: widened sums, the embedding's sum
 };
+
+template <class K, typename T>
+void TensorParallel::allreduce(Backend& be, T* x, size_t n) {
+  if constexpr (K::kDevice == Device::kCpu) {
+    host_allreduce(x, n);
+  } else if constexpr (std::is_same_v<T, float>) {
+    device_sum(x, n);
+  } else {  // bf16/fp16: summed in fp32 and rounded back once, as on the CPU
+    float* w = device_wide(be, n);
+    K::cast(w, x, n);
+    device_sum(w, n);
+    K::cast(x, w, n);
+  }
+}
+
+template <class K, typename T>
+void TensorParallel::embedding_forward(Backend& be, T* out, const int32_t* tokens,
+                                       const T* wte_local, const T* wpe, int B, int T_, int C) {
+  if constexpr (K::kDevice == Device::kCpu) {
+    host_embedding_forward(out, tokens, wte_local, wpe, B, T_, C);
+  } else {
+    const size_t n = static_cast<size_t>(B) * T_ * C;
+    float* w = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      w = out;
+    } else {
+      w = device_wide(be, n);
+    }
+    // This rank's rows (zero for the others' tokens), the position embedding on rank 0 only.
+    cuda::tp_embedding_forward(w, tokens, wte_local, rank() == 0 ? wpe : nullptr, B, T_, C,
+                               static_cast<int>(rank() * vocab_local()),
+                               static_cast<int>(vocab_local()));
+    device_sum(w, n);
+    if constexpr (!std::is_same_v<T, float>) K::cast(out, w, n);
+  }
+}
+
+template <class K, typename T>
+void TensorParallel::embedding_backward(Backend& be, float* dwte_local, float* dwpe,
+                                        const T* dout, const int32_t* tokens, int B, int T_,
+                                        int C) {
+  if constexpr (K::kDevice == Device::kCpu) {
+    (void)be;
+    host_embedding_backward(dwte_local, dwpe, dout, tokens, B, T_, C);
+  } else {
+    cuda::tp_embedding_backward_wte(dwte_local, dout, tokens, B, T_, C,
+                                    static_cast<int>(rank() * vocab_local()),
+                                    static_cast<int>(vocab_local()));
+    K::encoder_backward(static_cast<float*>(nullptr), dwpe, dout, tokens, B, T_, C);
+  }
+}
 
 // In the header so that each kernel backend's model (engine/gpt_model.h) instantiates it.
 template <class K, typename T>

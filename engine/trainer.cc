@@ -66,7 +66,8 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // group that carries the device buffers; host values stay on the MPI groups.)
   KILN_ASSIGN_OR_RETURN(Backend* backend, backend_for(config.device));
   if (t->dp_->tp_group().size() > 1) {
-    KILN_ASSIGN_OR_RETURN(t->tp_, TensorParallel::create(config, t->dp_->tp_group()));
+    KILN_ASSIGN_OR_RETURN(t->tp_,
+                          TensorParallel::create(config, t->dp_->tp_group(), &t->dp_->data_tp()));
   }
 
   auto data = open_data_source(config, t->dp_->data_rank());

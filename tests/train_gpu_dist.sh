@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Data parallelism and ZeRO with `device: cuda` under mpirun (ctest train_gpu_dist_*): the model's
-# buffers over NCCL, host values over MPI (engine/data_parallel.h). One check per invocation:
+# Data parallelism, ZeRO and tensor parallelism with `device: cuda` under mpirun (ctest
+# train_gpu_dist_*): the model's buffers and activations over NCCL, host values over MPI
+# (engine/data_parallel.h, engine/tensor_parallel.h). One check per invocation:
 #   train_gpu_dist.sh CHECK KILN_BINARY SOURCE_DIR WORK_DIR MPIEXEC
 # CHECK:
 #   refuse  (any machine) what cannot run is a config error naming `device` (exit 2) on every
-#           rank, never a hang: parallel.tp 2 on cuda (not built); 2 ranks on a machine without
-#           2 usable GPUs - no GPU, a build without CUDA or NCCL, or (one GPU) "2 ranks on HOST
-#           need 2 GPUs". Skipped (77) where 2 GPUs exist: nothing to refuse there.
+#           rank, never a hang: 2 ranks (data- or tensor-parallel) on a machine without 2 usable
+#           GPUs - no GPU, a build without CUDA or NCCL, or (one GPU) "2 ranks on HOST need 2
+#           GPUs". Skipped (77) where 2 GPUs exist: nothing to refuse there.
 #   nccl    (2+ GPUs; skipped with the reason elsewhere) fp32, 10 steps, the test model:
 #           DP=2 on cuda vs one process on cuda with twice the micro-batch: losses within 1e-5
 #           relative, final parameters within 1e-4 (NCCL's sums are not in rank order and the
@@ -15,6 +16,11 @@
 #           bound); bytes per step == kiln plan (1%); ZeRO-3's model-state bytes == kiln plan
 #           (5%); ZeRO-3 stopped at step 5 and resumed on cuda continues within 1e-5; the
 #           ZeRO-3 checkpoint written on the GPUs resumes on CPU ranks within 1e-3.
+#           Tensor parallelism on cuda: TP=2 vs one process on cuda (the same batch): losses
+#           within 1e-5 relative, final parameters within 1e-4 (as DP); TP=2 on cuda vs TP=2 on
+#           the CPU: losses within 1e-3 absolute; tp.all_reduce bytes == kiln plan (1%); with 4+
+#           GPUs DP=2 x TP=2 ZeRO-3 on cuda vs DP=2 ZeRO-0 on cuda within 1e-5 / 1e-4 (skipped
+#           with the reason on 2-3 GPUs).
 source "$(dirname "$0")/mpi_train_common.sh"
 
 gpus() {  # the GPUs this process may use (0 without nvidia-smi)
@@ -47,18 +53,19 @@ expect_refusal() {
 
 case "$CHECK" in
 refuse)
-  # Tensor parallelism on the GPU is not built: refused before any GPU is touched.
-  expect_refusal tp2 "tensor parallelism" "${CUDA[@]}" --set parallel.tp=2
   if [ "$NGPU" -ge 2 ]; then
     echo "SKIP: $NGPU GPUs here - 2 ranks on cuda run (train_gpu_dist_nccl checks them)"
     exit 77
   fi
-  # 2 ranks, fewer than 2 GPUs: the reason depends on the machine and the build.
+  # 2 ranks, fewer than 2 GPUs: the reason depends on the machine and the build; the same for
+  # data and tensor parallelism.
   if [ "$NGPU" = 1 ]; then
-    expect_refusal dp2 "2 ranks on .* need 2 GPUs" "${CUDA[@]}"
+    why="2 ranks on .* need 2 GPUs"
   else
-    expect_refusal dp2 "no usable GPU|no CUDA device|without CUDA|without it|NCCL" "${CUDA[@]}"
+    why="no usable GPU|no CUDA device|without CUDA|without it|NCCL"
   fi
+  expect_refusal dp2 "$why" "${CUDA[@]}"
+  expect_refusal tp2 "$why" "${CUDA[@]}" --set parallel.tp=2
   ;;
 nccl)
   if [ "$NGPU" -lt 2 ]; then
@@ -80,8 +87,23 @@ nccl)
     --resume 2>>z3r.log
   train 2 2 z3cpu 10 --set parallel.zero_stage=3 --set checkpoint.every_steps=10 --resume \
     2>>z3cpu.log
+  # Tensor parallelism: TP=2 (the same batch as one process with micro-batch 4), on the GPUs and
+  # on CPU ranks.
+  train 2 4 tp2 10 "${CUDA[@]}" "${CK[@]}" --set parallel.tp=2 2>tp2.log
+  "$KILN" checkpoint consolidate tp2/checkpoints/step-00000010 -o tp2.safetensors >/dev/null
+  train 2 4 tp2cpu 10 "${CK[@]}" --set parallel.tp=2 2>tp2cpu.log
+  "$KILN" plan "${MODEL[@]}" --set data.micro_batch=4 --world 2 --json >plan-tp.json
+  if [ "$NGPU" -ge 4 ]; then  # DP=2 x TP=2 ZeRO-3 on 4 GPUs vs DP=2 ZeRO-0 (dp2 above)
+    train 4 2 dp2tp2 10 "${CUDA[@]}" "${CK[@]}" --set parallel.tp=2 --set parallel.zero_stage=3 \
+      2>dp2tp2.log
+    "$KILN" checkpoint consolidate dp2tp2/checkpoints/step-00000010 -o dp2tp2.safetensors >/dev/null
+  else
+    echo "DP=2 x TP=2 ZeRO-3 on cuda: skipped, needs 4 GPUs (this machine has $NGPU)"
+  fi
   "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --world 2 --json >plan.json
   grep -q "gradients over NCCL" dp2.log || { echo "dp2 did not use NCCL"; cat dp2.log; exit 1; }
+  grep -q "tensor-parallel activations over NCCL" tp2.log ||
+    { echo "tp2 did not use NCCL for its activations"; cat tp2.log; exit 1; }
   PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
 from train_compare import *
 
@@ -104,6 +126,18 @@ c = losses("z3cpu")
 worst = max(abs(losses("z3")[s] - c[s]) for s in range(6, 11))
 print(f"ZeRO-3 cuda checkpoint resumed on CPU ranks: max |dloss| {worst:.2e} (limit 1e-3)")
 check("ZeRO-3 cuda -> cpu resume", worst <= 1e-3)
+compare("TP=2 cuda vs one process cuda", "one", "tp2", tol=1e-4)
+compare("TP=2 cuda vs one process cuda (losses)", "one", "tp2", tol=1e-5, params=False)
+a, b = losses("tp2cpu"), losses("tp2")
+worst = max(abs(a[s] - b[s]) for s in a)
+print(f"TP=2 cuda vs TP=2 cpu: max |dloss| {worst:.2e} (limit 1e-3)")
+check("TP=2 cuda vs cpu", worst <= 1e-3)
+check_comm("tp2", plan_row("plan-tp.json", tp=2, dp=1, zero=0), colls=["tp.all_reduce"])
+import os
+if os.path.exists("dp2tp2.safetensors"):
+    compare("DP=2 x TP=2 ZeRO-3 cuda vs DP=2 ZeRO-0 cuda", "dp2", "dp2tp2", tol=1e-4)
+    compare("DP=2 x TP=2 ZeRO-3 cuda vs DP=2 ZeRO-0 cuda (losses)", "dp2", "dp2tp2", tol=1e-5,
+            params=False)
 finish()
 PY
   ;;

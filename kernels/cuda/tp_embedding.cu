@@ -1,0 +1,74 @@
+// The vocabulary-parallel embedding on the GPU (kernels/cuda/tp_ops.h). The wte gradient walks
+// all B*T rows per channel (C threads): simple and deterministic, but serial in B*T; the
+// token-sorted form of kernels/cuda/encoder.cu (one block per token) is the faster layout for
+// large batches. Not yet run on a GPU.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tp_ops.h"
+
+namespace kiln::cuda {
+
+using namespace detail;
+
+namespace {
+
+template <typename T>
+__global__ void tp_embedding_forward_kernel(float* out, const int32_t* tokens, const T* wte,
+                                            const T* wpe, int BT, int T_, int C, int v0, int Vl) {
+  const size_t n = size_t(BT) * C;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const size_t r = i / C;
+    const int c = int(i % C);
+    const int local = tokens[r] - v0;
+    float v = (local >= 0 && local < Vl) ? ld(wte + size_t(local) * C + c) : 0.0f;
+    if (wpe) v += ld(wpe + size_t(r % T_) * C + c);
+    out[i] = v;
+  }
+}
+
+template <typename T>
+__global__ void tp_embedding_backward_wte_kernel(float* dwte, const T* dout, const int32_t* tokens,
+                                                 int BT, int C, int v0, int Vl) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int r = 0; r < BT; ++r) {
+    const int local = tokens[r] - v0;
+    if (local < 0 || local >= Vl) continue;
+    dwte[size_t(local) * C + c] += ld(dout + size_t(r) * C + c);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void tp_embedding_forward(float* out, const int32_t* tokens, const T* wte_local, const T* wpe,
+                          int B, int T_, int C, int v0, int V_local) {
+  KILN_CUDA_TIMED(kElementwise);
+  const size_t n = size_t(B) * T_ * C;
+  if (n == 0) return;
+  tp_embedding_forward_kernel<<<grid_for(n, 256), 256, 0, stream()>>>(
+      out, tokens, wte_local, wpe, B * T_, T_, C, v0, V_local);
+  KILN_CUDA_LAUNCHED();
+}
+
+template <typename T>
+void tp_embedding_backward_wte(float* dwte_local, const T* dout, const int32_t* tokens, int B,
+                               int T_, int C, int v0, int V_local) {
+  KILN_CUDA_TIMED(kElementwise);
+  if (size_t(B) * T_ * C == 0) return;
+  tp_embedding_backward_wte_kernel<<<(C + 127) / 128, 128, 0, stream()>>>(
+      dwte_local, dout, tokens, B * T_, C, v0, V_local);
+  KILN_CUDA_LAUNCHED();
+}
+
+#define KILN_INSTANTIATE(T)                                                                 \
+  template void tp_embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int, \
+                                        int, int, int);                                     \
+  template void tp_embedding_backward_wte<T>(float*, const T*, const int32_t*, int, int, int,  \
+                                             int, int);
+KILN_INSTANTIATE(float)
+KILN_INSTANTIATE(bf16)
+KILN_INSTANTIATE(fp16)
+#undef KILN_INSTANTIATE
+
+}  // namespace kiln::cuda
