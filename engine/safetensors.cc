@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <stdexcept>
+#include <vector>
 
 #include "common/atomic_file.h"
 #include "common/json.h"
@@ -59,6 +61,23 @@ Status write_safetensors(const std::string& path, const std::vector<TensorView>&
   return f.commit();
 }
 
+namespace {
+// A JSON array of integers as T. nlohmann reads an integer past 64 bits as a double, and
+// get<integer>() of a double outside the type's range is undefined behaviour (fuzz finding
+// shape-dimension-past-int64-is-a-double): anything but integers throws.
+template <typename T>
+std::vector<T> json_integers(const nlohmann::json& a) {
+  if (!a.is_array()) throw std::runtime_error("not an array");
+  std::vector<T> out;
+  out.reserve(a.size());
+  for (const auto& x : a) {
+    if (!x.is_number_integer()) throw std::runtime_error("not an integer");
+    out.push_back(x.get<T>());
+  }
+  return out;
+}
+}  // namespace
+
 Result<SafetensorsFile> SafetensorsFile::read(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
@@ -98,8 +117,8 @@ Result<SafetensorsFile> SafetensorsFile::read(const std::string& path) {
     Entry e;
     try {
       e.dtype = v.at("dtype").get<std::string>();
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
+      e.shape = json_integers<int64_t>(v.at("shape"));
+      auto offs = json_integers<uint64_t>(v.at("data_offsets"));
       if (offs.size() != 2) throw std::runtime_error("data_offsets");
       e.begin = offs[0];
       e.end = offs[1];

@@ -264,6 +264,22 @@ TEST_F(InputCaps, SafetensorsShapeProductOverflow) {
   EXPECT_TRUE(engine::SafetensorsFile::read(path("ok.safetensors")).is_ok());
 }
 
+// Fuzz finding shape-dimension-past-int64-is-a-double: nlohmann reads an integer past 64 bits as a
+// double, and converting it to int64 was undefined behaviour (UBSan). Non-integer shape entries and
+// data_offsets are a data error naming the file and the tensor.
+TEST_F(InputCaps, SafetensorsShapeAndOffsetsMustBeIntegers) {
+  for (const char* entry :
+       {R"({"w": {"dtype": "F16", "shape": [3184467440737095516160, 6], "data_offsets": [0, 0]}})",
+        R"({"w": {"dtype": "F16", "shape": [2.5], "data_offsets": [0, 4]}})",
+        R"({"w": {"dtype": "F16", "shape": [2], "data_offsets": [0, 1e30]}})"}) {
+    spit("float.safetensors", safetensors_bytes(entry, 4));
+    auto r = engine::SafetensorsFile::read(path("float.safetensors"));
+    ASSERT_EQ(r.status().code(), StatusCode::kData) << entry;
+    EXPECT_EQ(r.status().file(), path("float.safetensors"));
+    EXPECT_EQ(r.status().key(), "w");
+  }
+}
+
 // ---- tokenizer ----------------------------------------------------------------------------------
 
 TEST_F(InputCaps, TokenizerVocabAndMergesJustPastCap) {
