@@ -357,6 +357,8 @@ Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats
   const auto& tensors = params_.tensors();
   auto& units = params_.units();
   const Precision prec = params_.precision();
+  // Every unit's shard ranges in one call: the CUDA backend updates them in one launch.
+  std::vector<AdamWTensor> batch;
   for (size_t i = 0; i < units.size(); ++i) {
     Shard& s = shards_[i];
     ParamUnit& u = units[i];
@@ -367,20 +369,27 @@ Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats
       const size_t a = std::max(pt.offset, s.begin);
       const size_t b = std::min(pt.offset + pt.numel, s.begin + s.size);
       if (a >= b) continue;
-      hp.weight_decay = pt.decay ? config_.weight_decay : 0.0f;
+      AdamWTensor& x = batch.emplace_back();
+      x.weight_decay = pt.decay ? config_.weight_decay : 0.0f;
       // Into the shard or the full buffer.
-      float* p = master_sharded() ? s.master.data() + (a - s.begin) : u.master.data() + a;
-      uint16_t* lp = prec == Precision::kFp32 ? nullptr
-                     : stage_ == 3            ? s.lp.data() + (a - s.begin)
-                                              : u.lp.data() + a;
-      float* m = s.m.data() + (a - s.begin);
-      float* v = s.v.data() + (a - s.begin);
-      const float* g = s.grad.data() + (a - s.begin);
-      // kF32: no low-precision copy.
-      be_.adamw_update(p, m, v, g, b - a, hp, params_.work_dtype(), lp);
+      x.params = master_sharded() ? s.master.data() + (a - s.begin) : u.master.data() + a;
+      // nullptr (kF32): no low-precision copy.
+      x.params_lp = prec == Precision::kFp32 ? nullptr
+                    : stage_ == 3            ? s.lp.data() + (a - s.begin)
+                                             : u.lp.data() + a;
+      x.m = s.m.data() + (a - s.begin);
+      x.v = s.v.data() + (a - s.begin);
+      x.grads = s.grad.data() + (a - s.begin);
+      x.n = b - a;
     }
-    if (stage_ == 3) continue;  // the next forward gathers them
-    // Every rank gets the updated working weights.
+  }
+  be_.adamw_update_tensors(batch.data(), static_cast<int>(batch.size()), hp,
+                           params_.work_dtype());
+  if (stage_ == 3) return Status::ok();  // the next forward gathers them
+  // Every rank gets the updated working weights.
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Shard& s = shards_[i];
+    ParamUnit& u = units[i];
     if (prec == Precision::kFp32) {
       KILN_RETURN_IF_ERROR(allgather_unit(u.master.data(), sizeof(float), u.numel, s.size));
     } else {
