@@ -68,11 +68,6 @@ class CpuRuntime final : public Backend {
   void synchronize() override {}
   DeviceMemory memory() const override { return mem_; }
 
-  void fill_normal_rows(float* dst, size_t rows, size_t cols, const double* row_std, uint64_t seed,
-                        uint64_t stream) override {
-    random_normal_rows(dst, rows, cols, row_std, seed, stream);
-  }
-
   void adamw_update(float* p, float* m, float* v, const float* g, size_t n, const AdamWParams& hp,
                     DType lp_type, void* lp) override {
     switch (lp_type) {

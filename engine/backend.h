@@ -78,12 +78,6 @@ class Backend {
   virtual void synchronize() = 0;          // blocks until all queued work is done
   virtual DeviceMemory memory() const = 0;
 
-  // ---- random initialisation ----
-  // dst (rows x cols, row-major, backend memory)[r, c] = row_std[r] * N(0,1)(seed, stream,
-  // r * cols + c) with engine/rng.h's random_normal; row_std is host memory.
-  virtual void fill_normal_rows(float* dst, size_t rows, size_t cols, const double* row_std,
-                                uint64_t seed, uint64_t stream) = 0;
-
   // ---- optimizer and gradient checks (kernels/ops.h semantics) ----
   // lp_type kF32 means no low-precision copy (lp ignored); kBF16/kF16 write lp in the same pass.
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,

@@ -81,13 +81,6 @@ class CudaRuntime final : public Backend {
     return m;
   }
 
-  void fill_normal_rows(float* dst, size_t rows, size_t cols, const double* row_std, uint64_t seed,
-                        uint64_t stream) override {
-    std::vector<float> host(rows * cols);
-    random_normal_rows(host.data(), rows, cols, row_std, seed, stream);
-    copy_to_device(dst, host.data(), host.size() * sizeof(float));
-  }
-
   void adamw_update(float* p, float* m, float* v, const float* g, size_t n, const AdamWParams& hp,
                     DType lp_type, void* lp) override {
     switch (lp_type) {

@@ -301,88 +301,6 @@ Result<std::string> latest_checkpoint(const std::string& run_dir) {
 
 namespace {
 
-// Every unit's master weights and moments from the P partition files of TP rank tp_rank
-// (meta.json's layout); params holds that TP rank's slices.
-Status load_partitions(const fs::path& dir, const nlohmann::json& meta,
-                       const CheckpointLayout& lay, int64_t tp_rank, ParamStore* params) {
-  const int64_t P = lay.partitions;
-  const std::string meta_path = (dir / "meta.json").string();
-  auto& units = params->units();
-  const auto& mu = meta.at("units");
-  if (mu.size() != units.size()) {
-    return Status::data("meta.json lists " + std::to_string(mu.size()) + " units, the model has " +
-                        std::to_string(units.size()))
-        .with_file(meta_path);
-  }
-  for (size_t i = 0; i < units.size(); ++i) {
-    if (mu[i].at("name") != units[i].name || mu[i].at("numel") != units[i].numel ||
-        mu[i].at("partition_numel") != shard_numel(units[i].numel, P)) {
-      return Status::data("meta.json unit " + mu[i].dump() + " does not match the model's " +
-                          units[i].name + " (" + std::to_string(units[i].numel) + " elements)")
-          .with_file(meta_path);
-    }
-  }
-  Backend& be = params->backend();
-  for (int64_t r = 0; r < P; ++r) {
-    const std::string path =
-        (dir / partition_file_name(r, P, tp_rank, lay.tp_partitions)).string();
-    KILN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::read(path));
-    for (auto& u : units) {
-      const size_t S = shard_numel(u.numel, P);
-      const size_t begin = S * static_cast<size_t>(r);
-      if (begin >= u.numel) continue;
-      const size_t n = std::min(S, u.numel - begin);
-      const std::vector<int64_t> shape{static_cast<int64_t>(S)};
-      for (auto [suffix, buf] : {std::pair{".master", &u.master}, std::pair{".exp_avg", &u.m},
-                                 std::pair{".exp_avg_sq", &u.v}}) {
-        KILN_ASSIGN_OR_RETURN(const void* src, f.get(u.name + suffix, "F32", shape));
-        be.copy_to_device(buf->data() + begin, src, n * sizeof(float));
-      }
-    }
-  }
-  return Status::ok();
-}
-
-// TP rank tp_rank's tensors (all of them when the checkpoint is not split by TP) into params,
-// whose TP split matches: the checksums of the files read are verified first (state.json lists
-// them), then the replicated files or the data-parallel partitions are read.
-Status load_tensors(const fs::path& dir, const nlohmann::json& meta, const nlohmann::json& listed,
-                    const CheckpointLayout& lay, int64_t tp_rank, ParamStore* params) {
-  const std::string state_path = (dir / "state.json").string();
-  for (const std::string& f : tensor_files(lay, tp_rank)) {
-    auto it = listed.find(f);
-    if (it == listed.end() || !it->is_string()) {
-      return Status::data("state.json does not list " + f).with_file(state_path);
-    }
-    KILN_ASSIGN_OR_RETURN(uint64_t want, parse_hex64(it->get<std::string>()));
-    KILN_ASSIGN_OR_RETURN(uint64_t got, xxh3_file((dir / f).string()));
-    if (want != got) return Status::data("checksum mismatch").with_file((dir / f).string());
-  }
-  if (lay.sharded()) {
-    try {
-      return load_partitions(dir, meta, lay, tp_rank, params);
-    } catch (const nlohmann::json::exception& e) {
-      return Status::data(std::string("malformed meta.json: ") + e.what())
-          .with_file((dir / "meta.json").string());
-    }
-  }
-  KILN_ASSIGN_OR_RETURN(SafetensorsFile model, SafetensorsFile::read((dir / "model.safetensors").string()));
-  KILN_ASSIGN_OR_RETURN(SafetensorsFile optim,
-                        SafetensorsFile::read((dir / "optimizer.safetensors").string()));
-  const auto& tensors = params->tensors();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const ParamTensor& t = tensors[i];
-    const int ti = static_cast<int>(i);
-    KILN_ASSIGN_OR_RETURN(const void* w, model.get(t.name, "F32", t.shape));
-    KILN_ASSIGN_OR_RETURN(const void* m, optim.get(t.name + ".exp_avg", "F32", t.shape));
-    KILN_ASSIGN_OR_RETURN(const void* v, optim.get(t.name + ".exp_avg_sq", "F32", t.shape));
-    params->upload(ti, ParamField::kMaster, static_cast<const float*>(w));
-    params->upload(ti, ParamField::kExpAvg, static_cast<const float*>(m));
-    params->upload(ti, ParamField::kExpAvgSq, static_cast<const float*>(v));
-  }
-  return Status::ok();
-}
-
 Result<nlohmann::json> read_state_json(const fs::path& dir) {
   const std::string state_path = (dir / "state.json").string();
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(state_path));
@@ -400,28 +318,8 @@ Result<nlohmann::json> read_state_json(const fs::path& dir) {
 }  // namespace
 
 Status load_consolidated(const std::string& path, ParamStore* params, const std::string& key) {
-  KILN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::read(path));
-  if (auto m = f.metadata().find("model"); m != f.metadata().end()) {
-    nlohmann::json shape = nlohmann::json::parse(m->second, nullptr, false);
-    if (shape != model_json(params->model())) {
-      return Status::config("the weights are of model " + m->second + ", the config's is " +
-                            model_json(params->model()).dump())
-          .with_key(key)
-          .with_file(path);
-    }
-  }
-  std::vector<float> slice;
-  const TpShard mine = params->tp_shard();
-  for (size_t i = 0; i < params->tensors().size(); ++i) {
-    const ParamTensor& t = params->tensors()[i];
-    auto whole = f.get(t.name, "F32", t.global_shape);
-    if (!whole.is_ok()) return std::move(whole).take_status().with_key(key);
-    slice.resize(t.numel);
-    copy_to_shard(t, mine, static_cast<const float*>(*whole), slice.data());
-    params->upload(static_cast<int>(i), ParamField::kMaster, slice.data());
-  }
-  params->sync_low_precision();
-  return Status::ok();
+  KILN_ASSIGN_OR_RETURN(auto reader, CheckpointReader::open_consolidated(path, *params, key));
+  return params->fill(*reader);
 }
 
 Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& dir_text) {
@@ -484,17 +382,236 @@ Result<TrainerState> read_trainer_state(const std::string& dir_text) {
   return state;
 }
 
-Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerState* state,
-                       CheckpointLayout* layout, LoadStats* stats) {
-  const fs::path dir(dir_text);
+// ---- CheckpointReader ----
+
+struct CheckpointReader::Impl {
+  fs::path dir;
+  CheckpointLayout lay;
+  nlohmann::json meta;   // format 2: meta.json
+  nlohmann::json files;  // state.json's checksums
+  const ParamStore* params = nullptr;
+  TpShard mine;
+  std::string consolidated;  // the file of whole tensors (open_consolidated), else empty
+  std::string key;           // the config key that named it
+  // Source TP ranks' layouts (no buffers), made when first needed.
+  std::vector<std::unique_ptr<ParamStore>> sources;
+  std::vector<bool> source_read;
+  std::map<std::string, SafetensorsFile> open;  // header-only, checksum verified
+  uint64_t bytes_read = 0;
+
+  // The file `name`'s header, its checksum verified the first time (state.json lists it).
+  Result<const SafetensorsFile*> file(const std::string& name);
+  // The layout of source TP rank t (t < lay.tp_partitions), checked against meta.json's units.
+  Result<const ParamStore*> source(int64_t t);
+  // count elements of field f of tensor ti in source TP rank t's slice, from slice element
+  // `first`, into out.
+  Status read_source(int64_t t, int ti, ParamField f, size_t first, size_t count, float* out);
+  // Slice elements [la, lb) of tensor ti of this rank's slice into out.
+  Status read_slice(int ti, ParamField f, size_t la, size_t lb, float* out);
+};
+
+CheckpointReader::CheckpointReader() : impl_(std::make_unique<Impl>()) {}
+CheckpointReader::~CheckpointReader() = default;
+
+Result<const SafetensorsFile*> CheckpointReader::Impl::file(const std::string& name) {
+  if (auto it = open.find(name); it != open.end()) return &it->second;
+  const std::string path = consolidated.empty() ? (dir / name).string() : consolidated;
+  if (consolidated.empty()) {
+    auto it = files.find(name);
+    if (it == files.end() || !it->is_string()) {
+      return Status::data("state.json does not list " + name).with_file((dir / "state.json").string());
+    }
+    KILN_ASSIGN_OR_RETURN(uint64_t want, parse_hex64(it->get<std::string>()));
+    KILN_ASSIGN_OR_RETURN(uint64_t got, xxh3_file(path));
+    if (want != got) return Status::data("checksum mismatch").with_file(path);
+  }
+  KILN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::read_header(path));
+  return &open.emplace(name, std::move(f)).first->second;
+}
+
+Result<const ParamStore*> CheckpointReader::Impl::source(int64_t t) {
+  if (sources.empty()) {
+    sources.resize(static_cast<size_t>(lay.tp_partitions));
+    source_read.assign(sources.size(), false);
+  }
+  auto& s = sources[static_cast<size_t>(t)];
+  if (!s) {
+    s = std::make_unique<ParamStore>(params->model(), Precision::kFp32, false, &cpu_backend(),
+                                     TpShard{static_cast<int>(t), static_cast<int>(lay.tp_partitions)},
+                                     /*allocate=*/false);
+    if (lay.sharded()) {  // meta.json's units (one TP rank's) must be this layout's
+      const std::string meta_path = (dir / "meta.json").string();
+      const auto& units = s->units();
+      try {
+        const auto& mu = meta.at("units");
+        if (mu.size() != units.size()) {
+          return Status::data("meta.json lists " + std::to_string(mu.size()) +
+                              " units, the model has " + std::to_string(units.size()))
+              .with_file(meta_path);
+        }
+        for (size_t i = 0; i < units.size(); ++i) {
+          if (mu[i].at("name") != units[i].name || mu[i].at("numel") != units[i].numel ||
+              mu[i].at("partition_numel") != shard_numel(units[i].numel, lay.partitions)) {
+            return Status::data("meta.json unit " + mu[i].dump() + " does not match the model's " +
+                                units[i].name + " (" + std::to_string(units[i].numel) +
+                                " elements)")
+                .with_file(meta_path);
+          }
+        }
+      } catch (const nlohmann::json::exception& e) {
+        return Status::data(std::string("malformed meta.json: ") + e.what()).with_file(meta_path);
+      }
+    }
+  }
+  return s.get();
+}
+
+Status CheckpointReader::Impl::read_source(int64_t t, int ti, ParamField f, size_t first,
+                                           size_t count, float* out) {
+  KILN_ASSIGN_OR_RETURN(const ParamStore* src, source(t));
+  const ParamTensor& pt = src->tensors()[static_cast<size_t>(ti)];
+  bytes_read += count * sizeof(float);
+  source_read[static_cast<size_t>(t)] = true;
+  if (!lay.sharded()) {  // whole tensors: model.safetensors and optimizer.safetensors
+    const bool weights = f == ParamField::kMaster;
+    KILN_ASSIGN_OR_RETURN(const SafetensorsFile* file,
+                          file(weights ? "model.safetensors" : "optimizer.safetensors"));
+    const std::string name = weights                      ? pt.name
+                             : f == ParamField::kExpAvg ? pt.name + ".exp_avg"
+                                                        : pt.name + ".exp_avg_sq";
+    return file->read_range(name, "F32", pt.shape, first, count, out);
+  }
+  // Data-parallel partitions: the unit's flat elements [p*S, p*S + S) in file p.
+  const char* suffix = f == ParamField::kMaster   ? ".master"
+                       : f == ParamField::kExpAvg ? ".exp_avg"
+                                                  : ".exp_avg_sq";
+  const ParamUnit& u = src->units()[static_cast<size_t>(pt.unit)];
+  const size_t S = shard_numel(u.numel, lay.partitions);
+  const std::vector<int64_t> shape{static_cast<int64_t>(S)};
+  size_t x = pt.offset + first;
+  while (count > 0) {
+    const size_t p = x / S, off = x % S, k = std::min(count, S - off);
+    KILN_ASSIGN_OR_RETURN(const SafetensorsFile* file,
+                          file(partition_file_name(static_cast<int64_t>(p), lay.partitions, t,
+                                                   lay.tp_partitions)));
+    KILN_RETURN_IF_ERROR(file->read_range(u.name + suffix, "F32", shape, off, k, out));
+    x += k;
+    out += k;
+    count -= k;
+  }
+  return Status::ok();
+}
+
+Status CheckpointReader::Impl::read_slice(int ti, ParamField f, size_t la, size_t lb, float* out) {
+  const ParamTensor& pt = params->tensors()[static_cast<size_t>(ti)];
+  struct Run {
+    size_t whole, local, n;
+  };
+  // This rank's wanted elements as runs of the whole tensor (ascending).
+  std::vector<Run> want;
+  for_each_slice_run(pt, mine, [&](size_t w, size_t l, size_t n) {
+    const size_t lo = std::max(l, la), hi = std::min(l + n, lb);
+    if (lo < hi) want.push_back({w + (lo - l), lo - la, hi - lo});
+  });
+  if (!consolidated.empty()) {  // whole tensors in one file: the master weights only
+    KILN_ASSIGN_OR_RETURN(const SafetensorsFile* file, file(consolidated));
+    for (const Run& r : want) {
+      Status st = file->read_range(pt.name, "F32", pt.global_shape, r.whole, r.n, out + r.local);
+      if (!st.is_ok()) return std::move(st).with_key(key);
+      bytes_read += r.n * sizeof(float);
+    }
+    return Status::ok();
+  }
+  if (lay.tp_partitions == mine.size) {  // the same split: the same slice elements
+    return read_source(mine.rank, ti, f, la, lb - la, out);
+  }
+  const int64_t T = lay.tp_partitions;
+  KILN_ASSIGN_OR_RETURN(const ParamStore* src0, source(0));
+  if (src0->tensors()[static_cast<size_t>(ti)].split_dim < 0) {
+    // Whole in the checkpoint: replicated (the same on every TP rank, checked when written), or
+    // every tensor when it was written without TP. From the first source TP rank whose slices
+    // overlap this rank's (one it reads anyway).
+    const int64_t first = static_cast<int64_t>(mine.rank) * T / mine.size;
+    for (const Run& r : want) {
+      KILN_RETURN_IF_ERROR(read_source(first, ti, f, r.whole, r.n, out + r.local));
+    }
+    return Status::ok();
+  }
+  // Another TP size: the elements each source TP rank's slice shares with the wanted runs.
+  for (int64_t t = 0; t < T; ++t) {
+    const TpShard from{static_cast<int>(t), static_cast<int>(T)};
+    std::vector<Run> have;
+    KILN_ASSIGN_OR_RETURN(const ParamStore* src, source(t));
+    for_each_slice_run(src->tensors()[static_cast<size_t>(ti)], from,
+                       [&](size_t w, size_t l, size_t n) { have.push_back({w, l, n}); });
+    size_t i = 0, j = 0;
+    while (i < have.size() && j < want.size()) {
+      const size_t lo = std::max(have[i].whole, want[j].whole);
+      const size_t hi = std::min(have[i].whole + have[i].n, want[j].whole + want[j].n);
+      if (lo < hi) {
+        KILN_RETURN_IF_ERROR(read_source(t, ti, f, have[i].local + (lo - have[i].whole), hi - lo,
+                                         out + want[j].local + (lo - want[j].whole)));
+      }
+      if (have[i].whole + have[i].n <= want[j].whole + want[j].n) {
+        ++i;
+      } else {
+        ++j;
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status CheckpointReader::read(int unit, ParamField f, size_t begin, size_t n, float* dst) {
+  std::fill(dst, dst + n, 0.0f);  // padding
+  const size_t end = begin + n;
+  const ParamStore& params = *impl_->params;
+  for (int ti : params.units()[static_cast<size_t>(unit)].tensors) {
+    const ParamTensor& pt = params.tensors()[static_cast<size_t>(ti)];
+    const size_t a = std::max(begin, pt.offset), b = std::min(end, pt.offset + pt.numel);
+    if (a >= b) continue;
+    KILN_RETURN_IF_ERROR(
+        impl_->read_slice(ti, f, a - pt.offset, b - pt.offset, dst + (a - begin)));
+  }
+  return Status::ok();
+}
+
+bool CheckpointReader::zero_moments() const { return !impl_->consolidated.empty(); }
+
+int64_t CheckpointReader::tp_sources_read() const {
+  int64_t n = 0;
+  for (bool b : impl_->source_read) n += b;
+  return n;
+}
+
+uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
+
+void CheckpointReader::log_tp_reshard() const {
+  const Impl& im = *impl_;
+  if (!im.consolidated.empty() || im.lay.tp_partitions == im.mine.size) return;
+  KILN_LOG_INFO("checkpoint {}: written with tensor-parallel size {}, resharded to {} (read this "
+                "rank's slices from the files of the {} TP rank(s) that hold them, in byte "
+                "ranges)",
+                im.dir.filename().string(), im.lay.tp_partitions, im.mine.size, tp_sources_read());
+}
+
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::string& dir_text,
+                                                                  const ParamStore& params,
+                                                                  TrainerState* state,
+                                                                  CheckpointLayout* layout) {
+  std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+  Impl& im = *reader->impl_;
+  im.dir = fs::path(dir_text);
+  im.params = &params;
+  im.mine = params.tp_shard();
+  const fs::path& dir = im.dir;
   const std::string state_path = (dir / "state.json").string();
   KILN_ASSIGN_OR_RETURN(nlohmann::json j, read_state_json(dir));
-  nlohmann::json meta, files;
-  CheckpointLayout lay;
+  CheckpointLayout& lay = im.lay;
   try {
-    if (j.at("model") != model_json(params->model())) {
+    if (j.at("model") != model_json(params.model())) {
       return Status::config("checkpoint model shape " + j.at("model").dump() +
-                            " differs from the config's " + model_json(params->model()).dump())
+                            " differs from the config's " + model_json(params.model()).dump())
           .with_file(state_path);
     }
     KILN_RETURN_IF_ERROR(parse_trainer_state(j, state).with_file(state_path));
@@ -502,13 +619,13 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
       const std::string meta_path = (dir / "meta.json").string();
       KILN_ASSIGN_OR_RETURN(std::string mtext, read_file(meta_path));
       try {
-        meta = nlohmann::json::parse(mtext);
-        lay.world = meta.at("world").get<int64_t>();
-        lay.dp = meta.at("dp").get<int64_t>();
-        lay.tp = meta.at("tp").get<int64_t>();
-        lay.zero_stage = meta.at("zero_stage").get<int64_t>();
-        lay.partitions = meta.at("partitions").get<int64_t>();
-        lay.tp_partitions = meta.value("tp_partitions", int64_t{1});  // absent before TP shards
+        im.meta = nlohmann::json::parse(mtext);
+        lay.world = im.meta.at("world").get<int64_t>();
+        lay.dp = im.meta.at("dp").get<int64_t>();
+        lay.tp = im.meta.at("tp").get<int64_t>();
+        lay.zero_stage = im.meta.at("zero_stage").get<int64_t>();
+        lay.partitions = im.meta.at("partitions").get<int64_t>();
+        lay.tp_partitions = im.meta.value("tp_partitions", int64_t{1});  // absent before TP shards
       } catch (const nlohmann::json::exception& e) {
         return Status::data(std::string("malformed meta.json: ") + e.what()).with_file(meta_path);
       }
@@ -517,78 +634,48 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
     if (lay.tp_partitions < 1) {
       return Status::data("meta.json: tp_partitions < 1").with_file((dir / "meta.json").string());
     }
-    files = j.at("files");
+    im.files = j.at("files");
   } catch (const nlohmann::json::exception& e) {
     return Status::data(std::string("malformed state.json: ") + e.what()).with_file(state_path);
   }
   if (layout) *layout = lay;
-  const TpShard mine = params->tp_shard();
-  if (lay.tp_partitions == mine.size) {  // the same tensor-parallel split (or none)
-    KILN_RETURN_IF_ERROR(load_tensors(dir, meta, files, lay, mine.rank, params));
-  } else {
-    // Another tensor-parallel size: the TP ranks' files are read one TP rank at a time (its
-    // data-parallel partitions one file at a time), and this rank keeps only the elements its
-    // slices share with that TP rank's - the whole tensors never exist here.
-    const auto& tensors = params->tensors();
-    const bool in_place = params->backend().host_addressable();
-    // This rank's slices in host memory: the parameters themselves on the CPU, else a copy
-    // uploaded at the end.
-    std::vector<std::vector<float>> staged(in_place ? 0 : 3 * tensors.size());
-    uint64_t staged_bytes = 0;
-    auto dst = [&](int ti, int k) -> float* {
-      if (in_place) {
-        return k == 0 ? params->master(ti) : k == 1 ? params->exp_avg(ti) : params->exp_avg_sq(ti);
-      }
-      std::vector<float>& v = staged[3 * static_cast<size_t>(ti) + static_cast<size_t>(k)];
-      if (v.empty()) {
-        v.assign(tensors[ti].numel, 0.0f);
-        staged_bytes += v.size() * sizeof(float);
-      }
-      return v.data();
-    };
-    Backend& host = cpu_backend();
-    uint64_t held = 0;
-    int64_t read = 0;
-    const int64_t T = lay.tp_partitions, R = mine.size, r = mine.rank;
-    for (int64_t t = 0; t < T; ++t) {
-      // Every split tensor cuts its dimension into equal pieces, so TP rank t of T shares
-      // elements with rank r of R exactly when [t/T, (t+1)/T) and [r/R, (r+1)/R) intersect.
-      if (!(t * R < (r + 1) * T && r * T < (t + 1) * R)) continue;
-      const TpShard from{static_cast<int>(t), static_cast<int>(T)};
-      const uint64_t base = host.memory().in_use;
-      ParamStore part(params->model(), Precision::kFp32, false, &host, from);
-      for (auto& u : part.units()) u.grad.clear();  // weights and moments only
-      KILN_RETURN_IF_ERROR(load_tensors(dir, meta, files, lay, t, &part));
-      held = std::max<uint64_t>(held, host.memory().in_use - base);
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        const int ti = static_cast<int>(i);
-        const ParamTensor& ps = part.tensors()[i];
-        // Replicated tensors (the same on every TP rank: checked when written) from the first.
-        if (ps.split_dim < 0 && read > 0) continue;
-        copy_between_shards(ps, from, part.master(ti), tensors[i], mine, dst(ti, 0));
-        copy_between_shards(ps, from, part.exp_avg(ti), tensors[i], mine, dst(ti, 1));
-        copy_between_shards(ps, from, part.exp_avg_sq(ti), tensors[i], mine, dst(ti, 2));
-      }
-      ++read;
+  return reader;
+}
+
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open_consolidated(
+    const std::string& path, const ParamStore& params, const std::string& key) {
+  std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+  Impl& im = *reader->impl_;
+  im.params = &params;
+  im.mine = params.tp_shard();
+  im.consolidated = path;
+  im.key = key;
+  KILN_ASSIGN_OR_RETURN(const SafetensorsFile* f, im.file(path));
+  if (auto m = f->metadata().find("model"); m != f->metadata().end()) {
+    nlohmann::json shape = nlohmann::json::parse(m->second, nullptr, false);
+    if (shape != model_json(params.model())) {
+      return Status::config("the weights are of model " + m->second + ", the config's is " +
+                            model_json(params.model()).dump())
+          .with_key(key)
+          .with_file(path);
     }
-    if (!in_place) {
-      const ParamField fields[] = {ParamField::kMaster, ParamField::kExpAvg, ParamField::kExpAvgSq};
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        for (int k = 0; k < 3; ++k) params->upload(static_cast<int>(i), fields[k], dst(static_cast<int>(i), k));
-      }
-    }
-    if (stats) {
-      stats->reshard_host_bytes = held + staged_bytes;
-      stats->reshard_sources = read;
-    }
-    KILN_LOG_INFO("checkpoint {}: written with tensor-parallel size {}, resharded to {} "
-                  "(read the files of the {} TP rank(s) that hold its slices, one at a time: {} "
-                  "bytes of host memory held beside this rank's slices)",
-                  dir.filename().string(), lay.tp_partitions, mine.size, read,
-                  held + staged_bytes);
   }
-  params->zero_grads();
-  params->sync_low_precision();
+  // Every tensor present with its whole shape (checked before anything is read).
+  for (const ParamTensor& t : params.tensors()) {
+    Status st = f->read_range(t.name, "F32", t.global_shape, 0, 0, nullptr);
+    if (!st.is_ok()) return std::move(st).with_key(key);
+  }
+  return reader;
+}
+
+Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerState* state,
+                       CheckpointLayout* layout, LoadStats* stats) {
+  CheckpointLayout lay;
+  KILN_ASSIGN_OR_RETURN(auto reader, CheckpointReader::open(dir_text, *params, state, &lay));
+  if (layout) *layout = lay;
+  KILN_RETURN_IF_ERROR(params->fill(*reader));
+  if (stats) stats->reshard_sources = reader->tp_sources_read();
+  reader->log_tp_reshard();
   return Status::ok();
 }
 

@@ -24,11 +24,10 @@
 // It is written under a temporary name (every rank writes its file there), fsynced and renamed
 // by rank 0 after every file is complete, state.json last, so it appears complete or not at all;
 // `latest` is then replaced atomically and directories beyond keep_last are removed (oldest
-// first). Loading checks the model shape and the checksums, naming the file on any mismatch, and
-// reassembles full units from any number of partitions, so a checkpoint resumes on another
-// data-parallel size or ZeRO stage; on another tensor-parallel size each source TP rank's files
-// are read in turn and a rank keeps only the elements its slices share with them (no whole
-// tensor is assembled: at most one source TP rank's states are held beside the rank's own);
+// first). Loading (CheckpointReader) checks the model shape and the checksums, naming the file on
+// any mismatch, and reads any range of a rank's units from any number of partitions and any
+// tensor-parallel size, so a checkpoint resumes on another data-parallel size, ZeRO stage or TP
+// size with each rank reading only the byte ranges it keeps (no whole tensor or file is held);
 // the precision may differ (the stored tensors are fp32 either
 // way). The low-precision working copy is not stored: it is re-derived from the master weights by
 // the same rounding, so resumed training is bit-identical. Checkpoints of format 1 (no meta.json,
@@ -38,6 +37,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "common/status.h"
@@ -110,18 +110,56 @@ Result<std::string> latest_checkpoint(const std::string& run_dir);
 // The trainer state a checkpoint directory records (state.json only; no tensor is read), for
 // tools that report on a run (`kiln mix show`).
 Result<TrainerState> read_trainer_state(const std::string& dir);
-// Host memory a load held beside its destination (measured: the CPU backend's allocations, plus
-// the host copy of the rank's slices when they live on a device).
+// A checkpoint (or a consolidated file) opened for reading model states in ranges: a
+// StateSource for the run's layout (`params`: this rank's TP slice, with or without buffers).
+// A read of a unit's elements [begin, begin + n) reads only the byte ranges of the files that
+// hold them - from any writer's layout: data-parallel partitions of any count, another TP size's
+// slices (the elements this rank's slice shares with each source TP rank's), whole tensors - so
+// a ZeRO rank reads only its shard and no rank assembles a whole tensor or file in memory. Each
+// file's XXH3-64 (state.json) is verified the first time it is read from (streamed), so a rank
+// checks exactly the files it uses. Not thread-safe.
+class CheckpointReader final : public StateSource {
+ public:
+  // Reads state.json (trainer state into *state) and meta.json (*layout, optional); checks the
+  // model shape against params' (which must outlive the reader).
+  static Result<std::unique_ptr<CheckpointReader>> open(const std::string& dir,
+                                                        const ParamStore& params,
+                                                        TrainerState* state,
+                                                        CheckpointLayout* layout = nullptr);
+  // A safetensors file of whole fp32 tensors named as the model's (`kiln checkpoint
+  // consolidate`): the master weights, moments zero. Its "model" metadata, when present, must
+  // match params' shape; every tensor must be there with its whole shape. Errors name the file
+  // and `key` (the config key that named it).
+  static Result<std::unique_ptr<CheckpointReader>> open_consolidated(const std::string& path,
+                                                                     const ParamStore& params,
+                                                                     const std::string& key);
+  ~CheckpointReader() override;
+  Status read(int unit, ParamField f, size_t begin, size_t n, float* dst) override;
+  bool zero_moments() const override;
+  // Source TP ranks whose files were read from so far.
+  int64_t tp_sources_read() const;
+  // Tensor bytes read so far.
+  uint64_t bytes_read() const;
+  // After the reads: logs how the slices were resharded when the checkpoint was written with
+  // another tensor-parallel size (nothing otherwise).
+  void log_tp_reshard() const;
+
+ private:
+  CheckpointReader();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// What a load did beside filling its destination.
 struct LoadStats {
-  // Another tensor-parallel size: the most bytes held at once while resharding (one source TP
-  // rank's weights and moments, read one data-parallel file at a time; 0 on the same TP size).
-  uint64_t reshard_host_bytes = 0;
-  // Another tensor-parallel size: how many source TP ranks' files were read (those whose slices
-  // share elements with this rank's).
+  // How many source TP ranks' files were read (with another tensor-parallel size: those whose
+  // slices share elements with this rank's; else 1).
   int64_t reshard_sources = 0;
 };
-// Loads master weights and moments into params (then refreshes the low-precision copy), from
-// any layout. *layout (optional) receives the writer's; *stats (optional) what it held.
+// Loads master weights and moments into params (allocated buffers; then refreshes the
+// low-precision copy) from any layout, through a CheckpointReader: nothing but params' own
+// buffers (and, on a GPU, a kStateChunk host staging buffer) is held. *layout (optional)
+// receives the writer's; *stats (optional) what it read.
 Status load_checkpoint(const std::string& dir, ParamStore* params, TrainerState* state,
                        CheckpointLayout* layout = nullptr, LoadStats* stats = nullptr);
 // The reverse of `kiln checkpoint consolidate`: the master weights of params (this rank's TP

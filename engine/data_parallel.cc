@@ -138,26 +138,30 @@ void DataParallel::begin_step(int64_t step) {
   std::this_thread::sleep_for(std::chrono::duration<double>(secs));
 }
 
-Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer) {
-  if (stage_ >= 1 && topo_.dp_size > 1) {
-    const uint64_t before = params.state_bytes();
-    // With tensor parallelism: this TP rank's slices, sharded over its data-parallel group.
-    zero_ = std::make_unique<ZeroOptimizer>(params, data_dp(), optimizer, static_cast<int>(stage_),
-                                            static_cast<int>(prefetch_), topo_.tp.get(),
-                                            topo_.dp.get());
-    const uint64_t kept = params.state_bytes(), shards = zero_->shard_bytes();
-    KILN_LOG_INFO("ZeRO-{}: {} sharded over {} ranks; model states on rank 0: {} bytes "
-                  "({:.1f} MiB: full buffers {:.1f} MiB, shards {:.1f} MiB; ZeRO-0 would hold "
-                  "{:.1f} MiB)",
-                  stage_,
-                  stage_ == 1   ? "AdamW state"
-                  : stage_ == 2 ? "AdamW state and gradients"
-                                : "AdamW state, gradients and weights",
-                  topo_.dp_size, kept + shards, (kept + shards) / 1048576.0, kept / 1048576.0,
-                  shards / 1048576.0, before / 1048576.0);
-  } else if (stage_ >= 1) {
-    KILN_LOG_INFO("ZeRO-{} with one data-parallel rank: nothing to shard", stage_);
+Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer,
+                            StateSource& source) {
+  if (!shards_states()) {
+    if (stage_ >= 1) KILN_LOG_INFO("ZeRO-{} with one data-parallel rank: nothing to shard", stage_);
+    return params.fill(source);
   }
+  // With tensor parallelism: this TP rank's slices, sharded over its data-parallel group.
+  KILN_ASSIGN_OR_RETURN(zero_, ZeroOptimizer::create(params, source, data_dp(), optimizer,
+                                                     static_cast<int>(stage_),
+                                                     static_cast<int>(prefetch_), topo_.tp.get(),
+                                                     topo_.dp.get()));
+  const uint64_t kept = params.state_bytes(), shards = zero_->shard_bytes();
+  // master, gradients, two moments (fp32) and the bf16/fp16 copy of every padded element.
+  const uint64_t unsharded =
+      params.padded_numel() * (16 + (params.precision() == Precision::kFp32 ? 0 : 2));
+  KILN_LOG_INFO("ZeRO-{}: {} sharded over {} ranks; model states on rank 0: {} bytes "
+                "({:.1f} MiB: full buffers {:.1f} MiB, shards {:.1f} MiB; ZeRO-0 would hold "
+                "{:.1f} MiB)",
+                stage_,
+                stage_ == 1   ? "AdamW state"
+                : stage_ == 2 ? "AdamW state and gradients"
+                              : "AdamW state, gradients and weights",
+                topo_.dp_size, kept + shards, (kept + shards) / 1048576.0, kept / 1048576.0,
+                shards / 1048576.0, unsharded / 1048576.0);
   return Status::ok();
 }
 

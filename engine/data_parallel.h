@@ -96,10 +96,16 @@ class DataParallel {
   int tp_rank() const { return topo_.tp_rank; }
   int tp_size() const { return topo_.tp_size; }
 
-  // Shards the model states (ZeRO-1/2/3, more than one data-parallel rank) after the parameters
-  // were initialised or loaded; logs the model-state bytes this rank holds. Stages 2-3 also need
-  // the model to call zero()'s unit hooks (Model::set_unit_hooks).
-  Status attach(ParamStore& params, const OptimizerConfig& optimizer);
+  // True when this rank keeps only shards of its model states (ZeRO-1/2/3 with more than one
+  // data-parallel rank): its ParamStore is then made without buffers (allocate = false).
+  bool shards_states() const { return stage_ >= 1 && topo_.dp_size > 1; }
+  // Builds the model states from `source` (the initialisation, a checkpoint, a consolidated
+  // file): with shards_states() each rank computes or reads only its shards and the full
+  // buffers its stage keeps (ZeroOptimizer::create: the peak is the rank's own states plus a
+  // bounded staging buffer, never the unsharded states); else params (with buffers) is filled.
+  // Logs the model-state bytes this rank holds. Stages 2-3 also need the model to call zero()'s
+  // unit hooks (Model::set_unit_hooks).
+  Status attach(ParamStore& params, const OptimizerConfig& optimizer, StateSource& source);
   // The sharded model states, or nullptr (ZeRO-0, or one data-parallel rank).
   ZeroOptimizer* zero() { return zero_.get(); }
 

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <tbb/parallel_for.h>
+
 #include "common/hash.h"
+#include "common/tsan.h"
 #include "engine/rng.h"
 
 namespace kiln::engine {
@@ -13,7 +16,7 @@ size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
 ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases,
-                       Backend* backend, TpShard tp)
+                       Backend* backend, TpShard tp, bool allocate)
     : backend_(backend ? backend : &cpu_backend()),
       model_(model),
       precision_(precision),
@@ -51,6 +54,7 @@ ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay
   const bool low = precision != Precision::kFp32;
   for (auto& u : units_) {
     u.numel = round_up(u.numel, 64);
+    if (!allocate) continue;
     u.master.reset(backend_, u.numel);
     u.grad.reset(backend_, u.numel);
     u.m.reset(backend_, u.numel);
@@ -109,62 +113,143 @@ int ParamStore::find(const std::string& name) const {
 }
 
 void ParamStore::init(uint64_t seed) {
-  const double L = static_cast<double>(model_.n_layers);
-  const double std0 = model_.init_std;
+  InitSource src(*this, seed);
+  const Status st = fill(src);
+  KILN_CHECK(st.is_ok(), "ParamStore::init: " + st.to_string());
+}
+
+namespace {
+// The initial standard deviation of a tensor's rows: rows >= split get `hi`, the others `lo`
+// (DeepNet's q/k/v: v is scaled differently).
+struct RowStd {
+  double lo = 0, hi = 0;
+  size_t split = 0;
+  double at(size_t row) const { return row >= split ? hi : lo; }
+};
+
+RowStd row_std(const ModelConfig& m, const ParamTensor& t) {
+  const double L = static_cast<double>(m.n_layers);
+  const double std0 = m.init_std;
   // DeepNet (Wang et al. 2022) decoder init: Xavier-normal, with gain beta = (8N)^(-1/4) on the
   // value projection, attention output and both MLP matrices (N = layers).
   const double beta = std::pow(8.0 * L, -0.25);
-  for (auto& u : units_) {
-    u.master.zero();
-    u.grad.zero();
-    u.m.zero();
-    u.v.zero();
+  const std::vector<int64_t>& shape = t.global_shape;  // the whole tensor's
+  const size_t cols = static_cast<size_t>(shape.back());
+  RowStd r;
+  if (m.init == InitScheme::kGpt2) {
+    r.lo = t.role == TensorRole::kResidualOut ? std0 / std::sqrt(2.0 * L) : std0;
+  } else if (t.role == TensorRole::kEmbedding) {
+    r.lo = std0;
+  } else if (t.name.find("attn.qkv") != std::string::npos) {  // q, k, v: three (C, C) matrices
+    const double c = static_cast<double>(cols);
+    const double xavier = std::sqrt(2.0 / (c + c));
+    r.lo = xavier;
+    r.hi = beta * xavier;
+    r.split = static_cast<size_t>(2 * m.d_model);
+    return r;
+  } else {
+    const double fan_out = static_cast<double>(shape[0]);
+    const double fan_in = static_cast<double>(cols);
+    r.lo = beta * std::sqrt(2.0 / (fan_in + fan_out));
   }
-  for (size_t ti = 0; ti < tensors_.size(); ++ti) {
+  r.hi = r.lo;
+  r.split = SIZE_MAX;
+  return r;
+}
+}  // namespace
+
+void ParamStore::init_values(uint64_t seed, int unit, size_t begin, size_t n, float* dst) const {
+  std::fill(dst, dst + n, 0.0f);
+  const size_t end = begin + n;
+  for (int ti : units_[unit].tensors) {
     const ParamTensor& t = tensors_[ti];
-    float* w = master(static_cast<int>(ti));
+    const size_t a = std::max(begin, t.offset), b = std::min(end, t.offset + t.numel);
+    if (a >= b) continue;
+    float* out = dst + (a - begin);
     if (t.role == TensorRole::kBias || t.role == TensorRole::kNormBias) continue;  // zeros
     if (t.role == TensorRole::kNormGain) {
-      backend_->fill(w, 1.0f, t.numel);
+      std::fill(out, out + (b - a), 1.0f);
       continue;
     }
+    // Element g of the whole tensor (row g / cols) is std(row) * N(0,1)(seed, stream, g), as
+    // random_normal_rows computes it: a slice or range gets its elements' values.
     const uint64_t stream = xxh3_64(t.name);
-    // The whole tensor's shape: a tensor-parallel slice gets the values of its elements in the
-    // whole tensor (the same model on any number of ranks).
-    const std::vector<int64_t>& shape = t.global_shape;
-    const size_t cols = static_cast<size_t>(shape.back());
-    // std per row: DeepNet's q/k/v split needs rows of qkv to differ.
-    auto row_std = [&](size_t row) -> double {
-      if (model_.init == InitScheme::kGpt2) {
-        return t.role == TensorRole::kResidualOut ? std0 / std::sqrt(2.0 * L) : std0;
-      }
-      if (t.role == TensorRole::kEmbedding) return std0;
-      const double fan_out = static_cast<double>(shape[0]);
-      const double fan_in = static_cast<double>(cols);
-      const bool is_qkv = t.name.find("attn.qkv") != std::string::npos;
-      if (is_qkv) {  // q, k, v are three (C, C) matrices
-        const double c = fan_in;
-        const double xavier = std::sqrt(2.0 / (c + c));
-        const bool is_v = row >= static_cast<size_t>(2 * model_.d_model);
-        return is_v ? beta * xavier : xavier;
-      }
-      return beta * std::sqrt(2.0 / (fan_in + fan_out));
+    const size_t cols = static_cast<size_t>(t.global_shape.back());
+    const RowStd rs = row_std(model_, t);
+    const size_t la = a - t.offset, lb = b - t.offset;  // slice elements wanted
+    // The wanted runs of the slice, cut into pieces of at most 4096 elements, in parallel.
+    struct Piece {
+      size_t whole, out, count;
     };
-    size_t whole = 1;
-    for (int64_t d : shape) whole *= static_cast<size_t>(d);
-    const size_t rows = whole / cols;
-    std::vector<double> stds(rows);
-    for (size_t row = 0; row < rows; ++row) stds[row] = row_std(row);
-    if (t.split_dim < 0) {
-      backend_->fill_normal_rows(w, rows, cols, stds.data(), seed, stream);
-      continue;
+    std::vector<Piece> pieces;
+    for_each_slice_run(t, tp_, [&](size_t whole, size_t local, size_t count) {
+      const size_t lo = std::max(local, la), hi = std::min(local + count, lb);
+      for (size_t p = lo; p < hi; p += 4096) {
+        pieces.push_back({whole + (p - local), p - la, std::min<size_t>(4096, hi - p)});
+      }
+    });
+    const tsan::ForkJoin fork_join;
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, pieces.size()),
+                      fork_join.task([&](const tbb::blocked_range<size_t>& r) {
+                        for (size_t k = r.begin(); k != r.end(); ++k) {
+                          const Piece& pc = pieces[k];
+                          for (size_t i = 0; i < pc.count; ++i) {
+                            const size_t g = pc.whole + i;
+                            out[pc.out + i] = static_cast<float>(rs.at(g / cols) *
+                                                                 random_normal(seed, stream, g));
+                          }
+                        }
+                      }));
+    fork_join.join();
+  }
+}
+
+Status InitSource::read(int unit, ParamField f, size_t begin, size_t n, float* dst) {
+  if (f == ParamField::kMaster) {
+    params_.init_values(seed_, unit, begin, n, dst);
+  } else {
+    std::fill(dst, dst + n, 0.0f);
+  }
+  return Status::ok();
+}
+
+Status read_state(StateSource& src, Backend& be, int unit, ParamField f, size_t begin, size_t n,
+                  float* dst, std::vector<float>* staging) {
+  for (size_t done = 0; done < n;) {
+    const size_t k = std::min(kStateChunk, n - done);
+    if (be.host_addressable()) {
+      KILN_RETURN_IF_ERROR(src.read(unit, f, begin + done, k, dst + done));
+    } else {
+      staging->resize(std::min(kStateChunk, n));
+      KILN_RETURN_IF_ERROR(src.read(unit, f, begin + done, k, staging->data()));
+      be.copy_to_device(dst + done, staging->data(), k * sizeof(float));
     }
-    std::vector<float> values(whole), slice(t.numel);
-    random_normal_rows(values.data(), rows, cols, stds.data(), seed, stream);
-    copy_to_shard(t, tp_, values.data(), slice.data());
-    upload(static_cast<int>(ti), ParamField::kMaster, slice.data());
+    done += k;
+  }
+  return Status::ok();
+}
+
+Status ParamStore::fill(StateSource& src) {
+  std::vector<float> staging;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    ParamUnit& u = units_[i];
+    KILN_CHECK(!u.master.empty(), "ParamStore::fill: the store has no buffers");
+    const int ui = static_cast<int>(i);
+    KILN_RETURN_IF_ERROR(
+        read_state(src, *backend_, ui, ParamField::kMaster, 0, u.numel, u.master.data(), &staging));
+    if (src.zero_moments()) {
+      u.m.zero();
+      u.v.zero();
+    } else {
+      KILN_RETURN_IF_ERROR(
+          read_state(src, *backend_, ui, ParamField::kExpAvg, 0, u.numel, u.m.data(), &staging));
+      KILN_RETURN_IF_ERROR(
+          read_state(src, *backend_, ui, ParamField::kExpAvgSq, 0, u.numel, u.v.data(), &staging));
+    }
+    u.grad.zero();
   }
   sync_low_precision();
+  return Status::ok();
 }
 
 void ParamStore::sync_low_precision() {
@@ -243,6 +328,11 @@ void for_each_run(const ParamTensor& t, TpShard s, Fn fn) {
   }
 }
 }  // namespace
+
+void for_each_slice_run(const ParamTensor& t, TpShard shard,
+                        const std::function<void(size_t, size_t, size_t)>& fn) {
+  for_each_run(t, shard, fn);
+}
 
 void copy_to_shard(const ParamTensor& t, TpShard shard, const float* whole, float* slice) {
   for_each_run(t, shard, [&](size_t w, size_t l, size_t n) {

@@ -10,7 +10,12 @@
 // (out_features, in_features) row-major, as torch.nn.Linear.
 //
 // Initialisation is a pure function of (seed, tensor name, element index) (engine/rng.h), so any
-// shard of any tensor can be initialised on its own and the values do not depend on threads.
+// shard of any tensor can be initialised on its own and the values do not depend on threads:
+// init_values() computes any range of a unit's elements. Model states are built from a
+// StateSource (the initialisation, a checkpoint, a consolidated file) read in ranges, so a rank
+// that keeps only a shard of them (ZeRO, engine/zero.h) computes or reads only that shard: such a
+// rank's ParamStore is made without buffers (allocate = false) and ZeroOptimizer::create builds
+// what the rank holds.
 // The buffers are reached only through the backend: on a GPU the tensor views below are device
 // pointers, and host code reads or writes them with host_view() / upload() (checkpoints do).
 // Not thread-safe for concurrent mutation; the training loop owns it.
@@ -18,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -81,16 +87,60 @@ struct BlockTensors {
 
 enum class ParamField { kMaster, kGrad, kExpAvg, kExpAvgSq };
 
+class ParamStore;
+
+// Where model states come from when they are built (start-up, resume): fp32 values of one field
+// (kMaster, kExpAvg, kExpAvgSq) of a unit's flat elements, in ranges.
+class StateSource {
+ public:
+  virtual ~StateSource() = default;
+  // dst[0, n) (host memory) = field f of unit `unit`'s elements [begin, begin + n) (within the
+  // unit's padded numel; padding is zero).
+  virtual Status read(int unit, ParamField f, size_t begin, size_t n, float* dst) = 0;
+  // True when the AdamW moments are zero (a fresh start): they are not read.
+  virtual bool zero_moments() const { return false; }
+};
+
+// The initialisation as a source: ParamStore::init_values, moments zero.
+class InitSource final : public StateSource {
+ public:
+  InitSource(const ParamStore& params, uint64_t seed) : params_(params), seed_(seed) {}
+  Status read(int unit, ParamField f, size_t begin, size_t n, float* dst) override;
+  bool zero_moments() const override { return true; }
+
+ private:
+  const ParamStore& params_;
+  uint64_t seed_;
+};
+
+// Elements a state is read in at most at once (the host staging bound while building model
+// states: 4 MiB of fp32).
+inline constexpr size_t kStateChunk = size_t{1} << 20;
+
+// dst (be's memory)[0, n) = field f of unit's elements [begin, begin + n) from src, in chunks of
+// kStateChunk elements (straight into dst when be's memory is the host's, else through *staging).
+Status read_state(StateSource& src, Backend& be, int unit, ParamField f, size_t begin, size_t n,
+                  float* dst, std::vector<float>* staging);
+
 class ParamStore {
  public:
   // backend nullptr: the CPU backend.
   // tp: the tensor-parallel slice this store holds (every tensor whole by default).
+  // allocate false: the layout only (tensors, units and their lengths), no buffer (ZeRO builds
+  // the ones a rank keeps, engine/zero.h; a checkpoint reader uses another TP rank's layout).
   ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases = false,
-             Backend* backend = nullptr, TpShard tp = {});
+             Backend* backend = nullptr, TpShard tp = {}, bool allocate = true);
 
   // GPT-2 or DeepNet-style initialisation of the master weights (zeroes grads and moments, then
-  // refreshes the low-precision copy).
+  // refreshes the low-precision copy): fill(InitSource(*this, seed)).
   void init(uint64_t seed);
+  // The initial master weights of unit `unit`'s elements [begin, begin + n) into dst (host
+  // memory; padding zero): element i of a tensor gets the value of its element in the whole
+  // tensor, whatever the TP slice, shard, range or thread count.
+  void init_values(uint64_t seed, int unit, size_t begin, size_t n, float* dst) const;
+  // Every unit's master weights and moments from src (allocated buffers), gradients zero, the
+  // low-precision copy refreshed.
+  Status fill(StateSource& src);
   // Refreshes every unit's low-precision copy from its master weights (round to nearest even).
   void sync_low_precision();
   void zero_grads();
@@ -173,5 +223,9 @@ void copy_from_shard(const ParamTensor& t, TpShard shard, const float* slice, fl
 // or all - from src into dst, without the whole tensor. Host memory.
 void copy_between_shards(const ParamTensor& from_t, TpShard from, const float* src,
                          const ParamTensor& to_t, TpShard to, float* dst);
+// The contiguous runs of a TP slice in its whole tensor, in order: fn(whole_offset, slice_offset,
+// count) (one run when the tensor is replicated or tp is 1).
+void for_each_slice_run(const ParamTensor& t, TpShard shard,
+                        const std::function<void(size_t, size_t, size_t)>& fn);
 
 }  // namespace kiln::engine

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "engine/model.h"
+#include "engine/params.h"
 
 namespace kiln::engine {
 namespace {
@@ -115,6 +116,9 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
   // fp32 below ZeRO-3 keeps its full master weights as the working weights; with ZeRO-1/2 they
   // are not part of the sharded optimizer state (already counted in params).
   mem.activations = activation_bytes(c, lay.tp, lay.recompute);
+  // Built in place from ranges (ParamStore::fill, ZeroOptimizer::create): nothing but the
+  // states, and a chunk of fp32 values rounded into the bf16/fp16 working weights (ZeRO-1/2).
+  mem.startup = mem.model_states() + (low && lay.dp > 1 && (z == 1 || z == 2) ? kStateChunk * 4 : 0);
   if (lay.dp > 1) {
     // One unit reduced at a time: the reduction's receive scratch (fp32).
     mem.buffers = largest_padded * 4;
@@ -179,7 +183,7 @@ Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world
       if (dp == 1 && z > 0) continue;  // nothing to shard over
       for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
         LayoutPlan p = plan_layout(c, Layout{tp, dp, z, r});
-        if (budget) p.fits = p.memory.total() <= *budget;
+        if (budget) p.fits = std::max(p.memory.total(), p.memory.startup) <= *budget;
         p.within_node = tp_within_node(tp, world, ranks_per_node);
         out.push_back(std::move(p));
       }

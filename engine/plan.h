@@ -13,6 +13,7 @@
 //               norm) at a time; ZeRO-2 also holds full gradients of at most three units during
 //               backward (the embeddings', the unit being written, the one being reduced);
 //               ZeRO-3 in addition 2 + parallel.prefetch gathered units of weights
+//   startup     the peak while the model states are built or loaded (RankMemory::startup)
 // Tensor parallelism (Megatron): QKV, MLP-up (column), attention-out and MLP-down (row) and the
 // vocabulary-parallel embedding are split over tp; norms, row-parallel biases and position
 // embeddings are replicated. A "unit" is sharded over dp in equal, 16-element-aligned pieces.
@@ -46,6 +47,11 @@ struct Layout {
 
 struct RankMemory {
   uint64_t params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0;
+  // The peak while the model states are built (start-up, resume; engine/zero.h create): the
+  // rank's own model states - its shards and the full buffers its ZeRO stage keeps, never the
+  // unsharded states - plus, in bf16/fp16 under ZeRO-1/2, one kStateChunk fp32 chunk the
+  // working weights are rounded from.
+  uint64_t startup = 0;
   uint64_t model_states() const { return params + grads + optimizer; }
   uint64_t total() const { return params + grads + optimizer + activations + buffers; }
 };

@@ -35,10 +35,20 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 Status write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
-// A whole file read into memory. Not thread-safe for concurrent loads; reads are const.
+// A whole file read into memory, or (read_header) only its header, its tensors then read in byte
+// ranges with read_range - what a rank that needs a part of a large file uses (a ZeRO shard of a
+// checkpoint). Not thread-safe for concurrent loads; reads are const.
 class SafetensorsFile {
  public:
   static Result<SafetensorsFile> read(const std::string& path);
+  // The header only (validated against the file's size as read() does); get() and view() then
+  // fail, read_range() reads from the file.
+  static Result<SafetensorsFile> read_header(const std::string& path);
+  // dst = `count` elements of tensor `name` from element `first` on, checking dtype and shape
+  // (and first + count within the tensor); from the file (read_header) or the bytes in memory.
+  Status read_range(const std::string& name, const std::string& dtype,
+                    const std::vector<int64_t>& shape, size_t first, size_t count,
+                    void* dst) const;
   // The tensor's bytes, checking dtype and shape. Data error naming file and tensor otherwise.
   Result<const void*> get(const std::string& name, const std::string& dtype,
                           const std::vector<int64_t>& shape) const;
@@ -54,8 +64,13 @@ class SafetensorsFile {
     std::vector<int64_t> shape;
     size_t begin = 0, end = 0;
   };
+  // Parses the header (text) of a file whose tensor data is data_size bytes from data_start_.
+  Status parse_header(std::string_view header, size_t data_size);
+  Result<const Entry*> entry(const std::string& name, const std::string& dtype,
+                             const std::vector<int64_t>& shape) const;
   std::string path_;
   std::string bytes_;
+  bool header_only_ = false;
   size_t data_start_ = 0;
   std::map<std::string, Entry> index_;
   std::map<std::string, std::string> metadata_;

@@ -73,10 +73,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   auto data = open_data_source(config, t->dp_->data_rank());
   KILN_RETURN_IF_ERROR(t->dp_->agree(data.is_ok() ? Status::ok() : data.status()));
   t->data_ = std::move(data).value();
-  t->params_ = std::make_unique<ParamStore>(config.model, config.precision,
-                                            config.optimizer.decay_norms_and_biases, backend,
-                                            t->tp_ ? t->tp_->shard() : TpShard{});
-  t->params_->init(config.run.seed);
+  KILN_RETURN_IF_ERROR(t->build_model_states(backend));
   t->optimizer_ = std::make_unique<AdamW>(config.optimizer);
   t->scaler_ = LossScaler(config.loss_scale, config.precision == Precision::kFp16);
   t->model_ = Model::create(t->params_.get(), config.data.micro_batch,
@@ -118,7 +115,8 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                 m.d_model, m.n_layers, m.n_heads, m.seq_len, precision_name(config.precision));
   KILN_LOG_INFO("model states (weights, grads, AdamW moments{}): {}",
                 config.precision == Precision::kFp32 ? "" : ", low-precision copy",
-                mib(t->params_->state_bytes()));
+                mib(t->params_->padded_numel() *
+                    (config.precision == Precision::kFp32 ? 16 : 18)));
   const ActivationMemory none = plan_activation_memory(m, config.data.micro_batch, config.precision,
                                                        Recompute::kNone, 1, config.device);
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
@@ -153,54 +151,34 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
     }
   }
 
-  if (options.resume) {
-    // Rank 0 picks the checkpoint; every rank loads the same one (a shared run directory).
-    auto latest = latest_checkpoint(config.run.dir);
-    std::string found = latest.is_ok() ? *latest : std::string();
-    KILN_RETURN_IF_ERROR(t->dp_->broadcast(&found));
-    if (!latest.is_ok() && latest.status().code() != StatusCode::kNotFound && found.empty()) {
-      return std::move(latest).take_status();
+  if (t->resumed_) {  // build_model_states read the checkpoint's trainer state
+    const std::string latest = t->resumed_from_;
+    t->state_ = t->resumed_state_;
+    if (t->state_.seed != config.run.seed) {
+      return Status::config("run.seed differs from the checkpoint's (" +
+                            std::to_string(t->state_.seed) + ")")
+          .with_key("run.seed");
     }
-    if (!found.empty()) {
-      latest = found;
-      // Any layout: the TP slices and data-parallel partitions are resharded to this run's.
-      KILN_RETURN_IF_ERROR(t->dp_->agree(load_checkpoint(*latest, t->params_.get(), &t->state_)));
-      if (t->state_.seed != config.run.seed) {
-        return Status::config("run.seed differs from the checkpoint's (" +
-                              std::to_string(t->state_.seed) + ")")
-            .with_key("run.seed");
-      }
-      KILN_RETURN_IF_ERROR(t->data_->restore(t->state_.data_state).prefixed("restoring data state"));
-      if (t->state_.precision == precision_name(config.precision)) {
-        t->scaler_.set_state(t->state_.scaler);
-      } else {  // master weights and moments are fp32 in every precision: switching is fine
-        KILN_LOG_WARN("the checkpoint was trained in {}; continuing in {} (loss scaler reset)",
-                      t->state_.precision, precision_name(config.precision));
-        t->state_.scaler = t->scaler_.state();
-      }
-      t->optimizer_->set_updates(t->state_.adam_updates);
-      if (auto m = t->state_.extra.find("mixing"); m != t->state_.extra.end()) {
-        KILN_RETURN_IF_ERROR(t->mix_->restore(m->second));
-      }
-      if (auto m = t->state_.extra.find("stability"); m != t->state_.extra.end()) {
-        KILN_RETURN_IF_ERROR(StabilityState::from_json(m->second, &t->stab_, t->spikes_.get()));
-      }
-      t->mixture_->set_applied_hash(t->state_.mixture_hash);
-      t->last_saved_step_ = t->state_.step;
-      KILN_LOG_INFO("resumed from {} (step {}, {} tokens)", *latest, t->state_.step,
-                    t->state_.tokens);
-    } else {
-      KILN_LOG_WARN("--resume: no checkpoint in {}; starting from step 0", config.run.dir);
+    KILN_RETURN_IF_ERROR(t->data_->restore(t->state_.data_state).prefixed("restoring data state"));
+    if (t->state_.precision == precision_name(config.precision)) {
+      t->scaler_.set_state(t->state_.scaler);
+    } else {  // master weights and moments are fp32 in every precision: switching is fine
+      KILN_LOG_WARN("the checkpoint was trained in {}; continuing in {} (loss scaler reset)",
+                    t->state_.precision, precision_name(config.precision));
+      t->state_.scaler = t->scaler_.state();
     }
+    t->optimizer_->set_updates(t->state_.adam_updates);
+    if (auto m = t->state_.extra.find("mixing"); m != t->state_.extra.end()) {
+      KILN_RETURN_IF_ERROR(t->mix_->restore(m->second));
+    }
+    if (auto m = t->state_.extra.find("stability"); m != t->state_.extra.end()) {
+      KILN_RETURN_IF_ERROR(StabilityState::from_json(m->second, &t->stab_, t->spikes_.get()));
+    }
+    t->mixture_->set_applied_hash(t->state_.mixture_hash);
+    t->last_saved_step_ = t->state_.step;
+    KILN_LOG_INFO("resumed from {} (step {}, {} tokens)", latest, t->state_.step,
+                  t->state_.tokens);
   }
-  if (t->state_.step == 0 && !config.model.init_from.empty()) {  // not when resumed
-    KILN_RETURN_IF_ERROR(
-        t->dp_->agree(load_consolidated(config.model.init_from, t->params_.get())));
-    KILN_LOG_INFO("weights from {} (model.init_from); AdamW moments start at zero",
-                  config.model.init_from);
-  }
-  // ZeRO-1: from here on each rank keeps only its shard of the AdamW moments.
-  KILN_RETURN_IF_ERROR(t->dp_->attach(*t->params_, config.optimizer));
   // ZeRO-2/3: the model hands each unit's gradients over (and gathers its weights) as it goes.
   if (t->dp_->zero() && t->dp_->zero()->stage() >= 2) t->model_->set_unit_hooks(t->dp_->zero());
   if (t->state_.step == 0 && t->mix_->weights() != t->data_->weights().map()) {
@@ -215,6 +193,67 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // metrics.jsonl: keep the lines up to the step we continue from, then append.
   KILN_RETURN_IF_ERROR(t->truncate_metrics(t->state_.step));
   return t;
+}
+
+Status Trainer::build_model_states(Backend* backend) {
+  const TrainConfig& config = config_;
+  // The backend's allocations so far, to tell this phase's peak (when nothing was freed before,
+  // the global peak after it is the phase's).
+  const DeviceMemory before = backend->memory();
+  const auto t0 = std::chrono::steady_clock::now();
+  // ZeRO: a rank keeps only shards of its model states, so its store starts without buffers.
+  params_ = std::make_unique<ParamStore>(config.model, config.precision,
+                                         config.optimizer.decay_norms_and_biases, backend,
+                                         tp_ ? tp_->shard() : TpShard{}, !dp_->shards_states());
+  std::unique_ptr<StateSource> source;
+  std::string from = "the initialisation (run.seed " + std::to_string(config.run.seed) + ")";
+  if (options_.resume) {
+    // Rank 0 picks the checkpoint; every rank reads the same one (a shared run directory).
+    auto latest = latest_checkpoint(config.run.dir);
+    std::string found = latest.is_ok() ? *latest : std::string();
+    KILN_RETURN_IF_ERROR(dp_->broadcast(&found));
+    if (!latest.is_ok() && latest.status().code() != StatusCode::kNotFound && found.empty()) {
+      return std::move(latest).take_status();
+    }
+    if (!found.empty()) {
+      // Any layout: each rank reads its TP slices' shards from the writer's partitions.
+      auto reader = CheckpointReader::open(found, *params_, &resumed_state_);
+      KILN_RETURN_IF_ERROR(dp_->agree(reader.is_ok() ? Status::ok() : reader.status()));
+      source = std::move(reader).value();
+      resumed_ = true;
+      resumed_from_ = found;
+      from = found;
+    } else {
+      KILN_LOG_WARN("--resume: no checkpoint in {}; starting from step 0", config.run.dir);
+    }
+  }
+  if (!source && !config.model.init_from.empty()) {
+    auto reader =
+        CheckpointReader::open_consolidated(config.model.init_from, *params_, "model.init_from");
+    KILN_RETURN_IF_ERROR(dp_->agree(reader.is_ok() ? Status::ok() : reader.status()));
+    source = std::move(reader).value();
+    from = config.model.init_from + " (model.init_from; AdamW moments start at zero)";
+  }
+  if (!source) source = std::make_unique<InitSource>(*params_, config.run.seed);
+  Backend& be = *backend;
+  // ZeRO: each rank computes or reads only its shards (and the full buffers its stage keeps).
+  KILN_RETURN_IF_ERROR(dp_->agree(dp_->attach(*params_, config.optimizer, *source)));
+  if (auto* reader = dynamic_cast<CheckpointReader*>(source.get())) reader->log_tp_reshard();
+  const DeviceMemory after = be.memory();
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  KILN_LOG_INFO("model states from {} in {:.2f} s: {} bytes held; start-up peak {} bytes through "
+                "the backend{} (host staging at most {} bytes); peak RSS {:.1f} MiB",
+                from,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                after.in_use - before.in_use,
+                before.peak == before.in_use ? std::to_string(after.peak - before.in_use)
+                                             : std::string("(not measurable: memory freed before)"),
+                dp_->shards_states() ? " (this rank's shards and the buffers its ZeRO stage keeps)"
+                                     : "",
+                be.host_addressable() ? 0 : kStateChunk * sizeof(float),
+                static_cast<double>(ru.ru_maxrss) / 1024.0);
+  return Status::ok();
 }
 
 Status Trainer::truncate_metrics(int64_t step) {

@@ -80,6 +80,10 @@ class Trainer {
                                     std::chrono::steady_clock::time_point t0);
   // The metrics lines (and history) up to `step` only (reopens the MetricsLog).
   Status truncate_metrics(int64_t step);
+  // params_ on `backend` and the model states from the checkpoint (--resume), model.init_from or
+  // the initialisation, each rank building only what it keeps (DataParallel::attach); reads the
+  // checkpoint's trainer state into resumed_state_. Logs the time, bytes and peaks.
+  Status build_model_states(Backend* backend);
   void print_progress(const StepRecord& r);
 
   TrainConfig config_;
@@ -109,6 +113,9 @@ class Trainer {
   std::optional<double> peak_flops_;     // the GPU's dense bf16 peak, when known
   size_t device_memory_peak_ = 0;
   int64_t last_saved_step_ = -1;
+  bool resumed_ = false;          // build_model_states read a checkpoint
+  std::string resumed_from_;      // its directory
+  TrainerState resumed_state_;    // and the trainer state it records
   int64_t last_printed_step_ = 0;
   int64_t run_first_step_ = 0;
   std::chrono::steady_clock::time_point run_start_;

@@ -23,37 +23,82 @@ ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
   KILN_CHECK(stage >= 1 && stage <= 3, "ZeroOptimizer: stage 1, 2 or 3");
   KILN_CHECK(dp_host_.size() == dp.size() && dp_host_.rank() == dp.rank(),
              "ZeroOptimizer: the host group has other ranks than the data-parallel group");
-  const int n = dp.size(), r = dp.rank();
-  const bool low = params.precision() != Precision::kFp32;
-  for (auto& u : params.units()) {
+}
+
+Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::create(
+    ParamStore& params, StateSource& source, comm::ProcessGroup& dp, const OptimizerConfig& config,
+    int stage, int prefetch, comm::ProcessGroup* tp, comm::ProcessGroup* dp_host) {
+  KILN_CHECK(params.state_bytes() == 0,
+             "ZeroOptimizer::create: the ParamStore must be made without buffers");
+  std::unique_ptr<ZeroOptimizer> z(
+      new ZeroOptimizer(params, dp, config, stage, prefetch, tp, dp_host));
+  KILN_RETURN_IF_ERROR(z->build(source));
+  return z;
+}
+
+Status ZeroOptimizer::build(StateSource& source) {
+  const int n = dp_.size(), r = dp_.rank();
+  const bool low = params_.precision() != Precision::kFp32;
+  std::vector<float> staging;  // host staging (devices only)
+  DeviceArray<float> chunk;    // fp32 values before their bf16/fp16 rounding
+  // dst[0, count) in the backend's low-precision type = the master weights [begin, begin+count).
+  auto read_low = [&](int unit, size_t begin, size_t count, uint16_t* dst) -> Status {
+    if (chunk.empty()) chunk.reset(&be_, kStateChunk);
+    for (size_t done = 0; done < count;) {
+      const size_t k = std::min(kStateChunk, count - done);
+      KILN_RETURN_IF_ERROR(read_state(source, be_, unit, ParamField::kMaster, begin + done, k,
+                                      chunk.data(), &staging));
+      be_.cast_from_fp32(dst + done, params_.work_dtype(), chunk.data(), k);
+      done += k;
+    }
+    return Status::ok();
+  };
+  auto& units = params_.units();
+  for (size_t i = 0; i < units.size(); ++i) {
+    const int ui = static_cast<int>(i);
+    ParamUnit& u = units[i];
     Shard s;
     s.numel = u.numel;
     s.size = shard_numel(u.numel, n);
     s.begin = s.size * r;
-    s.grad.reset(&be_, s.size);
+    // This rank's elements of the unit (zero past its end: the buffers start zero-filled).
     const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
-    auto slice = [&](auto& dst, const auto& src) {  // zero past the unit's end
-      dst.reset(&be_, s.size);
-      if (have) be_.copy(dst.data(), src.data() + s.begin, have * sizeof(*dst.data()));
-    };
-    slice(s.m, u.m);
-    slice(s.v, u.v);
-    u.m.clear();
-    u.v.clear();
-    if (stage >= 2) u.grad.clear();
-    if (master_sharded()) {  // the fp32 master weights are optimizer state here
-      slice(s.master, u.master);
-      u.master.clear();
+    s.grad.reset(&be_, s.size);
+    s.m.reset(&be_, s.size);
+    s.v.reset(&be_, s.size);
+    if (!source.zero_moments() && have) {
+      KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kExpAvg, s.begin, have,
+                                      s.m.data(), &staging));
+      KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kExpAvgSq, s.begin, have,
+                                      s.v.data(), &staging));
     }
-    if (stage == 3) {
-      if (low) {
-        slice(s.lp, u.lp);
-        u.lp.clear();
+    if (master_sharded()) {  // the fp32 master weights are optimizer state here
+      s.master.reset(&be_, s.size);
+      if (have) {
+        KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kMaster, s.begin, have,
+                                        s.master.data(), &staging));
+      }
+    }
+    if (stage_ == 3) {
+      if (low) {  // the working shard: the master shard rounded (as sync_low_precision)
+        s.lp.reset(&be_, s.size);
+        be_.cast_from_fp32(s.lp.data(), params_.work_dtype(), s.master.data(), s.size);
       }
       s.weights = Weights::kAbsent;
+    } else {  // stages 1-2 keep the full working weights
+      if (low) {
+        u.lp.reset(&be_, u.numel);
+        KILN_RETURN_IF_ERROR(read_low(ui, 0, u.numel, u.lp.data()));
+      } else {
+        u.master.reset(&be_, u.numel);
+        KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kMaster, 0, u.numel,
+                                        u.master.data(), &staging));
+      }
+      if (stage_ == 1) u.grad.reset(&be_, u.numel);  // zero-filled
     }
     shards_.push_back(std::move(s));
   }
+  return Status::ok();
 }
 
 char* ZeroOptimizer::scratch(size_t bytes) {

@@ -27,9 +27,10 @@
 // inf/NaN anywhere still reaches every rank, so the overflow decision is one.
 //
 // Checkpoints are per rank (engine/checkpoint.h): each rank writes its shards of the master
-// weights and moments (checkpoint_partition()); loading reassembles full units in the ParamStore
-// first, then this object is constructed, so a checkpoint of any data-parallel size and ZeRO
-// stage resumes on any other.
+// weights and moments (checkpoint_partition()); on resume create() reads the rank's shard of any
+// checkpoint's partitions in byte ranges (CheckpointReader), so a checkpoint of any
+// data-parallel size, ZeRO stage or TP size resumes on any other without a rank holding more
+// than its own states.
 //
 // Memory: the shards and every buffer live in params.backend()'s memory, and the collectives on
 // them go over `dp`, the group that carries that memory (engine/data_parallel.h chooses it once:
@@ -56,14 +57,22 @@ namespace kiln::engine {
 
 class ZeroOptimizer final : public UnitHooks {
  public:
-  // Takes this rank's shards from params (full, e.g. just loaded) and releases what the stage
-  // shards: the moments (1+), the gradient buffers (2+), the weights (3). params and dp must
-  // outlive this object. prefetch: units gathered ahead (stage 3). tp: the tensor-parallel group
-  // over host memory (nullptr or one rank: none). dp_host: the data-parallel ranks over host
-  // memory (nullptr: dp itself, when dp carries host memory). Both must outlive this object.
-  ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp, const OptimizerConfig& config,
-                int stage, int prefetch, comm::ProcessGroup* tp = nullptr,
-                comm::ProcessGroup* dp_host = nullptr);
+  // Builds this rank's model states from `source` (the initialisation, a checkpoint): reads or
+  // computes only the rank's shard of what the stage shards - the moments (1+), the gradients
+  // (2+), the weights (3; in bf16/fp16 the fp32 master weights at every stage) - and the full
+  // buffers the stage keeps (stages 1-2: the working weights, read whole; stage 1: the gradient
+  // buffers), so the rank never holds the unsharded states (DeepSpeed's zero.Init). params must
+  // have been made without buffers (ParamStore allocate = false). Host staging: at most
+  // kStateChunk elements (none on the CPU). params and dp must outlive this object. prefetch:
+  // units gathered ahead (stage 3). tp: the tensor-parallel group over host memory (nullptr or
+  // one rank: none). dp_host: the data-parallel ranks over host memory (nullptr: dp itself, when
+  // dp carries host memory). Both must outlive this object.
+  static Result<std::unique_ptr<ZeroOptimizer>> create(ParamStore& params, StateSource& source,
+                                                       comm::ProcessGroup& dp,
+                                                       const OptimizerConfig& config, int stage,
+                                                       int prefetch,
+                                                       comm::ProcessGroup* tp = nullptr,
+                                                       comm::ProcessGroup* dp_host = nullptr);
   ~ZeroOptimizer() override;
 
   int stage() const { return stage_; }
@@ -105,6 +114,9 @@ class ZeroOptimizer final : public UnitHooks {
   void end_pass() override;
 
  private:
+  ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp, const OptimizerConfig& config,
+                int stage, int prefetch, comm::ProcessGroup* tp, comm::ProcessGroup* dp_host);
+  Status build(StateSource& source);
   enum class Weights { kAbsent, kInFlight, kResident };
   struct Shard {
     size_t numel = 0;   // the unit's N

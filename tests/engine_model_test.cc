@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/hash.h"
 #include "engine/model.h"
 #include "engine/params.h"
 #include "engine/rng.h"
@@ -197,6 +198,73 @@ TEST(Params, InitSchemesAndReproducibility) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(u.master.data()) % 64, 0u);
   }
   for (const auto& tt : h.tensors()) EXPECT_EQ(tt.offset % 16, 0u);
+}
+
+// The initial values are defined tensor by tensor: element g of a whole (rows x cols) tensor is
+// row_std(row) * random_normal(seed, xxh3_64(name), g). A tensor-parallel slice, any range of a
+// unit (a ZeRO shard: init_values) and a store made without buffers give exactly those values.
+TEST(Params, InitValuesAreTheWholeTensorsValuesForAnySliceAndRange) {
+  for (InitScheme scheme : {InitScheme::kGpt2, InitScheme::kDeepNet}) {
+    ModelConfig m;
+    m.vocab_size = 96;
+    m.d_model = 24;
+    m.n_layers = 2;
+    m.n_heads = 6;
+    m.seq_len = 8;
+    m.init = scheme;
+    const double L = m.n_layers, C = static_cast<double>(m.d_model);
+    const double beta = std::pow(8.0 * L, -0.25), s0 = m.init_std;
+    for (int tp : {1, 2, 3}) {
+      for (int rank = 0; rank < tp; ++rank) {
+        SCOPED_TRACE("scheme " + std::to_string(static_cast<int>(scheme)) + ", tp rank " +
+                     std::to_string(rank) + " of " + std::to_string(tp));
+        ParamStore p(m, Precision::kFp32, false, nullptr, TpShard{rank, tp});
+        p.init(77);
+        for (size_t i = 0; i < p.tensors().size(); ++i) {
+          const ParamTensor& t = p.tensors()[i];
+          std::vector<float> want(t.numel, 0.0f);
+          if (t.role == TensorRole::kNormGain) want.assign(t.numel, 1.0f);
+          if (t.role == TensorRole::kEmbedding || t.role == TensorRole::kMatrix ||
+              t.role == TensorRole::kResidualOut) {
+            const size_t rows = static_cast<size_t>(t.global_shape[0]);
+            const size_t cols = static_cast<size_t>(t.global_shape.back());
+            std::vector<double> stds(rows);
+            for (size_t r = 0; r < rows; ++r) {
+              if (scheme == InitScheme::kGpt2) {
+                stds[r] = t.role == TensorRole::kResidualOut ? s0 / std::sqrt(2.0 * L) : s0;
+              } else if (t.role == TensorRole::kEmbedding) {
+                stds[r] = s0;
+              } else if (t.name.find("attn.qkv") != std::string::npos) {
+                stds[r] = std::sqrt(2.0 / (C + C)) * (r >= 2 * rows / 3 ? beta : 1.0);
+              } else {
+                stds[r] = beta * std::sqrt(2.0 / (static_cast<double>(rows) + cols));
+              }
+            }
+            std::vector<float> whole(rows * cols);
+            random_normal_rows(whole.data(), rows, cols, stds.data(), 77, xxh3_64(t.name));
+            copy_to_shard(t, {rank, tp}, whole.data(), want.data());
+          }
+          ASSERT_EQ(0, std::memcmp(want.data(), p.master(static_cast<int>(i)),
+                                   t.numel * sizeof(float)))
+              << t.name;
+        }
+        // Any range of a unit, from a store without buffers: the same bits (padding zero).
+        ParamStore layout(m, Precision::kFp32, false, nullptr, TpShard{rank, tp}, false);
+        EXPECT_EQ(layout.state_bytes(), 0u);
+        for (size_t u = 0; u < p.units().size(); ++u) {
+          const size_t n = p.units()[u].numel;
+          for (size_t begin : {size_t{0}, size_t{5}, n / 3, n - 17}) {
+            const size_t count = std::min<size_t>(n - begin, 1 + n / 2);
+            std::vector<float> got(count, -1.0f);
+            layout.init_values(77, static_cast<int>(u), begin, count, got.data());
+            ASSERT_EQ(0, std::memcmp(got.data(), p.units()[u].master.data() + begin,
+                                     count * sizeof(float)))
+                << p.units()[u].name << " [" << begin << ", " << begin + count << ")";
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -37,6 +37,12 @@
 #                group, the step, and rank 1 as not arrived; the same on DP=2 x TP=2 ZeRO-3 with
 #                rank 3 stalled (ZeRO-3's asynchronous gathers). Without a stall, runs with the
 #                watchdog off (0) and on are bit-identical.
+#   startup      the model states are built sharded (engine/zero.h create): for a model whose
+#                states dominate (74 MB in one process), DP=2 ZeRO-3 rank 0's start-up peak
+#                through the backend is 1/2 of one process's (within 5%) and equals `kiln plan`'s
+#                `startup` (within 1%; also bf16 ZeRO-1), its peak RSS at start-up is lower by at
+#                least 80% of the half it does not hold; resuming (same layout, 1 -> 2 ZeRO-3,
+#                2 ZeRO-3 -> 1) has the same peaks (each rank reads its byte ranges).
 source "$(dirname "$0")/mpi_train_common.sh"
 
 case "$CHECK" in
@@ -309,6 +315,77 @@ hang)
   PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
 from train_compare import *
 worst, adiff = compare("watchdog off vs on", "on", "off", tol=0.0)
+finish()
+PY
+  ;;
+startup)
+  # A model whose states dwarf everything else a rank holds at start-up: vocabulary 32768 x
+  # d_model 128, 4.6M parameters, 74 MB of fp32 model states in one process.
+  BIG=(--set model.vocab_size=32768 --set model.d_model=128 --set checkpoint.every_steps=2
+       --set checkpoint.keep_last=1)
+  one() {  # one RUN_DIR STEPS [extra...]: DP=1 under mpirun -np 1 (the same MPI start-up as
+    # the 2-rank runs, so their peak RSS compares)
+    local dir=$1 steps=$2
+    shift 2
+    "$MPI" -np 1 "$KILN" train --quiet "${MODEL[@]}" "${BIG[@]}" --set data.micro_batch=2 \
+      --set run.dir="$dir" --set run.steps="$steps" "$@"
+  }
+  "$KILN" plan "${MODEL[@]}" "${BIG[@]}" --set data.micro_batch=1 --world 2 --json >plan.json
+  "$KILN" plan "${MODEL[@]}" "${BIG[@]}" --set data.micro_batch=2 --world 1 --json >plan1.json
+  "$KILN" plan "${MODEL[@]}" "${BIG[@]}" --set data.micro_batch=1 --set precision=bf16 \
+    --world 2 --json >plan-bf16.json
+  one one 2 2>one.log
+  train 2 1 z3 2 "${BIG[@]}" --set parallel.zero_stage=3 2>z3.log
+  train 2 1 z1b 1 "${BIG[@]}" --set parallel.zero_stage=1 --set precision=bf16 2>z1b.log
+  cp -r one one-z3
+  cp -r z3 z3-one
+  one one 3 --resume 2>one-r.log                                          # ZeRO-0 -> ZeRO-0
+  train 2 1 z3 3 "${BIG[@]}" --set parallel.zero_stage=3 --resume 2>z3-r.log   # 2 ZeRO-3 -> same
+  train 2 1 one-z3 3 "${BIG[@]}" --set parallel.zero_stage=3 --resume 2>one-z3.log  # 1 -> 2 ZeRO-3
+  one z3-one 3 --resume 2>z3-one.log                                      # 2 ZeRO-3 -> 1
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+import re
+from train_compare import *
+
+def startup(log):
+    """rank 0's 'model states from ...: N bytes held; start-up peak P bytes ...; peak RSS R MiB'."""
+    m = re.search(r"model states from (\S+).*?: (\d+) bytes held; start-up peak (\d+) bytes.*?"
+                  r"peak RSS ([\d.]+) MiB", open(log).read())
+    check(f"{log} reports its start-up peak", m is not None)
+    return {"from": m.group(1), "held": int(m.group(2)), "peak": int(m.group(3)),
+            "rss": float(m.group(4)) * 1048576}
+
+one, z3, z1b = startup("one.log"), startup("z3.log"), startup("z1b.log")
+p1 = plan_row("plan1.json", 1, 1, 0)["bytes_per_rank"]["startup"]
+p3 = plan_row("plan.json", 1, 2, 3)["bytes_per_rank"]["startup"]
+p1b = plan_row("plan-bf16.json", 1, 2, 1)["bytes_per_rank"]["startup"]
+for name, got, want in (("DP=1 ZeRO-0", one, p1), ("DP=2 ZeRO-3", z3, p3),
+                        ("DP=2 ZeRO-1 bf16", z1b, p1b)):
+    print(f"{name} start-up: peak {got['peak']} bytes through the backend ({got['held']} held "
+          f"after), kiln plan {want} (limit 1%); peak RSS {got['rss'] / 1048576:.1f} MiB")
+    check(f"{name} start-up peak == kiln plan", abs(got["peak"] - want) <= 0.01 * want)
+ratio = z3["peak"] / one["peak"]
+print(f"ZeRO-3 start-up peak / DP=1's = {ratio:.4f} (1/DP = 0.5, limit 5%)")
+check("ZeRO-3 start-up peak is 1/DP of one process's", abs(ratio - 0.5) <= 0.025)
+# The process as a whole: the ZeRO-3 rank's RSS at start-up is below one process's by at least
+# 80% of the half of the model states it does not hold (same MPI start-up, same libraries).
+saved = one["rss"] - z3["rss"]
+print(f"peak RSS at start-up: DP=1 {one['rss'] / 1048576:.1f} MiB, DP=2 ZeRO-3 rank 0 "
+      f"{z3['rss'] / 1048576:.1f} MiB: {saved / 1048576:.1f} MiB less (half the model states: "
+      f"{one['peak'] / 2 / 1048576:.1f} MiB; at least 80% of it)")
+check("ZeRO-3 start-up RSS", saved >= 0.8 * one["peak"] / 2)
+# Resume: the same peaks from the checkpoints, whatever layout wrote them (ranges of the files).
+for name, log, ref in (("DP=1 -> DP=1", "one-r.log", one), ("DP=2 ZeRO-3 -> same", "z3-r.log", z3),
+                       ("DP=1 ZeRO-0 -> DP=2 ZeRO-3", "one-z3.log", z3),
+                       ("DP=2 ZeRO-3 -> DP=1", "z3-one.log", one)):
+    r = startup(log)
+    print(f"resume {name}: from {r['from']}, peak {r['peak']} bytes (start-up {ref['peak']}), "
+          f"peak RSS {r['rss'] / 1048576:.1f} MiB (start-up {ref['rss'] / 1048576:.1f})")
+    check(f"resume {name} read a checkpoint", "checkpoints/step-" in r["from"])
+    check(f"resume {name} peak == start-up peak", r["peak"] == ref["peak"])
+    check(f"resume {name} RSS within 8 MiB of start-up's", r["rss"] <= ref["rss"] + 8 * 1048576)
+compare("resume 2 ZeRO-3 -> 2 ZeRO-3 vs DP=1 -> 2 ZeRO-3 (same states)", "z3", "one-z3",
+        tol=1e-5, steps=range(3, 4), params=False)
 finish()
 PY
   ;;

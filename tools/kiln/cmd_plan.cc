@@ -65,7 +65,8 @@ Status run_plan(const PlanArgs& a) {
       j["activation_checkpointing"] = engine::recompute_name(p.layout.recompute);
       j["bytes_per_rank"] = {{"params", p.memory.params},         {"grads", p.memory.grads},
                              {"optimizer", p.memory.optimizer},   {"activations", p.memory.activations},
-                             {"buffers", p.memory.buffers},       {"total", p.memory.total()}};
+                             {"buffers", p.memory.buffers},       {"total", p.memory.total()},
+                             {"startup", p.memory.startup}};
       nlohmann::ordered_json comm = nlohmann::ordered_json::object();
       for (const auto& [k, v] : p.comm_bytes) comm[k] = v;
       j["comm_bytes_per_step"] = comm;
@@ -89,21 +90,22 @@ Status run_plan(const PlanArgs& a) {
               engine::precision_name(tc.precision), static_cast<long long>(tc.data.micro_batch),
               static_cast<long long>(tc.model.seq_len), static_cast<long long>(tc.data.grad_accum),
               budget_note.c_str(), static_cast<long long>(a.per_node));
-  std::printf("%3s %4s %4s %-9s | %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %s\n", "tp",
-              "dp", "zero", "recompute", "params", "grads", "optimizer", "activations", "buffers",
-              "total", "fits", "train", "node", "bytes moved per step");
+  std::printf("%3s %4s %4s %-9s | %11s %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %s\n",
+              "tp", "dp", "zero", "recompute", "params", "grads", "optimizer", "activations",
+              "buffers", "total", "start-up", "fits", "train", "node", "bytes moved per step");
   const engine::LayoutPlan* best = nullptr;
   for (const auto& p : plans) {
     std::string comm;
     for (const auto& [k, v] : p.comm_bytes) comm += (comm.empty() ? "" : ", ") + k + " " + gib(v);
     if (comm.empty()) comm = "-";
-    std::printf("%3lld %4lld %4lld %-9s | %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %s%s\n",
+    std::printf("%3lld %4lld %4lld %-9s | %11s %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %s%s\n",
                 static_cast<long long>(p.layout.tp), static_cast<long long>(p.layout.dp),
                 static_cast<long long>(p.layout.zero_stage),
                 engine::recompute_name(p.layout.recompute), gib(p.memory.params).c_str(),
                 gib(p.memory.grads).c_str(), gib(p.memory.optimizer).c_str(),
                 gib(p.memory.activations).c_str(), gib(p.memory.buffers).c_str(),
-                gib(p.memory.total()).c_str(), p.fits ? (*p.fits ? "yes" : "no") : "?",
+                gib(p.memory.total()).c_str(), gib(p.memory.startup).c_str(),
+                p.fits ? (*p.fits ? "yes" : "no") : "?",
                 p.trainable ? "yes" : "paper", p.within_node ? "yes" : "no", comm.c_str(),
                 p.suggested ? "  <- suggested" : "");
     if (p.suggested) best = &p;
