@@ -174,11 +174,14 @@ TEST(Device, ZeroStagesMatchAdamWBitForBit) {
       for (int stage = 1; stage <= 3; ++stage) {
         SCOPED_TRACE(be->describe() + " " + precision_name(prec) + " stage " +
                      std::to_string(stage));
-        ParamStore ref(small_model(), prec, false, be), zp(small_model(), prec, false, be);
+        ParamStore ref(small_model(), prec, false, be);
+        ParamStore zp(small_model(), prec, false, be, {}, /*allocate=*/false);
         ref.init(11);
-        zp.init(11);
+        InitSource init(zp, 11);  // ZeRO builds its states from the initialisation
         AdamW adamw(oc);
-        ZeroOptimizer zero(zp, *group, oc, stage, 1);
+        auto made = ZeroOptimizer::create(zp, init, *group, oc, stage, 1);
+        ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+        ZeroOptimizer& zero = **made;
         const auto& tensors = ref.tensors();
         for (int step = 1; step <= 3; ++step) {
           ref.zero_grads();
