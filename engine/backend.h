@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,6 +77,10 @@ class Backend {
   virtual void wait_upload(int slot) = 0;
   virtual void upload_done(int slot) = 0;  // blocks the host until slot's copy finished
   virtual void synchronize() = 0;          // blocks until all queued work is done
+  // For a second host thread that uploads (engine/step_batches.h): made on the compute thread,
+  // run first on the other thread, it makes that thread use the same device (cuda:
+  // cudaSetDevice; nothing on the CPU).
+  virtual std::function<void()> thread_binding() const { return {}; }
   virtual DeviceMemory memory() const = 0;
 
   // ---- optimizer and gradient checks (kernels/ops.h semantics) ----

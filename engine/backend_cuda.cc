@@ -74,6 +74,12 @@ class CudaRuntime final : public Backend {
   void wait_upload(int slot) override { cuda::wait_upload(slot); }
   void upload_done(int slot) override { cuda::upload_done(slot); }
   void synchronize() override { cuda::synchronize(); }
+  std::function<void()> thread_binding() const override {
+    return [dev = cuda::current_device()] {
+      const std::string failed = cuda::select_device(dev);
+      KILN_CHECK(failed.empty(), failed);
+    };
+  }
   DeviceMemory memory() const override {
     DeviceMemory m = mem_;
     m.total = info_.total_bytes;

@@ -4,8 +4,8 @@
 
 namespace kiln::engine {
 
-DeviceBatches::DeviceBatches(Backend* backend, int64_t rows, int64_t seq_len)
-    : be_(backend), n_(static_cast<size_t>(rows * seq_len)) {}
+DeviceBatches::DeviceBatches(Backend* backend, int64_t rows, int64_t seq_len, int slot_base)
+    : be_(backend), n_(static_cast<size_t>(rows * seq_len)), slot_base_(static_cast<size_t>(slot_base)) {}
 
 DeviceBatches::~DeviceBatches() {
   be_->synchronize();
@@ -15,7 +15,7 @@ DeviceBatches::~DeviceBatches() {
   }
 }
 
-void DeviceBatches::grow(size_t n) {
+void DeviceBatches::reserve(size_t n) {
   if (n <= slots_.size()) return;
   be_->synchronize();
   const size_t old = slots_.size();
@@ -30,8 +30,8 @@ void DeviceBatches::grow(size_t n) {
 void DeviceBatches::upload(size_t i, const MicroBatch& b) {
   KILN_CHECK(b.inputs.size() == n_ && b.targets.size() == n_,
              "micro-batch shape differs from the model's (rows x seq_len)");
-  grow(i + 1);
-  const int slot = static_cast<int>(i % Backend::kUploadSlots);
+  reserve(i + 1);
+  const int slot = this->slot(i);
   be_->upload_done(slot);  // the pinned buffer's previous copy (if any) has finished
   Slot& s = slots_[i];
   std::memcpy(s.pinned, b.inputs.data(), n_ * sizeof(int32_t));
@@ -41,7 +41,7 @@ void DeviceBatches::upload(size_t i, const MicroBatch& b) {
 
 DeviceBatches::Tokens DeviceBatches::at(size_t i) {
   KILN_CHECK(i < slots_.size(), "DeviceBatches::at before upload");
-  be_->wait_upload(static_cast<int>(i % Backend::kUploadSlots));
+  be_->wait_upload(slot(i));
   const int32_t* p = slots_[i].tokens.data();
   return {p, p + n_};
 }

@@ -7,7 +7,10 @@
 // micro-batch writes its losses to losses(i); host_losses() brings all of a step's losses to the
 // host in one copy into pinned memory (a direct DMA; on the CPU no copy at all), download_losses()
 // copies them on into a caller's buffer. On the CPU the copies are memcpy and nothing waits. Buffers grow to the
-// largest grad_accum seen and are reused. Not thread-safe.
+// largest grad_accum seen (or reserve()) and are reused. Micro-batch i uses the backend's upload
+// slot (slot_base + i) % Backend::kUploadSlots (two objects filled at once: different bases).
+// Not thread-safe; upload() may run on another thread than the compute once reserve() has
+// allocated (backend allocations are the owning thread's).
 #pragma once
 
 #include <cstdint>
@@ -21,11 +24,13 @@ namespace kiln::engine {
 
 class DeviceBatches {
  public:
-  DeviceBatches(Backend* backend, int64_t rows, int64_t seq_len);
+  DeviceBatches(Backend* backend, int64_t rows, int64_t seq_len, int slot_base = 0);
   ~DeviceBatches();
   DeviceBatches(const DeviceBatches&) = delete;
   DeviceBatches& operator=(const DeviceBatches&) = delete;
 
+  // Buffers for n micro-batches (allocates when more than before).
+  void reserve(size_t n);
   void upload(size_t i, const MicroBatch& batch);
   struct Tokens {
     const int32_t* inputs;
@@ -45,9 +50,10 @@ class DeviceBatches {
     int32_t* pinned = nullptr;       // inputs then targets, 2 * rows * seq_len
     DeviceArray<int32_t> tokens;     // the same on the backend
   };
-  void grow(size_t n);
+  int slot(size_t i) const { return static_cast<int>((slot_base_ + i) % Backend::kUploadSlots); }
   Backend* be_;
   size_t n_;  // rows * seq_len
+  size_t slot_base_;
   std::vector<Slot> slots_;
   DeviceArray<float> losses_;
   float* pinned_losses_ = nullptr;  // host copy of losses_ (device backends), pinned_count_ * n_

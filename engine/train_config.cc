@@ -52,6 +52,7 @@ data:
   mixture: {}
   prefetch_depth: 4
   workers: 1
+  prefetch_next_step: true   # draw and upload the next step's batches while a step computes
 checkpoint:
   every_steps: 0
   keep_last: 3
@@ -293,6 +294,7 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_int(cfg, "data.grad_accum", 1, 1 << 20, &d.grad_accum));
   KILN_RETURN_IF_ERROR(read_int(cfg, "data.prefetch_depth", 1, 1 << 12, &d.prefetch_depth));
   KILN_RETURN_IF_ERROR(read_int(cfg, "data.workers", 1, 256, &d.workers));
+  KILN_ASSIGN_OR_RETURN(d.prefetch_next_step, cfg.get<bool>("data.prefetch_next_step"));
   {
     YAML::Node mix = cfg.node("data.mixture");
     if (mix.IsDefined() && !mix.IsNull()) {

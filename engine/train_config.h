@@ -79,6 +79,9 @@ struct DataConfig {
   loader::DomainWeights mixture;    // empty: the manifest's token shares
   int64_t prefetch_depth = 4;       // batches the loader prepares ahead
   int64_t workers = 1;              // loader worker threads
+  // Draw (and upload) the next step's micro-batches while a step computes (engine/step_batches.h;
+  // the data and results are the same either way).
+  bool prefetch_next_step = true;
 };
 
 struct ParallelConfig {

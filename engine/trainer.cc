@@ -78,8 +78,9 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   t->scaler_ = LossScaler(config.loss_scale, config.precision == Precision::kFp16);
   t->model_ = Model::create(t->params_.get(), config.data.micro_batch,
                             config.activation_checkpointing, 0, t->tp_.get());
-  t->staged_ = std::make_unique<DeviceBatches>(backend, config.data.micro_batch,
-                                               config.model.seq_len);
+  t->batches_ = std::make_unique<StepBatches>(t->data_.get(), backend, config.data.micro_batch,
+                                              config.model.seq_len, config.model.vocab_size,
+                                              config.data.prefetch_next_step);
   std::set<std::string> domains(t->data_->domains().begin(), t->data_->domains().end());
   t->mixture_ = std::make_unique<MixtureWatcher>(config.run.dir, domains);
   t->state_.seed = config.run.seed;
@@ -159,7 +160,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                             std::to_string(t->state_.seed) + ")")
           .with_key("run.seed");
     }
-    KILN_RETURN_IF_ERROR(t->data_->restore(t->state_.data_state).prefixed("restoring data state"));
+    KILN_RETURN_IF_ERROR(t->batches_->restore(t->state_.data_state).prefixed("restoring data state"));
     if (t->state_.precision == precision_name(config.precision)) {
       t->scaler_.set_state(t->state_.scaler);
     } else {  // master weights and moments are fp32 in every precision: switching is fine
@@ -181,15 +182,15 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   }
   // ZeRO-2/3: the model hands each unit's gradients over (and gathers its weights) as it goes.
   if (t->dp_->zero() && t->dp_->zero()->stage() >= 2) t->model_->set_unit_hooks(t->dp_->zero());
-  if (t->state_.step == 0 && t->mix_->weights() != t->data_->weights().map()) {
-    KILN_RETURN_IF_ERROR(t->data_->set_weights(t->mix_->weights()));
+  if (t->state_.step == 0 && t->mix_->weights() != t->batches_->weights().map()) {
+    KILN_RETURN_IF_ERROR(t->batches_->set_weights(t->mix_->weights()));
   }
   t->mix_->set_writes_files(t->dp_->is_root());
   KILN_LOG_INFO("mixing: policy {}{}", t->mix_->state().policy,
                 t->mix_->state().paused ? " (paused: weights pinned by kiln mix set)" : "");
   if (!t->dp_->is_root()) return t;  // rank 0 alone writes the run directory's files
   KILN_RETURN_IF_ERROR(t->mix_->open_history(t->state_.step));
-  KILN_RETURN_IF_ERROR(t->mixture_->publish_if_absent(t->data_->weights().normalised()));
+  KILN_RETURN_IF_ERROR(t->mixture_->publish_if_absent(t->batches_->weights().normalised()));
   // metrics.jsonl: keep the lines up to the step we continue from, then append.
   KILN_RETURN_IF_ERROR(t->truncate_metrics(t->state_.step));
   return t;
@@ -291,7 +292,7 @@ Result<StepRecord> Trainer::skip_bad_batch(StepRecord rec, const BatchCheck& che
   ++stab_.bad_batches;
   ++state_.skipped_steps;
   std::vector<std::string> samples;
-  for (const auto& b : batches_) samples.insert(samples.end(), b.samples.begin(), b.samples.end());
+  for (const auto& b : batches_->batches()) samples.insert(samples.end(), b.samples.begin(), b.samples.end());
   std::string listed;
   for (size_t i = 0; i < samples.size() && i < 16; ++i) listed += (i ? ", " : "") + samples[i];
   if (samples.size() > 16) listed += fmt::format(", ... ({} in all)", samples.size());
@@ -366,7 +367,7 @@ Result<bool> Trainer::rollback(StepRecord* rec) {
   state_.mixture_hash = mixture_hash;  // control files already applied stay applied
   optimizer_->set_updates(ck.adam_updates);
   scaler_.set_state(ck.scaler);
-  KILN_RETURN_IF_ERROR(data_->set_weights(mix_->state().weights));
+  KILN_RETURN_IF_ERROR(batches_->set_weights(mix_->state().weights));
   KILN_RETURN_IF_ERROR(truncate_metrics(ck.step));
   KILN_RETURN_IF_ERROR(mix_->open_history(ck.step));
   last_saved_step_ = ck.step;
@@ -431,7 +432,7 @@ Result<StepRecord> Trainer::step() {
     KILN_ASSIGN_OR_RETURN(w, parse_mixture_json(polled, "rank 0's control file"));
   }
   if (w) {
-    Status st = data_->set_weights(*w);
+    Status st = batches_->set_weights(*w);
     if (st.is_ok()) {
       KILN_LOG_INFO("step {}: domain weights changed to {}", rec.step, mixture_to_json(w->normalised()));
       mix_->pin(w->map(), rec.step);
@@ -445,42 +446,30 @@ Result<StepRecord> Trainer::step() {
   KILN_RETURN_IF_ERROR(dp_->broadcast(&policy_request));
   if (!policy_request.empty()) {
     if (auto pw = mix_->apply_policy(policy_request, rec.step)) {
-      KILN_RETURN_IF_ERROR(data_->set_weights(*pw));
+      KILN_RETURN_IF_ERROR(batches_->set_weights(*pw));
     }
   }
-  rec.domain_weights = data_->weights();
+  rec.domain_weights = batches_->weights();
 
-  // Fetch the step's micro-batches first, so the loss is a mean over all valid targets.
+  // The step's micro-batches first (drawn ahead during the previous step when it could), so the
+  // loss is a mean over all valid targets.
   const int64_t accum = config_.data.grad_accum;
-  batches_.resize(accum);
-  int64_t valid = 0;
-  const int64_t V = config_.model.vocab_size;
-  Status fetched = Status::ok();
   const StabilityConfig& sc = config_.stability;
-  // Testing hook: one token everywhere (applied before the batches are uploaded).
-  const bool inject_bad = inject_once('b', sc.inject_bad_batch_at, rec.step);
-  if (inject_bad) {
+  StepBatches::Drawn drawn = batches_->take(static_cast<size_t>(accum));
+  std::vector<MicroBatch>& batches = batches_->batches();
+  DeviceBatches& staged = batches_->staged();
+  rec.loader_wait_ms = drawn.wait_ms;
+  int64_t valid = drawn.valid;
+  Status fetched = std::move(drawn.status);
+  // Testing hook: one token everywhere (the batches are uploaded again).
+  if (fetched.is_ok() && inject_once('b', sc.inject_bad_batch_at, rec.step)) {
     KILN_LOG_WARN("step {}: injecting a corrupted batch (stability.inject_bad_batch_at)", rec.step);
-  }
-  for (size_t bi = 0; bi < batches_.size(); ++bi) {
-    MicroBatch& b = batches_[bi];
-    fetched = data_->next(&b);
-    if (!fetched.is_ok()) break;
-    rec.loader_wait_ms += b.wait_ms;
-    for (size_t i = 0; i < b.inputs.size() && fetched.is_ok(); ++i) {
-      if (b.inputs[i] < 0 || b.inputs[i] >= V || b.targets[i] >= V) {
-        fetched = Status::data("token id " + std::to_string(std::max(b.inputs[i], b.targets[i])) +
-                               " is outside the model's vocabulary (model.vocab_size " +
-                               std::to_string(V) + ")");
-      }
-      valid += b.targets[i] >= 0;
-    }
-    if (!fetched.is_ok()) break;
-    if (inject_bad) {
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      MicroBatch& b = batches[bi];
       for (auto& t : b.inputs) t = 1;
       for (auto& t : b.targets) t = t >= 0 ? 1 : t;
+      staged.upload(bi, b);
     }
-    staged_->upload(bi, b);  // overlaps the next fetch and the compute queued before it
   }
   // A rank without its batch stops every rank (named in the message) instead of leaving them
   // waiting in the gradient all-reduce.
@@ -489,11 +478,11 @@ Result<StepRecord> Trainer::step() {
   KILN_RETURN_IF_ERROR(dp_->sum(&valid, 1));
   // Every rank skips when any rank's batch is bad (the ranks must take the same steps); the
   // sequences handed out per domain are counted over all ranks (accounting, the ODM reward).
-  const BatchCheck batch_check = inspect_batch(batches_, sc.bad_batch_token_fraction);
+  const BatchCheck batch_check = inspect_batch(batches, sc.bad_batch_token_fraction);
   const size_t n_domains = data_->domains().size();
   std::vector<int64_t> counts(1 + n_domains, 0);
   counts[0] = batch_check.bad ? 1 : 0;
-  for (const auto& b : batches_)
+  for (const auto& b : batches)
     for (int32_t d : b.domains)
       if (d >= 0 && static_cast<size_t>(d) < n_domains) ++counts[1 + d];
   KILN_RETURN_IF_ERROR(dp_->sum(counts.data(), counts.size()));
@@ -513,15 +502,21 @@ Result<StepRecord> Trainer::step() {
   std::vector<double> dom_sum(data_->domains().size(), 0.0);
   std::vector<int64_t> dom_count(data_->domains().size(), 0);
   const int64_t T = config_.model.seq_len;
-  for (size_t bi = 0; bi < batches_.size(); ++bi) {
-    const DeviceBatches::Tokens tok = staged_->at(bi);
-    model_->forward_backward(tok.inputs, tok.targets, dloss, staged_->losses(bi));
+  // The next step's micro-batches are drawn (and uploaded) while this one computes - not after
+  // the last step, nor when the mixing policy may change the weights after this one (they would
+  // be drawn again; StepBatches keeps the data exact either way).
+  if (rec.step < config_.run.steps && !mix_due(config_.mixing, mix_->state(), rec.step)) {
+    batches_->prefetch(static_cast<size_t>(accum));
+  }
+  for (size_t bi = 0; bi < batches.size(); ++bi) {
+    const DeviceBatches::Tokens tok = staged.at(bi);
+    model_->forward_backward(tok.inputs, tok.targets, dloss, staged.losses(bi));
   }
   const size_t per_batch = static_cast<size_t>(config_.data.micro_batch * T);
   // The step's one wait for the device: every micro-batch's per-token losses, one copy (pinned).
-  const float* step_losses = staged_->host_losses(batches_.size());
-  for (size_t bi = 0; bi < batches_.size(); ++bi) {
-    const MicroBatch& b = batches_[bi];
+  const float* step_losses = staged.host_losses(batches.size());
+  for (size_t bi = 0; bi < batches.size(); ++bi) {
+    const MicroBatch& b = batches[bi];
     const float* losses = step_losses + bi * per_batch;
     for (int64_t r = 0; r < b.rows; ++r) {
       double row = 0;
@@ -713,7 +708,7 @@ Result<StepRecord> Trainer::step() {
   }
   mix_->observe_step(rec.domain_loss, dom_sequences);
   KILN_ASSIGN_OR_RETURN(std::optional<loader::DomainWeights> mixed, mix_->after_step(rec.step));
-  if (mixed) KILN_RETURN_IF_ERROR(data_->set_weights(*mixed));
+  if (mixed) KILN_RETURN_IF_ERROR(batches_->set_weights(*mixed));
   rec.mixing_policy = mix_->state().policy;
   rec.mixing_paused = mix_->state().paused;
 
@@ -786,7 +781,7 @@ Status Trainer::save() {
   // rank 0 prepares — with ZeRO-1/2/3 every rank its shards, with tensor parallelism (ZeRO-0)
   // data-parallel rank 0 of each TP rank its slices — and rank 0 completes it
   // (engine/checkpoint.h).
-  KILN_ASSIGN_OR_RETURN(std::vector<std::string> per_rank, dp_->gather(data_->state()));
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> per_rank, dp_->gather(batches_->state()));
   Status written = Status::ok();
   state_.extra["mixing"] = mix_->state_json();
   state_.extra["stability"] = stab_.to_json(*spikes_);
@@ -934,6 +929,12 @@ Status Trainer::run() {
     KILN_RETURN_IF_ERROR(save());
   }
   KILN_RETURN_IF_ERROR(mix_->write_result());
+  if (batches_->prefetched_steps() > 0 || batches_->discarded() > 0) {
+    KILN_LOG_INFO("next-step prefetch: {} steps found their batches drawn during the step before; "
+                  "{} micro-batches drawn ahead were dropped (the weights changed first) and drawn "
+                  "again",
+                  batches_->prefetched_steps(), batches_->discarded());
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);

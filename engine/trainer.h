@@ -26,7 +26,6 @@
 #include "common/status.h"
 #include "engine/checkpoint.h"
 #include "engine/data_source.h"
-#include "engine/device_batches.h"
 #include "engine/eval.h"
 #include "engine/loss_scaler.h"
 #include "engine/metrics.h"
@@ -36,6 +35,7 @@
 #include "engine/optimizer.h"
 #include "engine/params.h"
 #include "engine/stability.h"
+#include "engine/step_batches.h"
 #include "engine/train_config.h"
 
 namespace kiln::engine {
@@ -65,6 +65,7 @@ class Trainer {
   const TrainerState& state() const { return state_; }
   const std::vector<StepRecord>& history() const { return history_; }
   ParamStore& params() { return *params_; }
+  const StepBatches& step_batches() const { return *batches_; }
 
  private:
   Trainer() = default;
@@ -96,7 +97,7 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   LossScaler scaler_;
-  std::unique_ptr<DataSource> data_;
+  std::unique_ptr<DataSource> data_;  // moved only through batches_ (engine/step_batches.h)
   std::unique_ptr<MixtureWatcher> mixture_;
   std::unique_ptr<MixController> mix_;
   std::unique_ptr<Evaluator> eval_;
@@ -106,8 +107,8 @@ class Trainer {
   std::set<std::pair<char, int64_t>> injected_;
   TrainerState state_;
   std::vector<StepRecord> history_;
-  std::vector<MicroBatch> batches_;
-  std::unique_ptr<DeviceBatches> staged_;  // the step's micro-batches and losses on the device
+  // The step's micro-batches (and the next step's, drawn ahead) from data_, and on the device.
+  std::unique_ptr<StepBatches> batches_;
   std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
   double flops_per_token_ = 0;           // engine/mfu.h
   std::optional<double> peak_flops_;     // the GPU's dense bf16 peak, when known

@@ -18,6 +18,8 @@
 #include "engine/optimizer.h"
 #include "engine/params.h"
 #include "engine/rng.h"
+#include "engine/step_batches.h"
+#include "engine/train_config.h"
 #include "engine/zero.h"
 
 namespace kiln::engine {
@@ -157,6 +159,48 @@ ModelConfig small_model() {
   m.n_heads = 4;
   m.seq_len = 16;
   return m;
+}
+
+// The next step's batches drawn and uploaded on a second thread (on a GPU: bound to the same
+// device, the copy stream, two sets of upload slots) while "compute" reads the current step's:
+// every step's device tokens are the source's next batches, and a weight change drops the draw
+// ahead (the source goes back first).
+TEST(Device, StepBatchesDrawAheadOnASecondThread) {
+  TrainConfig c;
+  c.model = small_model();
+  c.data.micro_batch = 3;
+  for (Backend* be : backends()) {
+    SCOPED_TRACE(be->describe());
+    auto ref_src = make_synthetic_source(c), src = make_synthetic_source(c);
+    const int64_t B = c.data.micro_batch, T = c.model.seq_len, V = c.model.vocab_size;
+    const size_t n = static_cast<size_t>(B * T);
+    StepBatches sb(src.get(), be, B, T, V, /*prefetch=*/true);
+    for (int step = 1; step <= 6; ++step) {
+      SCOPED_TRACE(step);
+      if (step == 4) {
+        const loader::DomainWeights w{{src->domains()[0], 1.0}};
+        ASSERT_TRUE(ref_src->set_weights(w).is_ok());
+        ASSERT_TRUE(sb.set_weights(w).is_ok());
+      }
+      const auto d = sb.take(5);
+      ASSERT_TRUE(d.status.is_ok()) << d.status.to_string();
+      EXPECT_EQ(d.prefetched, step != 1 && step != 4);
+      sb.prefetch(5);  // drawn and uploaded while the device tokens below are read
+      for (size_t i = 0; i < 5; ++i) {
+        MicroBatch want;
+        ASSERT_TRUE(ref_src->next(&want).is_ok());
+        const auto tok = sb.staged().at(i);
+        // A kernel-ordered read: the device copy after the compute stream waited for the upload.
+        DeviceArray<int32_t> got(be, 2 * n);
+        be->copy(got.data(), tok.inputs, 2 * n * sizeof(int32_t));
+        const std::vector<int32_t> h = to_host(*be, got.data(), 2 * n);
+        ASSERT_EQ(std::vector<int32_t>(h.begin(), h.begin() + n), want.inputs) << "micro-batch " << i;
+        ASSERT_EQ(std::vector<int32_t>(h.begin() + n, h.end()), want.targets) << "micro-batch " << i;
+      }
+    }
+    EXPECT_EQ(sb.prefetched_steps(), 4);
+    EXPECT_EQ(sb.discarded(), 5);
+  }
 }
 
 // Initialisation is generated on the host: every backend starts from the same bits, and the

@@ -41,6 +41,7 @@ void copy_device(void* dst, const void* src, size_t bytes);  // device to device
 // Makes GPU `ordinal` this thread's device (cudaSetDevice); "" or why it cannot (the CUDA
 // runtime's error and how many devices this process sees).
 std::string select_device(int ordinal);
+int current_device();  // this thread's device (cudaGetDevice)
 // Why no device is usable ("" when one is): the CUDA runtime's error or "no CUDA device".
 std::string unavailable_reason();
 struct DeviceInfo {

@@ -55,6 +55,12 @@ std::string select_device(int ordinal) {
          " (this process sees " + std::to_string(n) + " CUDA device" + (n == 1 ? "" : "s") + ")";
 }
 
+int current_device() {
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
 std::string unavailable_reason() {
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
