@@ -14,37 +14,66 @@ using namespace detail;
 namespace {
 constexpr int kThreads = 512;
 
+// One row of the fused softmax + cross-entropy: both row kernels (one block per row) share the
+// prologue (ce_row_begin) and the loss and gradient (ce_row_finish); they differ only in how
+// they get the row's max m and sum of exp(x - m).
+template <typename T>
+struct CeRow {
+  const T* x;  // the row's logits
+  T* g;        // its gradient row (nullptr: forward only); may alias x
+  int target;
+  float xt;    // the target's logit, read before any thread may overwrite it (in place)
+};
+
+// false for an ignored row (target < 0): its loss is 0, its gradient row zeroed, the block is
+// done. A target >= V is a caller bug: stops the process at the next CUDA call.
+template <typename T>
+__device__ __forceinline__ bool ce_row_begin(CeRow<T>* r, T* dlogits, float* losses,
+                                             const T* logits, const int32_t* targets, int V,
+                                             int Vp) {
+  const int row = blockIdx.x;
+  r->target = targets[row];
+  r->x = logits + size_t(row) * Vp;
+  r->g = dlogits ? dlogits + size_t(row) * Vp : nullptr;
+  if (r->target < 0) {
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (r->g)
+      for (int c = threadIdx.x; c < Vp; c += blockDim.x) r->g[c] = from_float<T>(0.0f);
+    return false;
+  }
+  if (r->target >= V) __trap();
+  r->xt = ld(r->x + r->target);
+  return true;
+}
+
+// loss = log(s) + m - x_target; gradient dloss * (softmax - onehot(target)), padding zeroed.
+template <typename T>
+__device__ __forceinline__ void ce_row_finish(const CeRow<T>& r, float* losses, float m, float s,
+                                              float dloss, int V, int Vp) {
+  if (threadIdx.x == 0) losses[blockIdx.x] = logf(s) + m - r.xt;
+  if (!r.g) return;
+  const float k = dloss / s;
+  for (int c = threadIdx.x; c < V; c += blockDim.x) {
+    const float p = expf(ld(r.x + c) - m) * k;
+    st(r.g + c, c == r.target ? p - dloss : p);
+  }
+  for (int c = V + threadIdx.x; c < Vp; c += blockDim.x) r.g[c] = from_float<T>(0.0f);
+}
+
+// Three reads of the row: max, sum, gradient.
 template <typename T>
 __global__ void crossentropy_kernel(T* dlogits, float* losses, const T* logits,
                                     const int32_t* targets, float dloss, int V, int Vp) {
   __shared__ float shared[32];
-  const int row = blockIdx.x;
-  const int target = targets[row];
-  const T* x = logits + size_t(row) * Vp;
-  T* g = dlogits ? dlogits + size_t(row) * Vp : nullptr;
-  if (target < 0) {
-    if (threadIdx.x == 0) losses[row] = 0.0f;
-    if (g)
-      for (int c = threadIdx.x; c < Vp; c += blockDim.x) g[c] = from_float<T>(0.0f);
-    return;
-  }
-  if (target >= V) __trap();  // caller bug: stops the process at the next CUDA call
-  const float xt = ld(x + target);  // read before any thread may overwrite it (in place)
+  CeRow<T> r;
+  if (!ce_row_begin(&r, dlogits, losses, logits, targets, V, Vp)) return;
   float m = -INFINITY;
-  for (int c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, ld(x + c));
+  for (int c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, ld(r.x + c));
   m = block_max(m, shared);
   float s = 0.0f;
-  for (int c = threadIdx.x; c < V; c += blockDim.x) s += expf(ld(x + c) - m);
+  for (int c = threadIdx.x; c < V; c += blockDim.x) s += expf(ld(r.x + c) - m);
   s = block_sum(s, shared);
-  if (threadIdx.x == 0) losses[row] = logf(s) + m - xt;
-  if (g) {
-    const float k = dloss / s;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) {
-      const float p = expf(ld(x + c) - m) * k;
-      st(g + c, c == target ? p - dloss : p);
-    }
-    for (int c = V + threadIdx.x; c < Vp; c += blockDim.x) g[c] = from_float<T>(0.0f);
-  }
+  ce_row_finish(r, losses, m, s, dloss, V, Vp);
 }
 
 // Online softmax statistics: (m, s) with s = sum exp(x - m) over the values seen.
@@ -74,25 +103,16 @@ __device__ __forceinline__ MaxSum block_combine(MaxSum v, float* sm, float* ss) 
   return r;
 }
 
+// Two reads of the row: (max, sum) together, then the gradient.
 template <typename T>
 __global__ void crossentropy_online_kernel(T* dlogits, float* losses, const T* logits,
                                            const int32_t* targets, float dloss, int V, int Vp) {
   __shared__ float sm[32], ss[32];
-  const int row = blockIdx.x;
-  const int target = targets[row];
-  const T* x = logits + size_t(row) * Vp;
-  T* g = dlogits ? dlogits + size_t(row) * Vp : nullptr;
-  if (target < 0) {
-    if (threadIdx.x == 0) losses[row] = 0.0f;
-    if (g)
-      for (int c = threadIdx.x; c < Vp; c += blockDim.x) g[c] = from_float<T>(0.0f);
-    return;
-  }
-  if (target >= V) __trap();  // caller bug: stops the process at the next CUDA call
-  const float xt = ld(x + target);  // read before any thread may overwrite it (in place)
+  CeRow<T> r;
+  if (!ce_row_begin(&r, dlogits, losses, logits, targets, V, Vp)) return;
   MaxSum a{-INFINITY, 0.0f};
   for (int c = threadIdx.x; c < V; c += blockDim.x) {
-    const float v = ld(x + c);
+    const float v = ld(r.x + c);
     if (v > a.m) {
       a.s = a.s * expf(a.m - v) + 1.0f;  // expf(-inf) = 0 for the first value
       a.m = v;
@@ -100,16 +120,8 @@ __global__ void crossentropy_online_kernel(T* dlogits, float* losses, const T* l
       a.s += expf(v - a.m);
     }
   }
-  const MaxSum r = block_combine(a, sm, ss);
-  if (threadIdx.x == 0) losses[row] = logf(r.s) + r.m - xt;
-  if (g) {
-    const float k = dloss / r.s;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) {
-      const float p = expf(ld(x + c) - r.m) * k;
-      st(g + c, c == target ? p - dloss : p);
-    }
-    for (int c = V + threadIdx.x; c < Vp; c += blockDim.x) g[c] = from_float<T>(0.0f);
-  }
+  const MaxSum t = block_combine(a, sm, ss);
+  ce_row_finish(r, losses, t.m, t.s, dloss, V, Vp);
 }
 
 // Vocabulary-parallel statistics: one block per row of this rank's V columns.
