@@ -118,7 +118,9 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
   mem.activations = activation_bytes(c, lay.tp, lay.recompute);
   // Built in place from ranges (ParamStore::fill, ZeroOptimizer::create): nothing but the
   // states, and a chunk of fp32 values rounded into the bf16/fp16 working weights (ZeRO-1/2).
-  mem.startup = mem.model_states() + (low && lay.dp > 1 && (z == 1 || z == 2) ? kStateChunk * 4 : 0);
+  mem.startup = mem.model_states() +
+                (low && lay.dp > 1 && (z == 1 || z == 2) ? std::min<uint64_t>(kStateChunk, largest) * 4
+                                                         : 0);
   if (lay.dp > 1) {
     // One unit reduced at a time: the reduction's receive scratch (fp32).
     mem.buffers = largest_padded * 4;
@@ -170,11 +172,30 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
   return p;
 }
 
+double comm_seconds(const LayoutPlan& p, int64_t ranks_per_node, const Links& links) {
+  const int64_t tp = p.layout.tp, dp = p.layout.dp, world = tp * dp;
+  const bool one_machine = ranks_per_node <= 0 || world <= ranks_per_node;
+  const double tp_link = tp_within_node(tp, world, ranks_per_node) ? links.intra_node
+                                                                   : links.inter_node;
+  // A data-parallel group (ranks t, t + tp, ...) crosses machines once the world does.
+  const double dp_link = one_machine ? links.intra_node : links.inter_node;
+  double s = 0;
+  for (const auto& [name, bytes] : p.comm_bytes) {
+    const bool is_tp = name.rfind("tp.", 0) == 0;
+    const double n = static_cast<double>(is_tp ? tp : dp);
+    s += static_cast<double>(bytes) * (n - 1) / n / (is_tp ? tp_link : dp_link);
+  }
+  return s;
+}
+
 Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world,
                                              std::optional<uint64_t> budget,
-                                             int64_t ranks_per_node) {
+                                             int64_t ranks_per_node, Links links) {
   if (world < 1) return Status::usage("--world must be at least 1");
   if (ranks_per_node < 0) return Status::usage("--gpus-per-node must be at least 1");
+  if (!(links.intra_node > 0) || !(links.inter_node > 0)) {
+    return Status::usage("link bandwidths must be positive");
+  }
   std::vector<LayoutPlan> out;
   for (int64_t tp = 1; tp <= world; ++tp) {
     if (world % tp != 0 || c.model.n_heads % tp != 0) continue;
@@ -185,13 +206,14 @@ Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world
         LayoutPlan p = plan_layout(c, Layout{tp, dp, z, r});
         if (budget) p.fits = std::max(p.memory.total(), p.memory.startup) <= *budget;
         p.within_node = tp_within_node(tp, world, ranks_per_node);
+        p.comm_seconds = comm_seconds(p, ranks_per_node, links);
         out.push_back(std::move(p));
       }
     }
   }
   LayoutPlan* best = nullptr;
   auto key = [](const LayoutPlan& p) {
-    return std::make_tuple(recompute_rank(p.layout.recompute), p.comm_total(), p.memory.total());
+    return std::make_tuple(recompute_rank(p.layout.recompute), p.comm_seconds, p.memory.total());
   };
   for (auto& p : out) {
     if ((p.fits.has_value() && !*p.fits) || !p.trainable || !p.within_node) continue;

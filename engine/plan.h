@@ -49,8 +49,8 @@ struct RankMemory {
   uint64_t params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0;
   // The peak while the model states are built (start-up, resume; engine/zero.h create): the
   // rank's own model states - its shards and the full buffers its ZeRO stage keeps, never the
-  // unsharded states - plus, in bf16/fp16 under ZeRO-1/2, one kStateChunk fp32 chunk the
-  // working weights are rounded from.
+  // unsharded states - plus, in bf16/fp16 under ZeRO-1/2, one fp32 chunk the working weights
+  // are rounded from (kStateChunk elements, or the largest unit's when smaller).
   uint64_t startup = 0;
   uint64_t model_states() const { return params + grads + optimizer; }
   uint64_t total() const { return params + grads + optimizer + activations + buffers; }
@@ -73,8 +73,24 @@ struct LayoutPlan {
   std::optional<bool> fits;  // set when a memory budget is known
   bool within_node = true;   // tp_within_node(): the TP all-reduces stay on a machine's links
   bool suggested = false;
+  // Estimated seconds per step in the collectives (plan_layouts: comm_seconds()).
+  double comm_seconds = 0;
   uint64_t comm_total() const;
 };
+
+// The links the collectives run over, bytes per second per rank in each direction: between the
+// ranks of one machine (NVLink, or shared memory for CPU ranks) and between machines (the
+// network). Defaults: 300 GB/s inside a machine (NVLink 4 achieves ~360 GB/s of all-reduce bus
+// bandwidth on 8 H100s), 25 GB/s between machines (one 200 Gb/s NIC per GPU).
+struct Links {
+  double intra_node = 300e9;
+  double inter_node = 25e9;
+};
+// The seconds a step's collectives take on `links` when nothing overlaps: each group's bytes
+// (comm_bytes) x (n - 1) / n, a ring's share per rank, over its slowest link - the TP group's
+// inside a machine unless it straddles machines (tp_within_node), the data-parallel group's
+// across machines once the world spans more than one (ranks_per_node; 0: one machine).
+double comm_seconds(const LayoutPlan& plan, int64_t ranks_per_node, const Links& links);
 
 // Element counts of the parameter units (embed, blocks.0 .. blocks.L-1, final) as ParamStore
 // lays them out (padded), for one tensor-parallel rank of tp.
@@ -85,13 +101,15 @@ uint64_t shard_numel(uint64_t numel, int64_t dp);
 // The plan of one layout for `config` (its model, precision, data and parallel.prefetch).
 LayoutPlan plan_layout(const TrainConfig& config, const Layout& layout);
 // Every layout for `world` ranks on machines of ranks_per_node ranks; marks fits (when budget is
-// set), within_node, and the suggestion: among the trainable layouts that fit (all, without a
-// budget) and whose TP groups stay inside a machine (a TP all-reduce per layer over the network
-// is what no one wants), the least recomputation, then the fewest bytes moved per step, then the
-// least memory.
+// set: the training total and the start-up peak both within it), within_node, comm_seconds, and
+// the suggestion: among the trainable layouts that fit (all, without a budget) and whose TP
+// groups stay inside a machine (a TP all-reduce per layer over the network is what no one
+// wants), the least recomputation, then the least time in collectives (bytes weighted by the
+// link they cross: a TP byte inside a machine costs less than a data-parallel byte between
+// machines), then the least memory.
 Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& config, int64_t world,
                                              std::optional<uint64_t> budget,
-                                             int64_t ranks_per_node = 8);
+                                             int64_t ranks_per_node = 8, Links links = {});
 
 // "80GiB", "16 GB", "512MiB", "1e9" -> bytes (K/M/G/T with or without "i" are powers of 1024).
 Result<uint64_t> parse_byte_size(const std::string& text);

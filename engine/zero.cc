@@ -43,9 +43,13 @@ Status ZeroOptimizer::build(StateSource& source) {
   DeviceArray<float> chunk;    // fp32 values before their bf16/fp16 rounding
   // dst[0, count) in the backend's low-precision type = the master weights [begin, begin+count).
   auto read_low = [&](int unit, size_t begin, size_t count, uint16_t* dst) -> Status {
-    if (chunk.empty()) chunk.reset(&be_, kStateChunk);
+    if (chunk.empty()) {  // the largest unit's length at most
+      size_t largest = 0;
+      for (const auto& u : params_.units()) largest = std::max(largest, u.numel);
+      chunk.reset(&be_, std::min(kStateChunk, largest));
+    }
     for (size_t done = 0; done < count;) {
-      const size_t k = std::min(kStateChunk, count - done);
+      const size_t k = std::min(chunk.size(), count - done);
       KILN_RETURN_IF_ERROR(read_state(source, be_, unit, ParamField::kMaster, begin + done, k,
                                       chunk.data(), &staging));
       be_.cast_from_fp32(dst + done, params_.work_dtype(), chunk.data(), k);

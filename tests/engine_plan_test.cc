@@ -2,6 +2,8 @@
 // engine's own allocations (ParamStore, the model's activation plan) and the ZeRO formulas.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "engine/model.h"
 #include "engine/params.h"
 #include "engine/plan.h"
@@ -41,6 +43,8 @@ TEST(Plan, OneRankModelStatesAndActivationsAreWhatTheEngineAllocates) {
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       LayoutPlan p = plan_layout(c, Layout{1, 1, 0, r});
       EXPECT_EQ(p.memory.model_states(), store.state_bytes()) << prec;
+      // Built in place (ParamStore::fill): the start-up peak is the states themselves.
+      EXPECT_EQ(p.memory.startup, store.state_bytes()) << prec;
       EXPECT_EQ(p.memory.activations,
                 plan_activation_memory(c.model, c.data.micro_batch, c.precision, r).total());
       EXPECT_EQ(p.memory.buffers, 0u);
@@ -62,8 +66,24 @@ TEST(Plan, ZeroStagesShardModelStatesAndMoveTheZeroPaperBytes) {
   EXPECT_EQ(z0.memory.model_states(), 16 * padded);  // padded to the dp shards: within 1%
   EXPECT_EQ(z1.memory.optimizer * dp, 8 * padded);
   EXPECT_EQ(z2.memory.grads * dp, 4 * padded);
-  // ZeRO-3: 1/dp of stage 0's model states.
+  // ZeRO-3: 1/dp of stage 0's model states, at start-up too (each rank builds only its shards;
+  // measured against the engine by tests/train_mpi.sh startup).
   EXPECT_EQ(z3.memory.model_states() * dp, z0.memory.model_states());
+  EXPECT_EQ(z3.memory.startup * dp, z0.memory.startup);
+  for (const LayoutPlan* z : {&z0, &z1, &z2, &z3}) EXPECT_EQ(z->memory.startup, z->memory.model_states());
+  // bf16 ZeRO-1/2 round their full working weights from one fp32 chunk on the device.
+  auto bf = kSmall;
+  bf.push_back("precision=bf16");
+  const TrainConfig cb = config(bf);
+  const std::vector<uint64_t> units = unit_numels(cb.model);
+  const uint64_t largest = *std::max_element(units.begin(), units.end());
+  for (int64_t z = 0; z <= 3; ++z) {
+    const LayoutPlan p = plan_layout(cb, Layout{1, dp, z, Recompute::kNone});
+    EXPECT_EQ(p.memory.startup,
+              p.memory.model_states() +
+                  (z == 1 || z == 2 ? std::min<uint64_t>(kStateChunk, largest) * 4 : 0))
+        << z;
+  }
   EXPECT_LT(z1.memory.model_states(), z0.memory.model_states());
   EXPECT_LT(z2.memory.model_states(), z1.memory.model_states());
   // Bytes per step: 2x the gradient bytes for stages 0-2, 3x for ZeRO-3 (fp32).
@@ -148,6 +168,39 @@ TEST(Plan, TensorParallelGroupsStayInsideAMachine) {
   int tp4 = 0;
   for (const auto& p : *big) tp4 += p.suggested && p.layout.tp == 4;
   EXPECT_EQ(tp4, 1);
+}
+
+// Time in collectives: each group's bytes x (n-1)/n over the link it crosses - the TP group's
+// inside a machine, the data-parallel group's between machines once the world spans several -
+// and the suggestion follows the links: a slow network favours tensor parallelism (its bytes
+// stay inside machines), a slow machine-internal link favours data parallelism.
+TEST(Plan, CommTimeWeighsEachGroupByItsLink) {
+  TrainConfig c = config(kSmall);
+  const Links links{100e9, 10e9};
+  const LayoutPlan p = plan_layout(c, Layout{2, 8, 1, Recompute::kNone});
+  double want = 0;
+  for (const auto& [name, bytes] : p.comm_bytes) {
+    want += name.rfind("tp.", 0) == 0 ? bytes * 0.5 / 100e9 : bytes * (7.0 / 8) / 10e9;
+  }
+  EXPECT_DOUBLE_EQ(comm_seconds(p, 8, links), want);  // 16 ranks on machines of 8
+  // The whole world on one machine: every group on the fast link.
+  double one = 0;
+  for (const auto& [name, bytes] : p.comm_bytes) {
+    one += name.rfind("tp.", 0) == 0 ? bytes * 0.5 / 100e9 : bytes * (7.0 / 8) / 100e9;
+  }
+  EXPECT_DOUBLE_EQ(comm_seconds(p, 16, links), one);
+  auto suggested = [&](const Links& l) {
+    auto all = plan_layouts(c, 16, std::nullopt, 8, l);
+    EXPECT_TRUE(all.is_ok());
+    for (const auto& q : *all) {
+      EXPECT_DOUBLE_EQ(q.comm_seconds, comm_seconds(q, 8, l));
+      if (q.suggested) return q.layout;
+    }
+    return Layout{};
+  };
+  EXPECT_EQ(suggested(Links{300e9, 1e6}).tp, 4);   // the network is the bottleneck
+  EXPECT_EQ(suggested(Links{1e6, 300e9}).tp, 1);   // the machine's links are
+  EXPECT_FALSE(plan_layouts(c, 16, std::nullopt, 8, Links{0, 1}).is_ok());
 }
 
 TEST(Plan, ByteSizes) {

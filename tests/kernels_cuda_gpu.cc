@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/tp_ops.h"
 #include "kernels/reference.h"
 #include "kernels_test_util.h"
 
@@ -263,6 +264,26 @@ TEST(KernelsCuda, ElementwiseAndEmbedding) {
   EXPECT_TRUE(bits_equal(gout.host(), out));
   EXPECT_TRUE(bits_equal(gdwte.host(), dwte));  // same order of additions as the CPU
   EXPECT_TRUE(bits_equal(gdwpe.host(), dwpe));
+}
+
+// The vocabulary-parallel embedding's gradient (kernels/cuda/tp_ops.h: encoder.cu's token-sorted
+// kernel with a vocabulary window): each window's rows are the bits of the whole gradient's rows
+// (the same additions in the same order), tokens outside the window leave nothing.
+TEST(KernelsCuda, TpEmbeddingGradientWindowsAreTheWholeGradientsRows) {
+  REQUIRE_GPU();
+  const int B = 3, T = 16, C = 40, V = 12;
+  auto tokens = randint(B * T, 0, V, 15);
+  auto dout = to_t<float>(randn(B * T * C, 16));
+  std::vector<float> dwte(V * C), dwpe(T * C);
+  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  Dev<int32_t> gtok(tokens);
+  Dev<float> gdout(dout);
+  for (auto [v0, Vl] : {std::pair{0, 5}, std::pair{5, 7}, std::pair{0, 12}}) {
+    Dev<float> g(size_t(Vl) * C);
+    cuda::tp_embedding_backward_wte(g.get(), gdout.get(), gtok.get(), B, T, C, v0, Vl);
+    const std::vector<float> want(dwte.begin() + v0 * C, dwte.begin() + (v0 + Vl) * C);
+    EXPECT_TRUE(bits_equal(g.host(), want)) << "window [" << v0 << ", " << v0 + Vl << ")";
+  }
 }
 
 // The vocabulary-parallel cross-entropy kernels (engine/tensor_parallel.h) against the CPU's:

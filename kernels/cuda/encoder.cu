@@ -1,10 +1,15 @@
 // Token + position embedding on the GPU. The token-embedding gradient is deterministic and
 // bit-identical with the CPU's: the positions are stably sorted by token (CUB's radix sort), then
 // one block per distinct token adds its positions' rows in increasing position order — the CPU's
-// order for every element — with no atomics.
+// order for every element — with no atomics. The same code serves the vocabulary-parallel
+// embedding's gradient (kernels/cuda/tp_ops.h tp_embedding_backward_wte): a window [v0, v0 + V)
+// of the vocabulary, the runs of tokens outside it skipped.
+#include <climits>
+
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tp_ops.h"
 
 namespace kiln::cuda {
 
@@ -28,18 +33,21 @@ __global__ void iota_kernel(int32_t* out, int n) {
     out[i] = i;
 }
 
-// Block i: if sorted position i starts a run of one token, adds the run's rows of dout (in
-// increasing position order) to that token's row of dwte; other blocks return at once.
+// Block i: if sorted position i starts a run of one token inside the window [v0, v0 + V), adds
+// the run's rows of dout (in increasing position order) to that token's row (token - v0) of
+// dwte; other blocks return at once.
 template <typename T>
 __global__ void encoder_backward_wte_kernel(float* dwte, const T* dout,
                                             const int32_t* sorted_tokens,
-                                            const int32_t* sorted_rows, int BT, int C) {
+                                            const int32_t* sorted_rows, int BT, int C, int v0,
+                                            int V) {
   const int i = blockIdx.x;
   const int32_t token = sorted_tokens[i];
   if (i > 0 && sorted_tokens[i - 1] == token) return;
+  if (token < v0 || token - v0 >= V) return;  // another rank's row (vocabulary-parallel)
   int end = i + 1;
   while (end < BT && sorted_tokens[end] == token) ++end;
-  float* g = dwte + size_t(token) * C;
+  float* g = dwte + size_t(token - v0) * C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     float acc = g[c];
     for (int j = i; j < end; ++j) acc += ld(dout + size_t(sorted_rows[j]) * C + c);
@@ -47,9 +55,11 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const T* dout,
   }
 }
 
-// dwte on the current stream: sort (token, position) pairs by token, stably, in workspace slot 0.
+// dwte (the rows of the tokens [v0, v0 + V)) on the current stream: sort (token, position) pairs
+// by token, stably, in workspace slot 0.
 template <typename T>
-void encoder_backward_wte(float* dwte, const T* dout, const int32_t* tokens, int BT, int C) {
+void encoder_backward_wte(float* dwte, const T* dout, const int32_t* tokens, int BT, int C,
+                          int v0 = 0, int V = INT_MAX) {
   size_t sort_bytes = 0;  // CUB's scratch for BT pairs (a size query: nothing runs)
   int32_t* none = nullptr;
   KILN_CUDA_CHECK(
@@ -66,7 +76,7 @@ void encoder_backward_wte(float* dwte, const T* dout, const int32_t* tokens, int
                                                   sorted_tokens, rows, sorted_rows, BT, 0,
                                                   int(sizeof(int32_t) * 8), stream()));
   encoder_backward_wte_kernel<<<BT, 128, 0, stream()>>>(dwte, dout, sorted_tokens, sorted_rows, BT,
-                                                        C);
+                                                        C, v0, V);
   KILN_CUDA_LAUNCHED();
 }
 
@@ -103,9 +113,19 @@ void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* to
   }
 }
 
+template <typename T>
+void tp_embedding_backward_wte(float* dwte_local, const T* dout, const int32_t* tokens, int B,
+                               int T_, int C, int v0, int V_local) {
+  KILN_CUDA_TIMED(kElementwise);
+  if (size_t(B) * T_ * C == 0) return;
+  encoder_backward_wte(dwte_local, dout, tokens, B * T_, C, v0, V_local);
+}
+
 #define KILN_INSTANTIATE(T)                                                                     \
   template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int);     \
-  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int);
+  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int);  \
+  template void tp_embedding_backward_wte<T>(float*, const T*, const int32_t*, int, int, int,  \
+                                             int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

@@ -1,7 +1,6 @@
-// The vocabulary-parallel embedding on the GPU (kernels/cuda/tp_ops.h). The wte gradient walks
-// all B*T rows per channel (C threads): simple and deterministic, but serial in B*T; the
-// token-sorted form of kernels/cuda/encoder.cu (one block per token) is the faster layout for
-// large batches. Not yet run on a GPU.
+// The vocabulary-parallel embedding's forward on the GPU (kernels/cuda/tp_ops.h). Its wte
+// gradient is kernels/cuda/encoder.cu's token-sorted one with a vocabulary window. Not yet run on
+// a GPU.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/tp_ops.h"
 
@@ -26,18 +25,6 @@ __global__ void tp_embedding_forward_kernel(float* out, const int32_t* tokens, c
   }
 }
 
-template <typename T>
-__global__ void tp_embedding_backward_wte_kernel(float* dwte, const T* dout, const int32_t* tokens,
-                                                 int BT, int C, int v0, int Vl) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int r = 0; r < BT; ++r) {
-    const int local = tokens[r] - v0;
-    if (local < 0 || local >= Vl) continue;
-    dwte[size_t(local) * C + c] += ld(dout + size_t(r) * C + c);
-  }
-}
-
 }  // namespace
 
 template <typename T>
@@ -51,21 +38,9 @@ void tp_embedding_forward(float* out, const int32_t* tokens, const T* wte_local,
   KILN_CUDA_LAUNCHED();
 }
 
-template <typename T>
-void tp_embedding_backward_wte(float* dwte_local, const T* dout, const int32_t* tokens, int B,
-                               int T_, int C, int v0, int V_local) {
-  KILN_CUDA_TIMED(kElementwise);
-  if (size_t(B) * T_ * C == 0) return;
-  tp_embedding_backward_wte_kernel<<<(C + 127) / 128, 128, 0, stream()>>>(
-      dwte_local, dout, tokens, B * T_, C, v0, V_local);
-  KILN_CUDA_LAUNCHED();
-}
-
 #define KILN_INSTANTIATE(T)                                                                 \
   template void tp_embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int, \
-                                        int, int, int);                                     \
-  template void tp_embedding_backward_wte<T>(float*, const T*, const int32_t*, int, int, int,  \
-                                             int, int);
+                                        int, int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

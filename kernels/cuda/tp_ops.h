@@ -17,8 +17,10 @@ template <typename T>
 void tp_embedding_forward(float* out, const int32_t* tokens, const T* wte_local, const T* wpe,
                           int B, int T_, int C, int v0, int V_local);
 
-// dwte_local[token - v0] += dout[row] for the rows whose token this rank owns; each channel walks
-// the rows in order (deterministic, no atomics: kernels/cuda/encoder.cu's order).
+// dwte_local[token - v0] += dout[row] for the rows whose token this rank owns, each token's rows
+// in increasing row order (deterministic, no atomics, the CPU's order): kernels/cuda/encoder.cu's
+// token-sorted gradient (a stable radix sort of (token, row), one block per token) with the
+// window [v0, v0 + V_local). Defined in encoder.cu.
 template <typename T>
 void tp_embedding_backward_wte(float* dwte_local, const T* dout, const int32_t* tokens, int B,
                                int T_, int C, int v0, int V_local);

@@ -20,6 +20,8 @@ struct PlanArgs {
   int64_t per_node = 8;
   std::string memory;
   bool json = false;
+  double intra_gbps = engine::Links{}.intra_node / 1e9;
+  double inter_gbps = engine::Links{}.inter_node / 1e9;
 };
 
 std::string gib(uint64_t b) {
@@ -53,7 +55,8 @@ Status run_plan(const PlanArgs& a) {
   } else {
     budget_note = "unknown (set --memory-per-device)";
   }
-  KILN_ASSIGN_OR_RETURN(auto plans, engine::plan_layouts(tc, a.world, budget, a.per_node));
+  const engine::Links links{a.intra_gbps * 1e9, a.inter_gbps * 1e9};
+  KILN_ASSIGN_OR_RETURN(auto plans, engine::plan_layouts(tc, a.world, budget, a.per_node, links));
 
   if (a.json) {
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
@@ -70,6 +73,7 @@ Status run_plan(const PlanArgs& a) {
       nlohmann::ordered_json comm = nlohmann::ordered_json::object();
       for (const auto& [k, v] : p.comm_bytes) comm[k] = v;
       j["comm_bytes_per_step"] = comm;
+      j["comm_seconds_per_step"] = p.comm_seconds;
       j["fits"] = p.fits ? nlohmann::ordered_json(*p.fits) : nlohmann::ordered_json(nullptr);
       j["within_node"] = p.within_node;
       j["trainable"] = p.trainable;
@@ -85,20 +89,22 @@ Status run_plan(const PlanArgs& a) {
   for (uint64_t n : units) params += n;
   std::printf("kiln plan: %s on %lld ranks: %.2fM parameters (padded), %s, micro_batch %lld x "
               "seq_len %lld, grad_accum %lld\nmemory budget: %s\nmachines: %lld ranks each "
-              "(--gpus-per-node); a tensor-parallel group must stay inside one\n\n",
+              "(--gpus-per-node); a tensor-parallel group must stay inside one\nlinks: %.0f GB/s "
+              "per rank inside a machine, %.0f GB/s between machines (comm s: the step's "
+              "collectives on them, nothing overlapped)\n\n",
               a.config.config_file.c_str(), static_cast<long long>(a.world), params / 1e6,
               engine::precision_name(tc.precision), static_cast<long long>(tc.data.micro_batch),
               static_cast<long long>(tc.model.seq_len), static_cast<long long>(tc.data.grad_accum),
-              budget_note.c_str(), static_cast<long long>(a.per_node));
-  std::printf("%3s %4s %4s %-9s | %11s %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %s\n",
+              budget_note.c_str(), static_cast<long long>(a.per_node), a.intra_gbps, a.inter_gbps);
+  std::printf("%3s %4s %4s %-9s | %11s %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %9s | %s\n",
               "tp", "dp", "zero", "recompute", "params", "grads", "optimizer", "activations",
-              "buffers", "total", "start-up", "fits", "train", "node", "bytes moved per step");
+              "buffers", "total", "start-up", "fits", "train", "node", "comm s", "bytes moved per step");
   const engine::LayoutPlan* best = nullptr;
   for (const auto& p : plans) {
     std::string comm;
     for (const auto& [k, v] : p.comm_bytes) comm += (comm.empty() ? "" : ", ") + k + " " + gib(v);
     if (comm.empty()) comm = "-";
-    std::printf("%3lld %4lld %4lld %-9s | %11s %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %s%s\n",
+    std::printf("%3lld %4lld %4lld %-9s | %11s %11s %11s %11s %11s %11s %11s | %-4s %-5s %-4s | %9.4f | %s%s\n",
                 static_cast<long long>(p.layout.tp), static_cast<long long>(p.layout.dp),
                 static_cast<long long>(p.layout.zero_stage),
                 engine::recompute_name(p.layout.recompute), gib(p.memory.params).c_str(),
@@ -106,14 +112,16 @@ Status run_plan(const PlanArgs& a) {
                 gib(p.memory.activations).c_str(), gib(p.memory.buffers).c_str(),
                 gib(p.memory.total()).c_str(), gib(p.memory.startup).c_str(),
                 p.fits ? (*p.fits ? "yes" : "no") : "?",
-                p.trainable ? "yes" : "paper", p.within_node ? "yes" : "no", comm.c_str(),
+                p.trainable ? "yes" : "paper", p.within_node ? "yes" : "no", p.comm_seconds,
+                comm.c_str(),
                 p.suggested ? "  <- suggested" : "");
     if (p.suggested) best = &p;
   }
   if (best) {
     std::printf("\nsuggested: --set parallel.tp=%lld --set parallel.zero_stage=%lld --set "
                 "activation_checkpointing=%s (mpirun -np %lld): the least recomputation, then "
-                "the fewest bytes per step, among the layouts that fit, whose tensor-parallel "
+                "the least time in collectives per step (bytes over the links they cross), among "
+                "the layouts that fit, whose tensor-parallel "
                 "groups stay inside one machine (node: yes) and that this version trains "
                 "(train: yes)\n",
                 static_cast<long long>(best->layout.tp),
@@ -142,6 +150,12 @@ RunFn add_plan_command(CLI::App& root) {
   cmd->add_option("--gpus-per-node", args->per_node,
                   "ranks (devices) per machine: a tensor-parallel group must stay inside one, so "
                   "only layouts whose tp divides it are suggested (default 8)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--intra-node-bandwidth", args->intra_gbps,
+                  "GB/s per rank between the ranks of one machine (NVLink; default 300)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--inter-node-bandwidth", args->inter_gbps,
+                  "GB/s per rank between machines (the network; default 25: 200 Gb/s per GPU)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", args->json, "print the layouts as a JSON array");
   cmd->footer("Bytes follow docs/DISTRIBUTED.md; example: kiln plan --config configs/train/tiny.yaml --world 4");

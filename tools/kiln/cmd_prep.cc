@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "comm/comm.h"
+#include "comm/watchdog.h"
 #include "common/config.h"
 #include "dataprep/append.h"
 #include "dataprep/prep.h"
@@ -33,6 +34,7 @@ struct PrepFlags {
   bool overwrite = false, keep_work = false, no_index = false;
   std::vector<std::string> against;
   std::string append;
+  double collective_timeout = 3600;
 };
 
 const char* const kFooter = R"(
@@ -55,7 +57,8 @@ again and it continues, giving byte-identical output. A finished OUT is left as 
 --overwrite to redo it.
 
 Many processes: mpirun -np N kiln prep ... splits the input files between ranks; the kept set is
-the same as with one process.
+the same as with one process. A rank that stops arriving at a collective for --collective-timeout
+seconds (default 3600) stops every rank with a message naming it, instead of a hang.
 
 Exit codes: 0 ok, 2 bad flag/config, 3 too many rejected input records, 1 other failures.
 Config keys (configs/prep/default.yaml) can be set with --config FILE and --set key=value.
@@ -136,6 +139,11 @@ RunFn add_prep_command(CLI::App& root) {
       ->type_name("DATASET");
   sub->add_flag("--no-index", f->no_index,
                 "write no dedup index OUT/dedup/index (dedup.index=false)");
+  sub->add_option("--collective-timeout", f->collective_timeout,
+                  "under mpirun: a rank waiting longer than this in a collective stops every "
+                  "rank, naming the ranks that did not arrive (default 3600; 0: off)")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.0, 1e7));
 
   return [f, sub]() -> Status {
     if (comm::launched_by_mpi() && !comm::mpi_available())
@@ -191,6 +199,13 @@ RunFn add_prep_command(CLI::App& root) {
     }
 
     comm::ProcessGroup& world = comm::world();
+    // A rank that stops arriving (stuck I/O, a deadlock) must not hang the others: the collective
+    // watchdog (comm/watchdog.h) ends the job, as in kiln train. Ranks wait for each other at
+    // the stage boundaries, so the timeout is generous (an unbalanced stage is not a hang).
+    if (world.size() > 1) {
+      KILN_RETURN_IF_ERROR(comm::start_watchdog(world, f->collective_timeout));
+      comm::set_watchdog_context("kiln prep");
+    }
     prep::PrepRunOptions ro;
     ro.overwrite = f->overwrite;
     prep::PrepResult r;
