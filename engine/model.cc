@@ -50,7 +50,6 @@ std::unique_ptr<Model> Model::create(ParamStore* params, int64_t micro_batch, Re
     case Device::kCuda: {
       // The CUDA model is in libkiln_cuda.so (engine/backend_cuda.cc), already loaded: a
       // ParamStore on the CUDA backend came from it.
-      KILN_CHECK(tp == nullptr, "Model::create: tensor parallelism runs on host memory");
       auto create = cuda_module_symbol(CudaModule::kCuda, "kiln_cuda_create_model");
       KILN_CHECK(create.is_ok(), create.status().to_string());
       using CreateFn = std::unique_ptr<Model> (*)(ParamStore*, int64_t, Recompute, int64_t,
