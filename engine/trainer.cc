@@ -317,11 +317,6 @@ Result<StepRecord> Trainer::skip_bad_batch(StepRecord rec, const BatchCheck& che
 }
 
 Result<bool> Trainer::rollback(StepRecord* rec) {
-  if (dp_->zero()) {  // the sharded optimizer state is not reloaded mid-run yet
-    KILN_LOG_WARN("step {}: rollback is not available with ZeRO (parallel.zero_stage > 0)",
-                  rec->step);
-    return false;
-  }
   auto latest = latest_checkpoint(config_.run.dir);
   if (!latest.is_ok()) {
     if (latest.status().code() == StatusCode::kNotFound) return false;
@@ -329,7 +324,14 @@ Result<bool> Trainer::rollback(StepRecord* rec) {
   }
   const StabilityState now = stab_;
   TrainerState ck;
-  KILN_RETURN_IF_ERROR(load_checkpoint(*latest, params_.get(), &ck).prefixed("rollback"));
+  if (ZeroOptimizer* zero = dp_->zero()) {  // each rank reads its shards' ranges again
+    auto reader = CheckpointReader::open(*latest, *params_, &ck);
+    Status st = reader.is_ok() ? zero->reload(**reader) : reader.status();
+    KILN_RETURN_IF_ERROR(dp_->agree(std::move(st).prefixed("rollback")));
+  } else {
+    KILN_RETURN_IF_ERROR(
+        dp_->agree(load_checkpoint(*latest, params_.get(), &ck).prefixed("rollback")));
+  }
   StabilityState at_ck;
   spikes_ = std::make_unique<SpikeDetector>(config_.stability.spike);
   if (auto m = ck.extra.find("stability"); m != ck.extra.end()) {

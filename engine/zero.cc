@@ -39,6 +39,31 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::create(
 Status ZeroOptimizer::build(StateSource& source) {
   const int n = dp_.size(), r = dp_.rank();
   const bool low = params_.precision() != Precision::kFp32;
+  for (ParamUnit& u : params_.units()) {
+    Shard s;
+    s.numel = u.numel;
+    s.size = shard_numel(u.numel, n);
+    s.begin = s.size * r;
+    s.grad.reset(&be_, s.size);
+    s.m.reset(&be_, s.size);
+    s.v.reset(&be_, s.size);
+    if (master_sharded()) s.master.reset(&be_, s.size);  // the fp32 master weights: optimizer state
+    if (stage_ == 3) {
+      if (low) s.lp.reset(&be_, s.size);  // the working shard
+      s.weights = Weights::kAbsent;
+    } else if (low) {  // stages 1-2 keep the full working weights
+      u.lp.reset(&be_, u.numel);
+    } else {
+      u.master.reset(&be_, u.numel);
+    }
+    if (stage_ == 1) u.grad.reset(&be_, u.numel);
+    shards_.push_back(std::move(s));
+  }
+  return load(source);
+}
+
+Status ZeroOptimizer::load(StateSource& source) {
+  const bool low = params_.precision() != Precision::kFp32;
   std::vector<float> staging;  // host staging (devices only)
   DeviceArray<float> chunk;    // fp32 values before their bf16/fp16 rounding
   // dst[0, count) in the backend's low-precision type = the master weights [begin, begin+count).
@@ -61,46 +86,37 @@ Status ZeroOptimizer::build(StateSource& source) {
   for (size_t i = 0; i < units.size(); ++i) {
     const int ui = static_cast<int>(i);
     ParamUnit& u = units[i];
-    Shard s;
-    s.numel = u.numel;
-    s.size = shard_numel(u.numel, n);
-    s.begin = s.size * r;
-    // This rank's elements of the unit (zero past its end: the buffers start zero-filled).
+    Shard& s = shards_[i];
+    KILN_CHECK(s.weights != Weights::kInFlight && !pending_.work,
+               "ZeroOptimizer::load during a pass");
+    if (stage_ == 3 && s.weights == Weights::kResident) release(ui);
+    // This rank's elements of the unit (zero past its end: those stay zero).
     const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
-    s.grad.reset(&be_, s.size);
-    s.m.reset(&be_, s.size);
-    s.v.reset(&be_, s.size);
-    if (!source.zero_moments() && have) {
+    s.grad.zero();
+    if (source.zero_moments()) {
+      s.m.zero();
+      s.v.zero();
+    } else if (have) {
       KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kExpAvg, s.begin, have,
                                       s.m.data(), &staging));
       KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kExpAvgSq, s.begin, have,
                                       s.v.data(), &staging));
     }
-    if (master_sharded()) {  // the fp32 master weights are optimizer state here
-      s.master.reset(&be_, s.size);
-      if (have) {
-        KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kMaster, s.begin, have,
-                                        s.master.data(), &staging));
-      }
+    if (master_sharded() && have) {
+      KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kMaster, s.begin, have,
+                                      s.master.data(), &staging));
     }
     if (stage_ == 3) {
-      if (low) {  // the working shard: the master shard rounded (as sync_low_precision)
-        s.lp.reset(&be_, s.size);
+      if (low) {  // the master shard rounded (as sync_low_precision)
         be_.cast_from_fp32(s.lp.data(), params_.work_dtype(), s.master.data(), s.size);
       }
-      s.weights = Weights::kAbsent;
-    } else {  // stages 1-2 keep the full working weights
-      if (low) {
-        u.lp.reset(&be_, u.numel);
-        KILN_RETURN_IF_ERROR(read_low(ui, 0, u.numel, u.lp.data()));
-      } else {
-        u.master.reset(&be_, u.numel);
-        KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kMaster, 0, u.numel,
-                                        u.master.data(), &staging));
-      }
-      if (stage_ == 1) u.grad.reset(&be_, u.numel);  // zero-filled
+    } else if (low) {
+      KILN_RETURN_IF_ERROR(read_low(ui, 0, u.numel, u.lp.data()));
+    } else {
+      KILN_RETURN_IF_ERROR(read_state(source, be_, ui, ParamField::kMaster, 0, u.numel,
+                                      u.master.data(), &staging));
     }
-    shards_.push_back(std::move(s));
+    if (stage_ == 1) u.grad.zero();
   }
   return Status::ok();
 }

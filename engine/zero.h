@@ -76,6 +76,9 @@ class ZeroOptimizer final : public UnitHooks {
   ~ZeroOptimizer() override;
 
   int stage() const { return stage_; }
+  // Reads this rank's states again from `source` into the buffers it holds (as create does;
+  // between steps): a rollback to a checkpoint (CheckpointReader). Gradients are zeroed.
+  Status reload(StateSource& source) { return load(source); }
 
   // Before a step's first micro-batch: zeroes the gradient shards.
   void zero_grads();
@@ -116,7 +119,9 @@ class ZeroOptimizer final : public UnitHooks {
  private:
   ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp, const OptimizerConfig& config,
                 int stage, int prefetch, comm::ProcessGroup* tp, comm::ProcessGroup* dp_host);
+  // Allocates the shards and the full buffers the stage keeps, then load()s them.
   Status build(StateSource& source);
+  Status load(StateSource& source);
   enum class Weights { kAbsent, kInFlight, kResident };
   struct Shard {
     size_t numel = 0;   // the unit's N

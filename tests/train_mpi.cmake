@@ -2,7 +2,7 @@
 # bytes vs `kiln plan`, ZeRO-2/3 vs ZeRO-0, resume across world sizes and ZeRO stages, kill -9
 # of a rank during checkpoint writes.
 if(KILN_HAVE_MPI)
-  foreach(check equivalence resume zero kill signal hang startup)
+  foreach(check equivalence resume zero kill signal hang startup rollback)
     add_test(NAME train_mpi_${check}
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_mpi.sh ${check} $<TARGET_FILE:kiln>
                      ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_mpi ${MPIEXEC_EXECUTABLE})

@@ -37,6 +37,9 @@
 #                group, the step, and rank 1 as not arrived; the same on DP=2 x TP=2 ZeRO-3 with
 #                rank 3 stalled (ZeRO-3's asynchronous gathers). Without a stall, runs with the
 #                watchdog off (0) and on are bit-identical.
+#   rollback     a loss spike (an injected learning-rate burst) rolled back to the last checkpoint
+#                under DP=2 ZeRO-1 and ZeRO-3 (each rank rereads its shards) as under ZeRO-0: one
+#                rollback each, to the same step, the same losses and final parameters (1e-5).
 #   startup      the model states are built sharded (engine/zero.h create): for a model whose
 #                states dominate (74 MB in one process), DP=2 ZeRO-3 rank 0's start-up peak
 #                through the backend is 1/2 of one process's (within 5%) and equals `kiln plan`'s
@@ -315,6 +318,35 @@ hang)
   PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
 from train_compare import *
 worst, adiff = compare("watchdog off vs on", "on", "off", tol=0.0)
+finish()
+PY
+  ;;
+rollback)
+  # A learning-rate burst at step 25 makes a loss spike; stability.spike.action=rollback goes
+  # back to the step-20 checkpoint. Under ZeRO each rank reads its shards' ranges of it again
+  # (ZeroOptimizer::reload), so ZeRO-1 and ZeRO-3 roll back exactly as ZeRO-0 does.
+  RB=(--set schedule.type=constant --set optimizer.lr=3e-3 --set eval.every_steps=0
+      --set checkpoint.every_steps=10 --set stability.spike.warmup_steps=10
+      --set stability.spike.window=40 --set stability.spike.z_loss=6 --set stability.spike.z_grad=1000
+      --set stability.spike.action=rollback --set 'stability.inject_lr_burst_at=[25]'
+      --set stability.lr_burst_factor=300)
+  train 2 2 rb0 40 "${RB[@]}" 2>rb0.log
+  train 2 2 rb1 40 "${RB[@]}" --set parallel.zero_stage=1 2>rb1.log
+  train 2 2 rb3 40 "${RB[@]}" --set parallel.zero_stage=3 2>rb3.log
+  for run in rb1 rb3; do  # per-rank shards: the weights of one file
+    "$KILN" checkpoint consolidate "$run/checkpoints/step-00000040" -o "$run.safetensors" >/dev/null
+  done
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+import json
+from train_compare import *
+for run in ("rb0", "rb1", "rb3"):
+    ev = [json.loads(l) for l in open(f"{run}/stability.jsonl")]
+    rb = [e for e in ev if e["action"] == "rollback"]
+    print(f"{run}: rollbacks {[(e['step'], e['to_step']) for e in rb]}")
+    check(f"{run} rolled back once, to the step-20 checkpoint",
+          len(rb) == 1 and rb[0]["to_step"] == 20)
+compare("rollback: DP=2 ZeRO-1 vs ZeRO-0", "rb0", "rb1")
+compare("rollback: DP=2 ZeRO-3 vs ZeRO-0", "rb0", "rb3")
 finish()
 PY
   ;;
