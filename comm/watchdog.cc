@@ -17,6 +17,18 @@ namespace kiln::comm {
 
 using Clock = std::chrono::steady_clock;
 
+void test_stall(int world_rank, int64_t step) {
+  static const char* stall = std::getenv("KILN_TEST_STALL");  // RANK:STEP:SECONDS, tests only
+  if (stall == nullptr || *stall == '\0') return;
+  long rank = -1, at = -1;
+  double secs = 0;
+  if (std::sscanf(stall, "%ld:%ld:%lf", &rank, &at, &secs) != 3) return;
+  if (rank != world_rank || at != step) return;
+  KILN_LOG_WARN("rank {}: KILN_TEST_STALL: sleeping {} s at step {} before its collectives", rank,
+                secs, step);
+  std::this_thread::sleep_for(std::chrono::duration<double>(secs));
+}
+
 namespace detail {
 
 // The watchdog's record of one group (owned by the registry, never freed: a ProcessGroup keeps a
@@ -54,6 +66,7 @@ struct Registry {
   std::condition_variable cv;
   bool running = false, stopping = false;
   double timeout_s = 0;
+  std::string setting;  // what sets the timeout, for the message
   ProcessGroup* world = nullptr;
   std::unique_ptr<detail::WatchdogLink> link;
   std::thread thread;
@@ -117,7 +130,7 @@ std::string answer(const std::string& key) {
   const Op op = r.ops.begin()->second;
   const GroupWatch g = *op.group;
   const double waited = seconds_since(op.start), timeout = r.timeout_s;
-  const std::string context = r.context;
+  const std::string context = r.context, setting = r.setting;
   const int me = r.world->rank();
   std::vector<ProcessGroup*> outstanding;
   for (const auto& [id, o] : r.ops) outstanding.push_back(o.pg);
@@ -125,8 +138,9 @@ std::string answer(const std::string& key) {
   lk.unlock();
 
   KILN_LOG_ERROR("rank {}: collective timeout: {} #{} on group {} ({}, rank {} of {}) has not "
-                 "completed after {:.1f} s (parallel.collective_timeout_s {}){}",
-                 me, op.collective, op.seq, g.name, g.backend, g.rank, g.size, waited, timeout,
+                 "completed after {:.1f} s ({} {}){}",
+                 me, op.collective, op.seq, g.name, g.backend, g.rank, g.size, waited, setting,
+                 timeout,
                  context.empty() ? "" : "; this rank is at " + context);
   std::vector<int> peers;
   for (int w : g.world_ranks)
@@ -199,13 +213,14 @@ void run() {
 
 }  // namespace
 
-Status start_watchdog(ProcessGroup& world, double timeout_s) {
+Status start_watchdog(ProcessGroup& world, double timeout_s, const std::string& setting) {
   if (timeout_s <= 0) return Status::ok();
   Registry& r = reg();
   {
     std::lock_guard<std::mutex> lk(r.mu);
     if (r.running) {
       r.timeout_s = timeout_s;
+      r.setting = setting;
       return Status::ok();
     }
   }
@@ -215,6 +230,7 @@ Status start_watchdog(ProcessGroup& world, double timeout_s) {
     r.world = &world;
     r.link = std::move(link);
     r.timeout_s = timeout_s;
+    r.setting = setting;
     r.running = true;
     r.stopping = false;
     r.last_end = Clock::now();

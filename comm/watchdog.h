@@ -40,14 +40,20 @@ class ProcessGroup;
 // Starts the watchdog over `world` (the group every process is in; its abort() ends the job):
 // collectives outstanding longer than timeout_s stop the job. Collective over `world` (every rank
 // calls it at the same point: it may create the communicator the watchdog threads talk over).
-// timeout_s <= 0: nothing is started. Calling it again changes the timeout only.
-Status start_watchdog(ProcessGroup& world, double timeout_s);
+// timeout_s <= 0: nothing is started. Calling it again changes the timeout only. `setting`: the
+// config key or flag that set the timeout, named in the message.
+Status start_watchdog(ProcessGroup& world, double timeout_s,
+                      const std::string& setting = "parallel.collective_timeout_s");
 // Stops the thread (also registered at exit). Collectives are no longer watched.
 void stop_watchdog();
 // The timeout of the running watchdog, 0 when none runs.
 double watchdog_timeout_s();
 // What this rank is doing, for the messages (e.g. "step 12"): set by the training loop.
 void set_watchdog_context(const std::string& context);
+// Test-only: with KILN_TEST_STALL=RANK:STEP:SECONDS in the environment, world rank RANK sleeps
+// SECONDS when it reaches `step` (a rank that stops arriving; kiln train calls it before each
+// step's collectives, kiln prep with step 0 before its first). Nothing otherwise.
+void test_stall(int world_rank, int64_t step);
 
 namespace detail {
 

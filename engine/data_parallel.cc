@@ -127,15 +127,7 @@ DataParallel::~DataParallel() {
 
 void DataParallel::begin_step(int64_t step) {
   comm::set_watchdog_context("step " + std::to_string(step));
-  static const char* stall = std::getenv("KILN_TEST_STALL");  // RANK:STEP:SECONDS, tests only
-  if (stall == nullptr || *stall == '\0') return;
-  long rank = -1, at = -1;
-  double secs = 0;
-  if (std::sscanf(stall, "%ld:%ld:%lf", &rank, &at, &secs) != 3) return;
-  if (rank != world_rank() || at != step) return;
-  KILN_LOG_WARN("rank {}: KILN_TEST_STALL: sleeping {} s at step {} before its collectives", rank,
-                secs, step);
-  std::this_thread::sleep_for(std::chrono::duration<double>(secs));
+  comm::test_stall(world_rank(), step);
 }
 
 Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer,

@@ -35,8 +35,9 @@
 #                job exits non-zero long before the stall ends (not a hang: an outer timeout of
 #                90 s would give 124), and rank 0's message names itself, the collective and its
 #                group, the step, and rank 1 as not arrived; the same on DP=2 x TP=2 ZeRO-3 with
-#                rank 3 stalled (ZeRO-3's asynchronous gathers). Without a stall, runs with the
-#                watchdog off (0) and on are bit-identical.
+#                rank 3 stalled (ZeRO-3's asynchronous gathers); `kiln prep` on 2 ranks with
+#                rank 1 stalled before its first collective (--collective-timeout 2) likewise.
+#                Without a stall, runs with the watchdog off (0) and on are bit-identical.
 #   rollback     a loss spike (an injected learning-rate burst) rolled back to the last checkpoint
 #                under DP=2 ZeRO-1 and ZeRO-3 (each rank rereads its shards) as under ZeRO-0: one
 #                rollback each, to the same step, the same losses and final parameters (1e-5).
@@ -313,6 +314,20 @@ hang)
     expect tp.log "rank $r: not arrived: rank 3 .*: at step 2" "rank $r naming rank 3"
   done
   echo "hang: DP=2 x TP=2 ZeRO-3, rank 3 stalled at step 2: exit $RC"
+  # kiln prep under mpirun: rank 1 stalls before the first collective.
+  mkdir -p prep-in
+  for i in $(seq 1 30); do echo "{\"text\": \"document $i about $((i * 7)) things\"}"; done >prep-in/a.jsonl
+  set +e
+  KILN_TEST_STALL=1:0:120 timeout 90 "$MPI" -np 2 --oversubscribe "$KILN" prep --input prep-in \
+    --output prep-out --collective-timeout 2 >prep.log 2>&1
+  RC=$?
+  set -e
+  [ "$RC" != 0 ] && [ "$RC" != 124 ] ||
+    { echo "hang (kiln prep): exit $RC (124: the job hung until the outer timeout)"; exit 1; }
+  expect prep.log "rank 0: collective timeout: .* \(--collective-timeout 2\); this rank is at kiln prep" "prep's timed-out collective"
+  expect prep.log "rank 0: not arrived: rank 1 .*: at kiln prep" "prep naming rank 1"
+  grep -E "collective timeout|not arrived" prep.log | sed 's/^/  /'
+  echo "hang: kiln prep on 2 ranks, rank 1 stalled: exit $RC"
   train 2 2 on 4 2>on.log
   train 2 2 off 4 --set parallel.collective_timeout_s=0 2>off.log
   PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'

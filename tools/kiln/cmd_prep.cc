@@ -203,8 +203,10 @@ RunFn add_prep_command(CLI::App& root) {
     // watchdog (comm/watchdog.h) ends the job, as in kiln train. Ranks wait for each other at
     // the stage boundaries, so the timeout is generous (an unbalanced stage is not a hang).
     if (world.size() > 1) {
-      KILN_RETURN_IF_ERROR(comm::start_watchdog(world, f->collective_timeout));
+      KILN_RETURN_IF_ERROR(
+          comm::start_watchdog(world, f->collective_timeout, "--collective-timeout"));
       comm::set_watchdog_context("kiln prep");
+      comm::test_stall(world.rank(), 0);  // test-only (KILN_TEST_STALL=RANK:0:SECONDS)
     }
     prep::PrepRunOptions ro;
     ro.overwrite = f->overwrite;
