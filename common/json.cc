@@ -40,4 +40,13 @@ Result<nlohmann::json> parse_untrusted_json(std::string_view text, size_t max_de
   }
 }
 
+namespace detail {
+
+void throw_json_type_error(const std::string& expected, std::string shown) {
+  if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+  throw nlohmann::json::type_error::create(302, expected + ", not " + shown, nullptr);
+}
+
+}  // namespace detail
+
 }  // namespace kiln

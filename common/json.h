@@ -5,12 +5,27 @@
 // it was read. parse_untrusted_json() refuses input nested deeper than max_depth (counted over
 // arrays and objects, outside strings) before nlohmann sees it, with a kData error naming the
 // limit and the byte offset. Callers add the file with Status::with_file. Thread-safe.
+//
+// Integers read back from JSON (checkpoints, metrics, stage and index files, headers) go through
+// json_integer*(): nlohmann keeps an integer past 64 bits, or one written 1e3 or 1.5, as a
+// double, and get<int64_t>() of a double outside the type's range is undefined behaviour (and a
+// fractional one is silently truncated); get<uint64_t>() of -1 wraps. These take only a JSON
+// integer within T's range, else throw nlohmann::json::type_error (302) naming the key and the
+// value, so a caller's existing `catch (const nlohmann::json::exception&)` turns it into its
+// usual data error naming the file.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 
@@ -25,5 +40,64 @@ Status check_json_depth(std::string_view text, size_t max_depth = kMaxJsonDepth)
 // check_json_depth, then nlohmann::json::parse; "not valid JSON: ..." on a syntax error.
 Result<nlohmann::json> parse_untrusted_json(std::string_view text,
                                             size_t max_depth = kMaxJsonDepth);
+
+namespace detail {
+// Throws nlohmann::json::type_error (302): "<expected>, not <shown, cut to 40 bytes>".
+[[noreturn]] void throw_json_type_error(const std::string& expected, std::string shown);
+}  // namespace detail
+
+// v as T when it is a JSON integer within T's range; `what` names it in the error ("step").
+template <typename T, typename Json>
+T json_integer(const Json& v, std::string_view what) {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.template get<uint64_t>();
+    if (std::in_range<T>(u)) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    const int64_t i = v.template get<int64_t>();
+    if (std::in_range<T>(i)) return static_cast<T>(i);
+  }
+  detail::throw_json_type_error("'" + std::string(what) + "' must be an integer from " +
+                                    std::to_string(std::numeric_limits<T>::min()) + " to " +
+                                    std::to_string(std::numeric_limits<T>::max()),
+                                v.dump());
+}
+
+// obj.at(key) as T (at() throws out_of_range when the key is missing).
+template <typename T, typename Json>
+T json_integer_at(const Json& obj, const char* key) {
+  return json_integer<T>(obj.at(key), key);
+}
+
+// obj[key] as T, or `fallback` when obj has no such key (nlohmann's value(key, fallback)).
+template <typename T, typename Json>
+T json_integer_or(const Json& obj, const char* key, T fallback) {
+  auto it = obj.find(key);
+  return it == obj.end() ? fallback : json_integer<T>(*it, key);
+}
+
+// A JSON array of integers; `what` names the array ("shape").
+template <typename T, typename Json>
+std::vector<T> json_integers(const Json& a, std::string_view what) {
+  if (!a.is_array())
+    detail::throw_json_type_error("'" + std::string(what) + "' must be an array of integers",
+                                  a.dump());
+  std::vector<T> out;
+  out.reserve(a.size());
+  for (const auto& x : a) out.push_back(json_integer<T>(x, what));
+  return out;
+}
+
+// A JSON object whose values are integers; `what` names the object.
+template <typename T, typename Json>
+std::map<std::string, T> json_integer_map(const Json& o, std::string_view what) {
+  if (!o.is_object())
+    detail::throw_json_type_error("'" + std::string(what) + "' must be an object of integers",
+                                  o.dump());
+  std::map<std::string, T> out;
+  for (auto it = o.begin(); it != o.end(); ++it)
+    out[it.key()] = json_integer<T>(it.value(), std::string(what) + "." + it.key());
+  return out;
+}
 
 }  // namespace kiln

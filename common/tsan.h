@@ -78,7 +78,8 @@ class Body {
  public:
   Body(const ForkJoin* fj, F f) : guard_(nullptr), fj_(fj), f_(std::move(f)) { release(&guard_); }
   Body(const Body& o) : guard_(&o), fj_(o.fj_), f_(o.f_) { release(&guard_); }
-  Body(Body&& o) noexcept : guard_(&o), fj_(o.fj_), f_(std::move(o.f_)) { release(&guard_); }
+  Body(Body&& o) noexcept(std::is_nothrow_move_constructible_v<F>)
+      : guard_(&o), fj_(o.fj_), f_(std::move(o.f_)) { release(&guard_); }
   Body& operator=(const Body&) = delete;
 
   template <class... Args>

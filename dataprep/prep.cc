@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "common/atomic_file.h"
+#include "common/json.h"
 #include "common/hash.h"
 #include "common/text.h"
 #include "common/log.h"
@@ -361,7 +362,7 @@ nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
 
 std::string make_summary(const nlohmann::ordered_json& s, const std::string& out,
                          const std::vector<std::string>& examples = {}) {
-  auto u = [&](const char* k) { return s.value(k, uint64_t{0}); };
+  auto u = [&](const char* k) { return json_integer_or(s, k, uint64_t{0}); };
   std::string text = "kiln prep: " + std::to_string(u("docs_in")) + " documents in, " +
                      std::to_string(u("docs_out")) + " out (exact duplicates " +
                      std::to_string(u("exact_dups")) + ", near duplicates " +
@@ -370,26 +371,26 @@ std::string make_summary(const nlohmann::ordered_json& s, const std::string& out
   if (u("rejected") > 0) {
     text += "  rejected:";
     for (const auto& [k, v] : s["rejected_by_reason"].items())
-      if (v.get<uint64_t>() > 0) text += " " + k + " " + std::to_string(v.get<uint64_t>());
+      if (const auto n = json_integer<uint64_t>(v, k); n > 0) text += " " + k + " " + std::to_string(n);
     text += "  (see " + out + "/rejects/)\n";
   }
   const auto& d = s["dedup"];
-  LshParams p{d.value("bands", 0), d.value("rows", 0)};
+  LshParams p{json_integer_or(d, "bands", 0), json_integer_or(d, "rows", 0)};
   if (d.value("near", false)) {
     text += "  near-dup: Jaccard >= " + fmt("%.2f", d.value("threshold", 0.0)) + ", " +
-            std::to_string(d.value("num_perm", 0)) + " permutations, " +
-            std::to_string(d.value("ngram", 0)) + "-gram shingles; " + describe_lsh(p) + "\n";
-    text += "  clusters: " + std::to_string(d.value("clusters", uint64_t{0})) + " (largest " +
-            std::to_string(d.value("largest_cluster", uint64_t{0})) + "), candidate pairs " +
-            std::to_string(d.value("candidate_pairs", uint64_t{0})) + ", verified " +
-            std::to_string(d.value("verified_pairs", uint64_t{0})) + "\n";
+            std::to_string(json_integer_or(d, "num_perm", 0)) + " permutations, " +
+            std::to_string(json_integer_or(d, "ngram", 0)) + "-gram shingles; " + describe_lsh(p) + "\n";
+    text += "  clusters: " + std::to_string(json_integer_or(d, "clusters", uint64_t{0})) + " (largest " +
+            std::to_string(json_integer_or(d, "largest_cluster", uint64_t{0})) + "), candidate pairs " +
+            std::to_string(json_integer_or(d, "candidate_pairs", uint64_t{0})) + ", verified " +
+            std::to_string(json_integer_or(d, "verified_pairs", uint64_t{0})) + "\n";
   }
   for (const std::string& e : examples) text += "    e.g. " + e + "\n";
   text += "  domains:\n";
   for (const auto& [name, dj] : s["domains"].items()) {
-    text += "    " + name + ": " + std::to_string(dj.value("docs", uint64_t{0})) + " docs, " +
-            human_bytes(dj.value("bytes", uint64_t{0})) + ", " +
-            std::to_string(dj.value("tokens", uint64_t{0})) + " tokens\n";
+    text += "    " + name + ": " + std::to_string(json_integer_or(dj, "docs", uint64_t{0})) + " docs, " +
+            human_bytes(json_integer_or(dj, "bytes", uint64_t{0})) + ", " +
+            std::to_string(json_integer_or(dj, "tokens", uint64_t{0})) + " tokens\n";
   }
   text += "  time:";
   for (const auto& [k, v] : s["timings_s"].items()) text += " " + k + " " + fmt("%.2fs", v.get<double>());
@@ -416,7 +417,7 @@ Status write_index_meta(const Context& c, const std::vector<WriteResult>& result
   for (const WriteResult& w : results) {
     if (w.index_run.is_null()) return Status::internal("a rank wrote no index run");
     runs.push_back(w.index_run);
-    docs += w.index_run.value("docs", uint64_t{0});
+    docs += json_integer_or(w.index_run, "docs", uint64_t{0});
   }
   segments.push_back({{"name", index_segment_name(c.index_segment)},
                       {"docs", docs},
@@ -581,7 +582,7 @@ Status resume_exact(Context& c, const nlohmann::json& m, int) {
   // (memcpy from or to the null data() of an empty vector is undefined: UBSan, resuming a prep
   // whose corpus had no exact duplicates.)
   if (!c.exact_dups.empty()) std::memcpy(c.exact_dups.data(), bytes->data(), c.exact_dups.size() * 16);
-  c.dedup.spilled_bytes = m.value("spilled_bytes", uint64_t{0});
+  c.dedup.spilled_bytes = json_integer_or(m, "spilled_bytes", uint64_t{0});
   return Status::ok();
 }
 
@@ -618,8 +619,8 @@ Status run_annotator(Context& c, int, nlohmann::json* m) {
 Status resume_annotator(Context& c, const nlohmann::json& m, int done) {
   const auto& t = m.at("tokenizer");
   c.tokenizer.path = t.value("path", std::string());
-  c.tokenizer.vocab_size = t.value("vocab_size", uint64_t{0});
-  c.tokenizer.eos_id = t.value("eos_id", int64_t{-1});
+  c.tokenizer.vocab_size = json_integer_or(t, "vocab_size", uint64_t{0});
+  c.tokenizer.eos_id = json_integer_or(t, "eos_id", int64_t{-1});
   // The write stage still to run needs the annotator itself.
   if (done < kWrite) KILN_RETURN_IF_ERROR(comm::agree(*c.g, annotator_stage(c, /*fresh=*/false)));
   return Status::ok();
@@ -828,11 +829,11 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
       nlohmann::ordered_json stats = nlohmann::ordered_json::parse(stats_text, nullptr, false);
       if (stats.is_discarded()) return Status::data("not valid JSON").with_file(c.out + "/stats.json");
       result.summary = make_summary(stats, c.out) + "  (already complete: nothing to do)\n";
-      result.docs_in = stats.value("docs_in", uint64_t{0});
-      result.docs_out = stats.value("docs_out", uint64_t{0});
-      result.exact_dups = stats.value("exact_dups", uint64_t{0});
-      result.near_dups = stats.value("near_dups", uint64_t{0});
-      result.rejected = stats.value("rejected", uint64_t{0});
+      result.docs_in = json_integer_or(stats, "docs_in", uint64_t{0});
+      result.docs_out = json_integer_or(stats, "docs_out", uint64_t{0});
+      result.exact_dups = json_integer_or(stats, "exact_dups", uint64_t{0});
+      result.near_dups = json_integer_or(stats, "near_dups", uint64_t{0});
+      result.rejected = json_integer_or(stats, "rejected", uint64_t{0});
     }
     result.already_complete = true;
     // Killed after the dataset was complete but before the work folder went: finish the cleanup.

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "common/atomic_file.h"
+#include "common/json.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "common/stop_signal.h"
@@ -194,13 +195,13 @@ bool load_unit(Context& c, const FileRun& u, bool verify) {
   if (!marker.is_ok()) return false;
   const nlohmann::json& m = *marker;
   try {
-    if (m.at("first").get<uint32_t>() != u.first || m.at("last").get<uint32_t>() != u.last)
+    if (json_integer_at<uint32_t>(m, "first") != u.first || json_integer_at<uint32_t>(m, "last") != u.last)
       return false;
     for (const char* part : {"table", "rejects"}) {
       std::string path = c.unit_path(u, part == std::string("table") ? "tbl" : "rej");
       std::error_code ec;
       uint64_t size = std::filesystem::file_size(path, ec);
-      if (ec || size != m.at(part).at("bytes").get<uint64_t>()) return false;
+      if (ec || size != json_integer_at<uint64_t>(m.at(part), "bytes")) return false;
       if (verify) {
         auto h = xxh3_file(path);
         if (!h.is_ok() || hex64(*h) != m.at(part).at("xxh3").get<std::string>()) {

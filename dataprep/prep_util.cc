@@ -7,6 +7,7 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
+#include "common/json.h"
 #include "dataprep/prep_internal.h"
 
 namespace kiln::prep::detail {
@@ -44,11 +45,11 @@ nlohmann::json FileStats::to_json() const {
 
 FileStats FileStats::from_json(const nlohmann::json& j) {
   FileStats s;
-  s.docs_in = j.at("docs_in").get<uint64_t>();
-  s.valid = j.at("valid").get<uint64_t>();
-  s.text_bytes = j.at("text_bytes").get<uint64_t>();
-  s.repaired = j.at("repaired").get<uint64_t>();
-  auto r = j.at("rejected").get<std::vector<uint64_t>>();
+  s.docs_in = json_integer_at<uint64_t>(j, "docs_in");
+  s.valid = json_integer_at<uint64_t>(j, "valid");
+  s.text_bytes = json_integer_at<uint64_t>(j, "text_bytes");
+  s.repaired = json_integer_at<uint64_t>(j, "repaired");
+  auto r = json_integers<uint64_t>(j.at("rejected"), "rejected");
   for (size_t i = 0; i < r.size() && i < s.rejected.size(); ++i) s.rejected[i] = r[i];
   return s;
 }
@@ -81,9 +82,9 @@ nlohmann::json DedupStats::to_json() const {
 }
 DedupStats DedupStats::from_json(const nlohmann::json& j) {
   DedupStats d;
-  d.candidate_pairs = j.value("candidate_pairs", uint64_t{0});
-  d.verified_pairs = j.value("verified_pairs", uint64_t{0});
-  d.spilled_bytes = j.value("spilled_bytes", uint64_t{0});
+  d.candidate_pairs = json_integer_or(j, "candidate_pairs", uint64_t{0});
+  d.verified_pairs = json_integer_or(j, "verified_pairs", uint64_t{0});
+  d.spilled_bytes = json_integer_or(j, "spilled_bytes", uint64_t{0});
   return d;
 }
 
@@ -108,32 +109,32 @@ nlohmann::json WriteResult::to_json() const {
 
 WriteResult WriteResult::from_json(const nlohmann::json& j) {
   WriteResult w;
-  w.docs_out = j.at("docs_out").get<uint64_t>();
+  w.docs_out = json_integer_at<uint64_t>(j, "docs_out");
   if (j.contains("index_run")) w.index_run = j["index_run"];
   for (const auto& s : j.at("shards")) {
     WrittenShard ws;
     ws.path = s.at("path").get<std::string>();
     ws.domain = s.at("domain").get<std::string>();
-    ws.samples = s.at("samples").get<uint64_t>();
-    ws.tokens = s.at("tokens").get<uint64_t>();
-    ws.bytes = s.at("bytes").get<uint64_t>();
+    ws.samples = json_integer_at<uint64_t>(s, "samples");
+    ws.tokens = json_integer_at<uint64_t>(s, "tokens");
+    ws.bytes = json_integer_at<uint64_t>(s, "bytes");
     auto h = parse_hex64(s.at("xxh3").get<std::string>());
     ws.xxh3 = h.is_ok() ? *h : 0;
     ws.val = s.value("val", false);
-    ws.tar_bytes = s.value("tar_bytes", uint64_t{0});
+    ws.tar_bytes = json_integer_or(s, "tar_bytes", uint64_t{0});
     w.shards.push_back(ws);
   }
   for (const auto& [name, d] : j.at("domains").items()) {
     DomainStats ds;
-    ds.docs = d.at("docs").get<uint64_t>();
-    ds.tokens = d.at("tokens").get<uint64_t>();
-    ds.bytes = d.at("bytes").get<uint64_t>();
-    ds.domain_by = d.at("domain_by").get<std::map<std::string, uint64_t>>();
-    ds.val_docs = d.value("val_docs", uint64_t{0});
-    ds.val_tokens = d.value("val_tokens", uint64_t{0});
+    ds.docs = json_integer_at<uint64_t>(d, "docs");
+    ds.tokens = json_integer_at<uint64_t>(d, "tokens");
+    ds.bytes = json_integer_at<uint64_t>(d, "bytes");
+    ds.domain_by = json_integer_map<uint64_t>(d.at("domain_by"), "domain_by");
+    ds.val_docs = json_integer_or(d, "val_docs", uint64_t{0});
+    ds.val_tokens = json_integer_or(d, "val_tokens", uint64_t{0});
     w.domains[name] = ds;
   }
-  for (const auto& p : j.at("ids")) w.ids.emplace_back(p.at(0).get<uint64_t>(), p.at(1));
+  for (const auto& p : j.at("ids")) w.ids.emplace_back(json_integer<uint64_t>(p.at(0), "ids"), p.at(1));
   return w;
 }
 
@@ -230,7 +231,7 @@ Status write_blob(const std::string& path, const std::string& bytes, nlohmann::j
 Result<std::string> read_blob(const std::string& path, const nlohmann::json& info) {
   KILN_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
   if (!info.contains("bytes") || !info.contains("xxh3") ||
-      bytes.size() != info["bytes"].get<uint64_t>() ||
+      !info["bytes"].is_number_unsigned() || bytes.size() != info["bytes"].get<uint64_t>() ||
       hex64(xxh3_64(bytes)) != info["xxh3"].get<std::string>())
     return Status::data("work file does not match its recorded checksum").with_file(path);
   return bytes;

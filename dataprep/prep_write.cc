@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "common/atomic_file.h"
+#include "common/json.h"
 #include "common/hash.h"
 #include "common/text.h"
 #include "common/tsan.h"
@@ -215,8 +216,8 @@ ManifestTokenizer tokenizer_entry_from_json(const std::string& s) {
   nlohmann::json j = nlohmann::json::parse(s, nullptr, false);
   if (j.is_object()) {
     t.path = j.value("path", std::string());
-    t.vocab_size = j.value("vocab_size", uint64_t{0});
-    t.eos_id = j.value("eos_id", int64_t{-1});
+    t.vocab_size = json_integer_or(j, "vocab_size", uint64_t{0});
+    t.eos_id = json_integer_or(j, "eos_id", int64_t{-1});
   }
   return t;
 }

@@ -11,6 +11,7 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "engine/plan.h"
 #include "engine/safetensors.h"
@@ -328,11 +329,11 @@ Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& di
   try {
     ModelConfig m;
     const auto& jm = j.at("model");
-    m.vocab_size = jm.at("vocab_size").get<int64_t>();
-    m.d_model = jm.at("d_model").get<int64_t>();
-    m.n_layers = jm.at("n_layers").get<int64_t>();
-    m.n_heads = jm.at("n_heads").get<int64_t>();
-    m.seq_len = jm.at("seq_len").get<int64_t>();
+    m.vocab_size = json_integer_at<int64_t>(jm, "vocab_size");
+    m.d_model = json_integer_at<int64_t>(jm, "d_model");
+    m.n_layers = json_integer_at<int64_t>(jm, "n_layers");
+    m.n_heads = json_integer_at<int64_t>(jm, "n_heads");
+    m.seq_len = json_integer_at<int64_t>(jm, "seq_len");
     const std::string p = j.at("precision").get<std::string>();
     Precision prec = p == "bf16" ? Precision::kBf16 : p == "fp16" ? Precision::kFp16 : Precision::kFp32;
     return std::pair{m, prec};
@@ -347,16 +348,16 @@ namespace {
 // state.json's trainer fields (everything but the model shape and the file list).
 Status parse_trainer_state(const nlohmann::json& j, TrainerState* state) {
   state->precision = j.at("precision").get<std::string>();
-  state->step = j.at("step").get<int64_t>();
-  state->adam_updates = j.at("adam_updates").get<int64_t>();
-  state->tokens = j.at("tokens").get<int64_t>();
-  state->skipped_steps = j.at("skipped_steps").get<int64_t>();
-  state->seed = j.at("seed").get<uint64_t>();
+  state->step = json_integer_at<int64_t>(j, "step");
+  state->adam_updates = json_integer_at<int64_t>(j, "adam_updates");
+  state->tokens = json_integer_at<int64_t>(j, "tokens");
+  state->skipped_steps = json_integer_at<int64_t>(j, "skipped_steps");
+  state->seed = json_integer_at<uint64_t>(j, "seed");
   const auto& ls = j.at("loss_scaler");
   state->scaler.scale = ls.at("scale").get<double>();
-  state->scaler.clean_steps = ls.at("clean_steps").get<int64_t>();
-  state->scaler.hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
-  state->scaler.overflows = ls.at("overflows").get<int64_t>();
+  state->scaler.clean_steps = json_integer_at<int64_t>(ls, "clean_steps");
+  state->scaler.hysteresis_left = json_integer_at<int64_t>(ls, "hysteresis_left");
+  state->scaler.overflows = json_integer_at<int64_t>(ls, "overflows");
   state->data_state = j.at("data_state").get<std::string>();
   KILN_ASSIGN_OR_RETURN(state->mixture_hash, parse_hex64(j.at("mixture_hash").get<std::string>()));
   // "extra" came later: checkpoints without it resume with fresh policy/stability state.
@@ -620,12 +621,12 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
       KILN_ASSIGN_OR_RETURN(std::string mtext, read_file(meta_path));
       try {
         im.meta = nlohmann::json::parse(mtext);
-        lay.world = im.meta.at("world").get<int64_t>();
-        lay.dp = im.meta.at("dp").get<int64_t>();
-        lay.tp = im.meta.at("tp").get<int64_t>();
-        lay.zero_stage = im.meta.at("zero_stage").get<int64_t>();
-        lay.partitions = im.meta.at("partitions").get<int64_t>();
-        lay.tp_partitions = im.meta.value("tp_partitions", int64_t{1});  // absent before TP shards
+        lay.world = json_integer_at<int64_t>(im.meta, "world");
+        lay.dp = json_integer_at<int64_t>(im.meta, "dp");
+        lay.tp = json_integer_at<int64_t>(im.meta, "tp");
+        lay.zero_stage = json_integer_at<int64_t>(im.meta, "zero_stage");
+        lay.partitions = json_integer_at<int64_t>(im.meta, "partitions");
+        lay.tp_partitions = json_integer_or(im.meta, "tp_partitions", int64_t{1});  // absent before TP shards
       } catch (const nlohmann::json::exception& e) {
         return Status::data(std::string("malformed meta.json: ") + e.what()).with_file(meta_path);
       }

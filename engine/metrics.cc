@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "common/atomic_file.h"
+#include "common/json.h"
 
 namespace kiln::engine {
 namespace {
@@ -85,7 +86,11 @@ std::optional<LoggedWeights> last_logged_weights(const std::string& run_dir) {
     if (!j.is_object() || !j.contains("domain_weights") || !j["domain_weights"].is_object())
       continue;
     LoggedWeights w;
-    w.step = j.value("step", int64_t{0});
+    try {
+      w.step = json_integer_or(j, "step", int64_t{0});
+    } catch (const nlohmann::json::exception&) {
+      continue;  // a damaged line, as one that is not JSON
+    }
     for (const auto& [domain, value] : j["domain_weights"].items())
       if (value.is_number()) w.weights.set(domain, value.get<double>());
     last = std::move(w);
@@ -104,7 +109,7 @@ Result<std::unique_ptr<MetricsLog>> MetricsLog::open(const std::string& run_dir,
       if (line.empty()) continue;
       try {
         auto j = nlohmann::json::parse(line);
-        if (j.at("step").get<int64_t>() <= keep_through_step) kept += line + "\n";
+        if (json_integer_at<int64_t>(j, "step") <= keep_through_step) kept += line + "\n";
       } catch (const std::exception&) {
         // a torn last line from a killed run: dropped
       }

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/atomic_file.h"
+#include "common/json.h"
 #include "common/hash.h"
 #include "common/log.h"
 
@@ -25,7 +26,13 @@ nlohmann::json to_json_map(const WeightMap& w) {
 template <typename T>
 std::map<std::string, T> from_json_map(const nlohmann::json& j) {
   std::map<std::string, T> out;
-  for (auto it = j.begin(); it != j.end(); ++it) out[it.key()] = it.value().get<T>();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if constexpr (std::is_integral_v<T>) {
+      out[it.key()] = json_integer<T>(it.value(), it.key());  // a double past T's range is UB
+    } else {
+      out[it.key()] = it.value().get<T>();
+    }
+  }
   return out;
 }
 
@@ -214,7 +221,7 @@ Status MixController::open_history(int64_t step) {
     while (std::getline(in, line)) {
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-          j["step"].get<int64_t>() <= step)
+          j["step"].get<int64_t>() <= step)  // (an integer: no double-to-integer conversion)
         kept += line + "\n";
     }
   }

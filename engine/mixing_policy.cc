@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/atomic_file.h"
+#include "common/json.h"
 
 namespace kiln::engine {
 namespace fs = std::filesystem;
@@ -162,7 +163,7 @@ Result<MixState> MixState::from_json(const std::string& text, const std::string&
     s.policy = j.at("policy").get<std::string>();
     KILN_RETURN_IF_ERROR(parse_mix_policy(s.policy, "policy").status());
     s.paused = j.at("paused").get<bool>();
-    s.updates = j.at("updates").get<int64_t>();
+    s.updates = json_integer_at<int64_t>(j, "updates");
     s.weights = weights_from(j.at("weights"));
     s.weight_sum = weights_from(j.at("weight_sum"));
     s.reward = weights_from(j.at("reward"));

@@ -65,23 +65,6 @@ Status write_safetensors(const std::string& path, const std::vector<TensorView>&
 }
 
 namespace {
-// A JSON array of integers as T. nlohmann reads an integer past 64 bits as a double, and
-// get<integer>() of a double outside the type's range is undefined behaviour (fuzz finding
-// shape-dimension-past-int64-is-a-double): anything but integers throws.
-template <typename T>
-std::vector<T> json_integers(const nlohmann::json& a) {
-  if (!a.is_array()) throw std::runtime_error("not an array");
-  std::vector<T> out;
-  out.reserve(a.size());
-  for (const auto& x : a) {
-    if (!x.is_number_integer()) throw std::runtime_error("not an integer");
-    out.push_back(x.get<T>());
-  }
-  return out;
-}
-}  // namespace
-
-namespace {
 uint64_t header_length(const unsigned char* b) {
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(b[i]) << (8 * i);
@@ -180,13 +163,17 @@ Status SafetensorsFile::parse_header(std::string_view text, size_t data_size) {
     Entry e;
     try {
       e.dtype = v.at("dtype").get<std::string>();
-      e.shape = json_integers<int64_t>(v.at("shape"));
-      auto offs = json_integers<uint64_t>(v.at("data_offsets"));
+      // (integers only: nlohmann reads one past 64 bits as a double, fuzz finding
+      // shape-dimension-past-int64-is-a-double)
+      e.shape = json_integers<int64_t>(v.at("shape"), "shape");
+      auto offs = json_integers<uint64_t>(v.at("data_offsets"), "data_offsets");
       if (offs.size() != 2) throw std::runtime_error("data_offsets");
       e.begin = offs[0];
       e.end = offs[1];
-    } catch (const std::exception&) {
-      return Status::data("malformed tensor entry").with_file(path).with_key(it.key());
+    } catch (const std::exception& ex) {
+      return Status::data(std::string("malformed tensor entry: ") + ex.what())
+          .with_file(path)
+          .with_key(it.key());
     }
     size_t esize = safetensors_dtype_size(e.dtype);
     if (esize == 0) {

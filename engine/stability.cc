@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "common/log.h"
+#include "common/json.h"
 
 namespace kiln::engine {
 
@@ -214,13 +215,13 @@ Status StabilityState::from_json(const std::string& text, StabilityState* state,
   try {
     nlohmann::json j = nlohmann::json::parse(text);
     StabilityState s;
-    s.spikes = j.at("spikes").get<int64_t>();
-    s.spike_skips = j.at("spike_skips").get<int64_t>();
-    s.rollbacks = j.at("rollbacks").get<int64_t>();
-    s.bad_batches = j.at("bad_batches").get<int64_t>();
-    s.layer_clips = j.at("layer_clips").get<int64_t>();
-    s.nonfinite_in_row = j.at("nonfinite_in_row").get<int64_t>();
-    s.sequences = j.at("sequences").get<std::map<std::string, uint64_t>>();
+    s.spikes = json_integer_at<int64_t>(j, "spikes");
+    s.spike_skips = json_integer_at<int64_t>(j, "spike_skips");
+    s.rollbacks = json_integer_at<int64_t>(j, "rollbacks");
+    s.bad_batches = json_integer_at<int64_t>(j, "bad_batches");
+    s.layer_clips = json_integer_at<int64_t>(j, "layer_clips");
+    s.nonfinite_in_row = json_integer_at<int64_t>(j, "nonfinite_in_row");
+    s.sequences = json_integer_map<uint64_t>(j.at("sequences"), "sequences");
     auto lw = j.at("loss_window").get<std::vector<double>>();
     auto gw = j.at("grad_window").get<std::vector<double>>();
     if (detector) {
@@ -229,12 +230,13 @@ Status StabilityState::from_json(const std::string& text, StabilityState* state,
     }
     for (const auto& q : j.at("quarantined")) {
       Quarantine r;
-      r.from_step = q.at("from_step").get<int64_t>();
-      r.to_step = q.at("to_step").get<int64_t>();
-      r.spike_step = q.at("spike_step").get<int64_t>();
+      r.from_step = json_integer_at<int64_t>(q, "from_step");
+      r.to_step = json_integer_at<int64_t>(q, "to_step");
+      r.spike_step = json_integer_at<int64_t>(q, "spike_step");
       r.reason = q.at("reason").get<std::string>();
       for (auto it = q.at("sequences").begin(); it != q.at("sequences").end(); ++it)
-        r.sequences[it.key()] = {it.value().at(0).get<uint64_t>(), it.value().at(1).get<uint64_t>()};
+        r.sequences[it.key()] = {json_integer<uint64_t>(it.value().at(0), it.key()),
+                                  json_integer<uint64_t>(it.value().at(1), it.key())};
       s.quarantined.push_back(std::move(r));
     }
     *state = std::move(s);

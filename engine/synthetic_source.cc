@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "common/json.h"
 #include "engine/data_source.h"
 #include "engine/rng.h"
 
@@ -85,7 +86,7 @@ class SyntheticSource final : public DataSource {
     try {
       auto j = nlohmann::json::parse(state);
       if (j.at("kind") != "synthetic") return Status::data("checkpoint data state is not synthetic");
-      slot_ = j.at("slot").get<uint64_t>();
+      slot_ = json_integer_at<uint64_t>(j, "slot");
       weights_[0] = j.at("weights").at(0).get<double>();
       weights_[1] = j.at("weights").at(1).get<double>();
     } catch (const std::exception& e) {

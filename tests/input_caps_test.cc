@@ -4,19 +4,24 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "common/atomic_file.h"
 #include "common/json.h"
+#include "dataprep/dedup/dedup_index.h"
 #include "dataprep/ingest/doc_parser.h"
 #include "dataprep/ingest/line_reader.h"
 #include "dataprep/tagging/tagger.h"
 #include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_io.h"
+#include "engine/checkpoint.h"
+#include "engine/mixing_policy.h"
 #include "engine/mixture_control.h"
 #include "engine/safetensors.h"
+#include "engine/stability.h"
 #include "format/manifest.h"
 #include "format/npy.h"
 #include "format/shard_reader.h"
@@ -498,6 +503,177 @@ TEST_F(InputCaps, MixtureControlFileJustPastCap) {
   auto applied = watcher.poll();
   ASSERT_TRUE(applied.has_value());
   EXPECT_DOUBLE_EQ(applied->at("code"), 3.0);
+}
+
+// ---- integers read back from JSON -----------------------------------------------------------------
+
+// nlohmann keeps an integer past 64 bits, or one written 1e3 or 1.5, as a double, and
+// get<int64_t>() of a double outside int64's range is undefined behaviour (UBSan; the safetensors
+// fuzz finding shape-dimension-past-int64-is-a-double). Every integer Kiln reads back from a file
+// goes through json_integer*() (common/json.h), which takes only JSON integers in range.
+TEST_F(InputCaps, JsonIntegersMustBeIntegersInRange) {
+  const auto j = nlohmann::json::parse(R"({"ok": 7, "neg": -3, "frac": 1.5, "sci": 1e3,
+      "huge": 1e30, "past64": 18446744073709551616, "u64max": 18446744073709551615,
+      "str": "7", "arr": [1, 2.5], "map": {"a": 1, "b": -1}})");
+  EXPECT_EQ(json_integer_at<int64_t>(j, "ok"), 7);
+  EXPECT_EQ(json_integer_at<int>(j, "neg"), -3);
+  EXPECT_EQ(json_integer_at<uint64_t>(j, "u64max"), UINT64_MAX);
+  EXPECT_EQ(json_integer_or(j, "absent", int64_t{-1}), -1);
+  EXPECT_EQ(json_integer_or(j, "ok", int64_t{-1}), 7);
+  auto refused = [&](auto parse, const std::string& what) {
+    try {
+      parse();
+    } catch (const nlohmann::json::type_error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << what << " was accepted";
+  };
+  refused([&] { (void)json_integer_at<int64_t>(j, "frac"); }, "'frac' must be an integer from");
+  refused([&] { (void)json_integer_at<int64_t>(j, "sci"); }, "not 1000.0");
+  refused([&] { (void)json_integer_at<int64_t>(j, "huge"); }, "not 1e+30");
+  refused([&] { (void)json_integer_at<uint64_t>(j, "past64"); }, "'past64'");
+  refused([&] { (void)json_integer_at<int64_t>(j, "u64max"); }, "to 9223372036854775807");
+  refused([&] { (void)json_integer_at<uint64_t>(j, "neg"); }, "from 0 to 18446744073709551615");
+  EXPECT_EQ(json_integer_at<uint8_t>(j, "ok"), 7);
+  refused([&] { (void)json_integer<uint8_t>(nlohmann::json(256), "x"); },
+          "'x' must be an integer from 0 to 255, not 256");
+  refused([&] { (void)json_integer_at<int64_t>(j, "str"); }, "not \"7\"");
+  refused([&] { (void)json_integers<int64_t>(j.at("arr"), "arr"); }, "not 2.5");
+  refused([&] { (void)json_integers<int64_t>(j.at("ok"), "ok"); },
+          "'ok' must be an array of integers");
+  refused([&] { (void)json_integer_map<uint64_t>(j.at("map"), "map"); },
+          "'map.b' must be an integer");
+  EXPECT_EQ(json_integer_map<int64_t>(j.at("map"), "map").at("b"), -1);
+  EXPECT_THROW((void)json_integer_at<int64_t>(j, "absent"), nlohmann::json::out_of_range);
+}
+
+// A checkpoint's state.json with a count that is not a JSON integer in range (a hand edit, a
+// foreign writer, a damaged file) is a data error naming state.json and the key.
+TEST_F(InputCaps, CheckpointStateIntegersMustBeJsonIntegers) {
+  const std::string ckpt = path("step-00000004");
+  fs::create_directories(ckpt);
+  const nlohmann::json good = nlohmann::json::parse(R"({"format": "kiln-checkpoint/2",
+      "model": {"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "seq_len": 8},
+      "precision": "fp32", "step": 4, "adam_updates": 4, "tokens": 128, "skipped_steps": 0,
+      "seed": 1, "loss_scaler": {"scale": 1.0, "clean_steps": 0, "hysteresis_left": 2,
+      "overflows": 0}, "data_state": "", "mixture_hash": "0000000000000000"})");
+  auto write = [&](const nlohmann::json& j) {
+    ASSERT_TRUE(write_file_atomic(ckpt + "/state.json", j.dump()).is_ok());
+  };
+  write(good);
+  auto model = engine::checkpoint_model(ckpt);
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  EXPECT_EQ(model->first.d_model, 16);
+  auto state = engine::read_trainer_state(ckpt);
+  ASSERT_TRUE(state.is_ok()) << state.status().to_string();
+  EXPECT_EQ(state->tokens, 128);
+
+  struct Case {
+    std::string pointer;
+    nlohmann::json value;
+    std::string key;
+  };
+  const std::vector<Case> cases = {
+      {"/model/d_model", 1e30, "'d_model'"},
+      {"/model/vocab_size", 64.5, "'vocab_size'"},
+      {"/model/seq_len", nlohmann::json::parse("18446744073709551616"), "'seq_len'"},
+      {"/step", 1e30, "'step'"},
+      {"/tokens", 1.5, "'tokens'"},
+      {"/seed", -1, "'seed'"},
+      {"/loss_scaler/overflows", 1e19, "'overflows'"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json bad = good;
+    bad[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    write(bad);
+    Status st = c.pointer.starts_with("/model") ? engine::checkpoint_model(ckpt).status()
+                                                : engine::read_trainer_state(ckpt).status();
+    EXPECT_EQ(st.code(), StatusCode::kData) << c.pointer;
+    EXPECT_EQ(st.file(), ckpt + "/state.json") << c.pointer;
+    EXPECT_NE(st.message().find(c.key + " must be an integer"), std::string::npos)
+        << c.pointer << ": " << st.to_string();
+  }
+}
+
+// The manifest's counts: a double, a fraction or a negative count is refused naming the field.
+TEST_F(InputCaps, ManifestCountsMustBeJsonIntegers) {
+  const nlohmann::json good = nlohmann::json::parse(R"({"format": "kiln-shards/1",
+      "tokenizer": {"path": "tokenizer.json", "vocab_size": 8192, "eos_id": 0},
+      "domains": {"code": {"samples": 2, "tokens": 9, "shards": 1}},
+      "shards": [{"path": "shards/code/code-000000.tar.zst", "domain": "code", "samples": 2,
+                  "tokens": 9, "bytes": 77, "tar_bytes": 2048, "xxh3": "00000000000000ff"}]})");
+  ASSERT_TRUE(manifest_from_json(good.dump(), "manifest.json").is_ok());
+  const std::vector<std::pair<std::string, nlohmann::json>> cases = {
+      {"/shards/0/tokens", 1e30},
+      {"/shards/0/tar_bytes", 1.5},
+      {"/shards/0/bytes", -77},
+      {"/shards/0/samples", nlohmann::json::parse("18446744073709551616")},
+      {"/tokenizer/vocab_size", 8192.5},
+      {"/domains/code/tokens", 9e0},
+  };
+  for (const auto& [pointer, value] : cases) {
+    nlohmann::json bad = good;
+    bad[nlohmann::json::json_pointer(pointer)] = value;
+    auto r = manifest_from_json(bad.dump(), "manifest.json");
+    ASSERT_FALSE(r.is_ok()) << pointer;
+    EXPECT_EQ(r.status().code(), StatusCode::kData) << pointer;
+    EXPECT_EQ(r.status().file(), "manifest.json") << pointer;
+    std::string key = pointer.substr(1);
+    std::replace(key.begin(), key.end(), '/', '.');
+    if (key.starts_with("shards.0.")) key = "shards[0]." + key.substr(9);
+    EXPECT_EQ(r.status().key(), key) << r.status().to_string();
+  }
+}
+
+// The trainer's mixing and stability state (kept in checkpoints and RUN/control/): a count that
+// is not a JSON integer in range is a data error naming the key.
+TEST_F(InputCaps, MixingAndStabilityStateIntegersMustBeJsonIntegers) {
+  engine::MixState mix;
+  mix.policy = "static";
+  mix.weights = {{"web", 0.5}, {"code", 0.5}};
+  nlohmann::json m = nlohmann::json::parse(mix.to_json());
+  ASSERT_TRUE(engine::MixState::from_json(m.dump(), "mixing.json").is_ok());
+  for (const nlohmann::json& v : {nlohmann::json(1e30), nlohmann::json(2.5), nlohmann::json("3")}) {
+    m["updates"] = v;
+    auto r = engine::MixState::from_json(m.dump(), "mixing.json");
+    ASSERT_FALSE(r.is_ok()) << v;
+    EXPECT_EQ(r.status().code(), StatusCode::kData);
+    EXPECT_EQ(r.status().file(), "mixing.json");
+    EXPECT_NE(r.status().message().find("'updates'"), std::string::npos) << r.status().to_string();
+  }
+
+  const engine::SpikeDetector detector{engine::StabilityConfig::Spike{}};
+  nlohmann::json s = nlohmann::json::parse(engine::StabilityState{}.to_json(detector));
+  engine::StabilityState back;
+  ASSERT_TRUE(engine::StabilityState::from_json(s.dump(), &back, nullptr).is_ok());
+  s["rollbacks"] = 1e30;
+  Status st = engine::StabilityState::from_json(s.dump(), &back, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kData);
+  EXPECT_NE(st.message().find("'rollbacks'"), std::string::npos) << st.to_string();
+  s["rollbacks"] = 0;
+  s["sequences"] = {{"web", -1}};
+  st = engine::StabilityState::from_json(s.dump(), &back, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kData);
+  EXPECT_NE(st.message().find("'sequences.web'"), std::string::npos) << st.to_string();
+}
+
+// A dataset's dedup index settings (read by --against / --append): an int field past int's range
+// used to be narrowed silently, a double past it was undefined behaviour.
+TEST_F(InputCaps, DedupIndexSettingsMustBeJsonIntegers) {
+  nlohmann::json j = prep::DedupSettings{}.to_json();
+  ASSERT_TRUE(prep::DedupSettings::from_json(j, "index.json").is_ok());
+  for (const nlohmann::json& v : {nlohmann::json(int64_t{1} << 40), nlohmann::json(1e30),
+                                  nlohmann::json(128.5)}) {
+    j["num_perm"] = v;
+    auto r = prep::DedupSettings::from_json(j, "index.json");
+    ASSERT_FALSE(r.is_ok()) << v;
+    EXPECT_EQ(r.status().code(), StatusCode::kData);
+    EXPECT_EQ(r.status().file(), "index.json");
+    EXPECT_NE(r.status().message().find("'num_perm' must be an integer from -2147483648"),
+              std::string::npos)
+        << r.status().to_string();
+  }
 }
 
 }  // namespace

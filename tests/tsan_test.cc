@@ -15,10 +15,29 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace kiln {
 namespace {
+
+// A wrapped body's move is noexcept exactly when the body's is (oneTBB may copy instead of
+// moving a body whose move can throw).
+struct ThrowingMove {
+  ThrowingMove() = default;
+  ThrowingMove(const ThrowingMove&) = default;
+  ThrowingMove(ThrowingMove&&) noexcept(false) {}
+  void operator()() const {}
+};
+struct NothrowBody {
+  void operator()() const {}
+};
+static_assert(std::is_nothrow_move_constructible_v<
+              tsan::detail::Body<NothrowBody, tsan::detail::BodyKind::task>>);
+static_assert(std::is_nothrow_move_constructible_v<
+              tsan::detail::Body<std::function<void()>, tsan::detail::BodyKind::task>>);
+static_assert(!std::is_nothrow_move_constructible_v<
+              tsan::detail::Body<ThrowingMove, tsan::detail::BodyKind::task>>);
 
 TEST(Tsan, ParallelForTaskSeesCallerWritesAndCallerSeesTaskWrites) {
   std::vector<uint64_t> in(100000), out(in.size());

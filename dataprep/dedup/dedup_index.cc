@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "common/atomic_file.h"
+#include "common/json.h"
 #include "dataprep/dedup/external_sort.h"
 
 namespace kiln::prep {
@@ -125,11 +126,11 @@ Result<DedupSettings> DedupSettings::from_json(const nlohmann::json& j, const st
     s.exact = j.at("exact").get<bool>();
     s.near = j.at("near").get<bool>();
     s.threshold = j.at("threshold").get<double>();
-    s.num_perm = j.at("num_perm").get<int>();
-    s.bands = j.at("bands").get<int>();
-    s.rows = j.at("rows").get<int>();
-    s.ngram = j.at("ngram").get<int>();
-    s.seed = j.at("seed").get<uint64_t>();
+    s.num_perm = json_integer_at<int>(j, "num_perm");
+    s.bands = json_integer_at<int>(j, "bands");
+    s.rows = json_integer_at<int>(j, "rows");
+    s.ngram = json_integer_at<int>(j, "ngram");
+    s.seed = json_integer_at<uint64_t>(j, "seed");
     s.strip_punct = j.at("strip_punct").get<bool>();
     s.normalisation = j.at("normalisation").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
@@ -180,13 +181,13 @@ nlohmann::json IndexRunInfo::to_json() const {
 
 IndexRunInfo IndexRunInfo::from_json(const nlohmann::json& j) {
   IndexRunInfo r;
-  r.rank = j.at("rank").get<int>();
-  r.first = j.at("first").get<uint64_t>();
-  r.docs = j.at("docs").get<uint64_t>();
-  r.exact = j.at("exact").get<uint64_t>();
-  r.bands = j.at("bands").get<uint64_t>();
+  r.rank = json_integer_at<int>(j, "rank");
+  r.first = json_integer_at<uint64_t>(j, "first");
+  r.docs = json_integer_at<uint64_t>(j, "docs");
+  r.exact = json_integer_at<uint64_t>(j, "exact");
+  r.bands = json_integer_at<uint64_t>(j, "bands");
   r.links = j.contains("kept");  // a format-1 run: every entry is a kept document
-  r.kept = r.links ? j.at("kept").get<uint64_t>() : r.docs;
+  r.kept = r.links ? json_integer_at<uint64_t>(j, "kept") : r.docs;
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "engine/checkpoint.h"
 #include "engine/metrics.h"
 #include "engine/mix_controller.h"
@@ -74,8 +75,17 @@ void print_history(const std::string& run_dir, int limit) {
   std::vector<nlohmann::json> rows;
   std::string line;
   while (std::getline(in, line)) {
+    // Lines as the trainer writes them (a damaged one is skipped): an integer step within
+    // int64, and strings where there are strings.
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object()) rows.push_back(std::move(j));
+    auto string_or_absent = [&](const char* k) { return !j.contains(k) || j[k].is_string(); };
+    bool ok = j.is_object() && string_or_absent("event") && string_or_absent("policy");
+    try {
+      if (ok) (void)json_integer_at<int64_t>(j, "step");
+    } catch (const nlohmann::json::exception&) {
+      ok = false;
+    }
+    if (ok) rows.push_back(std::move(j));
   }
   if (rows.empty()) return;
   const auto& last = rows.back();
@@ -89,7 +99,7 @@ void print_history(const std::string& run_dir, int limit) {
   for (size_t i = from; i < rows.size(); ++i) {
     const auto& r = rows[i];
     std::printf("  step %8lld  %-7s %-9s %s\n",
-                static_cast<long long>(r.value("step", int64_t{0})),
+                static_cast<long long>(json_integer_at<int64_t>(r, "step")),
                 r.value("event", std::string()).c_str(), r.value("policy", std::string()).c_str(),
                 format_weights_line(r.value("weights", nlohmann::json())).c_str());
   }
