@@ -26,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_dir(const std::string& name) { return test::temp_dir("engine_prefetch", name); }
+using test::open_trainer;
 
 // A two-domain `kiln prep`-style dataset (zstd shards), made once per process.
 const std::string& dataset() {
@@ -47,15 +48,6 @@ TrainConfig tiny(const std::string& dir, const std::vector<std::string>& extra) 
       "model.seq_len=32",    "data.micro_batch=2", "data.grad_accum=3", "optimizer.lr=3e-3",
       "schedule.warmup_steps=3", "run.threads=2",  "run.dir=" + dir, "run.steps=12"};
   return test::config_from_sets(std::move(sets), extra);
-}
-
-std::unique_ptr<Trainer> open_trainer(const TrainConfig& c, bool resume = false) {
-  TrainOptions o;
-  o.resume = resume;
-  o.console = false;
-  auto t = Trainer::open(c, "# test\n", o);
-  KILN_CHECK(t.is_ok(), t.status().to_string());
-  return std::move(t).value();
 }
 
 // Every field the data and the arithmetic decide, bit for bit.

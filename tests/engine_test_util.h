@@ -1,15 +1,17 @@
-// Helpers shared by the engine tests: a fresh temporary run directory and a train config built
-// from `--set` style overrides (the test's base settings, then its extra ones).
+// Helpers shared by the engine tests: a fresh temporary run directory, a train config built
+// from `--set` style overrides (the test's base settings, then its extra ones) and a quiet trainer.
 #pragma once
 
 #include <unistd.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "engine/train_config.h"
+#include "engine/trainer.h"
 
 namespace kiln::engine::test {
 
@@ -31,6 +33,17 @@ inline TrainConfig config_from_sets(std::vector<std::string> sets,
   auto tc = parse_train_config(*cfg);
   KILN_CHECK(tc.is_ok(), tc.status().to_string());
   return *tc;
+}
+
+// A trainer for `c` without console output (resume: continue from the run directory's latest
+// checkpoint); a failure to open stops the test binary with the error.
+inline std::unique_ptr<Trainer> open_trainer(const TrainConfig& c, bool resume = false) {
+  TrainOptions o;
+  o.resume = resume;
+  o.console = false;
+  auto t = Trainer::open(c, "# test\n", o);
+  KILN_CHECK(t.is_ok(), t.status().to_string());
+  return std::move(t).value();
 }
 
 }  // namespace kiln::engine::test

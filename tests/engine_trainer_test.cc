@@ -20,6 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_dir(const std::string& name) { return test::temp_dir("engine_trainer", name); }
+using test::open_trainer;
 
 TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
   std::vector<std::string> sets = {
@@ -27,15 +28,6 @@ TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
       "model.seq_len=32",    "data.micro_batch=2", "data.grad_accum=2", "optimizer.lr=3e-3",
       "schedule.warmup_steps=3", "run.threads=2",  "run.dir=" + dir};
   return test::config_from_sets(std::move(sets), extra);
-}
-
-std::unique_ptr<Trainer> open_trainer(const TrainConfig& c, bool resume = false) {
-  TrainOptions o;
-  o.resume = resume;
-  o.console = false;
-  auto t = Trainer::open(c, "# test\n", o);
-  KILN_CHECK(t.is_ok(), t.status().to_string());
-  return std::move(t).value();
 }
 
 std::vector<nlohmann::json> read_metrics(const std::string& dir) {

@@ -21,6 +21,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 std::string temp_dir(const std::string& name) { return test::temp_dir("mix_controller", name); }
+using test::open_trainer;
 
 // Synthetic data: "markov" (a random bigram chain, loss floor ln 4) is the hard domain,
 // "repeat" (a repeated 16-token motif) the easy one.
@@ -31,15 +32,6 @@ TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
       "run.dir=" + dir, "run.steps=40", "eval.every_steps=10", "eval.sequences_per_domain=6",
       "mixing.update_every=5"};
   return test::config_from_sets(std::move(sets), extra);
-}
-
-std::unique_ptr<Trainer> open_trainer(const TrainConfig& c, bool resume = false) {
-  TrainOptions o;
-  o.resume = resume;
-  o.console = false;
-  auto t = Trainer::open(c, "# test\n", o);
-  KILN_CHECK(t.is_ok(), t.status().to_string());
-  return std::move(t).value();
 }
 
 std::vector<json> read_jsonl(const std::string& path) {
