@@ -15,10 +15,11 @@
 namespace kiln::comm {
 namespace {
 
-// The NCCL group of the world (one per process), or why there is none.
+// The NCCL group of the world (one per process), or why there is none: `skip` when this machine
+// cannot run the tests, `error` when it can and creating the group failed (a failure, not a skip).
 struct Fixture {
   std::unique_ptr<ProcessGroup> g;
-  std::string skip;
+  std::string skip, error;
 };
 Fixture& nccl() {
   static Fixture f = [] {
@@ -36,7 +37,7 @@ Fixture& nccl() {
                  "ranks on one); this machine has " + std::to_string(fewest);
     } else {
       auto g = make_nccl_group(w, w.rank() % count);
-      if (!g.is_ok()) out.skip = "make_nccl_group failed: " + g.status().to_string();
+      if (!g.is_ok()) out.error = "make_nccl_group failed: " + g.status().to_string();
       else out.g = std::move(g).value();
     }
     return out;
@@ -64,6 +65,7 @@ struct Dev {
 
 #define NCCL_GROUP_OR_SKIP()                          \
   Fixture& fx = nccl();                               \
+  if (!fx.error.empty()) FAIL() << fx.error;          \
   if (!fx.g) GTEST_SKIP() << fx.skip;                 \
   ProcessGroup& g = *fx.g;                            \
   const int n = g.size(), me = g.rank();              \
