@@ -1,6 +1,7 @@
 #include "comm/watchdog.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -214,7 +215,12 @@ void run() {
 }  // namespace
 
 Status start_watchdog(ProcessGroup& world, double timeout_s, const std::string& setting) {
-  if (timeout_s <= 0) return Status::ok();
+  // (NaN would pass `<= 0` and every comparison after it: a watchdog that spins and never fires.)
+  if (!std::isfinite(timeout_s) || timeout_s < 0) {
+    return Status::usage(setting + " must be a finite number of seconds >= 0 (0: off), got " +
+                         std::to_string(timeout_s));
+  }
+  if (timeout_s == 0) return Status::ok();
   Registry& r = reg();
   {
     std::lock_guard<std::mutex> lk(r.mu);

@@ -40,10 +40,20 @@ Result<nlohmann::json> parse_untrusted_json(std::string_view text, size_t max_de
   }
 }
 
+nlohmann::json parse_untrusted_json_or_discarded(std::string_view text, size_t max_depth) {
+  if (!check_json_depth(text, max_depth).is_ok()) return nlohmann::json(nlohmann::json::value_t::discarded);
+  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
+
+nlohmann::json parse_untrusted_json_or_throw(std::string_view text, size_t max_depth) {
+  if (Status st = check_json_depth(text, max_depth); !st.is_ok())
+    throw nlohmann::json::parse_error::create(101, 0, st.message(), nullptr);
+  return nlohmann::json::parse(text);
+}
+
 namespace detail {
 
-void throw_json_type_error(const std::string& expected, std::string shown) {
-  if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+void throw_json_type_error(const std::string& expected, const std::string& shown) {
   throw nlohmann::json::type_error::create(302, expected + ", not " + shown, nullptr);
 }
 

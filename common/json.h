@@ -41,9 +41,28 @@ Status check_json_depth(std::string_view text, size_t max_depth = kMaxJsonDepth)
 Result<nlohmann::json> parse_untrusted_json(std::string_view text,
                                             size_t max_depth = kMaxJsonDepth);
 
+// v for an error message: a scalar as JSON, an array or object by kind and size only (dumping one
+// recurses as deep as it nests, and it may be large). Cut to 40 bytes.
+template <typename Json>
+std::string json_shown(const Json& v) {
+  std::string s = v.is_array()    ? "an array of " + std::to_string(v.size())
+                  : v.is_object() ? "an object of " + std::to_string(v.size()) + " keys"
+                                  : v.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+// parse_untrusted_json, or a discarded value (is_discarded()) when the text is not valid JSON or
+// nests deeper than max_depth: for readers that skip what does not parse (lines of a log).
+nlohmann::json parse_untrusted_json_or_discarded(std::string_view text,
+                                                 size_t max_depth = kMaxJsonDepth);
+// parse_untrusted_json for code that handles nlohmann's exceptions: nesting deeper than max_depth
+// throws nlohmann::json::parse_error naming the limit, as invalid JSON does.
+nlohmann::json parse_untrusted_json_or_throw(std::string_view text, size_t max_depth = kMaxJsonDepth);
+
 namespace detail {
-// Throws nlohmann::json::type_error (302): "<expected>, not <shown, cut to 40 bytes>".
-[[noreturn]] void throw_json_type_error(const std::string& expected, std::string shown);
+// Throws nlohmann::json::type_error (302): "<expected>, not <shown>".
+[[noreturn]] void throw_json_type_error(const std::string& expected, const std::string& shown);
 }  // namespace detail
 
 // v as T when it is a JSON integer within T's range; `what` names it in the error ("step").
@@ -60,7 +79,7 @@ T json_integer(const Json& v, std::string_view what) {
   detail::throw_json_type_error("'" + std::string(what) + "' must be an integer from " +
                                     std::to_string(std::numeric_limits<T>::min()) + " to " +
                                     std::to_string(std::numeric_limits<T>::max()),
-                                v.dump());
+                                json_shown(v));
 }
 
 // obj.at(key) as T (at() throws out_of_range when the key is missing).
@@ -81,7 +100,7 @@ template <typename T, typename Json>
 std::vector<T> json_integers(const Json& a, std::string_view what) {
   if (!a.is_array())
     detail::throw_json_type_error("'" + std::string(what) + "' must be an array of integers",
-                                  a.dump());
+                                  json_shown(a));
   std::vector<T> out;
   out.reserve(a.size());
   for (const auto& x : a) out.push_back(json_integer<T>(x, what));
@@ -93,7 +112,7 @@ template <typename T, typename Json>
 std::map<std::string, T> json_integer_map(const Json& o, std::string_view what) {
   if (!o.is_object())
     detail::throw_json_type_error("'" + std::string(what) + "' must be an object of integers",
-                                  o.dump());
+                                  json_shown(o));
   std::map<std::string, T> out;
   for (auto it = o.begin(); it != o.end(); ++it)
     out[it.key()] = json_integer<T>(it.value(), std::string(what) + "." + it.key());

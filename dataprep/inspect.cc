@@ -15,6 +15,7 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
+#include "common/json.h"
 #include "common/text.h"
 #include "common/tsan.h"
 #include "format/manifest.h"
@@ -104,7 +105,7 @@ void check_shard(const Manifest& m, const ManifestShard& shard, const Tokenizer*
       out->problem(where + ": missing " + (txt ? ".json" : ".txt"));
       continue;
     }
-    auto j = nlohmann::json::parse(meta->data, nullptr, false);
+    auto j = parse_untrusted_json_or_discarded(meta->data);
     if (j.is_discarded() || !j.is_object()) {
       out->problem(where + ": .json is not a JSON object");
       continue;
@@ -160,7 +161,7 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
   const std::string stats_path = (fs::path(m.dir) / "stats.json").string();
   auto stats_text = read_file(stats_path);
   if (stats_text.is_ok()) {
-    stats = nlohmann::json::parse(*stats_text, nullptr, false);
+    stats = parse_untrusted_json_or_discarded(*stats_text);
     if (stats.is_discarded() || !stats.is_object()) {
       r.problems.push_back(stats_path + ": not a JSON object");
       stats = nlohmann::json::object();
@@ -352,7 +353,7 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
         const ShardMember* txt = sample.find("txt");
         const ShardMember* meta = sample.find("json");
         const ShardMember* npy = sample.find("tokens.npy");
-        auto j = meta ? nlohmann::json::parse(meta->data, nullptr, false) : nlohmann::json();
+        auto j = meta ? parse_untrusted_json_or_discarded(meta->data) : nlohmann::json();
         std::string id = j.is_object() && j.contains("id") ? j["id"].dump() : "?";
         std::string by = j.is_object() && j.contains("domain_by") && j["domain_by"].is_string()
                              ? " (" + j["domain_by"].get<std::string>() + ")"

@@ -213,7 +213,7 @@ std::string tokenizer_entry_json(const ManifestTokenizer& t) {
 
 ManifestTokenizer tokenizer_entry_from_json(const std::string& s) {
   ManifestTokenizer t;
-  nlohmann::json j = nlohmann::json::parse(s, nullptr, false);
+  nlohmann::json j = parse_untrusted_json_or_discarded(s);
   if (j.is_object()) {
     t.path = j.value("path", std::string());
     t.vocab_size = json_integer_or(j, "vocab_size", uint64_t{0});

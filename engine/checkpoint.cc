@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -306,9 +307,9 @@ Result<nlohmann::json> read_state_json(const fs::path& dir) {
   const std::string state_path = (dir / "state.json").string();
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(state_path));
   try {
-    nlohmann::json j = nlohmann::json::parse(text);
+    nlohmann::json j = parse_untrusted_json_or_throw(text);
     if (j.at("format") != kFormat && j.at("format") != kFormat1) {
-      return Status::data("unknown checkpoint format " + j.at("format").dump()).with_file(state_path);
+      return Status::data("unknown checkpoint format " + json_shown(j.at("format"))).with_file(state_path);
     }
     return j;
   } catch (const nlohmann::json::exception& e) {
@@ -334,6 +335,13 @@ Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& di
     m.n_layers = json_integer_at<int64_t>(jm, "n_layers");
     m.n_heads = json_integer_at<int64_t>(jm, "n_heads");
     m.seq_len = json_integer_at<int64_t>(jm, "seq_len");
+    // (`kiln checkpoint consolidate` builds the model from this shape: hold it to the config's
+    // bounds before anything is allocated.)
+    if (Status st = check_model_shape(m); !st.is_ok()) {
+      return Status::data("model shape: " + st.message())
+          .with_key(st.key())
+          .with_file((dir / "state.json").string());
+    }
     const std::string p = j.at("precision").get<std::string>();
     Precision prec = p == "bf16" ? Precision::kBf16 : p == "fp16" ? Precision::kFp16 : Precision::kFp32;
     return std::pair{m, prec};
@@ -365,6 +373,29 @@ Status parse_trainer_state(const nlohmann::json& j, TrainerState* state) {
   if (auto e = j.find("extra"); e != j.end() && e->is_object()) {
     for (auto it = e->begin(); it != e->end(); ++it) state->extra[it.key()] = it.value().get<std::string>();
   }
+  // What the run continues from, held to what a run can write: an edited or damaged value would
+  // otherwise train on silently (an AdamW step after -1 updates divides by zero and turns every
+  // weight to NaN; a negative step names checkpoints "step--0000006" and overwrites good ones).
+  auto refuse = [](const char* key, const std::string& what) { return Status::data(what).with_key(key); };
+  const int64_t step = state->step;
+  if (step < 0) return refuse("step", "must be >= 0, got " + std::to_string(step));
+  for (auto [key, v] : {std::pair{"adam_updates", state->adam_updates},
+                        std::pair{"skipped_steps", state->skipped_steps}}) {
+    if (v < 0 || v > step) {
+      return refuse(key, "must be in [0, step " + std::to_string(step) + "], got " +
+                             std::to_string(v));
+    }
+  }
+  for (auto [key, v] : {std::pair{"tokens", state->tokens},
+                        std::pair{"loss_scaler.clean_steps", state->scaler.clean_steps},
+                        std::pair{"loss_scaler.hysteresis_left", state->scaler.hysteresis_left},
+                        std::pair{"loss_scaler.overflows", state->scaler.overflows}}) {
+    if (v < 0) return refuse(key, "must be >= 0, got " + std::to_string(v));
+  }
+  if (!std::isfinite(state->scaler.scale) || state->scaler.scale <= 0) {
+    return refuse("loss_scaler.scale",
+                  "must be a finite number > 0, got " + std::to_string(state->scaler.scale));
+  }
   return Status::ok();
 }
 
@@ -375,7 +406,7 @@ Result<TrainerState> read_trainer_state(const std::string& dir_text) {
   KILN_ASSIGN_OR_RETURN(nlohmann::json j, read_state_json(dir));
   TrainerState state;
   try {
-    KILN_RETURN_IF_ERROR(parse_trainer_state(j, &state));
+    KILN_RETURN_IF_ERROR(parse_trainer_state(j, &state).with_file((dir / "state.json").string()));
   } catch (const nlohmann::json::exception& e) {
     return Status::data(std::string("malformed state.json: ") + e.what())
         .with_file((dir / "state.json").string());
@@ -453,10 +484,35 @@ Result<const ParamStore*> CheckpointReader::Impl::source(int64_t t) {
         for (size_t i = 0; i < units.size(); ++i) {
           if (mu[i].at("name") != units[i].name || mu[i].at("numel") != units[i].numel ||
               mu[i].at("partition_numel") != shard_numel(units[i].numel, lay.partitions)) {
-            return Status::data("meta.json unit " + mu[i].dump() + " does not match the model's " +
+            return Status::data("meta.json unit " + json_shown(mu[i]) + " does not match the model's " +
                                 units[i].name + " (" + std::to_string(units[i].numel) +
                                 " elements)")
                 .with_file(meta_path);
+          }
+        }
+        // And each tensor where this layout puts it: with other tensor order or alignment inside
+        // a unit (another Kiln version) the unit sizes can agree while the flat reads would land
+        // on other tensors' values.
+        if (auto mt = meta.find("tensors"); mt != meta.end()) {
+          const auto& tensors = s->tensors();
+          if (!mt->is_array() || mt->size() != tensors.size()) {
+            return Status::data("meta.json lists " + json_shown(*mt) + " as tensors, the model has " +
+                                std::to_string(tensors.size()))
+                .with_file(meta_path);
+          }
+          for (size_t i = 0; i < tensors.size(); ++i) {
+            const auto& e = (*mt)[i];
+            const ParamTensor& pt = tensors[i];
+            if (e.at("name") != pt.name || e.at("unit") != units[pt.unit].name ||
+                e.at("offset") != pt.offset || e.at("numel") != pt.numel ||
+                e.at("global_shape") != nlohmann::json(pt.global_shape)) {
+              return Status::data("meta.json tensor " + std::to_string(i) + " (" +
+                                  json_shown(e.at("name")) + ") is not where this model's " +
+                                  pt.name + " is (unit " + units[pt.unit].name + ", offset " +
+                                  std::to_string(pt.offset) + ", " + std::to_string(pt.numel) +
+                                  " elements)")
+                  .with_file(meta_path);
+            }
           }
         }
       } catch (const nlohmann::json::exception& e) {
@@ -620,7 +676,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
       const std::string meta_path = (dir / "meta.json").string();
       KILN_ASSIGN_OR_RETURN(std::string mtext, read_file(meta_path));
       try {
-        im.meta = nlohmann::json::parse(mtext);
+        im.meta = parse_untrusted_json_or_throw(mtext);
         lay.world = json_integer_at<int64_t>(im.meta, "world");
         lay.dp = json_integer_at<int64_t>(im.meta, "dp");
         lay.tp = json_integer_at<int64_t>(im.meta, "tp");
@@ -634,6 +690,15 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
     }
     if (lay.tp_partitions < 1) {
       return Status::data("meta.json: tp_partitions < 1").with_file((dir / "meta.json").string());
+    }
+    // Before any layout of that many TP ranks is made: the model must split over it.
+    if (lay.tp_partitions > 1 && !splits_over_tp(params.model(), lay.tp_partitions)) {
+      return Status::data("meta.json: tp_partitions " + std::to_string(lay.tp_partitions) +
+                          " does not split the model (model.n_heads " +
+                          std::to_string(params.model().n_heads) + " and model.vocab_size " +
+                          std::to_string(params.model().vocab_size) +
+                          " must be multiples of it)")
+          .with_file((dir / "meta.json").string());
     }
     im.files = j.at("files");
   } catch (const nlohmann::json::exception& e) {
@@ -653,7 +718,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open_consolidated(
   im.key = key;
   KILN_ASSIGN_OR_RETURN(const SafetensorsFile* f, im.file(path));
   if (auto m = f->metadata().find("model"); m != f->metadata().end()) {
-    nlohmann::json shape = nlohmann::json::parse(m->second, nullptr, false);
+    nlohmann::json shape = parse_untrusted_json_or_discarded(m->second);
     if (shape != model_json(params.model())) {
       return Status::config("the weights are of model " + m->second + ", the config's is " +
                             model_json(params.model()).dump())

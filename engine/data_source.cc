@@ -2,6 +2,13 @@
 
 namespace kiln::engine {
 
+std::string listed_samples(const std::vector<std::string>& samples) {
+  std::string listed;
+  for (size_t i = 0; i < samples.size() && i < 16; ++i) listed += (i ? ", " : "") + samples[i];
+  if (samples.size() > 16) listed += ", ... (" + std::to_string(samples.size()) + " in all)";
+  return listed;
+}
+
 Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config, DataRank rank);
 
 Result<std::unique_ptr<DataSource>> open_data_source(const TrainConfig& config, DataRank rank) {

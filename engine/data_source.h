@@ -28,6 +28,9 @@ struct MicroBatch {
   std::vector<std::string> samples;
 };
 
+// "a, b, ... (N in all)": the first 16 of a batch's samples, for a message naming them.
+std::string listed_samples(const std::vector<std::string>& samples);
+
 // A domain's fixed validation sequences (see engine/eval.h).
 struct ValidationSequences {
   int domain = 0;  // index into DataSource::domains()

@@ -82,7 +82,7 @@ std::optional<LoggedWeights> last_logged_weights(const std::string& run_dir) {
   std::optional<LoggedWeights> last;
   std::string line;
   while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const auto j = parse_untrusted_json_or_discarded(line);
     if (!j.is_object() || !j.contains("domain_weights") || !j["domain_weights"].is_object())
       continue;
     LoggedWeights w;
@@ -108,7 +108,7 @@ Result<std::unique_ptr<MetricsLog>> MetricsLog::open(const std::string& run_dir,
     while (std::getline(in, line)) {
       if (line.empty()) continue;
       try {
-        auto j = nlohmann::json::parse(line);
+        auto j = parse_untrusted_json_or_throw(line);
         if (json_integer_at<int64_t>(j, "step") <= keep_through_step) kept += line + "\n";
       } catch (const std::exception&) {
         // a torn last line from a killed run: dropped

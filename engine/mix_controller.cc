@@ -143,12 +143,22 @@ std::optional<std::string> MixController::read_policy_request(int64_t step) {
   const std::string path = policy_control_path(config_.run.dir);
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
+  // Read before every step: a file past the cap is refused unread, once per size it has.
+  constexpr uintmax_t kMaxPolicyBytes = 1 << 20;
+  if (const uintmax_t size = fs::file_size(path, ec); !ec && size > kMaxPolicyBytes) {
+    const uint64_t h = xxh3_64(std::to_string(size)) | 1;
+    if (h != policy_hash_) {
+      policy_hash_ = h;
+      KILN_LOG_WARN("step {}: ignoring {}: {} bytes, larger than 1 MiB", step, path, size);
+    }
+    return std::nullopt;
+  }
   auto text = read_file(path);
   if (!text.is_ok()) return std::nullopt;
   const uint64_t h = xxh3_64(*text) | 1;
   if (h == policy_hash_) return std::nullopt;
   policy_hash_ = h;  // acted on once: applied, or rejected with a log line
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  nlohmann::json j = parse_untrusted_json_or_discarded(*text);
   if (!j.is_object() || !j.contains("policy") || !j["policy"].is_string()) {
     KILN_LOG_WARN("step {}: ignoring {}: expected {{\"policy\": NAME}}", step, path);
     return std::nullopt;
@@ -198,7 +208,7 @@ std::string MixController::state_json() const {
 
 Status MixController::restore(const std::string& json) {
   try {
-    nlohmann::json j = nlohmann::json::parse(json);
+    nlohmann::json j = parse_untrusted_json_or_throw(json);
     KILN_ASSIGN_OR_RETURN(state_, MixState::from_json(j.at("state").dump(), "checkpoint mixing"));
     loss_sum_ = from_json_map<double>(j.at("loss_sum"));
     loss_steps_ = from_json_map<int64_t>(j.at("loss_steps"));
@@ -219,7 +229,7 @@ Status MixController::open_history(int64_t step) {
     std::ifstream in(path);
     std::string line;
     while (std::getline(in, line)) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
+      auto j = parse_untrusted_json_or_discarded(line);
       if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
           j["step"].get<int64_t>() <= step)  // (an integer: no double-to-integer conversion)
         kept += line + "\n";

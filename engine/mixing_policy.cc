@@ -158,7 +158,7 @@ std::string MixState::to_json() const {
 
 Result<MixState> MixState::from_json(const std::string& text, const std::string& origin) {
   try {
-    nlohmann::json j = nlohmann::json::parse(text);
+    nlohmann::json j = parse_untrusted_json_or_throw(text);
     MixState s;
     s.policy = j.at("policy").get<std::string>();
     KILN_RETURN_IF_ERROR(parse_mix_policy(s.policy, "policy").status());
@@ -254,7 +254,7 @@ Result<WeightMap> load_reference_loss(const std::string& path) {
     std::string line;
     while (std::getline(in, line)) {
       if (line.empty()) continue;
-      auto j = nlohmann::json::parse(line, nullptr, false);
+      auto j = parse_untrusted_json_or_discarded(line);
       if (!j.is_discarded() && j.is_object()) rows.push_back(std::move(j));
     }
     for (auto it = rows.rbegin(); it != rows.rend(); ++it) {
@@ -284,7 +284,7 @@ Result<WeightMap> load_reference_loss(const std::string& path) {
   }
   auto text = read_file(path);
   if (!text.is_ok()) return Status::config(text.status().to_string()).with_key(key);
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  nlohmann::json j = parse_untrusted_json_or_discarded(*text);
   if (j.is_object() && j.contains("loss")) j = j["loss"];
   if (!j.is_object() || j.empty()) {
     return Status::config(path + ": expected a JSON object {\"domain\": loss, ...}").with_key(key);

@@ -89,6 +89,12 @@ enum class ParamField { kMaster, kGrad, kExpAvg, kExpAvgSq };
 
 class ParamStore;
 
+// True when a model's tensors split over `tp` tensor-parallel ranks: heads and vocabulary rows in
+// equal parts (then d_model, 3 * d_model and 4 * d_model do too, n_heads dividing d_model).
+inline bool splits_over_tp(const ModelConfig& m, int64_t tp) {
+  return tp >= 1 && m.n_heads % tp == 0 && m.vocab_size % tp == 0;
+}
+
 // Where model states come from when they are built (start-up, resume): fp32 values of one field
 // (kMaster, kExpAvg, kExpAvgSq) of a unit's flat elements, in ranges.
 class StateSource {

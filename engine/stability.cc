@@ -213,7 +213,7 @@ std::string StabilityState::to_json(const SpikeDetector& detector) const {
 Status StabilityState::from_json(const std::string& text, StabilityState* state,
                                  SpikeDetector* detector) {
   try {
-    nlohmann::json j = nlohmann::json::parse(text);
+    nlohmann::json j = parse_untrusted_json_or_throw(text);
     StabilityState s;
     s.spikes = json_integer_at<int64_t>(j, "spikes");
     s.spike_skips = json_integer_at<int64_t>(j, "spike_skips");

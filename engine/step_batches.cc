@@ -31,10 +31,17 @@ StepBatches::Drawn StepBatches::draw(Set& set, size_t count) {
     if (!d.status.is_ok()) break;
     d.wait_ms += b.wait_ms;
     for (size_t i = 0; i < b.inputs.size() && d.status.is_ok(); ++i) {
-      if (b.inputs[i] < 0 || b.inputs[i] >= vocab_ || b.targets[i] >= vocab_) {
-        d.status = Status::data("token id " + std::to_string(std::max(b.inputs[i], b.targets[i])) +
-                                " is outside the model's vocabulary (model.vocab_size " +
-                                std::to_string(vocab_) + ")");
+      // Targets are token ids or -1 (padding, ignored by the loss); inputs are token ids.
+      const bool bad_input = b.inputs[i] < 0 || b.inputs[i] >= vocab_;
+      if (bad_input || b.targets[i] < -1 || b.targets[i] >= vocab_) {
+        const int64_t id = bad_input ? b.inputs[i] : b.targets[i];
+        d.status = Status::data("token id " + std::to_string(id) + " (as " +
+                                (bad_input ? "input" : "target") + " " + std::to_string(i) +
+                                " of a batch of " + std::to_string(b.inputs.size()) +
+                                ") is outside the model's vocabulary (model.vocab_size " +
+                                std::to_string(vocab_) + ")" +
+                                (b.samples.empty() ? std::string()
+                                                   : "; samples: " + listed_samples(b.samples)));
       }
       d.valid += b.targets[i] >= 0;
     }

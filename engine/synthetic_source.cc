@@ -84,7 +84,7 @@ class SyntheticSource final : public DataSource {
 
   Status restore(const std::string& state) override {
     try {
-      auto j = nlohmann::json::parse(state);
+      auto j = parse_untrusted_json_or_throw(state);
       if (j.at("kind") != "synthetic") return Status::data("checkpoint data state is not synthetic");
       slot_ = json_integer_at<uint64_t>(j, "slot");
       weights_[0] = j.at("weights").at(0).get<double>();

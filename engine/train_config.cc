@@ -202,19 +202,38 @@ Status read_steps(const Config& cfg, const std::string& key, std::vector<int64_t
 
 }  // namespace
 
+Status check_model_shape(const ModelConfig& m) {
+  struct Size {
+    const char* key;
+    int64_t value, lo, hi;
+  };
+  for (const Size& s : {Size{"model.vocab_size", m.vocab_size, 2, int64_t{1} << 31},
+                        Size{"model.d_model", m.d_model, 1, 1 << 20},
+                        Size{"model.n_layers", m.n_layers, 1, 1 << 16},
+                        Size{"model.n_heads", m.n_heads, 1, 1 << 16},
+                        Size{"model.seq_len", m.seq_len, 1, 1 << 24}}) {
+    if (s.value < s.lo || s.value > s.hi) {
+      return bad(s.key, "must be in [" + std::to_string(s.lo) + ", " + std::to_string(s.hi) +
+                            "], got " + std::to_string(s.value));
+    }
+  }
+  if (m.d_model % m.n_heads != 0) {
+    return bad("model.n_heads", "must divide model.d_model (" + std::to_string(m.d_model) + ")");
+  }
+  return Status::ok();
+}
+
 Result<TrainConfig> parse_train_config(const Config& cfg) {
   TrainConfig c;
   constexpr int64_t kBig = int64_t{1} << 40;
   // model
   ModelConfig& m = c.model;
-  KILN_RETURN_IF_ERROR(read_int(cfg, "model.vocab_size", 2, int64_t{1} << 31, &m.vocab_size));
-  KILN_RETURN_IF_ERROR(read_int(cfg, "model.d_model", 1, 1 << 20, &m.d_model));
-  KILN_RETURN_IF_ERROR(read_int(cfg, "model.n_layers", 1, 1 << 16, &m.n_layers));
-  KILN_RETURN_IF_ERROR(read_int(cfg, "model.n_heads", 1, 1 << 16, &m.n_heads));
-  KILN_RETURN_IF_ERROR(read_int(cfg, "model.seq_len", 1, 1 << 24, &m.seq_len));
-  if (m.d_model % m.n_heads != 0) {
-    return bad("model.n_heads", "must divide model.d_model (" + std::to_string(m.d_model) + ")");
-  }
+  KILN_ASSIGN_OR_RETURN(m.vocab_size, cfg.get<int64_t>("model.vocab_size"));
+  KILN_ASSIGN_OR_RETURN(m.d_model, cfg.get<int64_t>("model.d_model"));
+  KILN_ASSIGN_OR_RETURN(m.n_layers, cfg.get<int64_t>("model.n_layers"));
+  KILN_ASSIGN_OR_RETURN(m.n_heads, cfg.get<int64_t>("model.n_heads"));
+  KILN_ASSIGN_OR_RETURN(m.seq_len, cfg.get<int64_t>("model.seq_len"));
+  KILN_RETURN_IF_ERROR(check_model_shape(m));
   KILN_RETURN_IF_ERROR(read_enum<InitScheme>(
       cfg, "model.init", {{"gpt2", InitScheme::kGpt2}, {"deepnet", InitScheme::kDeepNet}}, &m.init));
   KILN_RETURN_IF_ERROR(read_real(cfg, "model.init_std", 0.0, 10.0, &m.init_std, true));

@@ -173,5 +173,8 @@ std::vector<std::string> train_config_open_paths();
 Result<Config> load_train_config(const std::string& file, const std::vector<std::string>& sets);
 // Typed, validated view. Errors are kConfig with the key.
 Result<TrainConfig> parse_train_config(const Config& cfg);
+// The bounds every model shape is held to (the config's, and a checkpoint's state.json): each
+// size within its range and n_heads dividing d_model; a kConfig error naming the model.* key.
+Status check_model_shape(const ModelConfig& m);
 
 }  // namespace kiln::engine

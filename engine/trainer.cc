@@ -293,14 +293,11 @@ Result<StepRecord> Trainer::skip_bad_batch(StepRecord rec, const BatchCheck& che
   ++state_.skipped_steps;
   std::vector<std::string> samples;
   for (const auto& b : batches_->batches()) samples.insert(samples.end(), b.samples.begin(), b.samples.end());
-  std::string listed;
-  for (size_t i = 0; i < samples.size() && i < 16; ++i) listed += (i ? ", " : "") + samples[i];
-  if (samples.size() > 16) listed += fmt::format(", ... ({} in all)", samples.size());
   KILN_LOG_WARN("step {}: bad batch skipped before the step: token {} is {:.1f}% of its {} "
                 "targets (stability.bad_batch_token_fraction {}){}",
                 rec.step, check.token, 100.0 * check.fraction, check.targets,
                 config_.stability.bad_batch_token_fraction,
-                samples.empty() ? std::string() : "; samples: " + listed);
+                samples.empty() ? std::string() : "; samples: " + listed_samples(samples));
   nlohmann::ordered_json ev = {{"step", rec.step},       {"action", "bad_batch"},
                                {"token", check.token},   {"fraction", check.fraction},
                                {"targets", check.targets}, {"samples", samples}};

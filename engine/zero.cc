@@ -485,7 +485,7 @@ std::vector<TensorView> ZeroOptimizer::checkpoint_partition(
       master = host(s.master.data(), s.size);
     } else {  // this rank's slice of the full buffer (zero past the unit's end)
       const size_t have = s.begin < u.numel ? std::min(s.size, u.numel - s.begin) : 0;
-      master = host(u.master.data() + s.begin, have);
+      master = host(have > 0 ? u.master.data() + s.begin : nullptr, have);
     }
     out.push_back({u.name + ".master", "F32", shape, master, bytes});
     out.push_back({u.name + ".exp_avg", "F32", shape, host(s.m.data(), s.size), bytes});

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/hash.h"
+#include "common/json.h"
 #include "loader/loader.h"
 
 namespace kiln::loader {
@@ -68,7 +69,7 @@ std::string LoaderState::to_json() const {
 Result<LoaderState> LoaderState::from_json(std::string_view text, const std::string& origin) {
   json j;
   try {
-    j = json::parse(text);
+    j = parse_untrusted_json_or_throw(text);
   } catch (const json::exception& e) {
     return bad(origin, "", std::string("not valid JSON: ") + e.what());
   }

@@ -30,6 +30,10 @@ TEST(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(run_kiln("").exit_code, 2);
   EXPECT_EQ(run_kiln("no-such-command").exit_code, 2);
   EXPECT_EQ(run_kiln("prep --no-such-flag").exit_code, 2);
+  // CLI::Range lets "nan" through: a NaN timeout left prep's watchdog spinning, never firing.
+  auto nan = run_kiln("prep --input /no/such --output /tmp/kiln_cli_nan --collective-timeout nan");
+  EXPECT_EQ(nan.exit_code, 2) << nan.output;
+  EXPECT_NE(nan.output.find("not a finite number"), std::string::npos) << nan.output;
 }
 
 }  // namespace

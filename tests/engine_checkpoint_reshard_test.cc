@@ -12,10 +12,14 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
 #include "engine/params.h"
@@ -259,6 +263,53 @@ TEST(CheckpointReshard, PartitionedCheckpointReadsAnyRange) {
   }
   EXPECT_EQ((*fresh)->tp_sources_read(), 1);
   fs::remove_all(path);
+}
+
+// A hand-edited or foreign meta.json is refused naming it, before anything is read: a
+// tensor-parallel size the model does not split over (it aborted in the ParamStore, or allocated
+// 2^32 source layouts), and tensors that are not where this model's layout puts them (another
+// order or alignment inside a unit reads other tensors' values with the same unit sizes).
+TEST(CheckpointReshard, ForeignMetaJsonIsRefusedNamingIt) {
+  const std::string run = write_checkpoint(2);
+  auto dir = latest_checkpoint(run);
+  ASSERT_TRUE(dir.is_ok()) << dir.status().to_string();
+  const std::string meta_path = (fs::path(*dir) / "meta.json").string();
+  std::string original;
+  {
+    std::ifstream in(meta_path);
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const nlohmann::json good = nlohmann::json::parse(original);
+  auto load_with = [&](const nlohmann::json& meta) {
+    std::ofstream(meta_path, std::ios::trunc) << meta.dump();
+    ParamStore mine(model(), Precision::kFp32, false, nullptr, TpShard{0, 2});
+    TrainerState st;
+    return load_checkpoint(*dir, &mine, &st);
+  };
+  ASSERT_TRUE(load_with(good).is_ok());
+  for (int64_t tp : {int64_t{4}, int64_t{5}, (int64_t{1} << 32) + 2}) {
+    nlohmann::json bad = good;
+    bad["tp_partitions"] = tp;
+    const Status st = load_with(bad);
+    EXPECT_EQ(st.code(), StatusCode::kData) << tp;
+    EXPECT_EQ(st.file(), meta_path) << tp;
+    EXPECT_NE(st.message().find("does not split the model"), std::string::npos) << st.to_string();
+  }
+  nlohmann::json moved = good;  // two tensors of a unit swapped: the same unit sizes
+  size_t i = 0;
+  while (i + 1 < moved["tensors"].size() && moved["tensors"][i]["unit"] != moved["tensors"][i + 1]["unit"]) ++i;
+  ASSERT_LT(i + 1, moved["tensors"].size());
+  std::swap(moved["tensors"][i]["offset"], moved["tensors"][i + 1]["offset"]);
+  Status st = load_with(moved);
+  EXPECT_EQ(st.code(), StatusCode::kData);
+  EXPECT_EQ(st.file(), meta_path);
+  EXPECT_NE(st.message().find("is not where this model's"), std::string::npos) << st.to_string();
+  nlohmann::json fewer = good;
+  fewer["tensors"].erase(fewer["tensors"].size() - 1);
+  st = load_with(fewer);
+  EXPECT_EQ(st.code(), StatusCode::kData);
+  EXPECT_NE(st.message().find("as tensors, the model has"), std::string::npos) << st.to_string();
+  ASSERT_TRUE(load_with(good).is_ok());
 }
 
 }  // namespace

@@ -209,18 +209,26 @@ TEST(StepBatches, DrawsAheadExactlyWhatComesNext) {
 }
 
 TEST(StepBatches, AnErrorDrawnAheadIsReportedByTheStepThatTakesIt) {
-  const TrainConfig c = source_config(false);
-  auto src = open_data_source(c);
-  ASSERT_TRUE(src.is_ok());
-  // A vocabulary smaller than the data's: the first micro-batch already fails.
-  StepBatches sb(src->get(), &cpu_backend(), c.data.micro_batch, c.model.seq_len, 5, true);
-  sb.prefetch(2);
-  const auto d = sb.take(2);
-  EXPECT_TRUE(d.prefetched);
-  EXPECT_EQ(d.status.code(), StatusCode::kData);
-  EXPECT_NE(d.status.message().find("outside the model's vocabulary (model.vocab_size 5)"),
-            std::string::npos)
-      << d.status.to_string();
+  for (bool loader_data : {false, true}) {
+    SCOPED_TRACE(loader_data ? "loader" : "synthetic");
+    const TrainConfig c = source_config(loader_data);
+    auto src = open_data_source(c);
+    ASSERT_TRUE(src.is_ok());
+    // A vocabulary smaller than the data's: the first micro-batch already fails.
+    StepBatches sb(src->get(), &cpu_backend(), c.data.micro_batch, c.model.seq_len, 5, true);
+    sb.prefetch(2);
+    const auto d = sb.take(2);
+    EXPECT_TRUE(d.prefetched);
+    EXPECT_EQ(d.status.code(), StatusCode::kData);
+    const std::string& msg = d.status.message();
+    EXPECT_NE(msg.find("outside the model's vocabulary (model.vocab_size 5)"), std::string::npos)
+        << msg;
+    // The id named is the offending one (>= 5), and loader data names the samples it came from.
+    const size_t at = msg.find("token id ");
+    ASSERT_NE(at, std::string::npos) << msg;
+    EXPECT_GE(std::stoll(msg.substr(at + 9)), 5) << msg;
+    EXPECT_EQ(msg.find("; samples: ") != std::string::npos, loader_data) << msg;
+  }
 }
 
 // ---- kiln train: on and off ----

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "common/atomic_file.h"
@@ -18,6 +19,7 @@
 #include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_io.h"
 #include "engine/checkpoint.h"
+#include "engine/metrics.h"
 #include "engine/mixing_policy.h"
 #include "engine/mixture_control.h"
 #include "engine/safetensors.h"
@@ -673,6 +675,107 @@ TEST_F(InputCaps, DedupIndexSettingsMustBeJsonIntegers) {
     EXPECT_NE(r.status().message().find("'num_perm' must be an integer from -2147483648"),
               std::string::npos)
         << r.status().to_string();
+  }
+}
+
+
+// ---- checkpoint and run files (review 7) ------------------------------------------------------
+
+// state.json, a metrics.jsonl line and the mixing state nested far past the cap: a data error
+// naming the file and the limit, or the line dropped - never the crash a recursive dump() of the
+// value gave (a stack overflow at ~100,000 levels, while building the error message).
+TEST_F(InputCaps, CheckpointAndRunJsonNestingCapped) {
+  const std::string ckpt = path("step-00000004");
+  fs::create_directories(ckpt);
+  for (size_t depth : {kMaxJsonDepth + 1, size_t{300000}}) {
+    SCOPED_TRACE(depth);
+    spit("step-00000004/state.json", "{\"format\": " + nested(depth) + ", \"step\": 1}");
+    for (const Status& st : {engine::checkpoint_model(ckpt).status(),
+                             engine::read_trainer_state(ckpt).status()}) {
+      EXPECT_EQ(st.code(), StatusCode::kData);
+      EXPECT_EQ(st.file(), ckpt + "/state.json");
+      EXPECT_NE(st.message().find("limit of " + std::to_string(kMaxJsonDepth)), std::string::npos)
+          << st.to_string();
+    }
+    fs::create_directories(path("run"));
+    spit("run/metrics.jsonl", "{\"step\": 1, \"loss\": 2.0}\n{\"step\": " + nested(depth) +
+                                  ", \"domain_weights\": {\"web\": 1}}\n");
+    EXPECT_FALSE(engine::last_logged_weights(path("run")).has_value());
+    auto log = engine::MetricsLog::open(path("run"), 5);
+    ASSERT_TRUE(log.is_ok()) << log.status().to_string();
+    log->reset();
+    EXPECT_EQ(*read_file(path("run/metrics.jsonl")), "{\"step\": 1, \"loss\": 2.0}\n");
+    engine::StabilityState back;
+    Status st = engine::StabilityState::from_json("{\"spikes\": " + nested(depth) + "}", &back, nullptr);
+    EXPECT_EQ(st.code(), StatusCode::kData);
+  }
+  // A structured value where an integer belongs is shown by kind and size, not dumped.
+  try {
+    (void)json_integer<int64_t>(nlohmann::json::parse(nested(200)), "step");
+    ADD_FAILURE() << "no error";
+  } catch (const nlohmann::json::type_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not an array of 1"), std::string::npos) << e.what();
+  }
+}
+
+// state.json's values are held to what a run writes: an AdamW step after -1 updates would turn
+// every weight to NaN, a negative step names checkpoints "step--0000006" and overwrites good ones.
+TEST_F(InputCaps, CheckpointStateValuesMustBeInRange) {
+  const std::string ckpt = path("step-00000004");
+  fs::create_directories(ckpt);
+  const nlohmann::json good = nlohmann::json::parse(R"({"format": "kiln-checkpoint/2",
+      "model": {"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "seq_len": 8},
+      "precision": "fp16", "step": 4, "adam_updates": 3, "tokens": 128, "skipped_steps": 1,
+      "seed": 1, "loss_scaler": {"scale": 0.5, "clean_steps": 0, "hysteresis_left": 2,
+      "overflows": 1}, "data_state": "", "mixture_hash": "0000000000000000"})");
+  auto write = [&](const nlohmann::json& j) {
+    ASSERT_TRUE(write_file_atomic(ckpt + "/state.json", j.dump()).is_ok());
+  };
+  write(good);
+  ASSERT_TRUE(engine::read_trainer_state(ckpt).is_ok());
+  ASSERT_TRUE(engine::checkpoint_model(ckpt).is_ok());
+  struct Case {
+    std::string pointer;
+    nlohmann::json value;
+    std::string key;
+  };
+  const std::vector<Case> state_cases = {
+      {"/step", -1, "step"},
+      {"/adam_updates", -1, "adam_updates"},
+      {"/adam_updates", 5, "adam_updates"},  // more updates than steps
+      {"/skipped_steps", -2, "skipped_steps"},
+      {"/tokens", -128, "tokens"},
+      {"/loss_scaler/scale", 0.0, "loss_scaler.scale"},
+      {"/loss_scaler/scale", -65536.0, "loss_scaler.scale"},
+      {"/loss_scaler/hysteresis_left", -1, "loss_scaler.hysteresis_left"},
+  };
+  for (const Case& c : state_cases) {
+    nlohmann::json bad = good;
+    bad[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    write(bad);
+    Status st = engine::read_trainer_state(ckpt).status();
+    EXPECT_EQ(st.code(), StatusCode::kData) << c.pointer;
+    EXPECT_EQ(st.file(), ckpt + "/state.json") << c.pointer;
+    EXPECT_EQ(st.key(), c.key) << c.pointer << ": " << st.to_string();
+  }
+  // The model shape `kiln checkpoint consolidate` builds from: the config's bounds, before any
+  // allocation (0, negative and INT64_MIN sizes aborted in the ParamStore).
+  const std::vector<Case> model_cases = {
+      {"/model/d_model", 0, "model.d_model"},
+      {"/model/d_model", -16, "model.d_model"},
+      {"/model/d_model", std::numeric_limits<int64_t>::min(), "model.d_model"},
+      {"/model/n_layers", int64_t{1} << 40, "model.n_layers"},
+      {"/model/vocab_size", 1, "model.vocab_size"},
+      {"/model/n_heads", 3, "model.n_heads"},  // does not divide d_model 16
+  };
+  for (const Case& c : model_cases) {
+    nlohmann::json bad = good;
+    bad[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    write(bad);
+    Status st = engine::checkpoint_model(ckpt).status();
+    EXPECT_EQ(st.code(), StatusCode::kData) << c.pointer;
+    EXPECT_EQ(st.file(), ckpt + "/state.json") << c.pointer;
+    EXPECT_EQ(st.key(), c.key) << c.pointer << ": " << st.to_string();
   }
 }
 

@@ -77,7 +77,7 @@ void print_history(const std::string& run_dir, int limit) {
   while (std::getline(in, line)) {
     // Lines as the trainer writes them (a damaged one is skipped): an integer step within
     // int64, and strings where there are strings.
-    auto j = nlohmann::json::parse(line, nullptr, false);
+    auto j = parse_untrusted_json_or_discarded(line);
     auto string_or_absent = [&](const char* k) { return !j.contains(k) || j[k].is_string(); };
     bool ok = j.is_object() && string_or_absent("event") && string_or_absent("policy");
     try {

@@ -143,7 +143,13 @@ RunFn add_prep_command(CLI::App& root) {
                   "under mpirun: a rank waiting longer than this in a collective stops every "
                   "rank, naming the ranks that did not arrive (default 3600; 0: off)")
       ->type_name("SECONDS")
-      ->check(CLI::Range(0.0, 1e7));
+      ->check(CLI::Range(0.0, 1e7))
+      ->check(CLI::Validator(
+          [](std::string& s) {  // CLI::Range lets "nan" through
+            return std::isfinite(std::strtod(s.c_str(), nullptr)) ? std::string()
+                                                                  : "not a finite number: " + s;
+          },
+          "FINITE"));
 
   return [f, sub]() -> Status {
     if (comm::launched_by_mpi() && !comm::mpi_available())
