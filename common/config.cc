@@ -90,15 +90,33 @@ Status Config::merge(const YAML::Node& schema, YAML::Node target, const YAML::No
     return Status::config("expected a mapping of keys").with_key(prefix.empty() ? "<top>" : prefix)
         .with_file(origin);
   }
+  // A key must be a name: YAML's explicit keys (`? [a, b]`, `? {a: 1}`, a bare `?`) are lists,
+  // mappings or null, which as<std::string>() throws on (a fuzz finding: kiln train aborted).
+  auto key_of = [&](const YAML::Node& k, std::string* out) {
+    if (!k.IsScalar()) {
+      return Status::config("a key must be a name, not " +
+                            std::string(k.IsNull() ? "empty" : k.IsMap() ? "a mapping" : "a list"))
+          .with_key(prefix.empty() ? "<top>" : prefix)
+          .with_file(origin)
+          .with_line(k.Mark().line + 1);  // (0, not shown, when the node has no position)
+    }
+    *out = k.Scalar();
+    return Status::ok();
+  };
   for (const auto& kv : user) {
-    std::string key = kv.first.as<std::string>();
+    std::string key;
+    KILN_RETURN_IF_ERROR(key_of(kv.first, &key));
     std::string path = prefix.empty() ? key : prefix + "." + key;
     YAML::Node schema_child = schema.IsMap() ? schema[key] : YAML::Node();
     if (is_open(path)) {
       // Free-form subtree: merge maps key by key so repeated --set calls accumulate.
       YAML::Node existing = target[key];
       if (kv.second.IsMap() && existing.IsMap()) {
-        for (const auto& child : kv.second) existing[child.first.as<std::string>()] = YAML::Clone(child.second);
+        for (const auto& child : kv.second) {
+          std::string child_key;
+          KILN_RETURN_IF_ERROR(key_of(child.first, &child_key));
+          existing[child_key] = YAML::Clone(child.second);
+        }
       } else {
         target[key] = YAML::Clone(kv.second);
       }

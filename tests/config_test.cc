@@ -74,6 +74,28 @@ TEST(Config, OpenPathsAcceptAnyChildKeys) {
   EXPECT_DOUBLE_EQ(*cfg->get<double>("data.mixture.code"), 0.3);
 }
 
+// YAML's explicit keys can be lists, mappings or empty: a config error naming the file and line,
+// at the top, under a section and under a free-form section (the fuzzer's train_config finding:
+// an uncaught yaml-cpp exception aborted kiln train).
+TEST(Config, KeysThatAreNotNamesAreConfigErrors) {
+  for (const std::string& text :
+       {std::string("? [a, b]\n: 1\n"), std::string("model:\n  ? {d_model: 1}\n  : 2\n"),
+        std::string("data:\n  mixture:\n    ? [web]\n    : 0.5\n"), std::string("?\n")}) {
+    SCOPED_TRACE(text);
+    auto path = write_temp(text);
+    auto cfg = Config::load(kDefaults, path, {}, {"data.mixture"});
+    ASSERT_FALSE(cfg.is_ok());
+    EXPECT_EQ(cfg.status().code(), StatusCode::kConfig);
+    EXPECT_EQ(cfg.status().file(), path);
+    EXPECT_NE(cfg.status().message().find("a key must be a name"), std::string::npos)
+        << cfg.status().to_string();
+  }
+  // --set builds its mapping from names, and free-form children merge as before.
+  auto ok = Config::load(kDefaults, write_temp("data:\n  mixture:\n    web: 0.5\n"), {},
+                         {"data.mixture"});
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+}
+
 TEST(Config, InvalidYamlNamesFileAndLine) {
   auto path = write_temp("model:\n  d_model: [1, 2\n");
   auto cfg = Config::load(kDefaults, path, {});
