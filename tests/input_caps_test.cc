@@ -550,16 +550,21 @@ TEST_F(InputCaps, JsonIntegersMustBeIntegersInRange) {
   EXPECT_THROW((void)json_integer_at<int64_t>(j, "absent"), nlohmann::json::out_of_range);
 }
 
+// A checkpoint's state.json as the trainer writes it (fp32, step 4), for the tests that edit it.
+nlohmann::json checkpoint_state() {
+  return nlohmann::json::parse(R"({"format": "kiln-checkpoint/2",
+      "model": {"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "seq_len": 8},
+      "precision": "fp32", "step": 4, "adam_updates": 4, "tokens": 128, "skipped_steps": 0,
+      "seed": 1, "loss_scaler": {"scale": 1.0, "clean_steps": 0, "hysteresis_left": 2,
+      "overflows": 0}, "data_state": "", "mixture_hash": "0000000000000000"})");
+}
+
 // A checkpoint's state.json with a count that is not a JSON integer in range (a hand edit, a
 // foreign writer, a damaged file) is a data error naming state.json and the key.
 TEST_F(InputCaps, CheckpointStateIntegersMustBeJsonIntegers) {
   const std::string ckpt = path("step-00000004");
   fs::create_directories(ckpt);
-  const nlohmann::json good = nlohmann::json::parse(R"({"format": "kiln-checkpoint/2",
-      "model": {"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "seq_len": 8},
-      "precision": "fp32", "step": 4, "adam_updates": 4, "tokens": 128, "skipped_steps": 0,
-      "seed": 1, "loss_scaler": {"scale": 1.0, "clean_steps": 0, "hysteresis_left": 2,
-      "overflows": 0}, "data_state": "", "mixture_hash": "0000000000000000"})");
+  const nlohmann::json good = checkpoint_state();
   auto write = [&](const nlohmann::json& j) {
     ASSERT_TRUE(write_file_atomic(ckpt + "/state.json", j.dump()).is_ok());
   };
@@ -723,11 +728,12 @@ TEST_F(InputCaps, CheckpointAndRunJsonNestingCapped) {
 TEST_F(InputCaps, CheckpointStateValuesMustBeInRange) {
   const std::string ckpt = path("step-00000004");
   fs::create_directories(ckpt);
-  const nlohmann::json good = nlohmann::json::parse(R"({"format": "kiln-checkpoint/2",
-      "model": {"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "seq_len": 8},
-      "precision": "fp16", "step": 4, "adam_updates": 3, "tokens": 128, "skipped_steps": 1,
-      "seed": 1, "loss_scaler": {"scale": 0.5, "clean_steps": 0, "hysteresis_left": 2,
-      "overflows": 1}, "data_state": "", "mixture_hash": "0000000000000000"})");
+  nlohmann::json good = checkpoint_state();  // an fp16 run with one overflow skipped
+  good["precision"] = "fp16";
+  good["adam_updates"] = 3;
+  good["skipped_steps"] = 1;
+  good["loss_scaler"]["scale"] = 0.5;
+  good["loss_scaler"]["overflows"] = 1;
   auto write = [&](const nlohmann::json& j) {
     ASSERT_TRUE(write_file_atomic(ckpt + "/state.json", j.dump()).is_ok());
   };
