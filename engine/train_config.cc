@@ -140,13 +140,19 @@ Status bad(const std::string& key, const std::string& msg) {
   return Status::config(msg).with_key(key);
 }
 
-// Reads an integer key and checks lo <= v <= hi.
-Status read_int(const Config& cfg, const std::string& key, int64_t lo, int64_t hi, int64_t* out) {
-  KILN_ASSIGN_OR_RETURN(int64_t v, cfg.get<int64_t>(key));
+// OK when lo <= v <= hi, else an error naming key.
+Status check_range(const std::string& key, int64_t v, int64_t lo, int64_t hi) {
   if (v < lo || v > hi) {
     return bad(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
                         std::to_string(v));
   }
+  return Status::ok();
+}
+
+// Reads an integer key and checks lo <= v <= hi.
+Status read_int(const Config& cfg, const std::string& key, int64_t lo, int64_t hi, int64_t* out) {
+  KILN_ASSIGN_OR_RETURN(int64_t v, cfg.get<int64_t>(key));
+  KILN_RETURN_IF_ERROR(check_range(key, v, lo, hi));
   *out = v;
   return Status::ok();
 }
@@ -203,20 +209,11 @@ Status read_steps(const Config& cfg, const std::string& key, std::vector<int64_t
 }  // namespace
 
 Status check_model_shape(const ModelConfig& m) {
-  struct Size {
-    const char* key;
-    int64_t value, lo, hi;
-  };
-  for (const Size& s : {Size{"model.vocab_size", m.vocab_size, 2, int64_t{1} << 31},
-                        Size{"model.d_model", m.d_model, 1, 1 << 20},
-                        Size{"model.n_layers", m.n_layers, 1, 1 << 16},
-                        Size{"model.n_heads", m.n_heads, 1, 1 << 16},
-                        Size{"model.seq_len", m.seq_len, 1, 1 << 24}}) {
-    if (s.value < s.lo || s.value > s.hi) {
-      return bad(s.key, "must be in [" + std::to_string(s.lo) + ", " + std::to_string(s.hi) +
-                            "], got " + std::to_string(s.value));
-    }
-  }
+  KILN_RETURN_IF_ERROR(check_range("model.vocab_size", m.vocab_size, 2, int64_t{1} << 31));
+  KILN_RETURN_IF_ERROR(check_range("model.d_model", m.d_model, 1, 1 << 20));
+  KILN_RETURN_IF_ERROR(check_range("model.n_layers", m.n_layers, 1, 1 << 16));
+  KILN_RETURN_IF_ERROR(check_range("model.n_heads", m.n_heads, 1, 1 << 16));
+  KILN_RETURN_IF_ERROR(check_range("model.seq_len", m.seq_len, 1, 1 << 24));
   if (m.d_model % m.n_heads != 0) {
     return bad("model.n_heads", "must divide model.d_model (" + std::to_string(m.d_model) + ")");
   }
