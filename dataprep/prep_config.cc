@@ -1,5 +1,6 @@
 #include "dataprep/prep_config.h"
 
+#include "dataprep/filter/filter.h"
 #include "dataprep/tagging/domain_rules.h"
 
 #include <cctype>
@@ -49,6 +50,7 @@ shards:
 split:
   val_fraction: 0.0
   val_min_docs: 0
+filters: []
 )";
 
 Result<uint64_t> parse_byte_size(const std::string& text) {
@@ -200,6 +202,9 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
     return range_error("split.val_fraction", "must be in [0, 0.5]");
   KILN_RETURN_IF_ERROR(get_into(c, "split.val_min_docs", &o.val_min_docs));
   if (o.val_min_docs > 1000000) return range_error("split.val_min_docs", "must be 0..1000000");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<filter::FilterChain> chain,
+                        filter::FilterChain::from_yaml(c.node("filters"), "filters"));
+  o.filters = std::move(chain);
   return o;
 }
 
