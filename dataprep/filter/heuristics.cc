@@ -636,6 +636,13 @@ Result<std::unique_ptr<Filter>> make_gopher_quality(Params& p) {
   for (const auto& w : words)
     if (std::find(unique.begin(), unique.end(), w) == unique.end()) unique.push_back(w);
   for (const auto& w : unique) f->stop_words.push_back(to_u32(w));
+  // As in datatrove, a rule set to 0 (or null) is off.
+  for (auto* o : {&f->min_doc_words, &f->max_doc_words, &f->min_stop_words})
+    if (o->has_value() && **o == 0) o->reset();
+  for (auto* o : {&f->min_avg_word_length, &f->max_avg_word_length, &f->max_symbol_word_ratio,
+                  &f->max_bullet_lines_ratio, &f->max_ellipsis_lines_ratio,
+                  &f->max_non_alpha_words_ratio})
+    if (o->has_value() && **o == 0) o->reset();
   return std::unique_ptr<Filter>(std::move(f));
 }
 
@@ -647,6 +654,9 @@ Result<std::unique_ptr<Filter>> make_gopher_repetition(Params& p) {
   KILN_RETURN_IF_ERROR(p.number("dup_para_char_frac", 0, 1, &f->dup_para_char_frac));
   KILN_RETURN_IF_ERROR(p.pairs("top_n_grams", 1, 64, &f->top_n_grams));
   KILN_RETURN_IF_ERROR(p.pairs("dup_n_grams", 1, 64, &f->dup_n_grams));
+  for (auto* o : {&f->dup_line_frac, &f->dup_para_frac, &f->dup_line_char_frac,
+                  &f->dup_para_char_frac})
+    if (o->has_value() && **o == 0) o->reset();  // 0 = off, as in datatrove
   return std::unique_ptr<Filter>(std::move(f));
 }
 

@@ -21,7 +21,7 @@ struct Span {
 
 bool is_space(char32_t c);  // Python str.isspace()
 bool is_alpha(char32_t c);  // Python str.isalpha(): Lu Ll Lt Lm Lo
-bool is_punct(char32_t c);  // Unicode P* or S* (and the C0/C1 controls that are not space)
+bool is_punct(char32_t c);  // Unicode P* or S*
 // Han ideographs, kana and CJK compatibility ideographs: scripts written without spaces, where a
 // character carries about a word.
 bool is_cjk(char32_t c);
