@@ -306,8 +306,14 @@ class GopherRepetition final : public Filter {
       return submod(s.cat_prefix[b], mulmod(s.cat_prefix[a], s.pow_chars[b - a])) ^
              (static_cast<uint64_t>(b - a) << 44);
     };
-    for (const auto& [m64, frac] : top_n_grams) {
-      const size_t m = static_cast<size_t>(m64);
+    // A CJK character is about half a word: in a text whose words are mostly CJK characters the
+    // n-gram rules take n-grams of 2n characters (else every common 5-character phrase of
+    // Japanese would count as a repeated 5-word passage).
+    size_t cjk = 0;
+    for (const Span& w : s.words) cjk += is_cjk_word(t, w);
+    const size_t scale = cjk * 2 > n ? 2 : 1;
+    for (const auto& [n64, frac] : top_n_grams) {
+      const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
       if (n < m) continue;
       const size_t grams = n - m + 1;
       s.table.reset(grams);
@@ -325,11 +331,11 @@ class GopherRepetition final : public Filter {
       if (r > frac) {
         static const char* const kTop[] = {"top_1_gram", "top_2_gram", "top_3_gram",
                                            "top_4_gram", "top_5_gram", "top_n_gram"};
-        return drop(d, kTop[m <= 5 ? m - 1 : 5], r, ">", frac);
+        return drop(d, kTop[m64 <= 5 ? m64 - 1 : 5], r, ">", frac);
       }
     }
-    for (const auto& [m64, frac] : dup_n_grams) {
-      const size_t m = static_cast<size_t>(m64);
+    for (const auto& [n64, frac] : dup_n_grams) {
+      const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
       uint64_t repeated = 0;
       if (n >= m) {
         s.table.reset(n - m + 1);
@@ -350,7 +356,7 @@ class GopherRepetition final : public Filter {
             "duplicated_4_n_grams", "duplicated_5_n_grams", "duplicated_6_n_grams",
             "duplicated_7_n_grams", "duplicated_8_n_grams", "duplicated_9_n_grams",
             "duplicated_10_n_grams", "duplicated_n_grams"};
-        return drop(d, kDup[std::min<size_t>(m, 11) - 1], r, ">", frac);
+        return drop(d, kDup[std::min<size_t>(m64, 11) - 1], r, ">", frac);
       }
     }
     return true;

@@ -164,15 +164,19 @@ def gopher_repetition(text, p):
     if p["dup_line_char_frac"] and chars / len(text) > p["dup_line_char_frac"]:
         raise Drop("dup_line_char_frac", chars / len(text), p["dup_line_char_frac"])
     ws = words(text)
+    # mostly CJK characters: n-grams of 2n characters (a character is about half a word)
+    scale = 2 if sum(1 for w in ws if len(w) == 1 and is_cjk(w)) * 2 > len(ws) else 1
     for n, frac in p["top_n_grams"]:
+        label, n = n, n * scale
         grams = [" ".join(ws[i:i + n]) for i in range(len(ws) - n + 1)]
         if not grams:
             continue
         gram, count = Counter(grams).most_common(1)[0]
         r = len(gram) * count / len(text)
         if r > frac:
-            raise Drop("top_%d_gram" % n, r, frac)
+            raise Drop("top_%d_gram" % label, r, frac)
     for n, frac in p["dup_n_grams"]:
+        label, n = n, n * scale
         seen, repeated, i = set(), 0, 0
         while i < len(ws) - n + 1:
             gram = "".join(ws[i:i + n])
@@ -183,7 +187,7 @@ def gopher_repetition(text, p):
                 seen.add(gram)
                 i += 1
         if repeated / len(text) > frac:
-            raise Drop("duplicated_%d_n_grams" % n, repeated / len(text), frac)
+            raise Drop("duplicated_%d_n_grams" % label, repeated / len(text), frac)
     return text
 
 
