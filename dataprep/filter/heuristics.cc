@@ -32,6 +32,24 @@ inline uint64_t addmod(uint64_t a, uint64_t b) {
 }
 inline uint64_t submod(uint64_t a, uint64_t b) { return a >= b ? a - b : a + kMod - b; }
 constexpr uint64_t kBase = 0x1a2b3c4d5e6f7ull % kMod;
+constexpr uint64_t kWordBase = 0x5bd1e9955bd1e99ull % kMod;
+
+// kBase^n: a table for the common lengths, square-and-multiply beyond.
+uint64_t power(uint64_t n) {
+  static const std::vector<uint64_t> table = [] {
+    std::vector<uint64_t> v(4096, 1);
+    for (size_t i = 1; i < v.size(); ++i) v[i] = mulmod(v[i - 1], kBase);
+    return v;
+  }();
+  if (n < table.size()) return table[n];
+  uint64_t r = 1, b = kBase;
+  while (n) {
+    if (n & 1) r = mulmod(r, b);
+    b = mulmod(b, b);
+    n >>= 1;
+  }
+  return r;
+}
 
 // Open-addressing set / counter over 64-bit keys (0 is mapped to 1), reused per thread.
 class KeyTable {
@@ -66,6 +84,10 @@ class KeyTable {
     ++counts_[i];
     return i;
   }
+  // Starts loading the slot a later insert or count of this key will probe.
+  void prefetch(uint64_t key) const {
+    __builtin_prefetch(keys_.data() + (static_cast<size_t>((fix(key) * 0x9E3779B97F4A7C15ull) >> 20) & mask_));
+  }
   uint32_t count_at(size_t i) const { return counts_[i]; }
   uint32_t first_at(size_t i) const { return firsts_[i]; }
 
@@ -85,10 +107,11 @@ class KeyTable {
 struct Scratch {
   std::vector<char32_t> cp;
   std::vector<Span> words, lines, parts, tokens;
-  std::vector<uint64_t> word_prefix, cat_prefix, pow_words, pow_chars;
+  std::vector<uint64_t> word_prefix, cat_prefix, pow_words;
   std::vector<uint32_t> cat_off;
   KeyTable table;
-  std::string out;
+  std::string out, lower;
+  std::vector<uint32_t> byte_at;
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -277,34 +300,28 @@ class GopherRepetition final : public Filter {
     // sequence decides) and over the concatenated code points (n-grams as "".join, which
     // datatrove compares: ["ab", "c"] and ["a", "bc"] are the same 2-gram there).
     s.word_prefix.assign(n + 1, 0);
+    s.cat_prefix.assign(n + 1, 0);
     s.cat_off.assign(n + 1, 0);
     s.pow_words.assign(n + 1, 1);
     for (size_t i = 0; i < n; ++i) {
       const Span w = s.words[i];
-      s.word_prefix[i + 1] = addmod(mulmod(s.word_prefix[i], kBase), span_hash(t, w) % kMod);
+      uint64_t h = 0;  // polynomial hash of the word's code points (Horner)
+      for (uint32_t c = w.begin; c < w.end; ++c) h = addmod(mulmod(h, kBase), t[c] + 1);
+      s.cat_prefix[i + 1] = addmod(mulmod(s.cat_prefix[i], power(w.size())), h);
+      s.word_prefix[i + 1] =
+          addmod(mulmod(s.word_prefix[i], kWordBase), (h ^ (uint64_t{w.size()} << 48)) % kMod);
       s.cat_off[i + 1] = s.cat_off[i] + w.size();
-      s.pow_words[i + 1] = mulmod(s.pow_words[i], kBase);
-    }
-    const uint32_t cat_len = s.cat_off[n];
-    s.cat_prefix.assign(cat_len + 1, 0);
-    s.pow_chars.assign(cat_len + 1, 1);
-    {
-      uint32_t k = 0;
-      for (size_t i = 0; i < n; ++i) {
-        for (uint32_t c = s.words[i].begin; c < s.words[i].end; ++c, ++k) {
-          s.cat_prefix[k + 1] = addmod(mulmod(s.cat_prefix[k], kBase), t[c] + 1);
-          s.pow_chars[k + 1] = mulmod(s.pow_chars[k], kBase);
-        }
-      }
+      s.pow_words[i + 1] = mulmod(s.pow_words[i], kWordBase);
     }
     auto word_key = [&](size_t i, size_t m) {
       return submod(s.word_prefix[i + m], mulmod(s.word_prefix[i], s.pow_words[m])) ^
              (static_cast<uint64_t>(m) << 61);
     };
+    // The hash of the concatenated code points of words [i, i + m): that of a string.
     auto cat_key = [&](size_t i, size_t m) {
-      const uint32_t a = s.cat_off[i], b = s.cat_off[i + m];
-      return submod(s.cat_prefix[b], mulmod(s.cat_prefix[a], s.pow_chars[b - a])) ^
-             (static_cast<uint64_t>(b - a) << 44);
+      const uint32_t len = s.cat_off[i + m] - s.cat_off[i];
+      return submod(s.cat_prefix[i + m], mulmod(s.cat_prefix[i], power(len))) ^
+             (static_cast<uint64_t>(len) << 44);
     };
     // A CJK character is about half a word: in a text whose words are mostly CJK characters the
     // n-gram rules take n-grams of 2n characters (else every common 5-character phrase of
@@ -318,7 +335,9 @@ class GopherRepetition final : public Filter {
       const size_t grams = n - m + 1;
       s.table.reset(grams);
       uint32_t best_count = 0, best_first = 0;
+      constexpr size_t kAhead = 16;
       for (size_t i = 0; i < grams; ++i) {
+        if (i + kAhead < grams) s.table.prefetch(word_key(i + kAhead, m));
         size_t slot = s.table.count(word_key(i, m), static_cast<uint32_t>(i));
         uint32_t c = s.table.count_at(slot), f = s.table.first_at(slot);
         if (c > best_count || (c == best_count && f < best_first)) {
@@ -341,6 +360,7 @@ class GopherRepetition final : public Filter {
         s.table.reset(n - m + 1);
         size_t i = 0;
         while (i + m <= n) {
+          if (i + 16 + m <= n) s.table.prefetch(cat_key(i + 16, m));
           if (s.table.insert(cat_key(i, m))) {
             repeated += s.cat_off[i + m] - s.cat_off[i];
             i += m;
@@ -395,22 +415,17 @@ uint64_t count_sentences(const std::vector<char32_t>& t, Span line) {
   return n + (content ? 1 : 0);
 }
 
-// Lower-case comparison for the c4 phrases, as `phrase in line.lower()`: the phrases are ASCII
-// letters and spaces, and str.lower() turns no other character into one of those except
-// U+212A KELVIN SIGN (into k; U+0130 lowers to "i" + U+0307, which breaks the phrase anyway).
-char32_t lower_for_match(char32_t c) {
-  if (c >= 'A' && c <= 'Z') return c + 32;
-  if (c == 0x212A) return 'k';
-  return c;
-}
-bool contains_lower(const std::vector<char32_t>& t, Span s, std::u32string_view needle) {
-  const uint32_t m = static_cast<uint32_t>(needle.size());
-  for (uint32_t i = s.begin; i + m <= s.end; ++i) {
-    uint32_t k = 0;
-    while (k < m && lower_for_match(t[i + k]) == needle[k]) ++k;
-    if (k == m) return true;
+// The line lower-cased for the c4 phrase checks (`phrase in line.lower()`): the phrases are
+// ASCII letters and spaces, and str.lower() turns no other character into one of those except
+// U+212A KELVIN SIGN (into k; U+0130 lowers to "i" + U+0307, which breaks the phrase anyway), so
+// every other non-ASCII character becomes a byte no phrase holds.
+void lower_for_match(const std::vector<char32_t>& t, std::string* out) {
+  out->resize(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    const char32_t c = t[i];
+    (*out)[i] = c < 128 ? static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c)
+                        : (c == 0x212A ? 'k' : '\x80');
   }
-  return false;
 }
 
 class C4 final : public Filter {
@@ -423,11 +438,10 @@ class C4 final : public Filter {
 
   bool apply(std::string* text, std::string_view, FilterDrop* d, bool* edited,
              FilterAnnotations*) const override {
-    static const std::u32string_view kPolicy[] = {U"terms of use", U"privacy policy",
-                                                  U"cookie policy", U"uses cookies",
-                                                  U"use of cookies", U"use cookies"};
+    static const std::string_view kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
+                                               "uses cookies", "use of cookies", "use cookies"};
     Scratch& s = scratch();
-    decode_utf8(*text, &s.cp);
+    decode_utf8(*text, &s.cp, &s.byte_at);
     auto& t = s.cp;
     if (split_paragraph) {
       split_lines(t, whole(t), &s.lines);
@@ -453,6 +467,18 @@ class C4 final : public Filter {
     bool first = true;
     for (Span raw : s.lines) {
       Span line = strip(t, raw);
+      // A line whose end no citation can change (it does not end in ']') and that lacks the
+      // terminal punctuation is dropped whatever else it holds.
+      if (filter_no_terminal_punct && line.size() > 0 && t[line.end - 1] != ']') {
+        const char32_t c = t[line.end - 1];
+        const bool ok = c == '.' || c == '?' || c == '!' || c == '"' || c == '\'' ||
+                        c == U'\u3002' || c == U'\uFF01' || c == U'\uFF1F' || c == U'\u300D' ||
+                        c == U'\u300F';
+        if (!ok || ends_with(t, line, U"...")) {
+          // (the max_word_length rule would drop it too: same result either way)
+          continue;
+        }
+      }
       // words: white-space tokens; a token with CJK characters counts one word per character.
       s.tokens.clear();
       split_whitespace(t, line, &s.tokens);
@@ -500,20 +526,25 @@ class C4 final : public Filter {
         if (!ok || ends_with(cv, cs, U"...")) continue;
       }
       if (n_words < min_words_per_line) continue;
-      if (filter_lorem_ipsum && contains_lower(cv, cs, U"lorem ipsum"))
+      lower_for_match(cv, &s.lower);
+      const std::string_view low(s.lower);
+      if (filter_lorem_ipsum && low.find("lorem ipsum") != std::string_view::npos)
         return drop(d, "lorem_ipsum", 1, "==", 1);
-      if (filter_javascript && contains_lower(cv, cs, U"javascript")) continue;
-      if (filter_curly_bracket && std::find(cv.begin(), cv.end(), U'{') != cv.end())
+      if (filter_javascript && low.find("javascript") != std::string_view::npos) continue;
+      if (filter_curly_bracket && low.find('{') != std::string_view::npos)
         return drop(d, "curly_bracket", 1, "==", 1);
       if (filter_policy) {
         bool policy = false;
-        for (auto p : kPolicy) policy = policy || contains_lower(cv, cs, p);
+        for (std::string_view p : kPolicy) policy = policy || low.find(p) != std::string_view::npos;
         if (policy) continue;
       }
       if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(cv, cs) : 1;
       if (!first) s.out.push_back('\n');
       first = false;
-      for (char32_t c : cv) append_utf8(c, &s.out);
+      if (cv.size() == line.size())  // nothing removed: the line's own bytes
+        s.out.append(*text, s.byte_at[line.begin], s.byte_at[line.end] - s.byte_at[line.begin]);
+      else
+        for (char32_t c : cv) append_utf8(c, &s.out);
     }
     if (min_num_sentences >= 0 && static_cast<int64_t>(sentences) < min_num_sentences)
       return drop(d, "too_few_sentences", sentences, "<", min_num_sentences);

@@ -7,37 +7,32 @@
 #include "common/hash.h"
 
 namespace kiln::prep::filter {
-namespace {
+namespace detail {
 
-enum : uint8_t { kSpace = 1, kAlpha = 2, kPunct = 4 };
+constexpr uint8_t ascii_class(int c) {
+  uint8_t k = 0;
+  if ((c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20)) k |= kSpace;
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) k |= kAlpha;
+  if ((c >= 0x21 && c <= 0x2f) || (c >= 0x3a && c <= 0x40) || (c >= 0x5b && c <= 0x60) ||
+      (c >= 0x7b && c <= 0x7e))
+    k |= kPunct;
+  return k;
+}
+#define KILN_C8(b)                                                                       \
+  ascii_class(b), ascii_class(b + 1), ascii_class(b + 2), ascii_class(b + 3),            \
+      ascii_class(b + 4), ascii_class(b + 5), ascii_class(b + 6), ascii_class(b + 7)
+const uint8_t kAsciiClass[128] = {KILN_C8(0),  KILN_C8(8),  KILN_C8(16), KILN_C8(24),
+                                  KILN_C8(32), KILN_C8(40), KILN_C8(48), KILN_C8(56),
+                                  KILN_C8(64), KILN_C8(72), KILN_C8(80), KILN_C8(88),
+                                  KILN_C8(96), KILN_C8(104), KILN_C8(112), KILN_C8(120)};
+#undef KILN_C8
 
-// ASCII classes precomputed (the common case); the rest asks utf8proc.
-struct AsciiTable {
-  std::array<uint8_t, 128> cls{};
-  AsciiTable() {
-    for (int c = 0; c < 128; ++c) {
-      uint8_t k = 0;
-      if ((c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20)) k |= kSpace;
-      if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) k |= kAlpha;
-      if ((c >= 0x21 && c <= 0x2f) || (c >= 0x3a && c <= 0x40) || (c >= 0x5b && c <= 0x60) ||
-          (c >= 0x7b && c <= 0x7e))
-        k |= kPunct;
-      cls[c] = k;
-    }
-  }
-};
-const AsciiTable kAscii;
-
-}  // namespace
-
-bool is_space(char32_t c) {
-  if (c < 128) return kAscii.cls[c] & kSpace;
+bool is_space_slow(char32_t c) {
   return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
          c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-bool is_alpha(char32_t c) {
-  if (c < 128) return kAscii.cls[c] & kAlpha;
+bool is_alpha_slow(char32_t c) {
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
     case UTF8PROC_CATEGORY_LU:
     case UTF8PROC_CATEGORY_LL:
@@ -48,8 +43,7 @@ bool is_alpha(char32_t c) {
   }
 }
 
-bool is_punct(char32_t c) {
-  if (c < 128) return kAscii.cls[c] & kPunct;
+bool is_punct_slow(char32_t c) {
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
     case UTF8PROC_CATEGORY_PC:
     case UTF8PROC_CATEGORY_PD:
@@ -66,39 +60,38 @@ bool is_punct(char32_t c) {
   }
 }
 
-bool is_cjk(char32_t c) {
-  return (c >= 0x3040 && c <= 0x30FF) ||    // Hiragana, Katakana
-         (c >= 0x31F0 && c <= 0x31FF) ||    // Katakana phonetic extensions
-         (c >= 0x3400 && c <= 0x4DBF) ||    // CJK extension A
-         (c >= 0x4E00 && c <= 0x9FFF) ||    // CJK unified ideographs
-         (c >= 0xF900 && c <= 0xFAFF) ||    // compatibility ideographs
-         (c >= 0x20000 && c <= 0x2FA1F);  // extensions B.. and compatibility supplement
-}
+}  // namespace detail
 
-bool is_line_break(char32_t c) {
-  return c == '\n' || c == '\r' || c == 0x0B || c == 0x0C || c == 0x1C || c == 0x1D ||
-         c == 0x1E || c == 0x85 || c == 0x2028 || c == 0x2029;
-}
-
-void decode_utf8(std::string_view text, std::vector<char32_t>* out) {
-  out->clear();
-  out->reserve(text.size());
-  const auto* p = reinterpret_cast<const uint8_t*>(text.data());
+void decode_utf8(std::string_view text, std::vector<char32_t>* out,
+                 std::vector<uint32_t>* byte_at) {
+  out->resize(text.size());
+  if (byte_at) byte_at->resize(text.size() + 1);
+  const auto* begin = reinterpret_cast<const uint8_t*>(text.data());
+  const auto* p = begin;
   const auto* end = p + text.size();
+  char32_t* o = out->data();
+  uint32_t* b = byte_at ? byte_at->data() : nullptr;
   while (p < end) {
     if (*p < 0x80) {
-      out->push_back(*p++);
+      if (b) *b++ = static_cast<uint32_t>(p - begin);
+      *o++ = *p++;
       continue;
     }
+    if (b) *b++ = static_cast<uint32_t>(p - begin);
     utf8proc_int32_t cp = 0;
     utf8proc_ssize_t n = utf8proc_iterate(p, end - p, &cp);
     if (n <= 0) {
-      out->push_back(0xFFFD);
+      *o++ = 0xFFFD;
       ++p;
       continue;
     }
-    out->push_back(static_cast<char32_t>(cp));
+    *o++ = static_cast<char32_t>(cp);
     p += n;
+  }
+  out->resize(o - out->data());
+  if (byte_at) {
+    *b++ = static_cast<uint32_t>(text.size());
+    byte_at->resize(b - byte_at->data());
   }
 }
 

@@ -19,16 +19,44 @@ struct Span {
   uint32_t size() const { return end - begin; }
 };
 
-bool is_space(char32_t c);  // Python str.isspace()
-bool is_alpha(char32_t c);  // Python str.isalpha(): Lu Ll Lt Lm Lo
-bool is_punct(char32_t c);  // Unicode P* or S*
+namespace detail {
+enum : uint8_t { kSpace = 1, kAlpha = 2, kPunct = 4 };
+extern const uint8_t kAsciiClass[128];
+bool is_space_slow(char32_t c);
+bool is_alpha_slow(char32_t c);
+bool is_punct_slow(char32_t c);
+}  // namespace detail
+
+// Python str.isspace()
+inline bool is_space(char32_t c) {
+  return c < 128 ? (detail::kAsciiClass[c] & detail::kSpace) != 0 : detail::is_space_slow(c);
+}
+// Python str.isalpha(): Lu Ll Lt Lm Lo
+inline bool is_alpha(char32_t c) {
+  return c < 128 ? (detail::kAsciiClass[c] & detail::kAlpha) != 0 : detail::is_alpha_slow(c);
+}
+// Unicode P* or S*
+inline bool is_punct(char32_t c) {
+  return c < 128 ? (detail::kAsciiClass[c] & detail::kPunct) != 0 : detail::is_punct_slow(c);
+}
 // Han ideographs, kana and CJK compatibility ideographs: scripts written without spaces, where a
 // character carries about a word.
-bool is_cjk(char32_t c);
-bool is_line_break(char32_t c);  // a str.splitlines() boundary
+inline bool is_cjk(char32_t c) {
+  return c >= 0x3040 &&
+         ((c <= 0x30FF) || (c >= 0x31F0 && c <= 0x31FF) || (c >= 0x3400 && c <= 0x4DBF) ||
+          (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0xF900 && c <= 0xFAFF) ||
+          (c >= 0x20000 && c <= 0x2FA1F));
+}
+// a str.splitlines() boundary
+inline bool is_line_break(char32_t c) {
+  return c < 128 ? (c >= 0x0A && c <= 0x0D) || (c >= 0x1C && c <= 0x1E)
+                 : c == 0x85 || c == 0x2028 || c == 0x2029;
+}
 
-// Decodes UTF-8 into *out (cleared). Invalid bytes become U+FFFD.
-void decode_utf8(std::string_view text, std::vector<char32_t>* out);
+// Decodes UTF-8 into *out (cleared). Invalid bytes become U+FFFD. With byte_at, also the byte
+// offset of each code point, plus one entry for the end.
+void decode_utf8(std::string_view text, std::vector<char32_t>* out,
+                 std::vector<uint32_t>* byte_at = nullptr);
 void append_utf8(char32_t c, std::string* out);
 
 // str.splitlines(): spans of the lines, without their breaks ("\r\n" is one break).

@@ -644,9 +644,82 @@ TEST(FilterCjk, DefaultCorpusChineseAndJapaneseKeptByWordRules) {
                   set->size(), reasons.c_str());
       // Man pages are reference text, not all prose (option lists, repeated headings): a few
       // legitimately trip the line rules, but the word-level rules must not drop CJK as such.
-      if (word_level) EXPECT_GE(share, 0.9) << filters << (set == &zh ? " zh" : " ja") << reasons;
+      if (word_level) {
+        EXPECT_GE(share, 0.9) << filters << (set == &zh ? " zh" : " ja") << reasons;
+      }
     }
   }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+using namespace testing_prep;
+
+// The language filter with a model made on this machine (tools/make_lid_model): keeps the
+// languages asked for, drops the rest, and writes language and language_score into the shards'
+// metadata.
+TEST(FilterLanguage, ModelFromTheMachineKeepsChineseDropsEnglish) {
+  TempDir tmp("filters_lid");
+  const std::string src = test::source_dir();
+  ASSERT_EQ(run_shell("/usr/bin/python3 " + src + "/tools/make_lid_model " + (tmp / "lid.bin") +
+                      " --kiln " + test::kiln_binary() + " --docs-per-language 150 > " +
+                      (tmp / "log") + " 2>&1"),
+            0)
+      << read_text(tmp / "log");
+  ASSERT_EQ(run_shell("/usr/bin/python3 " + src + "/tools/default_corpus " + (tmp / "corpus") +
+                      " --max-mb 2 > /dev/null 2>&1"),
+            0);
+  write_file(tmp / "cfg.yaml", "filters:\n  - {name: language, model: " + (tmp / "lid.bin") +
+                                   ", languages: [zh], threshold: 0.5}\n");
+  const std::string kiln = test::kiln_binary();
+  ASSERT_EQ(run_shell(kiln + " prep --input " + (tmp / "corpus/zh.jsonl") + " " +
+                      (tmp / "corpus/licenses.jsonl") + " --output " + (tmp / "out") +
+                      " --config " + (tmp / "cfg.yaml") + " --tokenizer none > " + (tmp / "log") +
+                      " 2>&1"),
+            0)
+      << read_text(tmp / "log");
+  auto rejects = nlohmann::json::array();
+  std::map<std::string, int> dropped;  // by input file
+  for (const auto& f : fs::directory_iterator(tmp / "out/rejects")) {
+    std::istringstream in(read_text(f.path().string()));
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line);
+      ASSERT_EQ(j["reason"], "filtered");
+      ASSERT_EQ(j["filter"], "language");
+      ++dropped[fs::path(j["file"].get<std::string>()).filename().string()];
+    }
+  }
+  auto count_lines = [&](const std::string& p) {
+    std::istringstream in(read_text(p));
+    std::string l;
+    int n = 0;
+    while (std::getline(in, l)) n += !l.empty();
+    return n;
+  };
+  const int zh = count_lines(tmp / "corpus/zh.jsonl"), en = count_lines(tmp / "corpus/licenses.jsonl");
+  ASSERT_GT(zh, 10);
+  ASSERT_GT(en, 10);
+  EXPECT_GE(dropped["licenses.jsonl"], en * 8 / 10) << "English licences kept as Chinese";
+  EXPECT_LE(dropped["zh.jsonl"], zh * 2 / 10) << "Chinese man pages dropped";
+  auto m = read_manifest(tmp / "out");
+  ASSERT_TRUE(m.is_ok());
+  int with_language = 0;
+  for (const auto& s : m->shards) {
+    auto all = ShardReader::read_all(m->shard_path(s));
+    ASSERT_TRUE(all.is_ok());
+    for (const auto& smp : *all) {
+      auto meta = nlohmann::json::parse(smp.find("json")->data);
+      EXPECT_EQ(meta["language"], "zh");
+      EXPECT_GT(meta["language_score"].get<double>(), 0.5);
+      ++with_language;
+    }
+  }
+  EXPECT_GT(with_language, 0);
 }
 
 }  // namespace
