@@ -6,6 +6,7 @@
 #include "common/config.h"
 #include "dataprep/filter/filter.h"
 #include "dataprep/filter/params.h"
+#include "dataprep/filter/text.h"
 
 namespace kiln::prep::filter {
 namespace {
@@ -267,6 +268,7 @@ bool FilterChain::annotates() const {
 
 ChainOutcome FilterChain::run(std::string* text, std::string_view url) const {
   ChainOutcome o;
+  reset_document_view();
   for (size_t i = 0; i < filters_.size(); ++i) {
     bool edited = false;
     if (!filters_[i]->apply(text, url, &o.drop, &edited, &o.annotations)) {
@@ -274,6 +276,7 @@ ChainOutcome FilterChain::run(std::string* text, std::string_view url) const {
       o.dropped_by = static_cast<int>(i);
       return o;
     }
+    if (edited) reset_document_view();
     if (edited && i < 64) o.edited_mask |= uint64_t{1} << i;
   }
   return o;
@@ -281,6 +284,7 @@ ChainOutcome FilterChain::run(std::string* text, std::string_view url) const {
 
 ChainOutcome FilterChain::replay_kept(std::string* text, std::string_view url) const {
   ChainOutcome o;
+  reset_document_view();
   for (size_t i = 0; i < filters_.size(); ++i) {
     if (!filters_[i]->rewrites() && !filters_[i]->annotates()) continue;
     bool edited = false;
@@ -289,6 +293,7 @@ ChainOutcome FilterChain::replay_kept(std::string* text, std::string_view url) c
       o.dropped_by = static_cast<int>(i);
       return o;
     }
+    if (edited) reset_document_view();
     if (edited && i < 64) o.edited_mask |= uint64_t{1} << i;
   }
   return o;

@@ -167,13 +167,12 @@ class GopherQuality final : public Filter {
   bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
     Scratch& s = scratch();
-    decode_utf8(*text, &s.cp);
-    const auto& t = s.cp;
-    s.words.clear();
-    split_words(t, whole(t), &s.words);
-    const uint64_t n_words = s.words.size();
+    const DocumentView& v = document_view_words(*text);
+    const auto& t = v.cp;
+    const auto& words = v.words;
+    const uint64_t n_words = words.size();
     uint64_t non_symbol = 0, len_sum = 0, len_words = 0, alpha_words = 0, cjk_words = 0;
-    for (const Span& w : s.words) {
+    for (const Span& w : words) {
       bool alpha = false, symbol = true;
       for (uint32_t i = w.begin; i < w.end; ++i) {
         alpha |= is_alpha(t[i]);
@@ -244,7 +243,7 @@ class GopherQuality final : public Filter {
     if (min_stop_words && *min_stop_words > 0 && cjk_words * 2 <= n_words) {
       uint64_t found_mask = 0;
       int64_t found = 0;
-      for (const Span& w : s.words) {
+      for (const Span& w : words) {
         for (size_t k = 0; k < stop_words.size() && k < 64; ++k) {
           if (!(found_mask >> k & 1) && span_equals(t, w, stop_words[k])) {
             found_mask |= uint64_t{1} << k;
@@ -272,8 +271,8 @@ class GopherRepetition final : public Filter {
   bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
     Scratch& s = scratch();
-    decode_utf8(*text, &s.cp);
-    const auto& t = s.cp;
+    const DocumentView& v = document_view(*text);
+    const auto& t = v.cp;
     const double len = static_cast<double>(t.size());
     if (t.empty()) return true;
     // Paragraphs: re.split(r"\n{2,}", text.strip()); lines: re.split(r"\n+", text).
@@ -293,9 +292,8 @@ class GopherRepetition final : public Filter {
       return drop(d, "dup_line_char_frac", line_chars / len, ">", *dup_line_char_frac);
     if (top_n_grams.empty() && dup_n_grams.empty()) return true;
 
-    s.words.clear();
-    split_words(t, whole(t), &s.words);
-    const size_t n = s.words.size();
+    const auto& words = document_view_words(*text).words;
+    const size_t n = words.size();
     // Prefix hashes: over the word hashes (n-grams as " ".join: words hold no spaces, so the
     // sequence decides) and over the concatenated code points (n-grams as "".join, which
     // datatrove compares: ["ab", "c"] and ["a", "bc"] are the same 2-gram there).
@@ -304,7 +302,7 @@ class GopherRepetition final : public Filter {
     s.cat_off.assign(n + 1, 0);
     s.pow_words.assign(n + 1, 1);
     for (size_t i = 0; i < n; ++i) {
-      const Span w = s.words[i];
+      const Span w = words[i];
       uint64_t h = 0;  // polynomial hash of the word's code points (Horner)
       for (uint32_t c = w.begin; c < w.end; ++c) h = addmod(mulmod(h, kBase), t[c] + 1);
       s.cat_prefix[i + 1] = addmod(mulmod(s.cat_prefix[i], power(w.size())), h);
@@ -327,7 +325,7 @@ class GopherRepetition final : public Filter {
     // n-gram rules take n-grams of 2n characters (else every common 5-character phrase of
     // Japanese would count as a repeated 5-word passage).
     size_t cjk = 0;
-    for (const Span& w : s.words) cjk += is_cjk_word(t, w);
+    for (const Span& w : words) cjk += is_cjk_word(t, w);
     const size_t scale = cjk * 2 > n ? 2 : 1;
     for (const auto& [n64, frac] : top_n_grams) {
       const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
@@ -441,8 +439,8 @@ class C4 final : public Filter {
     static const std::string_view kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
                                                "uses cookies", "use of cookies", "use cookies"};
     Scratch& s = scratch();
-    decode_utf8(*text, &s.cp, &s.byte_at);
-    auto& t = s.cp;
+    const DocumentView& v = document_view(*text);
+    const auto& t = v.cp;
     if (split_paragraph) {
       split_lines(t, whole(t), &s.lines);
     } else {
@@ -542,7 +540,7 @@ class C4 final : public Filter {
       if (!first) s.out.push_back('\n');
       first = false;
       if (cv.size() == line.size())  // nothing removed: the line's own bytes
-        s.out.append(*text, s.byte_at[line.begin], s.byte_at[line.end] - s.byte_at[line.begin]);
+        s.out.append(*text, v.byte_at[line.begin], v.byte_at[line.end] - v.byte_at[line.begin]);
       else
         for (char32_t c : cv) append_utf8(c, &s.out);
     }
@@ -580,8 +578,7 @@ class FineWeb final : public Filter {
   bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
     Scratch& s = scratch();
-    decode_utf8(*text, &s.cp);
-    const auto& t = s.cp;
+    const auto& t = document_view(*text).cp;
     split_on(t, whole(t), U'\n', &s.parts);
     s.lines.clear();
     for (const Span& l : s.parts)
@@ -611,9 +608,8 @@ class FineWeb final : public Filter {
     (void)dups;
     r = non_newline > 0 ? dup_chars / non_newline : 0.0;
     if (r > char_duplicates_ratio) return drop(d, "char_dup_ratio", r, ">", char_duplicates_ratio);
-    s.words.clear();
-    split_words(t, whole(t), &s.words);
-    r = s.words.empty() ? 0.0 : static_cast<double>(newlines) / s.words.size();
+    const size_t n_words = document_view_words(*text).words.size();
+    r = n_words == 0 ? 0.0 : static_cast<double>(newlines) / n_words;
     if (r > new_line_ratio) return drop(d, "list_ratio", r, ">", new_line_ratio);
     return true;
   }
@@ -626,17 +622,13 @@ class Length final : public Filter {
   std::optional<int64_t> min_chars, max_chars, min_words, max_words;
   bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
-    Scratch& s = scratch();
-    decode_utf8(*text, &s.cp);
-    const auto& t = s.cp;
+    const auto& t = document_view(*text).cp;
     const int64_t chars = static_cast<int64_t>(t.size());
     if (min_chars && chars < *min_chars) return drop(d, "chars", chars, "<", *min_chars);
     if (max_chars && chars > *max_chars) return drop(d, "chars", chars, ">", *max_chars);
     if (min_words || max_words) {
-      s.words.clear();
-      split_words(t, whole(t), &s.words);
       int64_t n = 0;
-      for (const Span& w : s.words) n += !is_symbol_word(t, w);
+      for (const Span& w : document_view_words(*text).words) n += !is_symbol_word(t, w);
       if (min_words && n < *min_words) return drop(d, "words", n, "<", *min_words);
       if (max_words && n > *max_words) return drop(d, "words", n, ">", *max_words);
     }

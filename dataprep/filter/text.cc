@@ -95,6 +95,39 @@ void decode_utf8(std::string_view text, std::vector<char32_t>* out,
   }
 }
 
+namespace {
+DocumentView& view() {
+  thread_local DocumentView v;
+  return v;
+}
+}  // namespace
+
+void reset_document_view() {
+  view().decoded = false;
+  view().have_words = false;
+}
+
+const DocumentView& document_view(std::string_view text) {
+  DocumentView& v = view();
+  if (!v.decoded) {
+    decode_utf8(text, &v.cp, &v.byte_at);
+    v.decoded = true;
+    v.have_words = false;
+  }
+  return v;
+}
+
+const DocumentView& document_view_words(std::string_view text) {
+  document_view(text);
+  DocumentView& v = view();
+  if (!v.have_words) {
+    v.words.clear();
+    split_words(v.cp, {0, static_cast<uint32_t>(v.cp.size())}, &v.words);
+    v.have_words = true;
+  }
+  return v;
+}
+
 void append_utf8(char32_t c, std::string* out) {
   if (c < 0x80) {
     out->push_back(static_cast<char>(c));

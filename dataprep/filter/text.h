@@ -59,6 +59,20 @@ void decode_utf8(std::string_view text, std::vector<char32_t>* out,
                  std::vector<uint32_t>* byte_at = nullptr);
 void append_utf8(char32_t c, std::string* out);
 
+// The document a chain is running on, decoded once for all its filters (per thread): its code
+// points, the byte offset of each (and of the end), and its words (split_words) on first use.
+// FilterChain::run() calls reset_document_view() before each document and after each edit, so
+// a view never outlives the text it was made from.
+struct DocumentView {
+  std::vector<char32_t> cp;
+  std::vector<uint32_t> byte_at;
+  std::vector<Span> words;
+  bool decoded = false, have_words = false;
+};
+void reset_document_view();
+const DocumentView& document_view(std::string_view text);        // decoded
+const DocumentView& document_view_words(std::string_view text);  // decoded, with words
+
 // str.splitlines(): spans of the lines, without their breaks ("\r\n" is one break).
 void split_lines(const std::vector<char32_t>& t, Span range, std::vector<Span>* out);
 // str.split(sep) for a single character sep (the empty parts included).
