@@ -35,13 +35,17 @@ constexpr uint64_t kBase = 0x1a2b3c4d5e6f7ull % kMod;
 constexpr uint64_t kWordBase = 0x5bd1e9955bd1e99ull % kMod;
 
 // kBase^n: a table for the common lengths, square-and-multiply beyond.
-uint64_t power(uint64_t n) {
+constexpr uint32_t kPowTable = 4096;
+const uint64_t* power_table() {
   static const std::vector<uint64_t> table = [] {
-    std::vector<uint64_t> v(4096, 1);
+    std::vector<uint64_t> v(kPowTable + 1, 1);
     for (size_t i = 1; i < v.size(); ++i) v[i] = mulmod(v[i - 1], kBase);
     return v;
   }();
-  if (n < table.size()) return table[n];
+  return table.data();
+}
+uint64_t power(uint64_t n) {
+  if (n <= kPowTable) return power_table()[n];
   uint64_t r = 1, b = kBase;
   while (n) {
     if (n & 1) r = mulmod(r, b);
@@ -73,6 +77,8 @@ class KeyTable {
     keys_[i] = fix(key);
     return false;
   }
+  // The slot of a key that is present.
+  size_t find(uint64_t key) const { return slot(key); }
   // Counts; returns the slot.
   size_t count(uint64_t key, uint32_t first) {
     size_t i = slot(key);
@@ -109,6 +115,8 @@ struct Scratch {
   std::vector<Span> words, lines, parts, tokens;
   std::vector<uint64_t> word_prefix, cat_prefix, pow_words;
   std::vector<uint32_t> cat_off;
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> live;
   KeyTable table;
   std::string out, lower;
   std::vector<uint32_t> byte_at;
@@ -303,8 +311,16 @@ class GopherRepetition final : public Filter {
     s.pow_words.assign(n + 1, 1);
     for (size_t i = 0; i < n; ++i) {
       const Span w = words[i];
-      uint64_t h = 0;  // polynomial hash of the word's code points (Horner)
-      for (uint32_t c = w.begin; c < w.end; ++c) h = addmod(mulmod(h, kBase), t[c] + 1);
+      // Polynomial hash of the word's code points, sum of (c + 1) * B^(len - 1 - k): independent
+      // products (Horner's rule would chain every multiplication on the previous one).
+      uint64_t h = 0;
+      const uint32_t wl = w.size();
+      if (wl <= kPowTable) {
+        const uint64_t* pw = power_table() + (wl - 1);
+        for (uint32_t k = 0; k < wl; ++k) h = addmod(h, mulmod(t[w.begin + k] + 1, *(pw - k)));
+      } else {
+        for (uint32_t c = w.begin; c < w.end; ++c) h = addmod(mulmod(h, kBase), t[c] + 1);
+      }
       s.cat_prefix[i + 1] = addmod(mulmod(s.cat_prefix[i], power(w.size())), h);
       s.word_prefix[i + 1] =
           addmod(mulmod(s.word_prefix[i], kWordBase), (h ^ (uint64_t{w.size()} << 48)) % kMod);
@@ -327,22 +343,33 @@ class GopherRepetition final : public Filter {
     size_t cjk = 0;
     for (const Span& w : words) cjk += is_cjk_word(t, w);
     const size_t scale = cjk * 2 > n ? 2 : 1;
+    // Top n-grams. A repeated n-gram (as a sequence of words) starts with a repeated (n-1)-gram,
+    // so each pass counts only the positions whose shorter n-gram repeated ("live"), exactly:
+    // every other n-gram occurs once, and with no repeat at all the first n-gram is the top one.
+    s.live.assign(n + 1, 1);
+    size_t live_m = 1;  // s.live describes n-grams of this length (1: every position)
     for (const auto& [n64, frac] : top_n_grams) {
       const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
       if (n < m) continue;
       const size_t grams = n - m + 1;
+      const bool prune = m > live_m;  // (a pass with a smaller n than the last one: no pruning)
+      if (!prune) std::fill(s.live.begin(), s.live.end(), 1);
       s.table.reset(grams);
-      uint32_t best_count = 0, best_first = 0;
-      constexpr size_t kAhead = 16;
+      uint32_t best_count = 1, best_first = 0;
       for (size_t i = 0; i < grams; ++i) {
-        if (i + kAhead < grams) s.table.prefetch(word_key(i + kAhead, m));
+        if (!s.live[i]) continue;
         size_t slot = s.table.count(word_key(i, m), static_cast<uint32_t>(i));
         uint32_t c = s.table.count_at(slot), f = s.table.first_at(slot);
-        if (c > best_count || (c == best_count && f < best_first)) {
+        if (c > best_count || (c == best_count && c > 1 && f < best_first)) {
           best_count = c;
           best_first = f;
         }
       }
+      // Live for the next, longer pass: positions whose m-gram occurs more than once.
+      for (size_t i = 0; i < grams; ++i)
+        s.live[i] = s.live[i] && s.table.count_at(s.table.find(word_key(i, m))) > 1;
+      for (size_t i = grams; i <= n; ++i) s.live[i] = 0;
+      live_m = m;
       const uint64_t gram_len = s.cat_off[best_first + m] - s.cat_off[best_first] + (m - 1);
       const double r = static_cast<double>(gram_len) * best_count / len;
       if (r > frac) {
@@ -351,15 +378,38 @@ class GopherRepetition final : public Filter {
         return drop(d, kTop[m64 <= 5 ? m64 - 1 : 5], r, ">", frac);
       }
     }
+    // Duplicated n-grams ("".join of the words, as datatrove compares them). Two equal n-grams
+    // share their first K code points (K = 5, or the smallest n: every word has one), so a
+    // position whose first K code points (from the concatenated words) no other position shares
+    // can never match: it is neither looked up nor inserted. Exact; a collision of that cheap
+    // key only keeps a position in play.
+    size_t min_m = SIZE_MAX;
+    for (const auto& [n64, frac] : dup_n_grams) min_m = std::min(min_m, static_cast<size_t>(n64) * scale);
+    if (!dup_n_grams.empty() && n >= min_m) {
+      const size_t K = std::min<size_t>(5, min_m), starts = n - min_m + 1;
+      s.keys.resize(starts);
+      for (size_t i = 0; i < starts; ++i) {
+        uint64_t k = 0x9E3779B97F4A7C15ull;
+        size_t got = 0;
+        for (size_t w = i; got < K && w < n; ++w)
+          for (uint32_t c = words[w].begin; c < words[w].end && got < K; ++c, ++got)
+            k = (k ^ t[c]) * 0x100000001B3ull + (k >> 29);
+        s.keys[i] = k;
+      }
+      s.table.reset(starts);
+      for (size_t i = 0; i < starts; ++i) s.table.count(s.keys[i], 0);
+      s.live.assign(n + 1, 0);
+      for (size_t i = 0; i < starts; ++i) s.live[i] = s.table.count_at(s.table.find(s.keys[i])) > 1;
+    }
     for (const auto& [n64, frac] : dup_n_grams) {
       const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
       uint64_t repeated = 0;
       if (n >= m) {
-        s.table.reset(n - m + 1);
+        const size_t grams = n - m + 1;
+        s.table.reset(grams);
         size_t i = 0;
-        while (i + m <= n) {
-          if (i + 16 + m <= n) s.table.prefetch(cat_key(i + 16, m));
-          if (s.table.insert(cat_key(i, m))) {
+        while (i < grams) {
+          if (s.live[i] && s.table.insert(cat_key(i, m))) {
             repeated += s.cat_off[i + m] - s.cat_off[i];
             i += m;
           } else {
