@@ -527,41 +527,51 @@ class C4 final : public Filter {
           continue;
         }
       }
-      // words: white-space tokens; a token with CJK characters counts one word per character.
-      s.tokens.clear();
-      split_whitespace(t, line, &s.tokens);
-      int64_t n_words = 0;
-      bool too_long = false;
-      for (const Span& w : s.tokens) {
-        int64_t cjk = 0;
-        for (uint32_t i = w.begin; i < w.end; ++i) cjk += is_cjk(t[i]);
-        n_words += std::max<int64_t>(1, cjk);
-        too_long |= max_word_length >= 0 && static_cast<int64_t>(w.size()) > max_word_length;
+      // One pass over the line: words (white-space tokens; a token with CJK characters counts
+      // one word per character), the longest token, and whether a citation may be there.
+      int64_t n_words = 0, longest = 0, token = 0, token_cjk = 0;
+      bool bracket = false;
+      for (uint32_t i = line.begin; i <= line.end; ++i) {
+        if (i == line.end || is_space(t[i])) {
+          if (token > 0) {
+            n_words += std::max<int64_t>(1, token_cjk);
+            longest = std::max(longest, token);
+          }
+          token = token_cjk = 0;
+          continue;
+        }
+        ++token;
+        token_cjk += is_cjk(t[i]);
+        bracket |= t[i] == '[';
       }
-      if (too_long) continue;
+      if (max_word_length >= 0 && longest > max_word_length) continue;
       // Citations ([1], [edit], [citation needed]) removed: the kept line is the code points
-      // that remain.
+      // that remain (copied only when the line has a '[').
       thread_local std::vector<char32_t> cv;
       cv.clear();
-      for (uint32_t i = line.begin; i < line.end;) {
-        if (remove_citations && t[i] == '[') {
-          uint32_t j = i + 1;
-          while (j < line.end && t[j] >= '0' && t[j] <= '9') ++j;
-          if (j < line.end && t[j] == ']') {
-            i = j + 1;
-            continue;
+      if (!(remove_citations && bracket)) {
+        cv.assign(t.begin() + line.begin, t.begin() + line.end);
+      } else {
+        for (uint32_t i = line.begin; i < line.end;) {
+          if (t[i] == '[') {
+            uint32_t j = i + 1;
+            while (j < line.end && t[j] >= '0' && t[j] <= '9') ++j;
+            if (j < line.end && t[j] == ']') {
+              i = j + 1;
+              continue;
+            }
+            const Span rest{i, line.end};
+            if (starts_with(t, rest, U"[edit]")) {
+              i += 6;
+              continue;
+            }
+            if (starts_with(t, rest, U"[citation needed]")) {
+              i += 17;
+              continue;
+            }
           }
-          const Span rest{i, line.end};
-          if (starts_with(t, rest, U"[edit]")) {
-            i += 6;
-            continue;
-          }
-          if (starts_with(t, rest, U"[citation needed]")) {
-            i += 17;
-            continue;
-          }
+          cv.push_back(t[i++]);
         }
-        cv.push_back(t[i++]);
       }
       const Span cs{0, static_cast<uint32_t>(cv.size())};
       if (filter_no_terminal_punct) {
