@@ -14,10 +14,14 @@ namespace {
 using Maker = Result<std::unique_ptr<Filter>> (*)(Params&);
 const std::vector<std::pair<std::string, Maker>>& makers() {
   static const std::vector<std::pair<std::string, Maker>> m = {
-      {"gopher_quality", make_gopher_quality}, {"gopher_repetition", make_gopher_repetition},
-      {"c4", make_c4},                         {"fineweb", make_fineweb},
-      {"language", make_language},             {"pii", make_pii},
-      {"url", make_url},                       {"length", make_length},
+      {"gopher_quality", make_gopher_quality},
+      {"gopher_repetition", make_gopher_repetition},
+      {"c4", make_c4},
+      {"fineweb", make_fineweb},
+      {"language", make_language},
+      {"pii", make_pii},
+      {"url", make_url},
+      {"length", make_length},
       {"regex", make_regex}};
   return m;
 }
@@ -172,7 +176,8 @@ Status Params::pairs(const char* name, int64_t lo, int64_t hi,
         return Status::config("n must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
                               "]")
             .with_key(k);
-      if (!(frac >= 0 && frac <= 1)) return Status::config("fraction must be in [0, 1]").with_key(k);
+      if (!(frac >= 0 && frac <= 1))
+        return Status::config("fraction must be in [0, 1]").with_key(k);
       v->emplace_back(len, frac);
     } catch (const YAML::Exception&) {
       return type_error(k, "a pair [n, fraction]", e);
@@ -211,7 +216,8 @@ Result<std::unique_ptr<FilterChain>> FilterChain::from_yaml(const YAML::Node& li
   std::unique_ptr<FilterChain> chain(new FilterChain());
   if (!list.IsDefined() || list.IsNull()) return chain;
   if (!list.IsSequence())
-    return Status::config("expected a list of filters, e.g. [{name: gopher_quality}]").with_key(key);
+    return Status::config("expected a list of filters, e.g. [{name: gopher_quality}]")
+        .with_key(key);
   std::map<std::string, int> seen;
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string k = key + "[" + std::to_string(i) + "]";
@@ -224,8 +230,9 @@ Result<std::unique_ptr<FilterChain>> FilterChain::from_yaml(const YAML::Node& li
     if (!entry.IsMap())
       return Status::config("expected a filter {name: ..., parameters...}").with_key(k);
     if (!entry["name"].IsDefined() || !entry["name"].IsScalar())
-      return Status::config("a filter needs a name (one of gopher_quality, gopher_repetition, c4, "
-                            "fineweb, language, pii, url, length, regex)")
+      return Status::config(
+                 "a filter needs a name (one of gopher_quality, gopher_repetition, c4, "
+                 "fineweb, language, pii, url, length, regex)")
           .with_key(k + ".name");
     const std::string name = entry["name"].Scalar();
     Maker maker = nullptr;
@@ -235,8 +242,9 @@ Result<std::unique_ptr<FilterChain>> FilterChain::from_yaml(const YAML::Node& li
       std::string hint = closest_match(name, filter_names());
       std::string msg = "unknown filter '" + name + "'";
       if (!hint.empty()) msg += " (did you mean '" + hint + "'?)";
-      msg += "; filters: gopher_quality, gopher_repetition, c4, fineweb, language, pii, url, "
-             "length, regex";
+      msg +=
+          "; filters: gopher_quality, gopher_repetition, c4, fineweb, language, pii, url, "
+          "length, regex";
       return Status::config(msg).with_key(k + ".name");
     }
     Params params(entry, k);

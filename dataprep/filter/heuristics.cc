@@ -92,7 +92,8 @@ class KeyTable {
   }
   // Starts loading the slot a later insert or count of this key will probe.
   void prefetch(uint64_t key) const {
-    __builtin_prefetch(keys_.data() + (static_cast<size_t>((fix(key) * 0x9E3779B97F4A7C15ull) >> 20) & mask_));
+    __builtin_prefetch(keys_.data() +
+                       (static_cast<size_t>((fix(key) * 0x9E3779B97F4A7C15ull) >> 20) & mask_));
   }
   uint32_t count_at(size_t i) const { return counts_[i]; }
   uint32_t first_at(size_t i) const { return firsts_[i]; }
@@ -212,7 +213,8 @@ class GopherQuality final : public Filter {
     const Span all = whole(t);
     if (max_symbol_word_ratio) {
       double r = static_cast<double>(count_of(t, all, U"#")) / n_words;
-      if (r > *max_symbol_word_ratio) return drop(d, "hash_word_ratio", r, ">", *max_symbol_word_ratio);
+      if (r > *max_symbol_word_ratio)
+        return drop(d, "hash_word_ratio", r, ">", *max_symbol_word_ratio);
       r = static_cast<double>(count_of(t, all, U"...") + count_of(t, all, U"\u2026")) / n_words;
       if (r > *max_symbol_word_ratio)
         return drop(d, "ellipsis_word_ratio", r, ">", *max_symbol_word_ratio);
@@ -384,7 +386,8 @@ class GopherRepetition final : public Filter {
     // can never match: it is neither looked up nor inserted. Exact; a collision of that cheap
     // key only keeps a position in play.
     size_t min_m = SIZE_MAX;
-    for (const auto& [n64, frac] : dup_n_grams) min_m = std::min(min_m, static_cast<size_t>(n64) * scale);
+    for (const auto& [n64, frac] : dup_n_grams)
+      min_m = std::min(min_m, static_cast<size_t>(n64) * scale);
     if (!dup_n_grams.empty() && n >= min_m) {
       const size_t K = std::min<size_t>(5, min_m), starts = n - min_m + 1;
       s.keys.resize(starts);
@@ -420,9 +423,9 @@ class GopherRepetition final : public Filter {
       const double r = repeated / len;
       if (r > frac) {
         static const char* const kDup[] = {
-            "duplicated_1_n_grams", "duplicated_2_n_grams", "duplicated_3_n_grams",
-            "duplicated_4_n_grams", "duplicated_5_n_grams", "duplicated_6_n_grams",
-            "duplicated_7_n_grams", "duplicated_8_n_grams", "duplicated_9_n_grams",
+            "duplicated_1_n_grams",  "duplicated_2_n_grams", "duplicated_3_n_grams",
+            "duplicated_4_n_grams",  "duplicated_5_n_grams", "duplicated_6_n_grams",
+            "duplicated_7_n_grams",  "duplicated_8_n_grams", "duplicated_9_n_grams",
             "duplicated_10_n_grams", "duplicated_n_grams"};
         return drop(d, kDup[std::min<size_t>(m64, 11) - 1], r, ">", frac);
       }
@@ -728,9 +731,9 @@ Result<std::unique_ptr<Filter>> make_gopher_quality(Params& p) {
   // As in datatrove, a rule set to 0 (or null) is off.
   for (auto* o : {&f->min_doc_words, &f->max_doc_words, &f->min_stop_words})
     if (o->has_value() && **o == 0) o->reset();
-  for (auto* o : {&f->min_avg_word_length, &f->max_avg_word_length, &f->max_symbol_word_ratio,
-                  &f->max_bullet_lines_ratio, &f->max_ellipsis_lines_ratio,
-                  &f->max_non_alpha_words_ratio})
+  for (auto* o :
+       {&f->min_avg_word_length, &f->max_avg_word_length, &f->max_symbol_word_ratio,
+        &f->max_bullet_lines_ratio, &f->max_ellipsis_lines_ratio, &f->max_non_alpha_words_ratio})
     if (o->has_value() && **o == 0) o->reset();
   return std::unique_ptr<Filter>(std::move(f));
 }
@@ -743,8 +746,8 @@ Result<std::unique_ptr<Filter>> make_gopher_repetition(Params& p) {
   KILN_RETURN_IF_ERROR(p.number("dup_para_char_frac", 0, 1, &f->dup_para_char_frac));
   KILN_RETURN_IF_ERROR(p.pairs("top_n_grams", 1, 64, &f->top_n_grams));
   KILN_RETURN_IF_ERROR(p.pairs("dup_n_grams", 1, 64, &f->dup_n_grams));
-  for (auto* o : {&f->dup_line_frac, &f->dup_para_frac, &f->dup_line_char_frac,
-                  &f->dup_para_char_frac})
+  for (auto* o :
+       {&f->dup_line_frac, &f->dup_para_frac, &f->dup_line_char_frac, &f->dup_para_char_frac})
     if (o->has_value() && **o == 0) o->reset();  // 0 = off, as in datatrove
   return std::unique_ptr<Filter>(std::move(f));
 }

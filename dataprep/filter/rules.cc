@@ -76,7 +76,8 @@ bool public_ipv4(std::string_view s) {
     }
     size_t b = at;
     uint32_t v = 0;
-    while (at < s.size() && s[at] >= '0' && s[at] <= '9' && at - b < 3) v = v * 10 + (s[at++] - '0');
+    while (at < s.size() && s[at] >= '0' && s[at] <= '9' && at - b < 3)
+      v = v * 10 + (s[at++] - '0');
     if (at == b || v > 255 || (at - b > 1 && s[b] == '0')) return false;
     octets[k] = v;
   }
@@ -87,10 +88,9 @@ bool public_ipv4(std::string_view s) {
     int bits;
   };
   static const Net kNotGlobal[] = {
-      {0x00000000, 8},  {0x0A000000, 8},  {0x64400000, 10}, {0x7F000000, 8},
-      {0xA9FE0000, 16}, {0xAC100000, 12}, {0xC0000000, 29}, {0xC00000AA, 31},
-      {0xC0000200, 24}, {0xC0A80000, 16}, {0xC6120000, 15}, {0xC6336400, 24},
-      {0xCB007100, 24}, {0xF0000000, 4},  {0xFFFFFFFF, 32}};
+      {0x00000000, 8},  {0x0A000000, 8},  {0x64400000, 10}, {0x7F000000, 8},  {0xA9FE0000, 16},
+      {0xAC100000, 12}, {0xC0000000, 29}, {0xC00000AA, 31}, {0xC0000200, 24}, {0xC0A80000, 16},
+      {0xC6120000, 15}, {0xC6336400, 24}, {0xCB007100, 24}, {0xF0000000, 4},  {0xFFFFFFFF, 32}};
   for (const Net& n : kNotGlobal) {
     const uint32_t mask = n.bits == 0 ? 0 : ~uint32_t{0} << (32 - n.bits);
     if ((a & mask) == n.base) return false;
@@ -109,15 +109,15 @@ class Pii final : public Filter {
 
   // Replaces every match of re (accepted by keep_match) in *text; returns whether it changed.
   template <typename Accept>
-  static bool replace_all(const RE2& re, const std::string& with, Accept accept, std::string* text) {
+  static bool replace_all(const RE2& re, const std::string& with, Accept accept,
+                          std::string* text) {
     thread_local std::string out;
     out.clear();
     re2::StringPiece in(*text);
     re2::StringPiece m;
     size_t at = 0;
     bool changed = false;
-    while (at <= text->size() &&
-           re.Match(in, at, text->size(), RE2::UNANCHORED, &m, 1)) {
+    while (at <= text->size() && re.Match(in, at, text->size(), RE2::UNANCHORED, &m, 1)) {
       const size_t b = m.data() - text->data(), e = b + m.size();
       if (m.empty()) {  // (the patterns cannot match empty; guard anyway)
         at = b + 1;
@@ -148,27 +148,28 @@ class Pii final : public Filter {
       if (only_public_ips)
         changed |= replace_all(*ip_re, ip_replacement, public_ipv4, text);
       else
-        changed |= replace_all(*ip_re, ip_replacement,
-                               [](std::string_view s) {
-                                 // any dotted quad that is an address
-                                 uint32_t o = 0;
-                                 int parts = 1;
-                                 size_t digits = 0;
-                                 for (size_t i = 0; i <= s.size(); ++i) {
-                                   if (i == s.size() || s[i] == '.') {
-                                     if (o > 255 || digits == 0) return false;
-                                     if (digits > 1 && s[i - digits] == '0') return false;
-                                     o = 0;
-                                     digits = 0;
-                                     parts += i < s.size();
-                                   } else {
-                                     o = o * 10 + (s[i] - '0');
-                                     ++digits;
-                                   }
-                                 }
-                                 return parts == 4;
-                               },
-                               text);
+        changed |= replace_all(
+            *ip_re, ip_replacement,
+            [](std::string_view s) {
+              // any dotted quad that is an address
+              uint32_t o = 0;
+              int parts = 1;
+              size_t digits = 0;
+              for (size_t i = 0; i <= s.size(); ++i) {
+                if (i == s.size() || s[i] == '.') {
+                  if (o > 255 || digits == 0) return false;
+                  if (digits > 1 && s[i - digits] == '0') return false;
+                  o = 0;
+                  digits = 0;
+                  parts += i < s.size();
+                } else {
+                  o = o * 10 + (s[i] - '0');
+                  ++digits;
+                }
+              }
+              return parts == 4;
+            },
+            text);
     }
     if (phones) changed |= replace_all(*phone_re, phone_replacement, any, text);
     *edited = changed;
@@ -224,8 +225,7 @@ class Url final : public Filter {
           token.push_back(static_cast<char>(std::tolower(c)));
           continue;
         }
-        if (!token.empty() && words.count(token))
-          return drop(d, "blocked_word", 1, "==", 1, token);
+        if (!token.empty() && words.count(token)) return drop(d, "blocked_word", 1, "==", 1, token);
         token.clear();
       }
     }
@@ -311,13 +311,13 @@ Result<std::unique_ptr<Filter>> make_language(Params& p) {
   KILN_RETURN_IF_ERROR(p.texts("languages", &f->languages));
   KILN_RETURN_IF_ERROR(p.number("threshold", 0, 1, &f->threshold));
   if (model.empty())
-    return Status::config("the language filter needs a fastText model (e.g. lid.176.bin, or one "
-                          "made by tools/make_lid_model)")
+    return Status::config(
+               "the language filter needs a fastText model (e.g. lid.176.bin, or one "
+               "made by tools/make_lid_model)")
         .with_key(p.key_of("model"));
   auto m = FastTextTagger::load(model);
   if (!m.is_ok())
-    return Status::config("cannot load the language model '" + model +
-                          "': " + m.status().message())
+    return Status::config("cannot load the language model '" + model + "': " + m.status().message())
         .with_key(p.key_of("model"));
   f->model = std::move(*m);
   return std::unique_ptr<Filter>(std::move(f));
@@ -345,7 +345,8 @@ Result<std::unique_ptr<Filter>> make_url(Params& p) {
   KILN_RETURN_IF_ERROR(p.text("domains_file", &file));
   KILN_RETURN_IF_ERROR(p.texts("domains", &domains));
   KILN_RETURN_IF_ERROR(p.texts("words", &words));
-  if (!file.empty()) KILN_RETURN_IF_ERROR(read_list_file(file, p.key_of("domains_file"), &f->domains));
+  if (!file.empty())
+    KILN_RETURN_IF_ERROR(read_list_file(file, p.key_of("domains_file"), &f->domains));
   for (auto d : domains) {
     for (char& c : d) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     f->domains.insert(d);
@@ -365,7 +366,8 @@ Result<std::unique_ptr<Filter>> make_regex(Params& p) {
   KILN_RETURN_IF_ERROR(p.texts("drop", &drops));
   KILN_RETURN_IF_ERROR(p.texts("strip_lines", &strips));
   for (size_t i = 0; i < drops.size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(auto re, compile(drops[i], p.key_of("drop") + "[" + std::to_string(i) + "]"));
+    KILN_ASSIGN_OR_RETURN(auto re,
+                          compile(drops[i], p.key_of("drop") + "[" + std::to_string(i) + "]"));
     f->drop_res.push_back(std::move(re));
   }
   for (size_t i = 0; i < strips.size(); ++i) {

@@ -18,12 +18,12 @@ constexpr uint8_t ascii_class(int c) {
     k |= kPunct;
   return k;
 }
-#define KILN_C8(b)                                                                       \
-  ascii_class(b), ascii_class(b + 1), ascii_class(b + 2), ascii_class(b + 3),            \
-      ascii_class(b + 4), ascii_class(b + 5), ascii_class(b + 6), ascii_class(b + 7)
-const uint8_t kAsciiClass[128] = {KILN_C8(0),  KILN_C8(8),  KILN_C8(16), KILN_C8(24),
-                                  KILN_C8(32), KILN_C8(40), KILN_C8(48), KILN_C8(56),
-                                  KILN_C8(64), KILN_C8(72), KILN_C8(80), KILN_C8(88),
+#define KILN_C8(b)                                                                                \
+  ascii_class(b), ascii_class(b + 1), ascii_class(b + 2), ascii_class(b + 3), ascii_class(b + 4), \
+      ascii_class(b + 5), ascii_class(b + 6), ascii_class(b + 7)
+const uint8_t kAsciiClass[128] = {KILN_C8(0),  KILN_C8(8),   KILN_C8(16),  KILN_C8(24),
+                                  KILN_C8(32), KILN_C8(40),  KILN_C8(48),  KILN_C8(56),
+                                  KILN_C8(64), KILN_C8(72),  KILN_C8(80),  KILN_C8(88),
                                   KILN_C8(96), KILN_C8(104), KILN_C8(112), KILN_C8(120)};
 #undef KILN_C8
 
@@ -38,8 +38,10 @@ bool is_alpha_slow(char32_t c) {
     case UTF8PROC_CATEGORY_LL:
     case UTF8PROC_CATEGORY_LT:
     case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO: return true;
-    default: return false;
+    case UTF8PROC_CATEGORY_LO:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -55,8 +57,10 @@ bool is_punct_slow(char32_t c) {
     case UTF8PROC_CATEGORY_SM:
     case UTF8PROC_CATEGORY_SC:
     case UTF8PROC_CATEGORY_SK:
-    case UTF8PROC_CATEGORY_SO: return true;
-    default: return false;
+    case UTF8PROC_CATEGORY_SO:
+      return true;
+    default:
+      return false;
   }
 }
 

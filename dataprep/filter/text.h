@@ -42,10 +42,9 @@ inline bool is_punct(char32_t c) {
 // Han ideographs, kana and CJK compatibility ideographs: scripts written without spaces, where a
 // character carries about a word.
 inline bool is_cjk(char32_t c) {
-  return c >= 0x3040 &&
-         ((c <= 0x30FF) || (c >= 0x31F0 && c <= 0x31FF) || (c >= 0x3400 && c <= 0x4DBF) ||
-          (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0xF900 && c <= 0xFAFF) ||
-          (c >= 0x20000 && c <= 0x2FA1F));
+  return c >= 0x3040 && ((c <= 0x30FF) || (c >= 0x31F0 && c <= 0x31FF) ||
+                         (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x4E00 && c <= 0x9FFF) ||
+                         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x20000 && c <= 0x2FA1F));
 }
 // a str.splitlines() boundary
 inline bool is_line_break(char32_t c) {

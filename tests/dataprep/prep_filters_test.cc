@@ -10,9 +10,9 @@
 #include <random>
 #include <set>
 
+#include "dataprep/filter/filter.h"
 #include "format/manifest.h"
 #include "format/shard_reader.h"
-#include "dataprep/filter/filter.h"
 #include "tests/prep_test_util.h"
 #include "tests/test_paths.h"
 
@@ -28,14 +28,15 @@ std::string reference_script() {
 // ---- a web-like corpus -------------------------------------------------------------------------
 
 const char* const kCommon[] = {
-    "the",    "be",     "to",     "of",      "and",     "a",      "in",      "that",   "have",
-    "it",     "for",    "not",    "on",      "with",    "he",     "as",      "you",    "do",
-    "at",     "this",   "but",    "his",     "by",      "from",   "they",    "we",     "say",
-    "her",    "she",    "or",     "an",      "will",    "my",     "one",     "all",    "would",
-    "there",  "their",  "what",   "so",      "up",      "out",    "if",      "about",  "who",
-    "get",    "which",  "go",     "me",      "river",   "market", "history", "garden", "winter",
-    "people", "between", "number", "village", "science", "season", "thought", "morning",
-    "station", "library", "council", "picture", "problem", "language", "mountain", "company"};
+    "the",     "be",      "to",      "of",       "and",      "a",       "in",      "that",
+    "have",    "it",      "for",     "not",      "on",       "with",    "he",      "as",
+    "you",     "do",      "at",      "this",     "but",      "his",     "by",      "from",
+    "they",    "we",      "say",     "her",      "she",      "or",      "an",      "will",
+    "my",      "one",     "all",     "would",    "there",    "their",   "what",    "so",
+    "up",      "out",     "if",      "about",    "who",      "get",     "which",   "go",
+    "me",      "river",   "market",  "history",  "garden",   "winter",  "people",  "between",
+    "number",  "village", "science", "season",   "thought",  "morning", "station", "library",
+    "council", "picture", "problem", "language", "mountain", "company"};
 
 class WebCorpus {
  public:
@@ -91,16 +92,19 @@ class WebCorpus {
         for (int k = pick(4); k > 0; --k) s += " " + sentence();
         return s;
       }
-      case 1: return word() + (chance(0.5) ? " " + word() : "");  // navigation
-      case 2: return std::string(chance(0.7) ? "- " : "\u2022 ") + sentence(2, 6);  // bullet
+      case 1:
+        return word() + (chance(0.5) ? " " + word() : "");  // navigation
+      case 2:
+        return std::string(chance(0.7) ? "- " : "\u2022 ") + sentence(2, 6);  // bullet
       case 3: {  // cut short with an ellipsis
         std::string s = sentence(3, 9);
         size_t cut = std::min<size_t>(20, s.size());
         while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
         return s.substr(0, cut) + (chance(0.6) ? "..." : "\u2026");
       }
-      case 4: return "#" + word() + " #" + word() + " #" + word() + " " + word();  // hashtags
-      case 5: {  // numbers
+      case 4:
+        return "#" + word() + " #" + word() + " #" + word() + " " + word();  // hashtags
+      case 5: {                                                              // numbers
         std::string s;
         for (int k = 0; k < 6; ++k) s += std::to_string(pick(100000)) + (k < 5 ? " " : "");
         return s;
@@ -108,24 +112,33 @@ class WebCorpus {
       case 6:  // a repeated line, sometimes as a paragraph of its own
         if (earlier->empty()) return sentence();
         return (chance(0.5) ? "\n" : "") + (*earlier)[pick(earlier->size())];
-      case 7: return chance(0.5) ? "Please enable JavaScript to view the comments powered by it."
-                                 : "This site uses cookies to improve your experience of it.";
-      case 8: return "By using this site you agree to our Terms of Use and Privacy Policy.";
-      case 9: return "Lorem ipsum dolor sit amet, consectetur adipiscing elit.";
-      case 10: return "The code of it is function() { return the value; } and that is all.";
+      case 7:
+        return chance(0.5) ? "Please enable JavaScript to view the comments powered by it."
+                           : "This site uses cookies to improve your experience of it.";
+      case 8:
+        return "By using this site you agree to our Terms of Use and Privacy Policy.";
+      case 9:
+        return "Lorem ipsum dolor sit amet, consectetur adipiscing elit.";
+      case 10:
+        return "The code of it is function() { return the value; } and that is all.";
       case 11: {  // personal data
-        static const char* const kIps[] = {"8.8.8.8", "93.184.216.34", "10.1.2.3",
-                                           "192.168.0.17", "127.0.0.1", "01.2.3.4",
-                                           "300.1.1.1", "1.2.3.4.5"};
+        static const char* const kIps[] = {"8.8.8.8",      "93.184.216.34", "10.1.2.3",
+                                           "192.168.0.17", "127.0.0.1",     "01.2.3.4",
+                                           "300.1.1.1",    "1.2.3.4.5"};
         return "Contact " + word() + ".smith" + std::to_string(pick(99)) +
                "@mail.example.com or call (555) 123-4567, server " + kIps[pick(std::size(kIps))] +
                " is up.";
       }
-      case 12: return std::string(1001 + pick(50), 'x') + " is a long token.";
-      case 13: return cjk_sentence();
-      case 14: return "";  // paragraph break
-      case 15: return word() + " " + word() + " " + word();  // short, no punctuation
-      default: return sentence();
+      case 12:
+        return std::string(1001 + pick(50), 'x') + " is a long token.";
+      case 13:
+        return cjk_sentence();
+      case 14:
+        return "";  // paragraph break
+      case 15:
+        return word() + " " + word() + " " + word();  // short, no punctuation
+      default:
+        return sentence();
     }
   }
 
@@ -134,8 +147,8 @@ class WebCorpus {
   };
   Doc doc(int index) {
     // Profiles: mostly prose, or dominated by one kind of line, in varying doses.
-    std::vector<double> w = {10, 1, 0.5, 0.3, 0.2, 0.2, 0.5, 0.3, 0.2, 0.02, 0.03, 0.3, 0.05,
-                             0.1, 1.5, 0.5};
+    std::vector<double> w = {10,  1,    0.5,  0.3, 0.2,  0.2, 0.5, 0.3,
+                             0.2, 0.02, 0.03, 0.3, 0.05, 0.1, 1.5, 0.5};
     if (chance(0.6)) w[pick(w.size())] += 1 + pick(12);
     if (chance(0.1)) {  // Chinese-dominated
       w[0] = 1;
@@ -160,7 +173,7 @@ class WebCorpus {
     Doc d;
     d.id = "doc" + std::to_string(index);
     d.text = text;
-    static const char* const kHosts[] = {"news.example.org", "www.blog.test", "spam.example",
+    static const char* const kHosts[] = {"news.example.org", "www.blog.test",      "spam.example",
                                          "cdn.spam.example", "Shop.Ads.Test:8080", "wiki.test"};
     if (chance(0.8))
       d.url = std::string("https://") + kHosts[pick(std::size(kHosts))] + "/" + word() +
@@ -248,7 +261,9 @@ Decision kiln_decision(const prep::filter::FilterChain& chain, const WebCorpus::
   return out;
 }
 
-bool same_number(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b)); }
+bool same_number(double a, double b) {
+  return std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b));
+}
 
 class FilterReference : public ::testing::Test {
  protected:
@@ -272,25 +287,28 @@ class FilterReference : public ::testing::Test {
     for (const auto& d : *docs_) {
       const Decision k = kiln_decision(*chain, d);
       const Decision& r = ref[d.id];
-      bool same = k.keep == r.keep &&
-                  (k.keep ? k.text == r.text
-                          : k.filter == r.filter && k.rule == r.rule &&
-                                same_number(k.value, r.value) &&
-                                same_number(k.threshold, r.threshold));
+      bool same = k.keep == r.keep && (k.keep ? k.text == r.text
+                                              : k.filter == r.filter && k.rule == r.rule &&
+                                                    same_number(k.value, r.value) &&
+                                                    same_number(k.threshold, r.threshold));
       if (!same && ++mismatches <= 5) {
         ADD_FAILURE() << filters_json << "\n  " << d.id << ": kiln "
-                      << (k.keep ? "keeps" : "drops: " + k.filter + " " + k.rule + " " +
-                                                 std::to_string(k.value))
+                      << (k.keep
+                              ? "keeps"
+                              : "drops: " + k.filter + " " + k.rule + " " + std::to_string(k.value))
                       << ", reference "
-                      << (r.keep ? "keeps" : "drops: " + r.filter + " " + r.rule + " " +
-                                                 std::to_string(r.value))
+                      << (r.keep
+                              ? "keeps"
+                              : "drops: " + r.filter + " " + r.rule + " " + std::to_string(r.value))
                       << (k.keep && r.keep ? "\n  (edited texts differ)\n  kiln: " + k.text +
                                                  "\n  ref:  " + r.text
                                            : "")
                       << "\n  text: " << nlohmann::json(d.text).dump();
       }
-      if (k.keep) ++kept;
-      else ++rules[k.filter + ":" + k.rule];
+      if (k.keep)
+        ++kept;
+      else
+        ++rules[k.filter + ":" + k.rule];
     }
     EXPECT_EQ(mismatches, 0) << filters_json;
     // A comparison on documents a filter keeps (or drops) all of is no comparison.
@@ -299,7 +317,8 @@ class FilterReference : public ::testing::Test {
     return rules;
   }
   static void expect_rules(const std::map<std::string, int>& hit, std::vector<std::string> want) {
-    for (const auto& w : want) EXPECT_GT(hit.count(w) ? hit.at(w) : 0, 0) << "no document tripped " << w;
+    for (const auto& w : want)
+      EXPECT_GT(hit.count(w) ? hit.at(w) : 0, 0) << "no document tripped " << w;
   }
   static TempDir* tmp_;
   static std::vector<WebCorpus::Doc>* docs_;
@@ -347,8 +366,8 @@ TEST_F(FilterReference, C4Parameters) {
 
 TEST_F(FilterReference, FineWebDefaults) {
   auto hit = compare(R"([{"name": "fineweb"}])");
-  expect_rules(hit, {"fineweb:line_punct_ratio", "fineweb:short_line_ratio",
-                     "fineweb:char_dup_ratio"});
+  expect_rules(hit,
+               {"fineweb:line_punct_ratio", "fineweb:short_line_ratio", "fineweb:char_dup_ratio"});
 }
 
 TEST_F(FilterReference, FineWebParameters) {
@@ -371,7 +390,8 @@ TEST_F(FilterReference, PiiMasksAndKeeps) {
 }
 
 TEST_F(FilterReference, UrlBlockList) {
-  write_file(*tmp_ / "blocked.txt", "# blocked hosts\nspam.example\n\nads.test  # and its subdomains\n");
+  write_file(*tmp_ / "blocked.txt",
+             "# blocked hosts\nspam.example\n\nads.test  # and its subdomains\n");
   auto hit = compare(R"([{"name": "url", "domains_file": ")" + (*tmp_ / "blocked.txt") +
                      R"(", "words": ["casino"]}])");
   expect_rules(hit, {"url:blocked_domain", "url:blocked_word"});
@@ -427,7 +447,8 @@ TEST(FilterConfig, BadConfigNamesTheKey) {
 TEST(FilterConfig, KilnPrepExits2NamingTheKey) {
   TempDir tmp("filters_cli");
   write_file(tmp / "in.jsonl", corpus_jsonl(make_corpus(20, 3)));
-  write_file(tmp / "bad.yaml", "filters:\n  - name: c4\n  - name: gopher_quality\n    min_doc_word: 10\n");
+  write_file(tmp / "bad.yaml",
+             "filters:\n  - name: c4\n  - name: gopher_quality\n    min_doc_word: 10\n");
   const std::string kiln = test::kiln_binary();
   std::string cmd = kiln + " prep --input " + (tmp / "in.jsonl") + " --output " + (tmp / "out") +
                     " --config " + (tmp / "bad.yaml") + " > " + (tmp / "log") + " 2>&1";
@@ -452,7 +473,8 @@ const char* const kChainYaml = R"(filters:
   - {name: gopher_quality}
   - {name: fineweb}
 )";
-const char* const kChainJson = R"([{"name": "url", "domains": ["spam.example"], "words": ["casino"]},
+const char* const kChainJson =
+    R"([{"name": "url", "domains": ["spam.example"], "words": ["casino"]},
   {"name": "c4"}, {"name": "pii"}, {"name": "gopher_repetition"}, {"name": "gopher_quality"},
   {"name": "fineweb"}])";
 
@@ -490,8 +512,8 @@ TEST(FilterPrep, RejectsStatsAndShardsMatchTheChain) {
   auto docs = write_prep_corpus(tmp / "in");
   write_file(tmp / "cfg.yaml", kChainYaml);
   const std::string kiln = test::kiln_binary();
-  const std::string base = kiln + " prep --input " + (tmp / "in") + " --config " + (tmp / "cfg.yaml") +
-                           " --tokenizer none --threads 2";
+  const std::string base = kiln + " prep --input " + (tmp / "in") + " --config " +
+                           (tmp / "cfg.yaml") + " --tokenizer none --threads 2";
   ASSERT_EQ(run_shell(base + " --output " + (tmp / "out") + " > " + (tmp / "log") + " 2>&1"), 0)
       << read_text(tmp / "log");
 
@@ -580,7 +602,8 @@ TEST(FilterPrep, RejectsStatsAndShardsMatchTheChain) {
     int rc = run_shell("KILN_PREP_UNIT_FILES=1 KILN_PREP_CRASH_AT=" + std::string(point) + " " +
                        base + " --output " + out + " > /dev/null 2>&1");
     EXPECT_EQ(rc, 128 + 9) << point;
-    ASSERT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 " + base + " --output " + out + " > /dev/null 2>&1"), 0);
+    ASSERT_EQ(
+        run_shell("KILN_PREP_UNIT_FILES=1 " + base + " --output " + out + " > /dev/null 2>&1"), 0);
     auto a = output_tree(tmp / "out"), b = output_tree(out);
     EXPECT_EQ(a.size(), b.size()) << point;
     for (const auto& [path, bytes] : a) EXPECT_EQ(b[path], bytes) << point << ": " << path;
@@ -599,14 +622,18 @@ TEST(FilterCjk, DefaultCorpusChineseAndJapaneseKeptByWordRules) {
             0);
   std::string ja_cmd =
       "/usr/bin/python3 -c \"import sys, json, os, gzip, importlib.machinery, importlib.util;"
-      "l = importlib.machinery.SourceFileLoader('dc', '" + src + "/tools/default_corpus');"
+      "l = importlib.machinery.SourceFileLoader('dc', '" +
+      src +
+      "/tools/default_corpus');"
       "s = importlib.util.spec_from_loader('dc', l); m = importlib.util.module_from_spec(s);"
       "l.exec_module(m); n = 0\n"
       "for p in m.walk('/usr/share/man/ja', lambda p, n: True)[:300]:\n"
       "  t = m.read_text(p)\n"
       "  t = m.troff_to_text(t) if t else None\n"
-      "  if t and len(t) > 500: print(json.dumps({'id': p, 'text': t}, ensure_ascii=False)); n += 1\n"
-      "\" > " + (tmp / "ja.jsonl");
+      "  if t and len(t) > 500: print(json.dumps({'id': p, 'text': t}, ensure_ascii=False)); n += "
+      "1\n"
+      "\" > " +
+      (tmp / "ja.jsonl");
   ASSERT_EQ(run_shell(ja_cmd), 0);
   auto load = [](const std::string& path) {
     std::vector<WebCorpus::Doc> docs;
@@ -625,8 +652,8 @@ TEST(FilterCjk, DefaultCorpusChineseAndJapaneseKeptByWordRules) {
   ASSERT_GT(ja.size(), 5u);
   // The word-level rules (fineweb's rules are line-level: man pages' short wrapped lines and
   // repeated option lines trip them in any language; they are printed, not checked).
-  for (const char* filters : {R"([{"name": "gopher_quality"}])", R"([{"name": "gopher_repetition"}])",
-                              R"([{"name": "fineweb"}])"}) {
+  for (const char* filters : {R"([{"name": "gopher_quality"}])",
+                              R"([{"name": "gopher_repetition"}])", R"([{"name": "fineweb"}])"}) {
     const bool word_level = std::string(filters).find("gopher") != std::string::npos;
     auto chain = chain_of(filters);
     for (const auto* set : {&zh, &ja}) {
@@ -676,11 +703,11 @@ TEST(FilterLanguage, ModelFromTheMachineKeepsChineseDropsEnglish) {
   write_file(tmp / "cfg.yaml", "filters:\n  - {name: language, model: " + (tmp / "lid.bin") +
                                    ", languages: [zh], threshold: 0.5}\n");
   const std::string kiln = test::kiln_binary();
-  ASSERT_EQ(run_shell(kiln + " prep --input " + (tmp / "corpus/zh.jsonl") + " " +
-                      (tmp / "corpus/licenses.jsonl") + " --output " + (tmp / "out") +
-                      " --config " + (tmp / "cfg.yaml") + " --tokenizer none > " + (tmp / "log") +
-                      " 2>&1"),
-            0)
+  ASSERT_EQ(
+      run_shell(kiln + " prep --input " + (tmp / "corpus/zh.jsonl") + " " +
+                (tmp / "corpus/licenses.jsonl") + " --output " + (tmp / "out") + " --config " +
+                (tmp / "cfg.yaml") + " --tokenizer none > " + (tmp / "log") + " 2>&1"),
+      0)
       << read_text(tmp / "log");
   auto rejects = nlohmann::json::array();
   std::map<std::string, int> dropped;  // by input file
@@ -701,7 +728,8 @@ TEST(FilterLanguage, ModelFromTheMachineKeepsChineseDropsEnglish) {
     while (std::getline(in, l)) n += !l.empty();
     return n;
   };
-  const int zh = count_lines(tmp / "corpus/zh.jsonl"), en = count_lines(tmp / "corpus/licenses.jsonl");
+  const int zh = count_lines(tmp / "corpus/zh.jsonl"),
+            en = count_lines(tmp / "corpus/licenses.jsonl");
   ASSERT_GT(zh, 10);
   ASSERT_GT(en, 10);
   EXPECT_GE(dropped["licenses.jsonl"], en * 8 / 10) << "English licences kept as Chinese";

@@ -7,10 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "dataprep/filter/filter.h"
 
@@ -62,10 +61,11 @@ int main(int argc, char** argv) {
       }
       const double cpu = thread_cpu_seconds() - t0;
       if (rep == 1)
-        std::printf("{\"what\": \"%s\", \"mb\": %.3f, \"cpu_s\": %.3f, \"mb_per_cpu_s\": %.1f, "
-                    "\"kept\": %llu, \"docs\": %zu}\n",
-                    label.c_str(), bytes / 1e6, cpu, bytes / 1e6 / cpu, (unsigned long long)kept,
-                    docs.size());
+        std::printf(
+            "{\"what\": \"%s\", \"mb\": %.3f, \"cpu_s\": %.3f, \"mb_per_cpu_s\": %.1f, "
+            "\"kept\": %llu, \"docs\": %zu}\n",
+            label.c_str(), bytes / 1e6, cpu, bytes / 1e6 / cpu, (unsigned long long)kept,
+            docs.size());
     }
   };
   if (!std::getenv("KILN_BENCH_CHAIN_ONLY")) {
