@@ -255,17 +255,17 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
     if (has_filters) s += format(" + %llu filtered", (unsigned long long)flt);
     s += balanced ? "  [balanced]\n" : "  [DOES NOT ADD UP]\n";
     if (!balanced)
-      r.problems.push_back(has_filters ? "stats.json: docs_in != docs_out + exact_dups + near_dups + "
-                                         "rejected + filtered"
-                                       : "stats.json: docs_in != docs_out + exact_dups + near_dups + "
-                                         "rejected");
+      r.problems.push_back(
+          std::string("stats.json: docs_in != docs_out + exact_dups + near_dups + rejected") +
+          (has_filters ? " + filtered" : ""));
     // The quality filters: documents and bytes each dropped (by rule) and edited.
     if (stats.contains("filters") && stats["filters"].is_array()) {
       for (const auto& f : stats["filters"]) {
         if (!f.is_object()) continue;
         std::string line = format("filter %s: dropped %llu docs (%s)",
                                   f.value("filter", std::string("?")).c_str(),
-                                  (unsigned long long)u64(f, "docs"), human_bytes(u64(f, "bytes")).c_str());
+                                  (unsigned long long)u64(f, "docs"),
+                                  human_bytes(u64(f, "bytes")).c_str());
         if (f.contains("rules") && f["rules"].is_object()) {
           std::string rules;
           for (const auto& [rule, n] : f["rules"].items())
@@ -274,7 +274,8 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
                               (unsigned long long)n.get<uint64_t>());
           line += rules;
         }
-        if (u64(f, "edited") > 0) line += format("; edited %llu docs", (unsigned long long)u64(f, "edited"));
+        if (u64(f, "edited") > 0)
+          line += format("; edited %llu docs", (unsigned long long)u64(f, "edited"));
         s += line + "\n";
       }
     }

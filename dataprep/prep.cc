@@ -401,7 +401,8 @@ std::string make_summary(const nlohmann::ordered_json& s, const std::string& out
       std::string rules;
       if (f.contains("rules"))
         for (const auto& [rule, n] : f["rules"].items())
-          rules += (rules.empty() ? "" : ", ") + rule + " " + std::to_string(json_integer<uint64_t>(n, rule));
+          rules += (rules.empty() ? "" : ", ") + rule + " " +
+                   std::to_string(json_integer<uint64_t>(n, rule));
       if (!rules.empty()) text += ": " + rules;
       if (const auto e = json_integer_or(f, "edited", uint64_t{0}); e > 0)
         text += "; edited " + std::to_string(e) + " docs (" +
@@ -611,7 +612,8 @@ Status write_filter_report(const Context& c, std::string* summary) {
   s["bytes_in"] = in.input_bytes;
   s["bytes_kept"] = in.text_bytes;
   s["filters"] = filter_stats(c, in);
-  s["timings_s"] = {{"scan", std::round(c.timings.count("scan") ? c.timings.at("scan") * 1000 : 0) / 1000}};
+  const double scan_s = c.timings.count("scan") ? c.timings.at("scan") : 0.0;
+  s["timings_s"] = {{"scan", std::round(scan_s * 1000) / 1000}};
   KILN_RETURN_IF_ERROR(write_file_atomic(c.out + "/stats.json", s.dump(2) + "\n"));
   std::string text = "kiln prep --dry-run-filters: " + std::to_string(in.docs_in) +
                      " documents in, " + std::to_string(in.valid) + " kept by the filters, " +
@@ -623,7 +625,8 @@ Status write_filter_report(const Context& c, std::string* summary) {
             human_bytes(json_integer_or(f, "bytes", uint64_t{0})) + ")";
     std::string rules;
     for (const auto& [rule, n] : f["rules"].items())
-      rules += (rules.empty() ? "" : ", ") + rule + " " + std::to_string(json_integer<uint64_t>(n, rule));
+      rules += (rules.empty() ? "" : ", ") + rule + " " +
+               std::to_string(json_integer<uint64_t>(n, rule));
     if (!rules.empty()) text += ": " + rules;
     if (const auto e = json_integer_or(f, "edited", uint64_t{0}); e > 0)
       text += "; edited " + std::to_string(e) + " docs";

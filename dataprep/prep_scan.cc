@@ -57,7 +57,8 @@ std::string filtered_line(const Context& c, const std::string& file, uint64_t li
   j["file"] = file;
   j["line"] = line;
   j["reason"] = "filtered";
-  j["id"] = doc.id_is_number ? nlohmann::json::parse(doc.id, nullptr, false) : nlohmann::json(doc.id);
+  j["id"] =
+      doc.id_is_number ? nlohmann::json::parse(doc.id, nullptr, false) : nlohmann::json(doc.id);
   j["filter"] = chain.label(o.dropped_by);
   j["rule"] = o.drop.rule;
   j["value"] = o.drop.value;

@@ -85,7 +85,8 @@ FileStats FileStats::from_json(const nlohmann::json& j) {
       t.edited = json_integer_at<uint64_t>(f, "edited");
       t.edited_bytes = json_integer_at<int64_t>(f, "edited_bytes");
       if (f.contains("rules") && f["rules"].is_object())
-        for (const auto& [rule, n] : f["rules"].items()) t.rules[rule] = json_integer<uint64_t>(n, rule);
+        for (const auto& [rule, n] : f["rules"].items())
+          t.rules[rule] = json_integer<uint64_t>(n, rule);
       s.filters.push_back(std::move(t));
     }
   }

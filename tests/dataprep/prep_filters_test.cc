@@ -564,6 +564,16 @@ TEST(FilterPrep, RejectsStatsAndShardsMatchTheChain) {
   EXPECT_GT(stats["filters"][2]["edited"].get<uint64_t>(), 0u);  // pii masks
   EXPECT_NE(read_text(tmp / "log").find("filter c4: dropped"), std::string::npos);
 
+  // kiln inspect shows the filters and the balance with them.
+  ASSERT_EQ(run_shell(kiln + " inspect " + (tmp / "out") + " > " + (tmp / "inspect") + " 2>&1"), 0)
+      << read_text(tmp / "inspect");
+  const std::string inspect = read_text(tmp / "inspect");
+  EXPECT_NE(inspect.find(" filtered  [balanced]"), std::string::npos) << inspect;
+  EXPECT_NE(inspect.find("filter gopher_quality: dropped " +
+                         std::to_string(per_filter["gopher_quality"]) + " docs"),
+            std::string::npos)
+      << inspect;
+
   // The shards hold the text as the chain left it.
   auto m = read_manifest(tmp / "out");
   ASSERT_TRUE(m.is_ok()) << m.status().to_string();
