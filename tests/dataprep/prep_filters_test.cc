@@ -656,6 +656,29 @@ TEST(FilterCjk, DefaultCorpusChineseAndJapaneseKeptByWordRules) {
     }
     return docs;
   };
+  // Code (the default corpus's C headers), as docs/PREP.md says: gopher_quality drops nearly all
+  // of it; c4 keeps a header only as the comment sentences it holds.
+  {
+    const auto code = load(tmp / "corpus/code.jsonl");
+    ASSERT_GT(code.size(), 20u);
+    auto gq = chain_of(R"([{"name": "gopher_quality"}])");
+    auto c4 = chain_of(R"([{"name": "c4"}])");
+    size_t gq_kept = 0;
+    for (const auto& d : code) {
+      gq_kept += kiln_decision(*gq, d).keep;
+      const Decision k = kiln_decision(*c4, d);
+      if (!k.keep) continue;
+      std::istringstream lines(k.text);
+      std::string line;
+      while (std::getline(lines, line)) {
+        EXPECT_EQ(line.find('{'), std::string::npos) << d.id;
+        EXPECT_TRUE(!line.empty() && std::string(".?!\"'").find(line.back()) != std::string::npos)
+            << d.id << ": " << line;
+      }
+    }
+    std::printf("code: gopher_quality kept %zu of %zu\n", gq_kept, code.size());
+    EXPECT_LE(gq_kept, code.size() / 10);
+  }
   const auto zh = load(tmp / "corpus/zh.jsonl");
   const auto ja = load(tmp / "ja.jsonl");
   ASSERT_GT(zh.size(), 20u);
