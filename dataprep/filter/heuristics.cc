@@ -69,6 +69,7 @@ class KeyTable {
       std::fill(keys_.begin(), keys_.begin() + cap, 0);
     }
     mask_ = cap - 1;
+    shift_ = 64 - __builtin_ctzll(cap);
   }
   // Inserts; returns true when the key was already present.
   bool insert(uint64_t key) {
@@ -91,24 +92,26 @@ class KeyTable {
     return i;
   }
   // Starts loading the slot a later insert or count of this key will probe.
-  void prefetch(uint64_t key) const {
-    __builtin_prefetch(keys_.data() +
-                       (static_cast<size_t>((fix(key) * 0x9E3779B97F4A7C15ull) >> 20) & mask_));
-  }
+  void prefetch(uint64_t key) const { __builtin_prefetch(keys_.data() + home(fix(key))); }
   uint32_t count_at(size_t i) const { return counts_[i]; }
   uint32_t first_at(size_t i) const { return firsts_[i]; }
 
  private:
   static uint64_t fix(uint64_t k) { return k == 0 ? 1 : k; }
+  // Fibonacci hashing: the top bits of the product depend on every bit of the key.
+  size_t home(uint64_t key) const {
+    return static_cast<size_t>(((key ^ (key >> 32)) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
   size_t slot(uint64_t key) const {
     key = fix(key);
-    size_t i = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 20) & mask_;
+    size_t i = home(key);
     while (keys_[i] != 0 && keys_[i] != key) i = (i + 1) & mask_;
     return i;
   }
   std::vector<uint64_t> keys_;
   std::vector<uint32_t> counts_, firsts_;
   size_t mask_ = 0;
+  int shift_ = 60;
 };
 
 struct Scratch {
@@ -348,6 +351,7 @@ class GopherRepetition final : public Filter {
     // Top n-grams. A repeated n-gram (as a sequence of words) starts with a repeated (n-1)-gram,
     // so each pass counts only the positions whose shorter n-gram repeated ("live"), exactly:
     // every other n-gram occurs once, and with no repeat at all the first n-gram is the top one.
+    constexpr size_t kAhead = 12;  // table slots prefetched this many positions ahead
     s.live.assign(n + 1, 1);
     size_t live_m = 1;  // s.live describes n-grams of this length (1: every position)
     for (const auto& [n64, frac] : top_n_grams) {
@@ -357,10 +361,13 @@ class GopherRepetition final : public Filter {
       const bool prune = m > live_m;  // (a pass with a smaller n than the last one: no pruning)
       if (!prune) std::fill(s.live.begin(), s.live.end(), 1);
       s.table.reset(grams);
+      s.keys.resize(grams);
+      for (size_t i = 0; i < grams; ++i) s.keys[i] = s.live[i] ? word_key(i, m) : 0;
       uint32_t best_count = 1, best_first = 0;
       for (size_t i = 0; i < grams; ++i) {
+        if (i + kAhead < grams && s.live[i + kAhead]) s.table.prefetch(s.keys[i + kAhead]);
         if (!s.live[i]) continue;
-        size_t slot = s.table.count(word_key(i, m), static_cast<uint32_t>(i));
+        size_t slot = s.table.count(s.keys[i], static_cast<uint32_t>(i));
         uint32_t c = s.table.count_at(slot), f = s.table.first_at(slot);
         if (c > best_count || (c == best_count && c > 1 && f < best_first)) {
           best_count = c;
@@ -369,7 +376,7 @@ class GopherRepetition final : public Filter {
       }
       // Live for the next, longer pass: positions whose m-gram occurs more than once.
       for (size_t i = 0; i < grams; ++i)
-        s.live[i] = s.live[i] && s.table.count_at(s.table.find(word_key(i, m))) > 1;
+        s.live[i] = s.live[i] && s.table.count_at(s.table.find(s.keys[i])) > 1;
       for (size_t i = grams; i <= n; ++i) s.live[i] = 0;
       live_m = m;
       const uint64_t gram_len = s.cat_off[best_first + m] - s.cat_off[best_first] + (m - 1);
@@ -400,7 +407,10 @@ class GopherRepetition final : public Filter {
         s.keys[i] = k;
       }
       s.table.reset(starts);
-      for (size_t i = 0; i < starts; ++i) s.table.count(s.keys[i], 0);
+      for (size_t i = 0; i < starts; ++i) {
+        if (i + kAhead < starts) s.table.prefetch(s.keys[i + kAhead]);
+        s.table.count(s.keys[i], 0);
+      }
       s.live.assign(n + 1, 0);
       for (size_t i = 0; i < starts; ++i) s.live[i] = s.table.count_at(s.table.find(s.keys[i])) > 1;
     }
@@ -410,9 +420,12 @@ class GopherRepetition final : public Filter {
       if (n >= m) {
         const size_t grams = n - m + 1;
         s.table.reset(grams);
+        s.keys.resize(grams);
+        for (size_t k = 0; k < grams; ++k) s.keys[k] = s.live[k] ? cat_key(k, m) : 0;
         size_t i = 0;
         while (i < grams) {
-          if (s.live[i] && s.table.insert(cat_key(i, m))) {
+          if (i + kAhead < grams && s.live[i + kAhead]) s.table.prefetch(s.keys[i + kAhead]);
+          if (s.live[i] && s.table.insert(s.keys[i])) {
             repeated += s.cat_off[i + m] - s.cat_off[i];
             i += m;
           } else {
