@@ -209,6 +209,8 @@ struct Context {
   bool is_removed(uint64_t docid) const;
   bool is_exact_dup(uint64_t docid) const;
 
+  // During the scan (this rank): documents repeating an earlier document's URL (url dedup).
+  std::vector<uint64_t> url_dups;
   // After the scan (this rank): the documents the quality filters dropped, sorted.
   std::vector<uint64_t> filtered;
   bool is_filtered(uint64_t docid) const {

@@ -2,6 +2,7 @@
 // (exact 128-bit), shingle and MinHash the valid ones, and write per-unit tables (one record per
 // valid document) and reject lists. A unit is done when its marker (with the tables' checksums)
 // exists, so a killed scan resumes at unit granularity.
+#include <tbb/parallel_for.h>
 #include <tbb/parallel_for_each.h>
 #include <tbb/parallel_pipeline.h>
 #include <tbb/task_arena.h>
@@ -9,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <tuple>
 
 #include "common/atomic_file.h"
 #include "common/json.h"
@@ -90,6 +92,7 @@ void process_batch(const Context& c, ScanWork* w) {
     ++w->stats.docs_in;
     ParseResult pr =
         parse_item(c, w->raw, it, /*want_fields=*/chain.needs_url(), &s.doc, /*copy_text=*/false);
+    const uint64_t this_docid = make_docid(w->raw.fid, it.ordinal);
     if (!pr.ok) {
       ++w->stats.rejected[static_cast<int>(pr.reason)];
       std::string_view excerpt = it.kind == LineEventKind::kLine ? w->raw.text(it) : "";
@@ -102,7 +105,10 @@ void process_batch(const Context& c, ScanWork* w) {
     if (!chain.empty()) {
       // The quality filters, in the scan pass: what they drop never reaches the table.
       s.text.assign(pr.text);
-      const filter::ChainOutcome o = chain.run(&s.text, s.doc.url);
+      const filter::FilterInput in{
+          s.doc.url, !c.url_dups.empty() && std::binary_search(c.url_dups.begin(),
+                                                               c.url_dups.end(), this_docid)};
+      const filter::ChainOutcome o = chain.run(&s.text, in);
       if (!o.keep) {
         ++w->stats.filtered;
         FilterTally& t = w->stats.filters[o.dropped_by];
@@ -284,6 +290,63 @@ bool load_unit(Context& c, const FileRun& u, bool verify) {
   return true;
 }
 
+// URL dedup (the url filter's dedup): the documents of this rank whose normalised URL an
+// earlier valid document of the run has (keep the first, in the global document order), into
+// c.url_dups. Collective: every rank reads its files' URLs, sends (URL hash, docid) to the rank
+// owning the hash, owners keep the smallest docid of each hash and send the others back. Run at
+// every scan (a resumed scan recomputes the same set), so nothing is stored.
+Status find_url_duplicates(Context& c) {
+  struct Entry {
+    uint64_t lo, hi, docid;
+  };
+  const uint32_t first = c.my_first_file(), last = c.my_last_file();
+  std::vector<std::vector<Entry>> per_file(last - first);
+  Status status;
+  std::mutex mu;
+  const tsan::ForkJoin fork_join;
+  tbb::parallel_for(first, last, fork_join.task([&](uint32_t fid) {
+    auto fail = [&](Status st) {
+      std::lock_guard lock(mu);
+      if (status.is_ok()) status = std::move(st);
+    };
+    auto batcher = FileBatcher::open(c, fid);
+    if (!batcher.is_ok()) return fail(std::move(batcher).take_status());
+    RawBatch b;
+    Document doc;
+    while (true) {
+      auto more = (*batcher)->next(&b);
+      if (!more.is_ok()) return fail(std::move(more).take_status());
+      if (!*more) break;
+      for (const RawItem& it : b.items) {
+        ParseResult pr = parse_item(c, b, it, /*want_fields=*/true, &doc, /*copy_text=*/false);
+        if (!pr.ok || doc.url.empty()) continue;
+        const std::string key = filter::url_dedup_key(doc.url);
+        if (key.empty()) continue;
+        const Hash128 h = xxh3_128(key);
+        per_file[fid - first].push_back({h.lo, h.hi, make_docid(fid, it.ordinal)});
+      }
+    }
+  }));
+  fork_join.join();
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(status)));
+  std::vector<std::vector<Entry>> to_owner(c.size);
+  for (const auto& v : per_file)
+    for (const Entry& e : v) to_owner[e.lo % c.size].push_back(e);
+  per_file.clear();
+  KILN_ASSIGN_OR_RETURN(std::vector<Entry> mine, comm::alltoallv(*c.g, to_owner));
+  to_owner.clear();
+  std::sort(mine.begin(), mine.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.lo, a.hi, a.docid) < std::tie(b.lo, b.hi, b.docid);
+  });
+  std::vector<std::vector<uint64_t>> back(c.size);
+  for (size_t i = 1; i < mine.size(); ++i)
+    if (mine[i].lo == mine[i - 1].lo && mine[i].hi == mine[i - 1].hi)
+      back[c.file_owner(docid_file(mine[i].docid))].push_back(mine[i].docid);
+  KILN_ASSIGN_OR_RETURN(c.url_dups, comm::alltoallv(*c.g, back));
+  std::sort(c.url_dups.begin(), c.url_dups.end());
+  return Status::ok();
+}
+
 }  // namespace
 
 Status load_filtered(Context& c) {
@@ -312,6 +375,7 @@ Status check_units(Context& c, bool verify_checksums) {
 
 Status scan_stage(Context& c) {
   KILN_RETURN_IF_ERROR(make_dirs(c.rank_dir + "/units"));
+  if (c.opt.filters->url_dedup()) KILN_RETURN_IF_ERROR(find_url_duplicates(c));
   std::vector<FileRun> pending;
   uint64_t pending_bytes = 0;
   for (const FileRun& u : c.units) {

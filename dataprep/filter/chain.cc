@@ -274,12 +274,18 @@ bool FilterChain::annotates() const {
   return false;
 }
 
-ChainOutcome FilterChain::run(std::string* text, std::string_view url) const {
+bool FilterChain::url_dedup() const {
+  for (const auto& f : filters_)
+    if (f->url_dedup()) return true;
+  return false;
+}
+
+ChainOutcome FilterChain::run(std::string* text, const FilterInput& in) const {
   ChainOutcome o;
   reset_document_view();
   for (size_t i = 0; i < filters_.size(); ++i) {
     bool edited = false;
-    if (!filters_[i]->apply(text, url, &o.drop, &edited, &o.annotations)) {
+    if (!filters_[i]->apply(text, in, &o.drop, &edited, &o.annotations)) {
       o.keep = false;
       o.dropped_by = static_cast<int>(i);
       return o;
@@ -293,10 +299,11 @@ ChainOutcome FilterChain::run(std::string* text, std::string_view url) const {
 ChainOutcome FilterChain::replay_kept(std::string* text, std::string_view url) const {
   ChainOutcome o;
   reset_document_view();
+  const FilterInput in{url, false};
   for (size_t i = 0; i < filters_.size(); ++i) {
     if (!filters_[i]->rewrites() && !filters_[i]->annotates()) continue;
     bool edited = false;
-    if (!filters_[i]->apply(text, url, &o.drop, &edited, &o.annotations)) {
+    if (!filters_[i]->apply(text, in, &o.drop, &edited, &o.annotations)) {
       o.keep = false;  // cannot happen for a document run() kept (deterministic filters)
       o.dropped_by = static_cast<int>(i);
       return o;

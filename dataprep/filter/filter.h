@@ -61,16 +61,29 @@ struct ChainOutcome {
   FilterAnnotations annotations;
 };
 
+// What a filter knows of a document besides its text.
+struct FilterInput {
+  std::string_view url;        // the input "url" ("" when none)
+  bool url_duplicate = false;  // an earlier document of the run has the same normalised URL
+                               // (set by prep when the url filter's dedup is on; url_dedup_key())
+};
+
 class Filter {
  public:
   virtual ~Filter() = default;
   // Returns true to keep. May edit *text (then sets *edited) or fill *ann; on a drop fills *drop.
-  virtual bool apply(std::string* text, std::string_view url, FilterDrop* drop, bool* edited,
+  virtual bool apply(std::string* text, const FilterInput& in, FilterDrop* drop, bool* edited,
                      FilterAnnotations* ann) const = 0;
   virtual bool rewrites() const { return false; }  // may edit the text
   virtual bool annotates() const { return false; }
   virtual bool needs_url() const { return false; }
+  virtual bool url_dedup() const { return false; }
 };
+
+// The normalised form of a URL that URL dedup compares: scheme dropped (http and https are the
+// same page), host lower-cased without "www.", user info and port, the fragment dropped, a
+// trailing '/' of the path dropped; path and query kept as they are. "" for an empty URL.
+std::string url_dedup_key(std::string_view url);
 
 class FilterChain {
  public:
@@ -90,10 +103,15 @@ class FilterChain {
   bool annotates() const;  // some filter adds metadata
 
   // Runs every filter in order on *text (edited in place) until one drops it.
-  ChainOutcome run(std::string* text, std::string_view url) const;
+  ChainOutcome run(std::string* text, const FilterInput& in) const;
+  ChainOutcome run(std::string* text, std::string_view url) const {
+    return run(text, FilterInput{url, false});
+  }
   // Re-applies only the filters that edit or annotate, in order, to a document run() kept: gives
   // the same text and annotations as run() at a fraction of the cost (the write stage uses it).
   ChainOutcome replay_kept(std::string* text, std::string_view url) const;
+  // Some url filter deduplicates URLs: prep must tell run() which documents repeat a URL.
+  bool url_dedup() const;
 
   // "gopher_quality: alpha_words_ratio 0.41 < 0.8" (values with up to 4 significant decimals).
   std::string describe(const ChainOutcome& o) const;

@@ -176,7 +176,7 @@ class GopherQuality final : public Filter {
   std::optional<int64_t> min_stop_words = 2;
   std::vector<std::u32string> stop_words;
 
-  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+  bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
     Scratch& s = scratch();
     const DocumentView& v = document_view_words(*text);
@@ -281,7 +281,7 @@ class GopherRepetition final : public Filter {
   std::vector<std::pair<int64_t, double>> dup_n_grams = {{5, 0.15}, {6, 0.14}, {7, 0.13},
                                                          {8, 0.12}, {9, 0.11}, {10, 0.10}};
 
-  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+  bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
     Scratch& s = scratch();
     const DocumentView& v = document_view(*text);
@@ -500,7 +500,7 @@ class C4 final : public Filter {
   int64_t min_num_sentences = 5, min_words_per_line = 3, max_word_length = 1000;
   bool rewrites() const override { return true; }
 
-  bool apply(std::string* text, std::string_view, FilterDrop* d, bool* edited,
+  bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool* edited,
              FilterAnnotations*) const override {
     static const std::string_view kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
                                                "uses cookies", "use of cookies", "use cookies"};
@@ -651,7 +651,7 @@ class FineWeb final : public Filter {
   double new_line_ratio = 0.3;
   std::vector<std::u32string> stop_chars;
 
-  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+  bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
     Scratch& s = scratch();
     const auto& t = document_view(*text).cp;
@@ -696,7 +696,7 @@ class FineWeb final : public Filter {
 class Length final : public Filter {
  public:
   std::optional<int64_t> min_chars, max_chars, min_words, max_words;
-  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+  bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
     const auto& t = document_view(*text).cp;
     const int64_t chars = static_cast<int64_t>(t.size());

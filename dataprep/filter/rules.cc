@@ -40,7 +40,7 @@ class Language final : public Filter {
   double threshold = 0.65;
   bool annotates() const override { return true; }
 
-  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+  bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool*,
              FilterAnnotations* ann) const override {
     auto p = model->predict(*text);
     if (!p) return drop(d, "language_score", 0, "<=", threshold, "no prediction");
@@ -138,7 +138,7 @@ class Pii final : public Filter {
     return true;
   }
 
-  bool apply(std::string* text, std::string_view, FilterDrop*, bool* edited,
+  bool apply(std::string* text, const FilterInput&, FilterDrop*, bool* edited,
              FilterAnnotations*) const override {
     bool changed = false;
     auto any = [](std::string_view) { return true; };
@@ -198,14 +198,40 @@ std::string_view url_host(std::string_view url, std::string* buf) {
   return h;
 }
 
+}  // namespace
+
+std::string url_dedup_key(std::string_view url) {
+  if (url.empty()) return {};
+  size_t p = url.find("://");
+  std::string_view rest = p == std::string_view::npos ? url : url.substr(p + 3);
+  size_t hash = rest.find('#');
+  if (hash != std::string_view::npos) rest = rest.substr(0, hash);
+  const size_t end = rest.find_first_of("/?");
+  std::string buf;
+  std::string key(url_host(rest.substr(0, end), &buf));
+  std::string_view tail = end == std::string_view::npos ? std::string_view() : rest.substr(end);
+  const size_t q = tail.find('?');
+  std::string_view path = tail.substr(0, q),
+                   query = q == std::string_view::npos ? "" : tail.substr(q);
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  key.append(path);
+  key.append(query);
+  return key;
+}
+
+namespace {
+
 class Url final : public Filter {
  public:
   std::set<std::string, std::less<>> domains;
   std::set<std::string, std::less<>> words;
+  bool dedup = false;
   bool needs_url() const override { return true; }
+  bool url_dedup() const override { return dedup; }
 
-  bool apply(std::string*, std::string_view url, FilterDrop* d, bool*,
+  bool apply(std::string*, const FilterInput& in, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
+    const std::string_view url = in.url;
     if (url.empty()) return true;
     thread_local std::string host_buf;
     std::string_view host = url_host(url, &host_buf);
@@ -216,6 +242,7 @@ class Url final : public Filter {
       if (dot == std::string_view::npos) break;
       h.remove_prefix(dot + 1);
     }
+    if (dedup && in.url_duplicate) return drop(d, "duplicate_url", 1, "==", 1);
     if (!words.empty()) {
       thread_local std::string token;
       token.clear();
@@ -241,7 +268,7 @@ class Regex final : public Filter {
   std::vector<std::string> drop_patterns;
   bool rewrites() const override { return !strip_res.empty(); }
 
-  bool apply(std::string* text, std::string_view, FilterDrop* d, bool* edited,
+  bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool* edited,
              FilterAnnotations*) const override {
     for (size_t i = 0; i < drop_res.size(); ++i)
       if (RE2::PartialMatch(*text, *drop_res[i]))
@@ -355,8 +382,10 @@ Result<std::unique_ptr<Filter>> make_url(Params& p) {
     for (char& c : w) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     f->words.insert(w);
   }
-  if (f->domains.empty() && f->words.empty())
-    return Status::config("give domains_file, domains or words to block").with_key(p.key());
+  KILN_RETURN_IF_ERROR(p.boolean("dedup", &f->dedup));
+  if (f->domains.empty() && f->words.empty() && !f->dedup)
+    return Status::config("give domains_file, domains or words to block, or dedup: true")
+        .with_key(p.key());
   return std::unique_ptr<Filter>(std::move(f));
 }
 

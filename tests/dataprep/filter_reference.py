@@ -12,6 +12,7 @@ as words, the CJK sentence terminators, and line widths with CJK characters coun
       FILTERS_JSON: the chain, as the prep config's `filters:` list in JSON
       one decision per input line: {"id", "keep", "filter", "rule", "value", "threshold", "text"}
       (filter/rule/value/threshold of the dropping filter; text: the kept text after edits)
+      URL dedup (url, dedup: true) keeps the first document of each url_key() in input order
   filter_reference.py --bench FILTERS_JSON FILE.jsonl   prints MB/s of the chain (the peer of
       tools/bench/prep's filter stage)
 """
@@ -310,11 +311,31 @@ def pii(text, p):
 
 
 # ---- url, length, regex ------------------------------------------------------------------------
-URL = dict(domains_file="", domains=[], words=[])
+URL = dict(domains_file="", domains=[], words=[], dedup=False)
 ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
-def url_filter(text, p, url):
+def _host(authority):
+    host = authority.rsplit("@", 1)[-1]
+    if ":" in host and "]" not in host:
+        host = host.rsplit(":", 1)[0]
+    host = host.translate(ASCII_LOWER).rstrip(".")
+    return host[4:] if host.startswith("www.") else host
+
+
+def url_key(url):
+    """URL dedup's normal form: no scheme, host as the block list sees it, no fragment, no
+    trailing '/' in the path, the query kept."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    rest = rest.split("#", 1)[0]
+    m = re.search(r"[/?]", rest)
+    end = m.start() if m else len(rest)
+    tail = rest[end:]
+    path, _, query = tail.partition("?")
+    return _host(rest[:end]) + path.rstrip("/") + ("?" + query if _ else "")
+
+
+def url_filter(text, p, url, duplicate=False):
     if not url:
         return text
     domains = {d.translate(ASCII_LOWER) for d in p["domains"]}
@@ -335,6 +356,8 @@ def url_filter(text, p, url):
     for i in range(len(parts)):
         if ".".join(parts[i:]) in domains and ".".join(parts[i:]):
             raise Drop("blocked_domain", 1, 1)
+    if p["dedup"] and duplicate:
+        raise Drop("duplicate_url", 1, 1)
     blocked = {w.translate(ASCII_LOWER) for w in p["words"]}
     for token in re.split(r"[^0-9A-Za-z\u0080-\U0010ffff]+", url.translate(ASCII_LOWER)):
         if token and token in blocked:
@@ -399,11 +422,14 @@ def make_chain(spec):
     return chain
 
 
-def run_chain(chain, doc):
+def run_chain(chain, doc, url_duplicate=False):
     text = doc["text"]
     for label, name, params, fn in chain:
         try:
-            text = url_filter(text, params, doc.get("url") or "") if name == "url" else fn(text, params)
+            if name == "url":
+                text = url_filter(text, params, doc.get("url") or "", url_duplicate)
+            else:
+                text = fn(text, params)
         except Drop as d:
             return {"id": doc.get("id"), "keep": False, "filter": label, "rule": d.rule,
                     "value": d.value, "threshold": d.threshold}
@@ -423,10 +449,17 @@ def main():
         print(json.dumps({"bytes": size, "cpu_s": cpu, "mb_per_cpu_s": size / 1e6 / cpu}))
         return
     chain = make_chain(json.loads(sys.argv[1]))
+    docs = [json.loads(line) for line in sys.stdin if line.strip()]
+    # URL dedup: of the documents with the same url_key, the first in input order is kept.
+    seen, duplicate = set(), []
+    for d in docs:
+        key = url_key(d["url"]) if d.get("url") else ""
+        duplicate.append(bool(key) and key in seen)
+        if key:
+            seen.add(key)
     out = sys.stdout
-    for line in sys.stdin:
-        if line.strip():
-            out.write(json.dumps(run_chain(chain, json.loads(line)), ensure_ascii=False) + "\n")
+    for d, dup in zip(docs, duplicate):
+        out.write(json.dumps(run_chain(chain, d, dup), ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

@@ -620,6 +620,66 @@ TEST(FilterPrep, RejectsStatsAndShardsMatchTheChain) {
   }
 }
 
+// URL dedup: of the documents with the same normalised URL, the first in the input order (files
+// by path, then line) is kept, across files and with the rest of the chain, as the reference
+// decides over the same documents in the same order.
+TEST(FilterPrep, UrlDedupKeepsTheFirstAcrossFiles) {
+  TempDir tmp("filters_urldedup");
+  auto docs = make_corpus(800, 11);
+  std::mt19937_64 rng(5);
+  static const char* const kForms[] = {"https://www.{h}/{p}", "http://{h}/{p}/",
+                                       "HTTPS://{H}/{p}#top", "https://{h}:443/{p}",
+                                       "https://{h}/{p}?a=1", "https://user@{h}/{p}"};
+  for (auto& d : docs) {
+    const std::string h = "site" + std::to_string(rng() % 40) + ".test";
+    std::string H = h;
+    for (char& ch : H) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    const std::string path = "page" + std::to_string(rng() % 5);
+    std::string u = kForms[rng() % std::size(kForms)];
+    auto put = [&](const std::string& from, const std::string& to) {
+      for (size_t at; (at = u.find(from)) != std::string::npos;) u.replace(at, from.size(), to);
+    };
+    put("{h}", h);
+    put("{H}", H);
+    put("{p}", path);
+    d.url = rng() % 10 == 0 ? "" : u;
+  }
+  std::string all;
+  for (int f = 0; f < 4; ++f) {
+    std::vector<WebCorpus::Doc> part(docs.begin() + f * 200, docs.begin() + (f + 1) * 200);
+    write_file(tmp / ("in/part" + std::to_string(f) + ".jsonl"), corpus_jsonl(part));
+    all += corpus_jsonl(part);
+  }
+  write_file(tmp / "all.jsonl", all);
+  const std::string chain_json =
+      R"([{"name": "gopher_quality"}, {"name": "url", "dedup": true, "domains": ["site7.test"]}])";
+  auto ref = reference_decisions(chain_json, tmp / "all.jsonl", tmp / "ref.jsonl");
+  write_file(tmp / "cfg.yaml", "filters: " + chain_json + "\n");
+  ASSERT_EQ(run_shell(std::string(test::kiln_binary()) + " prep --input " + (tmp / "in") +
+                      " --output " + (tmp / "out") + " --config " + (tmp / "cfg.yaml") +
+                      " --tokenizer none --no-near --no-exact > " + (tmp / "log") + " 2>&1"),
+            0)
+      << read_text(tmp / "log");
+  auto rejects = filtered_rejects(tmp / "out");
+  size_t dups = 0;
+  for (const auto& d : docs) {
+    const Decision& r = ref[d.id];
+    if (r.keep) {
+      EXPECT_EQ(rejects.count(d.id), 0u) << d.id << " " << d.url;
+      continue;
+    }
+    ASSERT_EQ(rejects.count(d.id), 1u) << d.id << " " << d.url;
+    EXPECT_EQ(rejects[d.id]["filter"], r.filter) << d.id;
+    EXPECT_EQ(rejects[d.id]["rule"], r.rule) << d.id << " " << d.url;
+    dups += r.rule == "duplicate_url";
+  }
+  EXPECT_EQ(rejects.size(),
+            std::count_if(ref.begin(), ref.end(), [](const auto& kv) { return !kv.second.keep; }));
+  EXPECT_GT(dups, 100u);  // 800 documents over ~200 distinct URLs
+  auto stats = nlohmann::json::parse(read_text(tmp / "out/stats.json"));
+  EXPECT_EQ(stats["filters"][1]["rules"]["duplicate_url"].get<size_t>(), dups);
+}
+
 // ---- CJK: the word-level rules keep Chinese and Japanese prose ---------------------------------
 
 TEST(FilterCjk, DefaultCorpusChineseAndJapaneseKeptByWordRules) {
