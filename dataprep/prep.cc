@@ -107,9 +107,6 @@ bool exists(const std::string& p) {
 const char* const kOutputs[] = {"manifest.json", "stats.json", "shards", "dedup", "rejects",
                                 "tokenizer.json"};
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::string fmt(const char* f, double v) {
   char buf[64];

@@ -77,7 +77,4 @@ struct PrepOptions {
 // Validates every value (ranges, enums) and resolves bands x rows; errors name the key.
 Result<PrepOptions> prep_options_from_config(const Config& config);
 
-// "512M", "2G", "1.5GiB", "1048576" -> bytes. kConfig on anything else.
-Result<uint64_t> parse_byte_size(const std::string& text);
-
 }  // namespace kiln::prep

@@ -32,6 +32,7 @@
 #include <set>
 #include <thread>
 
+#include "common/text.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "loader/decode.h"
@@ -94,9 +95,6 @@ uint64_t dataset_fingerprint(const Manifest& m) {
   return h.digest();
 }
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 class LoaderImpl final : public Loader {
  public:

@@ -1,5 +1,5 @@
 // The host-side planning of the fused CUDA kernels (kernels/cuda/launch_plan.h) and the
-// multi-tensor AdamW seam (Backend::adamw_update_tensors), checked on the CPU: these run on every
+// multi-tensor AdamW seam (Runtime::adamw_update_multi), checked on the CPU: these run on every
 // machine, while the kernels that use them are tested on a GPU (tests/kernels_cuda_gpu.cc).
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/device/runtime.h"
 #include "kernels/cuda/launch_plan.h"
 #include "kernels/ops.h"
 
@@ -155,7 +155,7 @@ TEST(CudaLaunchPlan, GeluEpilogueNeedsAlignedAux) {
 // The backend's multi-tensor AdamW on the CPU (the default: adamw_update per tensor, each with its
 // own weight decay) gives the same bits as the per-tensor calls the optimizer made before.
 TEST(CudaLaunchPlan, AdamWTensorsMatchesPerTensorUpdates) {
-  engine::Backend& be = engine::cpu_backend();
+  engine::Runtime& rt = engine::host_runtime();
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
   const std::vector<size_t> sizes{1, 37, 1000, 4097};
@@ -180,13 +180,13 @@ TEST(CudaLaunchPlan, AdamWTensorsMatchesPerTensorUpdates) {
   hp.lr = 3e-3f;
   hp.step = 7;
   hp.grad_scale = 0.5f;
-  hp.weight_decay = 123.0f;  // ignored by adamw_update_tensors
+  hp.weight_decay = 123.0f;  // ignored by adamw_update_multi
   std::vector<AdamWTensor> batch;
   for (size_t t = 0; t < sizes.size(); ++t) {
     batch.push_back(AdamWTensor{a[t].p.data(), a[t].m.data(), a[t].v.data(), a[t].g.data(),
                                 t == 1 ? nullptr : a[t].lp.data(), sizes[t], wd[t]});
   }
-  be.adamw_update_tensors(batch.data(), static_cast<int>(batch.size()), hp, DType::kBF16);
+  rt.adamw_update_multi(batch.data(), static_cast<int>(batch.size()), hp, DType::kBF16);
   for (size_t t = 0; t < sizes.size(); ++t) {
     AdamWParams h = hp;
     h.weight_decay = wd[t];

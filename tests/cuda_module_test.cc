@@ -14,7 +14,7 @@
 
 #include "comm/nccl.h"
 #include "common/cuda_module.h"
-#include "engine/backend.h"
+#include "engine/device/runtime.h"
 #include "test_paths.h"
 #include "tests/kiln_cli.h"
 
@@ -147,7 +147,7 @@ TEST_F(CudaModules, MissingOrBrokenModuleIsAConfigError) {
 // In a test process: the CPU backend maps nothing of CUDA; asking for NCCL loads the NCCL module
 // (and libnccl) where it was built - so /proc/self/maps does show loaded modules.
 TEST_F(CudaModules, ThisProcessMapsCudaOnlyWhenAsked) {
-  ASSERT_TRUE(engine::backend_for(Device::kCpu).is_ok());
+  ASSERT_TRUE(engine::runtime_for(Device::kCpu).is_ok());
   const std::string before = self_maps();
   ASSERT_NE(before.find("libstdc++"), std::string::npos);
   EXPECT_EQ(first_cuda_library(before), "");

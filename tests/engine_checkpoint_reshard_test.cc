@@ -1,4 +1,4 @@
-// engine/checkpoint.h: resuming on another tensor-parallel size reads, from the source TP ranks'
+// engine/checkpoint/checkpoint.h: resuming on another tensor-parallel size reads, from the source TP ranks'
 // files, only the byte ranges of the elements this rank's slices share with them - the values
 // are the whole tensors' slices, and nothing but the rank's own slices is held (CheckpointReader).
 #include <sys/wait.h>
@@ -21,9 +21,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/checkpoint.h"
-#include "engine/params.h"
-#include "engine/plan.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/model/params.h"
+#include "engine/parallel/layout_plan.h"
 
 namespace kiln::engine {
 namespace {
@@ -110,7 +110,7 @@ void check_load_here(const std::string& run, int from_tp, int rank, int tp, int6
                std::to_string(tp));
   auto dir = latest_checkpoint(run);
   ASSERT_TRUE(dir.is_ok()) << dir.status().to_string();
-  Backend& host = cpu_backend();
+  Runtime& host = host_runtime();
   ParamStore mine(model(), Precision::kFp32, false, nullptr, TpShard{rank, tp});
   const uint64_t before = host.memory().in_use;
   const bool measurable = host.memory().peak == before;  // nothing larger held before

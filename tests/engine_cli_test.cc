@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/mixture_control.h"
-#include "engine/rng.h"
-#include "engine/train_config.h"
-#include "engine/trainer.h"
+#include "engine/mixing/control_file.h"
+#include "engine/model/rng.h"
+#include "engine/train/train_config.h"
+#include "engine/train/trainer.h"
 #include "test_paths.h"
 #include "tests/kiln_cli.h"
 

@@ -1,6 +1,6 @@
-// engine/data_parallel.h: where a rank runs on a GPU machine, and the errors of device: cuda
+// engine/parallel/data_parallel.h: where a rank runs on a GPU machine, and the errors of device: cuda
 // under mpirun that need no GPU to check (tests/train_gpu_dist.sh runs the real thing).
-#include "engine/data_parallel.h"
+#include "engine/parallel/data_parallel.h"
 
 #include <gtest/gtest.h>
 

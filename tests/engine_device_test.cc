@@ -1,4 +1,4 @@
-// The engine's device seam (engine/backend.h): device selection and its error, backend memory,
+// The engine's device seam (engine/device/runtime.h): device selection and its error, backend memory,
 // staged batches, parameter-store host access; on a GPU also the same model and optimizer step on
 // the CPU and on the GPU from the same initial bits (losses, gradients and weights within stated
 // tolerances). Without a usable GPU the GPU cases are skipped with the reason.
@@ -12,20 +12,20 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "engine/backend.h"
-#include "engine/device_batches.h"
-#include "engine/model.h"
-#include "engine/optimizer.h"
-#include "engine/params.h"
-#include "engine/rng.h"
-#include "engine/step_batches.h"
-#include "engine/train_config.h"
-#include "engine/zero.h"
+#include "engine/device/runtime.h"
+#include "engine/data/device_batches.h"
+#include "engine/model/model.h"
+#include "engine/model/optimizer.h"
+#include "engine/model/params.h"
+#include "engine/model/rng.h"
+#include "engine/data/step_batches.h"
+#include "engine/train/train_config.h"
+#include "engine/parallel/zero.h"
 
 namespace kiln::engine {
 namespace {
 
-// Whether a failed backend_for(kCuda) means "no GPU here" (a skip) rather than a broken CUDA
+// Whether a failed runtime_for(kCuda) means "no GPU here" (a skip) rather than a broken CUDA
 // module (a failure: the module must load wherever it was built).
 bool no_gpu_here(const std::string& msg) {
   return msg.find(cuda_compiled() ? "no usable GPU" : "built without CUDA") != std::string::npos ||
@@ -33,8 +33,8 @@ bool no_gpu_here(const std::string& msg) {
 }
 
 // The CUDA backend, or nullptr with the reason it is unusable in *why.
-Backend* gpu(std::string* why) {
-  auto b = backend_for(Device::kCuda);
+Runtime* gpu(std::string* why) {
+  auto b = runtime_for(Device::kCuda);
   if (b.is_ok()) return *b;
   *why = b.status().to_string();
   EXPECT_TRUE(no_gpu_here(b.status().message())) << "the CUDA module did not load: " << *why;
@@ -43,20 +43,20 @@ Backend* gpu(std::string* why) {
 
 #define REQUIRE_GPU(var)                                  \
   std::string why_;                                       \
-  Backend* var = gpu(&why_);                              \
+  Runtime* var = gpu(&why_);                              \
   if (var == nullptr) GTEST_SKIP() << "no GPU: " << why_
 
-std::vector<Backend*> backends() {
-  std::vector<Backend*> out{&cpu_backend()};
+std::vector<Runtime*> backends() {
+  std::vector<Runtime*> out{&host_runtime()};
   std::string why;
-  if (Backend* g = gpu(&why)) out.push_back(g);
+  if (Runtime* g = gpu(&why)) out.push_back(g);
   return out;
 }
 
 template <typename T>
-std::vector<T> to_host(Backend& be, const T* p, size_t n) {
+std::vector<T> to_host(Runtime& rt, const T* p, size_t n) {
   std::vector<T> h(n);
-  be.copy_to_host(h.data(), p, n * sizeof(T));
+  rt.copy_to_host(h.data(), p, n * sizeof(T));
   return h;
 }
 
@@ -68,13 +68,13 @@ TEST(Device, ParseNamesAndErrors) {
   EXPECT_EQ(bad.status().code(), StatusCode::kConfig);
   EXPECT_EQ(bad.status().key(), "device");
   EXPECT_STREQ(device_name(Device::kCuda), "cuda");
-  ASSERT_TRUE(backend_for(Device::kCpu).is_ok());
-  EXPECT_EQ((*backend_for(Device::kCpu))->device(), Device::kCpu);
+  ASSERT_TRUE(runtime_for(Device::kCpu).is_ok());
+  EXPECT_EQ((*runtime_for(Device::kCpu))->device(), Device::kCpu);
 }
 
 // Without CUDA (build or GPU), asking for it is an error that names `device` and says why.
 TEST(Device, CudaUnavailableNamesDeviceAndReason) {
-  auto b = backend_for(Device::kCuda);
+  auto b = runtime_for(Device::kCuda);
   if (b.is_ok()) {
     EXPECT_EQ((*b)->device(), Device::kCuda);
     EXPECT_NE((*b)->describe().find("cuda"), std::string::npos);
@@ -86,40 +86,40 @@ TEST(Device, CudaUnavailableNamesDeviceAndReason) {
 }
 
 TEST(Device, MemoryFillCopyAndAccounting) {
-  for (Backend* be : backends()) {
-    SCOPED_TRACE(be->describe());
-    const size_t before = be->memory().in_use;
+  for (Runtime* be : backends()) {
+    SCOPED_TRACE(rt->describe());
+    const size_t before = rt->memory().in_use;
     {
-      DeviceArray<float> a(be, 1000);
-      EXPECT_EQ(be->memory().in_use, before + 4000);
-      EXPECT_GE(be->memory().peak, before + 4000);
-      auto h = to_host(*be, a.data(), 1000);
+      DeviceArray<float> a(rt, 1000);
+      EXPECT_EQ(rt->memory().in_use, before + 4000);
+      EXPECT_GE(rt->memory().peak, before + 4000);
+      auto h = to_host(*rt, a.data(), 1000);
       EXPECT_TRUE(std::all_of(h.begin(), h.end(), [](float v) { return v == 0.0f; }));
-      be->fill(a.data() + 10, 2.5f, 5);
+      rt->fill(a.data() + 10, 2.5f, 5);
       std::vector<float> src(1000);
       for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
-      h = to_host(*be, a.data(), 1000);
+      h = to_host(*rt, a.data(), 1000);
       EXPECT_EQ(h[9], 0.0f);
       EXPECT_EQ(h[10], 2.5f);
       EXPECT_EQ(h[14], 2.5f);
       EXPECT_EQ(h[15], 0.0f);
-      be->copy_to_device(a.data(), src.data(), 4000);
-      EXPECT_EQ(to_host(*be, a.data(), 1000), src);
+      rt->copy_to_device(a.data(), src.data(), 4000);
+      EXPECT_EQ(to_host(*rt, a.data(), 1000), src);
       a.zero();
-      EXPECT_EQ(to_host(*be, a.data(), 1000)[999], 0.0f);
+      EXPECT_EQ(to_host(*rt, a.data(), 1000)[999], 0.0f);
       DeviceArray<float> moved = std::move(a);
       EXPECT_TRUE(a.empty());
       EXPECT_EQ(moved.size(), 1000u);
     }
-    EXPECT_EQ(be->memory().in_use, before);
+    EXPECT_EQ(rt->memory().in_use, before);
   }
 }
 
 TEST(Device, StagedBatchesRoundTrip) {
-  for (Backend* be : backends()) {
-    SCOPED_TRACE(be->describe());
+  for (Runtime* be : backends()) {
+    SCOPED_TRACE(rt->describe());
     const int rows = 3, T = 7;
-    DeviceBatches staged(be, rows, T);
+    DeviceBatches staged(rt, rows, T);
     std::vector<MicroBatch> mb(3);
     for (size_t k = 0; k < mb.size(); ++k) {
       mb[k].rows = rows;
@@ -133,9 +133,9 @@ TEST(Device, StagedBatchesRoundTrip) {
       for (size_t k = 0; k < mb.size(); ++k) staged.upload(k, mb[k]);
       for (size_t k = 0; k < mb.size(); ++k) {
         auto tok = staged.at(k);
-        EXPECT_EQ(to_host(*be, tok.inputs, rows * T), mb[k].inputs);
-        EXPECT_EQ(to_host(*be, tok.targets, rows * T), mb[k].targets);
-        be->fill(staged.losses(k), static_cast<float>(k + step), rows * T);
+        EXPECT_EQ(to_host(*rt, tok.inputs, rows * T), mb[k].inputs);
+        EXPECT_EQ(to_host(*rt, tok.targets, rows * T), mb[k].targets);
+        rt->fill(staged.losses(k), static_cast<float>(k + step), rows * T);
       }
       std::vector<float> losses(mb.size() * rows * T);
       staged.download_losses(mb.size(), losses.data());
@@ -169,12 +169,12 @@ TEST(Device, StepBatchesDrawAheadOnASecondThread) {
   TrainConfig c;
   c.model = small_model();
   c.data.micro_batch = 3;
-  for (Backend* be : backends()) {
-    SCOPED_TRACE(be->describe());
+  for (Runtime* be : backends()) {
+    SCOPED_TRACE(rt->describe());
     auto ref_src = make_synthetic_source(c), src = make_synthetic_source(c);
     const int64_t B = c.data.micro_batch, T = c.model.seq_len, V = c.model.vocab_size;
     const size_t n = static_cast<size_t>(B * T);
-    StepBatches sb(src.get(), be, B, T, V, /*prefetch=*/true);
+    StepBatches sb(src.get(), rt, B, T, V, /*prefetch=*/true);
     for (int step = 1; step <= 6; ++step) {
       SCOPED_TRACE(step);
       if (step == 4) {
@@ -191,9 +191,9 @@ TEST(Device, StepBatchesDrawAheadOnASecondThread) {
         ASSERT_TRUE(ref_src->next(&want).is_ok());
         const auto tok = sb.staged().at(i);
         // A kernel-ordered read: the device copy after the compute stream waited for the upload.
-        DeviceArray<int32_t> got(be, 2 * n);
-        be->copy(got.data(), tok.inputs, 2 * n * sizeof(int32_t));
-        const std::vector<int32_t> h = to_host(*be, got.data(), 2 * n);
+        DeviceArray<int32_t> got(rt, 2 * n);
+        rt->copy(got.data(), tok.inputs, 2 * n * sizeof(int32_t));
+        const std::vector<int32_t> h = to_host(*rt, got.data(), 2 * n);
         ASSERT_EQ(std::vector<int32_t>(h.begin(), h.begin() + n), want.inputs) << "micro-batch " << i;
         ASSERT_EQ(std::vector<int32_t>(h.begin() + n, h.end()), want.targets) << "micro-batch " << i;
       }
@@ -206,20 +206,20 @@ TEST(Device, StepBatchesDrawAheadOnASecondThread) {
 // Initialisation is generated on the host: every backend starts from the same bits, and the
 // host view / upload pair round-trips.
 // ZeRO-1/2/3 (one rank) updates every tensor range with the backend's multi-tensor AdamW
-// (engine/zero.cc): three steps give the same bits as AdamW on the whole store, on every
+// (engine/parallel/zero.cc): three steps give the same bits as AdamW on the whole store, on every
 // backend (on a GPU: the same multi-tensor launch over the shards' ranges), fp32 and bf16
 // (the low-precision copy the stages 1-2 keep in the full unit, too).
 TEST(Device, ZeroStagesMatchAdamWBitForBit) {
   auto group = comm::make_local_group();
   OptimizerConfig oc;
   oc.clip_grad = 0.5f;  // clipped: grad_scale != 1
-  for (Backend* be : backends()) {
+  for (Runtime* be : backends()) {
     for (Precision prec : {Precision::kFp32, Precision::kBf16}) {
       for (int stage = 1; stage <= 3; ++stage) {
-        SCOPED_TRACE(be->describe() + " " + precision_name(prec) + " stage " +
+        SCOPED_TRACE(rt->describe() + " " + precision_name(prec) + " stage " +
                      std::to_string(stage));
-        ParamStore ref(small_model(), prec, false, be);
-        ParamStore zp(small_model(), prec, false, be, {}, /*allocate=*/false);
+        ParamStore ref(small_model(), prec, false, rt);
+        ParamStore zp(small_model(), prec, false, rt, {}, /*allocate=*/false);
         ref.init(11);
         InitSource init(zp, 11);  // ZeRO builds its states from the initialisation
         AdamW adamw(oc);
@@ -235,7 +235,7 @@ TEST(Device, ZeroStagesMatchAdamWBitForBit) {
             for (size_t i = 0; i < g.size(); ++i)
               g[i] = static_cast<float>(random_normal(step, t, i));
             ref.upload(static_cast<int>(t), ParamField::kGrad, g.data());
-            be->copy_to_device(zero.shard_grad(tensors[t].unit) + tensors[t].offset, g.data(),
+            rt->copy_to_device(zero.shard_grad(tensors[t].unit) + tensors[t].offset, g.data(),
                                g.size() * sizeof(float));
           }
           const StepStats a = adamw.inspect(ref, 1.0);
@@ -264,8 +264,8 @@ TEST(Device, ZeroStagesMatchAdamWBitForBit) {
         }
         if (prec != Precision::kFp32 && stage < 3) {
           for (size_t u = 0; u < ref.units().size(); ++u) {
-            auto want = to_host(*be, ref.units()[u].lp.data(), ref.units()[u].numel);
-            auto got = to_host(*be, zp.units()[u].lp.data(), zp.units()[u].numel);
+            auto want = to_host(*rt, ref.units()[u].lp.data(), ref.units()[u].numel);
+            auto got = to_host(*rt, zp.units()[u].lp.data(), zp.units()[u].numel);
             ASSERT_EQ(want, got) << ref.units()[u].name << " low-precision copy";
           }
         }
@@ -277,9 +277,9 @@ TEST(Device, ZeroStagesMatchAdamWBitForBit) {
 TEST(Device, ParamStoreInitAndHostAccess) {
   ParamStore ref(small_model(), Precision::kBf16);
   ref.init(5);
-  for (Backend* be : backends()) {
-    SCOPED_TRACE(be->describe());
-    ParamStore p(small_model(), Precision::kBf16, false, be);
+  for (Runtime* be : backends()) {
+    SCOPED_TRACE(rt->describe());
+    ParamStore p(small_model(), Precision::kBf16, false, rt);
     p.init(5);
     std::vector<float> s1, s2;
     for (size_t t = 0; t < p.tensors().size(); ++t) {
@@ -291,7 +291,7 @@ TEST(Device, ParamStoreInitAndHostAccess) {
     }
     // Low-precision copy: the same rounding on every backend.
     for (size_t u = 0; u < p.units().size(); ++u) {
-      auto lp = to_host(*be, p.units()[u].lp.data(), p.units()[u].numel);
+      auto lp = to_host(*rt, p.units()[u].lp.data(), p.units()[u].numel);
       ASSERT_EQ(0, std::memcmp(lp.data(), ref.units()[u].lp.data(), lp.size() * 2));
     }
     std::vector<float> vals(p.tensors()[0].numel);
@@ -309,9 +309,9 @@ struct StepResult {
 };
 
 // One forward+backward and one AdamW step of the small model on `be`, from seed 7.
-StepResult one_step(Backend* be, Precision p) {
+StepResult one_step(Runtime* rt, Precision p) {
   const ModelConfig m = small_model();
-  ParamStore params(m, p, false, be);
+  ParamStore params(m, p, false, rt);
   params.init(7);
   const int B = 2, T = static_cast<int>(m.seq_len);
   auto model = Model::create(&params, B, Recompute::kSelective);
@@ -323,7 +323,7 @@ StepResult one_step(Backend* be, Precision p) {
     mb.targets.push_back(static_cast<int32_t>(random_bits(9, 2, i) % m.vocab_size));
   }
   mb.targets[3] = -1;
-  DeviceBatches staged(be, B, T);
+  DeviceBatches staged(rt, B, T);
   staged.upload(0, mb);
   params.zero_grads();
   auto tok = staged.at(0);
@@ -357,9 +357,9 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 // The same step on the GPU and on the CPU. fp32: both accumulate in fp32 in different orders,
 // so losses agree to 1e-5 and gradients to 1e-4 of each tensor's largest value; bf16 rounds
 // activations at every op, so 2e-2 (losses, relative) and 5e-2 (gradients).
-void expect_step_parity(Backend* g, Precision p, double loss_tol, double grad_tol) {
+void expect_step_parity(Runtime* g, Precision p, double loss_tol, double grad_tol) {
   SCOPED_TRACE(precision_name(p));
-  StepResult c = one_step(&cpu_backend(), p), d = one_step(g, p);
+  StepResult c = one_step(&host_runtime(), p), d = one_step(g, p);
   EXPECT_LT(max_rel(d.losses, c.losses), loss_tol);
   for (size_t t = 0; t < c.grads.size(); ++t) {
     EXPECT_LT(max_rel(d.grads[t], c.grads[t]), grad_tol) << "grad of tensor " << t;

@@ -1,4 +1,4 @@
-// engine/metrics.h: the metrics log keeps a resumed run's lines and drops the rest, and
+// engine/train/metrics.h: the metrics log keeps a resumed run's lines and drops the rest, and
 // last_logged_weights reads what `kiln mix` shows as in effect.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/metrics.h"
+#include "engine/train/metrics.h"
 #include "engine_test_util.h"
 
 namespace kiln::engine {

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "common/hash.h"
-#include "engine/model.h"
-#include "engine/params.h"
-#include "engine/rng.h"
+#include "engine/model/model.h"
+#include "engine/model/params.h"
+#include "engine/model/rng.h"
 #include "kernels/ops.h"
 
 namespace kiln::engine {

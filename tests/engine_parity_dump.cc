@@ -1,7 +1,7 @@
 // Dumps one engine training setup for the PyTorch parity test (tests/python/engine_parity.py):
 //   engine_parity_dump OUT_DIR PRECISION
 // writes OUT_DIR/<precision>/{params,batch,grads,steps}.safetensors:
-//   params   the fp32 master weights the model starts from (names as engine/params.h)
+//   params   the fp32 master weights the model starts from (names as engine/model/params.h)
 //   batch    inputs, targets (I32, B x T)
 //   grads    the fp32 gradient of the mean loss for every parameter (unscaled) and per-token losses
 //   steps    the loss and global grad norm of each of 10 AdamW steps with clipping on that batch
@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "common/log.h"
-#include "engine/model.h"
-#include "engine/optimizer.h"
-#include "engine/params.h"
-#include "engine/rng.h"
-#include "engine/safetensors.h"
+#include "engine/model/model.h"
+#include "engine/model/optimizer.h"
+#include "engine/model/params.h"
+#include "engine/model/rng.h"
+#include "engine/checkpoint/safetensors.h"
 #include "kernels/ops.h"
 
 using namespace kiln;

@@ -1,13 +1,13 @@
-// engine/plan.h: the memory and communication model behind `kiln plan`, checked against the
+// engine/parallel/layout_plan.h: the memory and communication model behind `kiln plan`, checked against the
 // engine's own allocations (ParamStore, the model's activation plan) and the ZeRO formulas.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "engine/model.h"
-#include "engine/params.h"
-#include "engine/plan.h"
-#include "engine/train_config.h"
+#include "engine/model/model.h"
+#include "engine/model/params.h"
+#include "engine/parallel/layout_plan.h"
+#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 namespace {

@@ -1,4 +1,4 @@
-// The next step's batches drawn ahead (engine/step_batches.h, data.prefetch_next_step): the
+// The next step's batches drawn ahead (engine/data/step_batches.h, data.prefetch_next_step): the
 // batches are those drawn one step at a time; a weight change or restore after a draw ahead puts
 // the source back first; a checkpoint's data position excludes the batches drawn ahead. In
 // `kiln train`: runs with prefetching on and off are bit-identical (synthetic and loader data,
@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/data_source.h"
-#include "engine/mixture_control.h"
-#include "engine/step_batches.h"
-#include "engine/train_config.h"
-#include "engine/trainer.h"
+#include "engine/device/runtime.h"
+#include "engine/data/data_source.h"
+#include "engine/mixing/control_file.h"
+#include "engine/data/step_batches.h"
+#include "engine/train/train_config.h"
+#include "engine/train/trainer.h"
 #include "tests/engine_test_util.h"
 #include "tests/loader_testutil.h"
 
@@ -150,8 +150,8 @@ TEST(StepBatches, DrawsAheadExactlyWhatComesNext) {
     auto src = open_data_source(c);
     ASSERT_TRUE(ref_src.is_ok() && src.is_ok());
     const int64_t B = c.data.micro_batch, T = c.model.seq_len, V = c.model.vocab_size;
-    StepBatches ref(ref_src->get(), &cpu_backend(), B, T, V, /*prefetch=*/false);
-    StepBatches sb(src->get(), &cpu_backend(), B, T, V, /*prefetch=*/true);
+    StepBatches ref(ref_src->get(), &host_runtime(), B, T, V, /*prefetch=*/false);
+    StepBatches sb(src->get(), &host_runtime(), B, T, V, /*prefetch=*/true);
     const std::vector<std::string> names = (*src)->domains();
     ASSERT_EQ(names.size(), 2u);
     loader::DomainWeights w1{{names[0], 1.0}};
@@ -198,7 +198,7 @@ TEST(StepBatches, DrawsAheadExactlyWhatComesNext) {
         auto fresh = open_data_source(c);
         ASSERT_TRUE(fresh.is_ok());
         ASSERT_TRUE((*fresh)->restore(sb.state()).is_ok());
-        StepBatches p(fresh->get(), &cpu_backend(), B, T, V, false);
+        StepBatches p(fresh->get(), &host_runtime(), B, T, V, false);
         ASSERT_TRUE(p.take(3).status.is_ok());
         probe = tokens(p.batches());
       }
@@ -215,7 +215,7 @@ TEST(StepBatches, AnErrorDrawnAheadIsReportedByTheStepThatTakesIt) {
     auto src = open_data_source(c);
     ASSERT_TRUE(src.is_ok());
     // A vocabulary smaller than the data's: the first micro-batch already fails.
-    StepBatches sb(src->get(), &cpu_backend(), c.data.micro_batch, c.model.seq_len, 5, true);
+    StepBatches sb(src->get(), &host_runtime(), c.data.micro_batch, c.model.seq_len, 5, true);
     sb.prefetch(2);
     const auto d = sb.take(2);
     EXPECT_TRUE(d.prefetched);

@@ -1,4 +1,4 @@
-// engine/tensor_parallel.h and the tensor-parallel ParamStore layout (engine/params.h): every
+// engine/parallel/tensor_parallel.h and the tensor-parallel ParamStore layout (engine/model/params.h): every
 // rank's slices, initialised on their own, are exactly the whole model's values; the slices of
 // all ranks reassemble the whole tensors; kiln plan's unit sizes are the sliced store's.
 // (The layers themselves run under mpirun: tests/train_tp.sh.)
@@ -6,9 +6,9 @@
 
 #include <cstring>
 
-#include "engine/params.h"
-#include "engine/plan.h"
-#include "engine/train_config.h"
+#include "engine/model/params.h"
+#include "engine/parallel/layout_plan.h"
+#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 namespace {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/train_config.h"
-#include "engine/trainer.h"
+#include "engine/train/train_config.h"
+#include "engine/train/trainer.h"
 
 namespace kiln::engine::test {
 

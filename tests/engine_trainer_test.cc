@@ -10,9 +10,9 @@
 #include <fstream>
 
 #include "common/atomic_file.h"
-#include "engine/mixture_control.h"
-#include "engine/train_config.h"
-#include "engine/trainer.h"
+#include "engine/mixing/control_file.h"
+#include "engine/train/train_config.h"
+#include "engine/train/trainer.h"
 #include "tests/engine_test_util.h"
 
 namespace kiln::engine {

@@ -8,12 +8,12 @@
 #include <fstream>
 
 #include "common/atomic_file.h"
-#include "engine/loss_scaler.h"
-#include "engine/mixture_control.h"
-#include "engine/rng.h"
-#include "engine/safetensors.h"
-#include "engine/schedule.h"
-#include "engine/train_config.h"
+#include "engine/model/loss_scaler.h"
+#include "engine/mixing/control_file.h"
+#include "engine/model/rng.h"
+#include "engine/checkpoint/safetensors.h"
+#include "engine/model/schedule.h"
+#include "engine/train/train_config.h"
 #include "tests/engine_test_util.h"
 
 namespace kiln::engine {

@@ -100,7 +100,7 @@ TEST(KernelsCrossEntropy, ThreadCountInvariant) {
 }
 
 // The vocabulary-parallel pieces: logits split into `ranks` column blocks, the row statistics
-// combined as engine/tensor_parallel.cc does (max, then sums), give the fused op's losses and
+// combined as engine/parallel/tensor_parallel.cc does (max, then sums), give the fused op's losses and
 // gradients (the same fp32 arithmetic: only the order of the sum of exponentials differs).
 TEST(KernelsCrossEntropy, ShardedStatisticsMatchTheFusedOp) {
   const int BT = 13, V = 96;

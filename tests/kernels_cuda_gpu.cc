@@ -6,8 +6,8 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/cuda/ops.h"
-#include "kernels/cuda/tp_ops.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/ops.h"
 #include "kernels/reference.h"
 #include "kernels_test_util.h"
 
@@ -266,7 +266,7 @@ TEST(KernelsCuda, ElementwiseAndEmbedding) {
   EXPECT_TRUE(bits_equal(gdwpe.host(), dwpe));
 }
 
-// The vocabulary-parallel embedding's gradient (kernels/cuda/tp_ops.h: encoder.cu's token-sorted
+// The vocabulary-parallel embedding's gradient (kernels/ops.h: encoder.cu's token-sorted
 // kernel with a vocabulary window): each window's rows are the bits of the whole gradient's rows
 // (the same additions in the same order), tokens outside the window leave nothing.
 TEST(KernelsCuda, TpEmbeddingGradientWindowsAreTheWholeGradientsRows) {
@@ -286,7 +286,7 @@ TEST(KernelsCuda, TpEmbeddingGradientWindowsAreTheWholeGradientsRows) {
   }
 }
 
-// The vocabulary-parallel cross-entropy kernels (engine/tensor_parallel.h) against the CPU's:
+// The vocabulary-parallel cross-entropy kernels (engine/parallel/tensor_parallel.h) against the CPU's:
 // row statistics, losses and the in-place gradient of one rank's columns.
 TEST(KernelsCuda, ShardedCrossEntropyMatchesTheCpu) {
   REQUIRE_GPU();

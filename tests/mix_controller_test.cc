@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/mix_controller.h"
-#include "engine/mixture_control.h"
-#include "engine/train_config.h"
-#include "engine/trainer.h"
+#include "engine/mixing/controller.h"
+#include "engine/mixing/control_file.h"
+#include "engine/train/train_config.h"
+#include "engine/train/trainer.h"
 #include "tests/engine_test_util.h"
 
 namespace kiln::engine {

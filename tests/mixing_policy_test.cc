@@ -1,6 +1,6 @@
 // engine/mixing_policy: each policy's update rule, its direction on a hard vs an easy domain,
 // flooring, pausing, and exact replay through the serialised state.
-#include "engine/mixing_policy.h"
+#include "engine/mixing/policy.h"
 
 #include <gtest/gtest.h>
 

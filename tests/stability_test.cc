@@ -1,6 +1,6 @@
 // engine/stability: rolling statistics, spike z-scores, the bad-batch rule, per-unit gradient
 // norms, the non-finite locator, per-unit clipping, update ratios and the checkpointed state.
-#include "engine/stability.h"
+#include "engine/stability/monitor.h"
 
 #include <gtest/gtest.h>
 

@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/checkpoint.h"
-#include "engine/stability.h"
-#include "engine/train_config.h"
-#include "engine/trainer.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/stability/monitor.h"
+#include "engine/train/train_config.h"
+#include "engine/train/trainer.h"
 #include "tests/engine_test_util.h"
 
 namespace kiln::engine {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/dtype.h"
 
 #define KILN_CUDA_CHECK(expr)                                                       \

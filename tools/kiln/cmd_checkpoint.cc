@@ -4,9 +4,9 @@
 #include <filesystem>
 #include <memory>
 
-#include "engine/checkpoint.h"
-#include "engine/params.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/model/params.h"
+#include "engine/checkpoint/safetensors.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {

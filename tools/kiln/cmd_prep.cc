@@ -188,9 +188,8 @@ RunFn add_prep_command(CLI::App& root) {
     if (given("--shard-samples"))
       KILN_RETURN_IF_ERROR(cfg.set("shards.max_samples", std::to_string(f->shard_samples)));
     if (given("--shard-bytes")) {
-      auto b = prep::parse_byte_size(f->shard_bytes);
-      if (!b.is_ok()) return Status::usage("--shard-bytes: " + b.status().message());
-      KILN_RETURN_IF_ERROR(cfg.set("shards.max_bytes", std::to_string(*b)));
+      KILN_ASSIGN_OR_RETURN(uint64_t b, parse_size("--shard-bytes", f->shard_bytes));
+      KILN_RETURN_IF_ERROR(cfg.set("shards.max_bytes", std::to_string(b)));
     }
     if (given("--default-domain")) KILN_RETURN_IF_ERROR(set_text("domains.default", f->default_domain));
     if (given("--tokenizer")) KILN_RETURN_IF_ERROR(set_text("tokenizer.path", f->tokenizer));
