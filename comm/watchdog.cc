@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "comm/comm.h"
+#include "common/text.h"
 #include "common/log.h"
 
 namespace kiln::comm {
@@ -50,9 +51,6 @@ namespace {
 
 using detail::GroupWatch;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 struct Op {
   GroupWatch* group;

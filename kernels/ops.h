@@ -106,7 +106,7 @@ namespace cuda {
 #undef KILN_OP_T
 #undef KILN_OP_OVERLOAD
 
-// ---- the backend types ---------------------------------------------------------------------------
+// ---- the backend types --------------------------------------------------------------------------
 // For engine code templated on the device:
 //   template <class K> void block_forward(...) { K::layernorm_forward(...); K::matmul_forward(...); }
 //   block_forward<kiln::CpuBackend>(...);
@@ -152,5 +152,28 @@ struct CudaBackend {
 #undef KILN_OP_T
 #undef KILN_OP_OVERLOAD
 #undef KILN_OP_FORWARD
+
+namespace detail {
+// adamw_update_multi as adamw_update per tensor, on backend K (the CPU's form, and CUDA's when
+// its fused kernels are off).
+template <class K>
+void adamw_update_each(const AdamWTensor* tensors, int count, const AdamWParams& hp,
+                       DType lp_type) {
+  for (int i = 0; i < count; ++i) {
+    const AdamWTensor& t = tensors[i];
+    AdamWParams h = hp;
+    h.weight_decay = t.weight_decay;
+    switch (t.params_lp ? lp_type : DType::kF32) {
+      case DType::kBF16:
+        K::adamw_update(t.params, t.m, t.v, t.grads, t.n, h, static_cast<bf16*>(t.params_lp));
+        break;
+      case DType::kF16:
+        K::adamw_update(t.params, t.m, t.v, t.grads, t.n, h, static_cast<fp16*>(t.params_lp));
+        break;
+      default: K::adamw_update(t.params, t.m, t.v, t.grads, t.n, h); break;
+    }
+  }
+}
+}  // namespace detail
 
 }  // namespace kiln

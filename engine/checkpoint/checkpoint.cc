@@ -319,11 +319,6 @@ Result<nlohmann::json> read_state_json(const fs::path& dir) {
 
 }  // namespace
 
-Status load_consolidated(const std::string& path, ParamStore* params, const std::string& key) {
-  KILN_ASSIGN_OR_RETURN(auto reader, CheckpointReader::open_consolidated(path, *params, key));
-  return params->fill(*reader);
-}
-
 Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& dir_text) {
   const fs::path dir(dir_text);
   KILN_ASSIGN_OR_RETURN(nlohmann::json j, read_state_json(dir));

@@ -162,12 +162,6 @@ struct LoadStats {
 // receives the writer's; *stats (optional) what it read.
 Status load_checkpoint(const std::string& dir, ParamStore* params, TrainerState* state,
                        CheckpointLayout* layout = nullptr, LoadStats* stats = nullptr);
-// The reverse of `kiln checkpoint consolidate`: the master weights of params (this rank's TP
-// slices of them) from a safetensors file of whole fp32 tensors named as the model's; the moments
-// stay zero and the low-precision copy is refreshed. The file's "model" metadata, when present,
-// must match params' shape. Errors name the file (and `key`, the config key that named it).
-Status load_consolidated(const std::string& path, ParamStore* params,
-                         const std::string& key = "model.init_from");
 // The model shape and precision a checkpoint was written with (for tools that load one without
 // a run's config, e.g. `kiln checkpoint consolidate`).
 Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& dir);

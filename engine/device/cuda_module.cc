@@ -101,8 +101,7 @@ class CudaRuntime final : public detail::KernelRuntime<CudaBackend> {
 Result<Runtime*> open_runtime() {
   const std::string why = cuda::unavailable_reason();
   if (!why.empty()) {
-    return Status::unimplemented("'cuda': " + why + "; use device: cpu on this machine")
-        .with_key("device");
+    return cuda_unusable(why);
   }
   static CudaRuntime runtime;
   return &runtime;
@@ -111,15 +110,14 @@ Result<Runtime*> open_runtime() {
 }  // namespace
 }  // namespace kiln::engine
 
-// ---- the module's entry points (looked up by name: engine/device/runtime.cc, engine/model/model.cc) ----------
+// ---- the module's entry points (looked up by name: engine/device/runtime.cc, engine/model/model.cc) 
 
 extern "C" const char* kiln_cuda_module_stamp() { return KILN_CUDA_MODULE_STAMP; }
 
 extern "C" kiln::Status kiln_cuda_select_device(int ordinal) {
   const std::string why = kiln::cuda::unavailable_reason();
   if (!why.empty()) {
-    return kiln::Status::unimplemented("'cuda': " + why + "; use device: cpu on this machine")
-        .with_key("device");
+    return kiln::engine::cuda_unusable(why);
   }
   const std::string failed = kiln::cuda::select_device(ordinal);
   if (!failed.empty()) return kiln::Status::config(failed).with_key("device");

@@ -78,13 +78,16 @@ Runtime& host_runtime() {
   return runtime;
 }
 
+Status cuda_unusable(const std::string& why) {
+  return Status::unimplemented("'cuda': " + why + "; use device: cpu").with_key("device");
+}
+
 bool cuda_compiled() { return cuda_module_built(CudaModule::kCuda); }
 
 Status select_cuda_device(int ordinal) {
   auto select = cuda_module_symbol(CudaModule::kCuda, "kiln_cuda_select_device");
   if (!select.is_ok()) {
-    return Status::unimplemented("'cuda': " + select.status().message() + "; use device: cpu")
-        .with_key("device");
+    return cuda_unusable(select.status().message());
   }
   using SelectFn = Status (*)(int);
   return reinterpret_cast<SelectFn>(*select)(ordinal);
@@ -95,8 +98,7 @@ Result<Runtime*> runtime_for(Device d) {
   if (d == Device::kCpu) return &host_runtime();
   auto open = cuda_module_symbol(CudaModule::kCuda, "kiln_cuda_open_runtime");
   if (!open.is_ok()) {
-    return Status::unimplemented("'cuda': " + open.status().message() + "; use device: cpu")
-        .with_key("device");
+    return cuda_unusable(open.status().message());
   }
   using OpenFn = Result<Runtime*> (*)();
   return reinterpret_cast<OpenFn>(*open)();

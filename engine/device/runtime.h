@@ -117,6 +117,9 @@ Result<Runtime*> runtime_for(Device d);
 // message says how many devices this process sees).
 Status select_cuda_device(int ordinal);
 Runtime& host_runtime();
+// The error for `device: cuda` where it cannot run: kUnimplemented naming the key `device`,
+// "'cuda': <why>; use device: cpu" (why: the module's or the CUDA runtime's reason).
+Status cuda_unusable(const std::string& why);
 // Whether this build has the CUDA backend compiled in.
 bool cuda_compiled();
 

@@ -346,31 +346,4 @@ void copy_from_shard(const ParamTensor& t, TpShard shard, const float* slice, fl
   });
 }
 
-void copy_between_shards(const ParamTensor& from_t, TpShard from, const float* src,
-                         const ParamTensor& to_t, TpShard to, float* dst) {
-  struct Run {
-    size_t whole, local, n;
-  };
-  auto runs = [](const ParamTensor& t, TpShard s) {
-    std::vector<Run> out;
-    for_each_run(t, s, [&](size_t w, size_t l, size_t n) { out.push_back({w, l, n}); });
-    return out;  // ascending in `whole` (for_each_run walks the tensor in order)
-  };
-  const std::vector<Run> a = runs(from_t, from), b = runs(to_t, to);
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const size_t lo = std::max(a[i].whole, b[j].whole);
-    const size_t hi = std::min(a[i].whole + a[i].n, b[j].whole + b[j].n);
-    if (lo < hi) {
-      std::copy(src + a[i].local + (lo - a[i].whole), src + a[i].local + (hi - a[i].whole),
-                dst + b[j].local + (lo - b[j].whole));
-    }
-    if (a[i].whole + a[i].n <= b[j].whole + b[j].n) {
-      ++i;
-    } else {
-      ++j;
-    }
-  }
-}
-
 }  // namespace kiln::engine

@@ -224,11 +224,6 @@ T* ParamStore::work(int t) {
 // Copies between a whole tensor (global_shape, host memory) and rank `shard`'s slice of it.
 void copy_to_shard(const ParamTensor& t, TpShard shard, const float* whole, float* slice);
 void copy_from_shard(const ParamTensor& t, TpShard shard, const float* slice, float* whole);
-// Between two splits of one tensor (e.g. a checkpoint's tp 2 and the run's tp 3): copies the
-// elements that `from`'s slice (from_t, src) and `to`'s slice (to_t, dst) both hold - none, some
-// or all - from src into dst, without the whole tensor. Host memory.
-void copy_between_shards(const ParamTensor& from_t, TpShard from, const float* src,
-                         const ParamTensor& to_t, TpShard to, float* dst);
 // The contiguous runs of a TP slice in its whole tensor, in order: fn(whole_offset, slice_offset,
 // count) (one run when the tensor is replicated or tp is 1).
 void for_each_slice_run(const ParamTensor& t, TpShard shard,

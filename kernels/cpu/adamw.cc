@@ -66,20 +66,7 @@ void adamw_update(float* params, float* m, float* v, const float* grads, size_t 
 // One tensor after the other (CpuBackend::kMultiTensorAdamW is false).
 void adamw_update_multi(const AdamWTensor* tensors, int count, const AdamWParams& hp,
                         DType lp_type) {
-  for (int i = 0; i < count; ++i) {
-    const AdamWTensor& t = tensors[i];
-    AdamWParams h = hp;
-    h.weight_decay = t.weight_decay;
-    switch (t.params_lp ? lp_type : DType::kF32) {
-      case DType::kBF16:
-        adamw_impl(t.params, t.m, t.v, t.grads, t.n, h, static_cast<bf16*>(t.params_lp));
-        break;
-      case DType::kF16:
-        adamw_impl(t.params, t.m, t.v, t.grads, t.n, h, static_cast<fp16*>(t.params_lp));
-        break;
-      default: adamw_impl<float>(t.params, t.m, t.v, t.grads, t.n, h, nullptr); break;
-    }
-  }
+  kiln::detail::adamw_update_each<CpuBackend>(tensors, count, hp, lp_type);
 }
 
 }  // namespace kiln::cpu

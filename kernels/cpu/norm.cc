@@ -15,7 +15,7 @@ constexpr size_t kElemChunk = 1 << 15;  // elements per task for the inf/NaN sca
 constexpr size_t kNormChunk = 1 << 13;  // elements per partial sum in sum_squares
 }  // namespace
 
-// ---- norms ----------------------------------------------------------------------------------------
+// ---- norms --------------------------------------------------------------------------------------
 
 namespace {
 

@@ -97,7 +97,7 @@ void set_num_threads(int n) {
 
 int num_threads() { return detail::current_threads(); }
 
-// ---- casts ----------------------------------------------------------------------------------------
+// ---- casts --------------------------------------------------------------------------------------
 
 template <typename D, typename S>
 static void cast_impl(D* dst, const S* src, size_t n) {
@@ -116,7 +116,7 @@ void cast(float* dst, const bf16* src, size_t n) { cast_impl(dst, src, n); }
 void cast(float* dst, const fp16* src, size_t n) { cast_impl(dst, src, n); }
 void cast(float* dst, const float* src, size_t n) { cast_impl(dst, src, n); }
 
-// ---- small helpers --------------------------------------------------------------------------------
+// ---- small helpers ------------------------------------------------------------------------------
 
 void scale(float* x, float s, size_t n) {
   parallel_chunks(n, kElemChunk, [&](size_t b, size_t e) {

@@ -122,16 +122,7 @@ void adamw_update_multi(const AdamWTensor* tensors, int count, const AdamWParams
       wds.push_back(tensors[i].weight_decay);
   }
   if (!fused_kernels() || wds.size() > size_t(kDecayClasses)) {
-    for (int i = 0; i < count; ++i) {
-      const AdamWTensor& t = tensors[i];
-      AdamWParams h = hp;
-      h.weight_decay = t.weight_decay;
-      switch (t.params_lp ? lp_type : DType::kF32) {
-        case DType::kBF16: adamw_impl(t.params, t.m, t.v, t.grads, t.n, h, static_cast<bf16*>(t.params_lp)); break;
-        case DType::kF16: adamw_impl(t.params, t.m, t.v, t.grads, t.n, h, static_cast<fp16*>(t.params_lp)); break;
-        default: adamw_impl<float>(t.params, t.m, t.v, t.grads, t.n, h, nullptr); break;
-      }
-    }
+    kiln::detail::adamw_update_each<CudaBackend>(tensors, count, hp, lp_type);
     return;
   }
   std::vector<AdamWSegment> segs(static_cast<size_t>(count));

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   if (!cfg.is_ok()) return std::fprintf(stderr, "bench_train_gpu: %s\n", cfg.status().to_string().c_str()), 2;
   auto tc = parse_train_config(*cfg);
   if (!tc.is_ok()) return std::fprintf(stderr, "bench_train_gpu: %s\n", tc.status().to_string().c_str()), 2;
-  auto be = runtime_for(tc->device);
+  auto rt = runtime_for(tc->device);
   if (!rt.is_ok()) return std::fprintf(stderr, "bench_train_gpu: %s\n", rt.status().to_string().c_str()), 2;
   Runtime* runtime = *rt;
   const ModelConfig& m = tc->model;
