@@ -1,4 +1,5 @@
-// Moves a step's micro-batches to the backend and the per-token losses back.
+// Internal to engine/ (used by engine/data/step_batches.h): moves a step's micro-batches to the
+// backend and the per-token losses back.
 //
 // upload(i, batch) copies micro-batch i's inputs and targets into a pinned host buffer and starts
 // an asynchronous copy to backend memory (on a GPU, on the copy stream, so it overlaps the compute

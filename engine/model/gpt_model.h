@@ -1,7 +1,8 @@
-// The GPT model's implementation, a template over the kernel backend type K (kiln::CpuBackend /
-// kiln::CudaBackend) and the storage type T. Internal to the engine: engine/model/model.cc instantiates
-// it for the CPU kernels, engine/device/cuda_module.cc (in libkiln_cuda.so) for the CUDA ones, so the
-// CUDA kernels are only linked into the CUDA module. Everyone else uses engine/model/model.h.
+// Internal to engine/model/: the GPT model's implementation, a template over the kernel backend
+// type K (kiln::CpuBackend / kiln::CudaBackend) and the storage type T. engine/model/model.cc
+// instantiates it for the CPU kernels, engine/device/cuda_module.cc (in libkiln_cuda.so) for the
+// CUDA ones, so the CUDA kernels are only linked into the CUDA module. Everyone else uses
+// engine/model/model.h.
 #pragma once
 
 #include <algorithm>

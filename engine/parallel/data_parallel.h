@@ -1,5 +1,5 @@
-// Data parallelism for the training loop: the ranks of `mpirun`, their groups, and every value
-// the ranks must agree on.
+// Internal to engine/ (used by the trainer): data parallelism for the training loop: the ranks of
+// `mpirun`, their groups, and every value the ranks must agree on.
 //
 // DataParallel::create() builds the topology (comm/topology.h) over the world: one process
 // without mpirun, N ranks under it. Each data-parallel rank reads its own part of the data

@@ -1,5 +1,6 @@
-// Megatron-style tensor parallelism over the ranks of one tensor-parallel group (comm/topology.h:
-// tp adjacent ranks, which share a data-parallel rank and so the same batches).
+// Internal to engine/ (used by the trainer and the model): Megatron-style tensor parallelism over
+// the ranks of one tensor-parallel group (comm/topology.h: tp adjacent ranks, which share a
+// data-parallel rank and so the same batches).
 //
 // Layout (ParamStore with a TpShard holds this rank's slices; engine/model/params.h names the split of
 // every tensor):

@@ -1,4 +1,5 @@
-// ZeRO stages 1-3: model states sharded over the data-parallel ranks.
+// Internal to engine/ (used by the trainer): ZeRO stages 1-3: model states sharded over the
+// data-parallel ranks.
 //
 // Every parameter unit (ParamStore: embed, blocks.l, final) of N elements is split into dp shards
 // of S = shard_numel(N, dp) elements (engine/parallel/layout_plan.h); rank r owns elements [r*S, r*S + S) ∩ [0, N).

@@ -1,7 +1,8 @@
-// What a training step does with its gradients once they are known (config section `stability`):
-// update, warn and update, skip, roll back, or stop the run. Pure functions of the config, the
-// step's signals and the counters so far - the trainer carries the decision out (engine/train/
-// trainer.cc), these say which it is and why. Thread-safe (no state).
+// Internal to engine/ (used by engine/train/trainer.cc): what a training step does with its
+// gradients once they are known (config section `stability`): update, warn and update, skip, roll
+// back, or stop the run. Pure functions of the config, the step's signals and the counters so far -
+// the trainer carries the decision out (engine/train/trainer.cc), these say which it is and why.
+// Thread-safe (no state).
 //
 // Finite gradients: a spike (SpikeDetector::check) takes stability.spike.action - warn (update
 // anyway), skip, or rollback while fewer than stability.spike.max_rollbacks have been used

@@ -1,9 +1,9 @@
-// The data side of a rollback (stability.spike.action: rollback): which sequences to quarantine
-// and the stability state to continue with. The trainer reloads the model states from the last
-// checkpoint (engine/train/trainer.cc); the data does not go back - the batches drawn since the
-// checkpoint, the spike's included, are never trained on, and this says which they were, per
-// domain, as ranges of the sequence counts StabilityState::sequences keeps. Pure functions;
-// thread-safe.
+// Internal to engine/ (used by engine/train/trainer.cc): the data side of a rollback
+// (stability.spike.action: rollback): which sequences to quarantine and the stability state to
+// continue with. The trainer reloads the model states from the last checkpoint
+// (engine/train/trainer.cc); the data does not go back - the batches drawn since the checkpoint,
+// the spike's included, are never trained on, and this says which they were, per domain, as ranges
+// of the sequence counts StabilityState::sequences keeps. Pure functions; thread-safe.
 #pragma once
 
 #include <cstdint>

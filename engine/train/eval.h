@@ -1,4 +1,4 @@
-// Per-domain validation loss (config section `eval`).
+// Internal to engine/ (used by the trainer): per-domain validation loss (config section `eval`).
 //
 // An Evaluator holds a fixed set of validation sequences per domain, taken once from the data
 // source (DataSource::validation_set: the dataset's validation split, or held-out synthetic

@@ -1,6 +1,7 @@
-// The trainer's fault injection for tests (config keys stability.inject_*): the one place where
-// a training step is deliberately broken, so that the stability machinery (bad-batch skipping,
-// overflow skipping, spike rollback) can be exercised through `kiln train` on real data.
+// Internal to engine/ (used by engine/train/trainer.cc): the trainer's fault injection for tests
+// (config keys stability.inject_*): the one place where a training step is deliberately broken, so
+// that the stability machinery (bad-batch skipping, overflow skipping, spike rollback) can be
+// exercised through `kiln train` on real data.
 //
 //   inject_bad_batch_at  the step's batches become one token everywhere (skipped as a bad batch)
 //   inject_lr_burst_at   the step's learning rate is multiplied by lr_burst_factor (a spike)

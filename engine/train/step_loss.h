@@ -1,8 +1,8 @@
-// A step's loss from its micro-batches' per-token losses: the sum over every valid target (the
-// target is not -1) and, per domain, the sum and the count of targets, plus the sequences each
-// domain contributed. These are the local parts; the trainer sums them over the data-parallel
-// ranks before dividing (the loss is the mean over all ranks' valid targets). Pure functions;
-// thread-safe.
+// Internal to engine/ (used by engine/train/trainer.cc): a step's loss from its micro-batches'
+// per-token losses - the sum over every valid target (the target is not -1) and, per domain, the
+// sum and the count of targets, plus the sequences each domain contributed. These are the local
+// parts; the trainer sums them over the data-parallel ranks before dividing (the loss is the
+// mean over all ranks' valid targets). Pure functions; thread-safe.
 #pragma once
 
 #include <cstddef>

@@ -108,79 +108,12 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // Rank 0 owns the run directory; every rank learns whether it could.
   KILN_RETURN_IF_ERROR(t->dp_->agree(t->dp_->is_root() ? t->prepare_run_dir() : Status::ok()));
 
-  KILN_LOG_INFO("{}", cpu::describe_cpu_runtime());
-  // Report sizes: parameters, model states, activations per checkpointing mode.
-  const auto& m = config.model;
-  KILN_LOG_INFO("device: {}", runtime->describe());
-  KILN_LOG_INFO("model: {} parameters (vocab {}, d_model {}, {} layers, {} heads, seq {}), {}",
-                human_count(static_cast<double>(t->params_->num_params())), m.vocab_size,
-                m.d_model, m.n_layers, m.n_heads, m.seq_len, precision_name(config.precision));
-  KILN_LOG_INFO("model states (weights, grads, AdamW moments{}): {}",
-                config.precision == Precision::kFp32 ? "" : ", low-precision copy",
-                mib(t->params_->padded_numel() *
-                    (config.precision == Precision::kFp32 ? 16 : 18)));
-  const ActivationMemory none = plan_activation_memory(m, config.data.micro_batch, config.precision,
-                                                       Recompute::kNone, 1, config.device);
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    ActivationMemory a =
-        plan_activation_memory(m, config.data.micro_batch, config.precision, r, 1, config.device);
-    const size_t stored = a.kept_bytes + a.recompute_bytes;
-    const size_t base = none.kept_bytes + none.recompute_bytes;
-    KILN_LOG_INFO("activations ({}{}): kept {} + recompute buffers {} = {}; saves {} vs none",
-                  recompute_name(r), r == config.activation_checkpointing ? ", this run" : "",
-                  mib(a.kept_bytes), mib(a.recompute_bytes), mib(stored),
-                  mib(base > stored ? base - stored : 0));
-  }
-  KILN_LOG_INFO("data: {}", t->data_->describe());
-  if (t->dp_->world_size() > 1) {
-    KILN_LOG_INFO("distributed: {} ranks ({}), data-parallel {}, tensor-parallel {}, ZeRO stage "
-                  "{}{}; global batch {} sequences",
-                  t->dp_->world_size(), t->dp_->backend(), t->dp_->size(), config.parallel.tp,
-                  config.parallel.zero_stage,
-                  config.parallel.hierarchical ? ", hierarchical all-reduce" : "",
-                  config.data.micro_batch * config.data.grad_accum * t->dp_->size());
-  }
-  t->flops_per_token_ = model_flops_per_token(m, t->params_->num_params());
+  t->flops_per_token_ = model_flops_per_token(config.model, t->params_->num_params());
   if (!runtime->product_name().empty()) {  // an accelerator
     t->peak_flops_ = dense_bf16_peak_flops(runtime->product_name());
-    if (t->peak_flops_) {
-      KILN_LOG_INFO("MFU: {:.3g} model FLOPs per token (6N + 6LdT) against {} dense bf16 peak "
-                    "{:.0f} TFLOP/s", t->flops_per_token_, runtime->product_name(),
-                    *t->peak_flops_ / 1e12);
-    } else {
-      KILN_LOG_WARN("MFU not reported: '{}' is not in the table of known GPUs' dense bf16 peaks "
-                    "(engine/train/mfu.cc)", runtime->product_name());
-    }
   }
-
-  if (t->resumed_) {  // build_model_states read the checkpoint's trainer state
-    const std::string latest = t->resumed_from_;
-    t->state_ = t->resumed_state_;
-    if (t->state_.seed != config.run.seed) {
-      return Status::config("run.seed differs from the checkpoint's (" +
-                            std::to_string(t->state_.seed) + ")")
-          .with_key("run.seed");
-    }
-    KILN_RETURN_IF_ERROR(t->batches_->restore(t->state_.data_state).prefixed("restoring data state"));
-    if (t->state_.precision == precision_name(config.precision)) {
-      t->scaler_.set_state(t->state_.scaler);
-    } else {  // master weights and moments are fp32 in every precision: switching is fine
-      KILN_LOG_WARN("the checkpoint was trained in {}; continuing in {} (loss scaler reset)",
-                    t->state_.precision, precision_name(config.precision));
-      t->state_.scaler = t->scaler_.state();
-    }
-    t->optimizer_->set_updates(t->state_.adam_updates);
-    if (auto m = t->state_.extra.find("mixing"); m != t->state_.extra.end()) {
-      KILN_RETURN_IF_ERROR(t->mix_->restore(m->second));
-    }
-    if (auto m = t->state_.extra.find("stability"); m != t->state_.extra.end()) {
-      KILN_RETURN_IF_ERROR(StabilityState::from_json(m->second, &t->stab_, t->spikes_.get()));
-    }
-    t->mixture_->set_applied_hash(t->state_.mixture_hash);
-    t->last_saved_step_ = t->state_.step;
-    KILN_LOG_INFO("resumed from {} (step {}, {} tokens)", latest, t->state_.step,
-                  t->state_.tokens);
-  }
+  t->log_run_summary(*runtime);
+  KILN_RETURN_IF_ERROR(t->restore_resumed_state());
   // ZeRO-2/3: the model hands each unit's gradients over (and gathers its weights) as it goes.
   if (t->dp_->zero() && t->dp_->zero()->stage() >= 2) t->model_->set_unit_hooks(t->dp_->zero());
   if (t->state_.step == 0 && t->mix_->weights() != t->batches_->weights().map()) {
@@ -195,6 +128,86 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // metrics.jsonl: keep the lines up to the step we continue from, then append.
   KILN_RETURN_IF_ERROR(t->truncate_metrics(t->state_.step));
   return t;
+}
+
+void Trainer::log_run_summary(Runtime& runtime) {
+  const TrainConfig& config = config_;
+  KILN_LOG_INFO("{}", cpu::describe_cpu_runtime());
+  // Report sizes: parameters, model states, activations per checkpointing mode.
+  const auto& m = config.model;
+  KILN_LOG_INFO("device: {}", runtime.describe());
+  KILN_LOG_INFO("model: {} parameters (vocab {}, d_model {}, {} layers, {} heads, seq {}), {}",
+                human_count(static_cast<double>(params_->num_params())), m.vocab_size,
+                m.d_model, m.n_layers, m.n_heads, m.seq_len, precision_name(config.precision));
+  KILN_LOG_INFO("model states (weights, grads, AdamW moments{}): {}",
+                config.precision == Precision::kFp32 ? "" : ", low-precision copy",
+                mib(params_->padded_numel() *
+                    (config.precision == Precision::kFp32 ? 16 : 18)));
+  const ActivationMemory none = plan_activation_memory(m, config.data.micro_batch, config.precision,
+                                                       Recompute::kNone, 1, config.device);
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    ActivationMemory a =
+        plan_activation_memory(m, config.data.micro_batch, config.precision, r, 1, config.device);
+    const size_t stored = a.kept_bytes + a.recompute_bytes;
+    const size_t base = none.kept_bytes + none.recompute_bytes;
+    KILN_LOG_INFO("activations ({}{}): kept {} + recompute buffers {} = {}; saves {} vs none",
+                  recompute_name(r), r == config.activation_checkpointing ? ", this run" : "",
+                  mib(a.kept_bytes), mib(a.recompute_bytes), mib(stored),
+                  mib(base > stored ? base - stored : 0));
+  }
+  KILN_LOG_INFO("data: {}", data_->describe());
+  if (dp_->world_size() > 1) {
+    KILN_LOG_INFO("distributed: {} ranks ({}), data-parallel {}, tensor-parallel {}, ZeRO stage "
+                  "{}{}; global batch {} sequences",
+                  dp_->world_size(), dp_->backend(), dp_->size(), config.parallel.tp,
+                  config.parallel.zero_stage,
+                  config.parallel.hierarchical ? ", hierarchical all-reduce" : "",
+                  config.data.micro_batch * config.data.grad_accum * dp_->size());
+  }
+  if (!runtime.product_name().empty()) {  // an accelerator
+    if (peak_flops_) {
+      KILN_LOG_INFO("MFU: {:.3g} model FLOPs per token (6N + 6LdT) against {} dense bf16 peak "
+                    "{:.0f} TFLOP/s", flops_per_token_, runtime.product_name(),
+                    *peak_flops_ / 1e12);
+    } else {
+      KILN_LOG_WARN("MFU not reported: '{}' is not in the table of known GPUs' dense bf16 peaks "
+                    "(engine/train/mfu.cc)", runtime.product_name());
+    }
+  }
+}
+
+// With --resume: the trainer state build_model_states read from the checkpoint, applied to the
+// data, the loss scaler, the optimizer's update count, the mixing and stability states.
+Status Trainer::restore_resumed_state() {
+  const TrainConfig& config = config_;
+  if (!resumed_) return Status::ok();  // build_model_states read the checkpoint's state
+  const std::string latest = resumed_from_;
+  state_ = resumed_state_;
+  if (state_.seed != config.run.seed) {
+    return Status::config("run.seed differs from the checkpoint's (" +
+                          std::to_string(state_.seed) + ")")
+        .with_key("run.seed");
+  }
+  KILN_RETURN_IF_ERROR(batches_->restore(state_.data_state).prefixed("restoring data state"));
+  if (state_.precision == precision_name(config.precision)) {
+    scaler_.set_state(state_.scaler);
+  } else {  // master weights and moments are fp32 in every precision: switching is fine
+    KILN_LOG_WARN("the checkpoint was trained in {}; continuing in {} (loss scaler reset)",
+                  state_.precision, precision_name(config.precision));
+    state_.scaler = scaler_.state();
+  }
+  optimizer_->set_updates(state_.adam_updates);
+  if (auto m = state_.extra.find("mixing"); m != state_.extra.end()) {
+    KILN_RETURN_IF_ERROR(mix_->restore(m->second));
+  }
+  if (auto m = state_.extra.find("stability"); m != state_.extra.end()) {
+    KILN_RETURN_IF_ERROR(StabilityState::from_json(m->second, &stab_, spikes_.get()));
+  }
+  mixture_->set_applied_hash(state_.mixture_hash);
+  last_saved_step_ = state_.step;
+  KILN_LOG_INFO("resumed from {} (step {}, {} tokens)", latest, state_.step,
+                state_.tokens);
+  return Status::ok();
 }
 
 Status Trainer::build_model_states(Runtime* runtime) {
@@ -769,6 +782,78 @@ void Trainer::print_progress(const StepRecord& r) {
   std::fflush(stdout);
 }
 
+// Sharded states (ZeRO, or tensor parallelism): every rank that holds states of its own writes
+// its file into the directory rank 0 prepares, and rank 0 checks the replicated tensors' digests
+// and completes the checkpoint. *written: rank 0's state so far in, the checkpoint's result out.
+Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout, Status* written) {
+  ZeroOptimizer* zero = dp_->zero();
+  const int64_t tp = layout.tp_partitions;
+  std::string tmp;
+  if (dp_->is_root() && written->is_ok()) {
+    auto begun = begin_checkpoint(config_.run.dir, state_.step);
+    if (begun.is_ok()) tmp = *begun;
+    else *written = begun.status();
+  }
+  KILN_RETURN_IF_ERROR(dp_->agree(std::move(*written)));
+  KILN_RETURN_IF_ERROR(dp_->broadcast(&tmp));
+  const bool writer = zero || dp_->rank() == 0;
+  const int64_t index = zero ? dp_->rank() : 0;
+  std::string mine;  // "<file XXH3>:<replicated tensors' digest>" (writers)
+  Status local = Status::ok();
+  if (writer) {
+    std::deque<std::vector<float>> scratch;
+    const std::vector<TensorView> views =
+        zero ? zero->checkpoint_partition(&scratch) : unit_partition(*params_, &scratch);
+    auto hash = write_checkpoint_partition(tmp, index, layout.partitions, views,
+                                           dp_->tp_rank(), tp);
+    if (hash.is_ok()) {
+      mine = hex64(*hash) + ":" +
+             hex64(replicated_digest(*params_, index, layout.partitions, views));
+    } else {
+      local = hash.status();
+    }
+  }
+  KILN_RETURN_IF_ERROR(dp_->agree(std::move(local)));
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> got, dp_->gather_world(mine));
+  *written = Status::ok();
+  if (dp_->is_root()) {
+    // World rank w is TP rank w % tp of data-parallel rank w / tp (comm/topology.h); the files
+    // are listed TP rank first.
+    std::vector<uint64_t> h(static_cast<size_t>(layout.tp_partitions * layout.partitions), 0);
+    std::vector<std::string> digest(h.size());
+    for (size_t w = 0; w < got.size(); ++w) {
+      if (got[w].empty()) continue;
+      const int64_t t = static_cast<int64_t>(w) % tp, r = static_cast<int64_t>(w) / tp;
+      const size_t at = static_cast<size_t>(t * layout.partitions + (zero ? r : 0));
+      const size_t colon = got[w].find(':');
+      auto v = parse_hex64(got[w].substr(0, colon));
+      if (!v.is_ok()) return v.status();
+      h[at] = *v;
+      digest[at] = got[w].substr(colon + 1);
+    }
+    // The replicated parameters (norms, wpe, row-parallel biases) live by being bit-identical
+    // on every TP rank: each partition's digest must agree across the TP ranks.
+    for (int64_t t = 1; t < tp && written->is_ok(); ++t) {
+      for (int64_t r = 0; r < layout.partitions; ++r) {
+        if (digest[static_cast<size_t>(t * layout.partitions + r)] != digest[static_cast<size_t>(r)]) {
+          *written = Status::internal(fmt::format(
+              "replicated parameters differ between tensor-parallel ranks 0 and {} (partition "
+              "{}): checkpoint not written", t, r));
+          break;
+        }
+      }
+    }
+    if (tp > 1 && written->is_ok()) {
+      KILN_LOG_INFO("checkpoint: replicated tensors identical on {} tensor-parallel ranks", tp);
+    }
+    if (written->is_ok()) {
+      *written = finish_checkpoint(config_.run.dir, tmp, *params_, state_, config_yaml_,
+                                  config_.checkpoint.keep_last, layout, h);
+    }
+  }
+  return Status::ok();
+}
+
 Status Trainer::save() {
   // Every data-parallel rank's loader position, merged on rank 0 into one state that resumes on
   // any number of ranks. Replicated states (ZeRO-0 without tensor parallelism): rank 0 writes
@@ -803,69 +888,7 @@ Status Trainer::save() {
   layout.partitions = zero ? dp_->size() : 1;
   layout.tp_partitions = tp;
   if (layout.sharded()) {
-    std::string tmp;
-    if (dp_->is_root() && written.is_ok()) {
-      auto begun = begin_checkpoint(config_.run.dir, state_.step);
-      if (begun.is_ok()) tmp = *begun;
-      else written = begun.status();
-    }
-    KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
-    KILN_RETURN_IF_ERROR(dp_->broadcast(&tmp));
-    const bool writer = zero || dp_->rank() == 0;
-    const int64_t index = zero ? dp_->rank() : 0;
-    std::string mine;  // "<file XXH3>:<replicated tensors' digest>" (writers)
-    Status local = Status::ok();
-    if (writer) {
-      std::deque<std::vector<float>> scratch;
-      const std::vector<TensorView> views =
-          zero ? zero->checkpoint_partition(&scratch) : unit_partition(*params_, &scratch);
-      auto hash = write_checkpoint_partition(tmp, index, layout.partitions, views,
-                                             dp_->tp_rank(), tp);
-      if (hash.is_ok()) {
-        mine = hex64(*hash) + ":" +
-               hex64(replicated_digest(*params_, index, layout.partitions, views));
-      } else {
-        local = hash.status();
-      }
-    }
-    KILN_RETURN_IF_ERROR(dp_->agree(std::move(local)));
-    KILN_ASSIGN_OR_RETURN(std::vector<std::string> got, dp_->gather_world(mine));
-    written = Status::ok();
-    if (dp_->is_root()) {
-      // World rank w is TP rank w % tp of data-parallel rank w / tp (comm/topology.h); the files
-      // are listed TP rank first.
-      std::vector<uint64_t> h(static_cast<size_t>(layout.tp_partitions * layout.partitions), 0);
-      std::vector<std::string> digest(h.size());
-      for (size_t w = 0; w < got.size(); ++w) {
-        if (got[w].empty()) continue;
-        const int64_t t = static_cast<int64_t>(w) % tp, r = static_cast<int64_t>(w) / tp;
-        const size_t at = static_cast<size_t>(t * layout.partitions + (zero ? r : 0));
-        const size_t colon = got[w].find(':');
-        auto v = parse_hex64(got[w].substr(0, colon));
-        if (!v.is_ok()) return v.status();
-        h[at] = *v;
-        digest[at] = got[w].substr(colon + 1);
-      }
-      // The replicated parameters (norms, wpe, row-parallel biases) live by being bit-identical
-      // on every TP rank: each partition's digest must agree across the TP ranks.
-      for (int64_t t = 1; t < tp && written.is_ok(); ++t) {
-        for (int64_t r = 0; r < layout.partitions; ++r) {
-          if (digest[static_cast<size_t>(t * layout.partitions + r)] != digest[static_cast<size_t>(r)]) {
-            written = Status::internal(fmt::format(
-                "replicated parameters differ between tensor-parallel ranks 0 and {} (partition "
-                "{}): checkpoint not written", t, r));
-            break;
-          }
-        }
-      }
-      if (tp > 1 && written.is_ok()) {
-        KILN_LOG_INFO("checkpoint: replicated tensors identical on {} tensor-parallel ranks", tp);
-      }
-      if (written.is_ok()) {
-        written = finish_checkpoint(config_.run.dir, tmp, *params_, state_, config_yaml_,
-                                    config_.checkpoint.keep_last, layout, h);
-      }
-    }
+    KILN_RETURN_IF_ERROR(write_sharded_checkpoint(layout, &written));
   } else if (dp_->is_root() && written.is_ok()) {
     written = save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
                               config_.checkpoint.keep_last, layout);

@@ -109,6 +109,11 @@ class Trainer {
   // the initialisation, each rank building only what it keeps (DataParallel::attach); reads the
   // checkpoint's trainer state into resumed_state_. Logs the time, bytes and peaks.
   Status build_model_states(Runtime* runtime);
+  // open()'s log of the run: CPU path, device, model, model states and activation sizes, data,
+  // layout, MFU reference.
+  void log_run_summary(Runtime& runtime);
+  Status restore_resumed_state();
+  Status write_sharded_checkpoint(const CheckpointLayout& layout, Status* written);
   void print_progress(const StepRecord& r);
 
   TrainConfig config_;

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kernels/cpu_isa.h"
-#include "kiln_cli.h"
+#include "tests/kiln_cli.h"
 
 namespace kiln {
 namespace {

@@ -203,16 +203,5 @@ TEST(Plan, CommTimeWeighsEachGroupByItsLink) {
   EXPECT_FALSE(plan_layouts(c, 16, std::nullopt, 8, Links{0, 1}).is_ok());
 }
 
-TEST(Plan, ByteSizes) {
-  EXPECT_EQ(*parse_byte_size("80GiB"), 80ull << 30);
-  EXPECT_EQ(*parse_byte_size("16 GB"), 16ull << 30);
-  EXPECT_EQ(*parse_byte_size("512MiB"), 512ull << 20);
-  EXPECT_EQ(*parse_byte_size("1e9"), 1000000000ull);
-  EXPECT_EQ(*parse_byte_size("2k"), 2048ull);
-  EXPECT_FALSE(parse_byte_size("lots").is_ok());
-  EXPECT_FALSE(parse_byte_size("3 parsecs").is_ok());
-  EXPECT_FALSE(parse_byte_size("-1G").is_ok());
-}
-
 }  // namespace
 }  // namespace kiln::engine
