@@ -87,19 +87,26 @@ def run(name, args, env=None, smi=True, mpirun=False, libs=None, bin_dir=None, s
     calls = os.path.join(TMP, name, "calls")
     pids = os.path.join(TMP, name, "pids")
     e = {"PATH": ":".join(path), "HOME": TMP, "TMPDIR": TMP, "LANG": "C.UTF-8",
-         "KILN_CUDA_LIBS": libs or LIBS, "FAKE_CALLS": calls, "FAKE_PIDS": pids}
+         "KILN_CUDA_LIBS": LIBS if libs is None else libs, "FAKE_CALLS": calls, "FAKE_PIDS": pids}
     e.update(env or {})
     cmd = [script or GPU_CHECK, "--bin", bin_dir or BIN, "--out", out, "--work", work] + args
     t0 = time.time()
+    p = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     if start_only:
-        return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True), out, pids
-    p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
+        return p, out, pids
+    try:
+        stdout, _ = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:  # gpu_check itself hung: a failure, and everything it started goes
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, _ = p.communicate()
+        failures.append(f"{name}: gpu_check ran past 240 s")
     seconds = time.time() - t0
     with open(os.path.join(TMP, name, "stdout"), "wb") as f:
-        f.write(p.stdout)
+        f.write(stdout)
     read = lambda f: open(f).read().split("\n") if os.path.exists(f) else []
-    return Run(name, p.returncode, out, seconds, read(calls), read(pids))
+    r = Run(name, p.returncode, out, seconds, read(calls), read(pids))
+    r.leftover = reap(r.pids)
+    return r
 
 
 def check(r, what, ok, info=""):
@@ -174,13 +181,25 @@ def alive(pids):
     return out
 
 
-def gone(r):
-    """No fake program started by the run is still alive (2 s to be reaped)."""
+def reap(pids):
+    """Those of pids still running 2 s after gpu_check ended (then killed, with their process
+    groups, so that no case leaves anything behind)."""
     for _ in range(20):
-        if not alive(r.pids):
+        if not alive(pids):
             break
         time.sleep(0.1)
-    check(r, "nothing left running", not alive(r.pids), alive(r.pids))
+    left = alive(pids)
+    for pid in left:
+        try:
+            os.killpg(os.getpgid(int(pid)), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def gone(r):
+    """gpu_check ended every program it started."""
+    check(r, "nothing left running", not r.leftover, r.leftover)
 
 
 CASES = {}
@@ -233,8 +252,8 @@ def gtest_skips():
     r = run("gtest_skips", ["--only", "ops,engine"],
             {"FAKE_KERNELS_CUDA_GPU": "skip", "FAKE_ENGINE_DEVICE_TEST": "skip-documented-wrong-reason"})
     common(r, 1, "fail")
-    row(r, "ops", "FAIL", "1 tests skipped on a GPU machine: KernelsCuda.Attention (no CUDA device")
-    row(r, "engine", "FAIL", "Device.CudaUnavailableNamesDeviceAndReason (no GPU:")
+    row(r, "ops", "FAIL", "1 tests skipped on a GPU machine: KernelsCuda.Attention; their reasons: [no CUDA device]")
+    row(r, "engine", "FAIL", "Device.CudaUnavailableNamesDeviceAndReason; their reasons: [no GPU:")
     excerpt(r, "ops", "[  SKIPPED ] KernelsCuda.Attention")
 
 
@@ -257,7 +276,7 @@ def gtest_hangs():
     common(r, 1, "fail")
     row(r, "ops", "TIMEOUT", "killed at the row's limit of 3 s", "hung in KernelsCuda.Attention")
     row(r, "engine", "PASS")
-    check(r, "killed at its limit", r.seconds < 20, f"{r.seconds:.0f} s")
+    check(r, "killed at its limit", r.rows.get("ops", {}).get("seconds", 99) <= 5, r.rows.get("ops"))
     check(r, "a hang is not rerun", len([c for c in r.calls if c.startswith("kernels_cuda_gpu")]) == 1, r.calls)
     gone(r)
 
@@ -268,7 +287,8 @@ def gtest_hangs_ignoring_term():
             {"FAKE_ENGINE_DEVICE_TEST": "hang-hard"})
     common(r, 1, "fail")
     row(r, "engine", "TIMEOUT", "killed at the row's limit of 3 s")
-    check(r, "killed (SIGKILL 5 s after SIGTERM)", r.seconds < 25, f"{r.seconds:.0f} s")
+    check(r, "killed (SIGKILL 5 s after SIGTERM)", r.rows.get("engine", {}).get("seconds", 99) <= 10,
+          r.rows.get("engine"))
     gone(r)
 
 
@@ -367,6 +387,17 @@ def preflight():
     r = run("preflight_found_where", ["--only", "ops"])
     check(r, "libcublas found in KILN_CUDA_LIBS", r.pre["libcublas"]["detail"] == LIBS + "/libcublas.so.13",
           r.pre["libcublas"])
+    # Without KILN_CUDA_LIBS: CUDA 13's pip wheels (site-packages/nvidia/cu13/lib), found through
+    # python3's path, before any toolkit.
+    site = os.path.join(TMP, "site")
+    wheel = os.path.join(site, "nvidia", "cu13", "lib")
+    os.makedirs(wheel)
+    for lib in ["libcublas.so.13", "libcublasLt.so.13", "libcuda.so.1"]:
+        open(os.path.join(wheel, lib), "w").close()
+    r = run("preflight_cuda13_wheels", ["--only", "ops"], {"PYTHONPATH": site}, libs="")
+    common(r, 0, "pass")
+    for lib in ["libcublas", "libcublasLt"]:
+        check(r, f"{lib} found in the CUDA 13 wheel", r.pre[lib]["detail"].startswith(wheel + "/"), r.pre[lib])
 
 
 @case
@@ -419,6 +450,7 @@ def killed_from_outside():
         p.communicate(timeout=30)
         r = Run(name, p.returncode, out, time.time() - t0, [],
                 open(pids).read().split("\n") if os.path.exists(pids) else [])
+        r.leftover = reap(r.pids) if sig != signal.SIGKILL else []  # SIGKILL: its row's group runs on
         if sig == signal.SIGKILL:
             check(r, "summary left, state running", r.summary and r.summary["state"] == "running", r.summary)
             if r.summary:
@@ -433,11 +465,7 @@ def killed_from_outside():
             if r.summary:
                 row(r, "ops", "TIMEOUT", "SIGTERM")
                 check(r, "engine not run", "engine" not in r.rows, list(r.rows))
-        for pid in alive(r.pids):  # after a SIGKILL of gpu_check, its row's group runs on
-            try:
-                os.killpg(os.getpgid(int(pid)), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        reap(r.pids)
 
 
 @case
