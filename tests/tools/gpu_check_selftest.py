@@ -160,7 +160,7 @@ def logs(r, member, *texts):
     path = os.path.join(r.out, "failed-logs.tar.gz")
     try:
         with tarfile.open(path) as t:
-            data = t.extractfile(member).read().decode()
+            data = t.extractfile(member).read().decode(errors="replace")  # logs keep their raw bytes
     except Exception as e:  # noqa: BLE001 - any reason it cannot be read is the failure
         check(r, f"failed-logs.tar.gz has {member}", False, e)
         return
@@ -237,6 +237,9 @@ def gtest_fails():
     row(r, "ops", "FAIL", "1 of 2 failed: KernelsCuda.Matmul")
     row(r, "engine", "PASS")
     excerpt(r, "ops", "got[17] evaluates to 0.5,", "want[17] evaluates to 0.25, and")
+    # Bytes that are not UTF-8 and control characters in a log still give valid JSON (loaded
+    # above), keeping the text around them.
+    excerpt(r, "ops", "a kernel printf: ", "[31mred", "\u00e9 \"quoted\" back\\slash\ttab")
     logs(r, "ops/ops.log", "want[17] evaluates to 0.25", "[  FAILED  ] KernelsCuda.Matmul")
     logs(r, "ops/ops.blocking.log", "[  FAILED  ] KernelsCuda.Matmul")
     check(r, "rerun with blocking launches, only the failed test",
