@@ -216,6 +216,9 @@ def all_pass():
     r = run("all_pass", ["--only", "ops,engine,fp32,bf16,bf16-mma,unfused,prefetch,resume,124m,1.5b"],
             {"FAKE_ENGINE_DEVICE_TEST": "skip-documented"})
     common(r, 0, "pass")
+    r2 = run("unfused_alone", ["--only", "unfused"])  # its own bf16 references
+    common(r2, 0, "pass")
+    row(r2, "unfused", "PASS", "vs CPU: 50 steps", "vs fused: 50 steps")
     for name in ["ops", "fp32", "bf16", "bf16-mma", "unfused", "prefetch", "resume", "124m", "1.5b"]:
         row(r, name, "PASS")
     row(r, "engine", "PASS", "skipped as documented: Device.CudaUnavailableNamesDeviceAndReason")
@@ -335,9 +338,10 @@ def training_crashes_and_fails():
     common(r, 1, "fail")
     row(r, "fp32", "CRASH", "kiln killed by SIGSEGV")
     row(r, "resume", "CRASH", "kiln killed by SIGSEGV")
-    r = run("training_fails", ["--only", "bf16"], {"FAKE_KILN": "fail-gpu"})
+    r = run("training_fails", ["--only", "bf16,unfused"], {"FAKE_KILN": "fail-gpu"})
     common(r, 1, "fail")
     row(r, "bf16", "FAIL", "training failed")
+    row(r, "unfused", "FAIL", "the bf16 row's training failed")  # and is not trained again
     excerpt(r, "bf16", "an illegal memory access")
     logs(r, "bf16/gpu.log", "an illegal memory access")
 
