@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/text.h"
 #include "engine/device/runtime.h"
 
 namespace kiln::engine {
@@ -53,6 +54,10 @@ data:
   prefetch_depth: 4
   workers: 1
   prefetch_next_step: true   # draw and upload the next step's batches while a step computes
+memory:
+  check: true           # refuse a run whose estimated peak per rank exceeds what the rank has
+  margin: 0.1           # the share of the budget held back for what the estimate leaves out
+  budget: ""            # bytes per rank to check against ("20GiB"); empty: what the machine has
 checkpoint:
   every_steps: 0
   keep_last: 3
@@ -327,6 +332,16 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
       rules.key = "data.mixture";
       if (!d.mixture.empty()) KILN_RETURN_IF_ERROR(d.mixture.check(rules));
     }
+  }
+  // memory (engine/train/preflight.h)
+  KILN_ASSIGN_OR_RETURN(c.memory.check, cfg.get<bool>("memory.check"));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "memory.margin", 0.0, 0.9, &c.memory.margin));
+  KILN_ASSIGN_OR_RETURN(std::string budget, cfg.get<std::string>("memory.budget"));
+  if (!budget.empty()) {
+    auto b = parse_byte_size(budget);
+    if (!b.is_ok()) return Status::config(b.status().message()).with_key("memory.budget");
+    if (*b == 0) return Status::config("must be more than 0 bytes").with_key("memory.budget");
+    c.memory.budget = *b;
   }
   // checkpoint
   KILN_RETURN_IF_ERROR(read_int(cfg, "checkpoint.every_steps", 0, kBig, &c.checkpoint.every_steps));

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,14 @@ struct ParallelConfig {
   double collective_timeout_s = 600;
 };
 
+// The memory preflight (engine/train/preflight.h): before allocating, every rank compares its
+// estimated peak with what it has.
+struct MemoryConfig {
+  bool check = true;
+  double margin = 0.1;                // held back from the budget
+  std::optional<uint64_t> budget;     // bytes per rank; unset: measured (host or device memory)
+};
+
 struct CheckpointConfig {
   int64_t every_steps = 0;  // 0: only at the end of the run
   int64_t keep_last = 3;    // 0: keep all
@@ -156,6 +165,7 @@ struct TrainConfig {
   ScheduleConfig schedule;
   Recompute activation_checkpointing = Recompute::kNone;
   DataConfig data;
+  MemoryConfig memory;
   CheckpointConfig checkpoint;
   StabilityConfig stability;
   MixingConfig mixing;

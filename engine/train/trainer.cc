@@ -2,10 +2,12 @@
 
 #include <nlohmann/json.hpp>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -26,6 +28,7 @@
 #include "engine/stability/decision.h"
 #include "engine/stability/rollback.h"
 #include "engine/train/mfu.h"
+#include "engine/train/preflight.h"
 #include "engine/train/step_loss.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
@@ -44,6 +47,17 @@ std::string human_count(double v) {
   else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
   else std::snprintf(buf, sizeof buf, "%.0f", v);
   return buf;
+}
+
+// How many ranks of the world run on this machine (they share its host memory).
+int ranks_on_this_machine() {
+  comm::ProcessGroup& world = comm::world();
+  if (world.size() == 1) return 1;
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return world.size();
+  auto hosts = comm::allgather_strings(world, name);
+  if (!hosts.is_ok()) return world.size();
+  return local_place(*hosts, world.rank()).size;
 }
 
 }  // namespace
@@ -69,6 +83,11 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
     KILN_ASSIGN_OR_RETURN(t->tp_,
                           TensorParallel::create(config, t->dp_->tp_group(), &t->dp_->data_tp()));
   }
+
+  // The memory preflight (engine/train/preflight.h), on every rank before its model states exist:
+  // a run that cannot fit stops here, all ranks together, instead of at the OOM killer.
+  const MemoryBudget budget = budget_for(config, *runtime, ranks_on_this_machine());
+  KILN_RETURN_IF_ERROR(t->dp_->agree(check_memory(config, t->dp_->world_size(), budget)));
 
   auto data = open_data_source(config, t->dp_->data_rank());
   KILN_RETURN_IF_ERROR(t->dp_->agree(data.is_ok() ? Status::ok() : data.status()));

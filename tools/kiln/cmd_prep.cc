@@ -1,7 +1,10 @@
 // `kiln prep`: flags -> prep config -> dataprep::run_prep (all logic lives in dataprep/).
 #include <cstdio>
+#include <algorithm>
 #include <memory>
 
+#include "common/host_memory.h"
+#include "common/text.h"
 #include "comm/comm.h"
 #include "comm/watchdog.h"
 #include "common/config.h"
@@ -168,7 +171,20 @@ RunFn add_prep_command(CLI::App& root) {
     if (given("--output")) KILN_RETURN_IF_ERROR(set_text("output", f->output));
     if (given("--threshold")) KILN_RETURN_IF_ERROR(cfg.set("dedup.threshold", std::to_string(f->threshold)));
     if (given("--threads")) KILN_RETURN_IF_ERROR(cfg.set("threads", std::to_string(f->threads)));
-    if (given("--memory")) KILN_RETURN_IF_ERROR(set_text("memory", f->memory));
+    if (given("--memory")) {
+      // A budget the machine cannot give would end at the OOM killer, not in a spill to disk.
+      KILN_ASSIGN_OR_RETURN(uint64_t want, parse_size("--memory", f->memory));
+      const HostMemory host = host_memory();
+      const uint64_t ranks = static_cast<uint64_t>(std::max(1, comm::world().size()));
+      if (host.available > 0 && want > host.available / ranks) {
+        return Status::usage(
+            "--memory " + f->memory + " is more than this process can have: " +
+            human_bytes(host.available / ranks) + " (" + host.source +
+            (ranks > 1 ? ", shared by " + std::to_string(ranks) + " ranks" : std::string()) +
+            "); give less - beyond the budget prep spills sorted runs to disk");
+      }
+      KILN_RETURN_IF_ERROR(set_text("memory", f->memory));
+    }
     if (given("--num-perm")) KILN_RETURN_IF_ERROR(cfg.set("dedup.num_perm", std::to_string(f->num_perm)));
     if (given("--bands")) KILN_RETURN_IF_ERROR(cfg.set("dedup.bands", std::to_string(f->bands)));
     if (given("--rows")) KILN_RETURN_IF_ERROR(cfg.set("dedup.rows", std::to_string(f->rows)));

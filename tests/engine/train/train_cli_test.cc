@@ -173,6 +173,40 @@ TEST_F(EngineCli, ConfigErrorsExitTwo) {
 
 // device=cuda on a machine without a usable GPU (or a build without CUDA): exit 2, the message
 // names `device` and the reason. Where a GPU is usable this checks nothing and says so.
+// The memory preflight (engine/train/preflight.h) as a user meets it: a model far too large for
+// the machine stops at once with exit 2 naming the budget and a layout that fits, before anything
+// is allocated or written; a budget too small for the tiny model refuses it, and
+// memory.check=false runs it anyway.
+TEST_F(EngineCli, MemoryPreflightRefusesWhatCannotFit) {
+  const std::string huge = root_ + "/run_huge";
+  CliRun r = kiln("train --config " + std::string(kiln::test::source_dir()) +
+                  "/configs/train/tiny.yaml --set data.manifest=" + manifest_ +
+                  " --set model.vocab_size=512 --set model.d_model=16384 --set model.n_layers=256"
+                  " --set model.n_heads=128 --set run.dir=" + huge);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("key 'memory'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("TiB per rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MemAvailable"), std::string::npos) << r.output;  // or a cgroup limit
+  EXPECT_NE(r.output.find("--set parallel.zero_stage=3"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(fs::path(huge) / "metrics.jsonl"));
+
+  const std::string small = root_ + "/run_small_budget";
+  r = kiln(train_args(small) + " --set run.steps=2 --set memory.budget=100KiB");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("memory.budget"), std::string::npos) << r.output;
+  r = kiln(train_args(small) + " --set run.steps=2 --set memory.budget=100KiB --set memory.check=false");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = kiln(train_args(root_ + "/run_bad_budget") + " --set memory.budget=lots");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("memory.budget"), std::string::npos) << r.output;
+  // kiln prep refuses a --memory the machine does not have (before reading any input).
+  r = kiln("prep --input " + root_ + "/corpus.jsonl --output " + root_ + "/data_huge --memory 1000T");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--memory 1000T is more than this process can have"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(root_ + "/data_huge/manifest.json"));
+}
+
 TEST_F(EngineCli, CudaWithoutGpuExitsTwoNamingDevice) {
   CliRun r = kiln("train --set device=cuda --set run.steps=1 --set run.dir=" + root_ + "/gpu");
   if (r.exit_code == 0) GTEST_SKIP() << "a GPU is usable here: device=cuda trained";
