@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "comm/comm.h"
-#include "common/text.h"
 #include "common/log.h"
+#include "common/text.h"
 
 namespace kiln::comm {
 
@@ -50,7 +50,6 @@ struct GroupWatch {
 namespace {
 
 using detail::GroupWatch;
-
 
 struct Op {
   GroupWatch* group;

@@ -1,8 +1,9 @@
-// The host memory this process can still use: MemAvailable of /proc/meminfo, capped by its
-// cgroup's limit less the cgroup's usage (cgroup v2 memory.max / memory.current, or v1
-// memory.limit_in_bytes / memory.usage_in_bytes) - what a container or a batch scheduler's
-// allocation allows, which is often far less than the machine has. Read on every call (cheap:
-// three small files); thread-safe. Used by kiln train's memory preflight
+// The host memory this process can still use: MemAvailable of /proc/meminfo, capped by the
+// tightest cgroup limit above it less that cgroup's usage (v2 memory.max / memory.current of its
+// cgroup and every parent, or v1 memory.limit_in_bytes / memory.usage_in_bytes; usage without the
+// inactive file cache, which the kernel reclaims first) - what a container or a batch
+// scheduler's allocation allows, which is often far less than the machine has. Read on every
+// call (a few small files); thread-safe. Used by kiln train's memory preflight
 // (engine/train/preflight.h) and kiln prep's --memory check.
 #pragma once
 
@@ -12,10 +13,11 @@
 namespace kiln {
 
 struct HostMemory {
-  uint64_t available = 0;      // what the process can still allocate (0: unknown)
+  bool known = false;          // something was readable (else available is 0 and means nothing)
+  uint64_t available = 0;      // what the process can still allocate
   uint64_t mem_available = 0;  // /proc/meminfo MemAvailable (0: unknown)
   uint64_t cgroup_limit = 0;   // the cgroup's limit (0: none or unknown)
-  uint64_t cgroup_usage = 0;
+  uint64_t cgroup_usage = 0;   // its usage less the inactive file cache
   // "MemAvailable 23.1 GiB" or "cgroup limit 8.0 GiB - in use 1.2 GiB": where `available` is from.
   std::string source;
 };

@@ -1,6 +1,9 @@
 #include "common/text.h"
 
 #include <cctype>
+#include <charconv>
+#include <climits>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -69,7 +72,9 @@ Result<uint64_t> parse_byte_size(std::string_view text) {
     m.append(text).append("'").append(what);
     return Status::usage(m);
   };
-  auto not_a_size = [&] { return error(" is not a size (examples: 80GiB, 16GB, 512M, 1.5G, 1e9)"); };
+  auto not_a_size = [&] {
+    return error(" is not a size (examples: 80GiB, 16GB, 512M, 1.5G, 1e9)");
+  };
   // The number: digits, '.', and an exponent; std::stod would also take "inf", "nan" and hex.
   size_t used = 0;
   while (used < s.size() && (std::isdigit(static_cast<unsigned char>(s[used])) || s[used] == '.'))
@@ -92,16 +97,30 @@ Result<uint64_t> parse_byte_size(std::string_view text) {
   }
   std::string unit = s.substr(used);
   for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const bool integer = s.find_first_not_of("0123456789") >= used;  // exact, past 2^53 too
   if (!unit.empty() && unit.back() == 'B') unit.pop_back();
   if (unit.size() == 2 && unit.back() == 'I') unit.pop_back();
   int shift = -1;
-  if (unit.empty()) shift = 0;
-  else if (unit == "K") shift = 10;
-  else if (unit == "M") shift = 20;
-  else if (unit == "G") shift = 30;
-  else if (unit == "T") shift = 40;
+  if (unit.empty())
+    shift = 0;
+  else if (unit == "K")
+    shift = 10;
+  else if (unit == "M")
+    shift = 20;
+  else if (unit == "G")
+    shift = 30;
+  else if (unit == "T")
+    shift = 40;
   if (shift < 0) {
     return error(": unknown unit (use K, M, G or T, with or without iB)");
+  }
+  if (integer) {
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + used, n);
+    if (ec != std::errc() || end != s.data() + used || (shift > 0 && n > (UINT64_MAX >> shift))) {
+      return error(" is too large a size (2^64 bytes or more)");
+    }
+    return n << shift;
   }
   const double bytes = std::round(v * std::ldexp(1.0, shift));
   if (!std::isfinite(bytes) || bytes >= 18446744073709551616.0) {

@@ -107,7 +107,6 @@ bool exists(const std::string& p) {
 const char* const kOutputs[] = {"manifest.json", "stats.json", "shards", "dedup", "rejects",
                                 "tokenizer.json"};
 
-
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);

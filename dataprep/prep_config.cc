@@ -1,10 +1,10 @@
 #include "dataprep/prep_config.h"
 
-#include "common/text.h"
-#include "dataprep/tagging/domain_rules.h"
-
 #include <cctype>
 #include <cmath>
+
+#include "common/text.h"
+#include "dataprep/tagging/domain_rules.h"
 
 namespace kiln::prep {
 

@@ -59,8 +59,9 @@ struct AdamWParams {
   int64_t step = 1;           // 1-based step count, for bias correction
 };
 
-// One tensor of a multi-tensor AdamW update (adamw_update_multi): its fp32 master, moments and gradient, its low-precision copy (nullable)
-// and its own weight decay; the other hyper-parameters are shared (AdamWParams).
+// One tensor of a multi-tensor AdamW update (adamw_update_multi): its fp32 master, moments and
+// gradient, its low-precision copy (nullable) and its own weight decay; the other hyper-parameters
+// are shared (AdamWParams).
 struct AdamWTensor {
   float* params = nullptr;
   float* m = nullptr;
@@ -108,8 +109,8 @@ namespace cuda {
 
 // ---- the backend types --------------------------------------------------------------------------
 // For engine code templated on the device:
-//   template <class K> void block_forward(...) { K::layernorm_forward(...); K::matmul_forward(...); }
-//   block_forward<kiln::CpuBackend>(...);
+//   template <class K> void block_forward(...) { K::layernorm_forward(...); K::matmul_forward(...);
+//   } block_forward<kiln::CpuBackend>(...);
 // Each has every operator of the list (forwarding to its namespace) and its traits:
 //   kDevice                   where its pointers live
 //   kFusedGemmGelu            matmul_gelu_forward / matmul_dgelu_backward are one GEMM each (GELU
@@ -119,9 +120,9 @@ namespace cuda {
 //   kMultiTensorAdamW         adamw_update_multi is one launch over all tensors
 // A trait that is false means the operator exists but is the plain sequence of the others (same
 // results), so a caller may use either; the engine picks by the trait.
-#define KILN_OP_FORWARD(ns, name)                \
-  template <typename... Args>                    \
-  static decltype(auto) name(Args&&... args) {   \
+#define KILN_OP_FORWARD(ns, name)                 \
+  template <typename... Args>                     \
+  static decltype(auto) name(Args&&... args) {    \
     return ns::name(std::forward<Args>(args)...); \
   }
 #define KILN_OP(ret, name, params) KILN_OP_FORWARD(KILN_OP_NAMESPACE, name)
@@ -140,7 +141,7 @@ struct CpuBackend {
 
 struct CudaBackend {
   static constexpr Device kDevice = Device::kCuda;
-  static constexpr bool kFusedGemmGelu = true;          // cuBLASLt epilogues
+  static constexpr bool kFusedGemmGelu = true;  // cuBLASLt epilogues
   static constexpr bool kFusedResidualLayernorm = true;
   static constexpr bool kMultiTensorAdamW = true;
 #define KILN_OP_NAMESPACE cuda
@@ -170,7 +171,9 @@ void adamw_update_each(const AdamWTensor* tensors, int count, const AdamWParams&
       case DType::kF16:
         K::adamw_update(t.params, t.m, t.v, t.grads, t.n, h, static_cast<fp16*>(t.params_lp));
         break;
-      default: K::adamw_update(t.params, t.m, t.v, t.grads, t.n, h); break;
+      default:
+        K::adamw_update(t.params, t.m, t.v, t.grads, t.n, h);
+        break;
     }
   }
 }

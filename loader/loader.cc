@@ -19,8 +19,6 @@
 // consumer's positions into serialisable cursors using the unit's plan.
 #include "loader/loader.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -29,12 +27,13 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
-#include "common/text.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "loader/decode.h"
 #include "loader/order.h"
 #include "loader/pack.h"
@@ -94,7 +93,6 @@ uint64_t dataset_fingerprint(const Manifest& m) {
   }
   return h.digest();
 }
-
 
 class LoaderImpl final : public Loader {
  public:

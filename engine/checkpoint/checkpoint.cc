@@ -1,6 +1,5 @@
 #include "engine/checkpoint/checkpoint.h"
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,13 +8,14 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/json.h"
 #include "common/log.h"
-#include "engine/parallel/layout_plan.h"
 #include "engine/checkpoint/safetensors.h"
+#include "engine/parallel/layout_plan.h"
 
 namespace kiln::engine {
 namespace fs = std::filesystem;
@@ -27,8 +27,11 @@ constexpr const char* kFormat = "kiln-checkpoint/2";
 constexpr const char* kFormat1 = "kiln-checkpoint/1";
 
 nlohmann::json model_json(const ModelConfig& m) {
-  return {{"vocab_size", m.vocab_size}, {"d_model", m.d_model}, {"n_layers", m.n_layers},
-          {"n_heads", m.n_heads}, {"seq_len", m.seq_len}};
+  return {{"vocab_size", m.vocab_size},
+          {"d_model", m.d_model},
+          {"n_layers", m.n_layers},
+          {"n_heads", m.n_heads},
+          {"seq_len", m.seq_len}};
 }
 
 Status fs_error(const std::string& what, const fs::path& p, const std::error_code& ec) {
@@ -70,8 +73,8 @@ std::string partition_file_name(int64_t index, int64_t partitions, int64_t tp_ra
 
 Result<uint64_t> write_checkpoint_partition(const std::string& tmp_dir, int64_t index,
                                             int64_t partitions,
-                                            const std::vector<TensorView>& tensors,
-                                            int64_t tp_rank, int64_t tp_parts) {
+                                            const std::vector<TensorView>& tensors, int64_t tp_rank,
+                                            int64_t tp_parts) {
   const std::string path =
       (fs::path(tmp_dir) / partition_file_name(index, partitions, tp_rank, tp_parts)).string();
   std::map<std::string, std::string> meta = {{"format", kFormat},
@@ -160,10 +163,10 @@ nlohmann::ordered_json meta_json(const ParamStore& params, const CheckpointLayou
   j["files"] = tensor_files(l);
   nlohmann::ordered_json units = nlohmann::ordered_json::array();
   for (const auto& u : params.units()) {
-    units.push_back({{"name", u.name},
-                     {"numel", u.numel},
-                     {"partition_numel", l.sharded() ? shard_numel(u.numel, l.partitions)
-                                                     : u.numel}});
+    units.push_back(
+        {{"name", u.name},
+         {"numel", u.numel},
+         {"partition_numel", l.sharded() ? shard_numel(u.numel, l.partitions) : u.numel}});
   }
   j["units"] = units;
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
@@ -191,8 +194,7 @@ nlohmann::ordered_json meta_json(const ParamStore& params, const CheckpointLayou
 Status finish_checkpoint(const std::string& run_dir, const std::string& tmp_dir_text,
                          const ParamStore& params, const TrainerState& state,
                          const std::string& config_yaml, int64_t keep_last,
-                         const CheckpointLayout& layout,
-                         const std::vector<uint64_t>& hashes) {
+                         const CheckpointLayout& layout, const std::vector<uint64_t>& hashes) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const std::string name = checkpoint_dir_name(state.step);
   const fs::path final_dir = root / name;
@@ -250,8 +252,8 @@ Status finish_checkpoint(const std::string& run_dir, const std::string& tmp_dir_
 }
 
 Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
-                       const TrainerState& state, const std::string& config_yaml,
-                       int64_t keep_last, const CheckpointLayout& layout_in) {
+                       const TrainerState& state, const std::string& config_yaml, int64_t keep_last,
+                       const CheckpointLayout& layout_in) {
   CheckpointLayout layout = layout_in;
   layout.partitions = 1;
   KILN_ASSIGN_OR_RETURN(std::string tmp, begin_checkpoint(run_dir, state.step));
@@ -276,9 +278,11 @@ Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
   std::map<std::string, std::string> meta = {{"format", kFormat},
                                              {"precision", precision_name(params.precision())}};
   KILN_RETURN_IF_ERROR(write_safetensors((tmp_dir / "model.safetensors").string(), model, meta));
-  KILN_RETURN_IF_ERROR(write_safetensors((tmp_dir / "optimizer.safetensors").string(), optim, meta));
+  KILN_RETURN_IF_ERROR(
+      write_safetensors((tmp_dir / "optimizer.safetensors").string(), optim, meta));
   KILN_ASSIGN_OR_RETURN(uint64_t model_hash, xxh3_file((tmp_dir / "model.safetensors").string()));
-  KILN_ASSIGN_OR_RETURN(uint64_t optim_hash, xxh3_file((tmp_dir / "optimizer.safetensors").string()));
+  KILN_ASSIGN_OR_RETURN(uint64_t optim_hash,
+                        xxh3_file((tmp_dir / "optimizer.safetensors").string()));
   return finish_checkpoint(run_dir, tmp, params, state, config_yaml, keep_last, layout,
                            {model_hash, optim_hash});
 }
@@ -309,7 +313,8 @@ Result<nlohmann::json> read_state_json(const fs::path& dir) {
   try {
     nlohmann::json j = parse_untrusted_json_or_throw(text);
     if (j.at("format") != kFormat && j.at("format") != kFormat1) {
-      return Status::data("unknown checkpoint format " + json_shown(j.at("format"))).with_file(state_path);
+      return Status::data("unknown checkpoint format " + json_shown(j.at("format")))
+          .with_file(state_path);
     }
     return j;
   } catch (const nlohmann::json::exception& e) {
@@ -338,7 +343,9 @@ Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& di
           .with_file((dir / "state.json").string());
     }
     const std::string p = j.at("precision").get<std::string>();
-    Precision prec = p == "bf16" ? Precision::kBf16 : p == "fp16" ? Precision::kFp16 : Precision::kFp32;
+    Precision prec = p == "bf16"   ? Precision::kBf16
+                     : p == "fp16" ? Precision::kFp16
+                                   : Precision::kFp32;
     return std::pair{m, prec};
   } catch (const nlohmann::json::exception& e) {
     return Status::data(std::string("malformed state.json: ") + e.what())
@@ -366,19 +373,22 @@ Status parse_trainer_state(const nlohmann::json& j, TrainerState* state) {
   // "extra" came later: checkpoints without it resume with fresh policy/stability state.
   state->extra.clear();
   if (auto e = j.find("extra"); e != j.end() && e->is_object()) {
-    for (auto it = e->begin(); it != e->end(); ++it) state->extra[it.key()] = it.value().get<std::string>();
+    for (auto it = e->begin(); it != e->end(); ++it)
+      state->extra[it.key()] = it.value().get<std::string>();
   }
   // What the run continues from, held to what a run can write: an edited or damaged value would
   // otherwise train on silently (an AdamW step after -1 updates divides by zero and turns every
   // weight to NaN; a negative step names checkpoints "step--0000006" and overwrites good ones).
-  auto refuse = [](const char* key, const std::string& what) { return Status::data(what).with_key(key); };
+  auto refuse = [](const char* key, const std::string& what) {
+    return Status::data(what).with_key(key);
+  };
   const int64_t step = state->step;
   if (step < 0) return refuse("step", "must be >= 0, got " + std::to_string(step));
   for (auto [key, v] : {std::pair{"adam_updates", state->adam_updates},
                         std::pair{"skipped_steps", state->skipped_steps}}) {
     if (v < 0 || v > step) {
-      return refuse(key, "must be in [0, step " + std::to_string(step) + "], got " +
-                             std::to_string(v));
+      return refuse(key,
+                    "must be in [0, step " + std::to_string(step) + "], got " + std::to_string(v));
     }
   }
   for (auto [key, v] : {std::pair{"tokens", state->tokens},
@@ -446,7 +456,8 @@ Result<const SafetensorsFile*> CheckpointReader::Impl::file(const std::string& n
   if (consolidated.empty()) {
     auto it = files.find(name);
     if (it == files.end() || !it->is_string()) {
-      return Status::data("state.json does not list " + name).with_file((dir / "state.json").string());
+      return Status::data("state.json does not list " + name)
+          .with_file((dir / "state.json").string());
     }
     KILN_ASSIGN_OR_RETURN(uint64_t want, parse_hex64(it->get<std::string>()));
     KILN_ASSIGN_OR_RETURN(uint64_t got, xxh3_file(path));
@@ -463,9 +474,10 @@ Result<const ParamStore*> CheckpointReader::Impl::source(int64_t t) {
   }
   auto& s = sources[static_cast<size_t>(t)];
   if (!s) {
-    s = std::make_unique<ParamStore>(params->model(), Precision::kFp32, false, &host_runtime(),
-                                     TpShard{static_cast<int>(t), static_cast<int>(lay.tp_partitions)},
-                                     /*allocate=*/false);
+    s = std::make_unique<ParamStore>(
+        params->model(), Precision::kFp32, false, &host_runtime(),
+        TpShard{static_cast<int>(t), static_cast<int>(lay.tp_partitions)},
+        /*allocate=*/false);
     if (lay.sharded()) {  // meta.json's units (one TP rank's) must be this layout's
       const std::string meta_path = (dir / "meta.json").string();
       const auto& units = s->units();
@@ -479,9 +491,9 @@ Result<const ParamStore*> CheckpointReader::Impl::source(int64_t t) {
         for (size_t i = 0; i < units.size(); ++i) {
           if (mu[i].at("name") != units[i].name || mu[i].at("numel") != units[i].numel ||
               mu[i].at("partition_numel") != shard_numel(units[i].numel, lay.partitions)) {
-            return Status::data("meta.json unit " + json_shown(mu[i]) + " does not match the model's " +
-                                units[i].name + " (" + std::to_string(units[i].numel) +
-                                " elements)")
+            return Status::data("meta.json unit " + json_shown(mu[i]) +
+                                " does not match the model's " + units[i].name + " (" +
+                                std::to_string(units[i].numel) + " elements)")
                 .with_file(meta_path);
           }
         }
@@ -491,8 +503,8 @@ Result<const ParamStore*> CheckpointReader::Impl::source(int64_t t) {
         if (auto mt = meta.find("tensors"); mt != meta.end()) {
           const auto& tensors = s->tensors();
           if (!mt->is_array() || mt->size() != tensors.size()) {
-            return Status::data("meta.json lists " + json_shown(*mt) + " as tensors, the model has " +
-                                std::to_string(tensors.size()))
+            return Status::data("meta.json lists " + json_shown(*mt) +
+                                " as tensors, the model has " + std::to_string(tensors.size()))
                 .with_file(meta_path);
           }
           for (size_t i = 0; i < tensors.size(); ++i) {
@@ -528,7 +540,7 @@ Status CheckpointReader::Impl::read_source(int64_t t, int ti, ParamField f, size
     const bool weights = f == ParamField::kMaster;
     KILN_ASSIGN_OR_RETURN(const SafetensorsFile* file,
                           file(weights ? "model.safetensors" : "optimizer.safetensors"));
-    const std::string name = weights                      ? pt.name
+    const std::string name = weights                    ? pt.name
                              : f == ParamField::kExpAvg ? pt.name + ".exp_avg"
                                                         : pt.name + ".exp_avg_sq";
     return file->read_range(name, "F32", pt.shape, first, count, out);
@@ -543,9 +555,9 @@ Status CheckpointReader::Impl::read_source(int64_t t, int ti, ParamField f, size
   size_t x = pt.offset + first;
   while (count > 0) {
     const size_t p = x / S, off = x % S, k = std::min(count, S - off);
-    KILN_ASSIGN_OR_RETURN(const SafetensorsFile* file,
-                          file(partition_file_name(static_cast<int64_t>(p), lay.partitions, t,
-                                                   lay.tp_partitions)));
+    KILN_ASSIGN_OR_RETURN(
+        const SafetensorsFile* file,
+        file(partition_file_name(static_cast<int64_t>(p), lay.partitions, t, lay.tp_partitions)));
     KILN_RETURN_IF_ERROR(file->read_range(u.name + suffix, "F32", shape, off, k, out));
     x += k;
     out += k;
@@ -595,7 +607,9 @@ Status CheckpointReader::Impl::read_slice(int ti, ParamField f, size_t la, size_
     std::vector<Run> have;
     KILN_ASSIGN_OR_RETURN(const ParamStore* src, source(t));
     for_each_slice_run(src->tensors()[static_cast<size_t>(ti)], from,
-                       [&](size_t w, size_t l, size_t n) { have.push_back({w, l, n}); });
+                       [&](size_t w, size_t l, size_t n) {
+                         have.push_back({w, l, n});
+                       });
     size_t i = 0, j = 0;
     while (i < have.size() && j < want.size()) {
       const size_t lo = std::max(have[i].whole, want[j].whole);
@@ -622,8 +636,7 @@ Status CheckpointReader::read(int unit, ParamField f, size_t begin, size_t n, fl
     const ParamTensor& pt = params.tensors()[static_cast<size_t>(ti)];
     const size_t a = std::max(begin, pt.offset), b = std::min(end, pt.offset + pt.numel);
     if (a >= b) continue;
-    KILN_RETURN_IF_ERROR(
-        impl_->read_slice(ti, f, a - pt.offset, b - pt.offset, dst + (a - begin)));
+    KILN_RETURN_IF_ERROR(impl_->read_slice(ti, f, a - pt.offset, b - pt.offset, dst + (a - begin)));
   }
   return Status::ok();
 }
@@ -641,16 +654,17 @@ uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
 void CheckpointReader::log_tp_reshard() const {
   const Impl& im = *impl_;
   if (!im.consolidated.empty() || im.lay.tp_partitions == im.mine.size) return;
-  KILN_LOG_INFO("checkpoint {}: written with tensor-parallel size {}, resharded to {} (read this "
-                "rank's slices from the files of the {} TP rank(s) that hold them, in byte "
-                "ranges)",
-                im.dir.filename().string(), im.lay.tp_partitions, im.mine.size, tp_sources_read());
+  KILN_LOG_INFO(
+      "checkpoint {}: written with tensor-parallel size {}, resharded to {} (read this "
+      "rank's slices from the files of the {} TP rank(s) that hold them, in byte "
+      "ranges)",
+      im.dir.filename().string(), im.lay.tp_partitions, im.mine.size, tp_sources_read());
 }
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::string& dir_text,
-                                                                  const ParamStore& params,
-                                                                  TrainerState* state,
-                                                                  CheckpointLayout* layout) {
+                                                                 const ParamStore& params,
+                                                                 TrainerState* state,
+                                                                 CheckpointLayout* layout) {
   std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
   Impl& im = *reader->impl_;
   im.dir = fs::path(dir_text);
@@ -677,7 +691,8 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
         lay.tp = json_integer_at<int64_t>(im.meta, "tp");
         lay.zero_stage = json_integer_at<int64_t>(im.meta, "zero_stage");
         lay.partitions = json_integer_at<int64_t>(im.meta, "partitions");
-        lay.tp_partitions = json_integer_or(im.meta, "tp_partitions", int64_t{1});  // absent before TP shards
+        lay.tp_partitions =
+            json_integer_or(im.meta, "tp_partitions", int64_t{1});  // absent before TP shards
       } catch (const nlohmann::json::exception& e) {
         return Status::data(std::string("malformed meta.json: ") + e.what()).with_file(meta_path);
       }
@@ -691,8 +706,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
       return Status::data("meta.json: tp_partitions " + std::to_string(lay.tp_partitions) +
                           " does not split the model (model.n_heads " +
                           std::to_string(params.model().n_heads) + " and model.vocab_size " +
-                          std::to_string(params.model().vocab_size) +
-                          " must be multiples of it)")
+                          std::to_string(params.model().vocab_size) + " must be multiples of it)")
           .with_file((dir / "meta.json").string());
     }
     im.files = j.at("files");

@@ -41,22 +41,22 @@
 #include <string>
 
 #include "common/status.h"
+#include "engine/checkpoint/safetensors.h"
 #include "engine/model/loss_scaler.h"
 #include "engine/model/params.h"
-#include "engine/checkpoint/safetensors.h"
 
 namespace kiln::engine {
 
 struct TrainerState {
-  int64_t step = 0;           // optimizer steps completed
-  int64_t adam_updates = 0;   // steps that updated the weights (AdamW bias correction)
-  int64_t tokens = 0;         // tokens trained on (cumulative, skipped steps included)
+  int64_t step = 0;          // optimizer steps completed
+  int64_t adam_updates = 0;  // steps that updated the weights (AdamW bias correction)
+  int64_t tokens = 0;        // tokens trained on (cumulative, skipped steps included)
   int64_t skipped_steps = 0;
   LossScaler::State scaler;
   std::string data_state;     // DataSource::state()
   uint64_t mixture_hash = 0;  // MixtureWatcher::applied_hash()
   uint64_t seed = 0;
-  std::string precision;      // of the run that wrote the checkpoint ("fp32", "bf16", "fp16")
+  std::string precision;  // of the run that wrote the checkpoint ("fp32", "bf16", "fp16")
   // Further components' states by name (JSON text each): "mixing" (the mixing policy),
   // "stability" (spike statistics, rollbacks, quarantined data).
   std::map<std::string, std::string> extra;
@@ -76,8 +76,8 @@ struct CheckpointLayout {
 // Writes RUN/checkpoints/step-NNNNNNNN from one process's full ParamStore (P = 1), updates latest,
 // prunes to keep_last (0: keep all).
 Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
-                       const TrainerState& state, const std::string& config_yaml,
-                       int64_t keep_last, const CheckpointLayout& layout = {});
+                       const TrainerState& state, const std::string& config_yaml, int64_t keep_last,
+                       const CheckpointLayout& layout = {});
 
 // The sharded write, in three parts: rank 0 begins (a fresh temporary directory, its path
 // returned for every rank), every rank writes its partition there and hands its checksum to

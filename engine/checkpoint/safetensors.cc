@@ -1,11 +1,11 @@
 #include "engine/checkpoint/safetensors.h"
 
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
 
@@ -46,7 +46,8 @@ Status write_safetensors(const std::string& path, const std::vector<TensorView>&
     size_t count = 1;
     for (int64_t d : t.shape) count *= static_cast<size_t>(d);
     KILN_CHECK(count * esize == t.bytes, "tensor " + t.name + " size does not match its shape");
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
     offset += t.bytes;
   }
   std::string head = header.dump();
@@ -80,8 +81,9 @@ Status check_header_length(uint64_t n, uint64_t size, const std::string& path) {
         .with_file(path);
   }
   if (n > size - 8) {
-    return Status::data("safetensors header length " + std::to_string(n) + " runs past the end of the " +
-                        std::to_string(size) + "-byte file (truncated?)")
+    return Status::data("safetensors header length " + std::to_string(n) +
+                        " runs past the end of the " + std::to_string(size) +
+                        "-byte file (truncated?)")
         .with_file(path);
   }
   return Status::ok();
@@ -96,8 +98,8 @@ Result<SafetensorsFile> SafetensorsFile::read(const std::string& path) {
   const uint64_t n = header_length(reinterpret_cast<const unsigned char*>(f.bytes_.data()));
   KILN_RETURN_IF_ERROR(check_header_length(n, f.bytes_.size(), path));
   f.data_start_ = 8 + n;
-  KILN_RETURN_IF_ERROR(f.parse_header(std::string_view(f.bytes_).substr(8, n),
-                                      f.bytes_.size() - f.data_start_));
+  KILN_RETURN_IF_ERROR(
+      f.parse_header(std::string_view(f.bytes_).substr(8, n), f.bytes_.size() - f.data_start_));
   return f;
 }
 
@@ -137,8 +139,7 @@ Result<SafetensorsFile> SafetensorsFile::read_header(const std::string& path) {
   }
   ::close(fd);
   KILN_RETURN_IF_ERROR(status);
-  KILN_RETURN_IF_ERROR(
-      f.parse_header(header, static_cast<size_t>(st.st_size) - f.data_start_));
+  KILN_RETURN_IF_ERROR(f.parse_header(header, static_cast<size_t>(st.st_size) - f.data_start_));
   return f;
 }
 
@@ -149,12 +150,14 @@ Status SafetensorsFile::parse_header(std::string_view text, size_t data_size) {
     return std::move(parsed).take_status().prefixed("safetensors header").with_file(path);
   }
   nlohmann::json header = std::move(parsed).value();
-  if (!header.is_object()) return Status::data("safetensors header is not an object").with_file(path);
+  if (!header.is_object())
+    return Status::data("safetensors header is not an object").with_file(path);
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it.value().is_object()) return Status::data("bad __metadata__").with_file(path);
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        if (!m.value().is_string()) return Status::data("metadata values must be strings").with_file(path);
+        if (!m.value().is_string())
+          return Status::data("metadata values must be strings").with_file(path);
         metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -185,12 +188,14 @@ Status SafetensorsFile::parse_header(std::string_view text, size_t data_size) {
       if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
         return Status::data("shape " + shape_text(e.shape) + " of " + e.dtype +
                             " overflows 64-bit byte counts")
-            .with_file(path).with_key(it.key());
+            .with_file(path)
+            .with_key(it.key());
       }
     }
     if (e.begin > e.end || e.end > data_size || e.end - e.begin != bytes) {
       return Status::data("tensor bytes do not match dtype/shape or lie outside the file")
-          .with_file(path).with_key(it.key());
+          .with_file(path)
+          .with_key(it.key());
     }
     index_[it.key()] = e;
   }
@@ -204,7 +209,8 @@ Result<const SafetensorsFile::Entry*> SafetensorsFile::entry(
   if (it->second.dtype != dtype || it->second.shape != shape) {
     return Status::data("expected " + dtype + " " + shape_text(shape) + ", found " +
                         it->second.dtype + " " + shape_text(it->second.shape))
-        .with_file(path_).with_key(name);
+        .with_file(path_)
+        .with_key(name);
   }
   return &it->second;
 }
@@ -223,9 +229,11 @@ Status SafetensorsFile::read_range(const std::string& name, const std::string& d
   const size_t esize = safetensors_dtype_size(dtype);
   const size_t n = (e->end - e->begin) / esize;
   if (first > n || count > n - first) {
-    return Status::data("elements [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                        ") lie outside the tensor's " + std::to_string(n))
-        .with_file(path_).with_key(name);
+    return Status::data("elements [" + std::to_string(first) + ", " +
+                        std::to_string(first + count) + ") lie outside the tensor's " +
+                        std::to_string(n))
+        .with_file(path_)
+        .with_key(name);
   }
   const size_t at = data_start_ + e->begin + first * esize, bytes = count * esize;
   if (!header_only_) {
@@ -237,11 +245,12 @@ Status SafetensorsFile::read_range(const std::string& name, const std::string& d
   size_t got = 0;
   Status status = Status::ok();
   while (got < bytes) {
-    const ssize_t r = ::pread(fd, static_cast<char*>(dst) + got, bytes - got,
-                              static_cast<off_t>(at + got));
+    const ssize_t r =
+        ::pread(fd, static_cast<char*>(dst) + got, bytes - got, static_cast<off_t>(at + got));
     if (r <= 0) {
-      status = r < 0 ? Status::from_errno("read", path_)
-                     : Status::data("file shorter than its header says (truncated?)").with_file(path_);
+      status =
+          r < 0 ? Status::from_errno("read", path_)
+                : Status::data("file shorter than its header says (truncated?)").with_file(path_);
       break;
     }
     got += static_cast<size_t>(r);

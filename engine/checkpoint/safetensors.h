@@ -47,8 +47,7 @@ class SafetensorsFile {
   // dst = `count` elements of tensor `name` from element `first` on, checking dtype and shape
   // (and first + count within the tensor); from the file (read_header) or the bytes in memory.
   Status read_range(const std::string& name, const std::string& dtype,
-                    const std::vector<int64_t>& shape, size_t first, size_t count,
-                    void* dst) const;
+                    const std::vector<int64_t>& shape, size_t first, size_t count, void* dst) const;
   // The tensor's bytes, checking dtype and shape. Data error naming file and tensor otherwise.
   Result<const void*> get(const std::string& name, const std::string& dtype,
                           const std::vector<int64_t>& shape) const;

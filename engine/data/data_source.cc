@@ -20,4 +20,19 @@ Result<std::unique_ptr<DataSource>> open_data_source(const TrainConfig& config, 
   return open_loader_source(config, rank);
 }
 
+Status check_token_ids(const MicroBatch& b, int64_t vocab) {
+  for (size_t i = 0; i < b.inputs.size(); ++i) {
+    // Targets are token ids or -1 (padding, ignored by the loss); inputs are token ids.
+    const bool bad_input = b.inputs[i] < 0 || b.inputs[i] >= vocab;
+    if (!bad_input && b.targets[i] >= -1 && b.targets[i] < vocab) continue;
+    const int64_t id = bad_input ? b.inputs[i] : b.targets[i];
+    return Status::data(
+        "token id " + std::to_string(id) + " (as " + (bad_input ? "input" : "target") + " " +
+        std::to_string(i) + " of a batch of " + std::to_string(b.inputs.size()) +
+        ") is outside the model's vocabulary (model.vocab_size " + std::to_string(vocab) + ")" +
+        (b.samples.empty() ? std::string() : "; samples: " + listed_samples(b.samples)));
+  }
+  return Status::ok();
+}
+
 }  // namespace kiln::engine

@@ -31,6 +31,11 @@ struct MicroBatch {
 // "a, b, ... (N in all)": the first 16 of a batch's samples, for a message naming them.
 std::string listed_samples(const std::vector<std::string>& samples);
 
+// Whether every input is a token id of the model's vocabulary [0, vocab) and every target one or
+// -1 (padding): kData naming the first id outside it, where it is and the batch's samples. Every
+// batch is checked on the host before it reaches the model (training and validation batches).
+Status check_token_ids(const MicroBatch& b, int64_t vocab);
+
 // A domain's fixed validation sequences (see engine/train/eval.h).
 struct ValidationSequences {
   int domain = 0;  // index into DataSource::domains()
@@ -76,7 +81,6 @@ struct DataRank {
 std::unique_ptr<DataSource> make_synthetic_source(const TrainConfig& config, DataRank rank = {});
 
 // The loader over data.manifest, or synthetic data when data.manifest is empty.
-Result<std::unique_ptr<DataSource>> open_data_source(const TrainConfig& config,
-                                                     DataRank rank = {});
+Result<std::unique_ptr<DataSource>> open_data_source(const TrainConfig& config, DataRank rank = {});
 
 }  // namespace kiln::engine

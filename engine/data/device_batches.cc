@@ -5,7 +5,9 @@
 namespace kiln::engine {
 
 DeviceBatches::DeviceBatches(Runtime* runtime, int64_t rows, int64_t seq_len, int slot_base)
-    : rt_(runtime), n_(static_cast<size_t>(rows * seq_len)), slot_base_(static_cast<size_t>(slot_base)) {}
+    : rt_(runtime),
+      n_(static_cast<size_t>(rows * seq_len)),
+      slot_base_(static_cast<size_t>(slot_base)) {}
 
 DeviceBatches::~DeviceBatches() {
   rt_->synchronize();
@@ -49,7 +51,8 @@ DeviceBatches::Tokens DeviceBatches::at(size_t i) {
 float* DeviceBatches::losses(size_t i) { return losses_.data() + i * n_; }
 
 const float* DeviceBatches::host_losses(size_t count) {
-  KILN_CHECK(count * n_ <= losses_.size(), "DeviceBatches::host_losses: more micro-batches than uploaded");
+  KILN_CHECK(count * n_ <= losses_.size(),
+             "DeviceBatches::host_losses: more micro-batches than uploaded");
   if (rt_->host_addressable()) {
     rt_->synchronize();
     return losses_.data();

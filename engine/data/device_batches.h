@@ -1,5 +1,5 @@
 // Internal to engine/ (used by engine/data/step_batches.h): moves a step's micro-batches to the
-// backend and the per-token losses back.
+// device and the per-token losses back.
 //
 // upload(i, batch) copies micro-batch i's inputs and targets into a pinned host buffer and starts
 // an asynchronous copy to backend memory (on a GPU, on the copy stream, so it overlaps the compute
@@ -7,19 +7,19 @@
 // pointers, making the compute queued afterwards wait for that copy (no host sync). Each
 // micro-batch writes its losses to losses(i); host_losses() brings all of a step's losses to the
 // host in one copy into pinned memory (a direct DMA; on the CPU no copy at all), download_losses()
-// copies them on into a caller's buffer. On the CPU the copies are memcpy and nothing waits. Buffers grow to the
-// largest grad_accum seen (or reserve()) and are reused. Micro-batch i uses the backend's upload
-// slot (slot_base + i) % Runtime::kUploadSlots (two objects filled at once: different bases).
-// Not thread-safe; upload() may run on another thread than the compute once reserve() has
-// allocated (backend allocations are the owning thread's).
+// copies them on into a caller's buffer. On the CPU the copies are memcpy and nothing waits.
+// Buffers grow to the largest grad_accum seen (or reserve()) and are reused. Micro-batch i uses the
+// backend's upload slot (slot_base + i) % Runtime::kUploadSlots (two objects filled at once:
+// different bases). Not thread-safe; upload() may run on another thread than the compute once
+// reserve() has allocated (backend allocations are the owning thread's).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "engine/device/runtime.h"
 #include "engine/data/data_source.h"
+#include "engine/device/runtime.h"
 
 namespace kiln::engine {
 
@@ -48,8 +48,8 @@ class DeviceBatches {
 
  private:
   struct Slot {
-    int32_t* pinned = nullptr;       // inputs then targets, 2 * rows * seq_len
-    DeviceArray<int32_t> tokens;     // the same on the backend
+    int32_t* pinned = nullptr;    // inputs then targets, 2 * rows * seq_len
+    DeviceArray<int32_t> tokens;  // the same on the backend
   };
   int slot(size_t i) const { return static_cast<int>((slot_base_ + i) % Runtime::kUploadSlots); }
   Runtime* rt_;

@@ -130,10 +130,9 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
   }
   Manifest manifest = std::move(read).value();
   if (manifest.tokenizer.vocab_size > static_cast<uint64_t>(config.model.vocab_size)) {
-    return Status::config("the dataset's tokenizer has " +
-                          std::to_string(manifest.tokenizer.vocab_size) +
-                          " tokens but model.vocab_size is " +
-                          std::to_string(config.model.vocab_size))
+    return Status::config(
+               "the dataset's tokenizer has " + std::to_string(manifest.tokenizer.vocab_size) +
+               " tokens but model.vocab_size is " + std::to_string(config.model.vocab_size))
         .with_key("model.vocab_size");
   }
   loader::LoaderOptions o;

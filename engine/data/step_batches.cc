@@ -30,22 +30,9 @@ StepBatches::Drawn StepBatches::draw(Set& set, size_t count) {
     d.status = data_->next(&b);
     if (!d.status.is_ok()) break;
     d.wait_ms += b.wait_ms;
-    for (size_t i = 0; i < b.inputs.size() && d.status.is_ok(); ++i) {
-      // Targets are token ids or -1 (padding, ignored by the loss); inputs are token ids.
-      const bool bad_input = b.inputs[i] < 0 || b.inputs[i] >= vocab_;
-      if (bad_input || b.targets[i] < -1 || b.targets[i] >= vocab_) {
-        const int64_t id = bad_input ? b.inputs[i] : b.targets[i];
-        d.status = Status::data("token id " + std::to_string(id) + " (as " +
-                                (bad_input ? "input" : "target") + " " + std::to_string(i) +
-                                " of a batch of " + std::to_string(b.inputs.size()) +
-                                ") is outside the model's vocabulary (model.vocab_size " +
-                                std::to_string(vocab_) + ")" +
-                                (b.samples.empty() ? std::string()
-                                                   : "; samples: " + listed_samples(b.samples)));
-      }
-      d.valid += b.targets[i] >= 0;
-    }
+    d.status = check_token_ids(b, vocab_);
     if (!d.status.is_ok()) break;
+    for (int32_t t : b.targets) d.valid += t >= 0;
     set.staged->upload(bi, b);  // overlaps the next fetch and the compute queued before it
   }
   return d;
@@ -97,8 +84,10 @@ Status StepBatches::settle() {
   discarded_ += static_cast<int64_t>(ahead_);
   ahead_ = 0;
   sets_[1 - cur_].drawn = Drawn{};
-  return data_->restore(state_before_).prefixed("returning the data source to before the batches "
-                                                "drawn ahead");
+  return data_->restore(state_before_)
+      .prefixed(
+          "returning the data source to before the batches "
+          "drawn ahead");
 }
 
 Status StepBatches::set_weights(const loader::DomainWeights& weights) {

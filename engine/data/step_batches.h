@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/device/runtime.h"
 #include "engine/data/data_source.h"
 #include "engine/data/device_batches.h"
+#include "engine/device/runtime.h"
 
 namespace kiln::engine {
 
@@ -42,9 +42,9 @@ class StepBatches {
   StepBatches& operator=(const StepBatches&) = delete;
 
   struct Drawn {
-    Status status;         // the first error (the source's, or a token id outside the vocabulary)
-    int64_t valid = 0;     // targets >= 0 over the batches drawn
-    double wait_ms = 0;    // how long this call waited for data (the loader, or the prefetch)
+    Status status;       // the first error (the source's, or a token id outside the vocabulary)
+    int64_t valid = 0;   // targets >= 0 over the batches drawn
+    double wait_ms = 0;  // how long this call waited for data (the loader, or the prefetch)
     bool prefetched = false;
   };
   // The step's `count` micro-batches: batches() and, on the backend, staged().
@@ -85,9 +85,9 @@ class StepBatches {
   int64_t vocab_;
   bool enabled_;
   Set sets_[2];
-  int cur_ = 0;              // the set take() filled last
-  std::thread worker_;       // joinable while a draw is in flight or unclaimed
-  size_t ahead_ = 0;         // micro-batches drawn ahead into sets_[1 - cur_] (0: none)
+  int cur_ = 0;               // the set take() filled last
+  std::thread worker_;        // joinable while a draw is in flight or unclaimed
+  size_t ahead_ = 0;          // micro-batches drawn ahead into sets_[1 - cur_] (0: none)
   std::string state_before_;  // the source's state / weights when prefetch() started
   loader::DomainWeights weights_before_;
   int64_t prefetched_steps_ = 0;

@@ -1,6 +1,5 @@
-#include <nlohmann/json.hpp>
-
 #include <chrono>
+#include <nlohmann/json.hpp>
 
 #include "common/json.h"
 #include "engine/data/data_source.h"
@@ -9,9 +8,9 @@
 namespace kiln::engine {
 namespace {
 
-constexpr uint64_t kMixStream = 0x6d6978;      // "mix"
-constexpr uint64_t kMarkovStream = 0x6d61726b;  // "mark"
-constexpr uint64_t kRepeatStream = 0x72657074;  // "rept"
+constexpr uint64_t kMixStream = 0x6d6978;                // "mix"
+constexpr uint64_t kMarkovStream = 0x6d61726b;           // "mark"
+constexpr uint64_t kRepeatStream = 0x72657074;           // "rept"
 constexpr uint64_t kValidationStream = 0x76616c6964ull;  // "valid"
 constexpr int kSuccessors = 4;
 constexpr int kMotif = 16;
@@ -19,8 +18,12 @@ constexpr int kMotif = 16;
 class SyntheticSource final : public DataSource {
  public:
   SyntheticSource(const TrainConfig& c, DataRank rank)
-      : rank_(rank), seed_(c.run.seed), rows_(c.data.micro_batch), T_(c.model.seq_len),
-        V_(static_cast<uint64_t>(c.model.vocab_size)), names_{"markov", "repeat"} {
+      : rank_(rank),
+        seed_(c.run.seed),
+        rows_(c.data.micro_batch),
+        T_(c.model.seq_len),
+        V_(static_cast<uint64_t>(c.model.vocab_size)),
+        names_{"markov", "repeat"} {
     loader::DomainWeights w = c.data.mixture;
     if (w.empty()) w = {{"markov", 1.0}, {"repeat", 1.0}};
     Status st = set_weights(w);
@@ -77,7 +80,8 @@ class SyntheticSource final : public DataSource {
   Result<std::string> merge_states(const std::vector<std::string>& per_rank) const override {
     for (const auto& s : per_rank) {
       if (s != per_rank.at(0))
-        return Status::data("synthetic data states differ between ranks: " + per_rank[0] + " vs " + s);
+        return Status::data("synthetic data states differ between ranks: " + per_rank[0] + " vs " +
+                            s);
     }
     return per_rank.at(0);
   }
@@ -85,7 +89,8 @@ class SyntheticSource final : public DataSource {
   Status restore(const std::string& state) override {
     try {
       auto j = parse_untrusted_json_or_throw(state);
-      if (j.at("kind") != "synthetic") return Status::data("checkpoint data state is not synthetic");
+      if (j.at("kind") != "synthetic")
+        return Status::data("checkpoint data state is not synthetic");
       slot_ = json_integer_at<uint64_t>(j, "slot");
       weights_[0] = j.at("weights").at(0).get<double>();
       weights_[1] = j.at("weights").at(1).get<double>();
@@ -126,13 +131,15 @@ class SyntheticSource final : public DataSource {
       uint64_t tok = random_bits(stream_seed, kMarkovStream, slot << 20) % V_;
       for (int64_t i = 0; i <= T_; ++i) {
         seq[i] = static_cast<int32_t>(tok);
-        const uint64_t k = random_bits(stream_seed, kMarkovStream + 1, (slot << 20) + i) % kSuccessors;
+        const uint64_t k =
+            random_bits(stream_seed, kMarkovStream + 1, (slot << 20) + i) % kSuccessors;
         tok = random_bits(seed_ ^ 0x5eed, tok, k) % V_;  // the chain's fixed successor table
       }
     } else {
       int32_t motif[kMotif];
       for (int i = 0; i < kMotif; ++i)
-        motif[i] = static_cast<int32_t>(random_bits(stream_seed, kRepeatStream, (slot << 8) + i) % V_);
+        motif[i] =
+            static_cast<int32_t>(random_bits(stream_seed, kRepeatStream, (slot << 8) + i) % V_);
       for (int64_t i = 0; i <= T_; ++i) seq[i] = motif[i % kMotif];
     }
   }

@@ -1,14 +1,15 @@
-// The CUDA backend of the engine (engine/device/runtime.h) and the CUDA model: compiled only into the
-// CUDA module libkiln_cuda.so (common/cuda_module.h) with the CUDA kernels, which the executable
-// loads the first time runtime_for(Device::kCuda) is called. Plain C++: everything device-side
-// goes through kiln::cuda (kernels/cuda/runtime.h). The module's entry points are the extern "C"
-// functions at the end (their names differ from every engine function: a module's calls to a
-// name the executable also defines go to the executable's).
+// The CUDA backend of the engine (engine/device/runtime.h) and the CUDA model: compiled only into
+// the CUDA module libkiln_cuda.so (common/cuda_module.h) with the CUDA kernels, which the
+// executable loads the first time runtime_for(Device::kCuda) is called. Plain C++: everything
+// device-side goes through kiln::cuda (kernels/cuda/runtime.h). The module's entry points are the
+// extern "C" functions at the end (their names differ from every engine function: a module's calls
+// to a name the executable also defines go to the executable's).
+#include "common/cuda_module.h"
+
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "common/cuda_module.h"
 #include "common/text.h"
 #include "engine/device/kernel_runtime.h"
 #include "engine/device/runtime.h"
@@ -19,7 +20,6 @@
 namespace kiln::engine {
 namespace {
 
-
 class CudaRuntime final : public detail::KernelRuntime<CudaBackend> {
  public:
   CudaRuntime() : info_(cuda::device_info()) {}
@@ -27,9 +27,11 @@ class CudaRuntime final : public detail::KernelRuntime<CudaBackend> {
   std::string describe() const override {
     return "cuda: " + info_.name + " (sm_" + std::to_string(info_.major) +
            std::to_string(info_.minor) + ", " + std::to_string(info_.multiprocessors) + " SMs, " +
-           bytes_in(info_.total_bytes, ByteUnit::kGiB) + "; fused kernels " + (cuda::fused_kernels() ? "on" : "off") +
-           ", GEMM epilogues " + (cuda::gemm_epilogues() ? "on" : "off") + ", attention " +
-           (cuda::attention_kernel() == cuda::AttentionKernel::kTensorCore ? "tensor-core" : "tiled") +
+           bytes_in(info_.total_bytes, ByteUnit::kGiB) + "; fused kernels " +
+           (cuda::fused_kernels() ? "on" : "off") + ", GEMM epilogues " +
+           (cuda::gemm_epilogues() ? "on" : "off") + ", attention " +
+           (cuda::attention_kernel() == cuda::AttentionKernel::kTensorCore ? "tensor-core"
+                                                                           : "tiled") +
            ")";
   }
   bool host_addressable() const override { return false; }
@@ -110,7 +112,8 @@ Result<Runtime*> open_runtime() {
 }  // namespace
 }  // namespace kiln::engine
 
-// ---- the module's entry points (looked up by name: engine/device/runtime.cc, engine/model/model.cc) 
+// ---- the module's entry points (looked up by name: engine/device/runtime.cc,
+// engine/model/model.cc)
 
 extern "C" const char* kiln_cuda_module_stamp() { return KILN_CUDA_MODULE_STAMP; }
 

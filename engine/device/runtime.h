@@ -39,9 +39,9 @@ const char* device_name(Device d);  // "cpu" | "cuda"
 Result<Device> parse_device(const std::string& text, const std::string& key = "device");
 
 struct DeviceMemory {
-  size_t in_use = 0;  // bytes allocated through the backend now
-  size_t peak = 0;    // the most ever allocated through the backend at once
-  size_t total = 0;   // the device's memory (0: host memory, not reported)
+  size_t in_use = 0;           // bytes allocated through the backend now
+  size_t peak = 0;             // the most ever allocated through the backend at once
+  size_t total = 0;            // the device's memory (0: host memory, not reported)
   size_t used_by_process = 0;  // cuda: total - free as the driver reports it (context, workspaces)
 };
 

@@ -1,8 +1,7 @@
 #include "engine/mixing/control_file.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
@@ -36,7 +35,9 @@ Result<loader::DomainWeights> parse_mixture_json(const std::string& text, const 
   loader::DomainWeights out;
   for (auto it = w.begin(); it != w.end(); ++it) {
     if (!it.value().is_number()) {
-      return Status::data("weight must be a number").with_file(origin).with_key("weights." + it.key());
+      return Status::data("weight must be a number")
+          .with_file(origin)
+          .with_key("weights." + it.key());
     }
     out.set(it.key(), it.value().get<double>());
   }

@@ -1,15 +1,14 @@
 #include "engine/mixing/controller.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
-#include "common/json.h"
 #include "common/hash.h"
+#include "common/json.h"
 #include "common/log.h"
 
 namespace kiln::engine {
@@ -67,8 +66,7 @@ Result<std::unique_ptr<MixController>> MixController::open(const TrainConfig& co
   MixingConfig& mc = m->config_.mixing;
   const double k = static_cast<double>(domains.size());
   if (mc.min_weight * k > 1.0) {
-    return Status::config("min_weight x " + std::to_string(domains.size()) +
-                          " domains exceeds 1")
+    return Status::config("min_weight x " + std::to_string(domains.size()) + " domains exceeds 1")
         .with_key("mixing.min_weight");
   }
   for (const auto& p : mc.schedule) {
@@ -129,9 +127,10 @@ void MixController::pin(const WeightMap& weights, int64_t step) {
   for (const auto& [d, v] : weights) total += v;
   for (const auto& [d, v] : weights) w[d] = total > 0 ? v / total : 0.0;
   if (!state_.paused && state_.policy != "static") {
-    KILN_LOG_INFO("step {}: weights pinned by kiln mix set; the {} policy pauses (resume it with "
-                  "kiln mix policy RUN {})",
-                  step, state_.policy, state_.policy);
+    KILN_LOG_INFO(
+        "step {}: weights pinned by kiln mix set; the {} policy pauses (resume it with "
+        "kiln mix policy RUN {})",
+        step, state_.policy, state_.policy);
   }
   state_.paused = true;
   state_.weights = w;

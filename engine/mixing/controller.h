@@ -28,7 +28,7 @@ namespace kiln::engine {
 std::string policy_control_path(const std::string& run_dir);  // RUN/control/policy.json
 // Validates NAME and writes RUN/control/policy.json atomically (kUsage on a bad name).
 Status write_policy_request(const std::string& run_dir, const std::string& name);
-std::string mixing_history_path(const std::string& run_dir);   // RUN/mixing.jsonl
+std::string mixing_history_path(const std::string& run_dir);  // RUN/mixing.jsonl
 // RUN/mixing_weights.json: {"weights": the policy's result for reuse} (doremi: the average).
 std::string mixing_result_path(const std::string& run_dir);
 

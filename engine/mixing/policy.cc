@@ -1,11 +1,10 @@
 #include "engine/mixing/policy.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
 #include "common/json.h"
@@ -15,16 +14,21 @@ namespace fs = std::filesystem;
 
 const char* mix_policy_name(MixPolicy p) {
   switch (p) {
-    case MixPolicy::kStatic: return "static";
-    case MixPolicy::kSchedule: return "schedule";
-    case MixPolicy::kDoremi: return "doremi";
-    case MixPolicy::kOdm: return "odm";
+    case MixPolicy::kStatic:
+      return "static";
+    case MixPolicy::kSchedule:
+      return "schedule";
+    case MixPolicy::kDoremi:
+      return "doremi";
+    case MixPolicy::kOdm:
+      return "odm";
   }
   return "?";
 }
 
 Result<MixPolicy> parse_mix_policy(const std::string& name, const std::string& key) {
-  for (MixPolicy p : {MixPolicy::kStatic, MixPolicy::kSchedule, MixPolicy::kDoremi, MixPolicy::kOdm})
+  for (MixPolicy p :
+       {MixPolicy::kStatic, MixPolicy::kSchedule, MixPolicy::kDoremi, MixPolicy::kOdm})
     if (name == mix_policy_name(p)) return p;
   return Status::config("'" + name + "' is not one of static | schedule | doremi | odm")
       .with_key(key);
@@ -80,8 +84,10 @@ Result<MixState> doremi_update(const MixingConfig& c, MixState s, const MixObser
   // The per-domain loss: validation loss when evaluated (every domain, whatever its weight),
   // else the interval's training loss; a domain with neither keeps its last value.
   for (const auto& [d, w] : s.weights) {
-    if (auto it = obs.val_loss.find(d); it != obs.val_loss.end()) s.last_loss[d] = it->second;
-    else if (auto t = obs.train_loss.find(d); t != obs.train_loss.end()) s.last_loss[d] = t->second;
+    if (auto it = obs.val_loss.find(d); it != obs.val_loss.end())
+      s.last_loss[d] = it->second;
+    else if (auto t = obs.train_loss.find(d); t != obs.train_loss.end())
+      s.last_loss[d] = t->second;
   }
   WeightMap logits;
   for (const auto& [d, w] : s.weights) {
@@ -90,7 +96,8 @@ Result<MixState> doremi_update(const MixingConfig& c, MixState s, const MixObser
       return Status::internal("doremi: no reference loss for domain '" + d + "'");
     }
     auto loss = s.last_loss.find(d);
-    const double excess = loss == s.last_loss.end() ? 0.0 : std::max(loss->second - ref->second, 0.0);
+    const double excess =
+        loss == s.last_loss.end() ? 0.0 : std::max(loss->second - ref->second, 0.0);
     logits[d] = std::log(std::max(w, 1e-300)) + c.doremi_eta * excess;
   }
   WeightMap a = softmax(logits);
@@ -120,9 +127,8 @@ MixState odm_update(const MixingConfig& c, MixState s, const MixObservation& obs
   }
   ++s.updates;
   const double t = static_cast<double>(s.updates);
-  const double eps = c.odm_exploration > 0
-                         ? c.odm_exploration
-                         : std::min(1.0 / k, std::sqrt(std::log(k) / (k * t)));
+  const double eps = c.odm_exploration > 0 ? c.odm_exploration
+                                           : std::min(1.0 / k, std::sqrt(std::log(k) / (k * t)));
   // EXP3 uses the previous round's rate on the rewards (eps_0 = eps_1 on the first update).
   const double prev = s.prev_exploration > 0 ? s.prev_exploration : eps;
   WeightMap logits;
@@ -213,8 +219,8 @@ WeightMap schedule_weights(const MixingConfig& config, int64_t step) {
   if (!config.interpolate || i + 1 == pts.size() || step <= pts[i].step) {
     return normalised(pts[i].weights);
   }
-  const double f = static_cast<double>(step - pts[i].step) /
-                   static_cast<double>(pts[i + 1].step - pts[i].step);
+  const double f =
+      static_cast<double>(step - pts[i].step) / static_cast<double>(pts[i + 1].step - pts[i].step);
   WeightMap a = normalised(pts[i].weights), b = normalised(pts[i + 1].weights), out;
   for (const auto& [d, v] : a) out[d] += (1.0 - f) * v;
   for (const auto& [d, v] : b) out[d] += f * v;
@@ -241,8 +247,9 @@ Result<WeightMap> load_reference_loss(const std::string& path) {
   const std::string key = "mixing.doremi.reference";
   std::error_code ec;
   if (path.empty()) {
-    return Status::config("the doremi policy needs reference losses: a finished run's directory "
-                          "or a JSON file {\"domain\": loss}")
+    return Status::config(
+               "the doremi policy needs reference losses: a finished run's directory "
+               "or a JSON file {\"domain\": loss}")
         .with_key(key);
   }
   if (fs::is_directory(path, ec)) {

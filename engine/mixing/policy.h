@@ -56,10 +56,10 @@ struct MixingConfig {
   bool interpolate = false;     // schedule: linear between points instead of stepped
   double doremi_eta = 1.0;
   double doremi_smoothing = 1e-3;
-  std::string doremi_reference;   // a finished run's directory or a JSON file {"domain": loss}
+  std::string doremi_reference;     // a finished run's directory or a JSON file {"domain": loss}
   WeightMap doremi_reference_loss;  // resolved from doremi_reference (load_reference_loss)
   double odm_reward_smoothing = 0.9;
-  double odm_exploration = 0;     // 0: eps_t = min(1/k, sqrt(ln k / (k t)))
+  double odm_exploration = 0;  // 0: eps_t = min(1/k, sqrt(ln k / (k t)))
 };
 
 // What training saw since the previous update: per domain, the mean training loss over the
@@ -77,11 +77,11 @@ struct MixState {
   std::string policy = "static";  // the active policy's name
   bool paused = false;            // pinned by `kiln mix set`: no updates until `kiln mix policy`
   int64_t updates = 0;            // updates made by doremi / odm
-  WeightMap weights;          // the current weights (normalised, every domain named)
-  WeightMap weight_sum;       // doremi: sum of the weights over its updates
-  WeightMap reward;           // odm: the smoothed importance-weighted reward per domain
+  WeightMap weights;              // the current weights (normalised, every domain named)
+  WeightMap weight_sum;           // doremi: sum of the weights over its updates
+  WeightMap reward;               // odm: the smoothed importance-weighted reward per domain
   double prev_exploration = 0;    // odm: eps_{t-1}
-  WeightMap last_loss;        // doremi: the last per-domain loss seen (domains not observed)
+  WeightMap last_loss;            // doremi: the last per-domain loss seen (domains not observed)
 
   WeightMap average() const;  // doremi: weight_sum / updates (the weights when no update)
   std::string to_json() const;

@@ -14,7 +14,6 @@
 
 namespace kiln::engine::detail {
 
-
 // Sizes (elements) of one block's activations, per micro-batch, on one of tp tensor-parallel
 // ranks: btca (attention channels) and btf (MLP hidden) are split, btc (residual stream) is not.
 struct BlockSizes {
@@ -103,7 +102,8 @@ class GptModel final : public Model {
     mem_.working_bytes -= head_rows(m_, B, e, 0, V(), rt_->device()) * static_cast<size_t>(V()) * e;
     embed_unit_ = unit_of(p_->wte());
     final_unit_ = unit_of(p_->lnf_w());
-    for (size_t l = 0; l < L; ++l) block_units_.push_back(unit_of(p_->block(static_cast<int>(l)).ln1_w));
+    for (size_t l = 0; l < L; ++l)
+      block_units_.push_back(unit_of(p_->block(static_cast<int>(l)).ln1_w));
   }
 
   void forward_backward(const int32_t* inputs, const int32_t* targets, float dloss,
@@ -148,9 +148,9 @@ class GptModel final : public Model {
     RestBuffers& r = rest_[rest_.size() == 1 ? 0 : l];
     SelBuffers& s = sel_[sel_.size() == 1 ? 0 : l];
     float* st = r.stats.data();
-    return Acts{r.ln1.data(), r.qkv.data(), s.atty.data(), r.res2.data(), r.ln2.data(),
-                r.fch.data(), s.gelu.data(), st, st + s_.bt, st + 2 * s_.bt, st + 3 * s_.bt,
-                s.lse.data()};
+    return Acts{r.ln1.data(), r.qkv.data(),   s.atty.data(),  r.res2.data(),
+                r.ln2.data(), r.fch.data(),   s.gelu.data(),  st,
+                st + s_.bt,   st + 2 * s_.bt, st + 3 * s_.bt, s.lse.data()};
   }
 
   T* w(int t) { return p_->work<T>(t); }
@@ -216,7 +216,8 @@ class GptModel final : public Model {
     Acts a = acts(l);
     const T* x = x_[l].data();
     if (!ln1_done) {
-      K::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w(bt.ln1_w), w(bt.ln1_b), B(), Tn(), C());
+      K::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w(bt.ln1_w), w(bt.ln1_b), B(), Tn(),
+                           C());
     }
     K::matmul_forward(a.qkv, a.ln1, w(bt.qkv_w), w(bt.qkv_b), B(), Tn(), C(), 3 * CA());
     K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), CA(), NH());
@@ -239,12 +240,14 @@ class GptModel final : public Model {
       K::residual_forward(x_[l + 1].data(), a.res2, proj_.data(), s_.btc);
     } else if (l + 2 < x_.size()) {  // x_{l+1} and block l+1's ln1 in one pass
       const BlockTensors& next = p_->block(static_cast<int>(l + 1));
-      Acts n = acts(l + 1);  // (with full recomputation the same buffers: block l is done with them)
+      Acts n =
+          acts(l + 1);  // (with full recomputation the same buffers: block l is done with them)
       residual_layernorm(x_[l + 1].data(), n.ln1, n.ln1_mean, n.ln1_rstd, a.res2, proj_.data(),
                          w(next.ln1_w), w(next.ln1_b));
     } else {  // x_L and ln_f
-      residual_layernorm(x_[l + 1].data(), lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt,
-                         a.res2, proj_.data(), w(p_->lnf_w()), w(p_->lnf_b()));
+      residual_layernorm(x_[l + 1].data(), lnf_.data(), lnf_stats_.data(),
+                         lnf_stats_.data() + s_.bt, a.res2, proj_.data(), w(p_->lnf_w()),
+                         w(p_->lnf_b()));
     }
   }
 
@@ -284,8 +287,8 @@ class GptModel final : public Model {
       const T* in = lnf_.data() + r0 * C();
       K::matmul_forward(logits_.data(), in, wte, nullptr, 1, n, C(), V);
       if (tp_) {  // vocabulary-parallel: this rank's logits and per-row statistics
-        tp_->crossentropy<K>(*rt_, backward ? logits_.data() : nullptr, losses + r0,
-                             logits_.data(), targets + r0, dloss, n);
+        tp_->crossentropy<K>(*rt_, backward ? logits_.data() : nullptr, losses + r0, logits_.data(),
+                             targets + r0, dloss, n);
       } else {
         K::crossentropy_forward_backward(backward ? logits_.data() : nullptr, losses + r0,
                                          logits_.data(), targets + r0, dloss, n, V, V);
@@ -400,6 +403,5 @@ std::unique_ptr<Model> create_on(ParamStore* params, int64_t micro_batch, Recomp
   }
   return nullptr;
 }
-
 
 }  // namespace kiln::engine::detail

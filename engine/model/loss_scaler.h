@@ -20,9 +20,9 @@ class LossScaler {
  public:
   struct State {
     double scale = 1.0;
-    int64_t clean_steps = 0;       // consecutive clean steps since the last growth/overflow
+    int64_t clean_steps = 0;  // consecutive clean steps since the last growth/overflow
     int64_t hysteresis_left = 0;
-    int64_t overflows = 0;         // total overflows seen (skipped steps)
+    int64_t overflows = 0;  // total overflows seen (skipped steps)
   };
 
   LossScaler() = default;

@@ -16,7 +16,7 @@ ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precisi
   const size_t e = elem_size(p);
   const size_t L = static_cast<size_t>(m.n_layers);
   // Per block, split into what can be recomputed by "selective" and the rest.
-  const size_t sel_bytes = (s.btca + s.btf) * e + s.lse * 4;                      // atty, gelu, lse
+  const size_t sel_bytes = (s.btca + s.btf) * e + s.lse * 4;  // atty, gelu, lse
   // ln1, qkv, res2, ln2, fch; ln1/ln2 statistics.
   const size_t rest_bytes = (s.btc + 3 * s.btca + s.btc + s.btc + s.btf) * e + 4 * s.bt * 4;
   ActivationMemory a;
@@ -52,8 +52,8 @@ std::unique_ptr<Model> Model::create(ParamStore* params, int64_t micro_batch, Re
       // ParamStore on the CUDA backend came from it.
       auto create = cuda_module_symbol(CudaModule::kCuda, "kiln_cuda_create_model");
       KILN_CHECK(create.is_ok(), create.status().to_string());
-      using CreateFn = std::unique_ptr<Model> (*)(ParamStore*, int64_t, Recompute, int64_t,
-                                                  TensorParallel*);
+      using CreateFn =
+          std::unique_ptr<Model> (*)(ParamStore*, int64_t, Recompute, int64_t, TensorParallel*);
       return reinterpret_cast<CreateFn>(*create)(params, micro_batch, mode, head_chunk_rows, tp);
     }
   }

@@ -2,10 +2,10 @@
 // attention, GELU MLP 4x), final LayerNorm, LM head tied to the token embedding.
 //
 // The model owns its activation buffers (sized for one micro-batch at construction, in the
-// ParamStore's backend memory) and reads and writes parameters and fp32 gradients in a ParamStore
-// it does not own. Every operator comes from the kernel API (kernels/ops.h) of the backend's device
-// (kiln::CpuBackend or kiln::CudaBackend, chosen once in create()); the storage type of activations and working parameters is
-// the run's precision (fp32, bf16 or fp16), parameter gradients are fp32.
+// ParamStore's runtime memory) and reads and writes parameters and fp32 gradients in a ParamStore
+// it does not own. Every operator comes from the kernel API (kernels/ops.h) of the runtime's device
+// (kiln::CpuBackend or kiln::CudaBackend, chosen once in create()); the storage type of activations
+// and working parameters is the run's precision (fp32, bf16 or fp16), parameter gradients are fp32.
 //
 // Activation checkpointing (engine/train/train_config.h Recompute):
 //   none       every block keeps ln1, qkv, attention output + logsumexp, res2, ln2, fc, gelu
@@ -15,10 +15,10 @@
 // Recomputation reruns the same deterministic kernels, so all three give bit-identical results.
 //
 // The LM head and the fused softmax + cross-entropy run in chunks of rows, so the (tokens x vocab)
-// logits never exist at once. With a TensorParallel (engine/parallel/tensor_parallel.h) the same code runs
-// Megatron-style on this rank's slices: n_heads / tp heads, 4C / tp MLP units, V / tp vocabulary
-// rows, with the group's all-reduces where the layers meet. Not thread-safe: one model per
-// training thread.
+// logits never exist at once. With a TensorParallel (engine/parallel/tensor_parallel.h) the same
+// code runs Megatron-style on this rank's slices: n_heads / tp heads, 4C / tp MLP units, V / tp
+// vocabulary rows, with the group's all-reduces where the layers meet. Not thread-safe: one model
+// per training thread.
 #pragma once
 
 #include <cstddef>
@@ -49,10 +49,10 @@ class TensorParallel;
 
 // What the model tells the distributed engine around each parameter unit (engine/model/params.h:
 // embed, blocks.l, final) so it can gather sharded weights just before use, free them after, and
-// reduce a unit's gradients as soon as backward has finished them (engine/parallel/zero.h, ZeRO-2/3).
-// Units are ParamStore unit indices. A pass: begin_pass(order of the acquire() calls to come),
-// then acquire/release pairs (a unit's weights are read only between them; with backward, its
-// gradients may be written from acquire on), gradients_ready once per unit in forward_backward,
+// reduce a unit's gradients as soon as backward has finished them (engine/parallel/zero.h,
+// ZeRO-2/3). Units are ParamStore unit indices. A pass: begin_pass(order of the acquire() calls to
+// come), then acquire/release pairs (a unit's weights are read only between them; with backward,
+// its gradients may be written from acquire on), gradients_ready once per unit in forward_backward,
 // end_pass. Errors are kept by the implementation and checked by its owner after the pass.
 class UnitHooks {
  public:
@@ -68,15 +68,15 @@ class Model {
  public:
   // params must outlive the model. head_chunk_rows 0: chosen so a logits chunk is ~8 MiB on the
   // CPU, <= 1 GiB on a GPU.
-  // tp (engine/parallel/tensor_parallel.h, outlives the model): params holds this rank's slices and the
-  // layers run Megatron-style; nullptr: one rank holds everything.
+  // tp (engine/parallel/tensor_parallel.h, outlives the model): params holds this rank's slices and
+  // the layers run Megatron-style; nullptr: one rank holds everything.
   static std::unique_ptr<Model> create(ParamStore* params, int64_t micro_batch, Recompute mode,
                                        int64_t head_chunk_rows = 0, TensorParallel* tp = nullptr);
   virtual ~Model() = default;
 
-  // Pointers (inputs, targets, losses) are in the backend's memory: host memory on the CPU, device
-  // memory on a GPU (engine/data/device_batches.h stages them), where the call only queues the work.
-  // One micro-batch: inputs and targets are (micro_batch, seq_len) token ids; a target < 0 is
+  // Pointers (inputs, targets, losses) are in the runtime's memory: host memory on the CPU, device
+  // memory on a GPU (engine/data/device_batches.h stages them), where the call only queues the
+  // work. One micro-batch: inputs and targets are (micro_batch, seq_len) token ids; a target < 0 is
   // ignored (loss 0, no gradient). Runs forward, the loss and backward, ACCUMULATING the fp32
   // parameter gradients of dloss * sum(losses) into the ParamStore (zero them before the first
   // micro-batch of a step). losses receives the per-token cross-entropy (natural log, unscaled).

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <vector>
 
-
 namespace kiln::engine {
 
 StepStats AdamW::inspect(const ParamStore& params, double loss_scale) const {
@@ -65,7 +64,7 @@ void AdamW::apply(ParamStore& params, double lr, double loss_scale, const StepSt
     a.weight_decay = tensors[i].decay ? config_.weight_decay : 0.0f;
   }
   params.runtime().adamw_update_multi(batch.data(), static_cast<int>(batch.size()), hp,
-                                        params.work_dtype());
+                                      params.work_dtype());
 }
 
 }  // namespace kiln::engine

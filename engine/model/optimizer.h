@@ -19,9 +19,9 @@
 namespace kiln::engine {
 
 struct StepStats {
-  double grad_norm = 0;   // global L2 norm of the unscaled gradients (inf/NaN on overflow)
-  double clip_coef = 1;   // factor applied by clipping (1 when not clipped)
-  bool finite = true;     // false: inf/NaN found, no update was made
+  double grad_norm = 0;  // global L2 norm of the unscaled gradients (inf/NaN on overflow)
+  double clip_coef = 1;  // factor applied by clipping (1 when not clipped)
+  bool finite = true;    // false: inf/NaN found, no update was made
 };
 
 // The AdamW hyper-parameters of one update: the config's betas and eps, learning rate lr, bias

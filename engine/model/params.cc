@@ -1,9 +1,9 @@
 #include "engine/model/params.h"
 
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <tbb/parallel_for.h>
 
 #include "common/hash.h"
 #include "common/tsan.h"
@@ -68,8 +68,8 @@ void ParamStore::add_unit(const std::string& name) {
   units_.back().name = name;
 }
 
-int ParamStore::add(int unit, const std::string& name, std::vector<int64_t> shape,
-                    TensorRole role, int split_dim, int split_parts) {
+int ParamStore::add(int unit, const std::string& name, std::vector<int64_t> shape, TensorRole role,
+                    int split_dim, int split_parts) {
   ParamTensor t;
   t.name = name;
   t.global_shape = shape;
@@ -86,8 +86,8 @@ int ParamStore::add(int unit, const std::string& name, std::vector<int64_t> shap
   t.numel = 1;
   for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
   t.role = role;
-  const bool is_vector = role == TensorRole::kBias || role == TensorRole::kNormGain ||
-                         role == TensorRole::kNormBias;
+  const bool is_vector =
+      role == TensorRole::kBias || role == TensorRole::kNormGain || role == TensorRole::kNormBias;
   t.decay = !is_vector || decay_norms_and_biases_;
   ParamUnit& u = units_[unit];
   t.offset = round_up(u.numel, kAlign);
@@ -99,9 +99,12 @@ int ParamStore::add(int unit, const std::string& name, std::vector<int64_t> shap
 
 DType ParamStore::work_dtype() const {
   switch (precision_) {
-    case Precision::kFp32: return DType::kF32;
-    case Precision::kBf16: return DType::kBF16;
-    case Precision::kFp16: return DType::kF16;
+    case Precision::kFp32:
+      return DType::kF32;
+    case Precision::kBf16:
+      return DType::kBF16;
+    case Precision::kFp16:
+      return DType::kF16;
   }
   return DType::kF32;
 }
@@ -254,7 +257,8 @@ Status ParamStore::fill(StateSource& src) {
 
 void ParamStore::sync_low_precision() {
   if (precision_ == Precision::kFp32) return;
-  for (auto& u : units_) runtime_->cast_from_fp32(u.lp.data(), work_dtype(), u.master.data(), u.numel);
+  for (auto& u : units_)
+    runtime_->cast_from_fp32(u.lp.data(), work_dtype(), u.master.data(), u.numel);
 }
 
 void ParamStore::zero_grads() {
@@ -265,10 +269,18 @@ float* ParamStore::field(int t, ParamField f) const {
   const ParamUnit& u = units_[tensors_[t].unit];
   const DeviceArray<float>* a = &u.master;
   switch (f) {
-    case ParamField::kMaster: a = &u.master; break;
-    case ParamField::kGrad: a = &u.grad; break;
-    case ParamField::kExpAvg: a = &u.m; break;
-    case ParamField::kExpAvgSq: a = &u.v; break;
+    case ParamField::kMaster:
+      a = &u.master;
+      break;
+    case ParamField::kGrad:
+      a = &u.grad;
+      break;
+    case ParamField::kExpAvg:
+      a = &u.m;
+      break;
+    case ParamField::kExpAvgSq:
+      a = &u.v;
+      break;
   }
   return const_cast<float*>(a->data()) + tensors_[t].offset;
 }
@@ -299,7 +311,8 @@ size_t ParamStore::padded_numel() const {
 
 size_t ParamStore::state_bytes() const {
   size_t n = 0;
-  for (const auto& u : units_) n += u.master.bytes() + u.grad.bytes() + u.m.bytes() + u.v.bytes() + u.lp.bytes();
+  for (const auto& u : units_)
+    n += u.master.bytes() + u.grad.bytes() + u.m.bytes() + u.v.bytes() + u.lp.bytes();
   return n;
 }
 

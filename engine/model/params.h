@@ -9,16 +9,15 @@
 // zero (its gradient is never written). Names follow "blocks.3.attn.qkv.weight"; matrices are
 // (out_features, in_features) row-major, as torch.nn.Linear.
 //
-// Initialisation is a pure function of (seed, tensor name, element index) (engine/model/rng.h), so any
-// shard of any tensor can be initialised on its own and the values do not depend on threads:
+// Initialisation is a pure function of (seed, tensor name, element index) (engine/model/rng.h), so
+// any shard of any tensor can be initialised on its own and the values do not depend on threads:
 // init_values() computes any range of a unit's elements. Model states are built from a
 // StateSource (the initialisation, a checkpoint, a consolidated file) read in ranges, so a rank
-// that keeps only a shard of them (ZeRO, engine/parallel/zero.h) computes or reads only that shard: such a
-// rank's ParamStore is made without buffers (allocate = false) and ZeroOptimizer::create builds
-// what the rank holds.
-// The buffers are reached only through the backend: on a GPU the tensor views below are device
-// pointers, and host code reads or writes them with host_view() / upload() (checkpoints do).
-// Not thread-safe for concurrent mutation; the training loop owns it.
+// that keeps only a shard of them (ZeRO, engine/parallel/zero.h) computes or reads only that shard:
+// such a rank's ParamStore is made without buffers (allocate = false) and ZeroOptimizer::create
+// builds what the rank holds. The buffers are reached only through the runtime: on a GPU the tensor
+// views below are device pointers, and host code reads or writes them with host_view() / upload()
+// (checkpoints do). Not thread-safe for concurrent mutation; the training loop owns it.
 #pragma once
 
 #include <cstddef>
@@ -37,9 +36,9 @@
 namespace kiln::engine {
 
 enum class TensorRole {
-  kEmbedding,      // wte, wpe
-  kMatrix,         // linear weights
-  kResidualOut,    // linear weights that write into the residual stream (attn.proj, mlp.proj)
+  kEmbedding,    // wte, wpe
+  kMatrix,       // linear weights
+  kResidualOut,  // linear weights that write into the residual stream (attn.proj, mlp.proj)
   kBias,
   kNormGain,
   kNormBias,
@@ -69,9 +68,9 @@ struct ParamTensor {
 };
 
 struct ParamUnit {
-  std::string name;           // "embed", "blocks.3", "final"
-  std::vector<int> tensors;   // indices into ParamStore::tensors()
-  size_t numel = 0;           // padded length of every buffer below
+  std::string name;          // "embed", "blocks.3", "final"
+  std::vector<int> tensors;  // indices into ParamStore::tensors()
+  size_t numel = 0;          // padded length of every buffer below
   DeviceArray<float> master;
   DeviceArray<float> grad;
   DeviceArray<float> m;
@@ -130,10 +129,11 @@ Status read_state(StateSource& src, Runtime& rt, int unit, ParamField f, size_t 
 
 class ParamStore {
  public:
-  // backend nullptr: the CPU backend.
+  // runtime nullptr: the host runtime.
   // tp: the tensor-parallel slice this store holds (every tensor whole by default).
   // allocate false: the layout only (tensors, units and their lengths), no buffer (ZeRO builds
-  // the ones a rank keeps, engine/parallel/zero.h; a checkpoint reader uses another TP rank's layout).
+  // the ones a rank keeps, engine/parallel/zero.h; a checkpoint reader uses another TP rank's
+  // layout).
   ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases = false,
              Runtime* runtime = nullptr, TpShard tp = {}, bool allocate = true);
 
@@ -166,11 +166,19 @@ class ParamStore {
   float* grad(int t) { return units_[tensors_[t].unit].grad.data() + tensors_[t].offset; }
   float* exp_avg(int t) { return units_[tensors_[t].unit].m.data() + tensors_[t].offset; }
   float* exp_avg_sq(int t) { return units_[tensors_[t].unit].v.data() + tensors_[t].offset; }
-  const float* master(int t) const { return units_[tensors_[t].unit].master.data() + tensors_[t].offset; }
-  const float* grad(int t) const { return units_[tensors_[t].unit].grad.data() + tensors_[t].offset; }
-  const float* exp_avg(int t) const { return units_[tensors_[t].unit].m.data() + tensors_[t].offset; }
-  const float* exp_avg_sq(int t) const { return units_[tensors_[t].unit].v.data() + tensors_[t].offset; }
-  // Tensor t's field readable on the host: the buffer itself when the backend's memory is host
+  const float* master(int t) const {
+    return units_[tensors_[t].unit].master.data() + tensors_[t].offset;
+  }
+  const float* grad(int t) const {
+    return units_[tensors_[t].unit].grad.data() + tensors_[t].offset;
+  }
+  const float* exp_avg(int t) const {
+    return units_[tensors_[t].unit].m.data() + tensors_[t].offset;
+  }
+  const float* exp_avg_sq(int t) const {
+    return units_[tensors_[t].unit].v.data() + tensors_[t].offset;
+  }
+  // Tensor t's field readable on the host: the buffer itself when the runtime's memory is host
   // memory, else a copy made into *scratch (valid until scratch changes).
   const float* host_view(int t, ParamField f, std::vector<float>* scratch) const;
   // Writes tensor t's field from numel host values.
@@ -190,9 +198,9 @@ class ParamStore {
   int lnf_b() const { return lnf_b_; }
   const BlockTensors& block(int l) const { return blocks_[l]; }
 
-  size_t num_params() const;         // unpadded
-  size_t padded_numel() const;       // all units
-  size_t state_bytes() const;        // all buffers of all units
+  size_t num_params() const;    // unpadded
+  size_t padded_numel() const;  // all units
+  size_t state_bytes() const;   // all buffers of all units
 
  private:
   void add_unit(const std::string& name);

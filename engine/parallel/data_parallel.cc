@@ -82,8 +82,9 @@ Status DataParallel::open_device_groups(const TrainConfig& config) {
     tp_data_->set_name(topo_.tp->name());
   }
   if (config.parallel.hierarchical) {
-    KILN_LOG_INFO("parallel.hierarchical applies to the host groups; on cuda NCCL chooses its own "
-                  "algorithms across machines");
+    KILN_LOG_INFO(
+        "parallel.hierarchical applies to the host groups; on cuda NCCL chooses its own "
+        "algorithms across machines");
   }
   KILN_LOG_INFO("rank {}: local rank {} of {} on {}, GPU {}, gradients{} over NCCL", world.rank(),
                 local.rank, local.size, name, cuda_device_,
@@ -98,7 +99,8 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
                                  " ranks, but this build has no MPI backend (install "
                                  "libopenmpi-dev and rebuild)");
   }
-  // engine/parallel/layout_plan.h layout_trainable() is the list of what runs; its messages are here.
+  // engine/parallel/layout_plan.h layout_trainable() is the list of what runs; its messages are
+  // here.
   comm::ProcessGroup& world = comm::world();
   comm::TopologyOptions o;
   o.tp = static_cast<int>(config.parallel.tp);
@@ -137,23 +139,23 @@ Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer
     return params.fill(source);
   }
   // With tensor parallelism: this TP rank's slices, sharded over its data-parallel group.
-  KILN_ASSIGN_OR_RETURN(zero_, ZeroOptimizer::create(params, source, data_dp(), optimizer,
-                                                     static_cast<int>(stage_),
-                                                     static_cast<int>(prefetch_), topo_.tp.get(),
-                                                     topo_.dp.get()));
+  KILN_ASSIGN_OR_RETURN(
+      zero_, ZeroOptimizer::create(params, source, data_dp(), optimizer, static_cast<int>(stage_),
+                                   static_cast<int>(prefetch_), topo_.tp.get(), topo_.dp.get()));
   const uint64_t kept = params.state_bytes(), shards = zero_->shard_bytes();
   // master, gradients, two moments (fp32) and the bf16/fp16 copy of every padded element.
   const uint64_t unsharded =
       params.padded_numel() * (16 + (params.precision() == Precision::kFp32 ? 0 : 2));
-  KILN_LOG_INFO("ZeRO-{}: {} sharded over {} ranks; model states on rank 0: {} bytes "
-                "({:.1f} MiB: full buffers {:.1f} MiB, shards {:.1f} MiB; ZeRO-0 would hold "
-                "{:.1f} MiB)",
-                stage_,
-                stage_ == 1   ? "AdamW state"
-                : stage_ == 2 ? "AdamW state and gradients"
-                              : "AdamW state, gradients and weights",
-                topo_.dp_size, kept + shards, (kept + shards) / 1048576.0, kept / 1048576.0,
-                shards / 1048576.0, unsharded / 1048576.0);
+  KILN_LOG_INFO(
+      "ZeRO-{}: {} sharded over {} ranks; model states on rank 0: {} bytes "
+      "({:.1f} MiB: full buffers {:.1f} MiB, shards {:.1f} MiB; ZeRO-0 would hold "
+      "{:.1f} MiB)",
+      stage_,
+      stage_ == 1   ? "AdamW state"
+      : stage_ == 2 ? "AdamW state and gradients"
+                    : "AdamW state, gradients and weights",
+      topo_.dp_size, kept + shards, (kept + shards) / 1048576.0, kept / 1048576.0,
+      shards / 1048576.0, unsharded / 1048576.0);
   return Status::ok();
 }
 
@@ -168,16 +170,19 @@ Status DataParallel::sum(int64_t* values, size_t n) {
 Status DataParallel::reduce_gradients(ParamStore& params) {
   if (topo_.dp_size == 1) return Status::ok();
   for (auto& u : params.units()) {
-    KILN_RETURN_IF_ERROR(data_dp().allreduce(u.grad.data(), u.numel, comm::DType::kFloat32,
-                                             comm::ReduceOp::kSum)
-                             .prefixed("gradient all-reduce of " + u.name));
+    KILN_RETURN_IF_ERROR(
+        data_dp()
+            .allreduce(u.grad.data(), u.numel, comm::DType::kFloat32, comm::ReduceOp::kSum)
+            .prefixed("gradient all-reduce of " + u.name));
   }
   return Status::ok();
 }
 
 Status DataParallel::agree(Status local) { return comm::agree(*topo_.world, std::move(local)); }
 
-Status DataParallel::broadcast(std::string* blob) { return comm::bcast_string(*topo_.world, blob, 0); }
+Status DataParallel::broadcast(std::string* blob) {
+  return comm::bcast_string(*topo_.world, blob, 0);
+}
 
 Result<std::vector<std::string>> DataParallel::gather(const std::string& mine) {
   return comm::gather_strings(*topo_.dp, mine, 0);

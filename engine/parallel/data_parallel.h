@@ -10,8 +10,9 @@
 // decisions it makes alone (the live mixture file) are broadcast. A failure on one rank becomes
 // an error on every rank that names it (agree()), so no rank hangs in a collective.
 //
-// Implemented: ZeRO stages 0-3 (engine/parallel/zero.h) and tensor parallelism (engine/parallel/tensor_parallel.h,
-// over tp_group()), alone or together (ZeRO shards each TP rank's slices over its DP group).
+// Implemented: ZeRO stages 0-3 (engine/parallel/zero.h) and tensor parallelism
+// (engine/parallel/tensor_parallel.h, over tp_group()), alone or together (ZeRO shards each TP
+// rank's slices over its DP group).
 //
 // Two kinds of groups, chosen once here: the host groups (MPI under mpirun) carry every value the
 // host holds (losses, token and per-domain counts, the gradient norm's scalars, the control file,
@@ -37,8 +38,8 @@
 #include "common/status.h"
 #include "engine/data/data_source.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 #include "engine/parallel/zero.h"
+#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

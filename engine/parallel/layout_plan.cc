@@ -23,9 +23,12 @@ uint64_t elem_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 
 int recompute_rank(Recompute r) {
   switch (r) {
-    case Recompute::kNone: return 0;
-    case Recompute::kSelective: return 1;
-    case Recompute::kFull: return 2;
+    case Recompute::kNone:
+      return 0;
+    case Recompute::kSelective:
+      return 1;
+    case Recompute::kFull:
+      return 2;
   }
   return 0;
 }
@@ -39,7 +42,8 @@ uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode) {
 }  // namespace
 
 bool layout_trainable(const Layout& l) {
-  // Every ZeRO stage, alone or with tensor parallelism (engine/parallel/zero.h, engine/parallel/tensor_parallel.h).
+  // Every ZeRO stage, alone or with tensor parallelism (engine/parallel/zero.h,
+  // engine/parallel/tensor_parallel.h).
   return l.tp >= 1 && l.dp >= 1 && l.zero_stage >= 0 && l.zero_stage <= 3;
 }
 
@@ -65,18 +69,18 @@ std::vector<uint64_t> unit_numels(const ModelConfig& m, int64_t tp) {
   units.push_back(embed.done());
   for (int64_t l = 0; l < m.n_layers; ++l) {
     UnitBuilder b;
-    b.add(C);                  // ln1.weight
-    b.add(C);                  // ln1.bias
-    b.add(3 * C * C / t);      // attn.qkv.weight (column)
-    b.add(3 * C / t);          // attn.qkv.bias
-    b.add(C * C / t);          // attn.proj.weight (row)
-    b.add(C);                  // attn.proj.bias (replicated)
-    b.add(C);                  // ln2.weight
-    b.add(C);                  // ln2.bias
-    b.add(4 * C * C / t);      // mlp.fc.weight (column)
-    b.add(4 * C / t);          // mlp.fc.bias
-    b.add(4 * C * C / t);      // mlp.proj.weight (row)
-    b.add(C);                  // mlp.proj.bias (replicated)
+    b.add(C);              // ln1.weight
+    b.add(C);              // ln1.bias
+    b.add(3 * C * C / t);  // attn.qkv.weight (column)
+    b.add(3 * C / t);      // attn.qkv.bias
+    b.add(C * C / t);      // attn.proj.weight (row)
+    b.add(C);              // attn.proj.bias (replicated)
+    b.add(C);              // ln2.weight
+    b.add(C);              // ln2.bias
+    b.add(4 * C * C / t);  // mlp.fc.weight (column)
+    b.add(4 * C / t);      // mlp.fc.bias
+    b.add(4 * C * C / t);  // mlp.proj.weight (row)
+    b.add(C);              // mlp.proj.bias (replicated)
     units.push_back(b.done());
   }
   UnitBuilder f;
@@ -110,7 +114,8 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
   RankMemory& mem = p.memory;
   mem.params = (z >= 3 ? shard : full) * e;
   mem.grads = (z >= 2 ? shard : full) * 4;
-  if (z == 1 && lay.dp > 1) mem.grads += shard * 4;  // + the reduced gradient shards (engine/parallel/zero.h)
+  if (z == 1 && lay.dp > 1)
+    mem.grads += shard * 4;  // + the reduced gradient shards (engine/parallel/zero.h)
   const uint64_t opt_elems = z >= 1 ? shard : full;
   mem.optimizer = opt_elems * 8 + (low ? opt_elems * 4 : 0);
   // fp32 below ZeRO-3 keeps its full master weights as the working weights; with ZeRO-1/2 they
@@ -118,9 +123,9 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
   mem.activations = activation_bytes(c, lay.tp, lay.recompute);
   // Built in place from ranges (ParamStore::fill, ZeroOptimizer::create): nothing but the
   // states, and a chunk of fp32 values rounded into the bf16/fp16 working weights (ZeRO-1/2).
-  mem.startup = mem.model_states() +
-                (low && lay.dp > 1 && (z == 1 || z == 2) ? std::min<uint64_t>(kStateChunk, largest) * 4
-                                                         : 0);
+  mem.startup =
+      mem.model_states() +
+      (low && lay.dp > 1 && (z == 1 || z == 2) ? std::min<uint64_t>(kStateChunk, largest) * 4 : 0);
   if (lay.dp > 1) {
     // One unit reduced at a time: the reduction's receive scratch (fp32).
     mem.buffers = largest_padded * 4;
@@ -130,7 +135,8 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
     // being reduce-scattered. ZeRO-3 also holds gathered weights: the head's two units (tied
     // embedding and final norm) or the unit in use, plus parallel.prefetch gathered ahead.
     if (z >= 2) mem.buffers += (embed_padded + 2 * largest_padded) * 4;
-    if (z >= 3) mem.buffers += (2 + static_cast<uint64_t>(c.parallel.prefetch)) * largest_padded * e;
+    if (z >= 3)
+      mem.buffers += (2 + static_cast<uint64_t>(c.parallel.prefetch)) * largest_padded * e;
   }
 
   // Communication per optimizer step.
@@ -159,9 +165,9 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
     const uint64_t bt = static_cast<uint64_t>(c.data.micro_batch * m.seq_len);
     const uint64_t btc = bt * static_cast<uint64_t>(m.d_model);
     const uint64_t L = static_cast<uint64_t>(m.n_layers);
-    // engine/parallel/tensor_parallel.h, per micro-batch: 2 all-reduces per block in forward (attention
-    // out, MLP down) and 2 in backward (the inputs of QKV and MLP up), the embedding output and
-    // the head's input gradient (fp32 on the wire, 2x as all-reduces), L more with full
+    // engine/parallel/tensor_parallel.h, per micro-batch: 2 all-reduces per block in forward
+    // (attention out, MLP down) and 2 in backward (the inputs of QKV and MLP up), the embedding
+    // output and the head's input gradient (fp32 on the wire, 2x as all-reduces), L more with full
     // recomputation (attention out is rerun), and the cross-entropy's row maxima and sums (3
     // fp32 per row); per step: the gradient norm (one fp64).
     const uint64_t per_act = 2 * btc * 4;
@@ -175,8 +181,8 @@ LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
 double comm_seconds(const LayoutPlan& p, int64_t ranks_per_node, const Links& links) {
   const int64_t tp = p.layout.tp, dp = p.layout.dp, world = tp * dp;
   const bool one_machine = ranks_per_node <= 0 || world <= ranks_per_node;
-  const double tp_link = tp_within_node(tp, world, ranks_per_node) ? links.intra_node
-                                                                   : links.inter_node;
+  const double tp_link =
+      tp_within_node(tp, world, ranks_per_node) ? links.intra_node : links.inter_node;
   // A data-parallel group (ranks t, t + tp, ...) crosses machines once the world does.
   const double dp_link = one_machine ? links.intra_node : links.inter_node;
   double s = 0;
@@ -189,8 +195,8 @@ double comm_seconds(const LayoutPlan& p, int64_t ranks_per_node, const Links& li
 }
 
 Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world,
-                                             std::optional<uint64_t> budget,
-                                             int64_t ranks_per_node, Links links) {
+                                             std::optional<uint64_t> budget, int64_t ranks_per_node,
+                                             Links links) {
   if (world < 1) return Status::usage("--world must be at least 1");
   if (ranks_per_node < 0) return Status::usage("--gpus-per-node must be at least 1");
   if (!(links.intra_node > 0) || !(links.inter_node > 0)) {

@@ -7,9 +7,10 @@
 //               bf16/fp16 copy otherwise; sharded over dp by ZeRO-3
 //   grads       fp32 gradients (every precision); sharded over dp from ZeRO-2; ZeRO-1 holds the
 //               full accumulation buffers and its reduced shard
-//   optimizer   AdamW moments (fp32) and, in bf16/fp16, the fp32 master weights; sharded from ZeRO-1
-//   activations engine/model/model.h's plan for one micro-batch; tensor-parallel parts divided by tp
-//   buffers     communication scratch: ZeRO-0/1 reduce one unit (embeddings, a block, the final
+//   optimizer   AdamW moments (fp32) and, in bf16/fp16, the fp32 master weights; sharded from
+//   ZeRO-1 activations engine/model/model.h's plan for one micro-batch; tensor-parallel parts
+//   divided by tp buffers     communication scratch: ZeRO-0/1 reduce one unit (embeddings, a block,
+//   the final
 //               norm) at a time; ZeRO-2 also holds full gradients of at most three units during
 //               backward (the embeddings', the unit being written, the one being reduced);
 //               ZeRO-3 in addition 2 + parallel.prefetch gathered units of weights
@@ -22,8 +23,8 @@
 // all-reduce of G bytes of gradients is 2G; ZeRO-1 reduce-scatters the gradients (G) once per
 // step, ZeRO-2 once per micro-batch, and both all-gather the updated weights once per step;
 // ZeRO-3 all-gathers the weights in forward and again in backward and reduce-scatters the
-// gradients, per micro-batch. Tensor parallelism (engine/parallel/tensor_parallel.h) all-reduces fp32
-// activations twice per block in forward and twice in backward (once more per block with full
+// gradients, per micro-batch. Tensor parallelism (engine/parallel/tensor_parallel.h) all-reduces
+// fp32 activations twice per block in forward and twice in backward (once more per block with full
 // recomputation), the embedding output once, the head's input gradient once and three fp32
 // per-row statistics of the vocabulary-parallel cross-entropy, and the gradient norm.
 // Pure functions; thread-safe.
@@ -47,8 +48,8 @@ struct Layout {
 
 struct RankMemory {
   uint64_t params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0;
-  // The peak while the model states are built (start-up, resume; engine/parallel/zero.h create): the
-  // rank's own model states - its shards and the full buffers its ZeRO stage keeps, never the
+  // The peak while the model states are built (start-up, resume; engine/parallel/zero.h create):
+  // the rank's own model states - its shards and the full buffers its ZeRO stage keeps, never the
   // unsharded states - plus, in bf16/fp16 under ZeRO-1/2, one fp32 chunk the working weights
   // are rounded from (kStateChunk elements, or the largest unit's when smaller).
   uint64_t startup = 0;
@@ -56,8 +57,8 @@ struct RankMemory {
   uint64_t total() const { return params + grads + optimizer + activations + buffers; }
 };
 
-// Whether this version's `kiln train` runs the layout (engine/parallel/data_parallel.h); the others are
-// estimates on paper.
+// Whether this version's `kiln train` runs the layout (engine/parallel/data_parallel.h); the others
+// are estimates on paper.
 bool layout_trainable(const Layout& layout);
 // Whether every tensor-parallel group (tp adjacent ranks, comm/topology.h) stays inside one
 // machine of ranks_per_node ranks (consecutive ranks per machine, mpirun --map-by slot): world
@@ -68,7 +69,8 @@ struct LayoutPlan {
   Layout layout;
   bool trainable = false;  // layout_trainable()
   RankMemory memory;
-  // "dp.all_reduce", "dp.reduce_scatter", "dp.all_gather", "tp.all_reduce": bytes per rank per step.
+  // "dp.all_reduce", "dp.reduce_scatter", "dp.all_gather", "tp.all_reduce": bytes per rank per
+  // step.
   std::map<std::string, uint64_t> comm_bytes;
   std::optional<bool> fits;  // set when a memory budget is known
   bool within_node = true;   // tp_within_node(): the TP all-reduces stay on a machine's links

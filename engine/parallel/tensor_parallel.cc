@@ -41,14 +41,16 @@ Result<std::unique_ptr<TensorParallel>> TensorParallel::create(const TrainConfig
                   "model.vocab_size");
   }
   if (config.stability.layer_clip_max_norm > 0) {
-    return refuse("per-layer clipping needs whole-layer norms, not computed under tensor "
-                  "parallelism yet; set stability.layer_clip.max_norm: 0",
-                  "stability.layer_clip.max_norm");
+    return refuse(
+        "per-layer clipping needs whole-layer norms, not computed under tensor "
+        "parallelism yet; set stability.layer_clip.max_norm: 0",
+        "stability.layer_clip.max_norm");
   }
   if (config.stability.layer_stats_every > 0) {
-    return refuse("per-layer statistics are not computed under tensor parallelism yet; set "
-                  "stability.layer_stats_every: 0",
-                  "stability.layer_stats_every");
+    return refuse(
+        "per-layer statistics are not computed under tensor parallelism yet; set "
+        "stability.layer_stats_every: 0",
+        "stability.layer_stats_every");
   }
   if (data_group != nullptr && data_group->size() != group.size()) {
     return Status::internal("tensor parallelism: the data group has " +
@@ -60,8 +62,7 @@ Result<std::unique_ptr<TensorParallel>> TensorParallel::create(const TrainConfig
 }
 
 void TensorParallel::sum(float* x, size_t n) {
-  check(group_.allreduce(x, n, comm::DType::kFloat32, comm::ReduceOp::kSum), "all-reduce",
-        rank());
+  check(group_.allreduce(x, n, comm::DType::kFloat32, comm::ReduceOp::kSum), "all-reduce", rank());
 }
 
 void TensorParallel::device_sum(float* x, size_t n) {
@@ -99,18 +100,18 @@ StepStats TensorParallel::inspect(const AdamW& optimizer, const ParamStore& para
     ptrs.push_back(params.grad(static_cast<int>(i)));
     sizes.push_back(tensors[i].numel);
   }
-  double ss = params.runtime().sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()));
+  double ss =
+      params.runtime().sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()));
   // inf/NaN anywhere makes the sum inf/NaN on every rank: one overflow decision.
   check(group_.allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum), "norm all-reduce",
         rank());
   return optimizer.stats_from_sum_squares(ss, loss_scale);
 }
 
-#define KILN_INSTANTIATE_CE(K, T)                                                             \
-  template void TensorParallel::crossentropy<K, T>(Runtime&, T*, float*, const T*,            \
-                                                   const int32_t*, float, int);
-#define KILN_INSTANTIATE(T)                                                                     \
-  KILN_INSTANTIATE_CE(CpuBackend, T)
+#define KILN_INSTANTIATE_CE(K, T)                                                                  \
+  template void TensorParallel::crossentropy<K, T>(Runtime&, T*, float*, const T*, const int32_t*, \
+                                                   float, int);
+#define KILN_INSTANTIATE(T) KILN_INSTANTIATE_CE(CpuBackend, T)
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

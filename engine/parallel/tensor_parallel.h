@@ -2,8 +2,8 @@
 // the ranks of one tensor-parallel group (comm/topology.h: tp adjacent ranks, which share a
 // data-parallel rank and so the same batches).
 //
-// Layout (ParamStore with a TpShard holds this rank's slices; engine/model/params.h names the split of
-// every tensor):
+// Layout (ParamStore with a TpShard holds this rank's slices; engine/model/params.h names the split
+// of every tensor):
 //   column-parallel  attn.qkv (the same heads of q, k and v: n_heads / tp heads per rank) and
 //                    mlp.fc (4C / tp hidden units); their outputs stay split
 //   row-parallel     attn.proj and mlp.proj take the split input; their partial outputs are summed
@@ -21,17 +21,16 @@
 // plus the cross-entropy's 3 B T (L more with full activation checkpointing, which reruns
 // attention-out); engine/parallel/layout_plan.h has the formula, tests/train_tp.sh checks it.
 //
-// With ZeRO (engine/parallel/zero.h) each TP rank's slices are sharded over its data-parallel group, and
-// ZeroOptimizer::inspect takes over the norm below. Checkpoints: every TP rank writes its own
-// slices (engine/checkpoint/checkpoint.h); loading reshards to any TP size.
-// Two groups over the same ranks, as data parallelism has (engine/parallel/data_parallel.h): the
-// host group (MPI) for host values (the gradient norm's sum) and the data group for the model's
-// memory - the same MPI group on the CPU, an NCCL group with device: cuda, where the activation
-// sums, the embedding and the cross-entropy statistics stay on the GPU. The model's calls are
-// templates over the kernel backend K (kernels/ops.h: tp_embedding_*, the crossentropy_shard_*
-// statistics, cast to widen bf16/fp16 sums to fp32), the same code for every device. A failed
-// collective stops the process (mpirun then stops every rank). Not thread-safe: the training
-// thread owns it.
+// With ZeRO (engine/parallel/zero.h) each TP rank's slices are sharded over its data-parallel
+// group, and ZeroOptimizer::inspect takes over the norm below. Checkpoints: every TP rank writes
+// its own slices (engine/checkpoint/checkpoint.h); loading reshards to any TP size. Two groups over
+// the same ranks, as data parallelism has (engine/parallel/data_parallel.h): the host group (MPI)
+// for host values (the gradient norm's sum) and the data group for the model's memory - the same
+// MPI group on the CPU, an NCCL group with device: cuda, where the activation sums, the embedding
+// and the cross-entropy statistics stay on the GPU. The model's calls are templates over the kernel
+// backend K (kernels/ops.h: tp_embedding_*, the crossentropy_shard_* statistics, cast to widen
+// bf16/fp16 sums to fp32), the same code for every device. A failed collective stops the process
+// (mpirun then stops every rank). Not thread-safe: the training thread owns it.
 #pragma once
 
 #include <cstddef>
@@ -91,8 +90,8 @@ class TensorParallel {
   // crossentropy_shard_* kernels compute the row statistics in be's memory; the statistics are
   // all-reduced in place (through host memory when be's memory is not the host's).
   template <class K, typename T>
-  void crossentropy(Runtime& rt, T* dlogits, float* losses, const T* logits,
-                    const int32_t* targets, float dloss, int n);
+  void crossentropy(Runtime& rt, T* dlogits, float* losses, const T* logits, const int32_t* targets,
+                    float dloss, int n);
 
   // AdamW::inspect for sharded parameters: the global norm counts the split tensors of every rank
   // and the replicated ones once; every rank gets the same (finite or not) result.
@@ -112,8 +111,8 @@ class TensorParallel {
   comm::ProcessGroup& group_;  // host values
   comm::ProcessGroup& data_;   // the model's memory (group_ on the CPU; NCCL with cuda)
   ModelConfig model_;
-  std::vector<float> staged_;  // host copy of device statistics (no device group)
-  DeviceArray<float> stats_;   // cross-entropy row statistics (max, sum of exp, target logit)
+  std::vector<float> staged_;    // host copy of device statistics (no device group)
+  DeviceArray<float> stats_;     // cross-entropy row statistics (max, sum of exp, target logit)
   DeviceArray<float> wide_dev_;  // fp32 device scratch: widened sums, the embedding's sum
 };
 

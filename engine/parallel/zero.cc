@@ -97,10 +97,10 @@ Status ZeroOptimizer::load(StateSource& source) {
       s.m.zero();
       s.v.zero();
     } else if (have) {
-      KILN_RETURN_IF_ERROR(read_state(source, rt_, ui, ParamField::kExpAvg, s.begin, have,
-                                      s.m.data(), &staging));
-      KILN_RETURN_IF_ERROR(read_state(source, rt_, ui, ParamField::kExpAvgSq, s.begin, have,
-                                      s.v.data(), &staging));
+      KILN_RETURN_IF_ERROR(
+          read_state(source, rt_, ui, ParamField::kExpAvg, s.begin, have, s.m.data(), &staging));
+      KILN_RETURN_IF_ERROR(
+          read_state(source, rt_, ui, ParamField::kExpAvgSq, s.begin, have, s.v.data(), &staging));
     }
     if (master_sharded() && have) {
       KILN_RETURN_IF_ERROR(read_state(source, rt_, ui, ParamField::kMaster, s.begin, have,
@@ -113,8 +113,8 @@ Status ZeroOptimizer::load(StateSource& source) {
     } else if (low) {
       KILN_RETURN_IF_ERROR(read_low(ui, 0, u.numel, u.lp.data()));
     } else {
-      KILN_RETURN_IF_ERROR(read_state(source, rt_, ui, ParamField::kMaster, 0, u.numel,
-                                      u.master.data(), &staging));
+      KILN_RETURN_IF_ERROR(
+          read_state(source, rt_, ui, ParamField::kMaster, 0, u.numel, u.master.data(), &staging));
     }
     if (stage_ == 1) u.grad.zero();
   }
@@ -150,7 +150,8 @@ void ZeroOptimizer::note(Status st) {
 
 void ZeroOptimizer::track(int64_t delta) {
   buffers_ += delta;
-  peak_buffers_ = std::max<uint64_t>(peak_buffers_, static_cast<uint64_t>(std::max<int64_t>(0, buffers_)));
+  peak_buffers_ =
+      std::max<uint64_t>(peak_buffers_, static_cast<uint64_t>(std::max<int64_t>(0, buffers_)));
 }
 
 // Full-unit buffers are reused, not freed: allocating and freeing megabytes per unit per pass
@@ -227,7 +228,8 @@ void ZeroOptimizer::start_gather(int unit) {
 
 void ZeroOptimizer::finish_gather(int unit) {
   Shard& s = shards_[unit];
-  note(timed_wait(*s.gather, &wait_ms_).prefixed("parameter all-gather of " + params_.units()[unit].name));
+  note(timed_wait(*s.gather, &wait_ms_)
+           .prefixed("parameter all-gather of " + params_.units()[unit].name));
   s.gather.reset();
   s.weights = Weights::kResident;
 }
@@ -321,9 +323,9 @@ Status ZeroOptimizer::reduce_scatter_gradients() {
       rt_.copy(padded, send, s.numel * sizeof(float));
       send = padded;
     }
-    KILN_RETURN_IF_ERROR(dp_.reduce_scatter(send, s.grad.data(), s.size, comm::DType::kFloat32,
-                                            comm::ReduceOp::kSum)
-                             .prefixed("gradient reduce-scatter of " + units[i].name));
+    KILN_RETURN_IF_ERROR(
+        dp_.reduce_scatter(send, s.grad.data(), s.size, comm::DType::kFloat32, comm::ReduceOp::kSum)
+            .prefixed("gradient reduce-scatter of " + units[i].name));
   }
   return Status::ok();
 }
@@ -448,8 +450,7 @@ Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats
       x.n = b - a;
     }
   }
-  rt_.adamw_update_multi(batch.data(), static_cast<int>(batch.size()), hp,
-                           params_.work_dtype());
+  rt_.adamw_update_multi(batch.data(), static_cast<int>(batch.size()), hp, params_.work_dtype());
   if (stage_ == 3) return Status::ok();  // the next forward gathers them
   // Every rank gets the updated working weights.
   for (size_t i = 0; i < units.size(); ++i) {

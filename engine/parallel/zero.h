@@ -2,17 +2,17 @@
 // data-parallel ranks.
 //
 // Every parameter unit (ParamStore: embed, blocks.l, final) of N elements is split into dp shards
-// of S = shard_numel(N, dp) elements (engine/parallel/layout_plan.h); rank r owns elements [r*S, r*S + S) ∩ [0, N).
-// Each rank keeps, for its shard only: the summed fp32 gradients, the AdamW moments, the fp32
-// master weights (ZeRO-3; in bf16/fp16 at every stage, as they are then optimizer state) and
-// (ZeRO-3, bf16/fp16) the low-precision working copy.
+// of S = shard_numel(N, dp) elements (engine/parallel/layout_plan.h); rank r owns elements [r*S,
+// r*S + S) ∩ [0, N). Each rank keeps, for its shard only: the summed fp32 gradients, the AdamW
+// moments, the fp32 master weights (ZeRO-3; in bf16/fp16 at every stage, as they are then optimizer
+// state) and (ZeRO-3, bf16/fp16) the low-precision working copy.
 //   stage 1  after backward, each unit's full local gradients are reduce-scattered (a rank-order
 //            sum, as comm/comm.h) into the shard; AdamW updates the shard; the updated working
 //            weights (fp32 master, or the bf16/fp16 copy) are all-gathered into the full
 //            ParamStore buffers. Bytes per step: RS 4N + AG eN per unit.
 //   stage 2  as 1, but a unit's full gradient buffer exists only while backward writes it: the
-//            model tells (UnitHooks, engine/model/model.h) when a unit's gradients of a micro-batch are
-//            final, the buffer is reduce-scattered (asynchronously, overlapping the next unit's
+//            model tells (UnitHooks, engine/model/model.h) when a unit's gradients of a micro-batch
+//            are final, the buffer is reduce-scattered (asynchronously, overlapping the next unit's
 //            backward) and added into the shard, then freed. Per micro-batch: RS 4N.
 //   stage 3  as 2, and the weights are sharded too: a unit's working weights are all-gathered
 //            just before the model reads them (forward, then again for backward), freed after,
@@ -21,23 +21,23 @@
 // The global gradient norm is the sum of every shard's squares (fp64, summed over ranks): every
 // element counted once, every rank the same clip/overflow decision.
 //
-// With tensor parallelism (engine/parallel/tensor_parallel.h) the ParamStore holds this TP rank's slices
-// and the data-parallel group is the ranks of the same TP rank, so each TP rank's own units are
-// sharded over its DP group. The norm then adds the TP group's sums too, counting the replicated
-// tensors (norms, wpe, row-parallel biases: the same on every TP rank) on TP rank 0 only; an
-// inf/NaN anywhere still reaches every rank, so the overflow decision is one.
+// With tensor parallelism (engine/parallel/tensor_parallel.h) the ParamStore holds this TP rank's
+// slices and the data-parallel group is the ranks of the same TP rank, so each TP rank's own units
+// are sharded over its DP group. The norm then adds the TP group's sums too, counting the
+// replicated tensors (norms, wpe, row-parallel biases: the same on every TP rank) on TP rank 0
+// only; an inf/NaN anywhere still reaches every rank, so the overflow decision is one.
 //
-// Checkpoints are per rank (engine/checkpoint/checkpoint.h): each rank writes its shards of the master
-// weights and moments (checkpoint_partition()); on resume create() reads the rank's shard of any
-// checkpoint's partitions in byte ranges (CheckpointReader), so a checkpoint of any
+// Checkpoints are per rank (engine/checkpoint/checkpoint.h): each rank writes its shards of the
+// master weights and moments (checkpoint_partition()); on resume create() reads the rank's shard of
+// any checkpoint's partitions in byte ranges (CheckpointReader), so a checkpoint of any
 // data-parallel size, ZeRO stage or TP size resumes on any other without a rank holding more
 // than its own states.
 //
-// Memory: the shards and every buffer live in params.backend()'s memory, and the collectives on
-// them go over `dp`, the group that carries that memory (engine/parallel/data_parallel.h chooses it once:
-// an MPI group on the CPU, an NCCL group on a GPU); the norm's and the overflow count's scalars go
-// over `dp_host` (and `tp`), host-memory groups of the same ranks. Nothing here branches on the
-// device. Not thread-safe: the training thread owns it.
+// Memory: the shards and every buffer live in params.runtime()'s memory, and the collectives on
+// them go over `dp`, the group that carries that memory (engine/parallel/data_parallel.h chooses it
+// once: an MPI group on the CPU, an NCCL group on a GPU); the norm's and the overflow count's
+// scalars go over `dp_host` (and `tp`), host-memory groups of the same ranks. Nothing here branches
+// on the device. Not thread-safe: the training thread owns it.
 #pragma once
 
 #include <cstdint>
@@ -47,10 +47,10 @@
 
 #include "comm/comm.h"
 #include "common/status.h"
+#include "engine/checkpoint/safetensors.h"
 #include "engine/model/model.h"
 #include "engine/model/optimizer.h"
 #include "engine/model/params.h"
-#include "engine/checkpoint/safetensors.h"
 #include "engine/stability/monitor.h"
 #include "engine/train/train_config.h"
 
@@ -125,10 +125,10 @@ class ZeroOptimizer final : public UnitHooks {
   Status load(StateSource& source);
   enum class Weights { kAbsent, kInFlight, kResident };
   struct Shard {
-    size_t numel = 0;   // the unit's N
-    size_t size = 0;    // S
-    size_t begin = 0;   // r*S
-    DeviceArray<float> grad, m, v;  // params.backend()'s memory, as every buffer here
+    size_t numel = 0;               // the unit's N
+    size_t size = 0;                // S
+    size_t begin = 0;               // r*S
+    DeviceArray<float> grad, m, v;  // params.runtime()'s memory, as every buffer here
     DeviceArray<float> master;      // master_sharded()
     DeviceArray<uint16_t> lp;       // stage 3, bf16/fp16
     Weights weights = Weights::kResident;
@@ -140,13 +140,11 @@ class ZeroOptimizer final : public UnitHooks {
     DeviceArray<float> recv;
   };
   Status allgather_unit(void* full, size_t elem, size_t numel, size_t shard);
-  // A zero-filled scratch buffer of at least `bytes` in the backend's memory (reused).
+  // A zero-filled scratch buffer of at least `bytes` in the runtime's memory (reused).
   char* scratch(size_t bytes);
   // Only the shard of the fp32 master weights exists: stage 3, or bf16/fp16 (where the working
   // weights are the low-precision copy).
-  bool master_sharded() const {
-    return stage_ == 3 || params_.precision() != Precision::kFp32;
-  }
+  bool master_sharded() const { return stage_ == 3 || params_.precision() != Precision::kFp32; }
   void start_gather(int unit);
   void finish_gather(int unit);
   void finish_scatter();
@@ -162,10 +160,10 @@ class ZeroOptimizer final : public UnitHooks {
   void give(std::vector<DeviceArray<T>>& spares, DeviceArray<T>& src);
 
   ParamStore& params_;
-  Runtime& rt_;  // params_.backend()
+  Runtime& rt_;                  // params_.runtime()
   comm::ProcessGroup& dp_;       // carries be_'s memory
   comm::ProcessGroup& dp_host_;  // the same ranks over host memory (scalars)
-  comm::ProcessGroup* tp_;  // nullptr without tensor parallelism
+  comm::ProcessGroup* tp_;       // nullptr without tensor parallelism
   OptimizerConfig config_;
   int stage_;
   int prefetch_;
@@ -174,7 +172,7 @@ class ZeroOptimizer final : public UnitHooks {
   std::vector<int> order_;
   size_t cursor_ = 0;
   PendingScatter pending_;
-  std::vector<DeviceArray<float>> spare_f32_;    // idle gradient / fp32 weight buffers
+  std::vector<DeviceArray<float>> spare_f32_;     // idle gradient / fp32 weight buffers
   std::vector<DeviceArray<uint16_t>> spare_u16_;  // idle bf16/fp16 weight buffers
   Status status_ = Status::ok();
   double wait_ms_ = 0;

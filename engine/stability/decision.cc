@@ -17,9 +17,15 @@ StepDecision decide_finite(const StabilityConfig& config, const SpikeCheck& chec
   }
   d.spike_name = spike_action_name(action);
   switch (action) {
-    case SpikeAction::kWarn: d.action = StepAction::kUpdate; break;
-    case SpikeAction::kSkip: d.action = StepAction::kSkipSpike; break;
-    case SpikeAction::kRollback: d.action = StepAction::kRollback; break;
+    case SpikeAction::kWarn:
+      d.action = StepAction::kUpdate;
+      break;
+    case SpikeAction::kSkip:
+      d.action = StepAction::kSkipSpike;
+      break;
+    case SpikeAction::kRollback:
+      d.action = StepAction::kRollback;
+      break;
   }
   return d;
 }

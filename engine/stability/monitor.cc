@@ -1,22 +1,21 @@
 #include "engine/stability/monitor.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 
-#include "common/log.h"
 #include "common/json.h"
+#include "common/log.h"
 
 namespace kiln::engine {
 
 namespace {
 constexpr int64_t kMinWindow = 8;  // z-scores need a few values to mean anything
 
-// A unit buffer readable on the host: the buffer itself when the backend's memory is host
-// memory, else a copy made into *scratch (engine/device/runtime.h: host code reaches device memory only
-// through the backend's copies).
+// A unit buffer readable on the host: the buffer itself when the runtime's memory is host
+// memory, else a copy made into *scratch (engine/device/runtime.h: host code reaches device memory
+// only through the runtime's copies).
 const float* host_read(Runtime& rt, const DeviceArray<float>& a, size_t n,
                        std::vector<float>* scratch) {
   if (rt.host_addressable()) return a.data();
@@ -140,7 +139,8 @@ std::map<std::string, double> clip_units(ParamStore& params, double loss_scale, 
     if (!std::isfinite(n)) continue;
     double limit = max_norm > 0 ? max_norm : INFINITY;
     auto [it, fresh] = averages->try_emplace(u.name, RollingStats(50));
-    if (factor > 0 && it->second.size() >= kMinWindow) limit = std::min(limit, factor * it->second.mean());
+    if (factor > 0 && it->second.size() >= kMinWindow)
+      limit = std::min(limit, factor * it->second.mean());
     it->second.push(n);
     if (n <= limit || n == 0) continue;
     const float k = static_cast<float>(limit / n);
@@ -195,16 +195,18 @@ std::string StabilityState::to_json(const SpikeDetector& detector) const {
   j["layer_clips"] = layer_clips;
   j["nonfinite_in_row"] = nonfinite_in_row;
   j["sequences"] = sequences;
-  j["loss_window"] = std::vector<double>(detector.loss().values().begin(),
-                                         detector.loss().values().end());
-  j["grad_window"] = std::vector<double>(detector.grad().values().begin(),
-                                         detector.grad().values().end());
+  j["loss_window"] =
+      std::vector<double>(detector.loss().values().begin(), detector.loss().values().end());
+  j["grad_window"] =
+      std::vector<double>(detector.grad().values().begin(), detector.grad().values().end());
   j["quarantined"] = nlohmann::json::array();
   for (const Quarantine& q : quarantined) {
     nlohmann::json s = nlohmann::json::object();
     for (const auto& [d, r] : q.sequences) s[d] = {r.first, r.second};
-    j["quarantined"].push_back({{"from_step", q.from_step}, {"to_step", q.to_step},
-                                {"spike_step", q.spike_step}, {"reason", q.reason},
+    j["quarantined"].push_back({{"from_step", q.from_step},
+                                {"to_step", q.to_step},
+                                {"spike_step", q.spike_step},
+                                {"reason", q.reason},
                                 {"sequences", s}});
   }
   return j.dump();
@@ -236,7 +238,7 @@ Status StabilityState::from_json(const std::string& text, StabilityState* state,
       r.reason = q.at("reason").get<std::string>();
       for (auto it = q.at("sequences").begin(); it != q.at("sequences").end(); ++it)
         r.sequences[it.key()] = {json_integer<uint64_t>(it.value().at(0), it.key()),
-                                  json_integer<uint64_t>(it.value().at(1), it.key())};
+                                 json_integer<uint64_t>(it.value().at(1), it.key())};
       s.quarantined.push_back(std::move(r));
     }
     *state = std::move(s);

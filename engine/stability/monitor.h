@@ -13,7 +13,8 @@
 //   unit, the first unit in backward order holding inf/NaN (where a non-finite gradient most
 //   likely started), per-unit clipping (absolute limit, or factor x the unit's moving average),
 //   and the update / parameter norm ratio per unit. They reach the buffers through the
-//   ParamStore's backend (engine/device/runtime.h): in place on the CPU, through host copies on a GPU.
+//   ParamStore's runtime (engine/device/runtime.h): in place on the CPU, through host copies on a
+//   GPU.
 // State (the windows, counters, the non-finite streak, rollbacks used, quarantined data) is
 // serialised into checkpoints (to_json / from_json). Not thread-safe; owned by the trainer.
 #pragma once
@@ -74,8 +75,8 @@ class SpikeDetector {
 
 struct BatchCheck {
   bool bad = false;
-  int32_t token = -1;     // the most frequent target token
-  double fraction = 0;    // its share of the valid targets
+  int32_t token = -1;   // the most frequent target token
+  double fraction = 0;  // its share of the valid targets
   int64_t targets = 0;
 };
 // Over all micro-batches of a step. max_fraction 0: never bad.
@@ -94,7 +95,8 @@ NonFinite find_nonfinite(const ParamStore& params);
 // max_norm (when > 0) and factor x the mean of its last 50 unclipped norms (when factor > 0,
 // once 8 are known; `averages` keeps them). Returns the units clipped with their norm before.
 std::map<std::string, double> clip_units(ParamStore& params, double loss_scale, double max_norm,
-                                         double factor, std::map<std::string, RollingStats>* averages);
+                                         double factor,
+                                         std::map<std::string, RollingStats>* averages);
 // ||after - before|| / ||before|| per unit (master weights; before: copies taken by
 // snapshot_masters()).
 std::vector<std::vector<float>> snapshot_masters(const ParamStore& params);

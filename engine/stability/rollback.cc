@@ -1,7 +1,6 @@
 #include "engine/stability/rollback.h"
 
 #include <nlohmann/json.hpp>
-
 #include <utility>
 
 namespace kiln::engine {

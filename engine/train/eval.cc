@@ -6,7 +6,7 @@ namespace kiln::engine {
 
 Result<std::unique_ptr<Evaluator>> Evaluator::open(DataSource& data, const EvalConfig& config,
                                                    int64_t micro_batch, int64_t seq_len,
-                                                   Runtime* runtime) {
+                                                   int64_t vocab, Runtime* runtime) {
   auto e = std::unique_ptr<Evaluator>(new Evaluator());
   e->names_ = data.domains();
   KILN_ASSIGN_OR_RETURN(std::vector<ValidationSequences> sets,
@@ -38,6 +38,9 @@ Result<std::unique_ptr<Evaluator>> Evaluator::open(DataSource& data, const EvalC
     }
   }
   flush();
+  for (const MicroBatch& b : e->batches_) {
+    KILN_RETURN_IF_ERROR(Status(check_token_ids(b, vocab)).prefixed("validation split"));
+  }
   e->staged_ = std::make_unique<DeviceBatches>(runtime, micro_batch, seq_len);
   for (size_t i = 0; i < e->batches_.size(); ++i) e->staged_->upload(i, e->batches_[i]);
   return e;

@@ -6,7 +6,7 @@
 // eval.sequences_per_domain, never on the training position, so every evaluation - and every
 // evaluation after a resume - scores the same tokens. evaluate() runs the model forward only and
 // returns each domain's mean loss per target token (nats). The sequences are uploaded to the
-// backend once, at open (engine/data/device_batches.h); each evaluation downloads only the losses.
+// runtime once, at open (engine/data/device_batches.h); each evaluation downloads only the losses.
 // Not thread-safe; owned by the trainer.
 #pragma once
 
@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/device/runtime.h"
 #include "engine/data/data_source.h"
 #include "engine/data/device_batches.h"
+#include "engine/device/runtime.h"
 #include "engine/model/model.h"
 
 namespace kiln::engine {
@@ -25,10 +25,10 @@ namespace kiln::engine {
 class Evaluator {
  public:
   // Takes the validation set from `data`. An empty set (no validation split) gives an evaluator
-  // whose empty() is true.
+  // whose empty() is true. A token id outside [0, vocab) is kData (check_token_ids).
   static Result<std::unique_ptr<Evaluator>> open(DataSource& data, const EvalConfig& config,
                                                  int64_t micro_batch, int64_t seq_len,
-                                                 Runtime* runtime);
+                                                 int64_t vocab, Runtime* runtime);
   bool empty() const { return batches_.empty(); }
   int64_t sequences() const { return sequences_; }
   // Mean loss per target token of each domain that has validation sequences.
@@ -36,8 +36,8 @@ class Evaluator {
 
  private:
   std::vector<std::string> names_;
-  std::vector<MicroBatch> batches_;  // rows padded with ignored targets to the micro-batch
-  std::unique_ptr<DeviceBatches> staged_;  // batches_ on the backend, and their losses
+  std::vector<MicroBatch> batches_;        // rows padded with ignored targets to the micro-batch
+  std::unique_ptr<DeviceBatches> staged_;  // batches_ on the device, and their losses
   std::vector<float> losses_;
   int64_t sequences_ = 0;
 };

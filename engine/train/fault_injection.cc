@@ -23,8 +23,8 @@ bool FaultInjection::corrupt_batch(int64_t step, std::vector<MicroBatch>* batche
 
 double FaultInjection::learning_rate(int64_t step, double lr) {
   if (!once('l', config_.inject_lr_burst_at, step)) return lr;
-  KILN_LOG_WARN("step {}: injecting a learning-rate burst x{} (stability.inject_lr_burst_at)",
-                step, config_.lr_burst_factor);
+  KILN_LOG_WARN("step {}: injecting a learning-rate burst x{} (stability.inject_lr_burst_at)", step,
+                config_.lr_burst_factor);
   return lr * config_.lr_burst_factor;
 }
 

@@ -1,10 +1,9 @@
 #include "engine/train/metrics.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
 #include "common/json.h"
@@ -24,7 +23,8 @@ std::string step_record_json(const StepRecord& r) {
   j["loss"] = number_or_null(r.loss);
   j["lr"] = r.lr;
   j["grad_norm"] = number_or_null(r.grad_norm);
-  j["loss_scale"] = r.loss_scale ? nlohmann::ordered_json(*r.loss_scale) : nlohmann::ordered_json(nullptr);
+  j["loss_scale"] =
+      r.loss_scale ? nlohmann::ordered_json(*r.loss_scale) : nlohmann::ordered_json(nullptr);
   j["tokens"] = r.tokens;
   j["tokens_per_s"] = r.tokens_per_s;
   j["step_ms"] = r.step_ms;
@@ -125,8 +125,7 @@ MetricsLog::~MetricsLog() { std::fclose(file_); }
 
 Status MetricsLog::append(const StepRecord& r) {
   const std::string line = step_record_json(r) + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() ||
-      std::fflush(file_) != 0) {
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
     return Status::from_errno("write", path_);
   }
   return Status::ok();

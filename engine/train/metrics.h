@@ -24,9 +24,9 @@ struct StepRecord {
   int64_t step = 0;  // 1-based
   double loss = 0;
   double lr = 0;
-  double grad_norm = 0;                   // NaN/inf when the gradients overflowed
-  std::optional<double> loss_scale;       // fp16 only
-  int64_t tokens = 0;                     // cumulative
+  double grad_norm = 0;              // NaN/inf when the gradients overflowed
+  std::optional<double> loss_scale;  // fp16 only
+  int64_t tokens = 0;                // cumulative
   double tokens_per_s = 0;
   double step_ms = 0;
   bool skipped = false;
@@ -41,19 +41,19 @@ struct StepRecord {
   std::map<std::string, uint64_t> comm_bytes;
   double comm_ms = 0;  // wall time of the step's loss/gradient reductions (multi-rank only;
                        // ZeRO-2/3: + waits for collectives started in forward/backward)
-  // On a GPU (engine/train/mfu.h): model FLOPs utilisation against the device's dense bf16 peak (unset
-  // when the device is not in the table) and the device memory in use at its highest so far.
+  // On a GPU (engine/train/mfu.h): model FLOPs utilisation against the device's dense bf16 peak
+  // (unset when the device is not in the table) and the device memory in use at its highest so far.
   std::optional<double> mfu;
   std::optional<double> device_memory_peak_mib;
   std::map<std::string, double> val_loss;  // on evaluation steps (eval.every_steps)
-  std::string mixing_policy;   // the policy in effect ("static", "odm", ...)
-  bool mixing_paused = false;  // weights pinned by `kiln mix set`
+  std::string mixing_policy;               // the policy in effect ("static", "odm", ...)
+  bool mixing_paused = false;              // weights pinned by `kiln mix set`
   // Stability signals (engine/stability/monitor.h).
-  double loss_z = 0, grad_z = 0;          // against the window of clean steps (0 before it fills)
-  double loss_mean = NAN, loss_var = NAN; // of that window
-  std::string spike;                      // "", "warn", "skip" or "rollback"
-  int64_t nonfinite = 0;                  // inf/NaN gradient values (overflowed steps)
-  std::string nonfinite_layer;            // the first unit in backward order holding them
+  double loss_z = 0, grad_z = 0;           // against the window of clean steps (0 before it fills)
+  double loss_mean = NAN, loss_var = NAN;  // of that window
+  std::string spike;                       // "", "warn", "skip" or "rollback"
+  int64_t nonfinite = 0;                   // inf/NaN gradient values (overflowed steps)
+  std::string nonfinite_layer;             // the first unit in backward order holding them
   std::map<std::string, double> grad_norm_layers;  // every stability.layer_stats_every steps
   std::map<std::string, double> update_ratio;      // idem: |update| / |weights| per unit
   std::map<std::string, double> layers_clipped;    // unit -> norm before per-layer clipping

@@ -3,9 +3,9 @@
 namespace kiln::engine {
 
 double model_flops_per_token(const ModelConfig& m, size_t num_params) {
-  return 6.0 * static_cast<double>(num_params) +
-         6.0 * static_cast<double>(m.n_layers) * static_cast<double>(m.d_model) *
-             static_cast<double>(m.seq_len);
+  return 6.0 * static_cast<double>(num_params) + 6.0 * static_cast<double>(m.n_layers) *
+                                                     static_cast<double>(m.d_model) *
+                                                     static_cast<double>(m.seq_len);
 }
 
 std::optional<double> dense_bf16_peak_flops(const std::string& name) {

@@ -67,6 +67,7 @@ MemoryBudget budget_for(const TrainConfig& config, Runtime& runtime, int ranks_o
     return b;
   }
   const HostMemory host = host_memory();
+  b.known = host.known;
   const int ranks = std::max(1, ranks_on_machine);
   b.bytes = host.available / static_cast<uint64_t>(ranks);
   b.source = host.source + " on this machine" +
@@ -75,14 +76,14 @@ MemoryBudget budget_for(const TrainConfig& config, Runtime& runtime, int ranks_o
 }
 
 Status check_memory(const TrainConfig& config, int64_t world, const MemoryBudget& budget) {
-  if (!config.memory.check || budget.bytes == 0) return Status::ok();  // 0: nothing measured
+  if (!config.memory.check || !budget.known) return Status::ok();
   const int64_t tp = std::max<int64_t>(1, config.parallel.tp);
   const Layout layout{tp, std::max<int64_t>(1, world / tp), config.parallel.zero_stage,
                       config.activation_checkpointing};
   const RankMemory m = plan_layout(config, layout).memory;
   const uint64_t need = peak_of(m);
-  const auto usable = static_cast<uint64_t>(static_cast<double>(budget.bytes) *
-                                            (1.0 - config.memory.margin));
+  const auto usable =
+      static_cast<uint64_t>(static_cast<double>(budget.bytes) * (1.0 - config.memory.margin));
   if (need <= usable) return Status::ok();
 
   std::string msg = fmt::format(
@@ -106,8 +107,9 @@ Status check_memory(const TrainConfig& config, int64_t world, const MemoryBudget
     msg += fmt::format("; with {} ranks of this budget (kiln plan --world {}): {}", w, w, more[0]);
     break;
   }
-  msg += ". Or a smaller model (model.d_model, model.n_layers, data.micro_batch). To run anyway: "
-         "--set memory.check=false, or --set memory.budget=SIZE";
+  msg +=
+      ". Or a smaller model (model.d_model, model.n_layers, data.micro_batch). To run anyway: "
+      "--set memory.check=false, or --set memory.budget=SIZE";
   return Status::config(msg).with_key("memory");
 }
 

@@ -24,6 +24,7 @@ namespace kiln::engine {
 struct MemoryBudget {
   uint64_t bytes = 0;  // what this rank may use (before the margin)
   std::string source;  // "MemAvailable 23.1 GiB on this machine / 2 ranks", "free device memory"
+  bool known = true;   // false: nothing could be measured (then nothing is refused)
 };
 
 // What this rank can have: memory.budget when set; on the CPU the process's available host

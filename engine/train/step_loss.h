@@ -14,8 +14,8 @@
 namespace kiln::engine {
 
 struct StepLoss {
-  double sum = 0;                   // over every valid target of the step
-  std::vector<double> domain_sum;   // per domain (DataSource::domains() order)
+  double sum = 0;                  // over every valid target of the step
+  std::vector<double> domain_sum;  // per domain (DataSource::domains() order)
   std::vector<int64_t> domain_targets;
 };
 

@@ -108,27 +108,36 @@ device: cpu
 
 const char* precision_name(Precision p) {
   switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kBf16: return "bf16";
-    case Precision::kFp16: return "fp16";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
   }
   return "?";
 }
 
 const char* spike_action_name(SpikeAction a) {
   switch (a) {
-    case SpikeAction::kWarn: return "warn";
-    case SpikeAction::kSkip: return "skip";
-    case SpikeAction::kRollback: return "rollback";
+    case SpikeAction::kWarn:
+      return "warn";
+    case SpikeAction::kSkip:
+      return "skip";
+    case SpikeAction::kRollback:
+      return "rollback";
   }
   return "?";
 }
 
 const char* recompute_name(Recompute r) {
   switch (r) {
-    case Recompute::kNone: return "none";
-    case Recompute::kSelective: return "selective";
-    case Recompute::kFull: return "full";
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
   }
   return "?";
 }
@@ -237,7 +246,8 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_ASSIGN_OR_RETURN(m.seq_len, cfg.get<int64_t>("model.seq_len"));
   KILN_RETURN_IF_ERROR(check_model_shape(m));
   KILN_RETURN_IF_ERROR(read_enum<InitScheme>(
-      cfg, "model.init", {{"gpt2", InitScheme::kGpt2}, {"deepnet", InitScheme::kDeepNet}}, &m.init));
+      cfg, "model.init", {{"gpt2", InitScheme::kGpt2}, {"deepnet", InitScheme::kDeepNet}},
+      &m.init));
   KILN_RETURN_IF_ERROR(read_real(cfg, "model.init_std", 0.0, 10.0, &m.init_std, true));
   KILN_ASSIGN_OR_RETURN(m.init_from, cfg.get<std::string>("model.init_from"));
   // parallel
@@ -245,8 +255,8 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.zero_stage", 0, 3, &c.parallel.zero_stage));
   KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.prefetch", 0, 64, &c.parallel.prefetch));
   KILN_ASSIGN_OR_RETURN(c.parallel.hierarchical, cfg.get<bool>("parallel.hierarchical"));
-  KILN_RETURN_IF_ERROR(read_real(cfg, "parallel.collective_timeout_s", 0.0, 1e7,
-                                 &c.parallel.collective_timeout_s));
+  KILN_RETURN_IF_ERROR(
+      read_real(cfg, "parallel.collective_timeout_s", 0.0, 1e7, &c.parallel.collective_timeout_s));
   // precision + loss scale
   KILN_RETURN_IF_ERROR(read_enum<Precision>(
       cfg, "precision",
@@ -278,7 +288,8 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
       } catch (const YAML::Exception&) {
         return bad("optimizer.betas", "expected numbers");
       }
-      if (!(b[i] >= 0.0 && b[i] < 1.0)) return bad("optimizer.betas", "each beta must be in [0, 1)");
+      if (!(b[i] >= 0.0 && b[i] < 1.0))
+        return bad("optimizer.betas", "each beta must be in [0, 1)");
     }
     o.beta1 = static_cast<float>(b[0]);
     o.beta2 = static_cast<float>(b[1]);
@@ -286,28 +297,29 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_real(cfg, "optimizer.eps", 0.0, 1.0, &o.eps, true));
   KILN_RETURN_IF_ERROR(read_real(cfg, "optimizer.weight_decay", 0.0, 10.0, &o.weight_decay));
   KILN_RETURN_IF_ERROR(read_real(cfg, "optimizer.clip_grad", 0.0, 1e12, &o.clip_grad));
-  KILN_ASSIGN_OR_RETURN(o.decay_norms_and_biases, cfg.get<bool>("optimizer.decay_norms_and_biases"));
+  KILN_ASSIGN_OR_RETURN(o.decay_norms_and_biases,
+                        cfg.get<bool>("optimizer.decay_norms_and_biases"));
   // schedule
   ScheduleConfig& s = c.schedule;
-  KILN_RETURN_IF_ERROR(read_enum<ScheduleKind>(
-      cfg, "schedule.type",
-      {{"constant", ScheduleKind::kConstant}, {"cosine", ScheduleKind::kCosine},
-       {"wsd", ScheduleKind::kWsd}},
-      &s.kind));
+  KILN_RETURN_IF_ERROR(read_enum<ScheduleKind>(cfg, "schedule.type",
+                                               {{"constant", ScheduleKind::kConstant},
+                                                {"cosine", ScheduleKind::kCosine},
+                                                {"wsd", ScheduleKind::kWsd}},
+                                               &s.kind));
   KILN_RETURN_IF_ERROR(read_int(cfg, "schedule.warmup_steps", 0, kBig, &s.warmup_steps));
   KILN_RETURN_IF_ERROR(read_int(cfg, "schedule.total_steps", 0, kBig, &s.total_steps));
   KILN_RETURN_IF_ERROR(read_real(cfg, "schedule.min_lr_ratio", 0.0, 1.0, &s.min_lr_ratio));
   KILN_RETURN_IF_ERROR(read_real(cfg, "schedule.decay_fraction", 0.0, 1.0, &s.decay_fraction));
-  KILN_RETURN_IF_ERROR(read_enum<DecayShape>(
-      cfg, "schedule.decay_shape",
-      {{"linear", DecayShape::kLinear}, {"cosine", DecayShape::kCosine},
-       {"1-sqrt", DecayShape::kOneMinusSqrt}},
-      &s.decay_shape));
-  KILN_RETURN_IF_ERROR(read_enum<Recompute>(
-      cfg, "activation_checkpointing",
-      {{"none", Recompute::kNone}, {"selective", Recompute::kSelective},
-       {"full", Recompute::kFull}},
-      &c.activation_checkpointing));
+  KILN_RETURN_IF_ERROR(read_enum<DecayShape>(cfg, "schedule.decay_shape",
+                                             {{"linear", DecayShape::kLinear},
+                                              {"cosine", DecayShape::kCosine},
+                                              {"1-sqrt", DecayShape::kOneMinusSqrt}},
+                                             &s.decay_shape));
+  KILN_RETURN_IF_ERROR(read_enum<Recompute>(cfg, "activation_checkpointing",
+                                            {{"none", Recompute::kNone},
+                                             {"selective", Recompute::kSelective},
+                                             {"full", Recompute::kFull}},
+                                            &c.activation_checkpointing));
   // data
   DataConfig& d = c.data;
   KILN_ASSIGN_OR_RETURN(d.manifest, cfg.get<std::string>("data.manifest"));
@@ -359,18 +371,19 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_real(cfg, "stability.spike.z_grad", 0.0, 1e6, &st.spike.z_grad, true));
   KILN_RETURN_IF_ERROR(
       read_int(cfg, "stability.spike.warmup_steps", 0, kBig, &st.spike.warmup_steps));
-  KILN_RETURN_IF_ERROR(read_enum<SpikeAction>(
-      cfg, "stability.spike.action",
-      {{"warn", SpikeAction::kWarn}, {"skip", SpikeAction::kSkip},
-       {"rollback", SpikeAction::kRollback}},
-      &st.spike.action));
+  KILN_RETURN_IF_ERROR(read_enum<SpikeAction>(cfg, "stability.spike.action",
+                                              {{"warn", SpikeAction::kWarn},
+                                               {"skip", SpikeAction::kSkip},
+                                               {"rollback", SpikeAction::kRollback}},
+                                              &st.spike.action));
   KILN_RETURN_IF_ERROR(
       read_int(cfg, "stability.spike.max_rollbacks", 0, 1 << 20, &st.spike.max_rollbacks));
   KILN_RETURN_IF_ERROR(
       read_int(cfg, "stability.max_nonfinite_in_row", 0, kBig, &st.max_nonfinite_in_row));
-  KILN_RETURN_IF_ERROR(read_real(cfg, "stability.bad_batch_token_fraction", 0.0, 1.0,
-                                 &st.bad_batch_token_fraction));
-  KILN_RETURN_IF_ERROR(read_int(cfg, "stability.layer_stats_every", 0, kBig, &st.layer_stats_every));
+  KILN_RETURN_IF_ERROR(
+      read_real(cfg, "stability.bad_batch_token_fraction", 0.0, 1.0, &st.bad_batch_token_fraction));
+  KILN_RETURN_IF_ERROR(
+      read_int(cfg, "stability.layer_stats_every", 0, kBig, &st.layer_stats_every));
   KILN_RETURN_IF_ERROR(
       read_real(cfg, "stability.layer_clip.max_norm", 0.0, 1e12, &st.layer_clip_max_norm));
   KILN_RETURN_IF_ERROR(
@@ -405,19 +418,21 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
       MixingConfig::Point p;
       try {
         p.step = n["step"].as<int64_t>();
-        for (const auto& kv : n["weights"]) p.weights[kv.first.as<std::string>()] = kv.second.as<double>();
+        for (const auto& kv : n["weights"])
+          p.weights[kv.first.as<std::string>()] = kv.second.as<double>();
       } catch (const YAML::Exception&) {
         return bad(at, "expected an integer step and numeric weights");
       }
       double total = 0;
       for (const auto& [d, w] : p.weights) {
-        if (!std::isfinite(w) || w < 0) return bad(at + ".weights." + d, "must be a finite number >= 0");
+        if (!std::isfinite(w) || w < 0)
+          return bad(at + ".weights." + d, "must be a finite number >= 0");
         total += w;
       }
       if (total <= 0) return bad(at + ".weights", "weights sum to zero");
       if (i == 0 ? p.step != 0 : p.step <= mx.schedule.back().step) {
-        return bad(at + ".step", i == 0 ? "the first point must be at step 0"
-                                        : "steps must increase");
+        return bad(at + ".step",
+                   i == 0 ? "the first point must be at step 0" : "steps must increase");
       }
       mx.schedule.push_back(std::move(p));
     }

@@ -13,9 +13,9 @@
 
 #include "common/config.h"
 #include "common/status.h"
-#include "loader/domain_weights.h"
-#include "kernels/ops.h"
 #include "engine/mixing/policy.h"
+#include "kernels/ops.h"
+#include "loader/domain_weights.h"
 
 namespace kiln::engine {
 
@@ -60,35 +60,35 @@ struct OptimizerConfig {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;
-  float clip_grad = 1.0f;             // global-norm clip; 0 disables
+  float clip_grad = 1.0f;               // global-norm clip; 0 disables
   bool decay_norms_and_biases = false;  // by default only matrices and embeddings decay
 };
 
 struct ScheduleConfig {
   ScheduleKind kind = ScheduleKind::kCosine;
   int64_t warmup_steps = 0;
-  int64_t total_steps = 0;     // 0: run.steps
-  double min_lr_ratio = 0.1;   // floor = lr * min_lr_ratio
-  double decay_fraction = 0.2; // wsd: the final fraction of total_steps that decays
+  int64_t total_steps = 0;      // 0: run.steps
+  double min_lr_ratio = 0.1;    // floor = lr * min_lr_ratio
+  double decay_fraction = 0.2;  // wsd: the final fraction of total_steps that decays
   DecayShape decay_shape = DecayShape::kOneMinusSqrt;  // wsd decay shape
 };
 
 struct DataConfig {
-  std::string manifest;             // "" : synthetic data
+  std::string manifest;  // "" : synthetic data
   int64_t micro_batch = 8;
   int64_t grad_accum = 1;
-  loader::DomainWeights mixture;    // empty: the manifest's token shares
-  int64_t prefetch_depth = 4;       // batches the loader prepares ahead
-  int64_t workers = 1;              // loader worker threads
-  // Draw (and upload) the next step's micro-batches while a step computes (engine/data/step_batches.h;
-  // the data and results are the same either way).
+  loader::DomainWeights mixture;  // empty: the manifest's token shares
+  int64_t prefetch_depth = 4;     // batches the loader prepares ahead
+  int64_t workers = 1;            // loader worker threads
+  // Draw (and upload) the next step's micro-batches while a step computes
+  // (engine/data/step_batches.h; the data and results are the same either way).
   bool prefetch_next_step = true;
 };
 
 struct ParallelConfig {
   int64_t tp = 1;
   int64_t zero_stage = 0;
-  int64_t prefetch = 1;  // ZeRO-3: layers gathered ahead (distributed engine)
+  int64_t prefetch = 1;       // ZeRO-3: layers gathered ahead (distributed engine)
   bool hierarchical = false;  // DP all-reduce: intra-node, inter-node, intra-node (comm/topology.h)
   // A collective outstanding longer than this stops every rank (comm/watchdog.h); 0: off.
   double collective_timeout_s = 600;
@@ -98,8 +98,8 @@ struct ParallelConfig {
 // estimated peak with what it has.
 struct MemoryConfig {
   bool check = true;
-  double margin = 0.1;                // held back from the budget
-  std::optional<uint64_t> budget;     // bytes per rank; unset: measured (host or device memory)
+  double margin = 0.1;             // held back from the budget
+  std::optional<uint64_t> budget;  // bytes per rank; unset: measured (host or device memory)
 };
 
 struct CheckpointConfig {
@@ -113,14 +113,14 @@ const char* spike_action_name(SpikeAction a);
 
 // Per-domain validation loss on a fixed set of validation sequences (see engine/train/eval.h).
 struct EvalConfig {
-  int64_t every_steps = 100;         // 0: off
+  int64_t every_steps = 100;  // 0: off
   int64_t sequences_per_domain = 16;
 };
 
 struct StabilityConfig {
   bool skip_nonfinite = true;  // skip a step whose gradients hold inf/NaN (all precisions)
-  // Loss / gradient-norm spikes (engine/stability/monitor.h): z-scores against the last `window` clean
-  // steps, after `warmup_steps`; a z above z_loss or z_grad triggers `action`.
+  // Loss / gradient-norm spikes (engine/stability/monitor.h): z-scores against the last `window`
+  // clean steps, after `warmup_steps`; a z above z_loss or z_grad triggers `action`.
   struct Spike {
     int64_t window = 200;
     double z_loss = 5.0;
@@ -171,7 +171,7 @@ struct TrainConfig {
   MixingConfig mixing;
   EvalConfig eval;
   RunConfig run;
-  Device device = Device::kCpu;  // the backend the engine runs on (engine/device/runtime.h)
+  Device device = Device::kCpu;  // the device the engine runs on (engine/device/runtime.h)
 };
 
 // The YAML defaults: the schema of `kiln train` configs.

@@ -1,19 +1,17 @@
 #include "engine/train/trainer.h"
 
-#include <nlohmann/json.hpp>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <climits>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -42,22 +40,15 @@ std::string mib(size_t bytes) { return bytes_in(bytes, ByteUnit::kMiB); }
 
 std::string human_count(double v) {
   char buf[32];
-  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  if (v >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2fB", v / 1e9);
+  else if (v >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", v);
   return buf;
-}
-
-// How many ranks of the world run on this machine (they share its host memory).
-int ranks_on_this_machine() {
-  comm::ProcessGroup& world = comm::world();
-  if (world.size() == 1) return 1;
-  char name[HOST_NAME_MAX + 1] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return world.size();
-  auto hosts = comm::allgather_strings(world, name);
-  if (!hosts.is_ok()) return world.size();
-  return local_place(*hosts, world.rank()).size;
 }
 
 }  // namespace
@@ -78,7 +69,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // The device is chosen here, once; everything below reaches it through the Runtime.
   // (Under mpirun with cuda, DataParallel::create bound this rank to its GPU and opened the NCCL
   // group that carries the device buffers; host values stay on the MPI groups.)
-  KILN_ASSIGN_OR_RETURN(Runtime* runtime, runtime_for(config.device));
+  KILN_ASSIGN_OR_RETURN(Runtime * runtime, runtime_for(config.device));
   if (t->dp_->tp_group().size() > 1) {
     KILN_ASSIGN_OR_RETURN(t->tp_,
                           TensorParallel::create(config, t->dp_->tp_group(), &t->dp_->data_tp()));
@@ -86,7 +77,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
 
   // The memory preflight (engine/train/preflight.h), on every rank before its model states exist:
   // a run that cannot fit stops here, all ranks together, instead of at the OOM killer.
-  const MemoryBudget budget = budget_for(config, *runtime, ranks_on_this_machine());
+  const MemoryBudget budget = budget_for(config, *runtime, comm::ranks_on_this_host(comm::world()));
   KILN_RETURN_IF_ERROR(t->dp_->agree(check_memory(config, t->dp_->world_size(), budget)));
 
   auto data = open_data_source(config, t->dp_->data_rank());
@@ -104,16 +95,18 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   t->mixture_ = std::make_unique<MixtureWatcher>(config.run.dir, domains);
   t->state_.seed = config.run.seed;
   t->state_.scaler = t->scaler_.state();
-  KILN_ASSIGN_OR_RETURN(t->mix_, MixController::open(config, t->data_->domains(),
-                                                     t->data_->weights().map()));
+  KILN_ASSIGN_OR_RETURN(
+      t->mix_, MixController::open(config, t->data_->domains(), t->data_->weights().map()));
   t->spikes_ = std::make_unique<SpikeDetector>(config.stability.spike);
   t->faults_ = std::make_unique<FaultInjection>(config.stability);
   if (config.eval.every_steps > 0) {
     KILN_ASSIGN_OR_RETURN(t->eval_, Evaluator::open(*t->data_, config.eval, config.data.micro_batch,
-                                                    config.model.seq_len, runtime));
+                                                    config.model.seq_len, config.model.vocab_size,
+                                                    runtime));
     if (t->eval_->empty()) {
-      KILN_LOG_WARN("eval: the dataset has no validation split (kiln prep split.val_fraction / "
-                    "split.val_min_docs), so no val_loss is measured");
+      KILN_LOG_WARN(
+          "eval: the dataset has no validation split (kiln prep split.val_fraction / "
+          "split.val_min_docs), so no val_loss is measured");
       t->eval_.reset();
     } else {
       KILN_LOG_INFO("eval: {} validation sequences, every {} steps", t->eval_->sequences(),
@@ -156,12 +149,11 @@ void Trainer::log_run_summary(Runtime& runtime) {
   const auto& m = config.model;
   KILN_LOG_INFO("device: {}", runtime.describe());
   KILN_LOG_INFO("model: {} parameters (vocab {}, d_model {}, {} layers, {} heads, seq {}), {}",
-                human_count(static_cast<double>(params_->num_params())), m.vocab_size,
-                m.d_model, m.n_layers, m.n_heads, m.seq_len, precision_name(config.precision));
+                human_count(static_cast<double>(params_->num_params())), m.vocab_size, m.d_model,
+                m.n_layers, m.n_heads, m.seq_len, precision_name(config.precision));
   KILN_LOG_INFO("model states (weights, grads, AdamW moments{}): {}",
                 config.precision == Precision::kFp32 ? "" : ", low-precision copy",
-                mib(params_->padded_numel() *
-                    (config.precision == Precision::kFp32 ? 16 : 18)));
+                mib(params_->padded_numel() * (config.precision == Precision::kFp32 ? 16 : 18)));
   const ActivationMemory none = plan_activation_memory(m, config.data.micro_batch, config.precision,
                                                        Recompute::kNone, 1, config.device);
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
@@ -176,21 +168,24 @@ void Trainer::log_run_summary(Runtime& runtime) {
   }
   KILN_LOG_INFO("data: {}", data_->describe());
   if (dp_->world_size() > 1) {
-    KILN_LOG_INFO("distributed: {} ranks ({}), data-parallel {}, tensor-parallel {}, ZeRO stage "
-                  "{}{}; global batch {} sequences",
-                  dp_->world_size(), dp_->backend(), dp_->size(), config.parallel.tp,
-                  config.parallel.zero_stage,
-                  config.parallel.hierarchical ? ", hierarchical all-reduce" : "",
-                  config.data.micro_batch * config.data.grad_accum * dp_->size());
+    KILN_LOG_INFO(
+        "distributed: {} ranks ({}), data-parallel {}, tensor-parallel {}, ZeRO stage "
+        "{}{}; global batch {} sequences",
+        dp_->world_size(), dp_->backend(), dp_->size(), config.parallel.tp,
+        config.parallel.zero_stage, config.parallel.hierarchical ? ", hierarchical all-reduce" : "",
+        config.data.micro_batch * config.data.grad_accum * dp_->size());
   }
   if (!runtime.product_name().empty()) {  // an accelerator
     if (peak_flops_) {
-      KILN_LOG_INFO("MFU: {:.3g} model FLOPs per token (6N + 6LdT) against {} dense bf16 peak "
-                    "{:.0f} TFLOP/s", flops_per_token_, runtime.product_name(),
-                    *peak_flops_ / 1e12);
+      KILN_LOG_INFO(
+          "MFU: {:.3g} model FLOPs per token (6N + 6LdT) against {} dense bf16 peak "
+          "{:.0f} TFLOP/s",
+          flops_per_token_, runtime.product_name(), *peak_flops_ / 1e12);
     } else {
-      KILN_LOG_WARN("MFU not reported: '{}' is not in the table of known GPUs' dense bf16 peaks "
-                    "(engine/train/mfu.cc)", runtime.product_name());
+      KILN_LOG_WARN(
+          "MFU not reported: '{}' is not in the table of known GPUs' dense bf16 peaks "
+          "(engine/train/mfu.cc)",
+          runtime.product_name());
     }
   }
 }
@@ -203,8 +198,8 @@ Status Trainer::restore_resumed_state() {
   const std::string latest = resumed_from_;
   state_ = resumed_state_;
   if (state_.seed != config.run.seed) {
-    return Status::config("run.seed differs from the checkpoint's (" +
-                          std::to_string(state_.seed) + ")")
+    return Status::config("run.seed differs from the checkpoint's (" + std::to_string(state_.seed) +
+                          ")")
         .with_key("run.seed");
   }
   KILN_RETURN_IF_ERROR(batches_->restore(state_.data_state).prefixed("restoring data state"));
@@ -224,8 +219,7 @@ Status Trainer::restore_resumed_state() {
   }
   mixture_->set_applied_hash(state_.mixture_hash);
   last_saved_step_ = state_.step;
-  KILN_LOG_INFO("resumed from {} (step {}, {} tokens)", latest, state_.step,
-                state_.tokens);
+  KILN_LOG_INFO("resumed from {} (step {}, {} tokens)", latest, state_.step, state_.tokens);
   return Status::ok();
 }
 
@@ -276,17 +270,16 @@ Status Trainer::build_model_states(Runtime* runtime) {
   const DeviceMemory after = rt.memory();
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  KILN_LOG_INFO("model states from {} in {:.2f} s: {} bytes held; start-up peak {} bytes through "
-                "the backend{} (host staging at most {} bytes); peak RSS {:.1f} MiB",
-                from,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                after.in_use - before.in_use,
-                before.peak == before.in_use ? std::to_string(after.peak - before.in_use)
-                                             : std::string("(not measurable: memory freed before)"),
-                dp_->shards_states() ? " (this rank's shards and the buffers its ZeRO stage keeps)"
-                                     : "",
-                rt.host_addressable() ? 0 : kStateChunk * sizeof(float),
-                static_cast<double>(ru.ru_maxrss) / 1024.0);
+  KILN_LOG_INFO(
+      "model states from {} in {:.2f} s: {} bytes held; start-up peak {} bytes through "
+      "the backend{} (host staging at most {} bytes); peak RSS {:.1f} MiB",
+      from, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      after.in_use - before.in_use,
+      before.peak == before.in_use ? std::to_string(after.peak - before.in_use)
+                                   : std::string("(not measurable: memory freed before)"),
+      dp_->shards_states() ? " (this rank's shards and the buffers its ZeRO stage keeps)" : "",
+      rt.host_addressable() ? 0 : kStateChunk * sizeof(float),
+      static_cast<double>(ru.ru_maxrss) / 1024.0);
   return Status::ok();
 }
 
@@ -295,7 +288,7 @@ Status Trainer::truncate_metrics(int64_t step) {
                                 [&](const StepRecord& r) { return r.step > step; }),
                  history_.end());
   if (!dp_->is_root()) return Status::ok();  // rank 0 writes the run directory's files
-  metrics_.reset();  // closes the file before MetricsLog::open rewrites it
+  metrics_.reset();                          // closes the file before MetricsLog::open rewrites it
   KILN_ASSIGN_OR_RETURN(metrics_, MetricsLog::open(config_.run.dir, step));
   return Status::ok();
 }
@@ -320,14 +313,16 @@ Result<StepRecord> Trainer::skip_bad_batch(StepRecord rec, const BatchCheck& che
   ++stab_.bad_batches;
   ++state_.skipped_steps;
   std::vector<std::string> samples;
-  for (const auto& b : batches_->batches()) samples.insert(samples.end(), b.samples.begin(), b.samples.end());
-  KILN_LOG_WARN("step {}: bad batch skipped before the step: token {} is {:.1f}% of its {} "
-                "targets (stability.bad_batch_token_fraction {}){}",
-                rec.step, check.token, 100.0 * check.fraction, check.targets,
-                config_.stability.bad_batch_token_fraction,
-                samples.empty() ? std::string() : "; samples: " + listed_samples(samples));
-  nlohmann::ordered_json ev = {{"step", rec.step},       {"action", "bad_batch"},
-                               {"token", check.token},   {"fraction", check.fraction},
+  for (const auto& b : batches_->batches())
+    samples.insert(samples.end(), b.samples.begin(), b.samples.end());
+  KILN_LOG_WARN(
+      "step {}: bad batch skipped before the step: token {} is {:.1f}% of its {} "
+      "targets (stability.bad_batch_token_fraction {}){}",
+      rec.step, check.token, 100.0 * check.fraction, check.targets,
+      config_.stability.bad_batch_token_fraction,
+      samples.empty() ? std::string() : "; samples: " + listed_samples(samples));
+  nlohmann::ordered_json ev = {{"step", rec.step},         {"action", "bad_batch"},
+                               {"token", check.token},     {"fraction", check.fraction},
                                {"targets", check.targets}, {"samples", samples}};
   KILN_RETURN_IF_ERROR(log_event(ev.dump()));
   if (scaler_.enabled()) rec.loss_scale = scaler_.scale();
@@ -368,9 +363,9 @@ Result<bool> Trainer::rollback(StepRecord* rec) {
   // The model, optimizer, scaler and policy go back to the checkpoint; the data does not: the
   // batches since the checkpoint (the spike's included) are quarantined, never trained on
   // (engine/stability/rollback.h).
-  const Quarantine q = quarantine_window(
-      now, at_ck, ck.step, rec->step,
-      fmt::format("loss z {:.2f}, grad z {:.2f}", rec->loss_z, rec->grad_z));
+  const Quarantine q =
+      quarantine_window(now, at_ck, ck.step, rec->step,
+                        fmt::format("loss z {:.2f}, grad z {:.2f}", rec->loss_z, rec->grad_z));
   const nlohmann::ordered_json ranges = nlohmann::ordered_json::parse(quarantine_ranges_json(q));
   stab_ = after_rollback(now, q);
   const uint64_t mixture_hash = state_.mixture_hash;
@@ -388,16 +383,20 @@ Result<bool> Trainer::rollback(StepRecord* rec) {
   last_saved_step_ = ck.step;
   rec->skipped = true;
   rec->skip_reason = "rollback";
-  nlohmann::ordered_json ev = {{"step", rec->step},         {"action", "rollback"},
-                               {"to_step", ck.step},        {"reason", q.reason},
-                               {"loss", rec->loss},         {"grad_norm", rec->grad_norm},
+  nlohmann::ordered_json ev = {{"step", rec->step},
+                               {"action", "rollback"},
+                               {"to_step", ck.step},
+                               {"reason", q.reason},
+                               {"loss", rec->loss},
+                               {"grad_norm", rec->grad_norm},
                                {"quarantined_sequences", ranges},
                                {"rollbacks", stab_.rollbacks}};
   KILN_RETURN_IF_ERROR(log_event(ev.dump()));
-  KILN_LOG_WARN("step {}: rolled back to {} (rollback {} of at most {}); quarantined the batches of "
-                "steps {}..{}: {}",
-                rec->step, *latest, stab_.rollbacks, config_.stability.spike.max_rollbacks,
-                ck.step + 1, rec->step, ranges.dump());
+  KILN_LOG_WARN(
+      "step {}: rolled back to {} (rollback {} of at most {}); quarantined the batches of "
+      "steps {}..{}: {}",
+      rec->step, *latest, stab_.rollbacks, config_.stability.spike.max_rollbacks, ck.step + 1,
+      rec->step, ranges.dump());
   return true;
 }
 
@@ -409,9 +408,9 @@ Status Trainer::prepare_run_dir() {
   // A run is there once it has written a metrics line or a checkpoint. The error codes are
   // deliberately not checked: a file that cannot be examined counts as present (file_size then
   // returns -1), so the run refuses rather than overwrite what it could not see.
-  const bool has_run = (fs::exists(dir / "metrics.jsonl", ec) &&
-                        fs::file_size(dir / "metrics.jsonl", ec) > 0) ||
-                       fs::exists(dir / "checkpoints" / "latest");
+  const bool has_run =
+      (fs::exists(dir / "metrics.jsonl", ec) && fs::file_size(dir / "metrics.jsonl", ec) > 0) ||
+      fs::exists(dir / "checkpoints" / "latest");
   if (has_run && !options_.resume) {
     if (!options_.overwrite) {
       return Status::usage("run directory " + dir.string() +
@@ -423,7 +422,8 @@ Status Trainer::prepare_run_dir() {
           dir / "control" / "policy.json", dir / "mixing.jsonl", dir / "mixing_weights.json",
           dir / "stability.jsonl", dir / "checkpoints"}) {
       fs::remove_all(old, ec);  // a missing file is not an error
-      if (ec) return Status::io("cannot clear the old run: " + ec.message()).with_file(old.string());
+      if (ec)
+        return Status::io("cannot clear the old run: " + ec.message()).with_file(old.string());
     }
   }
   return write_file_atomic((dir / "config.yaml").string(), config_yaml_);
@@ -535,10 +535,9 @@ Status Trainer::forward_backward(const StepInput& in, StepRecord* rec) {
   // The step's one wait for the device: every micro-batch's per-token losses, one copy (pinned).
   const float* step_losses = staged.host_losses(batches.size());
   const std::vector<std::string>& domains = data_->domains();
-  const StepLoss local =
-      sum_step_loss(batches, step_losses,
-                    static_cast<size_t>(config_.data.micro_batch * config_.model.seq_len),
-                    domains.size());
+  const StepLoss local = sum_step_loss(
+      batches, step_losses, static_cast<size_t>(config_.data.micro_batch * config_.model.seq_len),
+      domains.size());
   // Sums over the data-parallel ranks: loss, then per domain the loss and the target count.
   std::vector<double> sums;
   sums.push_back(local.sum);
@@ -577,8 +576,8 @@ Result<StepStats> Trainer::inspect_gradients(const StepInput& in, StepRecord* re
   // Per-layer statistics and clipping read whole gradients: not with ZeRO's sharded ones (yet).
   if (layer_stats_due(rec->step)) rec->grad_norm_layers = unit_grad_norms(*params_, in.scale);
   if (!zero) {
-    rec->layers_clipped = clip_units(*params_, in.scale, sc.layer_clip_max_norm,
-                                     sc.layer_clip_factor, &layer_norms_);
+    rec->layers_clipped =
+        clip_units(*params_, in.scale, sc.layer_clip_max_norm, sc.layer_clip_factor, &layer_norms_);
   }
   for (const auto& [unit, norm] : rec->layers_clipped) {
     ++stab_.layer_clips;
@@ -618,9 +617,10 @@ Result<bool> Trainer::decide_and_update(const StepInput& in, const StepStats& st
     if (d.spike) {
       ++stab_.spikes;
       if (d.rollbacks_spent) {
-        KILN_LOG_WARN("step {}: spike ({}), but stability.spike.max_rollbacks ({}) are spent: "
-                      "skipping the step instead",
-                      rec->step, check.why, config_.stability.spike.max_rollbacks);
+        KILN_LOG_WARN(
+            "step {}: spike ({}), but stability.spike.max_rollbacks ({}) are spent: "
+            "skipping the step instead",
+            rec->step, check.why, config_.stability.spike.max_rollbacks);
       }
       if (d.action == StepAction::kRollback) {
         rec->spike = "rollback";
@@ -644,8 +644,8 @@ Result<bool> Trainer::decide_and_update(const StepInput& in, const StepStats& st
         KILN_LOG_WARN("step {}: spike ({}; loss {:.4f}, grad norm {:.4g}): update skipped",
                       rec->step, check.why, rec->loss, rec->grad_norm);
       }
-      nlohmann::ordered_json ev = {{"step", rec->step}, {"action", rec->spike},
-                                   {"reason", check.why}, {"loss", rec->loss},
+      nlohmann::ordered_json ev = {{"step", rec->step},           {"action", rec->spike},
+                                   {"reason", check.why},         {"loss", rec->loss},
                                    {"grad_norm", rec->grad_norm}, {"loss_z", rec->loss_z},
                                    {"grad_z", rec->grad_z}};
       KILN_RETURN_IF_ERROR(log_event(ev.dump()));
@@ -662,14 +662,13 @@ Result<bool> Trainer::decide_and_update(const StepInput& in, const StepStats& st
   if (rec->skipped) {
     ++state_.skipped_steps;
     if (rec->skip_reason == "overflow") {
-      KILN_LOG_WARN("step {}: skipped, {} inf/NaN gradient values, first in {}{} ({} skipped so "
-                    "far)",
-                    rec->step, rec->nonfinite,
-                    rec->nonfinite_layer.empty() ? "?" : rec->nonfinite_layer,
-                    scaler_.enabled()
-                        ? fmt::format("; loss scale {} -> {}", before, scaler_.scale())
-                        : std::string(),
-                    state_.skipped_steps);
+      KILN_LOG_WARN(
+          "step {}: skipped, {} inf/NaN gradient values, first in {}{} ({} skipped so "
+          "far)",
+          rec->step, rec->nonfinite, rec->nonfinite_layer.empty() ? "?" : rec->nonfinite_layer,
+          scaler_.enabled() ? fmt::format("; loss scale {} -> {}", before, scaler_.scale())
+                            : std::string(),
+          state_.skipped_steps);
     }
   }
   if (scaler_.enabled()) rec->loss_scale = in.scale;
@@ -704,17 +703,19 @@ Status Trainer::skip_overflow(const StepInput& in, StepRecord* rec) {
   rec->nonfinite = nf.count;
   rec->nonfinite_layer = nf.first_unit;
   ++stab_.nonfinite_in_row;
-  const std::string diagnosis = fmt::format(
-      "step {}: {} inf/NaN gradient values, first in backward order in {}{}", rec->step, nf.count,
-      nf.first_unit.empty() ? "?" : nf.first_unit,
-      scaler_.enabled() ? fmt::format(" (loss scale {})", in.scale) : std::string());
+  const std::string diagnosis =
+      fmt::format("step {}: {} inf/NaN gradient values, first in backward order in {}{}", rec->step,
+                  nf.count, nf.first_unit.empty() ? "?" : nf.first_unit,
+                  scaler_.enabled() ? fmt::format(" (loss scale {})", in.scale) : std::string());
   const StepDecision d =
       decide_nonfinite(config_.stability, scaler_.enabled(), stab_.nonfinite_in_row);
   if (d.action != StepAction::kStop) return Status::ok();
   if (!scaler_.enabled() && !config_.stability.skip_nonfinite) {
     return Status::internal(diagnosis + " (" + d.why + ")");
   }
-  nlohmann::ordered_json ev = {{"step", rec->step}, {"action", "stop"}, {"reason", diagnosis},
+  nlohmann::ordered_json ev = {{"step", rec->step},
+                               {"action", "stop"},
+                               {"reason", diagnosis},
                                {"nonfinite_in_row", stab_.nonfinite_in_row}};
   KILN_RETURN_IF_ERROR(log_event(ev.dump()));
   return Status::internal(fmt::format(
@@ -778,9 +779,9 @@ void Trainer::print_progress(const StepRecord& r) {
     }
   }
   last_printed_step_ = r.step;
-  std::string line = fmt::format("step {:>{}}/{} | loss {:.4f}", r.step,
-                                 std::to_string(config_.run.steps).size(), config_.run.steps,
-                                 r.loss);
+  std::string line =
+      fmt::format("step {:>{}}/{} | loss {:.4f}", r.step, std::to_string(config_.run.steps).size(),
+                  config_.run.steps, r.loss);
   if (n > 1) line += fmt::format(" (mean of {} steps {:.4f})", n, sum / n);
   line += fmt::format(" | lr {:.2e} | grad norm {:.3f} | {} tok/s | {:.0f} ms", r.lr, r.grad_norm,
                       human_count(r.tokens_per_s), r.step_ms);
@@ -791,8 +792,9 @@ void Trainer::print_progress(const StepRecord& r) {
   const int64_t done = r.step - run_first_step_;
   const int64_t left = config_.run.steps - r.step;
   if (done > 0 && left > 0) {
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                      run_start_).count() / done * left;
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start_).count() /
+        done * left;
     line += secs >= 60 ? fmt::format(" | ETA {}m{:02d}s", static_cast<int64_t>(secs) / 60,
                                      static_cast<int>(secs) % 60)
                        : fmt::format(" | ETA {:.0f}s", secs);
@@ -810,8 +812,10 @@ Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout, Status*
   std::string tmp;
   if (dp_->is_root() && written->is_ok()) {
     auto begun = begin_checkpoint(config_.run.dir, state_.step);
-    if (begun.is_ok()) tmp = *begun;
-    else *written = begun.status();
+    if (begun.is_ok())
+      tmp = *begun;
+    else
+      *written = begun.status();
   }
   KILN_RETURN_IF_ERROR(dp_->agree(std::move(*written)));
   KILN_RETURN_IF_ERROR(dp_->broadcast(&tmp));
@@ -823,11 +827,11 @@ Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout, Status*
     std::deque<std::vector<float>> scratch;
     const std::vector<TensorView> views =
         zero ? zero->checkpoint_partition(&scratch) : unit_partition(*params_, &scratch);
-    auto hash = write_checkpoint_partition(tmp, index, layout.partitions, views,
-                                           dp_->tp_rank(), tp);
+    auto hash =
+        write_checkpoint_partition(tmp, index, layout.partitions, views, dp_->tp_rank(), tp);
     if (hash.is_ok()) {
-      mine = hex64(*hash) + ":" +
-             hex64(replicated_digest(*params_, index, layout.partitions, views));
+      mine =
+          hex64(*hash) + ":" + hex64(replicated_digest(*params_, index, layout.partitions, views));
     } else {
       local = hash.status();
     }
@@ -854,10 +858,12 @@ Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout, Status*
     // on every TP rank: each partition's digest must agree across the TP ranks.
     for (int64_t t = 1; t < tp && written->is_ok(); ++t) {
       for (int64_t r = 0; r < layout.partitions; ++r) {
-        if (digest[static_cast<size_t>(t * layout.partitions + r)] != digest[static_cast<size_t>(r)]) {
+        if (digest[static_cast<size_t>(t * layout.partitions + r)] !=
+            digest[static_cast<size_t>(r)]) {
           *written = Status::internal(fmt::format(
               "replicated parameters differ between tensor-parallel ranks 0 and {} (partition "
-              "{}): checkpoint not written", t, r));
+              "{}): checkpoint not written",
+              t, r));
           break;
         }
       }
@@ -867,7 +873,7 @@ Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout, Status*
     }
     if (written->is_ok()) {
       *written = finish_checkpoint(config_.run.dir, tmp, *params_, state_, config_yaml_,
-                                  config_.checkpoint.keep_last, layout, h);
+                                   config_.checkpoint.keep_last, layout, h);
     }
   }
   return Status::ok();
@@ -915,10 +921,10 @@ Status Trainer::save() {
   KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
   last_saved_step_ = state_.step;
   const int64_t files = layout.sharded() ? layout.partitions * layout.tp_partitions : 0;
-  KILN_LOG_INFO("checkpoint {} written ({:.0f} ms{})", checkpoint_dir_name(state_.step),
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count(),
-                files > 0 ? fmt::format(", {} shard files", files) : "");
+  KILN_LOG_INFO(
+      "checkpoint {} written ({:.0f} ms{})", checkpoint_dir_name(state_.step),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+      files > 0 ? fmt::format(", {} shard files", files) : "");
   return Status::ok();
 }
 
@@ -938,9 +944,8 @@ Status Trainer::run() {
     KILN_ASSIGN_OR_RETURN(StepRecord rec, step());
     if (std::isnan(first_loss)) first_loss = rec.loss;
     last_loss = rec.loss;
-    if (options_.console &&
-        (rec.step % config_.run.log_every == 0 || rec.step == first + 1 || rec.skipped ||
-         rec.step == config_.run.steps)) {
+    if (options_.console && (rec.step % config_.run.log_every == 0 || rec.step == first + 1 ||
+                             rec.skipped || rec.step == config_.run.steps)) {
       print_progress(rec);
     }
     const int64_t every = config_.checkpoint.every_steps;
@@ -955,10 +960,11 @@ Status Trainer::run() {
     }
     if (int sig = static_cast<int>(sig_any)) {
       if (last_saved_step_ != state_.step) KILN_RETURN_IF_ERROR(save());
-      KILN_LOG_WARN("stopped by {} after step {} of {}: checkpoint {} is complete; run the same "
-                    "command with --resume to continue",
-                    StopSignals::requested() ? StopSignals::name(sig) : "a signal to another rank",
-                    state_.step, config_.run.steps, checkpoint_dir_name(state_.step));
+      KILN_LOG_WARN(
+          "stopped by {} after step {} of {}: checkpoint {} is complete; run the same "
+          "command with --resume to continue",
+          StopSignals::requested() ? StopSignals::name(sig) : "a signal to another rank",
+          state_.step, config_.run.steps, checkpoint_dir_name(state_.step));
       return Status::ok();
     }
   }
@@ -967,23 +973,26 @@ Status Trainer::run() {
   }
   KILN_RETURN_IF_ERROR(mix_->write_result());
   if (batches_->prefetched_steps() > 0 || batches_->discarded() > 0) {
-    KILN_LOG_INFO("next-step prefetch: {} steps found their batches drawn during the step before; "
-                  "{} micro-batches drawn ahead were dropped (the weights changed first) and drawn "
-                  "again",
-                  batches_->prefetched_steps(), batches_->discarded());
+    KILN_LOG_INFO(
+        "next-step prefetch: {} steps found their batches drawn during the step before; "
+        "{} micro-batches drawn ahead were dropped (the weights changed first) and drawn "
+        "again",
+        batches_->prefetched_steps(), batches_->discarded());
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   if (state_.step > first) {
-    KILN_LOG_INFO("trained steps {}..{} in {:.1f} s: loss {:.4f} -> {:.4f}; {} steps skipped; "
-                  "peak memory {}",
-                  first + 1, state_.step, secs, first_loss, last_loss, state_.skipped_steps,
-                  mib(static_cast<size_t>(ru.ru_maxrss) * 1024));
+    KILN_LOG_INFO(
+        "trained steps {}..{} in {:.1f} s: loss {:.4f} -> {:.4f}; {} steps skipped; "
+        "peak memory {}",
+        first + 1, state_.step, secs, first_loss, last_loss, state_.skipped_steps,
+        mib(static_cast<size_t>(ru.ru_maxrss) * 1024));
     if (dp_->zero() && dp_->zero()->stage() >= 2) {
-      KILN_LOG_INFO("ZeRO-{}: gathered weights and full gradient buffers peaked at {} bytes on "
-                    "rank {}", dp_->zero()->stage(), dp_->zero()->peak_buffer_bytes(),
-                    dp_->world_rank());
+      KILN_LOG_INFO(
+          "ZeRO-{}: gathered weights and full gradient buffers peaked at {} bytes on "
+          "rank {}",
+          dp_->zero()->stage(), dp_->zero()->peak_buffer_bytes(), dp_->world_rank());
     }
     if (device_memory_peak_ > 0) {
       KILN_LOG_INFO("peak device memory {} ({})", mib(device_memory_peak_),

@@ -28,17 +28,17 @@
 #include "common/status.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/data/data_source.h"
-#include "engine/train/eval.h"
-#include "engine/model/loss_scaler.h"
-#include "engine/train/fault_injection.h"
-#include "engine/train/metrics.h"
-#include "engine/mixing/controller.h"
+#include "engine/data/step_batches.h"
 #include "engine/mixing/control_file.h"
+#include "engine/mixing/controller.h"
+#include "engine/model/loss_scaler.h"
 #include "engine/model/model.h"
 #include "engine/model/optimizer.h"
 #include "engine/model/params.h"
 #include "engine/stability/monitor.h"
-#include "engine/data/step_batches.h"
+#include "engine/train/eval.h"
+#include "engine/train/fault_injection.h"
+#include "engine/train/metrics.h"
 #include "engine/train/train_config.h"
 
 namespace kiln::engine {
@@ -78,11 +78,11 @@ class Trainer {
   // ---- the phases of step(), in order ----
   // What draw_checked_batches() found and the later phases use.
   struct StepInput {
-    int64_t valid = 0;         // valid targets over all ranks
-    BatchCheck check;          // this rank's batch statistics
+    int64_t valid = 0;          // valid targets over all ranks
+    BatchCheck check;           // this rank's batch statistics
     bool bad_anywhere = false;  // some rank's batch is bad: every rank skips the step
     std::map<std::string, int64_t> domain_sequences;  // over all ranks
-    double scale = 1;          // the loss scale of this step
+    double scale = 1;                                 // the loss scale of this step
   };
   // RUN/control/mixture.json and `kiln mix policy` requests (rank 0 reads, every rank applies).
   Status apply_controls(StepRecord* rec);
@@ -105,7 +105,7 @@ class Trainer {
                                     std::chrono::steady_clock::time_point t0);
   // The metrics lines (and history) up to `step` only (reopens the MetricsLog).
   Status truncate_metrics(int64_t step);
-  // params_ on `backend` and the model states from the checkpoint (--resume), model.init_from or
+  // params_ on `runtime` and the model states from the checkpoint (--resume), model.init_from or
   // the initialisation, each rank building only what it keeps (DataParallel::attach); reads the
   // checkpoint's trainer state into resumed_state_. Logs the time, bytes and peaks.
   Status build_model_states(Runtime* runtime);
@@ -133,7 +133,7 @@ class Trainer {
   std::unique_ptr<SpikeDetector> spikes_;
   StabilityState stab_;
   std::map<std::string, RollingStats> layer_norms_;  // per-layer clipping's moving averages
-  std::unique_ptr<FaultInjection> faults_;  // stability.inject_* (tests)
+  std::unique_ptr<FaultInjection> faults_;           // stability.inject_* (tests)
   TrainerState state_;
   std::vector<StepRecord> history_;
   // The step's micro-batches (and the next step's, drawn ahead) from data_, and on the device.
@@ -143,9 +143,9 @@ class Trainer {
   std::optional<double> peak_flops_;     // the GPU's dense bf16 peak, when known
   size_t device_memory_peak_ = 0;
   int64_t last_saved_step_ = -1;
-  bool resumed_ = false;          // build_model_states read a checkpoint
-  std::string resumed_from_;      // its directory
-  TrainerState resumed_state_;    // and the trainer state it records
+  bool resumed_ = false;        // build_model_states read a checkpoint
+  std::string resumed_from_;    // its directory
+  TrainerState resumed_state_;  // and the trainer state it records
   int64_t last_printed_step_ = 0;
   int64_t run_first_step_ = 0;
   std::chrono::steady_clock::time_point run_start_;

@@ -3,6 +3,7 @@
 // followed by one "key.path=value" override per line. Invariant: a config that validates dumps
 // to YAML that loads and validates again.
 #include "engine/train/train_config.h"
+
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -93,13 +93,13 @@ void tp_embedding_backward_wte(float* dwte_local, const T* dout, const int32_t* 
   });
 }
 
-#define KILN_INSTANTIATE(T)                                                                     \
-  template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int);     \
-  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int);   \
-  template void tp_embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int,   \
-                                        int, int, int);                                         \
-  template void tp_embedding_backward_wte<T>(float*, const T*, const int32_t*, int, int, int,   \
-                                             int, int);
+#define KILN_INSTANTIATE(T)                                                                        \
+  template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int);         \
+  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int);      \
+  template void tp_embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int, int, \
+                                        int, int);                                                 \
+  template void tp_embedding_backward_wte<T>(float*, const T*, const int32_t*, int, int, int, int, \
+                                             int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

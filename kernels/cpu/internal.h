@@ -1,4 +1,4 @@
-// Internal helpers shared by the CPU kernels (not part of the operator API).
+// Internal to kernels/cpu/: helpers shared by the CPU kernels (not part of the operator API).
 //
 // * parallel_chunks: a parallel loop over a FIXED partition (chunk boundaries depend only on the
 //   problem size, never on the thread count), so every result is bit-identical for any number of

@@ -99,12 +99,12 @@ void residual_layernorm_forward(T* res, T* out, float* mean, float* rstd, const 
   layernorm_forward(out, mean, rstd, res, weight, bias, B, T_, C);
 }
 
-#define KILN_INSTANTIATE(T)                                                                    \
-  template void residual_layernorm_forward<T>(T*, T*, float*, float*, const T*, const T*,       \
-                                              const T*, const T*, int, int, int);               \
+#define KILN_INSTANTIATE(T)                                                                      \
+  template void residual_layernorm_forward<T>(T*, T*, float*, float*, const T*, const T*,        \
+                                              const T*, const T*, int, int, int);                \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, \
-                                     int);                                                      \
-  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*,         \
+                                     int);                                                       \
+  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*,          \
                                       const float*, const float*, int, int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)

@@ -382,13 +382,12 @@ void matmul_dgelu_backward(Same<T>* dpre, float* dweight, float* dbias, const T*
   gelu_backward(dpre, pre, dinp.data(), n);
 }
 
-#define KILN_INSTANTIATE(T)                                                                      \
-  template void matmul_gelu_forward<T>(T*, T*, const T*, const T*, const T*, int, int, int,     \
-                                       int);                                                     \
-  template void matmul_dgelu_backward<T>(T*, float*, float*, const T*, const T*, const T*,      \
-                                         const T*, int, int, int, int);                          \
-  template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int, int);        \
-  template void matmul_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int,  \
+#define KILN_INSTANTIATE(T)                                                                       \
+  template void matmul_gelu_forward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int); \
+  template void matmul_dgelu_backward<T>(T*, float*, float*, const T*, const T*, const T*,        \
+                                         const T*, int, int, int, int);                           \
+  template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int, int);          \
+  template void matmul_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int,    \
                                    int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)

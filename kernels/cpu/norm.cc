@@ -47,11 +47,14 @@ bool chunk_has_inf_or_nan(const uint32_t* x, size_t n) {
 double sum_squares(const float* const* tensors, const size_t* sizes, int count) {
   // Partials indexed by (tensor, chunk): fixed partition, summed in order afterwards.
   std::vector<size_t> offsets(static_cast<size_t>(count) + 1, 0);
-  for (int t = 0; t < count; ++t) offsets[t + 1] = offsets[t] + (sizes[t] + kNormChunk - 1) / kNormChunk;
+  for (int t = 0; t < count; ++t)
+    offsets[t + 1] = offsets[t] + (sizes[t] + kNormChunk - 1) / kNormChunk;
   std::vector<double> partial(offsets[count], 0.0);
   parallel_chunks(offsets[count], 4, [&](size_t b, size_t e) {
     for (size_t p = b; p < e; ++p) {
-      int t = static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), p) - offsets.begin()) - 1;
+      int t =
+          static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), p) - offsets.begin()) -
+          1;
       size_t start = (p - offsets[t]) * kNormChunk;
       size_t len = std::min(kNormChunk, sizes[t] - start);
       partial[p] = chunk_sum_squares(tensors[t] + start, len);

@@ -82,7 +82,7 @@ void narrow(fp16* dst, const float* src, size_t n) {
 using detail::parallel_chunks;
 
 namespace {
-constexpr size_t kElemChunk = 1 << 15;   // elements per task for elementwise loops
+constexpr size_t kElemChunk = 1 << 15;  // elements per task for elementwise loops
 }  // namespace
 
 void set_num_threads(int n) {

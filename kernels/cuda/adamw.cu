@@ -39,7 +39,8 @@ __device__ __forceinline__ void adamw_element(float* p, float* m, float* v, cons
 template <typename L>
 __global__ void adamw_kernel(float* p, float* m, float* v, const float* g, L* p_lp, size_t n,
                              AdamWConst k) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
     adamw_element(p, m, v, g, p_lp, i, k, k.decay);
 }
 
@@ -59,8 +60,8 @@ struct DecayFactors {
   float f[kDecayClasses];
 };
 template <typename L>
-__global__ void adamw_multi_kernel(const AdamWSegment* segs, const TensorChunk* chunks, AdamWConst k,
-                                   DecayFactors decay) {
+__global__ void adamw_multi_kernel(const AdamWSegment* segs, const TensorChunk* chunks,
+                                   AdamWConst k, DecayFactors decay) {
   const TensorChunk c = chunks[blockIdx.x];
   const AdamWSegment s = segs[c.tensor];
   const size_t begin = size_t(c.chunk) * kMultiTensorChunk;
@@ -92,7 +93,8 @@ void adamw_impl(float* params, float* m, float* v, const float* grads, size_t n,
   KILN_CUDA_TIMED(kOptimizer);
   if (n == 0) return;
   const AdamWConst k = adamw_const(hp);
-  adamw_kernel<L><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(params, m, v, grads, params_lp, n, k);
+  adamw_kernel<L>
+      <<<grid_for(n, kThreads), kThreads, 0, stream()>>>(params, m, v, grads, params_lp, n, k);
   KILN_CUDA_LAUNCHED();
 }
 
@@ -130,22 +132,30 @@ void adamw_update_multi(const AdamWTensor* tensors, int count, const AdamWParams
   for (int i = 0; i < count; ++i) {
     const AdamWTensor& t = tensors[i];
     const int cls = int(std::find(wds.begin(), wds.end(), t.weight_decay) - wds.begin());
-    segs[i] = AdamWSegment{t.params, t.m, t.v, t.grads, lp_type == DType::kF32 ? nullptr : t.params_lp,
-                           t.n, cls};
+    segs[i] = AdamWSegment{
+        t.params, t.m, t.v, t.grads, lp_type == DType::kF32 ? nullptr : t.params_lp, t.n, cls};
     sizes[i] = t.n;
   }
   DecayFactors decay{};
   for (size_t c = 0; c < wds.size(); ++c) decay.f[c] = adamw_decay(hp.lr, wds[c]);
   const std::vector<TensorChunk> chunks = plan_tensor_chunks(sizes.data(), count);
   if (chunks.empty()) return;
-  const auto* dsegs = static_cast<const AdamWSegment*>(device_table(segs.data(), segs.size() * sizeof(AdamWSegment), 0));
-  const auto* dchunks = static_cast<const TensorChunk*>(device_table(chunks.data(), chunks.size() * sizeof(TensorChunk), 1));
+  const auto* dsegs = static_cast<const AdamWSegment*>(
+      device_table(segs.data(), segs.size() * sizeof(AdamWSegment), 0));
+  const auto* dchunks = static_cast<const TensorChunk*>(
+      device_table(chunks.data(), chunks.size() * sizeof(TensorChunk), 1));
   const AdamWConst k = adamw_const(hp);
   const unsigned blocks = static_cast<unsigned>(chunks.size());
   switch (lp_type) {
-    case DType::kBF16: adamw_multi_kernel<bf16><<<blocks, kThreads, 0, stream()>>>(dsegs, dchunks, k, decay); break;
-    case DType::kF16: adamw_multi_kernel<fp16><<<blocks, kThreads, 0, stream()>>>(dsegs, dchunks, k, decay); break;
-    default: adamw_multi_kernel<float><<<blocks, kThreads, 0, stream()>>>(dsegs, dchunks, k, decay); break;
+    case DType::kBF16:
+      adamw_multi_kernel<bf16><<<blocks, kThreads, 0, stream()>>>(dsegs, dchunks, k, decay);
+      break;
+    case DType::kF16:
+      adamw_multi_kernel<fp16><<<blocks, kThreads, 0, stream()>>>(dsegs, dchunks, k, decay);
+      break;
+    default:
+      adamw_multi_kernel<float><<<blocks, kThreads, 0, stream()>>>(dsegs, dchunks, k, decay);
+      break;
   }
   KILN_CUDA_LAUNCHED();
 }

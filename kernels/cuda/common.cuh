@@ -1,5 +1,5 @@
-// Internal helpers of the CUDA kernels: error checks, the current stream and cuBLAS handle,
-// a grow-only device workspace, launch sizes, and deterministic block reductions.
+// Internal to kernels/cuda/: helpers of the CUDA kernels: error checks, the current stream and
+// cuBLAS handle, a grow-only device workspace, launch sizes, and deterministic block reductions.
 #pragma once
 
 #include <cublas_v2.h>

@@ -5,7 +5,6 @@
 // embedding's gradient (kernels/ops.h tp_embedding_backward_wte): a window [v0, v0 + V)
 // of the vocabulary, the runs of tokens outside it skipped.
 #include <climits>
-
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/common.cuh"

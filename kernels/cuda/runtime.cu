@@ -32,8 +32,8 @@ void* device_alloc(size_t bytes) {
     size_t free_b = 0, total_b = 0;
     (void)cudaGetLastError();
     (void)cudaMemGetInfo(&free_b, &total_b);
-    KILN_CHECK(false, "out of GPU memory allocating " + std::to_string(bytes) + " bytes: " +
-                          std::to_string(free_b) + " of " + std::to_string(total_b) +
+    KILN_CHECK(false, "out of GPU memory allocating " + std::to_string(bytes) +
+                          " bytes: " + std::to_string(free_b) + " of " + std::to_string(total_b) +
                           " bytes free (kiln train's memory preflight, docs/TRAINING.md, "
                           "estimated less; try parallel.zero_stage=3 or activation_checkpointing)");
   }

@@ -44,8 +44,8 @@ int current_device();  // this thread's device (cudaGetDevice)
 // Why no device is usable ("" when one is): the CUDA runtime's error or "no CUDA device".
 std::string unavailable_reason();
 struct DeviceInfo {
-  std::string name;            // "NVIDIA H200"
-  int major = 0, minor = 0;    // compute capability
+  std::string name;          // "NVIDIA H200"
+  int major = 0, minor = 0;  // compute capability
   int multiprocessors = 0;
   size_t total_bytes = 0;
 };

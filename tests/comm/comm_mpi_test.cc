@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -19,7 +18,9 @@ namespace kiln::comm {
 namespace {
 
 // Rank r's value at index i: non-integer, so the summation order shows in the low bits.
-float value(int r, size_t i) { return 0.1f * static_cast<float>(r + 1) + 1e-3f * static_cast<float>(i) + 1.0f / 3.0f; }
+float value(int r, size_t i) {
+  return 0.1f * static_cast<float>(r + 1) + 1e-3f * static_cast<float>(i) + 1.0f / 3.0f;
+}
 
 std::vector<float> rank_order_sum(int n, size_t count) {
   std::vector<float> s(count);
@@ -73,7 +74,8 @@ TEST(CommMpi, ReduceScatterSumsEachBlockInRankOrder) {
   for (size_t rc : {size_t{1}, size_t{5}, size_t{333}}) {
     std::vector<float> send(rc * n), recv(rc);
     for (size_t i = 0; i < send.size(); ++i) send[i] = value(me, i);
-    ASSERT_TRUE(g.reduce_scatter(send.data(), recv.data(), rc, DType::kFloat32, ReduceOp::kSum).is_ok());
+    ASSERT_TRUE(
+        g.reduce_scatter(send.data(), recv.data(), rc, DType::kFloat32, ReduceOp::kSum).is_ok());
     const std::vector<float> full = rank_order_sum(n, rc * n);
     std::vector<float> mine(full.begin() + me * rc, full.begin() + (me + 1) * rc);
     EXPECT_TRUE(same_bits(recv, mine)) << "recv_count " << rc;
@@ -109,7 +111,8 @@ TEST(CommMpi, AsyncHandlesMatchBlockingResults) {
   int64_t token = me == n - 1 ? 4242 : 0;
   // Several in flight at once, completed in start order.
   auto w1 = g.iallreduce(a.data(), count, DType::kFloat32, ReduceOp::kSum);
-  auto w2 = g.ireduce_scatter(rs_send.data(), rs_recv.data(), count, DType::kFloat32, ReduceOp::kSum);
+  auto w2 =
+      g.ireduce_scatter(rs_send.data(), rs_recv.data(), count, DType::kFloat32, ReduceOp::kSum);
   auto w3 = g.iallgather(ag.data() + me * count, count * sizeof(float), ag.data());
   auto w4 = g.iallreduce(ints.data(), ints.size(), DType::kFloat64, ReduceOp::kMax);
   auto w5 = g.ibcast(&token, sizeof(token), n - 1);
@@ -121,8 +124,8 @@ TEST(CommMpi, AsyncHandlesMatchBlockingResults) {
   EXPECT_TRUE(w1->wait().is_ok());  // idempotent
   EXPECT_TRUE(same_bits(a, rank_order_sum(n, count)));
   const std::vector<float> full = rank_order_sum(n, count * n);
-  EXPECT_TRUE(same_bits(rs_recv, std::vector<float>(full.begin() + me * count,
-                                                    full.begin() + (me + 1) * count)));
+  EXPECT_TRUE(same_bits(
+      rs_recv, std::vector<float>(full.begin() + me * count, full.begin() + (me + 1) * count)));
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(ag[r * count + i], value(r, i));
   for (size_t i = 0; i < ints.size(); ++i) EXPECT_EQ(ints[i], (n - 1) * 10.0 + i);
@@ -136,7 +139,8 @@ TEST(CommMpi, ByteCountersFollowTheDocumentedFormulas) {
   std::vector<float> x(100, 1.0f), big(100 * n), small(100);
   ASSERT_TRUE(g.allreduce(x.data(), 100, DType::kFloat32, ReduceOp::kSum).is_ok());
   ASSERT_TRUE(g.allreduce(x.data(), 50, DType::kFloat32, ReduceOp::kSum).is_ok());
-  ASSERT_TRUE(g.reduce_scatter(big.data(), small.data(), 100, DType::kFloat32, ReduceOp::kSum).is_ok());
+  ASSERT_TRUE(
+      g.reduce_scatter(big.data(), small.data(), 100, DType::kFloat32, ReduceOp::kSum).is_ok());
   ASSERT_TRUE(g.allgather(small.data(), 400, big.data()).is_ok());
   ASSERT_TRUE(g.iallgather(small.data(), 400, big.data())->wait().is_ok());
   ASSERT_TRUE(g.bcast(x.data(), 64, 0).is_ok());

@@ -33,12 +33,16 @@ Fixture& nccl() {
     if (w.size() < 2) {
       out.skip = "run under mpirun -np 2 (tests/comm/comm_nccl.cmake does)";
     } else if (fewest < w.size()) {
-      out.skip = "needs " + std::to_string(w.size()) + " GPUs (one per rank; NCCL refuses two "
-                 "ranks on one); this machine has " + std::to_string(fewest);
+      out.skip = "needs " + std::to_string(w.size()) +
+                 " GPUs (one per rank; NCCL refuses two "
+                 "ranks on one); this machine has " +
+                 std::to_string(fewest);
     } else {
       auto g = make_nccl_group(w, w.rank() % count);
-      if (!g.is_ok()) out.error = "make_nccl_group failed: " + g.status().to_string();
-      else out.g = std::move(g).value();
+      if (!g.is_ok())
+        out.error = "make_nccl_group failed: " + g.status().to_string();
+      else
+        out.g = std::move(g).value();
     }
     return out;
   }();
@@ -63,16 +67,18 @@ struct Dev {
   size_t n;
 };
 
-#define NCCL_GROUP_OR_SKIP()                          \
-  Fixture& fx = nccl();                               \
-  if (!fx.error.empty()) FAIL() << fx.error;          \
-  if (!fx.g) GTEST_SKIP() << fx.skip;                 \
-  ProcessGroup& g = *fx.g;                            \
-  const int n = g.size(), me = g.rank();              \
-  (void)n;                                            \
+#define NCCL_GROUP_OR_SKIP()                 \
+  Fixture& fx = nccl();                      \
+  if (!fx.error.empty()) FAIL() << fx.error; \
+  if (!fx.g) GTEST_SKIP() << fx.skip;        \
+  ProcessGroup& g = *fx.g;                   \
+  const int n = g.size(), me = g.rank();     \
+  (void)n;                                   \
   (void)me
 
-float value(int r, size_t i) { return static_cast<float>((r + 1) * 1000 + static_cast<int>(i % 997)); }
+float value(int r, size_t i) {
+  return static_cast<float>((r + 1) * 1000 + static_cast<int>(i % 997));
+}
 
 TEST(CommNccl, AllreduceSumMinMaxOnDeviceMemory) {
   NCCL_GROUP_OR_SKIP();

@@ -114,8 +114,8 @@ TEST_F(AtomicFileTest, RenameDurableAndFileHash) {
 }
 
 TEST_F(AtomicFileTest, RemovesStaleTemporariesOnly) {
-  for (const char* name : {"a.json.tmp.123", "sub/deep/b.tar.zst.tmp.9", "keep.json",
-                           "keep.tmp.x", "keep.tmp.", "sub/keep.tmp", "sub/tmp.77"}) {
+  for (const char* name : {"a.json.tmp.123", "sub/deep/b.tar.zst.tmp.9", "keep.json", "keep.tmp.x",
+                           "keep.tmp.", "sub/keep.tmp", "sub/tmp.77"}) {
     ASSERT_TRUE(write_file_atomic(path(name), "x").is_ok()) << name;
   }
   auto removed = remove_stale_temporaries(dir_.string());

@@ -25,9 +25,10 @@ run:
 )";
 
 std::string write_temp(const std::string& text) {
-  auto path = std::filesystem::temp_directory_path() /
-              ("kiln_config_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-               ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".yaml");
+  auto path =
+      std::filesystem::temp_directory_path() /
+      ("kiln_config_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+       ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".yaml");
   std::ofstream(path) << text;
   return path.string();
 }

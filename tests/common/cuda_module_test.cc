@@ -3,6 +3,8 @@
 // cannot train where there is no GPU; a broken or missing module is an error naming the file.
 // Checked on the `kiln` binary (ldd, and the dynamic loader's own log: LD_DEBUG=files lists every
 // object a process maps, dlopen-ed ones included) and in this process (/proc/self/maps).
+#include "common/cuda_module.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,10 +15,9 @@
 #include <vector>
 
 #include "comm/nccl.h"
-#include "common/cuda_module.h"
 #include "engine/device/runtime.h"
-#include "tests/test_paths.h"
 #include "tests/kiln_cli.h"
+#include "tests/test_paths.h"
 
 namespace kiln {
 namespace {
@@ -26,7 +27,7 @@ using testing_cli::CliRun;
 using testing_cli::run_kiln;
 
 // The libraries only a GPU run may map.
-const std::vector<std::string> kCudaLibraries = {"libcublas", "libcudart", "libnccl",
+const std::vector<std::string> kCudaLibraries = {"libcublas",    "libcudart",    "libnccl",
                                                  "libkiln_cuda", "libkiln_nccl", "libcuda.so"};
 
 // The first of kCudaLibraries named in text, or "".
@@ -37,8 +38,8 @@ std::string first_cuda_library(const std::string& text) {
   return "";
 }
 
-// The dynamic loader's own lines in LD_DEBUG=files output ("<pid>:<tab>file=<library> ..."): what was
-// loaded, as opposed to an error message that names a module file.
+// The dynamic loader's own lines in LD_DEBUG=files output ("<pid>:<tab>file=<library> ..."): what
+// was loaded, as opposed to an error message that names a module file.
 std::string loader_lines(const std::string& text) {
   std::string out;
   std::istringstream in(text);
@@ -64,8 +65,9 @@ std::string tiny_train(const std::string& dir, const std::string& more = "") {
 class CudaModules : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("kiln_cuda_module_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    root_ = fs::temp_directory_path() /
+            ("kiln_cuda_module_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
     fs::create_directories(root_);
   }
@@ -104,7 +106,8 @@ TEST_F(CudaModules, CudaDeviceLoadsTheModule) {
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("built without CUDA"), std::string::npos) << r.err;
     // (The refusal names the module file, libkiln_cuda.so; the loader's log must not.)
-    ASSERT_NE(loader_lines(r.err).find("file=libtbb.so"), std::string::npos) << r.err.substr(0, 2000);
+    ASSERT_NE(loader_lines(r.err).find("file=libtbb.so"), std::string::npos)
+        << r.err.substr(0, 2000);
     EXPECT_EQ(first_cuda_library(loader_lines(r.err)), "") << loader_lines(r.err);
     return;
   }
@@ -140,7 +143,8 @@ TEST_F(CudaModules, MissingOrBrokenModuleIsAConfigError) {
   EXPECT_NE(bad.err.find("cannot load " + (broken / "libkiln_cuda.so").string()), std::string::npos)
       << bad.err;
   // The CPU still trains with the broken module in the way: nothing loads it.
-  CliRun cpu = run_kiln(tiny_train((root_ / "c").string()), "KILN_CUDA_MODULE_DIR=" + broken.string());
+  CliRun cpu =
+      run_kiln(tiny_train((root_ / "c").string()), "KILN_CUDA_MODULE_DIR=" + broken.string());
   EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
 }
 

@@ -4,7 +4,6 @@
 #include "common/stop_signal.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,12 +57,13 @@ TEST(StopSignals, SecondSignalStopsAtOnce) {
 class TrainSignals : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    root_ = (fs::temp_directory_path() / ("kiln_stop_signal_" + std::to_string(::getpid()))).string();
+    root_ =
+        (fs::temp_directory_path() / ("kiln_stop_signal_" + std::to_string(::getpid()))).string();
     fs::remove_all(root_);
     fs::create_directories(root_);
     std::ofstream out(root_ + "/corpus.jsonl");
-    const char* words[] = {"river", "stone", "light", "forest", "garden", "window", "silver",
-                           "morning", "winter", "paper", "candle", "harbor"};
+    const char* words[] = {"river",  "stone",   "light",  "forest", "garden", "window",
+                           "silver", "morning", "winter", "paper",  "candle", "harbor"};
     for (int d = 0; d < 120; ++d) {
       std::string text;
       for (int w = 0; w < 200; ++w) text += std::string(words[(d * 7 + w * w) % 12]) + " ";
@@ -107,7 +108,8 @@ class TrainSignals : public ::testing::Test {
     std::string err = root_ + "/" + run + ".err";
     pid_t pid = ::fork();
     if (pid == 0) {
-      std::string cmd = "exec " + std::string(kiln::test::kiln_binary()) + " " + a + " >/dev/null 2>" + err;
+      std::string cmd =
+          "exec " + std::string(kiln::test::kiln_binary()) + " " + a + " >/dev/null 2>" + err;
       ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -172,8 +174,9 @@ TEST_F(TrainSignals, Sigusr1AlsoStopsCleanly) {
 
 TEST_F(TrainSignals, SecondSignalStopsAtOnce) {
   // Slower steps (a wider model), so the second signal lands inside the step being finished.
-  const std::string slow = " --set model.d_model=256 --set model.n_layers=4 --set model.seq_len=128"
-                           " --set data.micro_batch=8";
+  const std::string slow =
+      " --set model.d_model=256 --set model.n_layers=4 --set model.seq_len=128"
+      " --set data.micro_batch=8";
   auto [st, err] = run_and_signal("twice", args("twice", 100000) + slow, 1, {SIGTERM, SIGTERM});
   // Stopped at once: by Kiln's handler (exit 128 + 15), or - when the step had just ended and the
   // handlers were already restored on the way out - by the default action. Never a clean exit 0.

@@ -2,8 +2,8 @@
 #include "common/text.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace kiln {
@@ -33,6 +33,10 @@ TEST(Text, ParseByteSize) {
   EXPECT_EQ(*parse_byte_size("100B"), 100ull);
   EXPECT_EQ(*parse_byte_size("0"), 0ull);
   EXPECT_EQ(*parse_byte_size("1T"), 1ull << 40);
+  EXPECT_EQ(*parse_byte_size("18446744073709551615"), UINT64_MAX);  // integers stay exact
+  EXPECT_EQ(*parse_byte_size("9007199254740993"), 9007199254740993ull);
+  EXPECT_FALSE(parse_byte_size("18446744073709551616").is_ok());
+  EXPECT_FALSE(parse_byte_size("16777216T").is_ok());
   for (const char* bad : {"", "lots", "3 parsecs", "-1G", "12Q", "1.5GiBs", "nan", "inf", "0x10",
                           "1e", "5iB", "99999999999T"}) {
     auto r = parse_byte_size(bad);

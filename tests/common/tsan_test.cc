@@ -75,7 +75,9 @@ TEST(Tsan, IndexForEachAndTaskGroupBodies) {
   tbb::task_group group;
   const tsan::ForkJoin fork_join;
   for (int t = 0; t < 16; ++t) {
-    std::function<void()> body = [&built, t, text = std::string(size_t(t), 'x')] { built[t] = text; };
+    std::function<void()> body = [&built, t, text = std::string(size_t(t), 'x')] {
+      built[t] = text;
+    };
     group.run(fork_join.task(std::move(body)));
   }
   group.wait();

@@ -14,7 +14,6 @@
 namespace kiln::prep {
 namespace {
 
-
 // The real prep schema and its one parser, so the annotator gets exactly what `kiln prep` gives it.
 Result<PrepOptions> parse(const std::vector<std::string>& sets) {
   auto c = Config::load(kPrepDefaultsYaml, "", sets);
@@ -47,8 +46,9 @@ std::vector<std::string> corpus() {
   for (int i = 0; i < 40; ++i) {
     texts.push_back("The village market opens every morning, and people walk to the river. " +
                     std::to_string(i));
-    texts.push_back("int main(void) {\n  for (int i = 0; i < 10; ++i) {\n    x[i] = i;\n  }\n"
-                    "  return 0;\n}\n");
+    texts.push_back(
+        "int main(void) {\n  for (int i = 0; i < 10; ++i) {\n    x[i] = i;\n  }\n"
+        "  return 0;\n}\n");
     texts.push_back("我们使用中文文本训练语言模型，数据处理很重要。");
   }
   return texts;
@@ -118,9 +118,9 @@ TEST(Annotate, ModelOverridesRulesAboveThresholdButNotDeclaredDomains) {
   o.bucket = 10000;
   ASSERT_TRUE(train_tagger(o).is_ok());
   auto texts = corpus();
-  auto a = create(config({"tokenizer.path=none", "domains.model=" + o.output,
-                                     "domains.model_threshold=0"}),
-                             {});
+  auto a = create(
+      config({"tokenizer.path=none", "domains.model=" + o.output, "domains.model_threshold=0"}),
+      {});
   ASSERT_TRUE(a.is_ok()) << a.status().to_string();
   Document prose = doc(texts[0]), mine = doc("the village market", "math");
   ASSERT_TRUE((*a)->annotate(prose).is_ok());

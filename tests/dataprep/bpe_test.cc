@@ -1,7 +1,6 @@
 // BPE core against straightforward reference implementations: encoding (GPT-2's loop) and
 // training (recount every pair after every merge).
 #include "dataprep/tokenizer/bpe.h"
-#include "dataprep/tokenizer/bpe_train.h"
 
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
@@ -9,6 +8,8 @@
 #include <algorithm>
 #include <map>
 #include <random>
+
+#include "dataprep/tokenizer/bpe_train.h"
 
 namespace kiln::prep {
 namespace {
@@ -20,9 +21,11 @@ std::array<uint32_t, 256> identity_bytes() {
 }
 
 // GPT-2's bpe(): merge the lowest-ranked pair everywhere, left to right, until none applies.
-std::vector<uint32_t> reference_encode(const std::string& word, const std::vector<BpeMerge>& merges) {
+std::vector<uint32_t> reference_encode(const std::string& word,
+                                       const std::vector<BpeMerge>& merges) {
   std::map<std::pair<uint32_t, uint32_t>, size_t> rank;
-  for (size_t r = 0; r < merges.size(); ++r) rank.emplace(std::make_pair(merges[r].left, merges[r].right), r);
+  for (size_t r = 0; r < merges.size(); ++r)
+    rank.emplace(std::make_pair(merges[r].left, merges[r].right), r);
   std::vector<uint32_t> sym;
   for (unsigned char c : word) sym.push_back(c);
   while (sym.size() > 1) {
@@ -59,7 +62,8 @@ std::vector<BpeMerge> reference_train(const std::vector<std::pair<std::string, u
   for (uint32_t next_id = 256; merges.size() < num_merges; ++next_id) {
     std::map<std::pair<uint32_t, uint32_t>, uint64_t> counts;
     for (size_t w = 0; w < sym.size(); ++w)
-      for (size_t i = 0; i + 1 < sym[w].size(); ++i) counts[{sym[w][i], sym[w][i + 1]}] += words[w].second;
+      for (size_t i = 0; i + 1 < sym[w].size(); ++i)
+        counts[{sym[w][i], sym[w][i + 1]}] += words[w].second;
     std::pair<uint32_t, uint32_t> best;
     uint64_t best_count = 0;
     for (const auto& [p, c] : counts)
@@ -236,8 +240,8 @@ TEST(Bpe, MinFrequencyStopsTraining) {
 TEST(Bpe, CountWordsEqualsSequentialCountAndIgnoresThreads) {
   std::mt19937 rng(23);
   std::vector<std::string> texts;
-  const char* parts[] = {"the ", "cat ", "Hello", ", ", "world", "\n", "  ", "123456", "深度学习",
-                         "don't ", "x", "\xff"};
+  const char* parts[] = {"the ", "cat ",   "Hello",    ", ",     "world", "\n",
+                         "  ",   "123456", "深度学习", "don't ", "x",     "\xff"};
   for (int i = 0; i < 3000; ++i) {
     std::string t;
     for (int k = 0, n = 1 + rng() % 30; k < n; ++k) t += parts[rng() % std::size(parts)];

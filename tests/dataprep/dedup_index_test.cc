@@ -171,7 +171,8 @@ TEST_F(DedupIndexTest, DamageAndMissingIndexAreNamed) {
   EXPECT_NE(none.status().message().find("no dedup index"), std::string::npos);
   std::mt19937_64 rng(6);
   nlohmann::json segments = nlohmann::json::array();
-  segments.push_back({{"name", "seg-000000"}, {"docs", 50}, {"runs", {write_run(0, 0, 0, 50, rng)}}});
+  segments.push_back(
+      {{"name", "seg-000000"}, {"docs", 50}, {"runs", {write_run(0, 0, 0, 50, rng)}}});
   write_meta(segments);
   ASSERT_TRUE(DedupIndex::open(tmp_.str()).is_ok());
   std::filesystem::resize_file(tmp_.str() + "/dedup/index/seg-000000/run-00000.sigs", 100);
@@ -184,7 +185,8 @@ TEST_F(DedupIndexTest, DamageAndMissingIndexAreNamed) {
 TEST_F(DedupIndexTest, LinksAreChecked) {
   std::mt19937_64 rng(8);
   nlohmann::json segments = nlohmann::json::array();
-  segments.push_back({{"name", "seg-000000"}, {"docs", 40}, {"runs", {write_run(0, 0, 0, 40, rng)}}});
+  segments.push_back(
+      {{"name", "seg-000000"}, {"docs", 40}, {"runs", {write_run(0, 0, 0, 40, rng)}}});
   write_meta(segments);
   {
     auto idx = DedupIndex::open(tmp_.str());

@@ -14,7 +14,8 @@ ParseResult parse(const std::string& line, Document* d, bool repair = true) {
 TEST(DocParser, FieldsAndCarried) {
   Document d;
   auto r = parse(R"({"text":"hi there","id":42,"source":"s","url":"u","domain":"code",)"
-                 R"("meta":{"k":[1,2]},"lang":"en"})", &d);
+                 R"("meta":{"k":[1,2]},"lang":"en"})",
+                 &d);
   ASSERT_TRUE(r.ok) << r.detail;
   EXPECT_EQ(d.text, "hi there");
   EXPECT_EQ(d.id, "42");
@@ -96,10 +97,15 @@ TEST(DocParser, Utf8Repair) {
   EXPECT_EQ(d.text, "lone \xEF\xBF\xBD x \xEF\xBF\xBD ok \xF0\x9F\x98\x80");
   std::string out;
   EXPECT_FALSE(repair_utf8("valid \xE4\xBD\xA0", &out));
-  EXPECT_TRUE(repair_utf8("\xC0\x80" "a\xED\xA0\x80" "b\xF4\x90\x80\x80", &out));
+  EXPECT_TRUE(
+      repair_utf8("\xC0\x80"
+                  "a\xED\xA0\x80"
+                  "b\xF4\x90\x80\x80",
+                  &out));
   // Overlong, surrogate and out-of-range sequences: each maximal subpart is one U+FFFD.
   EXPECT_EQ(out,
-            "\xEF\xBF\xBD\xEF\xBF\xBD" "a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+            "\xEF\xBF\xBD\xEF\xBF\xBD"
+            "a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
             "b\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_TRUE(is_valid_utf8(out));
 }

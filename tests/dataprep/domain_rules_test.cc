@@ -45,7 +45,8 @@ const char* kCode =
     "  return 0;\n}\n";
 
 const char* kChinese =
-    "自然语言处理是人工智能的一个重要方向。它研究人与计算机之间用自然语言进行有效通信的各种理论和方法。"
+    "自然语言处理是人工智能的一个重要方向。它研究人与计算机之间用自然语言进行有效通信的各种理论和方"
+    "法。"
     "本文介绍 GPU 上的训练方法。";
 
 TEST(DomainRules, BuiltinEqualsConfigFile) {
@@ -71,7 +72,8 @@ TEST(DomainRules, DefaultRulesOnTypicalDocuments) {
   EXPECT_EQ(tag(doc_with("/* GNU General Public License */\nint x;", "a/b.h", 0)),
             "code/code-files");
   // Chinese comments do not make a source file Chinese.
-  EXPECT_EQ(tag(doc_with(std::string("// ") + kChinese + "\nint x;", "x.cc", 0)), "code/code-files");
+  EXPECT_EQ(tag(doc_with(std::string("// ") + kChinese + "\nint x;", "x.cc", 0)),
+            "code/code-files");
   Document declared = doc_with(kCode);
   declared.input_domain = "math";
   EXPECT_EQ(tag(declared), "math/declared");
@@ -88,10 +90,10 @@ TEST(DomainRules, DefaultRulesOnSystemFiles) {
     const char* expect;
   };
   int checked = 0;
-  for (const Case& c : {Case{"/usr/share/common-licenses/Apache-2.0", "legal"},
-                        Case{"/usr/share/common-licenses/GPL-2", "legal"},
-                        Case{"/usr/include/stdlib.h", "code"},
-                        Case{"/usr/include/string.h", "code"}}) {
+  for (const Case& c :
+       {Case{"/usr/share/common-licenses/Apache-2.0", "legal"},
+        Case{"/usr/share/common-licenses/GPL-2", "legal"}, Case{"/usr/include/stdlib.h", "code"},
+        Case{"/usr/include/string.h", "code"}}) {
     auto text = read_file(c.path);
     if (!text.is_ok()) continue;
     // By content alone (the file name hidden in a JSONL line).
@@ -133,7 +135,8 @@ rules:
     any:
       - min_bytes: 100
       - head_contains: ["marker"]
-)", "test.yaml");
+)",
+                                       "test.yaml");
   ASSERT_TRUE(rules.is_ok()) << rules.status().to_string();
   auto tag_of = [&](const Document& d) {
     auto m = rules->match(d);

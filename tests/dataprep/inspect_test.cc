@@ -4,18 +4,18 @@
 #include "dataprep/inspect.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "dataprep/tokenizer/tokenizer.h"
 #include "format/manifest.h"
 #include "format/npy.h"
-#include "format/shard_writer.h"
 #include "format/shard_reader.h"
-#include "dataprep/tokenizer/tokenizer.h"
+#include "format/shard_writer.h"
 
 namespace kiln::prep {
 namespace fs = std::filesystem;
@@ -51,20 +51,27 @@ class InspectTest : public ::testing::Test {
         tokens += ids.size();
         ShardSample s;
         s.key = "k" + std::to_string(key++);
-        nlohmann::json meta = {{"id", s.key}, {"domain", domain}, {"tokens", ids.size()},
-                               {"domain_by", "rule:test"}};
-        s.members = {{"txt", text}, {"json", meta.dump()},
+        nlohmann::json meta = {
+            {"id", s.key}, {"domain", domain}, {"tokens", ids.size()}, {"domain_by", "rule:test"}};
+        s.members = {{"txt", text},
+                     {"json", meta.dump()},
                      {"tokens.npy", npy_encode(ids, npy_token_dtype(tok_.vocab_size()))}};
         ASSERT_TRUE((*w)->add(s, ids.size()).is_ok());
       }
       auto info = (*w)->close();
       ASSERT_TRUE(info.is_ok());
       manifest_.add_shard(*info, domain, dir_.string());
-      stats_domains[domain] = {{"docs", docs.size()}, {"tokens", tokens}, {"bytes", 0},
+      stats_domains[domain] = {{"docs", docs.size()},
+                               {"tokens", tokens},
+                               {"bytes", 0},
                                {"domain_by", {{"rule:test", docs.size()}}}};
     }
-    stats_ = {{"docs_in", 6}, {"docs_out", 4}, {"exact_dups", 1}, {"near_dups", 1},
-              {"rejected", 0}, {"rejected_by_reason", {{"invalid_json", 0}}},
+    stats_ = {{"docs_in", 6},
+              {"docs_out", 4},
+              {"exact_dups", 1},
+              {"near_dups", 1},
+              {"rejected", 0},
+              {"rejected_by_reason", {{"invalid_json", 0}}},
               {"domains", stats_domains}};
     write();
   }

@@ -13,8 +13,8 @@ namespace {
 class LineReaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kiln_line_reader_" + std::to_string(::getpid()));
+    dir_ =
+        std::filesystem::temp_directory_path() / ("kiln_line_reader_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -58,8 +58,8 @@ TEST_F(LineReaderTest, PlainLines) {
 TEST_F(LineReaderTest, OverlongLineIsSkippedNotLoaded) {
   // A 3 MiB line with a 1 KiB limit: reported with its length; the next line is intact.
   std::string big(3 << 20, 'x');
-  auto evs = read_all(write("b.jsonl", "short\n" + big + "\nafter\n"), InputCompression::kNone,
-                      1024);
+  auto evs =
+      read_all(write("b.jsonl", "short\n" + big + "\nafter\n"), InputCompression::kNone, 1024);
   ASSERT_EQ(evs.size(), 3u);
   EXPECT_EQ(evs[1].kind, LineEventKind::kTooLong);
   EXPECT_EQ(evs[1].length, big.size());

@@ -21,7 +21,7 @@ TEST(MinHash, UniversalHashMatchesBigIntegerArithmetic) {
   std::mt19937_64 rng(1);
   for (int i = 0; i < 100000; ++i) {
     uint64_t a = 1 + rng() % (kMersenne61 - 1), b = rng() % kMersenne61, x = rng();
-    if (i < 8) x = ~uint64_t{0} - i;           // extremes
+    if (i < 8) x = ~uint64_t{0} - i;            // extremes
     if (i >= 8 && i < 16) a = kMersenne61 - 1;  // largest multiplier
     ASSERT_EQ(universal_hash61(a, b, x), slow_hash(a, b, x));
   }
@@ -31,8 +31,10 @@ TEST(MinHash, UniversalHashMatchesBigIntegerArithmetic) {
 TEST(MinHash, KernelsAgreeWithScalar) {
   std::mt19937_64 rng(2);
   for (const char* force : {"", "avx2"}) {
-    if (*force) setenv("KILN_MINHASH_KERNEL", force, 1);
-    else unsetenv("KILN_MINHASH_KERNEL");
+    if (*force)
+      setenv("KILN_MINHASH_KERNEL", force, 1);
+    else
+      unsetenv("KILN_MINHASH_KERNEL");
     for (int np : {1, 7, 32, 100, 128, 200}) {
       MinHasher mh(np, 42);
       for (int n : {1, 2, 3, 17, 500}) {

@@ -4,18 +4,17 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
-#include "tests/kiln_cli.h"
+#include "dataprep/prep_internal.h"
 #include "format/manifest.h"
 #include "format/shard_reader.h"
-#include "dataprep/prep_internal.h"
 #include "tests/dataprep/prep_test_util.h"
+#include "tests/kiln_cli.h"
 
 namespace kiln::prep {
 namespace {
@@ -25,8 +24,10 @@ using testing_prep::TempDir;
 
 // "string", "integer" or "float" (nlohmann splits integers into signed and unsigned).
 std::string kind(const json& j) {
-  return j.is_string() ? "string" : j.is_number_integer() ? "integer"
-                                      : j.is_number_float() ? "float" : j.type_name();
+  return j.is_string()           ? "string"
+         : j.is_number_integer() ? "integer"
+         : j.is_number_float()   ? "float"
+                                 : j.type_name();
 }
 
 int run(const std::string& args, std::string* out) {

@@ -104,7 +104,8 @@ TEST_F(Incremental, AgainstRemovesWhatTheUnionRemoves) {
                       ".log"),
             0)
       << read_text(outB + ".log");
-  ASSERT_EQ(run_shell(prep(*tmp_ / "A" + " " + *tmp_ / "B", outAB)), 0) << read_text(outAB + ".log");
+  ASSERT_EQ(run_shell(prep(*tmp_ / "A" + " " + *tmp_ / "B", outAB)), 0)
+      << read_text(outAB + ".log");
   auto union_removed = removed_of(outAB);
   auto against_removed = removed_of(outB);
   std::map<std::string, Removed> union_b;
@@ -124,8 +125,8 @@ TEST_F(Incremental, AgainstRemovesWhatTheUnionRemoves) {
     }
   }
   EXPECT_EQ(against_removed.size(), union_b.size());
-  EXPECT_GT(kept_in_a, 20u);                    // many B documents copy A documents...
-  EXPECT_GT(union_b.size(), kept_in_a + 10);    // ...and many copy other B documents
+  EXPECT_GT(kept_in_a, 20u);                  // many B documents copy A documents...
+  EXPECT_GT(union_b.size(), kept_in_a + 10);  // ...and many copy other B documents
   // The new dataset uses A's tokenizer and says how much it removed against A.
   EXPECT_EQ(read_text(outB + "/tokenizer.json"), read_text(*tmp_ / "outA/tokenizer.json"));
   auto stats = nlohmann::json::parse(read_text(outB + "/stats.json"));
@@ -142,7 +143,8 @@ TEST_F(Incremental, AgainstRemovesWhatTheUnionRemoves) {
   for (const auto& sh : m->shards) samples += sh.samples;
   auto stats_a = nlohmann::json::parse(read_text(*tmp_ / "outA/stats.json"));
   EXPECT_EQ(samples, stats_a["docs_out"].get<uint64_t>() + stats["docs_out"].get<uint64_t>());
-  EXPECT_EQ(run_shell(kiln() + " stream " + both + " --world 1 --rank 0 --steps 2 --seq-len 32 "
+  EXPECT_EQ(run_shell(kiln() + " stream " + both +
+                      " --world 1 --rank 0 --steps 2 --seq-len 32 "
                       "--micro-batch 2 >/dev/null"),
             0);
   auto mixed = read_manifest(*tmp_ / "outA," + outAB);
@@ -203,13 +205,15 @@ TEST(IncrementalChains, ChainsThroughRemovedDocumentsAreFollowed) {
   write_file(tmp / "AB/a1.jsonl", a1);
   write_file(tmp / "AB/b0.jsonl", b0);
   const std::string kiln = kiln::test::kiln_binary();
-  const std::string common = " --shard-samples 50 --vocab-size 300 --set tokenizer.train_bytes=100000";
+  const std::string common =
+      " --shard-samples 50 --vocab-size 300 --set tokenizer.train_bytes=100000";
   auto run = [&](const std::string& args, const std::string& log) {
     return run_shell(kiln + " prep " + args + " >/dev/null 2>" + log) == 0 ? std::string()
                                                                            : read_text(log);
   };
   ASSERT_EQ(run("--input " + tmp / "A" + " --output " + tmp / "outA" + common, tmp / "a.log"), "");
-  ASSERT_EQ(run("--input " + tmp / "AB" + " --output " + tmp / "outAB" + common, tmp / "ab.log"), "");
+  ASSERT_EQ(run("--input " + tmp / "AB" + " --output " + tmp / "outAB" + common, tmp / "ab.log"),
+            "");
   ASSERT_EQ(run("--input " + tmp / "B" + " --output " + tmp / "outB --against " + tmp / "outA",
                 tmp / "b.log"),
             "");
@@ -219,7 +223,8 @@ TEST(IncrementalChains, ChainsThroughRemovedDocumentsAreFollowed) {
   // A removed the x' (A's index holds them as entries linked to their x).
   auto removed_a = removed_of(tmp / "outA");
   size_t y_removed = 0;
-  for (const auto& [id, r] : removed_a) y_removed += id[0] == 'y' && r.kept == name_of("x", std::stoul(id.substr(1)));
+  for (const auto& [id, r] : removed_a)
+    y_removed += id[0] == 'y' && r.kept == name_of("x", std::stoul(id.substr(1)));
   EXPECT_GT(y_removed, kChains * 3 / 4);
   // The union removes x'' for x, some of them only through x' (similarity to x below the
   // threshold): the chains this test is about.
@@ -265,9 +270,9 @@ TEST_F(Incremental, MismatchingSettingsAreRefusedByName) {
   int n = 0;
   for (const Case& k : cases) {
     const std::string out = *tmp_ / ("refused" + std::to_string(n++));
-    int rc = run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + out +
-                       " --against " + *tmp_ / "outA" + " " + k.flags + " >/dev/null 2>" + out +
-                       ".log");
+    int rc =
+        run_shell(kiln() + " prep --input " + *tmp_ / "B" + " --output " + out + " --against " +
+                  *tmp_ / "outA" + " " + k.flags + " >/dev/null 2>" + out + ".log");
     EXPECT_EQ(rc, 2) << k.flags;
     std::string log = read_text(out + ".log");
     EXPECT_NE(log.find(k.key), std::string::npos) << k.flags << ": " << log;
@@ -406,12 +411,13 @@ TEST_F(Incremental, AppendIsAtomicUnderKill) {
   ASSERT_EQ(run_shell(append(ref)), 0);
   EXPECT_EQ(read_text(ref + "/manifest.json"), after);
   // The loader reads the appended dataset as one (kiln stream over every document).
-  EXPECT_EQ(run_shell(kiln() + " stream " + ref + " --world 1 --rank 0 --steps 3 --seq-len 64 "
+  EXPECT_EQ(run_shell(kiln() + " stream " + ref +
+                      " --world 1 --rank 0 --steps 3 --seq-len 64 "
                       "--micro-batch 2 >/dev/null"),
             0);
 
-  const char* points[] = {"stage-dedup",    "write-doc:5",   "append-staged", "append-journal",
-                          "append-move:1",  "append-move:4", "append-finished"};
+  const char* points[] = {"stage-dedup",   "write-doc:5",   "append-staged",  "append-journal",
+                          "append-move:1", "append-move:4", "append-finished"};
   int n = 0;
   for (const char* point : points) {
     const std::string out = *tmp_ / ("append_kill" + std::to_string(n++));

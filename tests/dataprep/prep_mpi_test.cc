@@ -1,17 +1,17 @@
-// Multi-rank prep: one binary, run by tests/dataprep/prep_mpi.cmake under `mpirun -np 1/2/3` (and, alone,
-// as a 1-rank test). Rank 0 makes a corpus and a single-process reference run; then every rank
-// runs prep together; the kept set, removed list, stats and per-sample contents must equal the
+// Multi-rank prep: one binary, run by tests/dataprep/prep_mpi.cmake under `mpirun -np 1/2/3` (and,
+// alone, as a 1-rank test). Rank 0 makes a corpus and a single-process reference run; then every
+// rank runs prep together; the kept set, removed list, stats and per-sample contents must equal the
 // reference exactly. Incremental prep too: B --against A and --append B to A under mpirun
 // remove what one process removes.
 #include <gtest/gtest.h>
 
 #include "comm/comm.h"
-#include "format/manifest.h"
-#include "format/shard_reader.h"
 #include "dataprep/append.h"
 #include "dataprep/dedup/dedup_index.h"
 #include "dataprep/inspect.h"
 #include "dataprep/prep.h"
+#include "format/manifest.h"
+#include "format/shard_reader.h"
 #include "tests/dataprep/prep_test_util.h"
 
 namespace kiln::prep {
@@ -70,7 +70,8 @@ TEST(PrepMpi, KeptSetEqualsSingleProcess) {
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   ASSERT_TRUE(world.barrier().is_ok());
   if (world.rank() == 0) {
-    EXPECT_EQ(read_text(dir + "/mpi/dedup/removed.jsonl"), read_text(dir + "/ref/dedup/removed.jsonl"));
+    EXPECT_EQ(read_text(dir + "/mpi/dedup/removed.jsonl"),
+              read_text(dir + "/ref/dedup/removed.jsonl"));
     EXPECT_EQ(stats_without_run_details(dir + "/mpi"), stats_without_run_details(dir + "/ref"));
     auto a = samples_of(dir + "/mpi"), b = samples_of(dir + "/ref");
     EXPECT_EQ(a.size(), b.size());
@@ -138,7 +139,8 @@ TEST(PrepMpi, AgainstAndAppendEqualSingleProcess) {
     write_file(dir + "/B/part-000-chain.jsonl", b0);
     auto local_group = comm::make_local_group();
     auto& local = *local_group;
-    auto ra = run_prep(config({in("A"), "output=\"" + dir + "/refA\"", "tokenizer.path=none"}), local);
+    auto ra =
+        run_prep(config({in("A"), "output=\"" + dir + "/refA\"", "tokenizer.path=none"}), local);
     ASSERT_TRUE(ra.is_ok()) << ra.status().to_string();
     auto rb = run_prep(config({in("B"), "output=\"" + dir + "/refB\"", "tokenizer.path=none",
                                "dedup.against=[\"" + dir + "/refA\"]"}),
@@ -149,9 +151,8 @@ TEST(PrepMpi, AgainstAndAppendEqualSingleProcess) {
     ASSERT_TRUE(rp.is_ok()) << rp.status().to_string();
   }
   ASSERT_TRUE(comm::bcast_string(world, &dir, 0).is_ok());
-  auto ma = run_prep(config({in("A"), "output=\"" + dir + "/mpiA\"", "tokenizer.path=none",
-                             "memory=1M"}),
-                     world);
+  auto ma = run_prep(
+      config({in("A"), "output=\"" + dir + "/mpiA\"", "tokenizer.path=none", "memory=1M"}), world);
   ASSERT_TRUE(ma.is_ok()) << ma.status().to_string();
   auto mb = run_prep(config({in("B"), "output=\"" + dir + "/mpiB\"", "tokenizer.path=none",
                              "memory=1M", "dedup.against=[\"" + dir + "/mpiA\"]"}),
@@ -163,7 +164,8 @@ TEST(PrepMpi, AgainstAndAppendEqualSingleProcess) {
   ASSERT_TRUE(mp.is_ok()) << mp.status().to_string();
   ASSERT_TRUE(world.barrier().is_ok());
   if (world.rank() == 0) {
-    EXPECT_EQ(read_text(dir + "/mpiA/dedup/removed.jsonl"), read_text(dir + "/refA/dedup/removed.jsonl"));
+    EXPECT_EQ(read_text(dir + "/mpiA/dedup/removed.jsonl"),
+              read_text(dir + "/refA/dedup/removed.jsonl"));
     // kept_dataset names the dataset given to --against: mpiA here, refA there.
     std::string mpi_b = read_text(dir + "/mpiB/dedup/removed.jsonl");
     for (size_t at; (at = mpi_b.find(dir + "/mpiA")) != std::string::npos;)

@@ -19,10 +19,10 @@ TEST(PrepQuality, RecallAndPrecisionAgainstBruteForceJaccard) {
   auto docs = gen.make(700, 0.35, rates, 3);
   write_corpus(docs, tmp / "in", 4);
   auto group = comm::make_local_group();
-  auto r = run_prep(prep_config({"input.paths=[\"" + tmp / "in" + "\"]",
-                                 "output=\"" + tmp / "out" + "\"", "tokenizer.path=none",
-                                 "dedup.threshold=0.8"}),
-                    *group);
+  auto r = run_prep(
+      prep_config({"input.paths=[\"" + tmp / "in" + "\"]", "output=\"" + tmp / "out" + "\"",
+                   "tokenizer.path=none", "dedup.threshold=0.8"}),
+      *group);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   auto removed = read_removed(tmp / "out");
 
@@ -56,7 +56,8 @@ TEST(PrepQuality, RecallAndPrecisionAgainstBruteForceJaccard) {
   double recall = static_cast<double>(found) / high;
   // Precision: removed documents really resemble what was kept instead.
   uint64_t close = 0;
-  for (const auto& [id, kept] : removed) close += jaccard(sets[index(id)], sets[index(kept.first)]) >= 0.7;
+  for (const auto& [id, kept] : removed)
+    close += jaccard(sets[index(id)], sets[index(kept.first)]) >= 0.7;
   double precision = removed.empty() ? 0 : static_cast<double>(close) / removed.size();
   std::printf("pairs with J>=0.85: %llu (CJK %llu), recall %.4f; removed %zu, precision %.4f\n",
               (unsigned long long)high, (unsigned long long)cjk_high, recall, removed.size(),

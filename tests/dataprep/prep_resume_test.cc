@@ -6,8 +6,8 @@
 #include <chrono>
 #include <thread>
 
-#include "tests/test_paths.h"
 #include "tests/dataprep/prep_test_util.h"
+#include "tests/test_paths.h"
 
 namespace kiln {
 namespace {
@@ -48,10 +48,9 @@ TEST_F(PrepCli, KillAtAnyStageThenResumeIsByteIdentical) {
   const auto& ref = reference();
   ASSERT_GT(ref.size(), 5u);
   ASSERT_TRUE(ref.count("tokenizer.json"));
-  const char* points[] = {"scan-batch:2",   "scan-unit:3",    "stage-scan",  "stage-exact",
-                          "stage-dedup",    "stage-annotate", "write-doc:1", "write-doc:70",
-                          "write-doc:700",  "stage-write",    "final-removed",
-                          "final-cleanup"};
+  const char* points[] = {"scan-batch:2",  "scan-unit:3",    "stage-scan",    "stage-exact",
+                          "stage-dedup",   "stage-annotate", "write-doc:1",   "write-doc:70",
+                          "write-doc:700", "stage-write",    "final-removed", "final-cleanup"};
   int n = 0;
   for (const char* point : points) {
     std::string out = *tmp_ / ("crash" + std::to_string(n++));
@@ -89,14 +88,16 @@ TEST_F(PrepCli, ResumeWithNoDuplicatesRestoresEmptyDedupStages) {
            " --set tokenizer.train_bytes=200000 >/dev/null 2>" + out + ".log";
   };
   const std::string ref_out = *tmp_ / "nodup_ref";
-  ASSERT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 " + command(ref_out)), 0) << read_text(ref_out + ".log");
+  ASSERT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 " + command(ref_out)), 0)
+      << read_text(ref_out + ".log");
   const auto ref = output_tree(ref_out);
   for (const std::string point : {"stage-exact", "stage-dedup"}) {
     const std::string out = *tmp_ / ("nodup_" + point);
     EXPECT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 KILN_PREP_CRASH_AT=" + point + " " + command(out)),
               128 + SIGKILL)
         << point;
-    ASSERT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 " + command(out)), 0) << point << ": " << read_text(out + ".log");
+    ASSERT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 " + command(out)), 0)
+        << point << ": " << read_text(out + ".log");
     EXPECT_NE(read_text(out + ".log").find("resuming"), std::string::npos) << point;
     EXPECT_TRUE(output_tree(out) == ref) << point << ": the resumed output differs";
   }
@@ -140,8 +141,8 @@ TEST_F(PrepCli, StopSignalStopsAtSafePointThenRerunResumes) {
     EXPECT_NE(log.find("stopped by SIGTERM"), std::string::npos) << point << ": " << log;
     EXPECT_NE(log.find("run the same command again"), std::string::npos) << point;
     EXPECT_FALSE(fs::exists(out + "/manifest.json")) << point;
-    ASSERT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 " + cmd(out)), 0) << point << ": "
-                                                                   << read_text(out + ".log");
+    ASSERT_EQ(run_shell("KILN_PREP_UNIT_FILES=1 " + cmd(out)), 0)
+        << point << ": " << read_text(out + ".log");
     EXPECT_NE(read_text(out + ".log").find("resuming"), std::string::npos) << point;
     EXPECT_TRUE(output_tree(out) == ref) << point;
   }
@@ -170,8 +171,9 @@ TEST_F(PrepCli, ExitCodes) {
 
 TEST_F(PrepCli, MpirunMatchesSingleProcessAndResumes) {
   if (run_shell("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
-  const std::string mpi = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                          "mpirun -np 2 --oversubscribe ";
+  const std::string mpi =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "mpirun -np 2 --oversubscribe ";
   std::string one = *tmp_ / "np1", two = *tmp_ / "np2";
   ASSERT_EQ(run_shell(cmd(one, "--tokenizer none")), 0);
   ASSERT_EQ(run_shell(mpi + cmd(two, "--tokenizer none")), 0) << read_text(two + ".log");

@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 
 #include "comm/comm.h"
+#include "dataprep/prep_internal.h"
 #include "format/manifest.h"
 #include "format/shard_reader.h"
-#include "dataprep/prep_internal.h"
 #include "tests/compress_util.h"
 #include "tests/dataprep/prep_test_util.h"
 
@@ -33,9 +33,11 @@ std::string line(const std::string& text, const std::string& extra = "") {
 // The hand-written sample metadata is byte-identical to nlohmann's dump of the same object.
 TEST(Prep, SampleMetadataMatchesJsonDump) {
   std::mt19937 rng(3);
-  const std::vector<std::string> pool = {"a", "\"", "\\", "/", "\n", "\t", "\x01", "\x1f", "\x7f",
-                                         "\xC3\xA9", "\xE4\xBD\xA0", "\xF0\x9F\x98\x80", " ",
-                                         "\xff", "\b", "\f", "\r"};
+  const std::vector<std::string> pool = {"a",    "\"",       "\\",           "/",
+                                         "\n",   "\t",       "\x01",         "\x1f",
+                                         "\x7f", "\xC3\xA9", "\xE4\xBD\xA0", "\xF0\x9F\x98\x80",
+                                         " ",    "\xff",     "\b",           "\f",
+                                         "\r"};
   auto random_string = [&] {
     std::string s;
     for (int i = static_cast<int>(rng() % 8); i > 0; --i) s += pool[rng() % pool.size()];
@@ -68,15 +70,15 @@ TEST(Prep, EveryBadInputHasItsReasonAndNothingIsLost) {
   std::string in = tmp / "in";
   std::string good = "A perfectly ordinary document with enough words to be kept around here.";
   std::string lines = line(good);
-  lines += "{this is not json\n";                                          // 2 invalid_json
-  lines += "{\"title\": \"no text\"}\n";                                   // 3 missing_text
-  lines += "{\"text\": 17}\n";                                              // 4 text_not_string
-  lines += "{\"text\": \"   \"}\n";                                         // 5 empty_text
-  lines += "{\"text\": \"broken \xff utf8 here\"}\n";                       // 6 invalid_utf8
-  lines += "{\"text\": \"" + std::string(5000, 'x') + "\"}\n";               // 7 too_long
-  lines += "[1, 2, 3]\n";                                                   // 8 not_object
-  lines += "{\"text\": \"fine\", \"meta\": 5}\n";                           // 9 bad_field
-  lines += "\n   \n";                                                       // blank: skipped
+  lines += "{this is not json\n";                               // 2 invalid_json
+  lines += "{\"title\": \"no text\"}\n";                        // 3 missing_text
+  lines += "{\"text\": 17}\n";                                  // 4 text_not_string
+  lines += "{\"text\": \"   \"}\n";                             // 5 empty_text
+  lines += "{\"text\": \"broken \xff utf8 here\"}\n";           // 6 invalid_utf8
+  lines += "{\"text\": \"" + std::string(5000, 'x') + "\"}\n";  // 7 too_long
+  lines += "[1, 2, 3]\n";                                       // 8 not_object
+  lines += "{\"text\": \"fine\", \"meta\": 5}\n";               // 9 bad_field
+  lines += "\n   \n";                                           // blank: skipped
   lines += line("Another ordinary document, different from the first one entirely.");
   write_file(in + "/a.jsonl", lines);
   std::string gz_data, zst_data;
@@ -93,9 +95,9 @@ TEST(Prep, EveryBadInputHasItsReasonAndNothingIsLost) {
 
   for (std::string policy : {"reject", "repair"}) {
     std::string out = tmp / ("out-" + policy);
-    auto r = prep(in, out,
-                  {"input.max_line_bytes=1000", "input.max_reject_fraction=1",
-                   "input.utf8=" + policy});
+    auto r =
+        prep(in, out,
+             {"input.max_line_bytes=1000", "input.max_reject_fraction=1", "input.utf8=" + policy});
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     auto stats = nlohmann::json::parse(read_text(out + "/stats.json"));
     const auto& by = stats["rejected_by_reason"];
@@ -194,7 +196,8 @@ TEST(Prep, ExactAndNearDuplicatesAreRemovedAndListed) {
     EXPECT_LT(std::stoi(kept.first.substr(1)), std::stoi(id.substr(1)));
     EXPECT_EQ(removed.count(kept.first), 0u) << "kept document was itself removed";
     int a = std::stoi(id.substr(1)), b = std::stoi(kept.first.substr(1));
-    EXPECT_EQ(docs[a].family, docs[b].family) << id << " joined an unrelated document " << kept.first;
+    EXPECT_EQ(docs[a].family, docs[b].family)
+        << id << " joined an unrelated document " << kept.first;
     if (docs[a].text == docs[b].text) EXPECT_EQ(kept.second, 1.0);
   }
   // Every original and copy is either kept or removed, never both or neither.
@@ -241,9 +244,9 @@ TEST(Prep, TextFoldersGlobsAndCompressedInputs) {
   write_file(tmp / "docs/data.jsonl.gz", gzip(line("from a gzip jsonl", ",\"id\":\"g1\"")));
   write_file(tmp / "docs/data2.jsonl.zst", zstd(line("from a zstd jsonl")));
   write_file(tmp / "more/x.jsonl", line("from a glob", ",\"source\":\"glob\""));
-  std::vector<std::string> sets = {"input.paths=[\"" + tmp / "docs" + "\", \"" + tmp / "mo*" +
-                                       "\"]",
-                                   "output=\"" + tmp / "out" + "\"", "tokenizer.path=none"};
+  std::vector<std::string> sets = {
+      "input.paths=[\"" + tmp / "docs" + "\", \"" + tmp / "mo*" + "\"]",
+      "output=\"" + tmp / "out" + "\"", "tokenizer.path=none"};
   auto group = comm::make_local_group();
   auto r = run_prep(prep_config(sets), *group);
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();

@@ -11,18 +11,17 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "common/config.h"
 #include "dataprep/dedup/normalise.h"
-#include "dataprep/prep_config.h"
 #include "dataprep/dedup/shingle.h"
+#include "dataprep/prep_config.h"
 
 namespace kiln::testing_prep {
 
@@ -65,7 +64,8 @@ inline std::string read_text(const std::string& path) {
 
 inline std::string utf8(uint32_t cp) {
   std::string s;
-  if (cp < 0x80) s += static_cast<char>(cp);
+  if (cp < 0x80)
+    s += static_cast<char>(cp);
   else if (cp < 0x800) {
     s += static_cast<char>(0xC0 | (cp >> 6));
     s += static_cast<char>(0x80 | (cp & 0x3F));
@@ -81,9 +81,9 @@ inline std::string utf8(uint32_t cp) {
 struct GenDoc {
   std::string text;
   bool cjk = false;
-  int family = -1;     // family number: an original and its copies share it
-  bool copy = false;   // a copy (else the original)
-  double rate = 0.0;   // edit rate of the copy
+  int family = -1;    // family number: an original and its copies share it
+  bool copy = false;  // a copy (else the original)
+  double rate = 0.0;  // edit rate of the copy
 };
 
 // Originals (English-like or Chinese) plus copies at the given edit rates, shuffled.
@@ -128,7 +128,8 @@ class CorpusGen {
       }
       int op = static_cast<int>(u(rng_) * 3);
       auto fresh = cjk ? cjk_tokens(1)[0] : english_tokens(1)[0];
-      if (op == 0) out.push_back(fresh);
+      if (op == 0)
+        out.push_back(fresh);
       else if (op == 2) {
         out.push_back(t);
         out.push_back(fresh);

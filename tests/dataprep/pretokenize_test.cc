@@ -67,9 +67,9 @@ TEST(Pretokenize, InvalidBytesAreSingleCharacters) {
 
 TEST(Pretokenize, PiecesAlwaysConcatenateToTheInput) {
   std::mt19937 rng(7);
-  const std::vector<std::string> atoms = {"a", "Z", " ", "  ", "\n", "\r\n", "\t", "1", "'",
-                                          "'s", "中", "文", "。", "😀", "\xCC\x81", "\xC2\xA0",
-                                          "\xff", "é", ".", "{", "ん", "\xE3\x80\x80"};
+  const std::vector<std::string> atoms = {
+      "a",  "Z",  " ", "  ",       "\n",       "\r\n", "\t", "1", "'", "'s", "中",
+      "文", "。", "😀", "\xCC\x81", "\xC2\xA0", "\xff", "é",  ".", "{", "ん", "\xE3\x80\x80"};
   for (int iter = 0; iter < 2000; ++iter) {
     std::string text;
     int len = int(rng() % 30);

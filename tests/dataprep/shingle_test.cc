@@ -18,7 +18,8 @@ std::vector<std::string> units_of(const std::string& s) {
 TEST(Shingle, WordsAndCjkCharacters) {
   EXPECT_EQ(units_of("the quick fox"), (std::vector<std::string>{"the", "quick", "fox"}));
   // 中文abc 字 -> 中, 文, abc, 字
-  EXPECT_EQ(units_of("\xE4\xB8\xAD\xE6\x96\x87" "abc \xE5\xAD\x97"),
+  EXPECT_EQ(units_of("\xE4\xB8\xAD\xE6\x96\x87"
+                     "abc \xE5\xAD\x97"),
             (std::vector<std::string>{"\xE4\xB8\xAD", "\xE6\x96\x87", "abc", "\xE5\xAD\x97"}));
   // Non-CJK non-ASCII letters stay inside words.
   EXPECT_EQ(units_of("caf\xC3\xA9 na\xC3\xAFve"),

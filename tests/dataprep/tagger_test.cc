@@ -2,12 +2,12 @@
 #include "dataprep/tagging/tagger.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "common/atomic_file.h"
@@ -17,12 +17,15 @@ namespace {
 
 // Synthetic labelled documents: each domain draws from its own word list (with shared filler).
 std::string make_doc(const std::string& domain, std::mt19937& rng) {
-  static const std::vector<std::string> prose = {"the", "river", "village", "morning", "walked",
-      "story", "history", "people", "beautiful", "garden", "evening", "children", "market"};
-  static const std::vector<std::string> code = {"int", "return", "if", "(", ")", "{", "}", ";",
-      "void", "for", "i++", "struct", "#include", "const", "char*", "nullptr", "std::vector"};
-  static const std::vector<std::string> zh = {"我们", "使用", "训练", "语言", "模型", "数据",
-      "中文", "文本", "处理", "人工", "智能", "方法", "研究"};
+  static const std::vector<std::string> prose = {
+      "the",    "river",     "village", "morning", "walked",   "story", "history",
+      "people", "beautiful", "garden",  "evening", "children", "market"};
+  static const std::vector<std::string> code = {
+      "int", "return", "if",     "(",        ")",     "{",     "}",       ";",          "void",
+      "for", "i++",    "struct", "#include", "const", "char*", "nullptr", "std::vector"};
+  static const std::vector<std::string> zh = {"我们", "使用", "训练", "语言", "模型",
+                                              "数据", "中文", "文本", "处理", "人工",
+                                              "智能", "方法", "研究"};
   static const std::vector<std::string> filler = {"a", "of", "to", "and", "x", "1", "2"};
   const auto& words = domain == "web" ? prose : domain == "code" ? code : zh;
   std::string text;
@@ -88,7 +91,8 @@ TEST_F(TaggerTest, TrainsReportsAccuracyAndPredicts) {
   EXPECT_TRUE(j["domains"].contains("zh"));
   // The streamed training and held-out lines went to temporaries next to the model; none is left.
   std::vector<std::string> files;
-  for (const auto& e : std::filesystem::directory_iterator(dir_)) files.push_back(e.path().filename());
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    files.push_back(e.path().filename());
   std::sort(files.begin(), files.end());
   EXPECT_EQ(files, (std::vector<std::string>{"labelled.jsonl", "model.bin", "model.bin.json"}));
 

@@ -3,8 +3,8 @@
 // minimum per domain, and never a validation document in a training batch (checked by id through
 // `kiln stream` and the loader); `kiln stream --split val` reads the held-out slice.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
@@ -12,8 +12,8 @@
 #include "format/manifest.h"
 #include "format/shard_reader.h"
 #include "loader/loader.h"
-#include "tests/kiln_cli.h"
 #include "tests/dataprep/prep_test_util.h"
+#include "tests/kiln_cli.h"
 
 namespace kiln::prep {
 namespace {
@@ -24,8 +24,8 @@ using testing_prep::TempDir;
 
 // 120 distinct documents in two domains ("code" by a rule on the source, the rest "web").
 void write_corpus(const std::string& path) {
-  const char* words[] = {"river", "stone", "cloud", "paper", "light", "water", "amber", "delta",
-                         "maple", "orbit", "prism", "quartz"};
+  const char* words[] = {"river", "stone", "cloud", "paper", "light", "water",
+                         "amber", "delta", "maple", "orbit", "prism", "quartz"};
   std::string lines;
   std::mt19937 rng(1);  // independent random texts: no near-duplicates for dedup to remove
   for (int i = 0; i < 120; ++i) {
@@ -47,7 +47,8 @@ std::set<std::string> shard_ids(const std::string& out, bool val) {
     if (sh.val != val) continue;
     auto samples = ShardReader::read_all(out + "/" + sh.path);
     EXPECT_TRUE(samples.is_ok()) << samples.status().to_string();
-    for (const ShardSample& s : *samples) ids.insert(json::parse(s.find("json")->data)["id"].dump());
+    for (const ShardSample& s : *samples)
+      ids.insert(json::parse(s.find("json")->data)["id"].dump());
   }
   return ids;
 }

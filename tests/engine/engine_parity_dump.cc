@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "common/log.h"
+#include "engine/checkpoint/safetensors.h"
 #include "engine/model/model.h"
 #include "engine/model/optimizer.h"
 #include "engine/model/params.h"
 #include "engine/model/rng.h"
-#include "engine/checkpoint/safetensors.h"
 #include "kernels/ops.h"
 
 using namespace kiln;
@@ -30,9 +30,12 @@ int main(int argc, char** argv) {
   }
   const std::string prec_name = argv[2];
   Precision prec;
-  if (prec_name == "fp32") prec = Precision::kFp32;
-  else if (prec_name == "bf16") prec = Precision::kBf16;
-  else if (prec_name == "fp16") prec = Precision::kFp16;
+  if (prec_name == "fp32")
+    prec = Precision::kFp32;
+  else if (prec_name == "bf16")
+    prec = Precision::kBf16;
+  else if (prec_name == "fp16")
+    prec = Precision::kFp16;
   else {
     std::fprintf(stderr, "unknown precision %s\n", argv[2]);
     return 2;
@@ -57,7 +60,8 @@ int main(int argc, char** argv) {
     const ParamTensor& t = params.tensors()[i];
     float* w = params.master(static_cast<int>(i));
     if (t.role == TensorRole::kNormGain) {
-      for (size_t k = 0; k < t.numel; ++k) w[k] = 1.0f + 0.1f * float(random_normal(seed, 100 + i, k));
+      for (size_t k = 0; k < t.numel; ++k)
+        w[k] = 1.0f + 0.1f * float(random_normal(seed, 100 + i, k));
     } else if (t.role == TensorRole::kBias || t.role == TensorRole::kNormBias) {
       for (size_t k = 0; k < t.numel; ++k) w[k] = 0.02f * float(random_normal(seed, 200 + i, k));
     }
@@ -111,7 +115,8 @@ int main(int argc, char** argv) {
   }
   gv.push_back({"__losses__", "F32", {B, T}, losses.data(), losses.size() * 4});
   gv.push_back({"__loss__", "F64", {1}, &loss, 8});
-  st = write_safetensors(out + "/grads.safetensors", gv, {{"loss_scale", std::to_string(loss_scale)}});
+  st = write_safetensors(out + "/grads.safetensors", gv,
+                         {{"loss_scale", std::to_string(loss_scale)}});
   if (!st.is_ok()) return 1;
 
   // Ten AdamW steps with clipping on the same batch.
@@ -138,8 +143,11 @@ int main(int argc, char** argv) {
     }
   }
   char buf[64];
-  std::map<std::string, std::string> om = {{"weight_decay", "0.1"}, {"clip_grad", "0.5"},
-                                           {"beta1", "0.9"}, {"beta2", "0.95"}, {"eps", "1e-8"}};
+  std::map<std::string, std::string> om = {{"weight_decay", "0.1"},
+                                           {"clip_grad", "0.5"},
+                                           {"beta1", "0.9"},
+                                           {"beta2", "0.95"},
+                                           {"eps", "1e-8"}};
   std::snprintf(buf, sizeof buf, "%.17g", oc.lr);
   om["lr"] = buf;
   st = write_safetensors(out + "/steps.safetensors",

@@ -9,8 +9,8 @@
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
-#include "format/shard_writer.h"
 #include "format/shard_reader.h"
+#include "format/shard_writer.h"
 
 namespace kiln {
 namespace {

@@ -1,9 +1,6 @@
 // Shard writer/reader: round trips, determinism, rolling, and the reader's defences against
 // damaged or hostile tar files (crafted here byte by byte, so the checks do not depend on any
 // writer's habits).
-#include "format/shard_writer.h"
-#include "format/shard_reader.h"
-
 #include <archive.h>
 #include <archive_entry.h>
 #include <gtest/gtest.h>
@@ -21,6 +18,8 @@
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "format/npy.h"
+#include "format/shard_reader.h"
+#include "format/shard_writer.h"
 
 namespace kiln {
 namespace {
@@ -160,14 +159,14 @@ Status read_fully(const std::string& path, ShardReaderOptions opt = {}) {
   return r.is_ok() ? Status::ok() : r.status();
 }
 
-#define EXPECT_DATA_ERROR(status, ...)                                                     \
-  do {                                                                                     \
-    Status _st = (status);                                                                 \
-    EXPECT_EQ(_st.code(), StatusCode::kData) << _st.to_string();                           \
-    for (const std::string& _want : std::vector<std::string>{__VA_ARGS__}) {               \
-      EXPECT_NE(_st.message().find(_want), std::string::npos)                              \
-          << "message lacks '" << _want << "': " << _st.message();                         \
-    }                                                                                      \
+#define EXPECT_DATA_ERROR(status, ...)                                       \
+  do {                                                                       \
+    Status _st = (status);                                                   \
+    EXPECT_EQ(_st.code(), StatusCode::kData) << _st.to_string();             \
+    for (const std::string& _want : std::vector<std::string>{__VA_ARGS__}) { \
+      EXPECT_NE(_st.message().find(_want), std::string::npos)                \
+          << "message lacks '" << _want << "': " << _st.message();           \
+    }                                                                        \
   } while (0)
 
 // ---- round trips ---------------------------------------------------------------------------
@@ -302,7 +301,9 @@ TEST_F(ShardTest, HeadersAreNormalised) {
   // No user or group names in the raw header either (ustar uname at 265, gname at 297).
   std::string raw = slurp(path("h.tar"));
   EXPECT_EQ(raw.substr(265, 64), std::string(64, '\0'));
-  EXPECT_EQ(raw.substr(257, 8), std::string("ustar\0" "00", 8));
+  EXPECT_EQ(raw.substr(257, 8), std::string("ustar\0"
+                                            "00",
+                                            8));
   std::vector<std::string> want = {"doc0.txt", "doc0.json", "doc0.tokens.npy", "doc0.meta",
                                    "doc1.txt", "doc1.json", "doc1.tokens.npy", "doc1.meta",
                                    "doc2.txt", "doc2.json", "doc2.tokens.npy", "doc2.meta"};
@@ -314,9 +315,9 @@ TEST_F(ShardTest, WriterRejectsBadSamples) {
   ASSERT_TRUE(w.is_ok());
   ShardSample s;
   s.members.push_back({"txt", "x"});
-  for (const std::string& key : std::vector<std::string>{
-           "", "a.b", "a/b", std::string("a\0b", 3), std::string(201, 'x'), "caf\xc3\xa9",
-           "tab\there"}) {
+  for (const std::string& key :
+       std::vector<std::string>{"", "a.b", "a/b", std::string("a\0b", 3), std::string(201, 'x'),
+                                "caf\xc3\xa9", "tab\there"}) {
     s.key = key;
     EXPECT_EQ((*w)->add(s).code(), StatusCode::kData) << key;
   }
@@ -483,8 +484,10 @@ TEST_F(ShardTest, WriterTarBytesTracksStream) {
 // ---- hostile and damaged input -------------------------------------------------------------
 
 TEST_F(ShardTest, ReadsForeignTarWithWebDatasetKeys) {
-  std::string t = raw_tar({{"a.txt", "A"}, {"a.tokens.npy", npy_encode(std::vector<uint16_t>{5})},
-                           {"b.json", "{}"}, {"b.txt", "B"}});
+  std::string t = raw_tar({{"a.txt", "A"},
+                           {"a.tokens.npy", npy_encode(std::vector<uint16_t>{5})},
+                           {"b.json", "{}"},
+                           {"b.txt", "B"}});
   spit(path("f.tar"), t);
   spit(path("f.tar.zst"), zstd_compress(t));
   for (const char* name : {"f.tar", "f.tar.zst"}) {
@@ -539,8 +542,8 @@ TEST_F(ShardTest, RejectsDuplicateExtAndRepeatedKey) {
 }
 
 TEST_F(ShardTest, RejectsInvalidNames) {
-  for (const std::string& bad : std::vector<std::string>{
-           "noext", "dir/a.txt", "a.", ".txt", "a..txt", "a.t xt", "caf\xc3\xa9.txt"}) {
+  for (const std::string& bad : std::vector<std::string>{"noext", "dir/a.txt", "a.", ".txt",
+                                                         "a..txt", "a.t xt", "caf\xc3\xa9.txt"}) {
     spit(path("n.tar"), raw_tar({{bad, "x"}}));
     EXPECT_DATA_ERROR(read_fully(path("n.tar")), path("n.tar").c_str(), "member");
   }
@@ -583,7 +586,8 @@ TEST_F(ShardTest, RejectsTruncatedShards) {
   ASSERT_TRUE(write_shard(path("full.tar"), samples, ShardCompression::kNone).is_ok());
   for (const char* name : {"full.tar.zst", "full.tar"}) {
     std::string bytes = slurp(path(name));
-    std::string cut_path = path(std::string("cut") + (std::string(name).ends_with(".zst") ? ".tar.zst" : ".tar"));
+    std::string cut_path =
+        path(std::string("cut") + (std::string(name).ends_with(".zst") ? ".tar.zst" : ".tar"));
     // Every cut, including those at exact member boundaries of the plain tar (libarchive takes
     // those as a clean end), must be an error that names the shard and a member.
     std::vector<size_t> cuts = {1, 100, 512, 1024, 1536};
@@ -599,7 +603,8 @@ TEST_F(ShardTest, RejectsTruncatedShards) {
       if (cut >= bytes.size() || (plain && cut >= complete_at)) continue;
       spit(cut_path, bytes.substr(0, cut));
       Status st = read_fully(cut_path);
-      EXPECT_EQ(st.code(), StatusCode::kData) << name << " cut at " << cut << ": " << st.to_string();
+      EXPECT_EQ(st.code(), StatusCode::kData)
+          << name << " cut at " << cut << ": " << st.to_string();
       EXPECT_NE(st.message().find(cut_path), std::string::npos) << st.message();
       // zstd emits nothing of a block until the block is whole, so a cut in the first block
       // (128 KiB of tar) fails before any member; past it, the member is named.
@@ -621,8 +626,8 @@ TEST_F(ShardTest, RejectsTarWithoutEndMarkerOrWithTrailingData) {
   std::string two = raw_tar({{"a.txt", "A"}}) + raw_tar({{"b.txt", "B"}});
   spit(path("two.tar"), two);
   EXPECT_DATA_ERROR(read_fully(path("two.tar")), "follows the end-of-archive");
-  spit(path("two.tar.zst"), zstd_compress(raw_tar({{"a.txt", "A"}})) +
-                                zstd_compress(raw_tar({{"b.txt", "B"}})));
+  spit(path("two.tar.zst"),
+       zstd_compress(raw_tar({{"a.txt", "A"}})) + zstd_compress(raw_tar({{"b.txt", "B"}})));
   EXPECT_DATA_ERROR(read_fully(path("two.tar.zst")), "follows the end-of-archive");
   // Plain zero padding after the marker (as tar's 10 KiB records leave) is fine.
   spit(path("pad.tar"), raw_tar({{"a.txt", "A"}}) + std::string(20 * 512, '\0'));

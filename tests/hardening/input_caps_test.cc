@@ -19,11 +19,11 @@
 #include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_io.h"
 #include "engine/checkpoint/checkpoint.h"
-#include "engine/train/metrics.h"
-#include "engine/mixing/policy.h"
-#include "engine/mixing/control_file.h"
 #include "engine/checkpoint/safetensors.h"
+#include "engine/mixing/control_file.h"
+#include "engine/mixing/policy.h"
 #include "engine/stability/monitor.h"
+#include "engine/train/metrics.h"
 #include "format/manifest.h"
 #include "format/npy.h"
 #include "format/shard_reader.h"
@@ -182,23 +182,27 @@ TEST_F(InputCaps, JsonNestingJustPastCapInEveryReader) {
     EXPECT_NE(st.to_string().find("levels"), std::string::npos) << st.to_string();
   };
   expect_named(manifest_from_json("{\"format\": " + deep + "}", "m.json").status(), "m.json");
-  expect_named(prep::Tokenizer::from_json("{\"vocab\": " + deep + "}", "t.json").status(), "t.json");
+  expect_named(prep::Tokenizer::from_json("{\"vocab\": " + deep + "}", "t.json").status(),
+               "t.json");
   expect_named(engine::parse_mixture_json("{\"weights\": " + deep + "}", "mix.json").status(),
                "mix.json");
   std::string header = "{\"a\": " + deep + "}";
   std::string file(8, '\0');
   for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   spit("deep.safetensors", file + header);
-  expect_named(engine::SafetensorsFile::read(path("deep.safetensors")).status(), "deep.safetensors");
+  expect_named(engine::SafetensorsFile::read(path("deep.safetensors")).status(),
+               "deep.safetensors");
   // The JSONL document parser rejects the line (counted as invalid_json) naming the limit.
   prep::Document doc;
-  prep::ParseResult r = parse_jsonl_line("{\"text\": \"x\", \"meta\": {\"a\": " + deep + "}}", "f", 1,
-                                   prep::ParseOptions{}, &doc);
+  prep::ParseResult r = parse_jsonl_line("{\"text\": \"x\", \"meta\": {\"a\": " + deep + "}}", "f",
+                                         1, prep::ParseOptions{}, &doc);
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.reason, prep::RejectReason::kInvalidJson);
-  EXPECT_NE(r.detail.find("limit of " + std::to_string(kMaxJsonDepth)), std::string::npos) << r.detail;
-  r = prep::parse_jsonl_line("{\"text\": \"x\", \"meta\": {\"a\": " + nested(kMaxJsonDepth - 3) + "}}",
-                       "f", 1, prep::ParseOptions{}, &doc);
+  EXPECT_NE(r.detail.find("limit of " + std::to_string(kMaxJsonDepth)), std::string::npos)
+      << r.detail;
+  r = prep::parse_jsonl_line(
+      "{\"text\": \"x\", \"meta\": {\"a\": " + nested(kMaxJsonDepth - 3) + "}}", "f", 1,
+      prep::ParseOptions{}, &doc);
   EXPECT_TRUE(r.ok) << r.detail;
 }
 
@@ -240,7 +244,8 @@ TEST_F(InputCaps, NpyDimensionsPastOneOrOverflowing) {
 
 // ---- safetensors --------------------------------------------------------------------------------
 
-std::string safetensors_bytes(const std::string& header, size_t data_bytes, uint64_t claimed_len = 0) {
+std::string safetensors_bytes(const std::string& header, size_t data_bytes,
+                              uint64_t claimed_len = 0) {
   uint64_t n = claimed_len ? claimed_len : header.size();
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
@@ -261,13 +266,16 @@ TEST_F(InputCaps, SafetensorsHeaderJustPastCap) {
 TEST_F(InputCaps, SafetensorsShapeProductOverflow) {
   // 2^32 * 2^32 * 4 bytes wraps to 0 in 64 bits; data_offsets [0, 0] would then "match".
   spit("wrap.safetensors",
-       safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0));
+       safetensors_bytes(
+           R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})",
+           0));
   auto r = engine::SafetensorsFile::read(path("wrap.safetensors"));
   ASSERT_EQ(r.status().code(), StatusCode::kData) << "a wrapped shape product was accepted";
   EXPECT_NE(r.status().message().find("overflows"), std::string::npos) << r.status().to_string();
   EXPECT_EQ(r.status().key(), "w");
   spit("ok.safetensors",
-       safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})", 24));
+       safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})",
+                         24));
   EXPECT_TRUE(engine::SafetensorsFile::read(path("ok.safetensors")).is_ok());
 }
 
@@ -305,8 +313,9 @@ TEST_F(InputCaps, TokenizerVocabAndMergesJustPastCap) {
   auto r = prep::Tokenizer::from_json(json, "t.json", small_vocab);
   ASSERT_EQ(r.status().code(), StatusCode::kData);
   EXPECT_NE(r.status().to_string().find("t.json"), std::string::npos);
-  EXPECT_NE(r.status().message().find("over the limit of " + std::to_string(vocab - 1) + " (max_vocab)"),
-            std::string::npos)
+  EXPECT_NE(
+      r.status().message().find("over the limit of " + std::to_string(vocab - 1) + " (max_vocab)"),
+      std::string::npos)
       << r.status().to_string();
   prep::TokenizerLimits small_merges{vocab, merges - 1};
   r = prep::Tokenizer::from_json(json, "t.json", small_merges);
@@ -345,12 +354,14 @@ TEST_F(InputCaps, TokenizerTrainingTextFileJustPastCap) {
   auto r = prep::read_training_texts({path("past.txt.gz")}, 0, cap);
   ASSERT_EQ(r.status().code(), StatusCode::kData);
   EXPECT_EQ(r.status().file(), path("past.txt.gz"));
-  EXPECT_NE(r.status().message().find("limit of " + std::to_string(cap) + " bytes (--max-text-bytes)"),
-            std::string::npos)
+  EXPECT_NE(
+      r.status().message().find("limit of " + std::to_string(cap) + " bytes (--max-text-bytes)"),
+      std::string::npos)
       << r.status().to_string();
   // The same cap for a plain (uncompressed) file, and for read_maybe_compressed's callers.
   spit("past.txt", std::string(cap + 1, 'b'));
-  EXPECT_EQ(prep::read_training_texts({path("past.txt")}, 0, cap).status().code(), StatusCode::kData);
+  EXPECT_EQ(prep::read_training_texts({path("past.txt")}, 0, cap).status().code(),
+            StatusCode::kData);
   auto whole = prep::read_maybe_compressed(path("past.txt.gz"), cap);
   ASSERT_EQ(whole.status().code(), StatusCode::kData);
   EXPECT_EQ(whole.status().file(), path("past.txt.gz"));
@@ -410,7 +421,9 @@ TEST_F(InputCaps, TaggerTrainingLineJustPastCap) {
   };
   std::string docs;
   for (int i = 0; i < 40; ++i)
-    docs += labelled(i % 2 ? "int main ( ) { return 0 ; }" : "the river and the village", i % 2 ? "code" : "web") + "\n";
+    docs += labelled(i % 2 ? "int main ( ) { return 0 ; }" : "the river and the village",
+                     i % 2 ? "code" : "web") +
+            "\n";
   prep::TaggerTrainOptions o;
   o.output = path("tagger.bin");
   o.epochs = 2;
@@ -670,8 +683,8 @@ TEST_F(InputCaps, MixingAndStabilityStateIntegersMustBeJsonIntegers) {
 TEST_F(InputCaps, DedupIndexSettingsMustBeJsonIntegers) {
   nlohmann::json j = prep::DedupSettings{}.to_json();
   ASSERT_TRUE(prep::DedupSettings::from_json(j, "index.json").is_ok());
-  for (const nlohmann::json& v : {nlohmann::json(int64_t{1} << 40), nlohmann::json(1e30),
-                                  nlohmann::json(128.5)}) {
+  for (const nlohmann::json& v :
+       {nlohmann::json(int64_t{1} << 40), nlohmann::json(1e30), nlohmann::json(128.5)}) {
     j["num_perm"] = v;
     auto r = prep::DedupSettings::from_json(j, "index.json");
     ASSERT_FALSE(r.is_ok()) << v;
@@ -682,7 +695,6 @@ TEST_F(InputCaps, DedupIndexSettingsMustBeJsonIntegers) {
         << r.status().to_string();
   }
 }
-
 
 // ---- checkpoint and run files (review 7) ------------------------------------------------------
 
@@ -695,8 +707,8 @@ TEST_F(InputCaps, CheckpointAndRunJsonNestingCapped) {
   for (size_t depth : {kMaxJsonDepth + 1, size_t{300000}}) {
     SCOPED_TRACE(depth);
     spit("step-00000004/state.json", "{\"format\": " + nested(depth) + ", \"step\": 1}");
-    for (const Status& st : {engine::checkpoint_model(ckpt).status(),
-                             engine::read_trainer_state(ckpt).status()}) {
+    for (const Status& st :
+         {engine::checkpoint_model(ckpt).status(), engine::read_trainer_state(ckpt).status()}) {
       EXPECT_EQ(st.code(), StatusCode::kData);
       EXPECT_EQ(st.file(), ckpt + "/state.json");
       EXPECT_NE(st.message().find("limit of " + std::to_string(kMaxJsonDepth)), std::string::npos)
@@ -711,7 +723,8 @@ TEST_F(InputCaps, CheckpointAndRunJsonNestingCapped) {
     log->reset();
     EXPECT_EQ(*read_file(path("run/metrics.jsonl")), "{\"step\": 1, \"loss\": 2.0}\n");
     engine::StabilityState back;
-    Status st = engine::StabilityState::from_json("{\"spikes\": " + nested(depth) + "}", &back, nullptr);
+    Status st =
+        engine::StabilityState::from_json("{\"spikes\": " + nested(depth) + "}", &back, nullptr);
     EXPECT_EQ(st.code(), StatusCode::kData);
   }
   // A structured value where an integer belongs is shown by kind and size, not dumped.

@@ -63,7 +63,7 @@ void check_against_reference(const Shape& s, double tol_out, double tol_grad) {
 }
 
 // Shapes cover T below, at, and across the 64-row block size, T = 1, head sizes 1..64.
-const Shape kShapes[] = {{1, 1, 4, 2},   {2, 7, 6, 3},     {2, 64, 32, 2},
+const Shape kShapes[] = {{1, 1, 4, 2},     {2, 7, 6, 3},     {2, 64, 32, 2},
                          {2, 130, 128, 2}, {1, 256, 256, 4}, {1, 700, 16, 1}};
 
 // fp32: all sums in fp32 over <= T terms of O(1) values: 1e-5 relative to max|expected|.
@@ -123,7 +123,8 @@ void check_thread_invariance() {
     std::vector<E> out(B * T * C), dqkv(qkv.size());
     std::vector<float> lse(B * NH * T);
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C,
+                            NH);
     if (out0.empty()) {
       out0 = out, dqkv0 = dqkv, lse0 = lse;
       continue;

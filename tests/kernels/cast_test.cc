@@ -75,8 +75,8 @@ void check_downcast(const std::vector<float>& in) {
       ASSERT_EQ(scalar >> 15, u_of(in[i]) >> 31);
       continue;
     }
-    const uint16_t want = std::is_same_v<H, bf16> ? ref::float_to_bf16_bits(in[i])
-                                                  : ref::float_to_fp16_bits(in[i]);
+    const uint16_t want =
+        std::is_same_v<H, bf16> ? ref::float_to_bf16_bits(in[i]) : ref::float_to_fp16_bits(in[i]);
     ASSERT_EQ(scalar, want) << "input " << in[i] << " bits 0x" << std::hex << u_of(in[i]);
   }
 }
@@ -89,7 +89,8 @@ std::vector<float> tie_inputs(double (*value)(uint16_t), uint16_t max_finite) {
   for (uint32_t s = 0; s <= 1; ++s) {
     for (uint32_t h = 0; h <= max_finite; ++h) {
       const double lo = value(static_cast<uint16_t>(h));
-      const double hi = h < max_finite ? value(static_cast<uint16_t>(h + 1)) : 2 * lo - value(static_cast<uint16_t>(h - 1));
+      const double hi = h < max_finite ? value(static_cast<uint16_t>(h + 1))
+                                       : 2 * lo - value(static_cast<uint16_t>(h - 1));
       const float mid = static_cast<float>((lo + hi) / 2);  // exact in fp32
       EXPECT_EQ(double(mid), (lo + hi) / 2);
       const float sign = s ? -1.0f : 1.0f;
@@ -124,13 +125,13 @@ TEST(KernelsCast, Fp16DowncastTiesAndNeighbours) {
   check_downcast<fp16>(in);
   EXPECT_EQ(float_to_fp16(65504.0f).bits, 0x7bff);
   EXPECT_EQ(float_to_fp16(65519.996f).bits, 0x7bff);
-  EXPECT_EQ(float_to_fp16(65520.0f).bits, 0x7c00);          // overflow midpoint -> inf (even)
+  EXPECT_EQ(float_to_fp16(65520.0f).bits, 0x7c00);  // overflow midpoint -> inf (even)
   EXPECT_EQ(float_to_fp16(1e10f).bits, 0x7c00);
   EXPECT_EQ(float_to_fp16(-1e10f).bits, 0xfc00);
   EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -24)).bits, 0x0001);  // smallest subnormal
   EXPECT_EQ(float_to_fp16(std::ldexp(1.0f, -25)).bits, 0x0000);  // tie with 0 -> even (0)
   EXPECT_EQ(float_to_fp16(std::ldexp(1.5f, -25)).bits, 0x0001);
-  EXPECT_EQ(float_to_fp16(std::ldexp(3.0f, -25)).bits, 0x0002);  // 1.5 ulp tie -> even (2)
+  EXPECT_EQ(float_to_fp16(std::ldexp(3.0f, -25)).bits, 0x0002);     // 1.5 ulp tie -> even (2)
   EXPECT_EQ(float_to_fp16(std::ldexp(1023.5f, -24)).bits, 0x0400);  // rounds up to min normal
   EXPECT_EQ(float_to_fp16(f_of(0x7f800001)).bits, 0x7e00);
   EXPECT_EQ(float_to_fp16(-0.0f).bits, 0x8000);

@@ -15,8 +15,8 @@ TEST(KernelsCrossEntropy, ReferenceGradientMatchesFiniteDifferences) {
   const double dloss = 0.37;
   auto objective = [&] {
     std::vector<double> losses(BT);
-    ref::crossentropy_forward_backward<double>(nullptr, losses.data(), logits.data(), targets.data(),
-                                               dloss, BT, V, Vp);
+    ref::crossentropy_forward_backward<double>(nullptr, losses.data(), logits.data(),
+                                               targets.data(), dloss, BT, V, Vp);
     double s = 0;
     for (double l : losses) s += dloss * l;
     return s;
@@ -29,7 +29,8 @@ TEST(KernelsCrossEntropy, ReferenceGradientMatchesFiniteDifferences) {
 }
 
 template <typename E>
-void check_against_reference(int BT, int V, int Vp, double logit_std, double tol_grad, bool in_place) {
+void check_against_reference(int BT, int V, int Vp, double logit_std, double tol_grad,
+                             bool in_place) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dtype_of<E>()) << " BT=" << BT << " V=" << V
                                     << " Vp=" << Vp << " in_place=" << in_place);
   auto logits = quantize<E>(randn(size_t(BT) * Vp, 61, logit_std));
@@ -43,9 +44,10 @@ void check_against_reference(int BT, int V, int Vp, double logit_std, double tol
   std::vector<float> losses(BT), losses_fwd(BT);
   std::vector<E> dl(in_place ? 0 : lt.size());
   E* dptr = in_place ? lt.data() : dl.data();
-  cpu::crossentropy_forward_backward<E>(nullptr, losses_fwd.data(), lt.data(), targets.data(), dloss,
-                                        BT, V, Vp);
-  cpu::crossentropy_forward_backward<E>(dptr, losses.data(), lt.data(), targets.data(), dloss, BT, V, Vp);
+  cpu::crossentropy_forward_backward<E>(nullptr, losses_fwd.data(), lt.data(), targets.data(),
+                                        dloss, BT, V, Vp);
+  cpu::crossentropy_forward_backward<E>(dptr, losses.data(), lt.data(), targets.data(), dloss, BT,
+                                        V, Vp);
   // Losses are fp32 sums of exp over V terms plus a log: 1e-5 relative to max(1, max loss).
   expect_close(to_d(losses), loss_ref, 1e-5, "losses");
   expect_close(to_d(losses_fwd), loss_ref, 1e-5, "losses (forward only)");
@@ -89,7 +91,8 @@ TEST(KernelsCrossEntropy, ThreadCountInvariant) {
   for (int n : thread_counts()) {
     ThreadCount tc(n);
     std::vector<float> l(BT), d(logits.size());
-    cpu::crossentropy_forward_backward(d.data(), l.data(), logits.data(), targets.data(), 0.5f, BT, V, V);
+    cpu::crossentropy_forward_backward(d.data(), l.data(), logits.data(), targets.data(), 0.5f, BT,
+                                       V, V);
     if (l0.empty()) {
       l0 = l, d0 = d;
       continue;
@@ -100,8 +103,8 @@ TEST(KernelsCrossEntropy, ThreadCountInvariant) {
 }
 
 // The vocabulary-parallel pieces: logits split into `ranks` column blocks, the row statistics
-// combined as engine/parallel/tensor_parallel.cc does (max, then sums), give the fused op's losses and
-// gradients (the same fp32 arithmetic: only the order of the sum of exponentials differs).
+// combined as engine/parallel/tensor_parallel.cc does (max, then sums), give the fused op's losses
+// and gradients (the same fp32 arithmetic: only the order of the sum of exponentials differs).
 TEST(KernelsCrossEntropy, ShardedStatisticsMatchTheFusedOp) {
   const int BT = 13, V = 96;
   for (int ranks : {2, 3}) {
@@ -117,7 +120,8 @@ TEST(KernelsCrossEntropy, ShardedStatisticsMatchTheFusedOp) {
     std::vector<std::vector<float>> shard(ranks, std::vector<float>(size_t(BT) * Vl));
     for (int k = 0; k < ranks; ++k)
       for (int r = 0; r < BT; ++r)
-        for (int c = 0; c < Vl; ++c) shard[k][size_t(r) * Vl + c] = logits[size_t(r) * V + k * Vl + c];
+        for (int c = 0; c < Vl; ++c)
+          shard[k][size_t(r) * Vl + c] = logits[size_t(r) * V + k * Vl + c];
     std::vector<float> mx(BT, -INFINITY), se(BT, 0.0f), xt(BT, 0.0f), m(BT), s(BT), t(BT);
     for (int k = 0; k < ranks; ++k) {
       cpu::crossentropy_shard_max<float>(m.data(), shard[k].data(), BT, Vl);

@@ -20,8 +20,10 @@ using cuda::TensorChunk;
 // Every element of every tensor is covered by exactly one chunk, chunks are in tensor then chunk
 // order, no chunk is empty, and none is longer than chunk_elems.
 void check_cover(const std::vector<size_t>& sizes, size_t chunk_elems) {
-  SCOPED_TRACE(::testing::Message() << "chunk " << chunk_elems << ", " << sizes.size() << " tensors");
-  const auto chunks = cuda::plan_tensor_chunks(sizes.data(), static_cast<int>(sizes.size()), chunk_elems);
+  SCOPED_TRACE(::testing::Message()
+               << "chunk " << chunk_elems << ", " << sizes.size() << " tensors");
+  const auto chunks =
+      cuda::plan_tensor_chunks(sizes.data(), static_cast<int>(sizes.size()), chunk_elems);
   std::vector<std::vector<int>> seen(sizes.size());
   for (size_t t = 0; t < sizes.size(); ++t) seen[t].assign(sizes[t], 0);
   size_t expected = 0;
@@ -41,7 +43,8 @@ void check_cover(const std::vector<size_t>& sizes, size_t chunk_elems) {
     for (size_t i = begin; i < end; ++i) ++seen[c.tensor][i];
   }
   for (size_t t = 0; t < sizes.size(); ++t)
-    for (size_t i = 0; i < sizes[t]; ++i) ASSERT_EQ(seen[t][i], 1) << "tensor " << t << " element " << i;
+    for (size_t i = 0; i < sizes[t]; ++i)
+      ASSERT_EQ(seen[t][i], 1) << "tensor " << t << " element " << i;
 }
 
 TEST(CudaLaunchPlan, TensorChunksCoverEveryElementOnce) {
@@ -129,7 +132,8 @@ TEST(CudaLaunchPlan, GemmKeysSeparateEveryField) {
   EXPECT_FALSE(same < base || base < same);
   EXPECT_NE(keys[16].describe().find("epilogue=gelu_aux_bias aux_ld=3072"), std::string::npos)
       << keys[16].describe();
-  EXPECT_NE(keys.back().describe().find("align=256/256/64"), std::string::npos) << keys.back().describe();
+  EXPECT_NE(keys.back().describe().find("align=256/256/64"), std::string::npos)
+      << keys.back().describe();
   EXPECT_NE(base.describe().find("m=768 n=8192 k=3072"), std::string::npos) << base.describe();
 }
 
@@ -148,7 +152,7 @@ TEST(CudaLaunchPlan, PointerAlignment) {
 TEST(CudaLaunchPlan, GeluEpilogueNeedsAlignedAux) {
   alignas(16) static uint16_t buf[64];
   EXPECT_TRUE(cuda::gelu_epilogue_fits(3072, buf));
-  EXPECT_FALSE(cuda::gelu_epilogue_fits(3076, buf));     // ld not a multiple of 8
+  EXPECT_FALSE(cuda::gelu_epilogue_fits(3076, buf));      // ld not a multiple of 8
   EXPECT_FALSE(cuda::gelu_epilogue_fits(3072, buf + 1));  // pointer not 16-byte aligned
 }
 

@@ -31,7 +31,8 @@ void check_against_reference(int B, int T, int C, int V, double tol_out) {
   auto tokens = randint(size_t(B) * T, 0, V, 41);
   auto wte = quantize<E>(randn(size_t(V) * C, 42)), wpe = quantize<E>(randn(size_t(T + 3) * C, 43));
   auto dout = quantize<E>(randn(size_t(B) * T * C, 44));
-  auto dwte0 = quantize<float>(randn(wte.size(), 45)), dwpe0 = quantize<float>(randn(wpe.size(), 46));
+  auto dwte0 = quantize<float>(randn(wte.size(), 45)),
+       dwpe0 = quantize<float>(randn(wpe.size(), 46));
   std::vector<double> out_ref(size_t(B) * T * C), dwte_ref = dwte0, dwpe_ref = dwpe0;
   ref::encoder_forward(out_ref.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
   ref::encoder_backward(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), B, T, C);

@@ -47,9 +47,12 @@ class Dev {
 // (one ulp: 7.8e-3 bf16, 9.8e-4 fp16 of the value).
 template <typename E>
 double tol() {
-  if constexpr (std::is_same_v<E, float>) return 1e-5;
-  else if constexpr (std::is_same_v<E, bf16>) return 8e-3;
-  else return 1e-3;
+  if constexpr (std::is_same_v<E, float>)
+    return 1e-5;
+  else if constexpr (std::is_same_v<E, bf16>)
+    return 8e-3;
+  else
+    return 1e-3;
 }
 
 template <typename E>
@@ -60,14 +63,16 @@ void check_layernorm() {
   auto dy = to_t<E>(randn(B * T * C, 4));
   std::vector<E> out(x.size()), dx(x.size());
   std::vector<float> mean(B * T), rstd(B * T), dw(C), db(C);
-  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), B, T, C);
-  cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
-                          rstd.data(), B, T, C);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), B, T,
+                         C);
+  cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), B, T, C);
   Dev<E> gx(x), gw(w), gb(b), gdy(dy), gout(x.size()), gdx(x.size());
   Dev<float> gmean(B * T), grstd(B * T), gdw(C), gdb(C);
-  cuda::layernorm_forward(gout.get(), gmean.get(), grstd.get(), gx.get(), gw.get(), gb.get(), B, T, C);
-  cuda::layernorm_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), gmean.get(),
-                           grstd.get(), B, T, C);
+  cuda::layernorm_forward(gout.get(), gmean.get(), grstd.get(), gx.get(), gw.get(), gb.get(), B, T,
+                          C);
+  cuda::layernorm_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(),
+                           gmean.get(), grstd.get(), B, T, C);
   expect_close(to_d(gout.host()), to_d(out), tol<E>(), "out");
   expect_close(to_d(gmean.host()), to_d(mean), 1e-5, "mean");
   expect_close(to_d(grstd.host()), to_d(rstd), 1e-5, "rstd");
@@ -87,7 +92,8 @@ template <typename E>
 void check_matmul() {
   SCOPED_TRACE(dtype_name(dtype_of<E>()));
   const int B = 2, T = 33, C = 96, OC = 130;
-  auto x = to_t<E>(randn(B * T * C, 1)), w = to_t<E>(randn(OC * C, 2, 0.1)), b = to_t<E>(randn(OC, 3));
+  auto x = to_t<E>(randn(B * T * C, 1)), w = to_t<E>(randn(OC * C, 2, 0.1)),
+       b = to_t<E>(randn(OC, 3));
   auto dy = to_t<E>(randn(B * T * OC, 4));
   std::vector<E> out(B * T * OC), dx(x.size());
   std::vector<float> dw(w.size()), db(OC);
@@ -96,7 +102,8 @@ void check_matmul() {
   Dev<E> gx(x), gw(w), gb(b), gdy(dy), gout(out.size()), gdx(x.size());
   Dev<float> gdw(w.size()), gdb(OC);
   cuda::matmul_forward(gout.get(), gx.get(), gw.get(), gb.get(), B, T, C, OC);
-  cuda::matmul_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), B, T, C, OC);
+  cuda::matmul_backward(gdx.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), B, T, C,
+                        OC);
   expect_close(to_d(gout.host()), to_d(out), tol<E>(), "out");
   expect_close(to_d(gdx.host()), to_d(dx), tol<E>(), "dinp");
   expect_close(to_d(gdw.host()), to_d(dw), 1e-5, "dweight");
@@ -119,13 +126,15 @@ void check_attention(int B, int T, int C, int NH, double out_tol = 1, double gra
   std::vector<E> out(size_t(B) * T * C), dqkv = dqkv0;
   std::vector<float> lse(size_t(B) * NH * T);
   cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-  cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+  cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C,
+                          NH);
   Dev<E> gqkv(qkv), gdout(dout), gout(out.size()), gdqkv(dqkv0);
   Dev<float> glse(lse.size());
   cuda::attention_forward(gout.get(), glse.get(), gqkv.get(), B, T, C, NH);
   // Backward from the CPU forward's output so both see the same O.
   Dev<E> gout_cpu(out);
-  cuda::attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout_cpu.get(), glse.get(), B, T, C, NH);
+  cuda::attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout_cpu.get(), glse.get(), B, T,
+                           C, NH);
   expect_close(to_d(gout.host()), to_d(out), out_tol * tol<E>(), "out");
   expect_close(to_d(glse.host()), to_d(lse), 1e-5, "lse");
   // Gradients sum O(T) terms in a different order: twice the forward bound by default.
@@ -147,7 +156,7 @@ TEST(KernelsCuda, AttentionTileEdgesAndHeadSizes) {
   REQUIRE_GPU();
   for (int T : {15, 16, 17, 31, 32, 33, 47, 64, 65}) check_attention<float>(2, T, 128, 2);
   for (int hs : {16, 48, 64, 96, 128, 256}) check_attention<float>(1, 70, 2 * hs, 2);
-  check_attention<bf16>(1, 70, 192, 2);   // hs 96
+  check_attention<bf16>(1, 70, 192, 2);  // hs 96
   check_attention<fp16>(1, 70, 2 * 256, 2);
 }
 
@@ -168,19 +177,21 @@ TEST(KernelsCuda, AttentionTensorCores) {
   const cuda::AttentionKernel before = cuda::attention_kernel();
   cuda::set_attention_kernel(cuda::AttentionKernel::kTensorCore);
   for (int T : {1, 15, 31, 32, 33, 63, 64, 65, 130, 200}) check_attention<bf16>(2, T, 128, 2, 2, 4);
-  check_attention<bf16>(1, 130, 256, 2, 2, 4);   // head size 128
-  check_attention<bf16>(2, 96, 512, 8, 2, 4);    // 8 heads of 64
+  check_attention<bf16>(1, 130, 256, 2, 2, 4);  // head size 128
+  check_attention<bf16>(2, 96, 512, 8, 2, 4);   // 8 heads of 64
   check_attention<fp16>(2, 130, 128, 2, 2, 4);
   check_attention<fp16>(1, 200, 256, 2, 2, 4);
   {  // bit-reproducible
     const int B = 2, T = 100, C = 256, NH = 2;
-    auto qkv = to_t<bf16>(randn(size_t(B) * T * 3 * C, 21)), dout = to_t<bf16>(randn(size_t(B) * T * C, 22));
+    auto qkv = to_t<bf16>(randn(size_t(B) * T * 3 * C, 21)),
+         dout = to_t<bf16>(randn(size_t(B) * T * C, 22));
     std::vector<bf16> outs[2], grads[2];
     for (int run = 0; run < 2; ++run) {
       Dev<bf16> gqkv(qkv), gdout(dout), gout(size_t(B) * T * C), gdqkv(qkv.size());
       Dev<float> glse(size_t(B) * NH * T);
       cuda::attention_forward(gout.get(), glse.get(), gqkv.get(), B, T, C, NH);
-      cuda::attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.get(), B, T, C, NH);
+      cuda::attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.get(), B, T,
+                               C, NH);
       outs[run] = gout.host();
       grads[run] = gdqkv.host();
     }
@@ -206,7 +217,8 @@ TEST(KernelsCuda, FiniteDifferenceGradientsOnGpu) {
     };
     objective();
     Dev<float> gq(to_t<float>(qkv)), gprobe(to_t<float>(probe)), gdq(qkv.size());
-    cuda::attention_backward(gdq.get(), gprobe.get(), gq.get(), gout.get(), glse.get(), B, T, C, NH);
+    cuda::attention_backward(gdq.get(), gprobe.get(), gq.get(), gout.get(), glse.get(), B, T, C,
+                             NH);
     auto analytic = to_d(gdq.host());
     fd_check(qkv, analytic, objective, "attention dqkv", 64, 1e-2, 2e-3, 2e-3);
   }
@@ -217,7 +229,8 @@ TEST(KernelsCuda, FiniteDifferenceGradientsOnGpu) {
     Dev<float> gw(to_t<float>(w)), gb(to_t<float>(b)), gout(x.size()), gmean(B * T), grstd(B * T);
     auto objective = [&] {
       Dev<float> gx(to_t<float>(x));
-      cuda::layernorm_forward(gout.get(), gmean.get(), grstd.get(), gx.get(), gw.get(), gb.get(), B, T, C);
+      cuda::layernorm_forward(gout.get(), gmean.get(), grstd.get(), gx.get(), gw.get(), gb.get(), B,
+                              T, C);
       return dot(to_d(gout.host()), probe);
     };
     objective();
@@ -232,7 +245,8 @@ TEST(KernelsCuda, FiniteDifferenceGradientsOnGpu) {
 TEST(KernelsCuda, ElementwiseAndEmbedding) {
   REQUIRE_GPU();
   const size_t n = 100003;
-  auto x = to_t<float>(randn(n, 1, 2.0)), y = to_t<float>(randn(n, 2)), d0 = to_t<float>(randn(n, 3));
+  auto x = to_t<float>(randn(n, 1, 2.0)), y = to_t<float>(randn(n, 2)),
+       d0 = to_t<float>(randn(n, 3));
   std::vector<float> g(n), gd = d0, r(n), rd1 = d0, rd2 = d0;
   cpu::gelu_forward(g.data(), x.data(), n);
   cpu::gelu_backward(gd.data(), x.data(), y.data(), n);
@@ -258,7 +272,8 @@ TEST(KernelsCuda, ElementwiseAndEmbedding) {
   cpu::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
   cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
   Dev<int32_t> gtok(tokens);
-  Dev<float> gwte(wte), gwpe(wpe), gdout(dout), gout(out.size()), gdwte(dwte.size()), gdwpe(dwpe.size());
+  Dev<float> gwte(wte), gwpe(wpe), gdout(dout), gout(out.size()), gdwte(dwte.size()),
+      gdwpe(dwpe.size());
   cuda::encoder_forward(gout.get(), gtok.get(), gwte.get(), gwpe.get(), B, T, C);
   cuda::encoder_backward(gdwte.get(), gdwpe.get(), gdout.get(), gtok.get(), B, T, C);
   EXPECT_TRUE(bits_equal(gout.host(), out));
@@ -286,8 +301,8 @@ TEST(KernelsCuda, TpEmbeddingGradientWindowsAreTheWholeGradientsRows) {
   }
 }
 
-// The vocabulary-parallel cross-entropy kernels (engine/parallel/tensor_parallel.h) against the CPU's:
-// row statistics, losses and the in-place gradient of one rank's columns.
+// The vocabulary-parallel cross-entropy kernels (engine/parallel/tensor_parallel.h) against the
+// CPU's: row statistics, losses and the in-place gradient of one rank's columns.
 TEST(KernelsCuda, ShardedCrossEntropyMatchesTheCpu) {
   REQUIRE_GPU();
   const int BT = 11, V = 500, v0 = 500;  // rank 1 of 2 over a 1000-word vocabulary
@@ -296,7 +311,8 @@ TEST(KernelsCuda, ShardedCrossEntropyMatchesTheCpu) {
   targets[3] = -1;
   std::vector<float> mx(BT), se(BT), xt(BT), loss(BT), d = logits;
   cpu::crossentropy_shard_max(mx.data(), logits.data(), BT, V);
-  cpu::crossentropy_shard_sum(se.data(), xt.data(), logits.data(), mx.data(), targets.data(), BT, V, v0);
+  cpu::crossentropy_shard_sum(se.data(), xt.data(), logits.data(), mx.data(), targets.data(), BT, V,
+                              v0);
   cpu::crossentropy_shard_loss(loss.data(), mx.data(), se.data(), xt.data(), targets.data(), BT);
   cpu::crossentropy_shard_backward(d.data(), d.data(), mx.data(), se.data(), targets.data(), 0.5f,
                                    BT, V, v0);
@@ -321,10 +337,12 @@ TEST(KernelsCuda, CrossEntropyAdamWCastsNorms) {
   auto targets = randint(BT, 0, V, 2);
   targets[4] = -1;
   std::vector<float> losses(BT), dl(logits.size());
-  cpu::crossentropy_forward_backward(dl.data(), losses.data(), logits.data(), targets.data(), 0.25f, BT, V, Vp);
+  cpu::crossentropy_forward_backward(dl.data(), losses.data(), logits.data(), targets.data(), 0.25f,
+                                     BT, V, Vp);
   Dev<float> glog(logits), glosses(BT);
   Dev<int32_t> gt(targets);
-  cuda::crossentropy_forward_backward(glog.get(), glosses.get(), glog.get(), gt.get(), 0.25f, BT, V, Vp);
+  cuda::crossentropy_forward_backward(glog.get(), glosses.get(), glog.get(), gt.get(), 0.25f, BT, V,
+                                      Vp);
   expect_close(to_d(glosses.host()), to_d(losses), 1e-5, "losses");
   expect_close(to_d(glog.host()), to_d(dl), 1e-6, "dlogits (in place)");
 
@@ -381,7 +399,6 @@ TEST(KernelsCuda, CrossEntropyAdamWCastsNorms) {
   EXPECT_TRUE(cuda::has_inf_or_nan(gbad.get(), bad.size()));
 }
 
-
 // ---- fused kernels (docs/GPU.md "Fused kernels"): each against the CPU and against the unfused
 // GPU path it replaces (KILN_CUDA_FUSED=0) ----
 
@@ -405,7 +422,8 @@ void check_residual_layernorm(int C) {
   std::vector<E> res(n), out(n);
   std::vector<float> mean(B * T), rstd(B * T);
   cpu::residual_forward(res.data(), a.data(), b.data(), n);
-  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(), B, T, C);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(), B,
+                         T, C);
   Dev<E> ga(a), gb(b), gw(w), gbias(bias);
   std::vector<E> res_path[2], out_path[2];
   for (int fused = 0; fused < 2; ++fused) {
@@ -449,7 +467,8 @@ void check_crossentropy_paths(int BT, int V, int Vp) {
   targets[1] = 1;  // not a -inf column
   std::vector<float> losses(BT);
   std::vector<E> dl = logits;
-  cpu::crossentropy_forward_backward(dl.data(), losses.data(), dl.data(), targets.data(), 0.25f, BT, V, Vp);
+  cpu::crossentropy_forward_backward(dl.data(), losses.data(), dl.data(), targets.data(), 0.25f, BT,
+                                     V, Vp);
   Dev<int32_t> gt(targets);
   std::vector<float> loss_path[2];
   for (int fused = 0; fused < 2; ++fused) {
@@ -457,13 +476,16 @@ void check_crossentropy_paths(int BT, int V, int Vp) {
     FusedScope scope(fused == 1);
     Dev<E> glog(logits);
     Dev<float> glosses(BT), gfwd(BT);
-    cuda::crossentropy_forward_backward<E>(nullptr, gfwd.get(), glog.get(), gt.get(), 0.25f, BT, V, Vp);
-    cuda::crossentropy_forward_backward(glog.get(), glosses.get(), glog.get(), gt.get(), 0.25f, BT, V, Vp);
+    cuda::crossentropy_forward_backward<E>(nullptr, gfwd.get(), glog.get(), gt.get(), 0.25f, BT, V,
+                                           Vp);
+    cuda::crossentropy_forward_backward(glog.get(), glosses.get(), glog.get(), gt.get(), 0.25f, BT,
+                                        V, Vp);
     loss_path[fused] = glosses.host();
     EXPECT_TRUE(bits_equal(gfwd.host(), loss_path[fused]));  // forward-only gives the same losses
     expect_close(to_d(loss_path[fused]), to_d(losses), 1e-5, "losses");
     // dlogits: fp32 within 1e-6 of the probabilities' scale (dloss); bf16/fp16 one rounding.
-    expect_close(to_d(glog.host()), to_d(dl), std::is_same_v<E, float> ? 1e-6 : tol<E>(), "dlogits (in place)");
+    expect_close(to_d(glog.host()), to_d(dl), std::is_same_v<E, float> ? 1e-6 : tol<E>(),
+                 "dlogits (in place)");
   }
   expect_close(to_d(loss_path[1]), to_d(loss_path[0]), 1e-5, "fused vs unfused losses");
 }
@@ -555,7 +577,8 @@ TEST(KernelsCuda, SumSquaresFused) {
     FusedScope scope(fused == 1);
     ss[fused] = cuda::sum_squares(ptrs.data(), sizes.data(), int(sizes.size()));
     EXPECT_NEAR(ss[fused], cpu_ss, 1e-12 * cpu_ss);
-    EXPECT_EQ(cuda::sum_squares(ptrs.data(), sizes.data(), int(sizes.size())), ss[fused]);  // deterministic
+    EXPECT_EQ(cuda::sum_squares(ptrs.data(), sizes.data(), int(sizes.size())),
+              ss[fused]);  // deterministic
   }
   EXPECT_NEAR(ss[1], ss[0], 1e-13 * ss[0]);
   // An inf anywhere makes the sum inf (the overflow check).
@@ -568,7 +591,6 @@ TEST(KernelsCuda, SumSquaresFused) {
   sizes2.push_back(bad.size());
   EXPECT_FALSE(std::isfinite(cuda::sum_squares(ptrs.data(), sizes2.data(), int(sizes2.size()))));
 }
-
 
 // The MLP's GEMM + GELU operators (cuBLASLt GELU_AUX_BIAS / DGELU epilogues) against the CPU's
 // separate operators, with the epilogues on and off. With them on, GELU and its derivative are
@@ -586,11 +608,13 @@ class EpilogueScope {
 
 template <typename E>
 void check_matmul_gelu(bool epilogue) {
-  SCOPED_TRACE(::testing::Message() << dtype_name(dtype_of<E>()) << (epilogue ? " epilogue" : " separate"));
+  SCOPED_TRACE(::testing::Message()
+               << dtype_name(dtype_of<E>()) << (epilogue ? " epilogue" : " separate"));
   EpilogueScope scope(epilogue);
   const int B = 2, T = 33, C = 96, OC = 256;  // OC: the aux leading dimension, a multiple of 8
   const double t = std::is_same_v<E, float> ? 2e-5 : 2 * tol<E>();
-  auto x = to_t<E>(randn(B * T * C, 1)), w = to_t<E>(randn(OC * C, 2, 0.2)), b = to_t<E>(randn(OC, 3));
+  auto x = to_t<E>(randn(B * T * C, 1)), w = to_t<E>(randn(OC * C, 2, 0.2)),
+       b = to_t<E>(randn(OC, 3));
   std::vector<E> pre(B * T * OC), out(pre.size());
   cpu::matmul_forward(pre.data(), x.data(), w.data(), b.data(), B, T, C, OC);
   cpu::gelu_forward(out.data(), pre.data(), pre.size());
@@ -606,12 +630,14 @@ void check_matmul_gelu(bool epilogue) {
   auto w2 = to_t<E>(randn(C2 * OC, 4, 0.1)), dout = to_t<E>(randn(B * T * C2, 5));
   std::vector<E> dgelu(pre.size()), dpre(pre.size());
   std::vector<float> dw2(w2.size()), db2(C2);
-  cpu::matmul_backward(dgelu.data(), dw2.data(), db2.data(), dout.data(), hout.data(), w2.data(), B, T, OC, C2);
+  cpu::matmul_backward(dgelu.data(), dw2.data(), db2.data(), dout.data(), hout.data(), w2.data(), B,
+                       T, OC, C2);
   cpu::gelu_backward(dpre.data(), hpre.data(), dgelu.data(), pre.size());
-  Dev<E> gw2(w2), gdout(dout), gdpre(to_t<E>(randn(pre.size(), 6)));  // overwritten, not accumulated
+  Dev<E> gw2(w2), gdout(dout),
+      gdpre(to_t<E>(randn(pre.size(), 6)));  // overwritten, not accumulated
   Dev<float> gdw2(w2.size()), gdb2(C2);
-  cuda::matmul_dgelu_backward(gdpre.get(), gdw2.get(), gdb2.get(), gdout.get(), gout.get(), gw2.get(),
-                              gpre.get(), B, T, OC, C2);
+  cuda::matmul_dgelu_backward(gdpre.get(), gdw2.get(), gdb2.get(), gdout.get(), gout.get(),
+                              gw2.get(), gpre.get(), B, T, OC, C2);
   expect_close(to_d(gdpre.host()), to_d(dpre), t, "dpre");
   expect_close(to_d(gdw2.host()), to_d(dw2), 1e-5, "dweight");
   expect_close(to_d(gdb2.host()), to_d(db2), 1e-5, "dbias");

@@ -80,8 +80,8 @@ inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b)
 }
 
 // Expects max|a-b| <= tol * max(1, max|b|) and reports the worst element.
-inline void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol,
-                         const char* what) {
+inline void expect_close(const std::vector<double>& got, const std::vector<double>& want,
+                         double tol, const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   const double scale = std::max(1.0, max_abs(want));
   size_t worst = 0;

@@ -10,14 +10,17 @@ using namespace kiln::testing;
 
 TEST(KernelsLayernorm, ReferenceGradientMatchesFiniteDifferences) {
   const int B = 2, T = 3, C = 7;
-  auto inp = randn(B * T * C, 1, 2.0, 0.5), w = randn(C, 2), b = randn(C, 3), probe = randn(B * T * C, 4);
+  auto inp = randn(B * T * C, 1, 2.0, 0.5), w = randn(C, 2), b = randn(C, 3),
+       probe = randn(B * T * C, 4);
   auto objective = [&] {
     std::vector<double> out(inp.size());
-    ref::layernorm_forward<double>(out.data(), nullptr, nullptr, inp.data(), w.data(), b.data(), B, T, C);
+    ref::layernorm_forward<double>(out.data(), nullptr, nullptr, inp.data(), w.data(), b.data(), B,
+                                   T, C);
     return dot(out, probe);
   };
   std::vector<double> out(inp.size()), mean(B * T), rstd(B * T);
-  ref::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), B, T, C);
+  ref::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), B, T,
+                         C);
   std::vector<double> dinp(inp.size()), dw(C), db(C);
   ref::layernorm_backward(dinp.data(), dw.data(), db.data(), probe.data(), inp.data(), w.data(),
                           mean.data(), rstd.data(), B, T, C);
@@ -36,7 +39,7 @@ void check_against_reference(int B, int T, int C, bool with_bias, double tol_out
   auto dinp0 = quantize<E>(randn(n, 35));
   auto dw0 = quantize<float>(randn(C, 36)), db0 = quantize<float>(randn(C, 37));
   std::vector<double> out_ref(n), mean_ref(B * T), rstd_ref(B * T), dinp_ref = dinp0, dw_ref = dw0,
-                                  db_ref = db0;
+                                                                    db_ref = db0;
   ref::layernorm_forward(out_ref.data(), mean_ref.data(), rstd_ref.data(), inp.data(), w.data(),
                          with_bias ? b.data() : nullptr, B, T, C);
   ref::layernorm_backward(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), inp.data(),
@@ -85,12 +88,14 @@ TEST(KernelsLayernorm, Fp32GradientMatchesFiniteDifferences) {
   auto objective = [&] {
     auto i = to_t<float>(inp), ww = to_t<float>(w), bb = to_t<float>(b);
     std::vector<float> out(i.size());
-    cpu::layernorm_forward<float>(out.data(), nullptr, nullptr, i.data(), ww.data(), bb.data(), B, T, C);
+    cpu::layernorm_forward<float>(out.data(), nullptr, nullptr, i.data(), ww.data(), bb.data(), B,
+                                  T, C);
     return dot(to_d(out), probe);
   };
   auto i = to_t<float>(inp), ww = to_t<float>(w), bb = to_t<float>(b), pr = to_t<float>(probe);
   std::vector<float> out(i.size()), mean(B * T), rstd(B * T), dinp(i.size()), dw(C), db(C);
-  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), i.data(), ww.data(), bb.data(), B, T, C);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), i.data(), ww.data(), bb.data(), B, T,
+                         C);
   cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), pr.data(), i.data(), ww.data(),
                           mean.data(), rstd.data(), B, T, C);
   fd_check(inp, to_d(dinp), objective, "dinp", 64, 1e-2, 1e-2, 2e-3);
@@ -109,7 +114,8 @@ void check_thread_invariance() {
     ThreadCount tc(n);
     std::vector<E> out(inp.size()), dinp(inp.size());
     std::vector<float> mean(B * T), rstd(B * T), dw(C), db(C);
-    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), B, T, C);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), B,
+                           T, C);
     cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
                             mean.data(), rstd.data(), B, T, C);
     if (out0.empty()) {

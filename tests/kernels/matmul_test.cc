@@ -31,14 +31,16 @@ void for_each_bf16_gemm(const Fn& fn) {
 
 TEST(KernelsMatmul, ReferenceGradientMatchesFiniteDifferences) {
   const int B = 2, T = 3, C = 5, OC = 4;
-  auto inp = randn(B * T * C, 1), w = randn(OC * C, 2), bias = randn(OC, 3), probe = randn(B * T * OC, 4);
+  auto inp = randn(B * T * C, 1), w = randn(OC * C, 2), bias = randn(OC, 3),
+       probe = randn(B * T * OC, 4);
   auto objective = [&] {
     std::vector<double> out(B * T * OC);
     ref::matmul_forward(out.data(), inp.data(), w.data(), bias.data(), B, T, C, OC);
     return dot(out, probe);
   };
   std::vector<double> dinp(inp.size()), dw(w.size()), db(bias.size());
-  ref::matmul_backward(dinp.data(), dw.data(), db.data(), probe.data(), inp.data(), w.data(), B, T, C, OC);
+  ref::matmul_backward(dinp.data(), dw.data(), db.data(), probe.data(), inp.data(), w.data(), B, T,
+                       C, OC);
   fd_check(inp, dinp, objective, "dinp");
   fd_check(w, dw, objective, "dweight");
   fd_check(bias, db, objective, "dbias");
@@ -74,8 +76,8 @@ void check_against_reference(const Shape& s, bool with_bias, double tol_out, dou
   db_ref = db_start;
   ref::matmul_backward<double>(nullptr, dw_ref.data(), db_ref.data(), dout.data(), inp.data(),
                                w.data(), s.B, s.T, s.C, s.OC);
-  cpu::matmul_backward(dinp_t.data(), dw.data(), db.data(), dout_t.data(), inp_t.data(),
-                       w_t.data(), s.B, s.T, s.C, s.OC);
+  cpu::matmul_backward(dinp_t.data(), dw.data(), db.data(), dout_t.data(), inp_t.data(), w_t.data(),
+                       s.B, s.T, s.C, s.OC);
   expect_close(to_d(out_t), out_ref, tol_out, "out");
   expect_close(to_d(dinp_t), dinp_ref, tol_dinp, "dinp");
   expect_close(to_d(dw), dw_ref, tol_dparam, "dweight");
@@ -111,8 +113,10 @@ TEST(KernelsMatmul, NullGradientsAreSkipped) {
   auto inp = to_t<float>(randn(B * T * C, 1)), w = to_t<float>(randn(OC * C, 2));
   auto dout = to_t<float>(randn(B * T * OC, 3));
   std::vector<float> dw(OC * C, 0.0f), dw2(OC * C, 0.0f), dinp(B * T * C, 0.0f);
-  cpu::matmul_backward<float>(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), B, T, C, OC);
-  cpu::matmul_backward<float>(dinp.data(), dw2.data(), nullptr, dout.data(), inp.data(), w.data(), B, T, C, OC);
+  cpu::matmul_backward<float>(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), B, T,
+                              C, OC);
+  cpu::matmul_backward<float>(dinp.data(), dw2.data(), nullptr, dout.data(), inp.data(), w.data(),
+                              B, T, C, OC);
   EXPECT_TRUE(bits_equal(dw, dw2));
   EXPECT_GT(max_abs(to_d(dinp)), 0.0);
 }
@@ -121,7 +125,8 @@ TEST(KernelsMatmul, NullGradientsAreSkipped) {
 // fp32 forward are exact up to rounding of the objective).
 TEST(KernelsMatmul, Fp32GradientMatchesFiniteDifferences) {
   const int B = 2, T = 4, C = 6, OC = 5;
-  auto inp = randn(B * T * C, 1), w = randn(OC * C, 2), bias = randn(OC, 3), probe = randn(B * T * OC, 4);
+  auto inp = randn(B * T * C, 1), w = randn(OC * C, 2), bias = randn(OC, 3),
+       probe = randn(B * T * OC, 4);
   auto objective = [&] {
     auto i = to_t<float>(inp), ww = to_t<float>(w), bb = to_t<float>(bias);
     std::vector<float> out(B * T * OC);
@@ -131,7 +136,8 @@ TEST(KernelsMatmul, Fp32GradientMatchesFiniteDifferences) {
   inp = quantize<float>(inp), w = quantize<float>(w), bias = quantize<float>(bias);
   auto i = to_t<float>(inp), ww = to_t<float>(w), pr = to_t<float>(probe);
   std::vector<float> dinp(inp.size()), dw(w.size()), db(bias.size());
-  cpu::matmul_backward(dinp.data(), dw.data(), db.data(), pr.data(), i.data(), ww.data(), B, T, C, OC);
+  cpu::matmul_backward(dinp.data(), dw.data(), db.data(), pr.data(), i.data(), ww.data(), B, T, C,
+                       OC);
   fd_check(inp, to_d(dinp), objective, "dinp", 64, 1e-2, 1e-3, 1e-4);
   fd_check(w, to_d(dw), objective, "dweight", 64, 1e-2, 1e-3, 1e-4);
   fd_check(bias, to_d(db), objective, "dbias", 64, 1e-2, 1e-3, 1e-4);
@@ -149,7 +155,8 @@ void check_thread_invariance() {
     std::vector<E> out(B * T * OC), dinp(B * T * C);
     std::vector<float> dw(OC * C), db(OC);
     cpu::matmul_forward(out.data(), inp.data(), w.data(), bias.data(), B, T, C, OC);
-    cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), B, T, C, OC);
+    cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), B, T,
+                         C, OC);
     if (out0.empty()) {
       out0 = out, dinp0 = dinp, dw0 = dw, db0 = db;
       continue;
@@ -169,15 +176,17 @@ TEST(KernelsMatmul, ThreadCountInvariantAtModelShapes) {
   };
   for (S s : {S{2048, 256, 768}, S{2048, 1024, 256}, S{256, 256, 8192}}) {
     SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.C << "x" << s.OC);
-    auto inp = to_t<float>(randn(size_t(s.rows) * s.C, 1)), w = to_t<float>(randn(size_t(s.OC) * s.C, 2, 0.05));
+    auto inp = to_t<float>(randn(size_t(s.rows) * s.C, 1)),
+         w = to_t<float>(randn(size_t(s.OC) * s.C, 2, 0.05));
     auto dout = to_t<float>(randn(size_t(s.rows) * s.OC, 3));
     std::vector<float> out0, dinp0, dw0;
     for (int n : thread_counts()) {
       ThreadCount tc(n);
-      std::vector<float> out(size_t(s.rows) * s.OC), dinp(size_t(s.rows) * s.C), dw(size_t(s.OC) * s.C);
+      std::vector<float> out(size_t(s.rows) * s.OC), dinp(size_t(s.rows) * s.C),
+          dw(size_t(s.OC) * s.C);
       cpu::matmul_forward<float>(out.data(), inp.data(), w.data(), nullptr, 1, s.rows, s.C, s.OC);
-      cpu::matmul_backward<float>(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), 1,
-                                  s.rows, s.C, s.OC);
+      cpu::matmul_backward<float>(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(),
+                                  w.data(), 1, s.rows, s.C, s.OC);
       if (out0.empty()) {
         out0 = out, dinp0 = dinp, dw0 = dw;
         continue;
@@ -207,19 +216,22 @@ void check_fma_chain_bits() {
   for (int m = 0; m < BT; ++m)
     for (int n = 0; n < OC; ++n) {
       float acc = f(bias[n]);
-      for (int k = 0; k < C; ++k) acc = std::fma(f(inp[size_t(m) * C + k]), f(w[size_t(n) * C + k]), acc);
+      for (int k = 0; k < C; ++k)
+        acc = std::fma(f(inp[size_t(m) * C + k]), f(w[size_t(n) * C + k]), acc);
       out_ref[size_t(m) * OC + n] = from_float<E>(acc);
     }
   for (int m = 0; m < BT; ++m)
     for (int n = 0; n < C; ++n) {
       float acc = 0.0f;
-      for (int k = 0; k < OC; ++k) acc = std::fma(f(dout[size_t(m) * OC + k]), f(w[size_t(k) * C + n]), acc);
+      for (int k = 0; k < OC; ++k)
+        acc = std::fma(f(dout[size_t(m) * OC + k]), f(w[size_t(k) * C + n]), acc);
       dinp_ref[size_t(m) * C + n] = from_float<E>(f(dinp0[size_t(m) * C + n]) + acc);
     }
   for (int m = 0; m < OC; ++m)
     for (int n = 0; n < C; ++n) {
       float acc = 0.0f;
-      for (int k = 0; k < BT; ++k) acc = std::fma(f(dout[size_t(k) * OC + m]), f(inp[size_t(k) * C + n]), acc);
+      for (int k = 0; k < BT; ++k)
+        acc = std::fma(f(dout[size_t(k) * OC + m]), f(inp[size_t(k) * C + n]), acc);
       dw_ref[size_t(m) * C + n] += acc;
     }
   for (int n : thread_counts()) {
@@ -227,7 +239,8 @@ void check_fma_chain_bits() {
     std::vector<E> out(size_t(BT) * OC), dinp = dinp0;
     std::vector<float> dw = dw0;
     cpu::matmul_forward(out.data(), inp.data(), w.data(), bias.data(), 1, BT, C, OC);
-    cpu::matmul_backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), 1, BT, C, OC);
+    cpu::matmul_backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), 1, BT,
+                         C, OC);
     EXPECT_TRUE(bits_equal(out, out_ref)) << n << " threads";
     EXPECT_TRUE(bits_equal(dinp, dinp_ref)) << n << " threads";
     EXPECT_TRUE(bits_equal(dw, dw_ref)) << n << " threads";

@@ -123,8 +123,8 @@ TEST(KernelsOperators, MultiTensorAdamWIsAdamWPerTensor) {
       AdamWParams h = hp;
       h.weight_decay = decays[i];
       if (lp == DType::kBF16 && i != 1) {
-        CpuBackend::adamw_update(p2[i].data(), m2[i].data(), v2[i].data(), g[i].data(), sizes[i],
-                                 h, lp2[i].data());
+        CpuBackend::adamw_update(p2[i].data(), m2[i].data(), v2[i].data(), g[i].data(), sizes[i], h,
+                                 lp2[i].data());
       } else {
         CpuBackend::adamw_update(p2[i].data(), m2[i].data(), v2[i].data(), g[i].data(), sizes[i],
                                  h);
@@ -157,7 +157,8 @@ void tp_embedding_parts_add_up(int tp) {
                                           tokens.data(), B, T_, C, r * Vl, Vl);
   }
   std::vector<float> full(n);
-  CpuBackend::encoder_forward(full.data(), tokens.data(), testing::to_t<float>(testing::to_d(wte)).data(),
+  CpuBackend::encoder_forward(full.data(), tokens.data(),
+                              testing::to_t<float>(testing::to_d(wte)).data(),
                               testing::to_t<float>(testing::to_d(wpe)).data(), B, T_, C);
   EXPECT_TRUE(same_bits(sum, full));  // each element is one wte value + one wpe value
   std::vector<float> dwte(size_t(V) * C, 0.0f);

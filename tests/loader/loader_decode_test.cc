@@ -1,9 +1,8 @@
 // loader/decode.h: one planned unit read from its shard: the planned members in plan order,
 // tokens widened, the restored prefix skipped, eos after every document; errors name the shard.
-#include "loader/decode.h"
-
 #include <gtest/gtest.h>
 
+#include "loader/decode.h"
 #include "tests/loader/loader_testutil.h"
 
 namespace kiln::loader::detail {

@@ -1,5 +1,5 @@
-// Multi-rank loader checks, one binary run under `mpirun -np N` (see tests/loader/loader_mpi.cmake).
-// Exits non-zero on any mismatch.
+// Multi-rank loader checks, one binary run under `mpirun -np N` (see
+// tests/loader/loader_mpi.cmake). Exits non-zero on any mismatch.
 //
 //   loader_mpi_check make DIR
 //       writes the test dataset (one process).
@@ -15,14 +15,14 @@
 //       all ranks, every id belongs to its line's domain, and no document is on two ranks (the
 //       run is shorter than an epoch).
 #include <mpi.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <set>
 
-#include "tests/loader/loader_testutil.h"
 #include "format/shard_reader.h"
+#include "tests/loader/loader_testutil.h"
 
 namespace kiln {
 namespace {
@@ -94,7 +94,8 @@ int partition(const std::string& dir) {
     if (steps > 20000) return fail("epoch 0 never ends");
     auto b = (*loader)->next_batch();
     if (!b) return fail("rank " + std::to_string(rank) + ": " + b.status().to_string());
-    if (b->step != steps || b->micro_batch != o.micro_batch) return fail("short or misnumbered batch");
+    if (b->step != steps || b->micro_batch != o.micro_batch)
+      return fail("short or misnumbered batch");
     const std::string problem = cov.add(*b, eos, rank);
     if (!problem.empty()) return fail("rank " + std::to_string(rank) + ": " + problem);
     for (int32_t d : b->domains) mixture_hash = mixture_hash * 1000003u + static_cast<uint64_t>(d);
@@ -109,8 +110,7 @@ int partition(const std::string& dir) {
   std::vector<int64_t> all_steps(world);
   std::vector<uint64_t> all_hashes(world);
   MPI_Allgather(&steps, 1, MPI_INT64_T, all_steps.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
-  MPI_Allgather(&mixture_hash, 1, MPI_UINT64_T, all_hashes.data(), 1, MPI_UINT64_T,
-                MPI_COMM_WORLD);
+  MPI_Allgather(&mixture_hash, 1, MPI_UINT64_T, all_hashes.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
   // Gather every rank's epoch-0 pieces on rank 0.
   int count = static_cast<int>(pieces.size());
   std::vector<int> counts(world), displs(world);

@@ -1,6 +1,4 @@
 // loader/pack.h: the mixture decision and cutting rows out of a domain's packed stream.
-#include "loader/pack.h"
-
 #include <gtest/gtest.h>
 
 #include <map>
@@ -8,6 +6,7 @@
 
 #include "common/hash.h"
 #include "loader/order.h"
+#include "loader/pack.h"
 
 namespace kiln::loader::detail {
 namespace {
@@ -81,8 +80,8 @@ TEST(LoaderPack, ChooseDomainFollowsTheWeights) {
   const std::vector<double> w = {0.25, 0.0, 0.75};
   int count[3] = {0, 0, 0};
   for (uint64_t i = 0; i < 4000; ++i) ++count[choose_domain(w, 11, i)];
-  EXPECT_EQ(count[1], 0);                  // weight 0: never chosen
-  EXPECT_NEAR(count[0], 1000, 10);         // low-discrepancy: very close to the share
+  EXPECT_EQ(count[1], 0);           // weight 0: never chosen
+  EXPECT_NEAR(count[0], 1000, 10);  // low-discrepancy: very close to the share
   EXPECT_EQ(choose_domain(w, 11, 17), choose_domain(w, 11, 17));  // same on every rank
   EXPECT_EQ(choose_domain({0.0, 1.0}, 3, 5), 1);
 }

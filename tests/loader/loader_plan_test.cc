@@ -1,10 +1,10 @@
 // loader/plan.h: cursors -> units. Units cover this rank's part of each epoch in order, members
 // lie in their shard, and a cursor taken inside a unit continues exactly where it was taken.
-#include "loader/plan.h"
-
 #include <gtest/gtest.h>
 
 #include <set>
+
+#include "loader/plan.h"
 
 namespace kiln::loader::detail {
 namespace {

@@ -68,7 +68,9 @@ std::vector<uint64_t> flat(const Batch& b) {
 void run(Loader* l, int64_t from, int64_t to, std::vector<std::vector<uint64_t>>* out) {
   for (int64_t step = from; step < to; ++step) {
     auto it = changes().find(step);
-    if (it != changes().end()) { ASSERT_TRUE(l->set_weights(it->second).is_ok()); }
+    if (it != changes().end()) {
+      ASSERT_TRUE(l->set_weights(it->second).is_ok());
+    }
     auto b = l->next_batch();
     ASSERT_TRUE(b.is_ok()) << b.status().to_string();
     ASSERT_EQ(b->step, step);
@@ -105,7 +107,8 @@ TEST(LoaderResume, StopRestoreContinueIsBitForBitAcrossWeightChanges) {
     ASSERT_TRUE(l->restore(*state).is_ok());
     run(l.get(), k, kSteps, &got);
     ASSERT_EQ(got.size(), reference.size());
-    for (int64_t i = 0; i < kSteps; ++i) ASSERT_EQ(got[i], reference[i]) << "k=" << k << " step " << i;
+    for (int64_t i = 0; i < kSteps; ++i)
+      ASSERT_EQ(got[i], reference[i]) << "k=" << k << " step " << i;
   }
 }
 
@@ -125,13 +128,14 @@ TEST(LoaderResume, RestoringTwiceAndRestoringTheSameLoader) {
 }
 
 // Runs `world` ranks in lockstep for steps [from, to), recording coverage.
-void run_ranks(std::vector<std::unique_ptr<Loader>>& ranks, int64_t from, int64_t to,
-               Coverage* cov, int rank_offset,
-               std::vector<std::vector<std::vector<uint64_t>>>* out = nullptr) {
+void run_ranks(std::vector<std::unique_ptr<Loader>>& ranks, int64_t from, int64_t to, Coverage* cov,
+               int rank_offset, std::vector<std::vector<std::vector<uint64_t>>>* out = nullptr) {
   for (int64_t step = from; step < to; ++step) {
     for (size_t r = 0; r < ranks.size(); ++r) {
       auto it = changes().find(step);
-      if (it != changes().end()) { ASSERT_TRUE(ranks[r]->set_weights(it->second).is_ok()); }
+      if (it != changes().end()) {
+        ASSERT_TRUE(ranks[r]->set_weights(it->second).is_ok());
+      }
       auto b = ranks[r]->next_batch();
       ASSERT_TRUE(b.is_ok()) << b.status().to_string();
       ASSERT_EQ(b->step, step);

@@ -3,14 +3,13 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <set>
 
-#include "tests/kiln_cli.h"
 #include "common/atomic_file.h"
 #include "loader/stream.h"
+#include "tests/kiln_cli.h"
 #include "tests/loader/loader_testutil.h"
 
 namespace kiln::loader {
@@ -56,7 +55,7 @@ TEST(KilnStream, PrintsOneLinePerSequenceWithTheDocumentIds) {
   std::vector<std::vector<json>> ranks;
   for (int r = 0; r < 3; ++r) {
     CliRun run = kiln("stream " + ds.dir + " --world 3 --rank " + std::to_string(r) +
-                   " --steps 12" + kCommon + "--weights alpha=3,beta=1");
+                      " --steps 12" + kCommon + "--weights alpha=3,beta=1");
     ASSERT_EQ(run.exit_code, 0) << run.err;
     ranks.push_back(lines(run.out));
     ASSERT_EQ(ranks.back().size(), 48u);
@@ -102,17 +101,17 @@ TEST(KilnStream, StateOutThenStateInContinuesExactly) {
   CliRun full = kiln("stream " + ds.dir + " --world 2 --rank 1 --steps 30" + kCommon + w);
   ASSERT_EQ(full.exit_code, 0) << full.err;
   CliRun first = kiln("stream " + ds.dir + " --world 2 --rank 1 --steps 18" + kCommon + w +
-                   " --state-out " + dir + "/s-{rank}.json");
+                      " --state-out " + dir + "/s-{rank}.json");
   ASSERT_EQ(first.exit_code, 0) << first.err;
   ASSERT_TRUE(std::filesystem::exists(dir + "/s-1.json"));
   CliRun rest = kiln("stream " + ds.dir + " --world 2 --rank 1 --steps 12" + kCommon +
-                  " --state-in " + dir + "/s-1.json");
+                     " --state-in " + dir + "/s-1.json");
   ASSERT_EQ(rest.exit_code, 0) << rest.err;
   EXPECT_EQ(first.out + rest.out, full.out);
 
   // A new weight on resume is applied from the next step (and the state's are replaced).
   CliRun reweighted = kiln("stream " + ds.dir + " --world 2 --rank 1 --steps 12" + kCommon +
-                        " --weights beta=1 --state-in " + dir + "/s-1.json");
+                           " --weights beta=1 --state-in " + dir + "/s-1.json");
   ASSERT_EQ(reweighted.exit_code, 0) << reweighted.err;
   for (const json& l : lines(reweighted.out)) EXPECT_EQ(l["domain"], "beta");
 }
@@ -125,18 +124,18 @@ TEST(KilnStream, WorldSizeChangeFromAllRanksStates) {
   std::multiset<std::string> before;
   for (int r = 0; r < 4; ++r) {
     CliRun run = kiln("stream " + ds.dir + " --world 4 --rank " + std::to_string(r) + " --steps 3" +
-                   kCommon + "--state-out " + dir + "/s-{rank}.json");
+                      kCommon + "--state-out " + dir + "/s-{rank}.json");
     ASSERT_EQ(run.exit_code, 0) << run.err;
     states += " " + dir + "/s-" + std::to_string(r) + ".json";
   }
   // Restoring with --world 2 from one rank's state is refused; from all four it works.
   CliRun one = kiln("stream " + ds.dir + " --world 2 --rank 0 --steps 1" + kCommon + "--state-in " +
-                 dir + "/s-0.json");
+                    dir + "/s-0.json");
   EXPECT_EQ(one.exit_code, 2) << one.err;
   EXPECT_NE(one.err.find("all 4 ranks"), std::string::npos) << one.err;
   for (int r = 0; r < 2; ++r) {
     CliRun run = kiln("stream " + ds.dir + " --world 2 --rank " + std::to_string(r) + " --steps 4" +
-                   kCommon + "--state-in" + states);
+                      kCommon + "--state-in" + states);
     ASSERT_EQ(run.exit_code, 0) << run.err;
     const auto ls = lines(run.out);
     ASSERT_EQ(ls.size(), 16u);

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "format/shard_writer.h"
 #include "loader/order.h"
 #include "loader/reshard.h"
 #include "tests/loader/loader_testutil.h"
-#include "format/shard_writer.h"
 
 namespace kiln::loader {
 namespace {
@@ -355,8 +355,7 @@ TEST(LoaderErrors, MissingShardAndMissingTokensMember) {
     if (!b.is_ok()) err = b.status();
   }
   ASSERT_FALSE(err.is_ok());
-  EXPECT_NE(err.to_string().find(ds.manifest.shards[0].path), std::string::npos)
-      << err.to_string();
+  EXPECT_NE(err.to_string().find(ds.manifest.shards[0].path), std::string::npos) << err.to_string();
 
   // A sample without its tokens.npy member: the error names the member.
   const std::string dir = testing::test_tmpdir("notokens");

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "common/random.h"
+#include "common/status.h"
 #include "format/manifest.h"
 #include "format/npy.h"
-#include "common/random.h"
 #include "format/shard_writer.h"
-#include "common/status.h"
 #include "loader/loader.h"
 
 namespace kiln::testing {

@@ -1,7 +1,7 @@
 // loader/weights_history.h: the weights of every step as the loader's state records them.
-#include "loader/weights_history.h"
-
 #include <gtest/gtest.h>
+
+#include "loader/weights_history.h"
 
 namespace kiln::loader::detail {
 namespace {

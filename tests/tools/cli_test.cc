@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "tests/test_paths.h"
 #include "tests/kiln_cli.h"
+#include "tests/test_paths.h"
 
 namespace {
 
@@ -15,7 +15,8 @@ using kiln::testing_cli::run_kiln;
 TEST(Cli, HelpAndVersion) {
   auto help = run_kiln("--help");
   EXPECT_EQ(help.exit_code, 0);
-  for (const char* cmd : {"prep", "inspect", "tokenizer", "tagger", "stream", "train", "mix", "plan"}) {
+  for (const char* cmd :
+       {"prep", "inspect", "tokenizer", "tagger", "stream", "train", "mix", "plan"}) {
     EXPECT_NE(help.output.find(cmd), std::string::npos) << cmd;
     auto sub = run_kiln(std::string(cmd) + " --help");
     EXPECT_EQ(sub.exit_code, 0) << cmd << ": " << sub.output;
@@ -45,7 +46,9 @@ TEST(Cli, MissingPathsAreUsageErrors) {
   EXPECT_EQ(run_kiln("stream /no/such/dir --steps 1").exit_code, 2);
   auto enc = run_kiln("tokenizer encode --tokenizer /no/such/tok.json < /dev/null");
   EXPECT_EQ(enc.exit_code, 2) << enc.output;
-  auto train = run_kiln("train --set data.manifest=/no/such/manifest.json --set run.dir=/tmp/kiln_cli_test_run --overwrite");
+  auto train = run_kiln(
+      "train --set data.manifest=/no/such/manifest.json --set run.dir=/tmp/kiln_cli_test_run "
+      "--overwrite");
   EXPECT_EQ(train.exit_code, 2) << train.output;
   EXPECT_NE(train.output.find("data.manifest"), std::string::npos) << train.output;
 }
@@ -68,10 +71,10 @@ TEST(Cli, PlanPrintsEveryLayoutAndNamesBadFlags) {
   for (const auto& p : arr) {
     EXPECT_EQ(p["tp"].get<int>() * p["dp"].get<int>(), 2);
     const auto& b = p["bytes_per_rank"];
-    EXPECT_EQ(b["total"].get<uint64_t>(),
-              b["params"].get<uint64_t>() + b["grads"].get<uint64_t>() +
-                  b["optimizer"].get<uint64_t>() + b["activations"].get<uint64_t>() +
-                  b["buffers"].get<uint64_t>());
+    EXPECT_EQ(b["total"].get<uint64_t>(), b["params"].get<uint64_t>() + b["grads"].get<uint64_t>() +
+                                              b["optimizer"].get<uint64_t>() +
+                                              b["activations"].get<uint64_t>() +
+                                              b["buffers"].get<uint64_t>());
     EXPECT_EQ(p["fits"].get<bool>(), b["total"].get<uint64_t>() <= (uint64_t{1} << 30));
     suggested += p["suggested"].get<bool>();
   }

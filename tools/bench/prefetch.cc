@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/device/runtime.h"
 #include "engine/data/data_source.h"
 #include "engine/data/step_batches.h"
+#include "engine/device/runtime.h"
 #include "engine/train/train_config.h"
 #include "tools/bench/bench_machine.h"
 

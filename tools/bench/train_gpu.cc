@@ -12,12 +12,12 @@
 // per operator): the timed steps run with it off, then --kernel-steps (default 3) more with it on.
 // Prints one JSON line on stdout:
 //   {"impl": "kiln", "model", "device", "gpu", "precision", "recompute", "micro_batch", "seq_len",
-//    "vocab", "d_model", "layers", "heads", "params", "flops_per_token", "peak_flops" (null when the GPU is not in engine/train/mfu.cc's table),
-//    "steps", "warmup", "step_ms" (median), "step_ms_min", "tokens_per_s", "mfu" (null without a
-//    peak), "device_memory_peak_mib" (the driver's used memory at its highest, sampled after each
-//    step: context and workspaces included), "allocated_peak_mib" (what the engine allocated),
-//    "kernel_ms" {family: device ms per step, mean over the kernel steps} (null on the CPU),
-//    "loss_first", "loss_last"}
+//    "vocab", "d_model", "layers", "heads", "params", "flops_per_token", "peak_flops" (null when
+//    the GPU is not in engine/train/mfu.cc's table), "steps", "warmup", "step_ms" (median),
+//    "step_ms_min", "tokens_per_s", "mfu" (null without a peak), "device_memory_peak_mib" (the
+//    driver's used memory at its highest, sampled after each step: context and workspaces
+//    included), "allocated_peak_mib" (what the engine allocated), "kernel_ms" {family: device ms
+//    per step, mean over the kernel steps} (null on the CPU), "loss_first", "loss_last"}
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,11 +28,11 @@
 #include <vector>
 
 #include "engine/device/runtime.h"
-#include "engine/train/mfu.h"
 #include "engine/model/model.h"
 #include "engine/model/optimizer.h"
 #include "engine/model/params.h"
 #include "engine/model/rng.h"
+#include "engine/train/mfu.h"
 #include "engine/train/train_config.h"
 
 using namespace kiln;
@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
   auto tc = parse_train_config(*cfg);
   if (!tc.is_ok()) return std::fprintf(stderr, "bench_train_gpu: %s\n", tc.status().to_string().c_str()), 2;
   auto rt = runtime_for(tc->device);
-  if (!rt.is_ok()) return std::fprintf(stderr, "bench_train_gpu: %s\n", rt.status().to_string().c_str()), 2;
+  if (!rt.is_ok())
+    return std::fprintf(stderr, "bench_train_gpu: %s\n", rt.status().to_string().c_str()), 2;
   Runtime* runtime = *rt;
   const ModelConfig& m = tc->model;
   const int64_t B = micro_batch > 0 ? micro_batch : tc->data.micro_batch;
@@ -149,7 +150,8 @@ int main(int argc, char** argv) {
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
     if (timed_kernels) {
-      for (const auto& [family, t] : runtime->take_kernel_times()) kernel_ms[family] += t / kernel_steps;
+      for (const auto& [family, t] : runtime->take_kernel_times())
+        kernel_ms[family] += t / kernel_steps;
     }
   }
   runtime->set_kernel_timing(false);

@@ -10,10 +10,10 @@
 
 #include "common/json.h"
 #include "engine/checkpoint/checkpoint.h"
-#include "engine/train/metrics.h"
-#include "engine/mixing/controller.h"
 #include "engine/mixing/control_file.h"
+#include "engine/mixing/controller.h"
 #include "engine/stability/monitor.h"
+#include "engine/train/metrics.h"
 #include "loader/loader.h"
 #include "tools/kiln/command.h"
 

@@ -1,10 +1,10 @@
 // kiln plan --config FILE --world N [--memory-per-device SIZE] [--gpus-per-node N] [--json]
 //           [--set k=v ...]
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "common/text.h"

@@ -1,13 +1,13 @@
 // `kiln prep`: flags -> prep config -> dataprep::run_prep (all logic lives in dataprep/).
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 
-#include "common/host_memory.h"
-#include "common/text.h"
 #include "comm/comm.h"
 #include "comm/watchdog.h"
 #include "common/config.h"
+#include "common/host_memory.h"
+#include "common/text.h"
 #include "dataprep/append.h"
 #include "dataprep/prep.h"
 #include "dataprep/prep_config.h"
@@ -173,16 +173,21 @@ RunFn add_prep_command(CLI::App& root) {
     if (given("--threads")) KILN_RETURN_IF_ERROR(cfg.set("threads", std::to_string(f->threads)));
     if (given("--memory")) {
       // A budget the machine cannot give would end at the OOM killer, not in a spill to disk.
+      // Every rank decides together: the ranks of one machine share its memory.
       KILN_ASSIGN_OR_RETURN(uint64_t want, parse_size("--memory", f->memory));
       const HostMemory host = host_memory();
-      const uint64_t ranks = static_cast<uint64_t>(std::max(1, comm::world().size()));
-      if (host.available > 0 && want > host.available / ranks) {
-        return Status::usage(
-            "--memory " + f->memory + " is more than this process can have: " +
-            human_bytes(host.available / ranks) + " (" + host.source +
-            (ranks > 1 ? ", shared by " + std::to_string(ranks) + " ranks" : std::string()) +
+      const int ranks = comm::ranks_on_this_host(comm::world());
+      const uint64_t mine = host.available / static_cast<uint64_t>(std::max(1, ranks));
+      Status fits = Status::ok();
+      if (host.known && want > mine) {
+        fits = Status::usage(
+            "--memory " + f->memory + " is more than this process can have: " + human_bytes(mine) +
+            " (" + host.source +
+            (ranks > 1 ? ", shared by this machine's " + std::to_string(ranks) + " ranks"
+                       : std::string()) +
             "); give less - beyond the budget prep spills sorted runs to disk");
       }
+      KILN_RETURN_IF_ERROR(comm::agree(comm::world(), std::move(fits)));
       KILN_RETURN_IF_ERROR(set_text("memory", f->memory));
     }
     if (given("--num-perm")) KILN_RETURN_IF_ERROR(cfg.set("dedup.num_perm", std::to_string(f->num_perm)));

@@ -1,7 +1,6 @@
 // kiln: the command-line front end. Dispatches to subcommands; maps Status to exit codes:
 // 0 success, 2 usage/config error, 3 input data error beyond tolerance, 1 anything else.
 #include <CLI/CLI.hpp>
-
 #include <cctype>
 #include <charconv>
 #include <cstdint>

@@ -1,10 +1,12 @@
-// engine/checkpoint/checkpoint.h: resuming on another tensor-parallel size reads, from the source TP ranks'
-// files, only the byte ranges of the elements this rank's slices share with them - the values
-// are the whole tensors' slices, and nothing but the rank's own slices is held (CheckpointReader).
-#include <sys/wait.h>
-#include <unistd.h>
+// engine/checkpoint/checkpoint.h: resuming on another tensor-parallel size reads, from the source
+// TP ranks' files, only the byte ranges of the elements this rank's slices share with them - the
+// values are the whole tensors' slices, and nothing but the rank's own slices is held
+// (CheckpointReader).
+#include "engine/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -15,13 +17,11 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "engine/checkpoint/checkpoint.h"
 #include "engine/model/params.h"
 #include "engine/parallel/layout_plan.h"
 
@@ -56,8 +56,8 @@ void fill_whole(ParamStore& whole) {
 // A checkpoint of the whole model written by `tp` tensor-parallel ranks (one process with tp 1),
 // as the trainer writes it; in a child process, so the parent never holds the whole model.
 std::string write_checkpoint(int tp) {
-  const fs::path path = fs::temp_directory_path() / ("kiln_reshard_" + std::to_string(getpid()) +
-                                                      "_tp" + std::to_string(tp));
+  const fs::path path = fs::temp_directory_path() /
+                        ("kiln_reshard_" + std::to_string(getpid()) + "_tp" + std::to_string(tp));
   fs::remove_all(path);
   const std::string run = path.string();
   const pid_t pid = fork();
@@ -74,8 +74,8 @@ std::string write_checkpoint(int tp) {
       std::vector<uint64_t> hashes;
       std::unique_ptr<ParamStore> first;
       for (int t = 0; t < tp && tmp.is_ok() && s.is_ok(); ++t) {
-        auto slice = std::make_unique<ParamStore>(model(), Precision::kFp32, false, nullptr,
-                                                  TpShard{t, tp});
+        auto slice =
+            std::make_unique<ParamStore>(model(), Precision::kFp32, false, nullptr, TpShard{t, tp});
         for (size_t i = 0; i < whole.tensors().size(); ++i) {
           const int ti = static_cast<int>(i);
           const ParamTensor& pt = slice->tensors()[i];
@@ -85,8 +85,10 @@ std::string write_checkpoint(int tp) {
         }
         std::deque<std::vector<float>> scratch;
         auto h = write_checkpoint_partition(*tmp, 0, 1, unit_partition(*slice, &scratch), t, tp);
-        if (!h.is_ok()) s = h.status();
-        else hashes.push_back(*h);
+        if (!h.is_ok())
+          s = h.status();
+        else
+          hashes.push_back(*h);
         if (t == 0) first = std::move(slice);
       }
       if (!tmp.is_ok()) s = tmp.status();
@@ -135,9 +137,10 @@ void check_load_here(const std::string& run, int from_tp, int rank, int tp, int6
     const int ti = static_cast<int>(i);
     const ParamTensor& pt = mine.tensors()[i];
     want.assign(pt.numel, -1.0f);
-    for (auto [w, got, name] : {std::tuple{whole.master(ti), mine.master(ti), "master"},
-                                std::tuple{whole.exp_avg(ti), mine.exp_avg(ti), "exp_avg"},
-                                std::tuple{whole.exp_avg_sq(ti), mine.exp_avg_sq(ti), "exp_avg_sq"}}) {
+    for (auto [w, got, name] :
+         {std::tuple{whole.master(ti), mine.master(ti), "master"},
+          std::tuple{whole.exp_avg(ti), mine.exp_avg(ti), "exp_avg"},
+          std::tuple{whole.exp_avg_sq(ti), mine.exp_avg_sq(ti), "exp_avg_sq"}}) {
       copy_to_shard(pt, {rank, tp}, w, want.data());
       for (size_t k = 0; k < pt.numel; ++k) {
         ASSERT_EQ(got[k], want[k]) << pt.name << "." << name << "[" << k << "]";
@@ -186,7 +189,8 @@ TEST(CheckpointReshard, TwoRanksToOneProcessAndBack) {
 // any range of any unit reads back the whole model's values, across partition boundaries, and
 // only the files that hold the range are opened (a ZeRO rank reads its own shard's).
 TEST(CheckpointReshard, PartitionedCheckpointReadsAnyRange) {
-  const fs::path path = fs::temp_directory_path() / ("kiln_reshard_" + std::to_string(getpid()) + "_dp3");
+  const fs::path path =
+      fs::temp_directory_path() / ("kiln_reshard_" + std::to_string(getpid()) + "_dp3");
   fs::remove_all(path);
   const int64_t P = 3;
   ParamStore whole(model(), Precision::kFp32);
@@ -204,8 +208,12 @@ TEST(CheckpointReshard, PartitionedCheckpointReadsAnyRange) {
       for (auto [suffix, buf] : {std::pair{".master", &u.master}, std::pair{".exp_avg", &u.m},
                                  std::pair{".exp_avg_sq", &u.v}}) {
         keep.emplace_back(S, 0.0f);
-        for (size_t k = begin; k < std::min(begin + S, u.numel); ++k) keep.back()[k - begin] = buf->data()[k];
-        views.push_back({u.name + suffix, "F32", {static_cast<int64_t>(S)}, keep.back().data(),
+        for (size_t k = begin; k < std::min(begin + S, u.numel); ++k)
+          keep.back()[k - begin] = buf->data()[k];
+        views.push_back({u.name + suffix,
+                         "F32",
+                         {static_cast<int64_t>(S)},
+                         keep.back().data(),
                          S * sizeof(float)});
       }
     }
@@ -250,10 +258,12 @@ TEST(CheckpointReshard, PartitionedCheckpointReadsAnyRange) {
   ASSERT_TRUE(fresh.is_ok());
   for (size_t ui = 0; ui < whole.units().size(); ++ui) {
     const ParamUnit& w = whole.units()[ui];
-    for (auto [f, buf] : {std::pair{ParamField::kMaster, &w.master}, std::pair{ParamField::kExpAvg, &w.m},
-                          std::pair{ParamField::kExpAvgSq, &w.v}}) {
+    for (auto [f, buf] :
+         {std::pair{ParamField::kMaster, &w.master}, std::pair{ParamField::kExpAvg, &w.m},
+          std::pair{ParamField::kExpAvgSq, &w.v}}) {
       const size_t n = w.numel;
-      for (auto [begin, count] : {std::pair<size_t, size_t>{0, n}, {n / 3 - 7, n / 3 + 14}, {n - 1, 1}}) {
+      for (auto [begin, count] :
+           {std::pair<size_t, size_t>{0, n}, {n / 3 - 7, n / 3 + 14}, {n - 1, 1}}) {
         got.assign(count, -1.0f);
         ASSERT_TRUE((*fresh)->read(static_cast<int>(ui), f, begin, count, got.data()).is_ok());
         ASSERT_EQ(0, std::memcmp(got.data(), buf->data() + begin, count * sizeof(float)))
@@ -297,7 +307,9 @@ TEST(CheckpointReshard, ForeignMetaJsonIsRefusedNamingIt) {
   }
   nlohmann::json moved = good;  // two tensors of a unit swapped: the same unit sizes
   size_t i = 0;
-  while (i + 1 < moved["tensors"].size() && moved["tensors"][i]["unit"] != moved["tensors"][i + 1]["unit"]) ++i;
+  while (i + 1 < moved["tensors"].size() &&
+         moved["tensors"][i]["unit"] != moved["tensors"][i + 1]["unit"])
+    ++i;
   ASSERT_LT(i + 1, moved["tensors"].size());
   std::swap(moved["tensors"][i]["offset"], moved["tensors"][i + 1]["offset"]);
   Status st = load_with(moved);

@@ -1,4 +1,6 @@
 // safetensors files: round trip and validation of what is read.
+#include "engine/checkpoint/safetensors.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -6,7 +8,6 @@
 #include <string>
 
 #include "common/atomic_file.h"
-#include "engine/checkpoint/safetensors.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kiln::engine {
@@ -24,9 +25,10 @@ TEST(Safetensors, RoundTripAndValidation) {
   std::vector<float> a = {1, 2, 3, 4, 5, 6};
   std::vector<uint16_t> b = {7, 8, 9};
   const std::string path = dir + "/t.safetensors";
-  ASSERT_TRUE(write_safetensors(path, {{"a", "F32", {2, 3}, a.data(), 24}, {"b", "BF16", {3}, b.data(), 6}},
-                                {{"format", "test"}})
-                  .is_ok());
+  ASSERT_TRUE(
+      write_safetensors(path, {{"a", "F32", {2, 3}, a.data(), 24}, {"b", "BF16", {3}, b.data(), 6}},
+                        {{"format", "test"}})
+          .is_ok());
   auto f = SafetensorsFile::read(path);
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();
   EXPECT_EQ(f->metadata().at("format"), "test");

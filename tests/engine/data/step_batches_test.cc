@@ -4,6 +4,8 @@
 // `kiln train`: runs with prefetching on and off are bit-identical (synthetic and loader data,
 // gradient accumulation, live `kiln mix set` changes, a loss-driven mixing policy, a bad batch,
 // a spike rollback) and resume mid-run equals the uninterrupted run.
+#include "engine/data/step_batches.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,10 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/device/runtime.h"
 #include "engine/data/data_source.h"
+#include "engine/device/runtime.h"
 #include "engine/mixing/control_file.h"
-#include "engine/data/step_batches.h"
 #include "engine/train/train_config.h"
 #include "engine/train/trainer.h"
 #include "tests/engine/engine_test_util.h"
@@ -44,9 +45,9 @@ const std::string& dataset() {
 
 TrainConfig tiny(const std::string& dir, const std::vector<std::string>& extra) {
   std::vector<std::string> sets = {
-      "model.vocab_size=96", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
-      "model.seq_len=32",    "data.micro_batch=2", "data.grad_accum=3", "optimizer.lr=3e-3",
-      "schedule.warmup_steps=3", "run.threads=2",  "run.dir=" + dir, "run.steps=12"};
+      "model.vocab_size=96",     "model.d_model=32",   "model.n_layers=2",  "model.n_heads=2",
+      "model.seq_len=32",        "data.micro_batch=2", "data.grad_accum=3", "optimizer.lr=3e-3",
+      "schedule.warmup_steps=3", "run.threads=2",      "run.dir=" + dir,    "run.steps=12"};
   return test::config_from_sets(std::move(sets), extra);
 }
 
@@ -77,7 +78,8 @@ struct TrainRun {
 int count_rollbacks(const std::string& dir) {
   std::ifstream in(fs::path(dir) / "stability.jsonl");
   int n = 0;
-  for (std::string line; std::getline(in, line);) n += line.find("\"action\":\"rollback\"") != std::string::npos;
+  for (std::string line; std::getline(in, line);)
+    n += line.find("\"action\":\"rollback\"") != std::string::npos;
   return n;
 }
 
@@ -279,7 +281,8 @@ TEST(TrainPrefetch, LossDrivenMixingPolicyIsUnchanged) {
   expect_same_steps(on.history, off.history);
   // The weights moved (the policy acted) ...
   bool moved = false;
-  for (const auto& r : on.history) moved |= r.domain_weights.map() != on.history[0].domain_weights.map();
+  for (const auto& r : on.history)
+    moved |= r.domain_weights.map() != on.history[0].domain_weights.map();
   EXPECT_TRUE(moved);
   // ... and steps after a policy update were not drawn ahead (they could change the weights).
   EXPECT_EQ(on.prefetched, 11 - 5);
@@ -287,13 +290,19 @@ TEST(TrainPrefetch, LossDrivenMixingPolicyIsUnchanged) {
 }
 
 TEST(TrainPrefetch, BadBatchSpikeRollbackAndOverflowAreUnchanged) {
-  const std::vector<std::string> extra = {
-      "run.steps=30", "schedule.type=constant", "checkpoint.every_steps=10",
-      "stability.spike.warmup_steps=10", "stability.spike.window=40",
-      "stability.spike.z_loss=6", "stability.spike.z_grad=1000",
-      "stability.spike.action=rollback", "stability.inject_lr_burst_at=[15]",
-      "stability.lr_burst_factor=300", "stability.inject_bad_batch_at=[5, 22]",
-      "stability.inject_overflow_at=[8]", "precision=bf16"};
+  const std::vector<std::string> extra = {"run.steps=30",
+                                          "schedule.type=constant",
+                                          "checkpoint.every_steps=10",
+                                          "stability.spike.warmup_steps=10",
+                                          "stability.spike.window=40",
+                                          "stability.spike.z_loss=6",
+                                          "stability.spike.z_grad=1000",
+                                          "stability.spike.action=rollback",
+                                          "stability.inject_lr_burst_at=[15]",
+                                          "stability.lr_burst_factor=300",
+                                          "stability.inject_bad_batch_at=[5, 22]",
+                                          "stability.inject_overflow_at=[8]",
+                                          "precision=bf16"};
   const TrainRun on = train("stability", true, extra), off = train("stability", false, extra);
   expect_same_steps(on.history, off.history);
   EXPECT_EQ(on.rollbacks, 1);
@@ -311,8 +320,8 @@ TEST(TrainPrefetch, BadBatchSpikeRollbackAndOverflowAreUnchanged) {
 TEST(TrainPrefetch, ResumeMidRunEqualsTheUninterruptedRun) {
   for (const std::string& manifest : {std::string(), dataset() + "/manifest.json"}) {
     SCOPED_TRACE(manifest.empty() ? "synthetic" : "loader");
-    const std::vector<std::string> extra = {data_set(manifest),
-                                            "checkpoint.every_steps=5", "schedule.total_steps=12"};
+    const std::vector<std::string> extra = {data_set(manifest), "checkpoint.every_steps=5",
+                                            "schedule.total_steps=12"};
     const TrainRun full = train("full", false, extra);
     const std::string dir = temp_dir("resumed");
     auto c = tiny(dir, extra);

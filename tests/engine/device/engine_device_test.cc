@@ -1,7 +1,7 @@
-// The engine's device seam (engine/device/runtime.h): device selection and its error, backend memory,
-// staged batches, parameter-store host access; on a GPU also the same model and optimizer step on
-// the CPU and on the GPU from the same initial bits (losses, gradients and weights within stated
-// tolerances). Without a usable GPU the GPU cases are skipped with the reason.
+// The engine's device seam (engine/device/runtime.h): device selection and its error, backend
+// memory, staged batches, parameter-store host access; on a GPU also the same model and optimizer
+// step on the CPU and on the GPU from the same initial bits (losses, gradients and weights within
+// stated tolerances). Without a usable GPU the GPU cases are skipped with the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,15 +12,15 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "engine/device/runtime.h"
 #include "engine/data/device_batches.h"
+#include "engine/data/step_batches.h"
+#include "engine/device/runtime.h"
 #include "engine/model/model.h"
 #include "engine/model/optimizer.h"
 #include "engine/model/params.h"
 #include "engine/model/rng.h"
-#include "engine/data/step_batches.h"
-#include "engine/train/train_config.h"
 #include "engine/parallel/zero.h"
+#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 namespace {
@@ -41,9 +41,9 @@ Runtime* gpu(std::string* why) {
   return nullptr;
 }
 
-#define REQUIRE_GPU(var)                                  \
-  std::string why_;                                       \
-  Runtime* var = gpu(&why_);                              \
+#define REQUIRE_GPU(var)     \
+  std::string why_;          \
+  Runtime* var = gpu(&why_); \
   if (var == nullptr) GTEST_SKIP() << "no GPU: " << why_
 
 std::vector<Runtime*> backends() {
@@ -194,8 +194,10 @@ TEST(Device, StepBatchesDrawAheadOnASecondThread) {
         DeviceArray<int32_t> got(rt, 2 * n);
         rt->copy(got.data(), tok.inputs, 2 * n * sizeof(int32_t));
         const std::vector<int32_t> h = to_host(*rt, got.data(), 2 * n);
-        ASSERT_EQ(std::vector<int32_t>(h.begin(), h.begin() + n), want.inputs) << "micro-batch " << i;
-        ASSERT_EQ(std::vector<int32_t>(h.begin() + n, h.end()), want.targets) << "micro-batch " << i;
+        ASSERT_EQ(std::vector<int32_t>(h.begin(), h.begin() + n), want.inputs)
+            << "micro-batch " << i;
+        ASSERT_EQ(std::vector<int32_t>(h.begin() + n, h.end()), want.targets)
+            << "micro-batch " << i;
       }
     }
     EXPECT_EQ(sb.prefetched_steps(), 4);

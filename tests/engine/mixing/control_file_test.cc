@@ -1,11 +1,12 @@
 // RUN/control/mixture.json: parse, validate, write, read; the watcher applies a change once.
+#include "engine/mixing/control_file.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <string>
 
 #include "common/atomic_file.h"
-#include "engine/mixing/control_file.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kiln::engine {
@@ -22,8 +23,13 @@ TEST(MixtureControl, ParseValidateWriteRead) {
   auto ok = parse_mixture_json(R"({"weights": {"code": 3, "web": 1}})", "f");
   ASSERT_TRUE(ok.is_ok());
   EXPECT_DOUBLE_EQ(ok->normalised().at("code"), 0.75);
-  const char* bad[] = {"", "[]", "{}", R"({"weights": 3})", R"({"weights": {"a": -1}})",
-                       R"({"weights": {"a": "x"}})", R"({"weights": {"a": 0}})",
+  const char* bad[] = {"",
+                       "[]",
+                       "{}",
+                       R"({"weights": 3})",
+                       R"({"weights": {"a": -1}})",
+                       R"({"weights": {"a": "x"}})",
+                       R"({"weights": {"a": 0}})",
                        R"({"weights": {"a": 1e999}})"};
   for (const char* b : bad) EXPECT_FALSE(parse_mixture_json(b, "f").is_ok()) << b;
   auto unknown = parse_mixture_json(R"({"weights": {"cdoe": 1}})", "f", {"code", "web"});
@@ -57,7 +63,8 @@ TEST(MixtureControl, WatcherAppliesOnceAndIgnoresBadContent) {
   ASSERT_TRUE(write_file_atomic(mixture_path(dir), R"({"weights": {"nope": 1}})").is_ok());
   EXPECT_FALSE(w.poll().has_value());
   EXPECT_EQ(w.rejected(), 2);
-  ASSERT_TRUE(write_file_atomic(mixture_path(dir), R"({"weights": {"web": 2, "code": 1}})").is_ok());
+  ASSERT_TRUE(
+      write_file_atomic(mixture_path(dir), R"({"weights": {"web": 2, "code": 1}})").is_ok());
   auto second = w.poll();
   ASSERT_TRUE(second.has_value());
   EXPECT_DOUBLE_EQ(second->at("web"), 2.0);

@@ -2,14 +2,15 @@
 // the policy's weights reach the loader and the metrics, replay exactly after a resume, pause
 // when `kiln mix set` pins weights and resume with `kiln mix policy`; val_loss is measured on
 // the same sequences at every evaluation and after a resume.
+#include "engine/mixing/controller.h"
+
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
-#include "engine/mixing/controller.h"
 #include "engine/mixing/control_file.h"
 #include "engine/train/train_config.h"
 #include "engine/train/trainer.h"
@@ -27,9 +28,10 @@ using test::open_trainer;
 // "repeat" (a repeated 16-token motif) the easy one.
 TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
   std::vector<std::string> sets = {
-      "model.vocab_size=64", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
-      "model.seq_len=32", "data.micro_batch=4", "optimizer.lr=1e-2", "run.threads=1",
-      "run.dir=" + dir, "run.steps=40", "eval.every_steps=10", "eval.sequences_per_domain=6",
+      "model.vocab_size=64",  "model.d_model=32",    "model.n_layers=1",
+      "model.n_heads=2",      "model.seq_len=32",    "data.micro_batch=4",
+      "optimizer.lr=1e-2",    "run.threads=1",       "run.dir=" + dir,
+      "run.steps=40",         "eval.every_steps=10", "eval.sequences_per_domain=6",
       "mixing.update_every=5"};
   return test::config_from_sets(std::move(sets), extra);
 }
@@ -114,8 +116,10 @@ TEST(MixController, DoremiWithAReferenceRunRaisesTheDomainThatLagsIt) {
   const double excess_markov = excess("markov"), excess_repeat = excess("repeat");
   ASSERT_NE(excess_markov, excess_repeat);
   const double w6 = m[5]["domain_weights"]["markov"].get<double>();
-  if (excess_markov > excess_repeat) EXPECT_GT(w6, 0.5);
-  else EXPECT_LT(w6, 0.5);
+  if (excess_markov > excess_repeat)
+    EXPECT_GT(w6, 0.5);
+  else
+    EXPECT_LT(w6, 0.5);
   EXPECT_TRUE(fs::exists(mixing_result_path(run)));
   // A doremi run without a reference is a config error naming the key.
   TrainOptions o;
@@ -151,10 +155,9 @@ TEST(MixController, PinPausesThePolicyAndMixPolicyResumesIt) {
 
 TEST(MixController, ScheduleAppliesItsPoints) {
   const std::string dir = temp_dir("schedule");
-  auto t = open_trainer(tiny(
-      dir, {"mixing.policy=schedule",
-            "mixing.schedule=[{step: 0, weights: {markov: 1, repeat: 0}}, "
-            "{step: 7, weights: {markov: 0, repeat: 1}}]"}));
+  auto t = open_trainer(tiny(dir, {"mixing.policy=schedule",
+                                   "mixing.schedule=[{step: 0, weights: {markov: 1, repeat: 0}}, "
+                                   "{step: 7, weights: {markov: 0, repeat: 1}}]"}));
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(t->step().is_ok());
   const auto& h = t->history();
   for (const auto& r : h) {
@@ -187,7 +190,8 @@ TEST(MixController, ValidationLossUsesTheSameSequencesEveryTime) {
   EXPECT_EQ(m[9]["val_loss"], m[19]["val_loss"]);
   EXPECT_EQ(m[9]["val_loss"].size(), 2u);
   // An untrained model scores about ln(vocab) on both domains.
-  for (const auto& [d, v] : m[9]["val_loss"].items()) EXPECT_NEAR(v.get<double>(), std::log(64.0), 0.5);
+  for (const auto& [d, v] : m[9]["val_loss"].items())
+    EXPECT_NEAR(v.get<double>(), std::log(64.0), 0.5);
 }
 
 }  // namespace

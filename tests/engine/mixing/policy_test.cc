@@ -214,9 +214,12 @@ TEST(MixingPolicy, LoadsReferenceLossesFromAFileOrARun) {
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();
   EXPECT_DOUBLE_EQ((*f)["hard"], 3.25);
   std::ofstream(dir / "run" / "metrics.jsonl")
-      << R"({"step": 1, "domain_loss": {"easy": 2.0, "hard": 4.0}})" << "\n"
-      << R"({"step": 2, "domain_loss": {"easy": 1.0, "hard": 2.0}, "val_loss": {"easy": 1.25, "hard": 2.5}})" << "\n"
-      << R"({"step": 3, "domain_loss": {"easy": 1.0, "hard": 2.0}})" << "\n";
+      << R"({"step": 1, "domain_loss": {"easy": 2.0, "hard": 4.0}})"
+      << "\n"
+      << R"({"step": 2, "domain_loss": {"easy": 1.0, "hard": 2.0}, "val_loss": {"easy": 1.25, "hard": 2.5}})"
+      << "\n"
+      << R"({"step": 3, "domain_loss": {"easy": 1.0, "hard": 2.0}})"
+      << "\n";
   auto r = load_reference_loss((dir / "run").string());
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_DOUBLE_EQ((*r)["easy"], 1.25);  // the last validation loss wins over training loss

@@ -1,9 +1,9 @@
 // The fp16 dynamic loss scaler: back-off, hysteresis, growth.
+#include "engine/model/loss_scaler.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
-
-#include "engine/model/loss_scaler.h"
 
 namespace kiln::engine {
 namespace {
@@ -17,9 +17,9 @@ TEST(LossScaler, BackoffHysteresisGrowth) {
   EXPECT_EQ(s.scale(), 1024);
   EXPECT_FALSE(s.update(true));  // first overflow spends hysteresis
   EXPECT_EQ(s.scale(), 1024);
-  EXPECT_TRUE(s.update(true));   // second backs off
+  EXPECT_TRUE(s.update(true));  // second backs off
   EXPECT_EQ(s.scale(), 512);
-  EXPECT_TRUE(s.update(true));   // hysteresis stays spent until the next growth
+  EXPECT_TRUE(s.update(true));  // hysteresis stays spent until the next growth
   EXPECT_EQ(s.scale(), 256);
   EXPECT_FALSE(s.update(true));  // not below min_scale
   EXPECT_EQ(s.scale(), 256);

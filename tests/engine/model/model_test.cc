@@ -1,5 +1,7 @@
 // The GPT model on the CPU kernels: checkpointing modes are bit-identical, gradient accumulation
 // and head chunking agree, activation memory follows the plan.
+#include "engine/model/model.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,7 +9,6 @@
 #include <vector>
 
 #include "common/hash.h"
-#include "engine/model/model.h"
 #include "engine/model/params.h"
 #include "engine/model/rng.h"
 #include "kernels/ops.h"
@@ -66,8 +67,8 @@ TEST(Model, CheckpointingModesAreBitIdentical) {
       ASSERT_EQ(0, std::memcmp(none.losses.data(), other.losses.data(), none.losses.size() * 4))
           << precision_name(p) << " " << recompute_name(r);
       for (size_t t = 0; t < none.grads.size(); ++t) {
-        ASSERT_EQ(0, std::memcmp(none.grads[t].data(), other.grads[t].data(),
-                                 none.grads[t].size() * 4))
+        ASSERT_EQ(
+            0, std::memcmp(none.grads[t].data(), other.grads[t].data(), none.grads[t].size() * 4))
             << precision_name(p) << " " << recompute_name(r) << " tensor " << t;
       }
     }

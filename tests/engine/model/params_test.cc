@@ -1,6 +1,8 @@
 // The ParamStore: initialisation follows its scheme (GPT-2's, scaled residual projections) and is
 // reproducible, and any tensor-parallel slice or range of a tensor initialises to the whole
 // tensor's values.
+#include "engine/model/params.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "common/hash.h"
-#include "engine/model/params.h"
 #include "engine/model/rng.h"
 
 namespace kiln::engine {
@@ -119,8 +120,8 @@ TEST(Params, InitValuesAreTheWholeTensorsValuesForAnySliceAndRange) {
             random_normal_rows(whole.data(), rows, cols, stds.data(), 77, xxh3_64(t.name));
             copy_to_shard(t, {rank, tp}, whole.data(), want.data());
           }
-          ASSERT_EQ(0, std::memcmp(want.data(), p.master(static_cast<int>(i)),
-                                   t.numel * sizeof(float)))
+          ASSERT_EQ(
+              0, std::memcmp(want.data(), p.master(static_cast<int>(i)), t.numel * sizeof(float)))
               << t.name;
         }
         // Any range of a unit, from a store without buffers: the same bits (padding zero).

@@ -1,9 +1,9 @@
 // The counter-based random numbers: a pure function of (seed, stream, index).
+#include "engine/model/rng.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
-
-#include "engine/model/rng.h"
 
 namespace kiln::engine {
 namespace {

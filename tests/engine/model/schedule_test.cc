@@ -1,10 +1,10 @@
 // Learning-rate schedules: warmup, cosine, WSD.
+#include "engine/model/schedule.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
-
-#include "engine/model/schedule.h"
 
 namespace kiln::engine {
 namespace {

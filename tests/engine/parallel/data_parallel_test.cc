@@ -1,5 +1,5 @@
-// engine/parallel/data_parallel.h: where a rank runs on a GPU machine, and the errors of device: cuda
-// under mpirun that need no GPU to check (tests/train_gpu_dist.sh runs the real thing).
+// engine/parallel/data_parallel.h: where a rank runs on a GPU machine, and the errors of device:
+// cuda under mpirun that need no GPU to check (tests/train_gpu_dist.sh runs the real thing).
 #include "engine/parallel/data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -28,8 +28,9 @@ TEST(DataParallel, EachLocalRankGetsItsOwnGpuUnlessTheLauncherBoundOne) {
 }
 
 TEST(DataParallel, TooFewGpusIsAConfigErrorNamingDeviceAndTheCount) {
-  const Status why = Status::internal("CUDA set device 3: invalid device ordinal (this process "
-                                      "sees 2 CUDA devices)");
+  const Status why = Status::internal(
+      "CUDA set device 3: invalid device ordinal (this process "
+      "sees 2 CUDA devices)");
   const Status st = cuda_group_error(7, {3, 4}, "node1", 3, why);
   EXPECT_EQ(st.exit_code(), 2);
   const std::string text = st.to_string();

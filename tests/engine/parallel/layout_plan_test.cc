@@ -1,12 +1,14 @@
-// engine/parallel/layout_plan.h: the memory and communication model behind `kiln plan`, checked against the
-// engine's own allocations (ParamStore, the model's activation plan) and the ZeRO formulas.
+// engine/parallel/layout_plan.h: the memory and communication model behind `kiln plan`, checked
+// against the engine's own allocations (ParamStore, the model's activation plan) and the ZeRO
+// formulas.
+#include "engine/parallel/layout_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include "engine/model/model.h"
 #include "engine/model/params.h"
-#include "engine/parallel/layout_plan.h"
 #include "engine/train/train_config.h"
 
 namespace kiln::engine {
@@ -70,7 +72,8 @@ TEST(Plan, ZeroStagesShardModelStatesAndMoveTheZeroPaperBytes) {
   // measured against the engine by tests/train_mpi.sh startup).
   EXPECT_EQ(z3.memory.model_states() * dp, z0.memory.model_states());
   EXPECT_EQ(z3.memory.startup * dp, z0.memory.startup);
-  for (const LayoutPlan* z : {&z0, &z1, &z2, &z3}) EXPECT_EQ(z->memory.startup, z->memory.model_states());
+  for (const LayoutPlan* z : {&z0, &z1, &z2, &z3})
+    EXPECT_EQ(z->memory.startup, z->memory.model_states());
   // bf16 ZeRO-1/2 round their full working weights from one fp32 chunk on the device.
   auto bf = kSmall;
   bf.push_back("precision=bf16");
@@ -132,7 +135,9 @@ TEST(Plan, LayoutsFitsAndTheSuggestion) {
   ASSERT_TRUE(some.is_ok());
   for (const auto& p : *some) {
     EXPECT_EQ(*p.fits, p.memory.total() <= (z0 + z3) / 2);
-    if (p.suggested) { EXPECT_TRUE(*p.fits); }
+    if (p.suggested) {
+      EXPECT_TRUE(*p.fits);
+    }
   }
 }
 
@@ -198,8 +203,8 @@ TEST(Plan, CommTimeWeighsEachGroupByItsLink) {
     }
     return Layout{};
   };
-  EXPECT_EQ(suggested(Links{300e9, 1e6}).tp, 4);   // the network is the bottleneck
-  EXPECT_EQ(suggested(Links{1e6, 300e9}).tp, 1);   // the machine's links are
+  EXPECT_EQ(suggested(Links{300e9, 1e6}).tp, 4);  // the network is the bottleneck
+  EXPECT_EQ(suggested(Links{1e6, 300e9}).tp, 1);  // the machine's links are
   EXPECT_FALSE(plan_layouts(c, 16, std::nullopt, 8, Links{0, 1}).is_ok());
 }
 

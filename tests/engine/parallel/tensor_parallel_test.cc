@@ -1,7 +1,7 @@
-// engine/parallel/tensor_parallel.h and the tensor-parallel ParamStore layout (engine/model/params.h): every
-// rank's slices, initialised on their own, are exactly the whole model's values; the slices of
-// all ranks reassemble the whole tensors; kiln plan's unit sizes are the sliced store's.
-// (The layers themselves run under mpirun: tests/train_tp.sh.)
+// engine/parallel/tensor_parallel.h and the tensor-parallel ParamStore layout
+// (engine/model/params.h): every rank's slices, initialised on their own, are exactly the whole
+// model's values; the slices of all ranks reassemble the whole tensors; kiln plan's unit sizes are
+// the sliced store's. (The layers themselves run under mpirun: tests/train_tp.sh.)
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -32,7 +32,8 @@ TEST(TensorParallelLayout, SlicesInitialiseToTheWholeModelAndReassemble) {
     for (int tp : {2, 4}) {
       SCOPED_TRACE(::testing::Message() << "tp=" << tp);
       std::vector<std::vector<float>> rebuilt(whole.tensors().size());
-      for (size_t t = 0; t < whole.tensors().size(); ++t) rebuilt[t].assign(whole.tensors()[t].numel, NAN);
+      for (size_t t = 0; t < whole.tensors().size(); ++t)
+        rebuilt[t].assign(whole.tensors()[t].numel, NAN);
       for (int r = 0; r < tp; ++r) {
         ParamStore part(m, Precision::kFp32, false, nullptr, TpShard{r, tp});
         part.init(17);

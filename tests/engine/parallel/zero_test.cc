@@ -2,6 +2,8 @@
 // be held against the unsharded store exactly. Multi-rank sharding, reduce-scatter and resharded
 // checkpoints are tests/train_mpi.sh's (mpirun); ZeRO's update against AdamW on every device is
 // tests/engine/device/engine_device_test.cc's ZeroStagesMatchAdamWBitForBit.
+#include "engine/parallel/zero.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +18,6 @@
 #include "engine/model/optimizer.h"
 #include "engine/model/params.h"
 #include "engine/model/rng.h"
-#include "engine/parallel/zero.h"
 
 namespace kiln::engine {
 namespace {

@@ -1,7 +1,7 @@
 // The stability decision of a step (engine/stability/decision.h): every branch of the rules.
-#include <gtest/gtest.h>
-
 #include "engine/stability/decision.h"
+
+#include <gtest/gtest.h>
 
 namespace kiln::engine {
 namespace {
@@ -63,8 +63,7 @@ TEST(StabilityDecision, NonFiniteSkipsUntilTheStreakLimit) {
   EXPECT_EQ(decide_nonfinite(sc, true, 2).action, StepAction::kSkipOverflow);
   const StepDecision stop = decide_nonfinite(sc, true, 3);
   EXPECT_EQ(stop.action, StepAction::kStop);
-  EXPECT_EQ(stop.why,
-            "3 steps in a row had inf/NaN gradients (stability.max_nonfinite_in_row)");
+  EXPECT_EQ(stop.why, "3 steps in a row had inf/NaN gradients (stability.max_nonfinite_in_row)");
   sc.max_nonfinite_in_row = 0;  // no limit
   EXPECT_EQ(decide_nonfinite(sc, true, 1000).action, StepAction::kSkipOverflow);
 }

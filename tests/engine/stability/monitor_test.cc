@@ -12,7 +12,7 @@ namespace {
 
 TEST(RollingStats, MeanVarianceAndZOverTheWindow) {
   RollingStats r(4);
-  EXPECT_EQ(r.z(5.0), 0.0);  // empty: no opinion
+  EXPECT_EQ(r.z(5.0), 0.0);                                // empty: no opinion
   for (double x : {100.0, 1.0, 2.0, 3.0, 4.0}) r.push(x);  // 100 falls out of the window
   EXPECT_EQ(r.size(), 4);
   EXPECT_DOUBLE_EQ(r.mean(), 2.5);
@@ -58,7 +58,7 @@ TEST(SpikeDetector, QuietDuringWarmupAndUntilTheWindowHasValues) {
   for (int step = 1; step <= 5; ++step) d.record_clean(3.0, 0.5);
   EXPECT_FALSE(d.check(20, 100.0, 0.5).spike);  // 5 values: too few for a z-score
   for (int step = 6; step <= 9; ++step) d.record_clean(3.0 + 0.01 * step, 0.5);
-  EXPECT_FALSE(d.check(9, 100.0, 0.5).spike);   // within warmup_steps
+  EXPECT_FALSE(d.check(9, 100.0, 0.5).spike);  // within warmup_steps
   EXPECT_TRUE(d.check(11, 100.0, 0.5).spike);
 }
 
@@ -78,12 +78,13 @@ TEST(InspectBatch, OneDominantTokenIsABadBatch) {
   EXPECT_EQ(c.token, 1);
   EXPECT_EQ(c.targets, 15);
   EXPECT_NEAR(c.fraction, 4.0 / 15.0, 1e-12);
-  std::vector<MicroBatch> bad = {batch({7, 7, 7, 7, 7, 7, 7, 7, 7, 7}), batch({7, 7, 7, 7, 7, 7, 7, 7, 7, 1})};
+  std::vector<MicroBatch> bad = {batch({7, 7, 7, 7, 7, 7, 7, 7, 7, 7}),
+                                 batch({7, 7, 7, 7, 7, 7, 7, 7, 7, 1})};
   c = inspect_batch(bad, 0.9);
   EXPECT_TRUE(c.bad);
   EXPECT_EQ(c.token, 7);
   EXPECT_NEAR(c.fraction, 0.95, 1e-12);
-  EXPECT_FALSE(inspect_batch(bad, 0).bad);  // 0: off
+  EXPECT_FALSE(inspect_batch(bad, 0).bad);                  // 0: off
   EXPECT_FALSE(inspect_batch({batch({-1, -1})}, 0.5).bad);  // no targets
 }
 
@@ -145,7 +146,8 @@ TEST(LayerStats, NormsNonFiniteLocatorClippingAndUpdateRatio) {
   const double n = static_cast<double>(p.units()[1].numel);
   EXPECT_NEAR(clipped.begin()->second, std::sqrt(n), 1e-6);  // the norm before clipping
   EXPECT_NEAR(unit_grad_norms(p, 1.0)["blocks.0"], 5.0 * 0.01 * std::sqrt(n), 1e-5);
-  EXPECT_NEAR(unit_grad_norms(p, 1.0)["blocks.1"], 0.01 * std::sqrt(static_cast<double>(p.units()[2].numel)), 1e-6);
+  EXPECT_NEAR(unit_grad_norms(p, 1.0)["blocks.1"],
+              0.01 * std::sqrt(static_cast<double>(p.units()[2].numel)), 1e-6);
 
   // Update ratio: a 1% change of every weight of one unit.
   auto before = snapshot_masters(p);

@@ -1,8 +1,8 @@
 // The data side of a rollback (engine/stability/rollback.h): the quarantined window per domain
 // and the stability state the run continues with.
-#include <gtest/gtest.h>
-
 #include "engine/stability/rollback.h"
+
+#include <gtest/gtest.h>
 
 namespace kiln::engine {
 namespace {
@@ -26,7 +26,7 @@ TEST(StabilityRollback, QuarantinesWhatWasHandedOutSinceTheCheckpoint) {
 
   const StabilityState after = after_rollback(now, q);
   EXPECT_EQ(after.rollbacks, 2);
-  EXPECT_EQ(after.spikes, 2);          // counters go on
+  EXPECT_EQ(after.spikes, 2);  // counters go on
   EXPECT_EQ(after.nonfinite_in_row, 0);
   EXPECT_EQ(after.sequences, now.sequences);  // the data position does not go back
   ASSERT_EQ(after.quarantined.size(), 1u);

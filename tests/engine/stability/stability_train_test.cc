@@ -5,12 +5,12 @@
 // before the step; a streak of non-finite steps stops the run naming the layer; layer statistics
 // and per-layer clipping appear in the metrics.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/stability/monitor.h"
@@ -26,12 +26,23 @@ using json = nlohmann::json;
 std::string temp_dir(const std::string& name) { return test::temp_dir("stability", name); }
 
 TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
-  std::vector<std::string> sets = {
-      "model.vocab_size=64", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
-      "model.seq_len=32", "data.micro_batch=4", "optimizer.lr=3e-3", "run.threads=1",
-      "schedule.type=constant", "run.dir=" + dir, "run.steps=60", "eval.every_steps=0",
-      "checkpoint.every_steps=10", "stability.spike.warmup_steps=10",
-      "stability.spike.window=40", "stability.spike.z_loss=6", "stability.spike.z_grad=1000"};
+  std::vector<std::string> sets = {"model.vocab_size=64",
+                                   "model.d_model=32",
+                                   "model.n_layers=2",
+                                   "model.n_heads=2",
+                                   "model.seq_len=32",
+                                   "data.micro_batch=4",
+                                   "optimizer.lr=3e-3",
+                                   "run.threads=1",
+                                   "schedule.type=constant",
+                                   "run.dir=" + dir,
+                                   "run.steps=60",
+                                   "eval.every_steps=0",
+                                   "checkpoint.every_steps=10",
+                                   "stability.spike.warmup_steps=10",
+                                   "stability.spike.window=40",
+                                   "stability.spike.z_loss=6",
+                                   "stability.spike.z_grad=1000"};
   return test::config_from_sets(std::move(sets), extra);
 }
 
@@ -98,9 +109,8 @@ TEST_F(StabilityTrain, CorruptedBatchIsSkippedAndLaterLossesMatchTheCleanRun) {
     const std::string dir = temp_dir(name);
     EXPECT_TRUE(train(tiny(dir, {inject ? "stability.inject_bad_batch_at=[30]"
                                         : "stability.inject_bad_batch_at=[]",
-                                 "stability.bad_batch_token_fraction=0",
-                                 "optimizer.lr=1e-2", "optimizer.clip_grad=0",
-                                 "stability.spike.z_grad=6",
+                                 "stability.bad_batch_token_fraction=0", "optimizer.lr=1e-2",
+                                 "optimizer.clip_grad=0", "stability.spike.z_grad=6",
                                  "stability.spike.action=" + action}))
                     .is_ok());
     return read_jsonl(dir + "/metrics.jsonl");
@@ -196,7 +206,8 @@ TEST_F(StabilityTrain, BadBatchIsSkippedBeforeTheStep) {
 
 TEST_F(StabilityTrain, NonFiniteStreakStopsWithADiagnosis) {
   const std::string dir = temp_dir("nonfinite");
-  auto c = tiny(dir, {"stability.inject_overflow_at=[5, 6, 7]", "stability.max_nonfinite_in_row=3"});
+  auto c =
+      tiny(dir, {"stability.inject_overflow_at=[5, 6, 7]", "stability.max_nonfinite_in_row=3"});
   Status st = train(c);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("3 steps in a row"), std::string::npos) << st.to_string();

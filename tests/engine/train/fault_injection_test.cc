@@ -1,9 +1,9 @@
 // The trainer's fault injection (engine/train/fault_injection.h): which steps fire, once or
 // every time, on which rank. The end-to-end effects through kiln train are
 // tests/engine/stability/stability_train_test.cc's.
-#include <gtest/gtest.h>
-
 #include "engine/train/fault_injection.h"
+
+#include <gtest/gtest.h>
 
 namespace kiln::engine {
 namespace {

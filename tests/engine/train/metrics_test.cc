@@ -1,12 +1,13 @@
 // engine/train/metrics.h: the metrics log keeps a resumed run's lines and drops the rest, and
 // last_logged_weights reads what `kiln mix` shows as in effect.
+#include "engine/train/metrics.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include "engine/train/metrics.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kiln::engine {

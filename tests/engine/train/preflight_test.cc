@@ -2,6 +2,8 @@
 // planner's own figures (engine/parallel/layout_plan.h): what fits passes, what does not names the
 // parts, the budget and a layout that would fit. Through the CLI:
 // tests/engine/train/train_cli_test.cc MemoryPreflightRefusesWhatCannotFit.
+#include "engine/train/preflight.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "engine/parallel/layout_plan.h"
-#include "engine/train/preflight.h"
 
 namespace kiln::engine {
 namespace {
@@ -53,17 +54,17 @@ TEST(MemoryPreflight, FitsOrNamesWhatWouldFit) {
   EXPECT_EQ(st.key(), "memory");
   EXPECT_NE(st.message().find("per rank (parameters"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("(test; 10% held back"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("activation_checkpointing=full"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("activation_checkpointing=full"), std::string::npos) << st.message();
   // The margin counts: the same budget with no margin fits what needs just under it.
   c.memory.margin = 0.0;
   EXPECT_TRUE(check_memory(c, 1, MemoryBudget{none, "t"}).is_ok());
   EXPECT_FALSE(check_memory(c, 1, MemoryBudget{none - 1, "t"}).is_ok());
-  // Off: never refused; no measurement (0): never refused.
+  // Off: never refused; nothing measured: never refused; measured and full: refused.
   c.memory.check = false;
   EXPECT_TRUE(check_memory(c, 1, MemoryBudget{1, "t"}).is_ok());
   c.memory.check = true;
-  EXPECT_TRUE(check_memory(c, 1, MemoryBudget{0, "unknown"}).is_ok());
+  EXPECT_TRUE(check_memory(c, 1, MemoryBudget{0, "unknown", /*known=*/false}).is_ok());
+  EXPECT_FALSE(check_memory(c, 1, MemoryBudget{0, "a full cgroup"}).is_ok());
 }
 
 TEST(MemoryPreflight, MoreRanksWhenNoLayoutOfThisWorldFits) {
@@ -86,8 +87,8 @@ TEST(MemoryPreflight, BudgetKeysParse) {
   ASSERT_TRUE(c.is_ok());
   EXPECT_EQ(c->memory.budget.value_or(0), 20ull << 30);
   EXPECT_EQ(c->memory.margin, 0.25);
-  for (const char* bad : {"memory.budget=lots", "memory.budget=0", "memory.margin=0.95",
-                          "memory.margin=-1"}) {
+  for (const char* bad :
+       {"memory.budget=lots", "memory.budget=0", "memory.margin=0.95", "memory.margin=-1"}) {
     auto b = load_train_config("", {bad});
     ASSERT_TRUE(b.is_ok());
     auto p = parse_train_config(*b);

@@ -1,10 +1,10 @@
 // A step's loss from its micro-batches (engine/train/step_loss.h): valid targets only, per
 // domain, rows of unknown domains in the total only, the losses' stride per micro-batch.
+#include "engine/train/step_loss.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
-
-#include "engine/train/step_loss.h"
 
 namespace kiln::engine {
 namespace {
@@ -25,8 +25,8 @@ TEST(StepLoss, SumsValidTargetsPerDomain) {
   std::vector<MicroBatch> batches = {batch({1, 2, -1, 3, -1, -1}, {0, 1}, T),
                                      batch({4, 5, 6, 1, 1, 1}, {1, 7}, T)};
   // Stride 8 (room for more rows than these): the values past rows * T are never read.
-  std::vector<float> losses = {1.0f, 2.0f, 100.f, 0.5f, 100.f, 100.f, -1.f, -1.f,
-                               3.0f, 3.0f, 3.0f,  0.25f, 0.25f, 0.5f, -1.f, -1.f};
+  std::vector<float> losses = {1.0f, 2.0f, 100.f, 0.5f,  100.f, 100.f, -1.f, -1.f,
+                               3.0f, 3.0f, 3.0f,  0.25f, 0.25f, 0.5f,  -1.f, -1.f};
   const StepLoss s = sum_step_loss(batches, losses.data(), 8, 2);
   EXPECT_DOUBLE_EQ(s.sum, 1.0 + 2.0 + 0.5 + 9.0 + 1.0);
   ASSERT_EQ(s.domain_sum.size(), 2u);

@@ -1,9 +1,9 @@
 // The `kiln train` config schema: defaults, --set overrides, errors naming the key.
+#include "engine/train/train_config.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
-
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 namespace {

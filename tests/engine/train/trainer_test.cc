@@ -1,18 +1,19 @@
 // The training loop: exact resume in every precision, fp16 overflow handling, live mixture
 // changes, checkpoint retention, the metrics contract, and learning on synthetic data.
+#include "engine/train/trainer.h"
+
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
 #include "engine/mixing/control_file.h"
 #include "engine/train/train_config.h"
-#include "engine/train/trainer.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kiln::engine {
@@ -24,9 +25,9 @@ using test::open_trainer;
 
 TrainConfig tiny(const std::string& dir, std::vector<std::string> extra = {}) {
   std::vector<std::string> sets = {
-      "model.vocab_size=96", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
-      "model.seq_len=32",    "data.micro_batch=2", "data.grad_accum=2", "optimizer.lr=3e-3",
-      "schedule.warmup_steps=3", "run.threads=2",  "run.dir=" + dir};
+      "model.vocab_size=96",     "model.d_model=32",   "model.n_layers=2",  "model.n_heads=2",
+      "model.seq_len=32",        "data.micro_batch=2", "data.grad_accum=2", "optimizer.lr=3e-3",
+      "schedule.warmup_steps=3", "run.threads=2",      "run.dir=" + dir};
   return test::config_from_sets(std::move(sets), extra);
 }
 
@@ -43,10 +44,9 @@ TEST(Trainer, ResumeIsBitIdenticalInEveryPrecision) {
     SCOPED_TRACE(prec);
     // fp16: a short growth interval and an injected overflow on each side of the resume point,
     // so the scaler state must survive the checkpoint too.
-    std::vector<std::string> extra = {std::string("precision=") + prec,
-                                      "activation_checkpointing=selective",
-                                      "loss_scale.growth_interval=4",
-                                      "stability.inject_overflow_at=[6, 13]"};
+    std::vector<std::string> extra = {
+        std::string("precision=") + prec, "activation_checkpointing=selective",
+        "loss_scale.growth_interval=4", "stability.inject_overflow_at=[6, 13]"};
     const std::string a = temp_dir(std::string("full_") + prec);
     const std::string b = temp_dir(std::string("split_") + prec);
     auto ca = tiny(a, extra);
@@ -93,13 +93,15 @@ TEST(Trainer, ResumeIsBitIdenticalInEveryPrecision) {
 
 TEST(Trainer, Fp16OverflowSkipsExactlyThatStepAndHalvesTheScale) {
   const std::string dir = temp_dir("overflow");
-  auto c = tiny(dir, {"precision=fp16", "loss_scale.hysteresis=1", "stability.inject_overflow_at=[4]"});
+  auto c =
+      tiny(dir, {"precision=fp16", "loss_scale.hysteresis=1", "stability.inject_overflow_at=[4]"});
   c.run.steps = 12;
   auto t = open_trainer(c);
   std::vector<std::vector<float>> before;
   for (int s = 1; s <= 12; ++s) {
     if (s == 4) {
-      for (auto& u : t->params().units()) before.emplace_back(u.master.data(), u.master.data() + u.numel);
+      for (auto& u : t->params().units())
+        before.emplace_back(u.master.data(), u.master.data() + u.numel);
     }
     auto rec = t->step();
     ASSERT_TRUE(rec.is_ok());
@@ -164,8 +166,9 @@ TEST(Trainer, MetricsContractCheckpointsAndRetention) {
   ASSERT_TRUE(t->run().is_ok());
   auto lines = read_metrics(dir);
   ASSERT_EQ(lines.size(), 7u);
-  for (const char* key : {"step", "loss", "lr", "grad_norm", "loss_scale", "tokens", "tokens_per_s",
-                          "step_ms", "skipped", "domain_loss", "domain_weights", "loader_wait_ms"}) {
+  for (const char* key :
+       {"step", "loss", "lr", "grad_norm", "loss_scale", "tokens", "tokens_per_s", "step_ms",
+        "skipped", "domain_loss", "domain_weights", "loader_wait_ms"}) {
     EXPECT_TRUE(lines[0].contains(key)) << key;
   }
   EXPECT_TRUE(lines[0]["loss_scale"].is_null());
@@ -181,8 +184,8 @@ TEST(Trainer, MetricsContractCheckpointsAndRetention) {
   EXPECT_EQ(kept, (std::vector<std::string>{"latest", "step-00000006", "step-00000007"}));
   auto latest = read_file((fs::path(dir) / "checkpoints" / "latest").string());
   EXPECT_EQ(*latest, "step-00000007\n");
-  for (const char* f : {"meta.json", "model.safetensors", "optimizer.safetensors", "state.json",
-                        "config.yaml"})
+  for (const char* f :
+       {"meta.json", "model.safetensors", "optimizer.safetensors", "state.json", "config.yaml"})
     EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step-00000007" / f)) << f;
 
   // A fresh start in a used run directory is refused; --overwrite allows it.
@@ -217,11 +220,15 @@ TEST(Trainer, LiveMixtureChangesApplyBetweenSteps) {
   c.run.steps = 8;
   auto t = open_trainer(c);
   for (int s = 1; s <= 8; ++s) {
-    if (s == 3) { ASSERT_TRUE(write_mixture(dir, {{"markov", 1.0}}).is_ok()); }
+    if (s == 3) {
+      ASSERT_TRUE(write_mixture(dir, {{"markov", 1.0}}).is_ok());
+    }
     if (s == 5) {
       ASSERT_TRUE(write_file_atomic(mixture_path(dir), "{\"weights\": {\"nope\": 1}}").is_ok());
     }
-    if (s == 7) { ASSERT_TRUE(write_mixture(dir, {{"markov", 1.0}, {"repeat", 3.0}}).is_ok()); }
+    if (s == 7) {
+      ASSERT_TRUE(write_mixture(dir, {{"markov", 1.0}, {"repeat", 3.0}}).is_ok());
+    }
     ASSERT_TRUE(t->step().is_ok());
   }
   const auto& h = t->history();
