@@ -160,6 +160,32 @@ ojson merge_stats(const ojson& old_stats, const ojson& add) {
     for (const char* k : {"against_exact", "against_near"})
       if (od.contains(k) || d.contains(k)) d[k] = u64(od, k) + u64(d, k);
   }
+  // Quality filters (docs/PREP.md "Quality filters"): counts added, per filter by its label.
+  if (old_stats.contains("filtered") || add.contains("filtered"))
+    s["filtered"] = u64(old_stats, "filtered") + u64(add, "filtered");
+  if (old_stats.contains("filters") || add.contains("filters")) {
+    ojson merged = ojson::array();
+    for (const ojson* from : {&old_stats, &add}) {
+      if (!from->contains("filters") || !(*from)["filters"].is_array()) continue;
+      for (const ojson& f : (*from)["filters"]) {
+        if (!f.is_object()) continue;
+        ojson* into = nullptr;
+        for (ojson& m : merged)
+          if (m.value("filter", std::string()) == f.value("filter", std::string())) into = &m;
+        if (!into) {
+          merged.push_back(f);
+          continue;
+        }
+        for (const char* k : {"docs", "bytes", "edited"}) (*into)[k] = u64(*into, k) + u64(f, k);
+        (*into)["edited_bytes"] =
+            into->value("edited_bytes", int64_t{0}) + f.value("edited_bytes", int64_t{0});
+        ojson rules = into->value("rules", ojson::object());
+        add_counters(&rules, f.value("rules", ojson::object()));
+        (*into)["rules"] = rules;
+      }
+    }
+    s["filters"] = merged;
+  }
   s["appends"] = u64(old_stats, "appends") + 1;
   return s;
 }

@@ -245,13 +245,40 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
   if (stats.contains("docs_in")) {
     uint64_t in = u64(stats, "docs_in"), out = u64(stats, "docs_out"), ex = u64(stats, "exact_dups"),
              near = u64(stats, "near_dups"), rej = u64(stats, "rejected");
+    const bool has_filters = stats.contains("filtered");
+    const uint64_t flt = has_filters ? u64(stats, "filtered") : 0;
+    const bool balanced = in == out + ex + near + rej + flt;
     s += format("\ndocuments: %llu in = %llu out + %llu exact duplicates + %llu near duplicates + "
-                "%llu rejected  [%s]\n",
+                "%llu rejected",
                 (unsigned long long)in, (unsigned long long)out, (unsigned long long)ex,
-                (unsigned long long)near, (unsigned long long)rej,
-                in == out + ex + near + rej ? "balanced" : "DOES NOT ADD UP");
-    if (in != out + ex + near + rej)
-      r.problems.push_back("stats.json: docs_in != docs_out + exact_dups + near_dups + rejected");
+                (unsigned long long)near, (unsigned long long)rej);
+    if (has_filters) s += format(" + %llu filtered", (unsigned long long)flt);
+    s += balanced ? "  [balanced]\n" : "  [DOES NOT ADD UP]\n";
+    if (!balanced)
+      r.problems.push_back(
+          std::string("stats.json: docs_in != docs_out + exact_dups + near_dups + rejected") +
+          (has_filters ? " + filtered" : ""));
+    // The quality filters: documents and bytes each dropped (by rule) and edited.
+    if (stats.contains("filters") && stats["filters"].is_array()) {
+      for (const auto& f : stats["filters"]) {
+        if (!f.is_object()) continue;
+        std::string line = format("filter %s: dropped %llu docs (%s)",
+                                  f.value("filter", std::string("?")).c_str(),
+                                  (unsigned long long)u64(f, "docs"),
+                                  human_bytes(u64(f, "bytes")).c_str());
+        if (f.contains("rules") && f["rules"].is_object()) {
+          std::string rules;
+          for (const auto& [rule, n] : f["rules"].items())
+            if (n.is_number_unsigned())
+              rules += format("%s %s=%llu", rules.empty() ? ":" : ",", rule.c_str(),
+                              (unsigned long long)n.get<uint64_t>());
+          line += rules;
+        }
+        if (u64(f, "edited") > 0)
+          line += format("; edited %llu docs", (unsigned long long)u64(f, "edited"));
+        s += line + "\n";
+      }
+    }
     if (out != total_docs)
       r.problems.push_back(format("stats.json docs_out %llu, manifest holds %llu documents",
                                   (unsigned long long)out, (unsigned long long)total_docs));

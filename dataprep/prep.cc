@@ -266,6 +266,27 @@ Totals compute_totals(const Context& c, const std::vector<WriteResult>& results)
   return t;
 }
 
+// stats.json "filters": one entry per filter of the chain, in order: its documents and input
+// bytes dropped (by rule), and the documents it edited with the bytes the edits removed.
+nlohmann::ordered_json filter_stats(const Context& c, const FileStats& in) {
+  const filter::FilterChain& chain = *c.opt.filters;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const FilterTally t = i < in.filters.size() ? in.filters[i] : FilterTally{};
+    nlohmann::ordered_json f;
+    f["filter"] = chain.label(i);
+    f["docs"] = t.docs;
+    f["bytes"] = t.bytes;
+    nlohmann::ordered_json rules = nlohmann::ordered_json::object();
+    for (const auto& [rule, n] : t.rules) rules[rule] = n;
+    f["rules"] = rules;
+    f["edited"] = t.edited;
+    f["edited_bytes"] = t.edited_bytes;
+    list.push_back(f);
+  }
+  return list;
+}
+
 nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
   nlohmann::ordered_json s;
   s["docs_in"] = t.in.docs_in;
@@ -277,8 +298,9 @@ nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
   for (int r = 0; r < kRejectReasonCount; ++r)
     reasons[reject_reason_name(static_cast<RejectReason>(r))] = t.in.rejected[r];
   s["rejected_by_reason"] = reasons;
+  if (!c.opt.filters->empty()) s["filtered"] = t.in.filtered;
   s["repaired_utf8"] = t.in.repaired;
-  s["bytes_in"] = t.in.text_bytes;
+  s["bytes_in"] = t.in.input_bytes;
   s["bytes_out"] = t.bytes_out;
   s["tokens_out"] = t.tokens_out;
   s["files"] = c.files.size();
@@ -297,6 +319,7 @@ nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
     domains[name] = dj;
   }
   s["domains"] = domains;
+  if (!c.opt.filters->empty()) s["filters"] = filter_stats(c, t.in);
   nlohmann::ordered_json dd;
   dd["exact"] = c.opt.exact;
   dd["near"] = c.opt.near;
@@ -363,7 +386,26 @@ std::string make_summary(const nlohmann::ordered_json& s, const std::string& out
                      std::to_string(u("docs_out")) + " out (exact duplicates " +
                      std::to_string(u("exact_dups")) + ", near duplicates " +
                      std::to_string(u("near_dups")) + ", rejected " +
-                     std::to_string(u("rejected")) + ")\n";
+                     std::to_string(u("rejected")) +
+                     (s.contains("filtered") ? ", filtered " + std::to_string(u("filtered")) : "") +
+                     ")\n";
+  if (s.contains("filters") && s["filters"].is_array()) {
+    for (const auto& f : s["filters"]) {
+      text += "  filter " + f.value("filter", std::string()) + ": dropped " +
+              std::to_string(json_integer_or(f, "docs", uint64_t{0})) + " docs (" +
+              human_bytes(json_integer_or(f, "bytes", uint64_t{0})) + ")";
+      std::string rules;
+      if (f.contains("rules"))
+        for (const auto& [rule, n] : f["rules"].items())
+          rules += (rules.empty() ? "" : ", ") + rule + " " +
+                   std::to_string(json_integer<uint64_t>(n, rule));
+      if (!rules.empty()) text += ": " + rules;
+      if (const auto e = json_integer_or(f, "edited", uint64_t{0}); e > 0)
+        text += "; edited " + std::to_string(e) + " docs (" +
+                std::to_string(json_integer_or(f, "edited_bytes", int64_t{0})) + " bytes removed)";
+      text += "\n";
+    }
+  }
   if (u("rejected") > 0) {
     text += "  rejected:";
     for (const auto& [k, v] : s["rejected_by_reason"].items())
@@ -473,10 +515,10 @@ Status final_stage(Context& c, std::string* summary) {
   KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
   if (c.rank == 0) {
     Totals t = compute_totals(c, results);
-    uint64_t accounted = t.docs_out + t.exact + t.near + t.in.rejected_total();
+    uint64_t accounted = t.docs_out + t.exact + t.near + t.in.rejected_total() + t.in.filtered;
     if (accounted != t.in.docs_in)
       st = Status::internal("accounting mismatch: docs_in " + std::to_string(t.in.docs_in) +
-                            " != docs_out + exact_dups + near_dups + rejected = " +
+                            " != docs_out + exact_dups + near_dups + rejected + filtered = " +
                             std::to_string(accounted));
     // removed.jsonl
     std::unordered_map<uint64_t, nlohmann::json> ids;
@@ -547,6 +589,51 @@ Status final_stage(Context& c, std::string* summary) {
   return comm::agree(*c.g, std::move(st));
 }
 
+// --dry-run-filters: OUT/stats.json with the scan's counts and the filters' decisions (the
+// dropped documents are in rejects/ as in a full run); "dry_run_filters": true and no manifest.
+Status write_filter_report(const Context& c, std::string* summary) {
+  if (c.rank != 0) return Status::ok();
+  FileStats in;
+  for (const auto& s : c.file_stats) in.add(s);
+  nlohmann::ordered_json s;
+  s["dry_run_filters"] = true;
+  s["docs_in"] = in.docs_in;
+  s["docs_kept"] = in.valid;
+  s["rejected"] = in.rejected_total();
+  nlohmann::ordered_json reasons = nlohmann::ordered_json::object();
+  for (int r = 0; r < kRejectReasonCount; ++r)
+    reasons[reject_reason_name(static_cast<RejectReason>(r))] = in.rejected[r];
+  s["rejected_by_reason"] = reasons;
+  s["filtered"] = in.filtered;
+  s["bytes_in"] = in.input_bytes;
+  s["bytes_kept"] = in.text_bytes;
+  s["filters"] = filter_stats(c, in);
+  const double scan_s = c.timings.count("scan") ? c.timings.at("scan") : 0.0;
+  s["timings_s"] = {{"scan", std::round(scan_s * 1000) / 1000}};
+  KILN_RETURN_IF_ERROR(write_file_atomic(c.out + "/stats.json", s.dump(2) + "\n"));
+  std::string text = "kiln prep --dry-run-filters: " + std::to_string(in.docs_in) +
+                     " documents in, " + std::to_string(in.valid) + " kept by the filters, " +
+                     std::to_string(in.filtered) + " filtered, " +
+                     std::to_string(in.rejected_total()) + " rejected\n";
+  for (const auto& f : s["filters"]) {
+    text += "  filter " + f.value("filter", std::string()) + ": dropped " +
+            std::to_string(json_integer_or(f, "docs", uint64_t{0})) + " docs (" +
+            human_bytes(json_integer_or(f, "bytes", uint64_t{0})) + ")";
+    std::string rules;
+    for (const auto& [rule, n] : f["rules"].items())
+      rules += (rules.empty() ? "" : ", ") + rule + " " +
+               std::to_string(json_integer<uint64_t>(n, rule));
+    if (!rules.empty()) text += ": " + rules;
+    if (const auto e = json_integer_or(f, "edited", uint64_t{0}); e > 0)
+      text += "; edited " + std::to_string(e) + " docs";
+    text += "\n";
+  }
+  text += "  decisions: " + c.out + "/rejects/ (reason \"filtered\"), counts: " + c.out +
+          "/stats.json; no shards written\n";
+  *summary = text;
+  return Status::ok();
+}
+
 // ---- the resumable stages --------------------------------------------------------------------
 // run() does the stage's collective work and returns this rank's status for writing the marker
 // fields it fills (the loop saves the marker and agrees on the result); resume() restores the
@@ -554,11 +641,13 @@ Status final_stage(Context& c, std::string* summary) {
 
 Status run_scan(Context& c, int, nlohmann::json*) {
   KILN_RETURN_IF_ERROR(comm::agree(*c.g, scan_stage(c)));
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, load_filtered(c)));
   KILN_RETURN_IF_ERROR(gather_file_stats(c));
   return write_rank_rejects(c);
 }
 Status resume_scan(Context& c, const nlohmann::json&, int) {
   KILN_RETURN_IF_ERROR(comm::agree(*c.g, check_units(c, /*verify=*/false)));
+  KILN_RETURN_IF_ERROR(comm::agree(*c.g, load_filtered(c)));
   return gather_file_stats(c);
 }
 
@@ -830,6 +919,7 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
       result.exact_dups = json_integer_or(stats, "exact_dups", uint64_t{0});
       result.near_dups = json_integer_or(stats, "near_dups", uint64_t{0});
       result.rejected = json_integer_or(stats, "rejected", uint64_t{0});
+      result.filtered = json_integer_or(stats, "filtered", uint64_t{0});
     }
     result.already_complete = true;
     // Killed after the dataset was complete but before the work folder went: finish the cleanup.
@@ -887,6 +977,19 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
       KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
     }
     if (step.stage == kScan) KILN_RETURN_IF_ERROR(check_reject_fraction(c));
+    if (step.stage == kScan && run_options.filters_only) {
+      // --dry-run-filters: the decisions (rejects/ and stats.json), no dedup, no shards.
+      KILN_RETURN_IF_ERROR(comm::agree(g, write_filter_report(c, &result.summary)));
+      KILN_RETURN_IF_ERROR(g.barrier());
+      if (!c.opt.keep_work) remove_work_folder(c);
+      FileStats in;
+      for (const auto& fs_ : c.file_stats) in.add(fs_);
+      result.docs_in = in.docs_in;
+      result.rejected = in.rejected_total();
+      result.filtered = in.filtered;
+      result.docs_out = in.valid;
+      return result;
+    }
     // A safe point: this stage's marker is on disk on every rank. Every rank stops here when any
     // rank got a stop signal.
     KILN_ASSIGN_OR_RETURN(int64_t sig, comm::allreduce_value<int64_t>(
@@ -908,7 +1011,9 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
   for (int r = 0; r < kRejectReasonCount; ++r)
     if (in.rejected[r]) result.rejected_by_reason[reject_reason_name(static_cast<RejectReason>(r))] = in.rejected[r];
   for (const RemovedEntry& e : c.removed) (e.exact ? result.exact_dups : result.near_dups) += 1;
-  result.docs_out = result.docs_in - result.rejected - result.exact_dups - result.near_dups;
+  result.filtered = in.filtered;
+  result.docs_out =
+      result.docs_in - result.rejected - result.filtered - result.exact_dups - result.near_dups;
   if (c.rank == 0)
     KILN_LOG_INFO("prep finished in {:.1f}s", seconds_since(t_start));
   return result;

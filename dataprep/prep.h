@@ -35,6 +35,9 @@ struct PrepRunOptions {
   // Fingerprints of runs already appended: a run with one of them does nothing and returns
   // already_complete.
   std::vector<std::string> done_fingerprints;
+  // --dry-run-filters: stop after the scan with the filters' decisions (rejects/, stats.json
+  // with "dry_run_filters": true); no dedup, tokenizer or shards.
+  bool filters_only = false;
 };
 
 struct PrepResult {
@@ -43,6 +46,7 @@ struct PrepResult {
   uint64_t exact_dups = 0;
   uint64_t near_dups = 0;
   uint64_t rejected = 0;
+  uint64_t filtered = 0;  // dropped by the quality filters (docs/PREP.md "Quality filters")
   std::map<std::string, uint64_t> rejected_by_reason;
   LshParams lsh;
   bool already_complete = false;  // the output was complete before this call

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/text.h"
+#include "dataprep/filter/filter.h"
 #include "dataprep/tagging/domain_rules.h"
 
 namespace kiln::prep {
@@ -50,6 +51,7 @@ shards:
 split:
   val_fraction: 0.0
   val_min_docs: 0
+filters: []
 )";
 
 namespace {
@@ -175,6 +177,9 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
     return range_error("split.val_fraction", "must be in [0, 0.5]");
   KILN_RETURN_IF_ERROR(get_into(c, "split.val_min_docs", &o.val_min_docs));
   if (o.val_min_docs > 1000000) return range_error("split.val_min_docs", "must be 0..1000000");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<filter::FilterChain> chain,
+                        filter::FilterChain::from_yaml(c.node("filters"), "filters"));
+  o.filters = std::move(chain);
   return o;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "format/shard.h"
 #include "common/status.h"
 #include "dataprep/dedup/lsh.h"
+#include "dataprep/filter/filter.h"
 
 namespace kiln::prep {
 
@@ -72,6 +74,10 @@ struct PrepOptions {
   // smallest hashes; never more than half the domain) are held out.
   double val_fraction = 0;
   uint64_t val_min_docs = 0;
+
+  // filters: the quality filters, in order (dataprep/filter/filter.h); never null after
+  // prep_options_from_config (an empty chain runs none). Shared: the chain is immutable.
+  std::shared_ptr<const filter::FilterChain> filters;
 };
 
 // Validates every value (ranges, enums) and resolves bands x rows; errors name the key.

@@ -1,6 +1,7 @@
 // Internals of the prep pipeline shared by prep*.cc. Not a public interface.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -48,11 +49,24 @@ enum Stage : int { kNone = 0, kScan = 1, kExact = 2, kDedup = 3, kAnnotator = 4,
                    kFinal = 6 };
 const char* stage_name(int stage);
 
+// What one filter of the chain did (FileStats::filters, by the filter's index in the chain).
+struct FilterTally {
+  uint64_t docs = 0;        // documents it dropped
+  uint64_t bytes = 0;       // their input text bytes
+  uint64_t edited = 0;      // kept documents whose text it changed
+  int64_t edited_bytes = 0;  // text bytes its edits removed (negative: added)
+  std::map<std::string, uint64_t> rules;  // dropped documents by rule
+  void add(const FilterTally& o);
+};
+
 struct FileStats {
   uint64_t docs_in = 0;
-  uint64_t valid = 0;
-  uint64_t text_bytes = 0;  // of valid documents
+  uint64_t valid = 0;       // parsed and kept by the filters: the scan table's records
+  uint64_t text_bytes = 0;  // of valid documents, as the filters left them
+  uint64_t input_bytes = 0;  // of every parsed document (the filtered ones too), as read
   uint64_t repaired = 0;    // valid after UTF-8 repair
+  uint64_t filtered = 0;    // parsed, then dropped by a quality filter
+  std::vector<FilterTally> filters;  // per filter of the chain (empty without filters)
   std::array<uint64_t, kRejectReasonCount> rejected{};
   uint64_t rejected_total() const {
     uint64_t s = 0;
@@ -194,7 +208,19 @@ struct Context {
   std::string tmp_dir() const { return rank_dir + "/tmp"; }
   bool is_removed(uint64_t docid) const;
   bool is_exact_dup(uint64_t docid) const;
+
+  // After the scan (this rank): the documents the quality filters dropped, sorted.
+  std::vector<uint64_t> filtered;
+  bool is_filtered(uint64_t docid) const {
+    return std::binary_search(filtered.begin(), filtered.end(), docid);
+  }
+  // The kept document's text as the filters leave it, and their annotations in its metadata.
+  // Call for documents the scan kept (not filtered); a no-op without rewriting filters.
+  void refilter(Document* doc) const;
 };
+
+// Loads this rank's filtered lists (the scan units' .flt files) into c.filtered.
+Status load_filtered(Context& c);
 
 // Streams this rank's scan-table records in docid order (prep_dedup.cc).
 class TableScanner {

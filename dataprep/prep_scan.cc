@@ -7,6 +7,7 @@
 #include <tbb/task_arena.h>
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 
 #include "common/atomic_file.h"
@@ -27,6 +28,7 @@ struct ScanWork {
   RawBatch raw;
   std::string table;
   std::string rejects;
+  std::string filtered;  // u64 docids the quality filters dropped, in order
   FileStats stats;
 };
 
@@ -45,8 +47,30 @@ std::string reject_line(const std::string& file, uint64_t line, RejectReason rea
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
+// The rejects/ line of a document a quality filter dropped: like a reject, with the filter's
+// measurement (docs/PREP.md "Quality filters").
+std::string filtered_line(const Context& c, const std::string& file, uint64_t line,
+                          const Document& doc, const filter::ChainOutcome& o,
+                          std::string_view text) {
+  const filter::FilterChain& chain = *c.opt.filters;
+  nlohmann::json j;
+  j["file"] = file;
+  j["line"] = line;
+  j["reason"] = "filtered";
+  j["id"] =
+      doc.id_is_number ? nlohmann::json::parse(doc.id, nullptr, false) : nlohmann::json(doc.id);
+  j["filter"] = chain.label(o.dropped_by);
+  j["rule"] = o.drop.rule;
+  j["value"] = o.drop.value;
+  j["threshold"] = o.drop.threshold;
+  j["detail"] = chain.describe(o);
+  if (!text.empty()) j["excerpt"] = std::string(text.substr(0, 200));
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 struct Scratch {
   Document doc;
+  std::string text;  // the text the filters work on
   std::string norm;
   std::vector<uint64_t> shingles;
   std::vector<uint64_t> sig;
@@ -60,22 +84,52 @@ void process_batch(const Context& c, ScanWork* w) {
   s.sig.resize(L.num_perm);
   s.keys.resize(L.bands);
   w->table.reserve(w->raw.items.size() * L.bytes);
+  const filter::FilterChain& chain = *c.opt.filters;
+  if (!chain.empty()) w->stats.filters.resize(chain.size());
   for (const RawItem& it : w->raw.items) {
     ++w->stats.docs_in;
-    ParseResult pr = parse_item(c, w->raw, it, /*want_fields=*/false, &s.doc, /*copy_text=*/false);
+    ParseResult pr =
+        parse_item(c, w->raw, it, /*want_fields=*/chain.needs_url(), &s.doc, /*copy_text=*/false);
     if (!pr.ok) {
       ++w->stats.rejected[static_cast<int>(pr.reason)];
       std::string_view excerpt = it.kind == LineEventKind::kLine ? w->raw.text(it) : "";
       w->rejects += reject_line(c.files[w->raw.fid].path, it.line, pr.reason, pr.detail, excerpt);
       continue;
     }
+    const uint64_t docid = make_docid(w->raw.fid, it.ordinal);
+    w->stats.input_bytes += pr.text.size();
+    std::string_view text = pr.text;
+    if (!chain.empty()) {
+      // The quality filters, in the scan pass: what they drop never reaches the table.
+      s.text.assign(pr.text);
+      const filter::ChainOutcome o = chain.run(&s.text, s.doc.url);
+      if (!o.keep) {
+        ++w->stats.filtered;
+        FilterTally& t = w->stats.filters[o.dropped_by];
+        ++t.docs;
+        t.bytes += pr.text.size();
+        ++t.rules[o.drop.rule];
+        w->rejects += filtered_line(c, c.files[w->raw.fid].path, it.line, s.doc, o, pr.text);
+        append_raw(&w->filtered, &docid, 8);
+        continue;
+      }
+      if (o.edited_mask != 0) {
+        // (per filter, the edit of the last editing filter is attributed the byte change of the
+        // whole chain; the counts of edited documents are per filter)
+        for (size_t i = 0; i < chain.size() && i < 64; ++i)
+          if (o.edited_mask >> i & 1) ++w->stats.filters[i].edited;
+        const int last = 63 - __builtin_clzll(o.edited_mask);
+        w->stats.filters[last].edited_bytes +=
+            static_cast<int64_t>(pr.text.size()) - static_cast<int64_t>(s.text.size());
+      }
+      text = s.text;
+    }
     ++w->stats.valid;
-    w->stats.text_bytes += pr.text.size();
+    w->stats.text_bytes += text.size();
     w->stats.repaired += pr.repaired;
-    normalise_for_dedup(pr.text, nopt, &s.norm);
+    normalise_for_dedup(text, nopt, &s.norm);
     Hash128 h = xxh3_128(s.norm);
-    uint64_t docid = make_docid(w->raw.fid, it.ordinal);
-    uint32_t text_bytes = static_cast<uint32_t>(std::min<size_t>(pr.text.size(), UINT32_MAX));
+    uint32_t text_bytes = static_cast<uint32_t>(std::min<size_t>(text.size(), UINT32_MAX));
     uint32_t flags = 0;
     if (L.num_perm > 0) {
       shingle_hashes(s.norm, c.opt.ngram, &s.shingles);
@@ -99,10 +153,15 @@ void process_batch(const Context& c, ScanWork* w) {
 }
 
 struct UnitOutput {
-  AtomicFile table, rejects;
-  Xxh3Stream table_hash, rejects_hash;
-  uint64_t table_bytes = 0, rejects_bytes = 0;
-  Status write(const std::string& tbl, const std::string& rej) {
+  AtomicFile table, rejects, filtered;
+  Xxh3Stream table_hash, rejects_hash, filtered_hash;
+  uint64_t table_bytes = 0, rejects_bytes = 0, filtered_bytes = 0;
+  Status write(const std::string& tbl, const std::string& rej, const std::string& flt) {
+    if (!flt.empty()) {
+      KILN_RETURN_IF_ERROR(filtered.write(flt));
+      filtered_hash.update(flt);
+      filtered_bytes += flt.size();
+    }
     if (!tbl.empty()) {
       KILN_RETURN_IF_ERROR(table.write(tbl));
       table_hash.update(tbl);
@@ -156,7 +215,7 @@ Status scan_file(const Context& c, uint32_t fid, UnitOutput* out, FileStats* sta
                                                  })) &
           tbb::make_filter<ScanWork*, void>(
               tbb::filter_mode::serial_in_order, fork_join.serial_filter([&](ScanWork* w) {
-                Status st = out->write(w->table, w->rejects);
+                Status st = out->write(w->table, w->rejects, w->filtered);
                 if (!st.is_ok()) fail(std::move(st));
                 stats->add(w->stats);
                 delete w;
@@ -170,6 +229,7 @@ Status scan_unit(const Context& c, const FileRun& u, Progress* progress) {
   UnitOutput out;
   KILN_RETURN_IF_ERROR(out.table.open(c.unit_path(u, "tbl")));
   KILN_RETURN_IF_ERROR(out.rejects.open(c.unit_path(u, "rej")));
+  KILN_RETURN_IF_ERROR(out.filtered.open(c.unit_path(u, "flt")));
   nlohmann::json marker;
   marker["first"] = u.first;
   marker["last"] = u.last;
@@ -181,8 +241,11 @@ Status scan_unit(const Context& c, const FileRun& u, Progress* progress) {
   }
   KILN_RETURN_IF_ERROR(out.table.commit());
   KILN_RETURN_IF_ERROR(out.rejects.commit());
+  KILN_RETURN_IF_ERROR(out.filtered.commit());
   marker["table"] = {{"bytes", out.table_bytes}, {"xxh3", hex64(out.table_hash.digest())}};
   marker["rejects"] = {{"bytes", out.rejects_bytes}, {"xxh3", hex64(out.rejects_hash.digest())}};
+  marker["filtered"] = {{"bytes", out.filtered_bytes},
+                        {"xxh3", hex64(out.filtered_hash.digest())}};
   KILN_RETURN_IF_ERROR(write_json_file(c.unit_path(u, "done"), marker));
   crash_point("scan-unit");
   return Status::ok();
@@ -197,8 +260,9 @@ bool load_unit(Context& c, const FileRun& u, bool verify) {
   try {
     if (json_integer_at<uint32_t>(m, "first") != u.first || json_integer_at<uint32_t>(m, "last") != u.last)
       return false;
-    for (const char* part : {"table", "rejects"}) {
-      std::string path = c.unit_path(u, part == std::string("table") ? "tbl" : "rej");
+    for (const char* part : {"table", "rejects", "filtered"}) {
+      const std::string p = part;
+      std::string path = c.unit_path(u, p == "table" ? "tbl" : p == "rejects" ? "rej" : "flt");
       std::error_code ec;
       uint64_t size = std::filesystem::file_size(path, ec);
       if (ec || size != json_integer_at<uint64_t>(m.at(part), "bytes")) return false;
@@ -221,6 +285,21 @@ bool load_unit(Context& c, const FileRun& u, bool verify) {
 }
 
 }  // namespace
+
+Status load_filtered(Context& c) {
+  c.filtered.clear();
+  for (const FileRun& u : c.units) {
+    KILN_ASSIGN_OR_RETURN(std::string bytes, read_file(c.unit_path(u, "flt")));
+    if (bytes.size() % 8 != 0)
+      return Status::data("damaged work file").with_file(c.unit_path(u, "flt"));
+    const size_t n = bytes.size() / 8, at = c.filtered.size();
+    c.filtered.resize(at + n);
+    if (n > 0) std::memcpy(c.filtered.data() + at, bytes.data(), bytes.size());
+  }
+  if (!std::is_sorted(c.filtered.begin(), c.filtered.end()))
+    return Status::internal("the filtered documents are out of order");
+  return Status::ok();
+}
 
 Status check_units(Context& c, bool verify_checksums) {
   for (const FileRun& u : c.units) {

@@ -1,4 +1,5 @@
 // Small helpers of the prep pipeline: records, JSON state files, blobs, batching input files.
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -25,11 +26,23 @@ const char* stage_name(int stage) {
   }
 }
 
+void FilterTally::add(const FilterTally& o) {
+  docs += o.docs;
+  bytes += o.bytes;
+  edited += o.edited;
+  edited_bytes += o.edited_bytes;
+  for (const auto& [rule, n] : o.rules) rules[rule] += n;
+}
+
 void FileStats::add(const FileStats& o) {
   docs_in += o.docs_in;
   valid += o.valid;
   text_bytes += o.text_bytes;
+  input_bytes += o.input_bytes;
   repaired += o.repaired;
+  filtered += o.filtered;
+  if (filters.size() < o.filters.size()) filters.resize(o.filters.size());
+  for (size_t i = 0; i < o.filters.size(); ++i) filters[i].add(o.filters[i]);
   for (int i = 0; i < kRejectReasonCount; ++i) rejected[i] += o.rejected[i];
 }
 
@@ -40,6 +53,18 @@ nlohmann::json FileStats::to_json() const {
   j["text_bytes"] = text_bytes;
   j["repaired"] = repaired;
   j["rejected"] = rejected;
+  if (input_bytes != text_bytes || filtered > 0 || !filters.empty()) {
+    j["input_bytes"] = input_bytes;
+    j["filtered"] = filtered;
+    nlohmann::json fl = nlohmann::json::array();
+    for (const FilterTally& t : filters)
+      fl.push_back({{"docs", t.docs},
+                    {"bytes", t.bytes},
+                    {"edited", t.edited},
+                    {"edited_bytes", t.edited_bytes},
+                    {"rules", t.rules}});
+    j["filters"] = fl;
+  }
   return j;
 }
 
@@ -49,6 +74,22 @@ FileStats FileStats::from_json(const nlohmann::json& j) {
   s.valid = json_integer_at<uint64_t>(j, "valid");
   s.text_bytes = json_integer_at<uint64_t>(j, "text_bytes");
   s.repaired = json_integer_at<uint64_t>(j, "repaired");
+  s.input_bytes = j.contains("input_bytes") ? json_integer_at<uint64_t>(j, "input_bytes")
+                                            : s.text_bytes;
+  if (j.contains("filtered")) s.filtered = json_integer_at<uint64_t>(j, "filtered");
+  if (j.contains("filters") && j["filters"].is_array()) {
+    for (const auto& f : j["filters"]) {
+      FilterTally t;
+      t.docs = json_integer_at<uint64_t>(f, "docs");
+      t.bytes = json_integer_at<uint64_t>(f, "bytes");
+      t.edited = json_integer_at<uint64_t>(f, "edited");
+      t.edited_bytes = json_integer_at<int64_t>(f, "edited_bytes");
+      if (f.contains("rules") && f["rules"].is_object())
+        for (const auto& [rule, n] : f["rules"].items())
+          t.rules[rule] = json_integer<uint64_t>(n, rule);
+      s.filters.push_back(std::move(t));
+    }
+  }
   auto r = json_integers<uint64_t>(j.at("rejected"), "rejected");
   for (size_t i = 0; i < r.size() && i < s.rejected.size(); ++i) s.rejected[i] = r[i];
   return s;
@@ -152,6 +193,17 @@ std::string Context::unit_path(const FileRun& u, const char* ext) const {
 
 std::string Context::stage_marker(int stage) const {
   return rank_dir + "/stage-" + std::to_string(stage) + "-" + stage_name(stage) + ".json";
+}
+
+void Context::refilter(Document* doc) const {
+  const filter::FilterChain& chain = *opt.filters;
+  if (!chain.rewrites() && !chain.annotates()) return;
+  const filter::ChainOutcome o = chain.replay_kept(&doc->text, doc->url);
+  if (!o.annotations.language.empty()) {
+    if (!doc->carried.is_object()) doc->carried = nlohmann::json::object();
+    doc->carried["language"] = o.annotations.language;
+    doc->carried["language_score"] = std::round(o.annotations.language_score * 1e4) / 1e4;
+  }
 }
 
 bool Context::is_removed(uint64_t docid) const {

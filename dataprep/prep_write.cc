@@ -178,8 +178,10 @@ Result<std::vector<std::string>> sample_training_texts(const Context& c) {
         for (const RawItem& it : w.raw.items) {
           uint64_t docid = make_docid(w.raw.fid, it.ordinal);
           uint64_t gi = c.global_index(docid);
-          if (xxh3_64(&gi, sizeof gi, seed) > cut || c.is_removed(docid)) continue;
+          if (xxh3_64(&gi, sizeof gi, seed) > cut || c.is_removed(docid) || c.is_filtered(docid))
+            continue;
           if (!parse_item(c, w.raw, it, false, &doc).ok) continue;
+          c.refilter(&doc);  // the tokenizer learns the text the shards will hold
           uint64_t n = doc.text.size();
           w.blob.append(reinterpret_cast<const char*>(&n), 8);
           w.blob.append(doc.text);
@@ -505,6 +507,7 @@ Status write_stage(Context& c) {
         Document doc;
         for (const RawItem& it : w.raw.items) {
           const uint64_t docid = make_docid(w.raw.fid, it.ordinal);
+          if (c.is_filtered(docid)) continue;  // dropped by a quality filter (in rejects/)
           const bool removed = c.is_removed(docid);
           const bool want_id = std::binary_search(wanted.begin(), wanted.end(), docid);
           if (removed && !want_id) continue;
@@ -518,6 +521,7 @@ Status write_stage(Context& c) {
             continue;
           }
           if (index.enabled()) w.index_docs.emplace_back(docid, id_json(doc));
+          c.refilter(&doc);  // edits (c4, pii, regex) and annotations (language) of the filters
           doc.domain.clear();
           doc.domain_by.clear();
           doc.tokens.clear();

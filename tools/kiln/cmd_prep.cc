@@ -34,7 +34,7 @@ struct PrepFlags {
   std::string shard_bytes;
   std::string default_domain, tokenizer;
   uint64_t vocab_size = 0;
-  bool overwrite = false, keep_work = false, no_index = false;
+  bool overwrite = false, keep_work = false, no_index = false, dry_run_filters = false;
   std::vector<std::string> against;
   std::string append;
   double collective_timeout = 3600;
@@ -131,6 +131,9 @@ RunFn add_prep_command(CLI::App& root) {
   sub->add_flag("--overwrite", f->overwrite,
                 "replace an existing dataset or unfinished run in OUT instead of refusing/resuming");
   sub->add_flag("--keep-work", f->keep_work, "keep OUT/.kiln-prep after success (keep_work)");
+  sub->add_flag("--dry-run-filters", f->dry_run_filters,
+                "run the quality filters (filters:) only: their decisions go to OUT/rejects/ and "
+                "OUT/stats.json, no dedup and no shards (to tune thresholds)");
   sub->add_option("--against", f->against,
                   "an earlier dataset (a prep output): input documents that duplicate its kept "
                   "documents are removed, with its tokenizer and domain rules used unless given "
@@ -236,6 +239,7 @@ RunFn add_prep_command(CLI::App& root) {
     }
     prep::PrepRunOptions ro;
     ro.overwrite = f->overwrite;
+    ro.filters_only = f->dry_run_filters;
     prep::PrepResult r;
     if (given("--append")) {
       KILN_ASSIGN_OR_RETURN(r, prep::append_prep(cfg, f->append, world, ro));

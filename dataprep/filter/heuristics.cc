@@ -1,0 +1,812 @@
+// The published heuristic filters: Gopher quality and repetition (Rae et al. 2021, as datatrove
+// implements them), C4's line rules (Raffel et al. 2020, datatrove's C4QualityFilter), FineWeb's
+// quality rules (Penedo et al. 2024), and plain length bounds. The rule definitions and their CJK
+// handling are in docs/PREP.md; tests/dataprep/filter_reference.py is the same in Python.
+//
+// Everything is measured on code points (Python's len), with per-thread scratch buffers so a
+// document costs no allocation once they have grown. Repeated n-grams are found by hashing: the
+// n-grams of the repetition filter are keys of 61-bit polynomial hashes over the words (prefix
+// sums, so each n-gram costs O(1)), a collision (about n^2 / 2^61 per document) is the only way
+// the result can differ from comparing strings.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "dataprep/filter/params.h"
+#include "dataprep/filter/text.h"
+
+namespace kiln::prep::filter {
+namespace {
+
+constexpr uint64_t kMod = (uint64_t{1} << 61) - 1;
+inline uint64_t mulmod(uint64_t a, uint64_t b) {
+  __extension__ using U128 = unsigned __int128;
+  U128 p = static_cast<U128>(a) * b;
+  uint64_t lo = static_cast<uint64_t>(p & kMod), hi = static_cast<uint64_t>(p >> 61);
+  uint64_t s = lo + hi;
+  return s >= kMod ? s - kMod : s;
+}
+inline uint64_t addmod(uint64_t a, uint64_t b) {
+  uint64_t s = a + b;
+  return s >= kMod ? s - kMod : s;
+}
+inline uint64_t submod(uint64_t a, uint64_t b) { return a >= b ? a - b : a + kMod - b; }
+constexpr uint64_t kBase = 0x1a2b3c4d5e6f7ull % kMod;
+constexpr uint64_t kWordBase = 0x5bd1e9955bd1e99ull % kMod;
+
+// kBase^n: a table for the common lengths, square-and-multiply beyond.
+constexpr uint32_t kPowTable = 4096;
+const uint64_t* power_table() {
+  static const std::vector<uint64_t> table = [] {
+    std::vector<uint64_t> v(kPowTable + 1, 1);
+    for (size_t i = 1; i < v.size(); ++i) v[i] = mulmod(v[i - 1], kBase);
+    return v;
+  }();
+  return table.data();
+}
+uint64_t power(uint64_t n) {
+  if (n <= kPowTable) return power_table()[n];
+  uint64_t r = 1, b = kBase;
+  while (n) {
+    if (n & 1) r = mulmod(r, b);
+    b = mulmod(b, b);
+    n >>= 1;
+  }
+  return r;
+}
+
+// Open-addressing set / counter over 64-bit keys (0 is mapped to 1), reused per thread.
+class KeyTable {
+ public:
+  void reset(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n + 2) cap <<= 1;
+    if (keys_.size() < cap) {
+      keys_.assign(cap, 0);
+      counts_.assign(cap, 0);
+      firsts_.assign(cap, 0);
+    } else {
+      std::fill(keys_.begin(), keys_.begin() + cap, 0);
+    }
+    mask_ = cap - 1;
+    shift_ = 64 - __builtin_ctzll(cap);
+  }
+  // Inserts; returns true when the key was already present.
+  bool insert(uint64_t key) {
+    size_t i = slot(key);
+    if (keys_[i] != 0) return true;
+    keys_[i] = fix(key);
+    return false;
+  }
+  // The slot of a key that is present.
+  size_t find(uint64_t key) const { return slot(key); }
+  // Counts; returns the slot.
+  size_t count(uint64_t key, uint32_t first) {
+    size_t i = slot(key);
+    if (keys_[i] == 0) {
+      keys_[i] = fix(key);
+      counts_[i] = 0;
+      firsts_[i] = first;
+    }
+    ++counts_[i];
+    return i;
+  }
+  // Starts loading the slot a later insert or count of this key will probe.
+  void prefetch(uint64_t key) const { __builtin_prefetch(keys_.data() + home(fix(key))); }
+  uint32_t count_at(size_t i) const { return counts_[i]; }
+  uint32_t first_at(size_t i) const { return firsts_[i]; }
+
+ private:
+  static uint64_t fix(uint64_t k) { return k == 0 ? 1 : k; }
+  // Fibonacci hashing: the top bits of the product depend on every bit of the key.
+  size_t home(uint64_t key) const {
+    return static_cast<size_t>(((key ^ (key >> 32)) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  size_t slot(uint64_t key) const {
+    key = fix(key);
+    size_t i = home(key);
+    while (keys_[i] != 0 && keys_[i] != key) i = (i + 1) & mask_;
+    return i;
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> counts_, firsts_;
+  size_t mask_ = 0;
+  int shift_ = 60;
+};
+
+struct Scratch {
+  std::vector<char32_t> cp;
+  std::vector<Span> words, lines, parts, tokens;
+  std::vector<uint64_t> word_prefix, cat_prefix, pow_words;
+  std::vector<uint32_t> cat_off;
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> live;
+  KeyTable table;
+  std::string out, lower;
+  std::vector<uint32_t> byte_at;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+Span whole(const std::vector<char32_t>& t) { return {0, static_cast<uint32_t>(t.size())}; }
+
+bool drop(FilterDrop* d, const char* rule, double value, const char* op, double threshold) {
+  d->rule = rule;
+  d->value = value;
+  d->op = op;
+  d->threshold = threshold;
+  d->note.clear();
+  return false;
+}
+
+bool is_symbol_word(const std::vector<char32_t>& t, Span w) {
+  for (uint32_t i = w.begin; i < w.end; ++i)
+    if (!is_punct(t[i])) return false;
+  return true;
+}
+bool is_cjk_word(const std::vector<char32_t>& t, Span w) {
+  return w.size() == 1 && is_cjk(t[w.begin]);
+}
+
+// (duplicate elements, their code points) of a list of spans: datatrove's find_duplicates.
+std::pair<uint64_t, uint64_t> find_duplicates(const std::vector<char32_t>& t,
+                                              const std::vector<Span>& parts, KeyTable* table) {
+  table->reset(parts.size());
+  uint64_t dup = 0, chars = 0;
+  for (const Span& p : parts) {
+    uint64_t key = span_hash(t, p) ^ (static_cast<uint64_t>(p.size()) << 40);
+    if (table->insert(key)) {
+      ++dup;
+      chars += p.size();
+    }
+  }
+  return {dup, chars};
+}
+
+// ---- gopher_quality ----------------------------------------------------------------------------
+
+class GopherQuality final : public Filter {
+ public:
+  std::optional<int64_t> min_doc_words = 50, max_doc_words = 100000;
+  std::optional<double> min_avg_word_length = 3, max_avg_word_length = 10;
+  std::optional<double> max_symbol_word_ratio = 0.1, max_bullet_lines_ratio = 0.9,
+                        max_ellipsis_lines_ratio = 0.3, max_non_alpha_words_ratio = 0.8;
+  std::optional<int64_t> min_stop_words = 2;
+  std::vector<std::u32string> stop_words;
+
+  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+             FilterAnnotations*) const override {
+    Scratch& s = scratch();
+    const DocumentView& v = document_view_words(*text);
+    const auto& t = v.cp;
+    const auto& words = v.words;
+    const uint64_t n_words = words.size();
+    uint64_t non_symbol = 0, len_sum = 0, len_words = 0, alpha_words = 0, cjk_words = 0;
+    for (const Span& w : words) {
+      bool alpha = false, symbol = true;
+      for (uint32_t i = w.begin; i < w.end; ++i) {
+        alpha |= is_alpha(t[i]);
+        symbol &= is_punct(t[i]);
+      }
+      alpha_words += alpha;
+      if (symbol) continue;
+      ++non_symbol;
+      if (is_cjk_word(t, w)) {
+        ++cjk_words;
+        continue;
+      }
+      len_sum += w.size();
+      ++len_words;
+    }
+    if (min_doc_words && static_cast<int64_t>(non_symbol) < *min_doc_words)
+      return drop(d, "doc_words", non_symbol, "<", *min_doc_words);
+    if (max_doc_words && static_cast<int64_t>(non_symbol) > *max_doc_words)
+      return drop(d, "doc_words", non_symbol, ">", *max_doc_words);
+    // CJK characters (one word each) are left out of the mean word length.
+    if (len_words > 0) {
+      const double avg = static_cast<double>(len_sum) / len_words;
+      if (min_avg_word_length && avg < *min_avg_word_length)
+        return drop(d, "avg_word_length", avg, "<", *min_avg_word_length);
+      if (max_avg_word_length && avg > *max_avg_word_length)
+        return drop(d, "avg_word_length", avg, ">", *max_avg_word_length);
+    }
+    if (n_words == 0) return true;
+    const Span all = whole(t);
+    if (max_symbol_word_ratio) {
+      double r = static_cast<double>(count_of(t, all, U"#")) / n_words;
+      if (r > *max_symbol_word_ratio)
+        return drop(d, "hash_word_ratio", r, ">", *max_symbol_word_ratio);
+      r = static_cast<double>(count_of(t, all, U"...") + count_of(t, all, U"\u2026")) / n_words;
+      if (r > *max_symbol_word_ratio)
+        return drop(d, "ellipsis_word_ratio", r, ">", *max_symbol_word_ratio);
+    }
+    split_lines(t, all, &s.lines);
+    if (!s.lines.empty()) {
+      if (max_bullet_lines_ratio) {
+        uint64_t n = 0;
+        for (const Span& l : s.lines) {
+          Span x = l;
+          while (x.begin < x.end && is_space(t[x.begin])) ++x.begin;
+          n += x.begin < x.end && (t[x.begin] == U'\u2022' || t[x.begin] == U'-');
+        }
+        double r = static_cast<double>(n) / s.lines.size();
+        if (r > *max_bullet_lines_ratio)
+          return drop(d, "bullet_lines_ratio", r, ">", *max_bullet_lines_ratio);
+      }
+      if (max_ellipsis_lines_ratio) {
+        uint64_t n = 0;
+        for (const Span& l : s.lines) {
+          Span x = l;
+          while (x.end > x.begin && is_space(t[x.end - 1])) --x.end;
+          n += ends_with(t, x, U"...") || ends_with(t, x, U"\u2026");
+        }
+        double r = static_cast<double>(n) / s.lines.size();
+        if (r > *max_ellipsis_lines_ratio)
+          return drop(d, "ellipsis_lines_ratio", r, ">", *max_ellipsis_lines_ratio);
+      }
+    }
+    if (max_non_alpha_words_ratio) {
+      double r = static_cast<double>(alpha_words) / n_words;
+      if (r < *max_non_alpha_words_ratio)
+        return drop(d, "alpha_words_ratio", r, "<", *max_non_alpha_words_ratio);
+    }
+    // English stop words say nothing about a text that is mostly CJK: skipped there.
+    if (min_stop_words && *min_stop_words > 0 && cjk_words * 2 <= n_words) {
+      uint64_t found_mask = 0;
+      int64_t found = 0;
+      for (const Span& w : words) {
+        for (size_t k = 0; k < stop_words.size() && k < 64; ++k) {
+          if (!(found_mask >> k & 1) && span_equals(t, w, stop_words[k])) {
+            found_mask |= uint64_t{1} << k;
+            ++found;
+          }
+        }
+        if (found >= *min_stop_words) break;
+      }
+      if (found < *min_stop_words) return drop(d, "stop_words", found, "<", *min_stop_words);
+    }
+    return true;
+  }
+};
+
+// ---- gopher_repetition -------------------------------------------------------------------------
+
+class GopherRepetition final : public Filter {
+ public:
+  std::optional<double> dup_line_frac = 0.3, dup_para_frac = 0.3, dup_line_char_frac = 0.2,
+                        dup_para_char_frac = 0.2;
+  std::vector<std::pair<int64_t, double>> top_n_grams = {{2, 0.2}, {3, 0.18}, {4, 0.16}};
+  std::vector<std::pair<int64_t, double>> dup_n_grams = {{5, 0.15}, {6, 0.14}, {7, 0.13},
+                                                         {8, 0.12}, {9, 0.11}, {10, 0.10}};
+
+  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+             FilterAnnotations*) const override {
+    Scratch& s = scratch();
+    const DocumentView& v = document_view(*text);
+    const auto& t = v.cp;
+    const double len = static_cast<double>(t.size());
+    if (t.empty()) return true;
+    // Paragraphs: re.split(r"\n{2,}", text.strip()); lines: re.split(r"\n+", text).
+    split_on_runs(t, strip(t, whole(t)), U'\n', 2, &s.parts);
+    auto [para_dups, para_chars] = find_duplicates(t, s.parts, &s.table);
+    if (dup_para_frac && static_cast<double>(para_dups) / s.parts.size() > *dup_para_frac)
+      return drop(d, "dup_para_frac", static_cast<double>(para_dups) / s.parts.size(), ">",
+                  *dup_para_frac);
+    if (dup_para_char_frac && para_chars / len > *dup_para_char_frac)
+      return drop(d, "dup_para_char_frac", para_chars / len, ">", *dup_para_char_frac);
+    split_on_runs(t, whole(t), U'\n', 1, &s.parts);
+    auto [line_dups, line_chars] = find_duplicates(t, s.parts, &s.table);
+    if (dup_line_frac && static_cast<double>(line_dups) / s.parts.size() > *dup_line_frac)
+      return drop(d, "dup_line_frac", static_cast<double>(line_dups) / s.parts.size(), ">",
+                  *dup_line_frac);
+    if (dup_line_char_frac && line_chars / len > *dup_line_char_frac)
+      return drop(d, "dup_line_char_frac", line_chars / len, ">", *dup_line_char_frac);
+    if (top_n_grams.empty() && dup_n_grams.empty()) return true;
+
+    const auto& words = document_view_words(*text).words;
+    const size_t n = words.size();
+    // Prefix hashes: over the word hashes (n-grams as " ".join: words hold no spaces, so the
+    // sequence decides) and over the concatenated code points (n-grams as "".join, which
+    // datatrove compares: ["ab", "c"] and ["a", "bc"] are the same 2-gram there).
+    s.word_prefix.assign(n + 1, 0);
+    s.cat_prefix.assign(n + 1, 0);
+    s.cat_off.assign(n + 1, 0);
+    s.pow_words.assign(n + 1, 1);
+    for (size_t i = 0; i < n; ++i) {
+      const Span w = words[i];
+      // Polynomial hash of the word's code points, sum of (c + 1) * B^(len - 1 - k): independent
+      // products (Horner's rule would chain every multiplication on the previous one).
+      uint64_t h = 0;
+      const uint32_t wl = w.size();
+      if (wl <= kPowTable) {
+        const uint64_t* pw = power_table() + (wl - 1);
+        for (uint32_t k = 0; k < wl; ++k) h = addmod(h, mulmod(t[w.begin + k] + 1, *(pw - k)));
+      } else {
+        for (uint32_t c = w.begin; c < w.end; ++c) h = addmod(mulmod(h, kBase), t[c] + 1);
+      }
+      s.cat_prefix[i + 1] = addmod(mulmod(s.cat_prefix[i], power(w.size())), h);
+      s.word_prefix[i + 1] =
+          addmod(mulmod(s.word_prefix[i], kWordBase), (h ^ (uint64_t{w.size()} << 48)) % kMod);
+      s.cat_off[i + 1] = s.cat_off[i] + w.size();
+      s.pow_words[i + 1] = mulmod(s.pow_words[i], kWordBase);
+    }
+    auto word_key = [&](size_t i, size_t m) {
+      return submod(s.word_prefix[i + m], mulmod(s.word_prefix[i], s.pow_words[m])) ^
+             (static_cast<uint64_t>(m) << 61);
+    };
+    // The hash of the concatenated code points of words [i, i + m): that of a string.
+    auto cat_key = [&](size_t i, size_t m) {
+      const uint32_t len = s.cat_off[i + m] - s.cat_off[i];
+      return submod(s.cat_prefix[i + m], mulmod(s.cat_prefix[i], power(len))) ^
+             (static_cast<uint64_t>(len) << 44);
+    };
+    // A CJK character is about half a word: in a text whose words are mostly CJK characters the
+    // n-gram rules take n-grams of 2n characters (else every common 5-character phrase of
+    // Japanese would count as a repeated 5-word passage).
+    size_t cjk = 0;
+    for (const Span& w : words) cjk += is_cjk_word(t, w);
+    const size_t scale = cjk * 2 > n ? 2 : 1;
+    // Top n-grams. A repeated n-gram (as a sequence of words) starts with a repeated (n-1)-gram,
+    // so each pass counts only the positions whose shorter n-gram repeated ("live"), exactly:
+    // every other n-gram occurs once, and with no repeat at all the first n-gram is the top one.
+    constexpr size_t kAhead = 12;  // table slots prefetched this many positions ahead
+    s.live.assign(n + 1, 1);
+    size_t live_m = 1;  // s.live describes n-grams of this length (1: every position)
+    for (const auto& [n64, frac] : top_n_grams) {
+      const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
+      if (n < m) continue;
+      const size_t grams = n - m + 1;
+      const bool prune = m > live_m;  // (a pass with a smaller n than the last one: no pruning)
+      if (!prune) std::fill(s.live.begin(), s.live.end(), 1);
+      s.table.reset(grams);
+      s.keys.resize(grams);
+      for (size_t i = 0; i < grams; ++i) s.keys[i] = s.live[i] ? word_key(i, m) : 0;
+      uint32_t best_count = 1, best_first = 0;
+      for (size_t i = 0; i < grams; ++i) {
+        if (i + kAhead < grams && s.live[i + kAhead]) s.table.prefetch(s.keys[i + kAhead]);
+        if (!s.live[i]) continue;
+        size_t slot = s.table.count(s.keys[i], static_cast<uint32_t>(i));
+        uint32_t c = s.table.count_at(slot), f = s.table.first_at(slot);
+        if (c > best_count || (c == best_count && c > 1 && f < best_first)) {
+          best_count = c;
+          best_first = f;
+        }
+      }
+      // Live for the next, longer pass: positions whose m-gram occurs more than once.
+      for (size_t i = 0; i < grams; ++i)
+        s.live[i] = s.live[i] && s.table.count_at(s.table.find(s.keys[i])) > 1;
+      for (size_t i = grams; i <= n; ++i) s.live[i] = 0;
+      live_m = m;
+      const uint64_t gram_len = s.cat_off[best_first + m] - s.cat_off[best_first] + (m - 1);
+      const double r = static_cast<double>(gram_len) * best_count / len;
+      if (r > frac) {
+        static const char* const kTop[] = {"top_1_gram", "top_2_gram", "top_3_gram",
+                                           "top_4_gram", "top_5_gram", "top_n_gram"};
+        return drop(d, kTop[m64 <= 5 ? m64 - 1 : 5], r, ">", frac);
+      }
+    }
+    // Duplicated n-grams ("".join of the words, as datatrove compares them). Two equal n-grams
+    // share their first K code points (K = 5, or the smallest n: every word has one), so a
+    // position whose first K code points (from the concatenated words) no other position shares
+    // can never match: it is neither looked up nor inserted. Exact; a collision of that cheap
+    // key only keeps a position in play.
+    size_t min_m = SIZE_MAX;
+    for (const auto& [n64, frac] : dup_n_grams)
+      min_m = std::min(min_m, static_cast<size_t>(n64) * scale);
+    if (!dup_n_grams.empty() && n >= min_m) {
+      const size_t K = std::min<size_t>(5, min_m), starts = n - min_m + 1;
+      s.keys.resize(starts);
+      for (size_t i = 0; i < starts; ++i) {
+        uint64_t k = 0x9E3779B97F4A7C15ull;
+        size_t got = 0;
+        for (size_t w = i; got < K && w < n; ++w)
+          for (uint32_t c = words[w].begin; c < words[w].end && got < K; ++c, ++got)
+            k = (k ^ t[c]) * 0x100000001B3ull + (k >> 29);
+        s.keys[i] = k;
+      }
+      s.table.reset(starts);
+      for (size_t i = 0; i < starts; ++i) {
+        if (i + kAhead < starts) s.table.prefetch(s.keys[i + kAhead]);
+        s.table.count(s.keys[i], 0);
+      }
+      s.live.assign(n + 1, 0);
+      for (size_t i = 0; i < starts; ++i) s.live[i] = s.table.count_at(s.table.find(s.keys[i])) > 1;
+    }
+    for (const auto& [n64, frac] : dup_n_grams) {
+      const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
+      uint64_t repeated = 0;
+      if (n >= m) {
+        const size_t grams = n - m + 1;
+        s.table.reset(grams);
+        s.keys.resize(grams);
+        for (size_t k = 0; k < grams; ++k) s.keys[k] = s.live[k] ? cat_key(k, m) : 0;
+        size_t i = 0;
+        while (i < grams) {
+          if (i + kAhead < grams && s.live[i + kAhead]) s.table.prefetch(s.keys[i + kAhead]);
+          if (s.live[i] && s.table.insert(s.keys[i])) {
+            repeated += s.cat_off[i + m] - s.cat_off[i];
+            i += m;
+          } else {
+            ++i;
+          }
+        }
+      }
+      const double r = repeated / len;
+      if (r > frac) {
+        static const char* const kDup[] = {
+            "duplicated_1_n_grams",  "duplicated_2_n_grams", "duplicated_3_n_grams",
+            "duplicated_4_n_grams",  "duplicated_5_n_grams", "duplicated_6_n_grams",
+            "duplicated_7_n_grams",  "duplicated_8_n_grams", "duplicated_9_n_grams",
+            "duplicated_10_n_grams", "duplicated_n_grams"};
+        return drop(d, kDup[std::min<size_t>(m64, 11) - 1], r, ">", frac);
+      }
+    }
+    return true;
+  }
+};
+
+// ---- c4 ----------------------------------------------------------------------------------------
+
+bool is_sentence_end(char32_t c) {
+  return c == '.' || c == '!' || c == '?' || c == U'\u3002' || c == U'\uFF01' || c == U'\uFF1F';
+}
+
+// Sentences of a line (replaces NLTK's punkt): a sentence ends at a run of . ! ? (or the CJK
+// full stops 。！？) followed by white space or the end of the line; the CJK ones end a sentence
+// anywhere. Counts the non-blank pieces.
+uint64_t count_sentences(const std::vector<char32_t>& t, Span line) {
+  uint64_t n = 0;
+  bool content = false;
+  for (uint32_t i = line.begin; i < line.end; ++i) {
+    const char32_t c = t[i];
+    if (is_sentence_end(c)) {
+      uint32_t j = i;
+      bool cjk = false;
+      while (j < line.end && is_sentence_end(t[j])) cjk |= t[j++] >= 0x3000;
+      if (cjk || j == line.end || is_space(t[j])) {
+        if (content) ++n;
+        content = false;
+      } else {
+        content = true;
+      }
+      i = j - 1;
+    } else if (!is_space(c)) {
+      content = true;
+    }
+  }
+  return n + (content ? 1 : 0);
+}
+
+// The line lower-cased for the c4 phrase checks (`phrase in line.lower()`): the phrases are
+// ASCII letters and spaces, and str.lower() turns no other character into one of those except
+// U+212A KELVIN SIGN (into k; U+0130 lowers to "i" + U+0307, which breaks the phrase anyway), so
+// every other non-ASCII character becomes a byte no phrase holds.
+void lower_for_match(const std::vector<char32_t>& t, std::string* out) {
+  out->resize(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    const char32_t c = t[i];
+    (*out)[i] = c < 128 ? static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c)
+                        : (c == 0x212A ? 'k' : '\x80');
+  }
+}
+
+class C4 final : public Filter {
+ public:
+  bool split_paragraph = true, remove_citations = true, filter_no_terminal_punct = true,
+       filter_lorem_ipsum = true, filter_javascript = true, filter_curly_bracket = true,
+       filter_policy = true;
+  int64_t min_num_sentences = 5, min_words_per_line = 3, max_word_length = 1000;
+  bool rewrites() const override { return true; }
+
+  bool apply(std::string* text, std::string_view, FilterDrop* d, bool* edited,
+             FilterAnnotations*) const override {
+    static const std::string_view kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
+                                               "uses cookies", "use of cookies", "use cookies"};
+    Scratch& s = scratch();
+    const DocumentView& v = document_view(*text);
+    const auto& t = v.cp;
+    if (split_paragraph) {
+      split_lines(t, whole(t), &s.lines);
+    } else {
+      // One "line" per sentence of the whole text.
+      s.lines.clear();
+      Span all = whole(t);
+      uint32_t start = 0;
+      for (uint32_t i = 0; i < all.end; ++i) {
+        if (!is_sentence_end(t[i])) continue;
+        uint32_t j = i;
+        while (j < all.end && is_sentence_end(t[j])) ++j;
+        if (j == all.end || is_space(t[j]) || t[i] >= 0x3000) {
+          s.lines.push_back({start, j});
+          start = j;
+        }
+        i = j - 1;
+      }
+      if (start < all.end) s.lines.push_back({start, all.end});
+    }
+    uint64_t sentences = 0;
+    s.out.clear();
+    bool first = true;
+    for (Span raw : s.lines) {
+      Span line = strip(t, raw);
+      // A line whose end no citation can change (it does not end in ']') and that lacks the
+      // terminal punctuation is dropped whatever else it holds.
+      if (filter_no_terminal_punct && line.size() > 0 && t[line.end - 1] != ']') {
+        const char32_t c = t[line.end - 1];
+        const bool ok = c == '.' || c == '?' || c == '!' || c == '"' || c == '\'' ||
+                        c == U'\u3002' || c == U'\uFF01' || c == U'\uFF1F' || c == U'\u300D' ||
+                        c == U'\u300F';
+        if (!ok || ends_with(t, line, U"...")) {
+          // (the max_word_length rule would drop it too: same result either way)
+          continue;
+        }
+      }
+      // One pass over the line: words (white-space tokens; a token with CJK characters counts
+      // one word per character), the longest token, and whether a citation may be there.
+      int64_t n_words = 0, longest = 0, token = 0, token_cjk = 0;
+      bool bracket = false;
+      for (uint32_t i = line.begin; i <= line.end; ++i) {
+        if (i == line.end || is_space(t[i])) {
+          if (token > 0) {
+            n_words += std::max<int64_t>(1, token_cjk);
+            longest = std::max(longest, token);
+          }
+          token = token_cjk = 0;
+          continue;
+        }
+        ++token;
+        token_cjk += is_cjk(t[i]);
+        bracket |= t[i] == '[';
+      }
+      if (max_word_length >= 0 && longest > max_word_length) continue;
+      // Citations ([1], [edit], [citation needed]) removed: the kept line is the code points
+      // that remain (copied only when the line has a '[').
+      thread_local std::vector<char32_t> cv;
+      cv.clear();
+      if (!(remove_citations && bracket)) {
+        cv.assign(t.begin() + line.begin, t.begin() + line.end);
+      } else {
+        for (uint32_t i = line.begin; i < line.end;) {
+          if (t[i] == '[') {
+            uint32_t j = i + 1;
+            while (j < line.end && t[j] >= '0' && t[j] <= '9') ++j;
+            if (j < line.end && t[j] == ']') {
+              i = j + 1;
+              continue;
+            }
+            const Span rest{i, line.end};
+            if (starts_with(t, rest, U"[edit]")) {
+              i += 6;
+              continue;
+            }
+            if (starts_with(t, rest, U"[citation needed]")) {
+              i += 17;
+              continue;
+            }
+          }
+          cv.push_back(t[i++]);
+        }
+      }
+      const Span cs{0, static_cast<uint32_t>(cv.size())};
+      if (filter_no_terminal_punct) {
+        bool ok = false;
+        if (!cv.empty()) {
+          char32_t c = cv.back();
+          ok = c == '.' || c == '?' || c == '!' || c == '"' || c == '\'' || c == U'\u3002' ||
+               c == U'\uFF01' || c == U'\uFF1F' || c == U'\u300D' || c == U'\u300F';
+        }
+        if (!ok || ends_with(cv, cs, U"...")) continue;
+      }
+      if (n_words < min_words_per_line) continue;
+      lower_for_match(cv, &s.lower);
+      const std::string_view low(s.lower);
+      if (filter_lorem_ipsum && low.find("lorem ipsum") != std::string_view::npos)
+        return drop(d, "lorem_ipsum", 1, "==", 1);
+      if (filter_javascript && low.find("javascript") != std::string_view::npos) continue;
+      if (filter_curly_bracket && low.find('{') != std::string_view::npos)
+        return drop(d, "curly_bracket", 1, "==", 1);
+      if (filter_policy) {
+        bool policy = false;
+        for (std::string_view p : kPolicy) policy = policy || low.find(p) != std::string_view::npos;
+        if (policy) continue;
+      }
+      if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(cv, cs) : 1;
+      if (!first) s.out.push_back('\n');
+      first = false;
+      if (cv.size() == line.size())  // nothing removed: the line's own bytes
+        s.out.append(*text, v.byte_at[line.begin], v.byte_at[line.end] - v.byte_at[line.begin]);
+      else
+        for (char32_t c : cv) append_utf8(c, &s.out);
+    }
+    if (min_num_sentences >= 0 && static_cast<int64_t>(sentences) < min_num_sentences)
+      return drop(d, "too_few_sentences", sentences, "<", min_num_sentences);
+    // "\n".join(kept).strip(): the kept lines are stripped already, so only empty kept lines
+    // (possible with the word and punctuation rules off) leave white space at the ends.
+    {
+      size_t b = 0, e = s.out.size();
+      while (b < e && s.out[b] == '\n') ++b;
+      while (e > b && s.out[e - 1] == '\n') --e;
+      if (b > 0 || e < s.out.size()) s.out = s.out.substr(b, e - b);
+    }
+    if (s.out.empty()) return drop(d, "empty", 0, "==", 0);
+    if (s.out != *text) {
+      text->swap(s.out);
+      *edited = true;
+    }
+    return true;
+  }
+};
+
+// ---- fineweb -----------------------------------------------------------------------------------
+
+class FineWeb final : public Filter {
+ public:
+  double line_punct_thr = 0.12;
+  bool line_punct_exclude_zero = false;
+  double short_line_thr = 0.67;
+  int64_t short_line_length = 30;
+  double char_duplicates_ratio = 0.01;
+  double new_line_ratio = 0.3;
+  std::vector<std::u32string> stop_chars;
+
+  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+             FilterAnnotations*) const override {
+    Scratch& s = scratch();
+    const auto& t = document_view(*text).cp;
+    split_on(t, whole(t), U'\n', &s.parts);
+    s.lines.clear();
+    for (const Span& l : s.parts)
+      if (strip(t, l).size() > 0) s.lines.push_back(l);
+    if (s.lines.empty()) return drop(d, "empty", 0, "==", 0);
+    const double n_lines = static_cast<double>(s.lines.size());
+    uint64_t punct = 0, short_lines = 0;
+    for (const Span& l : s.lines) {
+      for (const auto& sc : stop_chars)
+        if (ends_with(t, l, sc)) {
+          ++punct;
+          break;
+        }
+      // Line length in columns: a CJK character is two (a 30-column line holds 15 of them).
+      uint64_t cols = 0;
+      for (uint32_t i = l.begin; i < l.end; ++i) cols += is_cjk(t[i]) ? 2 : 1;
+      short_lines += static_cast<int64_t>(cols) <= short_line_length;
+    }
+    double r = punct / n_lines;
+    if (r < line_punct_thr && !(r == 0 && line_punct_exclude_zero))
+      return drop(d, "line_punct_ratio", r, "<", line_punct_thr);
+    r = short_lines / n_lines;
+    if (r > short_line_thr) return drop(d, "short_line_ratio", r, ">", short_line_thr);
+    const uint64_t newlines = count_of(t, whole(t), U"\n");
+    const double non_newline = static_cast<double>(t.size() - newlines);
+    auto [dups, dup_chars] = find_duplicates(t, s.lines, &s.table);
+    (void)dups;
+    r = non_newline > 0 ? dup_chars / non_newline : 0.0;
+    if (r > char_duplicates_ratio) return drop(d, "char_dup_ratio", r, ">", char_duplicates_ratio);
+    const size_t n_words = document_view_words(*text).words.size();
+    r = n_words == 0 ? 0.0 : static_cast<double>(newlines) / n_words;
+    if (r > new_line_ratio) return drop(d, "list_ratio", r, ">", new_line_ratio);
+    return true;
+  }
+};
+
+// ---- length ------------------------------------------------------------------------------------
+
+class Length final : public Filter {
+ public:
+  std::optional<int64_t> min_chars, max_chars, min_words, max_words;
+  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+             FilterAnnotations*) const override {
+    const auto& t = document_view(*text).cp;
+    const int64_t chars = static_cast<int64_t>(t.size());
+    if (min_chars && chars < *min_chars) return drop(d, "chars", chars, "<", *min_chars);
+    if (max_chars && chars > *max_chars) return drop(d, "chars", chars, ">", *max_chars);
+    if (min_words || max_words) {
+      int64_t n = 0;
+      for (const Span& w : document_view_words(*text).words) n += !is_symbol_word(t, w);
+      if (min_words && n < *min_words) return drop(d, "words", n, "<", *min_words);
+      if (max_words && n > *max_words) return drop(d, "words", n, ">", *max_words);
+    }
+    return true;
+  }
+};
+
+std::u32string to_u32(const std::string& s) {
+  std::vector<char32_t> v;
+  decode_utf8(s, &v);
+  return std::u32string(v.begin(), v.end());
+}
+
+constexpr int64_t kBig = int64_t{1} << 40;
+
+}  // namespace
+
+Result<std::unique_ptr<Filter>> make_gopher_quality(Params& p) {
+  auto f = std::make_unique<GopherQuality>();
+  KILN_RETURN_IF_ERROR(p.integer("min_doc_words", 0, kBig, &f->min_doc_words));
+  KILN_RETURN_IF_ERROR(p.integer("max_doc_words", 0, kBig, &f->max_doc_words));
+  KILN_RETURN_IF_ERROR(p.number("min_avg_word_length", 0, 1e6, &f->min_avg_word_length));
+  KILN_RETURN_IF_ERROR(p.number("max_avg_word_length", 0, 1e6, &f->max_avg_word_length));
+  KILN_RETURN_IF_ERROR(p.number("max_symbol_word_ratio", 0, 1e6, &f->max_symbol_word_ratio));
+  KILN_RETURN_IF_ERROR(p.number("max_bullet_lines_ratio", 0, 1, &f->max_bullet_lines_ratio));
+  KILN_RETURN_IF_ERROR(p.number("max_ellipsis_lines_ratio", 0, 1, &f->max_ellipsis_lines_ratio));
+  KILN_RETURN_IF_ERROR(p.number("max_non_alpha_words_ratio", 0, 1, &f->max_non_alpha_words_ratio));
+  KILN_RETURN_IF_ERROR(p.integer("min_stop_words", 0, 64, &f->min_stop_words));
+  std::vector<std::string> words = {"the", "be", "to", "of", "and", "that", "have", "with"};
+  KILN_RETURN_IF_ERROR(p.texts("stop_words", &words));
+  if (words.size() > 64)
+    return Status::config("at most 64 stop words").with_key(p.key_of("stop_words"));
+  std::vector<std::string> unique;
+  for (const auto& w : words)
+    if (std::find(unique.begin(), unique.end(), w) == unique.end()) unique.push_back(w);
+  for (const auto& w : unique) f->stop_words.push_back(to_u32(w));
+  // As in datatrove, a rule set to 0 (or null) is off.
+  for (auto* o : {&f->min_doc_words, &f->max_doc_words, &f->min_stop_words})
+    if (o->has_value() && **o == 0) o->reset();
+  for (auto* o :
+       {&f->min_avg_word_length, &f->max_avg_word_length, &f->max_symbol_word_ratio,
+        &f->max_bullet_lines_ratio, &f->max_ellipsis_lines_ratio, &f->max_non_alpha_words_ratio})
+    if (o->has_value() && **o == 0) o->reset();
+  return std::unique_ptr<Filter>(std::move(f));
+}
+
+Result<std::unique_ptr<Filter>> make_gopher_repetition(Params& p) {
+  auto f = std::make_unique<GopherRepetition>();
+  KILN_RETURN_IF_ERROR(p.number("dup_line_frac", 0, 1, &f->dup_line_frac));
+  KILN_RETURN_IF_ERROR(p.number("dup_para_frac", 0, 1, &f->dup_para_frac));
+  KILN_RETURN_IF_ERROR(p.number("dup_line_char_frac", 0, 1, &f->dup_line_char_frac));
+  KILN_RETURN_IF_ERROR(p.number("dup_para_char_frac", 0, 1, &f->dup_para_char_frac));
+  KILN_RETURN_IF_ERROR(p.pairs("top_n_grams", 1, 64, &f->top_n_grams));
+  KILN_RETURN_IF_ERROR(p.pairs("dup_n_grams", 1, 64, &f->dup_n_grams));
+  for (auto* o :
+       {&f->dup_line_frac, &f->dup_para_frac, &f->dup_line_char_frac, &f->dup_para_char_frac})
+    if (o->has_value() && **o == 0) o->reset();  // 0 = off, as in datatrove
+  return std::unique_ptr<Filter>(std::move(f));
+}
+
+Result<std::unique_ptr<Filter>> make_c4(Params& p) {
+  auto f = std::make_unique<C4>();
+  KILN_RETURN_IF_ERROR(p.boolean("split_paragraph", &f->split_paragraph));
+  KILN_RETURN_IF_ERROR(p.boolean("remove_citations", &f->remove_citations));
+  KILN_RETURN_IF_ERROR(p.boolean("filter_no_terminal_punct", &f->filter_no_terminal_punct));
+  KILN_RETURN_IF_ERROR(p.integer("min_num_sentences", -1, kBig, &f->min_num_sentences));
+  KILN_RETURN_IF_ERROR(p.integer("min_words_per_line", -1, kBig, &f->min_words_per_line));
+  KILN_RETURN_IF_ERROR(p.integer("max_word_length", -1, kBig, &f->max_word_length));
+  KILN_RETURN_IF_ERROR(p.boolean("filter_lorem_ipsum", &f->filter_lorem_ipsum));
+  KILN_RETURN_IF_ERROR(p.boolean("filter_javascript", &f->filter_javascript));
+  KILN_RETURN_IF_ERROR(p.boolean("filter_curly_bracket", &f->filter_curly_bracket));
+  KILN_RETURN_IF_ERROR(p.boolean("filter_policy", &f->filter_policy));
+  return std::unique_ptr<Filter>(std::move(f));
+}
+
+Result<std::unique_ptr<Filter>> make_fineweb(Params& p) {
+  auto f = std::make_unique<FineWeb>();
+  KILN_RETURN_IF_ERROR(p.number("line_punct_thr", 0, 1, &f->line_punct_thr));
+  KILN_RETURN_IF_ERROR(p.boolean("line_punct_exclude_zero", &f->line_punct_exclude_zero));
+  KILN_RETURN_IF_ERROR(p.number("short_line_thr", 0, 1, &f->short_line_thr));
+  KILN_RETURN_IF_ERROR(p.integer("short_line_length", 0, kBig, &f->short_line_length));
+  KILN_RETURN_IF_ERROR(p.number("char_duplicates_ratio", 0, 1, &f->char_duplicates_ratio));
+  KILN_RETURN_IF_ERROR(p.number("new_line_ratio", 0, 1e6, &f->new_line_ratio));
+  std::vector<std::string> stops = {".", "'", "\"", "!", "?", "\u3002", "\uFF01", "\uFF1F"};
+  KILN_RETURN_IF_ERROR(p.texts("stop_chars", &stops));
+  for (const auto& sc : stops) {
+    if (sc.empty()) return Status::config("an empty stop string").with_key(p.key_of("stop_chars"));
+    f->stop_chars.push_back(to_u32(sc));
+  }
+  return std::unique_ptr<Filter>(std::move(f));
+}
+
+Result<std::unique_ptr<Filter>> make_length(Params& p) {
+  auto f = std::make_unique<Length>();
+  KILN_RETURN_IF_ERROR(p.integer("min_chars", 0, kBig, &f->min_chars));
+  KILN_RETURN_IF_ERROR(p.integer("max_chars", 0, kBig, &f->max_chars));
+  KILN_RETURN_IF_ERROR(p.integer("min_words", 0, kBig, &f->min_words));
+  KILN_RETURN_IF_ERROR(p.integer("max_words", 0, kBig, &f->max_words));
+  if (!f->min_chars && !f->max_chars && !f->min_words && !f->max_words)
+    return Status::config("set at least one of min_chars, max_chars, min_words, max_words")
+        .with_key(p.key());
+  return std::unique_ptr<Filter>(std::move(f));
+}
+
+}  // namespace kiln::prep::filter

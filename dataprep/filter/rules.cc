@@ -1,0 +1,384 @@
+// The rule filters: language identification (fastText), PII masking, URL block lists and user
+// regular expressions (RE2: linear time, so a user's pattern cannot stall prep).
+#include <re2/re2.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include "dataprep/filter/params.h"
+#include "dataprep/filter/text.h"
+#include "dataprep/tagging/tagger.h"
+
+namespace kiln::prep::filter {
+namespace {
+
+bool drop(FilterDrop* d, const char* rule, double value, const char* op, double threshold,
+          std::string note = {}) {
+  d->rule = rule;
+  d->value = value;
+  d->op = op;
+  d->threshold = threshold;
+  d->note = std::move(note);
+  return false;
+}
+
+bool blank(std::string_view s) {
+  for (char c : s)
+    if (!std::isspace(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+// ---- language ----------------------------------------------------------------------------------
+
+class Language final : public Filter {
+ public:
+  std::unique_ptr<FastTextTagger> model;
+  std::vector<std::string> languages;  // empty: any
+  double threshold = 0.65;
+  bool annotates() const override { return true; }
+
+  bool apply(std::string* text, std::string_view, FilterDrop* d, bool*,
+             FilterAnnotations* ann) const override {
+    auto p = model->predict(*text);
+    if (!p) return drop(d, "language_score", 0, "<=", threshold, "no prediction");
+    ann->language = p->domain;
+    ann->language_score = p->probability;
+    if (!languages.empty() &&
+        std::find(languages.begin(), languages.end(), p->domain) == languages.end())
+      return drop(d, "language", p->probability, "not in", 0, p->domain);
+    if (!(p->probability > threshold))
+      return drop(d, "language_score", p->probability, "<=", threshold, p->domain);
+    return true;
+  }
+};
+
+// ---- pii ---------------------------------------------------------------------------------------
+
+// The patterns of tests/dataprep/filter_reference.py (Python `re` with re.ASCII matches the same).
+const char* const kEmailPattern =
+    R"(\b[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@)"
+    R"((?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)";
+const char* const kIpPattern = R"(\b(?:[0-9]{1,3}\.){3}[0-9]{1,3}\b)";
+const char* const kPhonePattern =
+    R"((?:\+?1[-. ])?(?:\([0-9]{3}\) ?|\b[0-9]{3}[-. ])[0-9]{3}[-. ][0-9]{4}\b)";
+
+// Python 3.11 ipaddress: a dotted quad (no leading zeros, octets <= 255) and is_global.
+bool public_ipv4(std::string_view s) {
+  uint32_t octets[4];
+  size_t at = 0;
+  for (int k = 0; k < 4; ++k) {
+    if (k > 0) {
+      if (at >= s.size() || s[at] != '.') return false;
+      ++at;
+    }
+    size_t b = at;
+    uint32_t v = 0;
+    while (at < s.size() && s[at] >= '0' && s[at] <= '9' && at - b < 3)
+      v = v * 10 + (s[at++] - '0');
+    if (at == b || v > 255 || (at - b > 1 && s[b] == '0')) return false;
+    octets[k] = v;
+  }
+  if (at != s.size()) return false;
+  const uint32_t a = octets[0] << 24 | octets[1] << 16 | octets[2] << 8 | octets[3];
+  struct Net {
+    uint32_t base;
+    int bits;
+  };
+  static const Net kNotGlobal[] = {
+      {0x00000000, 8},  {0x0A000000, 8},  {0x64400000, 10}, {0x7F000000, 8},  {0xA9FE0000, 16},
+      {0xAC100000, 12}, {0xC0000000, 29}, {0xC00000AA, 31}, {0xC0000200, 24}, {0xC0A80000, 16},
+      {0xC6120000, 15}, {0xC6336400, 24}, {0xCB007100, 24}, {0xF0000000, 4},  {0xFFFFFFFF, 32}};
+  for (const Net& n : kNotGlobal) {
+    const uint32_t mask = n.bits == 0 ? 0 : ~uint32_t{0} << (32 - n.bits);
+    if ((a & mask) == n.base) return false;
+  }
+  return true;
+}
+
+class Pii final : public Filter {
+ public:
+  bool emails = true, ips = true, phones = false, only_public_ips = true;
+  std::string email_replacement = "email@example.com";
+  std::string ip_replacement = "22.214.171.124";
+  std::string phone_replacement = "<PHONE>";
+  std::unique_ptr<RE2> email_re, ip_re, phone_re;
+  bool rewrites() const override { return true; }
+
+  // Replaces every match of re (accepted by keep_match) in *text; returns whether it changed.
+  template <typename Accept>
+  static bool replace_all(const RE2& re, const std::string& with, Accept accept,
+                          std::string* text) {
+    thread_local std::string out;
+    out.clear();
+    re2::StringPiece in(*text);
+    re2::StringPiece m;
+    size_t at = 0;
+    bool changed = false;
+    while (at <= text->size() && re.Match(in, at, text->size(), RE2::UNANCHORED, &m, 1)) {
+      const size_t b = m.data() - text->data(), e = b + m.size();
+      if (m.empty()) {  // (the patterns cannot match empty; guard anyway)
+        at = b + 1;
+        continue;
+      }
+      out.append(*text, at, b - at);
+      if (accept(std::string_view(m.data(), m.size()))) {
+        out += with;
+        changed = true;
+      } else {
+        out.append(m.data(), m.size());
+      }
+      at = e;
+    }
+    if (!changed) return false;
+    out.append(*text, at, std::string::npos);
+    text->swap(out);
+    return true;
+  }
+
+  bool apply(std::string* text, std::string_view, FilterDrop*, bool* edited,
+             FilterAnnotations*) const override {
+    bool changed = false;
+    auto any = [](std::string_view) { return true; };
+    if (emails && text->find('@') != std::string::npos)
+      changed |= replace_all(*email_re, email_replacement, any, text);
+    if (ips && text->find('.') != std::string::npos) {
+      if (only_public_ips)
+        changed |= replace_all(*ip_re, ip_replacement, public_ipv4, text);
+      else
+        changed |= replace_all(
+            *ip_re, ip_replacement,
+            [](std::string_view s) {
+              // any dotted quad that is an address
+              uint32_t o = 0;
+              int parts = 1;
+              size_t digits = 0;
+              for (size_t i = 0; i <= s.size(); ++i) {
+                if (i == s.size() || s[i] == '.') {
+                  if (o > 255 || digits == 0) return false;
+                  if (digits > 1 && s[i - digits] == '0') return false;
+                  o = 0;
+                  digits = 0;
+                  parts += i < s.size();
+                } else {
+                  o = o * 10 + (s[i] - '0');
+                  ++digits;
+                }
+              }
+              return parts == 4;
+            },
+            text);
+    }
+    if (phones) changed |= replace_all(*phone_re, phone_replacement, any, text);
+    *edited = changed;
+    return true;
+  }
+};
+
+// ---- url ---------------------------------------------------------------------------------------
+
+// The host of a URL, lower-cased, without user info, port and a leading "www.".
+std::string_view url_host(std::string_view url, std::string* buf) {
+  size_t p = url.find("://");
+  std::string_view rest = p == std::string_view::npos ? url : url.substr(p + 3);
+  size_t end = rest.find_first_of("/?#");
+  std::string_view auth = rest.substr(0, end);
+  size_t at = auth.rfind('@');
+  if (at != std::string_view::npos) auth = auth.substr(at + 1);
+  size_t colon = auth.rfind(':');
+  if (colon != std::string_view::npos && auth.find(']') == std::string_view::npos)
+    auth = auth.substr(0, colon);
+  buf->assign(auth);
+  for (char& c : *buf) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string_view h(*buf);
+  while (!h.empty() && h.back() == '.') h.remove_suffix(1);
+  if (h.substr(0, 4) == "www.") h.remove_prefix(4);
+  return h;
+}
+
+class Url final : public Filter {
+ public:
+  std::set<std::string, std::less<>> domains;
+  std::set<std::string, std::less<>> words;
+  bool needs_url() const override { return true; }
+
+  bool apply(std::string*, std::string_view url, FilterDrop* d, bool*,
+             FilterAnnotations*) const override {
+    if (url.empty()) return true;
+    thread_local std::string host_buf;
+    std::string_view host = url_host(url, &host_buf);
+    // The host and each parent domain (a.b.example.com, b.example.com, example.com, com).
+    for (std::string_view h = host; !h.empty();) {
+      if (domains.count(h)) return drop(d, "blocked_domain", 1, "==", 1, std::string(h));
+      size_t dot = h.find('.');
+      if (dot == std::string_view::npos) break;
+      h.remove_prefix(dot + 1);
+    }
+    if (!words.empty()) {
+      thread_local std::string token;
+      token.clear();
+      for (size_t i = 0; i <= url.size(); ++i) {
+        const unsigned char c = i < url.size() ? static_cast<unsigned char>(url[i]) : 0;
+        if (c != 0 && (std::isalnum(c) || c >= 0x80)) {
+          token.push_back(static_cast<char>(std::tolower(c)));
+          continue;
+        }
+        if (!token.empty() && words.count(token)) return drop(d, "blocked_word", 1, "==", 1, token);
+        token.clear();
+      }
+    }
+    return true;
+  }
+};
+
+// ---- regex -------------------------------------------------------------------------------------
+
+class Regex final : public Filter {
+ public:
+  std::vector<std::unique_ptr<RE2>> drop_res, strip_res;
+  std::vector<std::string> drop_patterns;
+  bool rewrites() const override { return !strip_res.empty(); }
+
+  bool apply(std::string* text, std::string_view, FilterDrop* d, bool* edited,
+             FilterAnnotations*) const override {
+    for (size_t i = 0; i < drop_res.size(); ++i)
+      if (RE2::PartialMatch(*text, *drop_res[i]))
+        return drop(d, "drop_pattern", static_cast<double>(i), "==", static_cast<double>(i),
+                    drop_patterns[i]);
+    if (strip_res.empty()) return true;
+    thread_local std::string out;
+    out.clear();
+    bool changed = false, first = true;
+    size_t at = 0;
+    while (at <= text->size()) {
+      size_t nl = text->find('\n', at);
+      if (nl == std::string::npos) nl = text->size();
+      re2::StringPiece line(text->data() + at, nl - at);
+      bool strip = false;
+      for (const auto& re : strip_res) strip = strip || RE2::PartialMatch(line, *re);
+      if (strip) {
+        changed = true;
+      } else {
+        if (!first) out.push_back('\n');
+        out.append(line.data(), line.size());
+        first = false;
+      }
+      at = nl + 1;
+    }
+    if (!changed) return true;
+    if (blank(out)) return drop(d, "empty", 0, "==", 0);
+    text->swap(out);
+    *edited = true;
+    return true;
+  }
+};
+
+Result<std::unique_ptr<RE2>> compile(const std::string& pattern, const std::string& key) {
+  RE2::Options o;
+  o.set_log_errors(false);
+  auto re = std::make_unique<RE2>(pattern, o);
+  if (!re->ok()) return Status::config("not a valid RE2 pattern: " + re->error()).with_key(key);
+  return re;
+}
+
+Status read_list_file(const std::string& path, const std::string& key,
+                      std::set<std::string, std::less<>>* out) {
+  std::ifstream in(path);
+  if (!in) return Status::config("cannot read the list file '" + path + "'").with_key(key);
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+    size_t b = 0;
+    while (b < line.size() && std::isspace(static_cast<unsigned char>(line[b]))) ++b;
+    line = line.substr(b);
+    if (line.empty()) continue;
+    for (char& c : line) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    out->insert(line);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Filter>> make_language(Params& p) {
+  auto f = std::make_unique<Language>();
+  std::string model;
+  KILN_RETURN_IF_ERROR(p.text("model", &model));
+  KILN_RETURN_IF_ERROR(p.texts("languages", &f->languages));
+  KILN_RETURN_IF_ERROR(p.number("threshold", 0, 1, &f->threshold));
+  if (model.empty())
+    return Status::config(
+               "the language filter needs a fastText model (e.g. lid.176.bin, or one "
+               "made by tools/make_lid_model)")
+        .with_key(p.key_of("model"));
+  auto m = FastTextTagger::load(model);
+  if (!m.is_ok())
+    return Status::config("cannot load the language model '" + model + "': " + m.status().message())
+        .with_key(p.key_of("model"));
+  f->model = std::move(*m);
+  return std::unique_ptr<Filter>(std::move(f));
+}
+
+Result<std::unique_ptr<Filter>> make_pii(Params& p) {
+  auto f = std::make_unique<Pii>();
+  KILN_RETURN_IF_ERROR(p.boolean("emails", &f->emails));
+  KILN_RETURN_IF_ERROR(p.boolean("ips", &f->ips));
+  KILN_RETURN_IF_ERROR(p.boolean("phones", &f->phones));
+  KILN_RETURN_IF_ERROR(p.boolean("only_public_ips", &f->only_public_ips));
+  KILN_RETURN_IF_ERROR(p.text("email_replacement", &f->email_replacement));
+  KILN_RETURN_IF_ERROR(p.text("ip_replacement", &f->ip_replacement));
+  KILN_RETURN_IF_ERROR(p.text("phone_replacement", &f->phone_replacement));
+  KILN_ASSIGN_OR_RETURN(f->email_re, compile(kEmailPattern, p.key()));
+  KILN_ASSIGN_OR_RETURN(f->ip_re, compile(kIpPattern, p.key()));
+  KILN_ASSIGN_OR_RETURN(f->phone_re, compile(kPhonePattern, p.key()));
+  return std::unique_ptr<Filter>(std::move(f));
+}
+
+Result<std::unique_ptr<Filter>> make_url(Params& p) {
+  auto f = std::make_unique<Url>();
+  std::string file;
+  std::vector<std::string> domains, words;
+  KILN_RETURN_IF_ERROR(p.text("domains_file", &file));
+  KILN_RETURN_IF_ERROR(p.texts("domains", &domains));
+  KILN_RETURN_IF_ERROR(p.texts("words", &words));
+  if (!file.empty())
+    KILN_RETURN_IF_ERROR(read_list_file(file, p.key_of("domains_file"), &f->domains));
+  for (auto d : domains) {
+    for (char& c : d) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    f->domains.insert(d);
+  }
+  for (auto w : words) {
+    for (char& c : w) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    f->words.insert(w);
+  }
+  if (f->domains.empty() && f->words.empty())
+    return Status::config("give domains_file, domains or words to block").with_key(p.key());
+  return std::unique_ptr<Filter>(std::move(f));
+}
+
+Result<std::unique_ptr<Filter>> make_regex(Params& p) {
+  auto f = std::make_unique<Regex>();
+  std::vector<std::string> drops, strips;
+  KILN_RETURN_IF_ERROR(p.texts("drop", &drops));
+  KILN_RETURN_IF_ERROR(p.texts("strip_lines", &strips));
+  for (size_t i = 0; i < drops.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(auto re,
+                          compile(drops[i], p.key_of("drop") + "[" + std::to_string(i) + "]"));
+    f->drop_res.push_back(std::move(re));
+  }
+  for (size_t i = 0; i < strips.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(
+        auto re, compile(strips[i], p.key_of("strip_lines") + "[" + std::to_string(i) + "]"));
+    f->strip_res.push_back(std::move(re));
+  }
+  f->drop_patterns = drops;
+  if (drops.empty() && strips.empty())
+    return Status::config("give drop or strip_lines patterns").with_key(p.key());
+  return std::unique_ptr<Filter>(std::move(f));
+}
+
+}  // namespace kiln::prep::filter

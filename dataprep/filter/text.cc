@@ -1,0 +1,295 @@
+#include "dataprep/filter/text.h"
+
+#include <utf8proc.h>
+
+#include <array>
+
+#include "common/hash.h"
+
+namespace kiln::prep::filter {
+namespace detail {
+
+constexpr uint8_t ascii_class(int c) {
+  uint8_t k = 0;
+  if ((c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20)) k |= kSpace;
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) k |= kAlpha;
+  if ((c >= 0x21 && c <= 0x2f) || (c >= 0x3a && c <= 0x40) || (c >= 0x5b && c <= 0x60) ||
+      (c >= 0x7b && c <= 0x7e))
+    k |= kPunct;
+  return k;
+}
+#define KILN_C8(b)                                                                                \
+  ascii_class(b), ascii_class(b + 1), ascii_class(b + 2), ascii_class(b + 3), ascii_class(b + 4), \
+      ascii_class(b + 5), ascii_class(b + 6), ascii_class(b + 7)
+const uint8_t kAsciiClass[128] = {KILN_C8(0),  KILN_C8(8),   KILN_C8(16),  KILN_C8(24),
+                                  KILN_C8(32), KILN_C8(40),  KILN_C8(48),  KILN_C8(56),
+                                  KILN_C8(64), KILN_C8(72),  KILN_C8(80),  KILN_C8(88),
+                                  KILN_C8(96), KILN_C8(104), KILN_C8(112), KILN_C8(120)};
+#undef KILN_C8
+
+bool is_space_slow(char32_t c) {
+  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
+         c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+bool is_alpha_slow(char32_t c) {
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_punct_slow(char32_t c) {
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_PD:
+    case UTF8PROC_CATEGORY_PS:
+    case UTF8PROC_CATEGORY_PE:
+    case UTF8PROC_CATEGORY_PI:
+    case UTF8PROC_CATEGORY_PF:
+    case UTF8PROC_CATEGORY_PO:
+    case UTF8PROC_CATEGORY_SM:
+    case UTF8PROC_CATEGORY_SC:
+    case UTF8PROC_CATEGORY_SK:
+    case UTF8PROC_CATEGORY_SO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace detail
+
+void decode_utf8(std::string_view text, std::vector<char32_t>* out,
+                 std::vector<uint32_t>* byte_at) {
+  out->resize(text.size());
+  if (byte_at) byte_at->resize(text.size() + 1);
+  const auto* begin = reinterpret_cast<const uint8_t*>(text.data());
+  const auto* p = begin;
+  const auto* end = p + text.size();
+  char32_t* o = out->data();
+  uint32_t* b = byte_at ? byte_at->data() : nullptr;
+  while (p < end) {
+    if (*p < 0x80) {
+      if (b) *b++ = static_cast<uint32_t>(p - begin);
+      *o++ = *p++;
+      continue;
+    }
+    if (b) *b++ = static_cast<uint32_t>(p - begin);
+    utf8proc_int32_t cp = 0;
+    utf8proc_ssize_t n = utf8proc_iterate(p, end - p, &cp);
+    if (n <= 0) {
+      *o++ = 0xFFFD;
+      ++p;
+      continue;
+    }
+    *o++ = static_cast<char32_t>(cp);
+    p += n;
+  }
+  out->resize(o - out->data());
+  if (byte_at) {
+    *b++ = static_cast<uint32_t>(text.size());
+    byte_at->resize(b - byte_at->data());
+  }
+}
+
+namespace {
+DocumentView& view() {
+  thread_local DocumentView v;
+  return v;
+}
+}  // namespace
+
+void reset_document_view() {
+  view().decoded = false;
+  view().have_words = false;
+}
+
+const DocumentView& document_view(std::string_view text) {
+  DocumentView& v = view();
+  if (!v.decoded) {
+    decode_utf8(text, &v.cp, &v.byte_at);
+    v.decoded = true;
+    v.have_words = false;
+  }
+  return v;
+}
+
+const DocumentView& document_view_words(std::string_view text) {
+  document_view(text);
+  DocumentView& v = view();
+  if (!v.have_words) {
+    v.words.clear();
+    split_words(v.cp, {0, static_cast<uint32_t>(v.cp.size())}, &v.words);
+    v.have_words = true;
+  }
+  return v;
+}
+
+void append_utf8(char32_t c, std::string* out) {
+  if (c < 0x80) {
+    out->push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+}
+
+void split_lines(const std::vector<char32_t>& t, Span range, std::vector<Span>* out) {
+  out->clear();
+  uint32_t start = range.begin, i = range.begin;
+  while (i < range.end) {
+    if (is_line_break(t[i])) {
+      out->push_back({start, i});
+      if (t[i] == '\r' && i + 1 < range.end && t[i + 1] == '\n') ++i;
+      start = ++i;
+    } else {
+      ++i;
+    }
+  }
+  if (start < range.end) out->push_back({start, range.end});
+}
+
+void split_on(const std::vector<char32_t>& t, Span range, char32_t sep, std::vector<Span>* out) {
+  out->clear();
+  uint32_t start = range.begin;
+  for (uint32_t i = range.begin; i < range.end; ++i) {
+    if (t[i] == sep) {
+      out->push_back({start, i});
+      start = i + 1;
+    }
+  }
+  out->push_back({start, range.end});
+}
+
+void split_on_runs(const std::vector<char32_t>& t, Span range, char32_t sep, uint32_t k,
+                   std::vector<Span>* out) {
+  out->clear();
+  uint32_t start = range.begin, i = range.begin;
+  while (i < range.end) {
+    if (t[i] != sep) {
+      ++i;
+      continue;
+    }
+    uint32_t j = i;
+    while (j < range.end && t[j] == sep) ++j;
+    if (j - i >= k) {
+      out->push_back({start, i});
+      start = j;
+    }
+    i = j;
+  }
+  out->push_back({start, range.end});
+}
+
+Span strip(const std::vector<char32_t>& t, Span s) {
+  while (s.begin < s.end && is_space(t[s.begin])) ++s.begin;
+  while (s.end > s.begin && is_space(t[s.end - 1])) --s.end;
+  return s;
+}
+
+void split_whitespace(const std::vector<char32_t>& t, Span s, std::vector<Span>* out) {
+  uint32_t i = s.begin;
+  while (i < s.end) {
+    while (i < s.end && is_space(t[i])) ++i;
+    if (i >= s.end) break;
+    uint32_t j = i;
+    while (j < s.end && !is_space(t[j])) ++j;
+    out->push_back({i, j});
+    i = j;
+  }
+}
+
+namespace {
+
+// A run of non-space, non-CJK code points: leading and trailing punctuation runs split off.
+void push_piece(const std::vector<char32_t>& t, uint32_t b, uint32_t e, std::vector<Span>* out) {
+  if (b >= e) return;
+  uint32_t lb = b;
+  while (lb < e && is_punct(t[lb])) ++lb;
+  if (lb == e) {  // all punctuation: one token
+    out->push_back({b, e});
+    return;
+  }
+  uint32_t te = e;
+  while (te > lb && is_punct(t[te - 1])) --te;
+  if (lb > b) out->push_back({b, lb});
+  out->push_back({lb, te});
+  if (te < e) out->push_back({te, e});
+}
+
+}  // namespace
+
+void split_words(const std::vector<char32_t>& t, Span s, std::vector<Span>* out) {
+  uint32_t i = s.begin;
+  while (i < s.end) {
+    while (i < s.end && is_space(t[i])) ++i;
+    if (i >= s.end) break;
+    uint32_t j = i;
+    while (j < s.end && !is_space(t[j])) ++j;
+    // token [i, j): CJK characters are words of their own, the runs between them pieces.
+    uint32_t piece = i;
+    for (uint32_t k = i; k < j; ++k) {
+      if (t[k] >= 0x3040 && is_cjk(t[k])) {
+        push_piece(t, piece, k, out);
+        out->push_back({k, k + 1});
+        piece = k + 1;
+      }
+    }
+    push_piece(t, piece, j, out);
+    i = j;
+  }
+}
+
+bool span_equals(const std::vector<char32_t>& t, Span s, std::u32string_view word) {
+  if (s.size() != word.size()) return false;
+  for (uint32_t k = 0; k < word.size(); ++k)
+    if (t[s.begin + k] != word[k]) return false;
+  return true;
+}
+
+bool ends_with(const std::vector<char32_t>& t, Span s, std::u32string_view suffix) {
+  if (s.size() < suffix.size()) return false;
+  return span_equals(t, {static_cast<uint32_t>(s.end - suffix.size()), s.end}, suffix);
+}
+
+bool starts_with(const std::vector<char32_t>& t, Span s, std::u32string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  return span_equals(t, {s.begin, static_cast<uint32_t>(s.begin + prefix.size())}, prefix);
+}
+
+uint64_t count_of(const std::vector<char32_t>& t, Span s, std::u32string_view needle) {
+  uint64_t n = 0;
+  const uint32_t m = static_cast<uint32_t>(needle.size());
+  uint32_t i = s.begin;
+  while (i + m <= s.end) {
+    if (t[i] == needle[0] && span_equals(t, {i, i + m}, needle)) {
+      ++n;
+      i += m;
+    } else {
+      ++i;
+    }
+  }
+  return n;
+}
+
+uint64_t span_hash(const std::vector<char32_t>& t, Span s) {
+  return xxh3_64(t.data() + s.begin, s.size() * sizeof(char32_t), 0x6b696c6e66696c74ull);
+}
+
+}  // namespace kiln::prep::filter

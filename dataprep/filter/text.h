@@ -1,0 +1,97 @@
+// Text units for the quality filters: code points, lines, paragraphs and words with the exact
+// semantics of the Python definitions the filters are specified in (datatrove's, Python 3 str):
+// lengths are in code points, white space is str.isspace(), lines are str.splitlines() or
+// split("\n"), letters are str.isalpha() (Unicode L*), punctuation is Unicode P* and S*.
+// Character classes come from utf8proc. Input must be valid UTF-8 (prep's readers guarantee it).
+// Internal to dataprep/filter/. Thread-safe: pure functions over caller-owned buffers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln::prep::filter {
+
+// [begin, end) in code points.
+struct Span {
+  uint32_t begin = 0, end = 0;
+  uint32_t size() const { return end - begin; }
+};
+
+namespace detail {
+enum : uint8_t { kSpace = 1, kAlpha = 2, kPunct = 4 };
+extern const uint8_t kAsciiClass[128];
+bool is_space_slow(char32_t c);
+bool is_alpha_slow(char32_t c);
+bool is_punct_slow(char32_t c);
+}  // namespace detail
+
+// Python str.isspace()
+inline bool is_space(char32_t c) {
+  return c < 128 ? (detail::kAsciiClass[c] & detail::kSpace) != 0 : detail::is_space_slow(c);
+}
+// Python str.isalpha(): Lu Ll Lt Lm Lo
+inline bool is_alpha(char32_t c) {
+  return c < 128 ? (detail::kAsciiClass[c] & detail::kAlpha) != 0 : detail::is_alpha_slow(c);
+}
+// Unicode P* or S*
+inline bool is_punct(char32_t c) {
+  return c < 128 ? (detail::kAsciiClass[c] & detail::kPunct) != 0 : detail::is_punct_slow(c);
+}
+// Han ideographs, kana and CJK compatibility ideographs: scripts written without spaces, where a
+// character carries about a word.
+inline bool is_cjk(char32_t c) {
+  return c >= 0x3040 && ((c <= 0x30FF) || (c >= 0x31F0 && c <= 0x31FF) ||
+                         (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x4E00 && c <= 0x9FFF) ||
+                         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x20000 && c <= 0x2FA1F));
+}
+// a str.splitlines() boundary
+inline bool is_line_break(char32_t c) {
+  return c < 128 ? (c >= 0x0A && c <= 0x0D) || (c >= 0x1C && c <= 0x1E)
+                 : c == 0x85 || c == 0x2028 || c == 0x2029;
+}
+
+// Decodes UTF-8 into *out (cleared). Invalid bytes become U+FFFD. With byte_at, also the byte
+// offset of each code point, plus one entry for the end.
+void decode_utf8(std::string_view text, std::vector<char32_t>* out,
+                 std::vector<uint32_t>* byte_at = nullptr);
+void append_utf8(char32_t c, std::string* out);
+
+// The document a chain is running on, decoded once for all its filters (per thread): its code
+// points, the byte offset of each (and of the end), and its words (split_words) on first use.
+// FilterChain::run() calls reset_document_view() before each document and after each edit, so
+// a view never outlives the text it was made from.
+struct DocumentView {
+  std::vector<char32_t> cp;
+  std::vector<uint32_t> byte_at;
+  std::vector<Span> words;
+  bool decoded = false, have_words = false;
+};
+void reset_document_view();
+const DocumentView& document_view(std::string_view text);        // decoded
+const DocumentView& document_view_words(std::string_view text);  // decoded, with words
+
+// str.splitlines(): spans of the lines, without their breaks ("\r\n" is one break).
+void split_lines(const std::vector<char32_t>& t, Span range, std::vector<Span>* out);
+// str.split(sep) for a single character sep (the empty parts included).
+void split_on(const std::vector<char32_t>& t, Span range, char32_t sep, std::vector<Span>* out);
+// re.split(sep + "{k,}") for a character sep and k >= 1: runs of at least k seps separate parts.
+void split_on_runs(const std::vector<char32_t>& t, Span range, char32_t sep, uint32_t k,
+                   std::vector<Span>* out);
+// str.strip() of a span.
+Span strip(const std::vector<char32_t>& t, Span s);
+// str.split() (white-space separated tokens) of a span, appended.
+void split_whitespace(const std::vector<char32_t>& t, Span s, std::vector<Span>* out);
+
+// The filters' words (filter.h): appended to *out.
+void split_words(const std::vector<char32_t>& t, Span s, std::vector<Span>* out);
+
+bool span_equals(const std::vector<char32_t>& t, Span s, std::u32string_view word);
+bool ends_with(const std::vector<char32_t>& t, Span s, std::u32string_view suffix);
+bool starts_with(const std::vector<char32_t>& t, Span s, std::u32string_view prefix);
+uint64_t count_of(const std::vector<char32_t>& t, Span s, std::u32string_view needle);  // str.count
+// 64-bit hash of the code points of a span.
+uint64_t span_hash(const std::vector<char32_t>& t, Span s);
+
+}  // namespace kiln::prep::filter
