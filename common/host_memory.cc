@@ -93,8 +93,8 @@ HostMemory host_memory(const std::string& root) {
   m.source = "MemAvailable " + human_bytes(m.mem_available);
   if (m.cgroup_limit > 0 && (m.mem_available == 0 || left < m.available)) {
     m.available = left;
-    m.source = "cgroup limit " + human_bytes(m.cgroup_limit) + " - in use " +
-               human_bytes(m.cgroup_usage);
+    m.source =
+        "cgroup limit " + human_bytes(m.cgroup_limit) + " - in use " + human_bytes(m.cgroup_usage);
   }
   return m;
 }

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "common/config.h"
-#include "format/shard.h"
 #include "common/status.h"
 #include "dataprep/dedup/lsh.h"
 #include "dataprep/filter/filter.h"
+#include "format/shard.h"
 
 namespace kiln::prep {
 

@@ -100,9 +100,9 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   t->spikes_ = std::make_unique<SpikeDetector>(config.stability.spike);
   t->faults_ = std::make_unique<FaultInjection>(config.stability);
   if (config.eval.every_steps > 0) {
-    KILN_ASSIGN_OR_RETURN(t->eval_, Evaluator::open(*t->data_, config.eval, config.data.micro_batch,
-                                                    config.model.seq_len, config.model.vocab_size,
-                                                    runtime));
+    KILN_ASSIGN_OR_RETURN(t->eval_,
+                          Evaluator::open(*t->data_, config.eval, config.data.micro_batch,
+                                          config.model.seq_len, config.model.vocab_size, runtime));
     if (t->eval_->empty()) {
       KILN_LOG_WARN(
           "eval: the dataset has no validation split (kiln prep split.val_fraction / "
