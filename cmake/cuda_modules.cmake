@@ -1,6 +1,6 @@
 # The CUDA modules (common/cuda_module.h), built beside the kiln executable when CMake found the
 # CUDA toolkit (and NCCL):
-#   libkiln_cuda.so  engine/backend_cuda.cc + the CUDA kernels (kiln_kernels_cuda): the CUDA
+#   libkiln_cuda.so  engine/device/cuda_module.cc + the CUDA kernels (kiln_kernels_cuda): the CUDA
 #                    backend and model; links cuBLAS/cuBLASLt (the CUDA runtime statically)
 #   libkiln_nccl.so  comm/nccl_group.cc: the NCCL process group; links NCCL
 # Each carries its own copy of the Kiln code it calls (linked with --no-undefined, so it loads
@@ -19,7 +19,7 @@ function(kiln_cuda_module name)
 endfunction()
 
 if(TARGET kiln_kernels_cuda)
-  add_library(kiln_cuda MODULE ${CMAKE_SOURCE_DIR}/engine/backend_cuda.cc)
+  add_library(kiln_cuda MODULE ${CMAKE_SOURCE_DIR}/engine/device/cuda_module.cc)
   target_link_libraries(kiln_cuda PRIVATE kiln_kernels_cuda kiln_engine kiln_comm kiln_kernels kiln_common)
   kiln_cuda_module(kiln_cuda)
 endif()

@@ -1,5 +1,10 @@
 #include "comm/comm.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -367,6 +372,15 @@ ProcessGroup& world() {
     group->set_name("world");
   });
   return *group;
+}
+
+int ranks_on_this_host(ProcessGroup& g) {
+  if (g.size() == 1) return 1;
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof name - 1) != 0) std::snprintf(name, sizeof name, "unknown");
+  auto hosts = allgather_strings(g, name);  // every rank takes part, whatever its host name
+  if (!hosts.is_ok()) return g.size();
+  return static_cast<int>(std::count(hosts->begin(), hosts->end(), std::string(name)));
 }
 
 Result<std::vector<std::string>> allgather_strings(ProcessGroup& g, const std::string& mine) {

@@ -252,6 +252,9 @@ Result<std::vector<T>> allgatherv(ProcessGroup& g, const std::vector<T>& mine,
 
 // Byte strings: every rank's blob in rank order.
 Result<std::vector<std::string>> allgather_strings(ProcessGroup& g, const std::string& mine);
+// How many ranks of g run on this machine (by host name), e.g. to share its memory: a collective,
+// every rank of g calls it. 1 for a group of one; g.size() if the names cannot be gathered.
+int ranks_on_this_host(ProcessGroup& g);
 // Byte strings gathered on root only (other ranks get an empty vector).
 Result<std::vector<std::string>> gather_strings(ProcessGroup& g, const std::string& mine, int root);
 

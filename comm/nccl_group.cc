@@ -324,7 +324,7 @@ Result<std::unique_ptr<ProcessGroup>> make_group(ProcessGroup& bootstrap, int de
 }  // namespace
 }  // namespace kiln::comm
 
-// ---- the module's entry points (looked up by name: comm/nccl.cc) ----------------------------------
+// ---- the module's entry points (looked up by name: comm/nccl.cc) --------------------------------
 
 extern "C" const char* kiln_cuda_module_stamp() { return KILN_CUDA_MODULE_STAMP; }
 

@@ -13,6 +13,7 @@
 
 #include "comm/comm.h"
 #include "common/log.h"
+#include "common/text.h"
 
 namespace kiln::comm {
 
@@ -49,10 +50,6 @@ struct GroupWatch {
 namespace {
 
 using detail::GroupWatch;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 struct Op {
   GroupWatch* group;

@@ -2,7 +2,7 @@
 // a GPU (prep, inspect, a CPU train, the tests) never maps the CUDA libraries (cuBLAS/cuBLASLt
 // alone cost ~200 MiB of resident memory at load):
 //   libkiln_cuda.so  the engine's CUDA backend, the CUDA kernels and the CUDA model
-//                    (engine/backend_cuda.cc, kernels/cuda/); needs libcublas + libcublasLt
+//                    (engine/device/cuda_module.cc, kernels/cuda/); needs libcublas + libcublasLt
 //   libkiln_nccl.so  the NCCL process group (comm/nccl_group.cc); needs libnccl
 // Two modules, so a GPU machine without NCCL still trains on one GPU.
 //

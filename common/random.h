@@ -13,7 +13,8 @@
 namespace kiln {
 
 // SplitMix64's output for state `z`: z advanced by the golden-ratio increment, then finalised.
-// Also a good 64-bit mixer of any word (the counter-based generators in engine/rng.h build on it).
+// Also a good 64-bit mixer of any word (the counter-based generators in engine/model/rng.h build on
+// it).
 inline uint64_t splitmix64_mix(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -248,10 +248,11 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
     const bool has_filters = stats.contains("filtered");
     const uint64_t flt = has_filters ? u64(stats, "filtered") : 0;
     const bool balanced = in == out + ex + near + rej + flt;
-    s += format("\ndocuments: %llu in = %llu out + %llu exact duplicates + %llu near duplicates + "
-                "%llu rejected",
-                (unsigned long long)in, (unsigned long long)out, (unsigned long long)ex,
-                (unsigned long long)near, (unsigned long long)rej);
+    s += format(
+        "\ndocuments: %llu in = %llu out + %llu exact duplicates + %llu near duplicates + "
+        "%llu rejected",
+        (unsigned long long)in, (unsigned long long)out, (unsigned long long)ex,
+        (unsigned long long)near, (unsigned long long)rej);
     if (has_filters) s += format(" + %llu filtered", (unsigned long long)flt);
     s += balanced ? "  [balanced]\n" : "  [DOES NOT ADD UP]\n";
     if (!balanced)
@@ -262,10 +263,9 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
     if (stats.contains("filters") && stats["filters"].is_array()) {
       for (const auto& f : stats["filters"]) {
         if (!f.is_object()) continue;
-        std::string line = format("filter %s: dropped %llu docs (%s)",
-                                  f.value("filter", std::string("?")).c_str(),
-                                  (unsigned long long)u64(f, "docs"),
-                                  human_bytes(u64(f, "bytes")).c_str());
+        std::string line =
+            format("filter %s: dropped %llu docs (%s)", f.value("filter", std::string("?")).c_str(),
+                   (unsigned long long)u64(f, "docs"), human_bytes(u64(f, "bytes")).c_str());
         if (f.contains("rules") && f["rules"].is_object()) {
           std::string rules;
           for (const auto& [rule, n] : f["rules"].items())

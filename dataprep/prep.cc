@@ -107,10 +107,6 @@ bool exists(const std::string& p) {
 const char* const kOutputs[] = {"manifest.json", "stats.json", "shards", "dedup", "rejects",
                                 "tokenizer.json"};
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -386,13 +382,12 @@ nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
 std::string make_summary(const nlohmann::ordered_json& s, const std::string& out,
                          const std::vector<std::string>& examples = {}) {
   auto u = [&](const char* k) { return json_integer_or(s, k, uint64_t{0}); };
-  std::string text = "kiln prep: " + std::to_string(u("docs_in")) + " documents in, " +
-                     std::to_string(u("docs_out")) + " out (exact duplicates " +
-                     std::to_string(u("exact_dups")) + ", near duplicates " +
-                     std::to_string(u("near_dups")) + ", rejected " +
-                     std::to_string(u("rejected")) +
-                     (s.contains("filtered") ? ", filtered " + std::to_string(u("filtered")) : "") +
-                     ")\n";
+  std::string text =
+      "kiln prep: " + std::to_string(u("docs_in")) + " documents in, " +
+      std::to_string(u("docs_out")) + " out (exact duplicates " + std::to_string(u("exact_dups")) +
+      ", near duplicates " + std::to_string(u("near_dups")) + ", rejected " +
+      std::to_string(u("rejected")) +
+      (s.contains("filtered") ? ", filtered " + std::to_string(u("filtered")) : "") + ")\n";
   if (s.contains("filters") && s["filters"].is_array()) {
     for (const auto& f : s["filters"]) {
       text += "  filter " + f.value("filter", std::string()) + ": dropped " +

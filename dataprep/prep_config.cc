@@ -1,10 +1,11 @@
 #include "dataprep/prep_config.h"
 
-#include "dataprep/filter/filter.h"
-#include "dataprep/tagging/domain_rules.h"
-
 #include <cctype>
 #include <cmath>
+
+#include "common/text.h"
+#include "dataprep/filter/filter.h"
+#include "dataprep/tagging/domain_rules.h"
 
 namespace kiln::prep {
 
@@ -53,32 +54,6 @@ split:
 filters: []
 )";
 
-Result<uint64_t> parse_byte_size(const std::string& text) {
-  std::string s;
-  for (char c : text)
-    if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(c);
-  if (s.empty()) return Status::config("empty size");
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  if (i == 0) return Status::config("not a size: '" + text + "' (e.g. 512M, 2G)");
-  double value = 0;
-  try {
-    value = std::stod(s.substr(0, i));
-  } catch (...) {
-    return Status::config("not a size: '" + text + "'");
-  }
-  std::string unit = s.substr(i);
-  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") mult = 1024.0;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "T" || unit == "TB" || unit == "TIB") mult = 1024.0 * 1024 * 1024 * 1024;
-  else return Status::config("unknown size unit '" + unit + "' in '" + text + "' (use K, M, G)");
-  return static_cast<uint64_t>(std::llround(value * mult));
-}
-
 namespace {
 
 template <typename T>
@@ -109,7 +84,7 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
   std::string memory;
   KILN_RETURN_IF_ERROR(get_into(c, "memory", &memory));
   auto mem = parse_byte_size(memory);
-  if (!mem.is_ok()) return std::move(mem).take_status().with_key("memory");
+  if (!mem.is_ok()) return Status::config(mem.status().message()).with_key("memory");
   o.memory_bytes = *mem;
   if (o.memory_bytes < (64u << 10)) return range_error("memory", "must be at least 64K");
   KILN_RETURN_IF_ERROR(get_into(c, "keep_work", &o.keep_work));

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "common/config.h"
-#include "format/shard.h"
 #include "common/status.h"
 #include "dataprep/dedup/lsh.h"
 #include "dataprep/filter/filter.h"
+#include "format/shard.h"
 
 namespace kiln::prep {
 
@@ -82,8 +82,5 @@ struct PrepOptions {
 
 // Validates every value (ranges, enums) and resolves bands x rows; errors name the key.
 Result<PrepOptions> prep_options_from_config(const Config& config);
-
-// "512M", "2G", "1.5GiB", "1048576" -> bytes. kConfig on anything else.
-Result<uint64_t> parse_byte_size(const std::string& text);
 
 }  // namespace kiln::prep

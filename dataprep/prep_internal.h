@@ -7,23 +7,22 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "comm/comm.h"
 #include "common/config.h"
-#include "format/manifest.h"
 #include "common/status.h"
 #include "dataprep/annotate.h"
-#include "dataprep/ingest/doc_parser.h"
-#include "dataprep/ingest/input.h"
-#include "dataprep/ingest/line_reader.h"
 #include "dataprep/dedup/dedup_index.h"
 #include "dataprep/dedup/lsh.h"
 #include "dataprep/dedup/minhash.h"
+#include "dataprep/ingest/doc_parser.h"
+#include "dataprep/ingest/input.h"
+#include "dataprep/ingest/line_reader.h"
 #include "dataprep/prep_config.h"
+#include "format/manifest.h"
 
 namespace kiln::prep::detail {
 
@@ -51,18 +50,18 @@ const char* stage_name(int stage);
 
 // What one filter of the chain did (FileStats::filters, by the filter's index in the chain).
 struct FilterTally {
-  uint64_t docs = 0;        // documents it dropped
-  uint64_t bytes = 0;       // their input text bytes
-  uint64_t edited = 0;      // kept documents whose text it changed
-  int64_t edited_bytes = 0;  // text bytes its edits removed (negative: added)
+  uint64_t docs = 0;                      // documents it dropped
+  uint64_t bytes = 0;                     // their input text bytes
+  uint64_t edited = 0;                    // kept documents whose text it changed
+  int64_t edited_bytes = 0;               // text bytes its edits removed (negative: added)
   std::map<std::string, uint64_t> rules;  // dropped documents by rule
   void add(const FilterTally& o);
 };
 
 struct FileStats {
   uint64_t docs_in = 0;
-  uint64_t valid = 0;       // parsed and kept by the filters: the scan table's records
-  uint64_t text_bytes = 0;  // of valid documents, as the filters left them
+  uint64_t valid = 0;        // parsed and kept by the filters: the scan table's records
+  uint64_t text_bytes = 0;   // of valid documents, as the filters left them
   uint64_t input_bytes = 0;  // of every parsed document (the filtered ones too), as read
   uint64_t repaired = 0;    // valid after UTF-8 repair
   uint64_t filtered = 0;    // parsed, then dropped by a quality filter

@@ -13,15 +13,15 @@
 #include <tuple>
 
 #include "common/atomic_file.h"
-#include "common/json.h"
 #include "common/hash.h"
+#include "common/json.h"
 #include "common/log.h"
+#include "common/progress.h"
 #include "common/stop_signal.h"
 #include "common/tsan.h"
-#include "common/progress.h"
 #include "dataprep/dedup/normalise.h"
-#include "dataprep/prep_internal.h"
 #include "dataprep/dedup/shingle.h"
+#include "dataprep/prep_internal.h"
 
 namespace kiln::prep::detail {
 namespace {
@@ -195,38 +195,37 @@ Status scan_file(const Context& c, uint32_t fid, UnitOutput* out, FileStats* sta
   const size_t tokens = 2 * static_cast<size_t>(tbb::this_task_arena::max_concurrency());
   const tsan::ForkJoin fork_join;
   tbb::parallel_pipeline(
-      tokens,
-      tbb::make_filter<void, ScanWork*>(
-          tbb::filter_mode::serial_in_order,
-          fork_join.serial_filter([&](tbb::flow_control& fc) -> ScanWork* {
-            auto* w = new ScanWork();
-            auto r = batcher->next(&w->raw);
-            if (progress) {
-              uint64_t now = batcher->disk_bytes();
-              progress->add((now >> 20) - (reported >> 20));
-              reported = now;
-            }
-            if (!r.is_ok() || !*r) {
-              if (!r.is_ok()) fail(std::move(r).take_status());
-              delete w;
-              fc.stop();
-              return nullptr;
-            }
-            return w;
-          })) &
-          tbb::make_filter<ScanWork*, ScanWork*>(tbb::filter_mode::parallel,
-                                                 fork_join.parallel_filter([&](ScanWork* w) {
-                                                   process_batch(c, w);
-                                                   return w;
-                                                 })) &
-          tbb::make_filter<ScanWork*, void>(
-              tbb::filter_mode::serial_in_order, fork_join.serial_filter([&](ScanWork* w) {
-                Status st = out->write(w->table, w->rejects, w->filtered);
-                if (!st.is_ok()) fail(std::move(st));
-                stats->add(w->stats);
-                delete w;
-                crash_point("scan-batch");
-              })));
+      tokens, tbb::make_filter<void, ScanWork*>(
+                  tbb::filter_mode::serial_in_order,
+                  fork_join.serial_filter([&](tbb::flow_control& fc) -> ScanWork* {
+                    auto* w = new ScanWork();
+                    auto r = batcher->next(&w->raw);
+                    if (progress) {
+                      uint64_t now = batcher->disk_bytes();
+                      progress->add((now >> 20) - (reported >> 20));
+                      reported = now;
+                    }
+                    if (!r.is_ok() || !*r) {
+                      if (!r.is_ok()) fail(std::move(r).take_status());
+                      delete w;
+                      fc.stop();
+                      return nullptr;
+                    }
+                    return w;
+                  })) &
+                  tbb::make_filter<ScanWork*, ScanWork*>(
+                      tbb::filter_mode::parallel, fork_join.parallel_filter([&](ScanWork* w) {
+                        process_batch(c, w);
+                        return w;
+                      })) &
+                  tbb::make_filter<ScanWork*, void>(
+                      tbb::filter_mode::serial_in_order, fork_join.serial_filter([&](ScanWork* w) {
+                        Status st = out->write(w->table, w->rejects, w->filtered);
+                        if (!st.is_ok()) fail(std::move(st));
+                        stats->add(w->stats);
+                        delete w;
+                        crash_point("scan-batch");
+                      })));
   fork_join.join();
   return status;
 }
@@ -250,8 +249,7 @@ Status scan_unit(const Context& c, const FileRun& u, Progress* progress) {
   KILN_RETURN_IF_ERROR(out.filtered.commit());
   marker["table"] = {{"bytes", out.table_bytes}, {"xxh3", hex64(out.table_hash.digest())}};
   marker["rejects"] = {{"bytes", out.rejects_bytes}, {"xxh3", hex64(out.rejects_hash.digest())}};
-  marker["filtered"] = {{"bytes", out.filtered_bytes},
-                        {"xxh3", hex64(out.filtered_hash.digest())}};
+  marker["filtered"] = {{"bytes", out.filtered_bytes}, {"xxh3", hex64(out.filtered_hash.digest())}};
   KILN_RETURN_IF_ERROR(write_json_file(c.unit_path(u, "done"), marker));
   crash_point("scan-unit");
   return Status::ok();

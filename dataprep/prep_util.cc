@@ -74,8 +74,8 @@ FileStats FileStats::from_json(const nlohmann::json& j) {
   s.valid = json_integer_at<uint64_t>(j, "valid");
   s.text_bytes = json_integer_at<uint64_t>(j, "text_bytes");
   s.repaired = json_integer_at<uint64_t>(j, "repaired");
-  s.input_bytes = j.contains("input_bytes") ? json_integer_at<uint64_t>(j, "input_bytes")
-                                            : s.text_bytes;
+  s.input_bytes =
+      j.contains("input_bytes") ? json_integer_at<uint64_t>(j, "input_bytes") : s.text_bytes;
   if (j.contains("filtered")) s.filtered = json_integer_at<uint64_t>(j, "filtered");
   if (j.contains("filters") && j["filters"].is_array()) {
     for (const auto& f : j["filters"]) {

@@ -19,8 +19,6 @@
 // consumer's positions into serialisable cursors using the unit's plan.
 #include "loader/loader.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -29,11 +27,13 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "loader/decode.h"
 #include "loader/order.h"
 #include "loader/pack.h"
@@ -92,10 +92,6 @@ uint64_t dataset_fingerprint(const Manifest& m) {
     h.update("\n", 1);
   }
   return h.digest();
-}
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 class LoaderImpl final : public Loader {

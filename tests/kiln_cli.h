@@ -12,7 +12,7 @@
 #include <sstream>
 #include <string>
 
-#include "test_paths.h"
+#include "tests/test_paths.h"
 
 namespace kiln::testing_cli {
 

@@ -1,4 +1,4 @@
-#include "test_paths.h"
+#include "tests/test_paths.h"
 
 namespace kiln::test {
 

@@ -41,7 +41,7 @@
 #   rollback     a loss spike (an injected learning-rate burst) rolled back to the last checkpoint
 #                under DP=2 ZeRO-1 and ZeRO-3 (each rank rereads its shards) as under ZeRO-0: one
 #                rollback each, to the same step, the same losses and final parameters (1e-5).
-#   startup      the model states are built sharded (engine/zero.h create): for a model whose
+#   startup      the model states are built sharded (engine/parallel/zero.h create): for a model whose
 #                states dominate (74 MB in one process), DP=2 ZeRO-3 rank 0's start-up peak
 #                through the backend is 1/2 of one process's (within 5%) and equals `kiln plan`'s
 #                `startup` (within 1%; also bf16 ZeRO-1), its peak RSS at start-up is lower by at

@@ -1,7 +1,7 @@
-// Fuzz target: the live mixture control file RUN/control/mixture.json (engine/mixture_control.h),
-// with and without a set of known domains. Invariant: accepted weights write out as JSON that
-// parses back to the same weights.
-#include "engine/mixture_control.h"
+// Fuzz target: the live mixture control file RUN/control/mixture.json
+// (engine/mixing/control_file.h), with and without a set of known domains. Invariant: accepted
+// weights write out as JSON that parses back to the same weights.
+#include "engine/mixing/control_file.h"
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

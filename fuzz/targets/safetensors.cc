@@ -1,6 +1,8 @@
-// Fuzz target: safetensors checkpoint files (engine/safetensors.h). Invariant: every tensor of an
-// accepted file lies inside it (all its bytes are read) and its size matches dtype and shape.
-#include "engine/safetensors.h"
+// Fuzz target: safetensors checkpoint files (engine/checkpoint/safetensors.h). Invariant: every
+// tensor of an accepted file lies inside it (all its bytes are read) and its size matches dtype and
+// shape.
+#include "engine/checkpoint/safetensors.h"
+
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

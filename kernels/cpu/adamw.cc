@@ -63,4 +63,10 @@ void adamw_update(float* params, float* m, float* v, const float* grads, size_t 
   adamw_impl(params, m, v, grads, n, hp, params_lp);
 }
 
+// One tensor after the other (CpuBackend::kMultiTensorAdamW is false).
+void adamw_update_multi(const AdamWTensor* tensors, int count, const AdamWParams& hp,
+                        DType lp_type) {
+  kiln::detail::adamw_update_each<CpuBackend>(tensors, count, hp, lp_type);
+}
+
 }  // namespace kiln::cpu

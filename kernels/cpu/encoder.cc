@@ -1,4 +1,5 @@
-// Token + position embedding, forward and deterministic backward.
+// Token + position embedding, forward and deterministic backward, and its vocabulary-parallel
+// form (a rank's rows of the embedding).
 #include "common/status.h"
 #include "kernels/cpu/internal.h"
 #include "kernels/ops.h"
@@ -53,9 +54,52 @@ void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* to
   }
 }
 
-#define KILN_INSTANTIATE(T)                                                                     \
-  template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int);     \
-  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int);
+template <typename T>
+void tp_embedding_forward(float* out, const int32_t* tokens, const T* wte_local, const T* wpe,
+                          int B, int T_, int C, int v0, int V_local) {
+  const size_t rows = static_cast<size_t>(B) * T_, cols = static_cast<size_t>(C);
+  parallel_chunks(rows, 64, [&](size_t rb, size_t re) {
+    for (size_t r = rb; r < re; ++r) {
+      const int32_t tok = tokens[r];
+      KILN_CHECK(tok >= 0, "tp_embedding_forward: negative token id");
+      float* o = out + r * cols;
+      if (tok >= v0 && tok - v0 < V_local) {
+        const T* a = wte_local + static_cast<size_t>(tok - v0) * cols;
+        for (size_t c = 0; c < cols; ++c) o[c] = to_float(a[c]);
+      } else {
+        for (size_t c = 0; c < cols; ++c) o[c] = 0.0f;
+      }
+      if (wpe) {
+        const T* p = wpe + (r % static_cast<size_t>(T_)) * cols;
+        for (size_t c = 0; c < cols; ++c) o[c] += to_float(p[c]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void tp_embedding_backward_wte(float* dwte_local, const T* dout, const int32_t* tokens, int B,
+                               int T_, int C, int v0, int V_local) {
+  const size_t rows = static_cast<size_t>(B) * T_;
+  // As encoder_backward: each task owns a slice of channels and walks the rows in order.
+  parallel_chunks(static_cast<size_t>(C), 64, [&](size_t cb, size_t ce) {
+    for (size_t r = 0; r < rows; ++r) {
+      const int32_t tok = tokens[r];
+      if (tok < v0 || tok - v0 >= V_local) continue;
+      float* g = dwte_local + static_cast<size_t>(tok - v0) * C;
+      const T* d = dout + r * C;
+      for (size_t c = cb; c < ce; ++c) g[c] += to_float(d[c]);
+    }
+  });
+}
+
+#define KILN_INSTANTIATE(T)                                                                        \
+  template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int);         \
+  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int);      \
+  template void tp_embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int, int, \
+                                        int, int);                                                 \
+  template void tp_embedding_backward_wte<T>(float*, const T*, const int32_t*, int, int, int, int, \
+                                             int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

@@ -1,4 +1,4 @@
-// Internal helpers shared by the CPU kernels (not part of the operator API).
+// Internal to kernels/cpu/: helpers shared by the CPU kernels (not part of the operator API).
 //
 // * parallel_chunks: a parallel loop over a FIXED partition (chunk boundaries depend only on the
 //   problem size, never on the thread count), so every result is bit-identical for any number of
@@ -116,7 +116,7 @@ inline float row_max(const float* __restrict x, size_t n) {
   return m;
 }
 
-// ---- vectorisable math ---------------------------------------------------------------------------
+// ---- vectorisable math --------------------------------------------------------------------------
 
 inline float bits_as_float(int32_t i) {
   float f;
@@ -164,7 +164,7 @@ inline float fast_tanh(float x) {
   return std::copysign(t, x);
 }
 
-// ---- small vector primitives (restrict pointers, scalars by value: they vectorise reliably) ------
+// ---- small vector primitives (restrict pointers, scalars by value: they vectorise reliably) -----
 
 // y += a * x
 inline void axpy(float* __restrict y, float a, const float* __restrict x, size_t n) {
@@ -179,7 +179,7 @@ inline void exp_shifted(float* out, const float* in, float m, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = fast_exp(in[i] - m);
 }
 
-// ---- rows of T <-> fp32 ----------------------------------------------------------------------------
+// ---- rows of T <-> fp32 -------------------------------------------------------------------------
 
 // bf16 <-> fp32 of one value, inline and branch-free so loops that convert in registers
 // vectorise; identical results to kernels/dtype.h (round to nearest even, NaN stays a quiet NaN).

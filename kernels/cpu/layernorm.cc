@@ -90,10 +90,21 @@ void layernorm_backward(Same<T>* dinp, float* dweight, float* dbias, const T* do
   }
 }
 
-#define KILN_INSTANTIATE(T)                                                                    \
+// The plain sequence (CpuBackend::kFusedResidualLayernorm is false).
+template <typename T>
+void residual_layernorm_forward(T* res, T* out, float* mean, float* rstd, const Same<T>* inp1,
+                                const Same<T>* inp2, const Same<T>* weight, const Same<T>* bias,
+                                int B, int T_, int C) {
+  residual_forward(res, inp1, inp2, static_cast<size_t>(B) * T_ * C);
+  layernorm_forward(out, mean, rstd, res, weight, bias, B, T_, C);
+}
+
+#define KILN_INSTANTIATE(T)                                                                      \
+  template void residual_layernorm_forward<T>(T*, T*, float*, float*, const T*, const T*,        \
+                                              const T*, const T*, int, int, int);                \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, \
-                                     int);                                                      \
-  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*,         \
+                                     int);                                                       \
+  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*,          \
                                       const float*, const float*, int, int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)

@@ -14,10 +14,12 @@
 // a successful probe stops the process via KILN_CHECK (file and line).
 #include <cblas.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #if KILN_HAVE_DNNL
 #include <omp.h>
@@ -359,9 +361,33 @@ void matmul_backward(Same<T>* dinp, float* dweight, float* dbias, const T* dout,
   else lp_backward(dinp, dweight, dout, inp, weight, BT, C, OC);
 }
 
-#define KILN_INSTANTIATE(T)                                                                      \
-  template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int, int);        \
-  template void matmul_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int,  \
+// GEMM + GELU as the separate operators (CpuBackend::kFusedGemmGelu is false).
+template <typename T>
+void matmul_gelu_forward(T* out, T* pre, const Same<T>* inp, const Same<T>* weight,
+                         const Same<T>* bias, int B, int T_, int C, int OC) {
+  matmul_forward(pre, inp, weight, bias, B, T_, C, OC);
+  gelu_forward(out, pre, static_cast<size_t>(B) * T_ * OC);
+}
+
+template <typename T>
+void matmul_dgelu_backward(Same<T>* dpre, float* dweight, float* dbias, const T* dout,
+                           const Same<T>* inp, const Same<T>* weight, const Same<T>* pre, int B,
+                           int T_, int C, int OC) {
+  const size_t n = static_cast<size_t>(B) * T_ * C;
+  thread_local std::vector<T> dinp;  // grow-only: no allocation in steady state
+  if (dinp.size() < n) dinp.resize(n);
+  std::fill_n(dinp.data(), n, T{});
+  matmul_backward(dinp.data(), dweight, dbias, dout, inp, weight, B, T_, C, OC);
+  std::fill_n(dpre, n, T{});
+  gelu_backward(dpre, pre, dinp.data(), n);
+}
+
+#define KILN_INSTANTIATE(T)                                                                       \
+  template void matmul_gelu_forward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int); \
+  template void matmul_dgelu_backward<T>(T*, float*, float*, const T*, const T*, const T*,        \
+                                         const T*, int, int, int, int);                           \
+  template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int, int);          \
+  template void matmul_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int,    \
                                    int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)

@@ -1,4 +1,5 @@
-// Template part of kernels/cpu/internal.h (oneTBB-based fixed-partition loops).
+// Internal to kernels/cpu/: the template part of kernels/cpu/internal.h (oneTBB-based
+// fixed-partition loops).
 #pragma once
 
 #include <tbb/blocked_range.h>

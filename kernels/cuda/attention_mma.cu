@@ -166,7 +166,7 @@ __device__ __forceinline__ const uint16_t* bits(const T* p) {
   return reinterpret_cast<const uint16_t*>(p);
 }
 
-// ---- forward -------------------------------------------------------------------------------------
+// ---- forward ------------------------------------------------------------------------------------
 template <typename T, int HS>
 __global__ void __launch_bounds__(kMmaThreads)
 fwd_mma_kernel(T* out, float* lse, const T* qkv, int T_, int C, int NH) {
@@ -260,7 +260,7 @@ fwd_mma_kernel(T* out, float* lse, const T* qkv, int T_, int C, int NH) {
   }
 }
 
-// ---- backward: dQ --------------------------------------------------------------------------------
+// ---- backward: dQ -------------------------------------------------------------------------------
 // dq_i += scale * sum_{j<=i} dS_ij k_j, dS_ij = P_ij (dO_i . v_j - D_i), P_ij = exp(s_ij - lse_i)
 template <typename T, int HS>
 __global__ void __launch_bounds__(kMmaThreads)
@@ -339,7 +339,7 @@ dq_mma_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const floa
   }
 }
 
-// ---- backward: dK, dV ----------------------------------------------------------------------------
+// ---- backward: dK, dV ---------------------------------------------------------------------------
 // dv_j += sum_{i>=j} P_ij dO_i;  dk_j += scale * sum_{i>=j} dS_ij q_i. Computed transposed: the
 // warp's 16 keys are the rows, the streamed queries the columns.
 template <typename T, int HS>

@@ -1,5 +1,5 @@
-// Internal helpers of the CUDA kernels: error checks, the current stream and cuBLAS handle,
-// a grow-only device workspace, launch sizes, and deterministic block reductions.
+// Internal to kernels/cuda/: helpers of the CUDA kernels: error checks, the current stream and
+// cuBLAS handle, a grow-only device workspace, launch sizes, and deterministic block reductions.
 #pragma once
 
 #include <cublas_v2.h>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/dtype.h"
 
 #define KILN_CUDA_CHECK(expr)                                                       \

@@ -1,5 +1,5 @@
 // Fused softmax + cross-entropy on the GPU: one block per row, no probability tensor. The model
-// feeds it the logits in row chunks of the storage type (engine/gpt_model.h head_rows: up to
+// feeds it the logits in row chunks of the storage type (engine/model/gpt_model.h head_rows: up to
 // 1 GiB of logits at a time on a GPU, never fp32 logits), and the gradient
 // overwrites the logits in place. Two kernels: the fused one (fused_kernels(), the default) reads
 // each row twice - once for the row's max and sum of exponentials together (online softmax, the

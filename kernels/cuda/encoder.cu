@@ -2,14 +2,13 @@
 // bit-identical with the CPU's: the positions are stably sorted by token (CUB's radix sort), then
 // one block per distinct token adds its positions' rows in increasing position order — the CPU's
 // order for every element — with no atomics. The same code serves the vocabulary-parallel
-// embedding's gradient (kernels/cuda/tp_ops.h tp_embedding_backward_wte): a window [v0, v0 + V)
+// embedding's gradient (kernels/ops.h tp_embedding_backward_wte): a window [v0, v0 + V)
 // of the vocabulary, the runs of tokens outside it skipped.
 #include <climits>
-
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/tp_ops.h"
+#include "kernels/ops.h"
 
 namespace kiln::cuda {
 

@@ -1,8 +1,8 @@
-// The vocabulary-parallel embedding's forward on the GPU (kernels/cuda/tp_ops.h). Its wte
+// The vocabulary-parallel embedding's forward on the GPU (kernels/ops.h). Its wte
 // gradient is kernels/cuda/encoder.cu's token-sorted one with a vocabulary window. Not yet run on
 // a GPU.
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/tp_ops.h"
+#include "kernels/ops.h"
 
 namespace kiln::cuda {
 

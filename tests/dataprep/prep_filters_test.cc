@@ -13,7 +13,7 @@
 #include "dataprep/filter/filter.h"
 #include "format/manifest.h"
 #include "format/shard_reader.h"
-#include "tests/prep_test_util.h"
+#include "tests/dataprep/prep_test_util.h"
 #include "tests/test_paths.h"
 
 namespace kiln {

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch parity test of Kiln's engine (run by ctest as `engine_parity`).
 
-For each precision the C++ side (tests/engine_parity_dump.cc) writes the initial fp32 weights,
+For each precision the C++ side (tests/engine/engine_parity_dump.cc) writes the initial fp32 weights,
 a batch, its loss, the gradient of every parameter, and the losses of ten AdamW steps with
 global-norm clipping. This script builds the same GPT-2 in PyTorch from those weights and compares.
 

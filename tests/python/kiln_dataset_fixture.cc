@@ -1,14 +1,13 @@
-// Writes the small two-domain dataset the Python module tests read (tests/loader_testutil.h's
-// make_dataset: zstd shards + manifest.json), and DIR/truth.json: {"<id>": [tokens...]} so the
-// tests can check every token a batch holds.
+// Writes the small two-domain dataset the Python module tests read
+// (tests/loader/loader_testutil.h's make_dataset: zstd shards + manifest.json), and DIR/truth.json:
+// {"<id>": [tokens...]} so the tests can check every token a batch holds.
 //   kiln_dataset_fixture DIR [SEED]
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
-#include "tests/loader_testutil.h"
+#include "tests/loader/loader_testutil.h"
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {

@@ -1,4 +1,4 @@
-// bench_prefetch: what drawing the next step's batches during a step (engine/step_batches.h,
+// bench_prefetch: what drawing the next step's batches during a step (engine/data/step_batches.h,
 // data.prefetch_next_step) saves, against a simulated device step: per step the trainer's thread
 // takes the step's micro-batches (the loader hand-over, int32 inputs/targets, the vocabulary
 // check, the copy into pinned memory and the upload - on the CPU backend a memcpy), then waits
@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/data_source.h"
-#include "engine/step_batches.h"
-#include "engine/train_config.h"
+#include "engine/data/data_source.h"
+#include "engine/data/step_batches.h"
+#include "engine/device/runtime.h"
+#include "engine/train/train_config.h"
 #include "tools/bench/bench_machine.h"
 
 using namespace kiln;
@@ -56,7 +56,7 @@ int run(const Args& a, bool prefetch) {
     std::fprintf(stderr, "bench_prefetch: %s\n", src.status().to_string().c_str());
     return 1;
   }
-  StepBatches sb(src->get(), &cpu_backend(), a.micro_batch, a.seq, a.vocab, prefetch);
+  StepBatches sb(src->get(), &host_runtime(), a.micro_batch, a.seq, a.vocab, prefetch);
   std::vector<double> draw, step;
   using clock = std::chrono::steady_clock;
   for (int s = 0; s < a.warmup + a.steps; ++s) {

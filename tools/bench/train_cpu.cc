@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
-#include "engine/optimizer.h"
-#include "engine/params.h"
-#include "engine/rng.h"
+#include "engine/model/model.h"
+#include "engine/model/optimizer.h"
+#include "engine/model/params.h"
+#include "engine/model/rng.h"
 #include "kernels/ops.h"
 #include "tools/bench/bench_machine.h"
 

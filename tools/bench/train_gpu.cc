@@ -12,12 +12,12 @@
 // per operator): the timed steps run with it off, then --kernel-steps (default 3) more with it on.
 // Prints one JSON line on stdout:
 //   {"impl": "kiln", "model", "device", "gpu", "precision", "recompute", "micro_batch", "seq_len",
-//    "vocab", "d_model", "layers", "heads", "params", "flops_per_token", "peak_flops" (null when the GPU is not in engine/mfu.cc's table),
-//    "steps", "warmup", "step_ms" (median), "step_ms_min", "tokens_per_s", "mfu" (null without a
-//    peak), "device_memory_peak_mib" (the driver's used memory at its highest, sampled after each
-//    step: context and workspaces included), "allocated_peak_mib" (what the engine allocated),
-//    "kernel_ms" {family: device ms per step, mean over the kernel steps} (null on the CPU),
-//    "loss_first", "loss_last"}
+//    "vocab", "d_model", "layers", "heads", "params", "flops_per_token", "peak_flops" (null when
+//    the GPU is not in engine/train/mfu.cc's table), "steps", "warmup", "step_ms" (median),
+//    "step_ms_min", "tokens_per_s", "mfu" (null without a peak), "device_memory_peak_mib" (the
+//    driver's used memory at its highest, sampled after each step: context and workspaces
+//    included), "allocated_peak_mib" (what the engine allocated), "kernel_ms" {family: device ms
+//    per step, mean over the kernel steps} (null on the CPU), "loss_first", "loss_last"}
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,13 +27,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/mfu.h"
-#include "engine/model.h"
-#include "engine/optimizer.h"
-#include "engine/params.h"
-#include "engine/rng.h"
-#include "engine/train_config.h"
+#include "engine/device/runtime.h"
+#include "engine/model/model.h"
+#include "engine/model/optimizer.h"
+#include "engine/model/params.h"
+#include "engine/model/rng.h"
+#include "engine/train/mfu.h"
+#include "engine/train/train_config.h"
 
 using namespace kiln;
 using namespace kiln::engine;
@@ -93,17 +93,18 @@ int main(int argc, char** argv) {
   if (!cfg.is_ok()) return std::fprintf(stderr, "bench_train_gpu: %s\n", cfg.status().to_string().c_str()), 2;
   auto tc = parse_train_config(*cfg);
   if (!tc.is_ok()) return std::fprintf(stderr, "bench_train_gpu: %s\n", tc.status().to_string().c_str()), 2;
-  auto be = backend_for(tc->device);
-  if (!be.is_ok()) return std::fprintf(stderr, "bench_train_gpu: %s\n", be.status().to_string().c_str()), 2;
-  Backend* backend = *be;
+  auto rt = runtime_for(tc->device);
+  if (!rt.is_ok())
+    return std::fprintf(stderr, "bench_train_gpu: %s\n", rt.status().to_string().c_str()), 2;
+  Runtime* runtime = *rt;
   const ModelConfig& m = tc->model;
   const int64_t B = micro_batch > 0 ? micro_batch : tc->data.micro_batch;
   const int64_t T = m.seq_len;
   std::fprintf(stderr, "bench_train_gpu: %s on %s, %s, micro-batch %lld x %lld\n",
-               config_file.c_str(), backend->describe().c_str(), precision_name(tc->precision),
+               config_file.c_str(), runtime->describe().c_str(), precision_name(tc->precision),
                static_cast<long long>(B), static_cast<long long>(T));
 
-  ParamStore params(m, tc->precision, false, backend);
+  ParamStore params(m, tc->precision, false, runtime);
   params.init(tc->run.seed);
   OptimizerConfig oc = tc->optimizer;
   AdamW opt(oc);
@@ -111,8 +112,8 @@ int main(int argc, char** argv) {
   const size_t n = static_cast<size_t>(B * T);
   std::vector<int32_t> in(n), tg(n);
   std::vector<float> losses(n);
-  DeviceArray<int32_t> d_in(backend, n), d_tg(backend, n);
-  DeviceArray<float> d_loss(backend, n);
+  DeviceArray<int32_t> d_in(runtime, n), d_tg(runtime, n);
+  DeviceArray<float> d_loss(runtime, n);
   const double loss_scale = tc->precision == Precision::kFp16 ? 1024.0 : 1.0;
   std::vector<double> ms;
   std::map<std::string, double> kernel_ms;
@@ -126,38 +127,39 @@ int main(int argc, char** argv) {
       tg[i] = static_cast<int32_t>(random_bits(s, 2, i) % m.vocab_size);
     }
     // Uploads before the clock: the trainer overlaps them with the previous step.
-    backend->copy_to_device(d_in.data(), in.data(), n * sizeof(int32_t));
-    backend->copy_to_device(d_tg.data(), tg.data(), n * sizeof(int32_t));
-    backend->synchronize();
-    if (timed_kernels && s == warmup + steps) backend->set_kernel_timing(true);
+    runtime->copy_to_device(d_in.data(), in.data(), n * sizeof(int32_t));
+    runtime->copy_to_device(d_tg.data(), tg.data(), n * sizeof(int32_t));
+    runtime->synchronize();
+    if (timed_kernels && s == warmup + steps) runtime->set_kernel_timing(true);
     const auto t0 = std::chrono::steady_clock::now();
     params.zero_grads();
     model->forward_backward(d_in.data(), d_tg.data(), static_cast<float>(loss_scale / n),
                             d_loss.data());
     const StepStats st = opt.step(params, oc.lr, loss_scale);
-    backend->synchronize();
+    runtime->synchronize();
     const auto t1 = std::chrono::steady_clock::now();
     if (!st.finite) std::fprintf(stderr, "bench_train_gpu: non-finite gradients at step %d\n", s);
-    backend->copy_to_host(losses.data(), d_loss.data(), n * sizeof(float));
+    runtime->copy_to_host(losses.data(), d_loss.data(), n * sizeof(float));
     double l = 0;
     for (float x : losses) l += x;
     l /= static_cast<double>(n);
     if (s == 0) loss_first = l;
     loss_last = l;
-    device_peak = std::max(device_peak, backend->memory().used_by_process);
+    device_peak = std::max(device_peak, runtime->memory().used_by_process);
     if (s >= warmup && !timed_kernels) {
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
     if (timed_kernels) {
-      for (const auto& [family, t] : backend->take_kernel_times()) kernel_ms[family] += t / kernel_steps;
+      for (const auto& [family, t] : runtime->take_kernel_times())
+        kernel_ms[family] += t / kernel_steps;
     }
   }
-  backend->set_kernel_timing(false);
+  runtime->set_kernel_timing(false);
 
   const double step_ms = median(ms);
   const double tokens_per_s = static_cast<double>(n) / (step_ms / 1e3);
   const double flops = model_flops_per_token(m, params.num_params());
-  const auto peak = dense_bf16_peak_flops(backend->product_name());
+  const auto peak = dense_bf16_peak_flops(runtime->product_name());
   const double peak_flops = peak ? *peak : NAN;
   const double mfu = peak ? tokens_per_s * flops / *peak : NAN;
   std::string kernels = "null";
@@ -168,7 +170,7 @@ int main(int argc, char** argv) {
     }
     kernels += "}";
   }
-  const DeviceMemory mem = backend->memory();
+  const DeviceMemory mem = runtime->memory();
   std::printf(
       "{\"impl\": \"kiln\", \"model\": \"%s\", \"device\": \"%s\", \"gpu\": \"%s\", "
       "\"precision\": \"%s\", \"recompute\": \"%s\", \"micro_batch\": %lld, \"seq_len\": %lld, "
@@ -177,7 +179,7 @@ int main(int argc, char** argv) {
       "\"warmup\": %d, \"step_ms\": %.3f, \"step_ms_min\": %.3f, \"tokens_per_s\": %.1f, "
       "\"mfu\": %s, \"device_memory_peak_mib\": %s, \"allocated_peak_mib\": %.1f, "
       "\"kernel_ms\": %s, \"loss_first\": %.4f, \"loss_last\": %.4f}\n",
-      config_file.c_str(), device_name(tc->device), backend->product_name().c_str(),
+      config_file.c_str(), device_name(tc->device), runtime->product_name().c_str(),
       precision_name(tc->precision), recompute_name(tc->activation_checkpointing),
       static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(m.vocab_size),
       static_cast<long long>(m.d_model), static_cast<long long>(m.n_layers),

@@ -7,8 +7,8 @@ device time per step by kernel family.
 
   train_gpu_report.py RESULTS.jsonl
 
-MFU for every implementation uses Kiln's model FLOPs per token (6N + 6LdT, engine/mfu.h) and the
-GPU's dense bf16 peak from Kiln's table (engine/mfu.cc): the same model, so the same FLOPs. A
+MFU for every implementation uses Kiln's model FLOPs per token (6N + 6LdT, engine/train/mfu.h) and the
+GPU's dense bf16 peak from Kiln's table (engine/train/mfu.cc): the same model, so the same FLOPs. A
 PyTorch run whose parameter count differs from Kiln's is flagged (it would not be the same model).
 Exits 1 when a Kiln run is missing or a PyTorch run's model differs.
 """

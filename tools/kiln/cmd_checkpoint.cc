@@ -1,12 +1,11 @@
 // kiln checkpoint consolidate STEP_DIR -o model.safetensors
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 
-#include "engine/checkpoint.h"
-#include "engine/params.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/safetensors.h"
+#include "engine/model/params.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {

@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json.h"
-#include "engine/checkpoint.h"
-#include "engine/metrics.h"
-#include "engine/mix_controller.h"
-#include "engine/mixture_control.h"
-#include "engine/stability.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/mixing/control_file.h"
+#include "engine/mixing/controller.h"
+#include "engine/stability/monitor.h"
+#include "engine/train/metrics.h"
 #include "loader/loader.h"
 #include "tools/kiln/command.h"
 

@@ -1,14 +1,15 @@
 // kiln plan --config FILE --world N [--memory-per-device SIZE] [--gpus-per-node N] [--json]
 //           [--set k=v ...]
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 
-#include "engine/plan.h"
-#include "engine/train_config.h"
+#include "common/text.h"
+#include "engine/parallel/layout_plan.h"
+#include "engine/train/train_config.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {
@@ -24,13 +25,10 @@ struct PlanArgs {
   double inter_gbps = engine::Links{}.inter_node / 1e9;
 };
 
+// Sizes in the table: GiB with two decimals, smaller ones in MiB or KiB.
 std::string gib(uint64_t b) {
-  char buf[32];
-  const double v = static_cast<double>(b);
-  if (v >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1024.0 * 1024 * 1024));
-  else if (v >= 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", v / (1024.0 * 1024));
-  else std::snprintf(buf, sizeof buf, "%.1f KiB", v / 1024.0);
-  return buf;
+  if (b >= (uint64_t{1} << 30)) return bytes_in(b, ByteUnit::kGiB, 2);
+  return bytes_in(b, b >= (uint64_t{1} << 20) ? ByteUnit::kMiB : ByteUnit::kKiB);
 }
 
 Status run_plan(const PlanArgs& a) {
@@ -40,9 +38,9 @@ Status run_plan(const PlanArgs& a) {
   std::optional<uint64_t> budget;
   std::string budget_note;
   if (!a.memory.empty()) {
-    auto b = engine::parse_byte_size(a.memory);
-    if (!b.is_ok()) return Status::usage("--memory-per-device: " + b.status().message());
-    budget = *b;
+    KILN_ASSIGN_OR_RETURN(uint64_t b, parse_size("--memory-per-device", a.memory));
+    if (b == 0) return Status::usage("--memory-per-device: must be more than 0 bytes");
+    budget = b;
     budget_note = gib(*budget) + " per device (--memory-per-device)";
   } else if (tc.device == Device::kCpu) {
     // CPU ranks of one machine share its memory.

@@ -1,10 +1,13 @@
 // `kiln prep`: flags -> prep config -> dataprep::run_prep (all logic lives in dataprep/).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
 #include "comm/comm.h"
 #include "comm/watchdog.h"
 #include "common/config.h"
+#include "common/host_memory.h"
+#include "common/text.h"
 #include "dataprep/append.h"
 #include "dataprep/prep.h"
 #include "dataprep/prep_config.h"
@@ -171,7 +174,25 @@ RunFn add_prep_command(CLI::App& root) {
     if (given("--output")) KILN_RETURN_IF_ERROR(set_text("output", f->output));
     if (given("--threshold")) KILN_RETURN_IF_ERROR(cfg.set("dedup.threshold", std::to_string(f->threshold)));
     if (given("--threads")) KILN_RETURN_IF_ERROR(cfg.set("threads", std::to_string(f->threads)));
-    if (given("--memory")) KILN_RETURN_IF_ERROR(set_text("memory", f->memory));
+    if (given("--memory")) {
+      // A budget the machine cannot give would end at the OOM killer, not in a spill to disk.
+      // Every rank decides together: the ranks of one machine share its memory.
+      KILN_ASSIGN_OR_RETURN(uint64_t want, parse_size("--memory", f->memory));
+      const HostMemory host = host_memory();
+      const int ranks = comm::ranks_on_this_host(comm::world());
+      const uint64_t mine = host.available / static_cast<uint64_t>(std::max(1, ranks));
+      Status fits = Status::ok();
+      if (host.known && want > mine) {
+        fits = Status::usage(
+            "--memory " + f->memory + " is more than this process can have: " + human_bytes(mine) +
+            " (" + host.source +
+            (ranks > 1 ? ", shared by this machine's " + std::to_string(ranks) + " ranks"
+                       : std::string()) +
+            "); give less - beyond the budget prep spills sorted runs to disk");
+      }
+      KILN_RETURN_IF_ERROR(comm::agree(comm::world(), std::move(fits)));
+      KILN_RETURN_IF_ERROR(set_text("memory", f->memory));
+    }
     if (given("--num-perm")) KILN_RETURN_IF_ERROR(cfg.set("dedup.num_perm", std::to_string(f->num_perm)));
     if (given("--bands")) KILN_RETURN_IF_ERROR(cfg.set("dedup.bands", std::to_string(f->bands)));
     if (given("--rows")) KILN_RETURN_IF_ERROR(cfg.set("dedup.rows", std::to_string(f->rows)));
@@ -191,9 +212,8 @@ RunFn add_prep_command(CLI::App& root) {
     if (given("--shard-samples"))
       KILN_RETURN_IF_ERROR(cfg.set("shards.max_samples", std::to_string(f->shard_samples)));
     if (given("--shard-bytes")) {
-      auto b = prep::parse_byte_size(f->shard_bytes);
-      if (!b.is_ok()) return Status::usage("--shard-bytes: " + b.status().message());
-      KILN_RETURN_IF_ERROR(cfg.set("shards.max_bytes", std::to_string(*b)));
+      KILN_ASSIGN_OR_RETURN(uint64_t b, parse_size("--shard-bytes", f->shard_bytes));
+      KILN_RETURN_IF_ERROR(cfg.set("shards.max_bytes", std::to_string(b)));
     }
     if (given("--default-domain")) KILN_RETURN_IF_ERROR(set_text("domains.default", f->default_domain));
     if (given("--tokenizer")) KILN_RETURN_IF_ERROR(set_text("tokenizer.path", f->tokenizer));

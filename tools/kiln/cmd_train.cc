@@ -3,8 +3,8 @@
 
 #include "comm/comm.h"
 #include "common/log.h"
-#include "engine/train_config.h"
-#include "engine/trainer.h"
+#include "engine/train/train_config.h"
+#include "engine/train/trainer.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {

@@ -1,7 +1,6 @@
 // kiln: the command-line front end. Dispatches to subcommands; maps Status to exit codes:
 // 0 success, 2 usage/config error, 3 input data error beyond tolerance, 1 anything else.
 #include <CLI/CLI.hpp>
-
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/text.h"
 #include "kernels/cpu_isa.h"
 #include "tools/kiln/command.h"
 
@@ -22,24 +22,9 @@ void add_config_flags(CLI::App* app, ConfigFlags* flags) {
 }
 
 Result<uint64_t> parse_size(const std::string& flag, const std::string& text) {
-  // Plain bytes or with a K/M/G suffix (binary units).
-  size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  if (i == 0) return Status::usage(flag + ": not a size: '" + text + "'");
-  uint64_t v = 0;
-  if (std::from_chars(text.data(), text.data() + i, v).ec != std::errc())
-    return Status::usage(flag + ": too large: '" + text + "'");
-  std::string unit = text.substr(i);
-  int shift = -1;
-  if (unit.empty() || unit == "B") shift = 0;
-  if (unit == "K" || unit == "KiB") shift = 10;
-  if (unit == "M" || unit == "MiB") shift = 20;
-  if (unit == "G" || unit == "GiB") shift = 30;
-  if (shift >= 0) {
-    if (v > (UINT64_MAX >> shift)) return Status::usage(flag + ": too large: '" + text + "'");
-    return v << shift;
-  }
-  return Status::usage(flag + ": unknown unit '" + unit + "' (use K, M, G)");
+  auto bytes = parse_byte_size(text);
+  if (!bytes.is_ok()) return Status::usage(flag + ": " + bytes.status().message());
+  return *bytes;
 }
 
 }  // namespace kiln::cli

@@ -1,0 +1,158 @@
+// DataSource over the loader (loader/loader.h): a `kiln prep` dataset, packed and domain-mixed.
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+#include "engine/data/data_source.h"
+#include "loader/loader.h"
+
+namespace kiln::engine {
+namespace {
+
+class LoaderSource final : public DataSource {
+ public:
+  LoaderSource(std::unique_ptr<loader::Loader> loader, Manifest full, std::string manifest_path)
+      : loader_(std::move(loader)),
+        full_(std::move(full)),
+        manifest_path_(std::move(manifest_path)) {}
+
+  Status next(MicroBatch* out) override {
+    KILN_ASSIGN_OR_RETURN(loader::Batch b, loader_->next_batch());
+    const int64_t T = b.seq_len;
+    out->rows = b.micro_batch;
+    out->seq_len = T;
+    out->inputs.resize(b.micro_batch * T);
+    out->targets.resize(b.micro_batch * T);
+    out->domains.assign(b.domains.begin(), b.domains.end());
+    for (int64_t r = 0; r < b.micro_batch; ++r) {
+      auto row = b.row(r);
+      for (int64_t i = 0; i < T; ++i) {
+        out->inputs[r * T + i] = static_cast<int32_t>(row[i]);
+        out->targets[r * T + i] = static_cast<int32_t>(row[i + 1]);
+      }
+    }
+    out->wait_ms = b.wait_ms;
+    out->samples.clear();
+    for (const auto& row : b.docs) {
+      for (const loader::DocSpan& d : row) {
+        if (d.doc_offset != 0 && !out->samples.empty()) continue;  // a continued piece
+        out->samples.push_back(loader_->manifest().shards[d.shard].path + "#" +
+                               std::to_string(d.member));
+      }
+    }
+    return Status::ok();
+  }
+
+  // The first `per_domain` sequences of each domain's validation shards, packed as for training
+  // (a loader over the validation split with only that domain weighted, the run's seed).
+  Result<std::vector<ValidationSequences>> validation_set(int64_t per_domain) override {
+    std::vector<ValidationSequences> out;
+    const Manifest val = select_split(full_, /*val=*/true);
+    for (size_t d = 0; d < loader_->domain_names().size(); ++d) {
+      const std::string& name = loader_->domain_names()[d];
+      auto it = val.domains.find(name);
+      if (it == val.domains.end() || it->second.tokens == 0) continue;
+      loader::LoaderOptions o = loader_->options();
+      o.val_split = true;
+      o.dp_rank = 0;
+      o.dp_world = 1;
+      o.micro_batch = per_domain;
+      o.weights = {{name, 1.0}};
+      o.workers = 1;
+      o.prefetch_depth = 1;
+      KILN_ASSIGN_OR_RETURN(auto loader, loader::Loader::open(full_, o));
+      KILN_ASSIGN_OR_RETURN(loader::Batch b, loader->next_batch());
+      ValidationSequences v;
+      v.domain = static_cast<int>(d);
+      v.rows = b.micro_batch;
+      v.seq_len = b.seq_len;
+      const int64_t T = b.seq_len;
+      for (int64_t r = 0; r < b.micro_batch; ++r) {
+        auto row = b.row(r);
+        for (int64_t i = 0; i < T; ++i) {
+          v.inputs.push_back(static_cast<int32_t>(row[i]));
+          v.targets.push_back(static_cast<int32_t>(row[i + 1]));
+        }
+      }
+      out.push_back(std::move(v));
+    }
+    return out;
+  }
+
+  const std::vector<std::string>& domains() const override { return loader_->domain_names(); }
+  loader::DomainWeights weights() const override { return loader_->weights(); }
+  Status set_weights(const loader::DomainWeights& w) override { return loader_->set_weights(w); }
+  std::string state() const override { return loader_->state().to_json(); }
+  Result<std::string> merge_states(const std::vector<std::string>& per_rank) const override {
+    std::vector<loader::LoaderState> states;
+    for (size_t r = 0; r < per_rank.size(); ++r) {
+      KILN_ASSIGN_OR_RETURN(
+          loader::LoaderState s,
+          loader::LoaderState::from_json(per_rank[r], "rank " + std::to_string(r) + " data state"));
+      states.push_back(std::move(s));
+    }
+    if (states.size() == 1) return states[0].to_json();
+    KILN_ASSIGN_OR_RETURN(loader::LoaderState merged, loader::LoaderState::merge(states));
+    return merged.to_json();
+  }
+  Status restore(const std::string& state) override {
+    KILN_ASSIGN_OR_RETURN(loader::LoaderState s,
+                          loader::LoaderState::from_json(state, "checkpoint data_state"));
+    return loader_->restore(s);
+  }
+  std::string describe() const override {
+    const Manifest& m = loader_->manifest();
+    uint64_t tokens = 0;
+    for (const auto& [name, d] : m.domains) tokens += d.tokens;
+    std::string doms;
+    for (const auto& [name, w] : loader_->weights()) {
+      doms += (doms.empty() ? "" : ", ") + name + fmt::format(" {:.3f}", w);
+    }
+    return fmt::format("{} ({} shards, {} tokens; weights: {})", manifest_path_, m.shards.size(),
+                       tokens, doms);
+  }
+
+ private:
+  std::unique_ptr<loader::Loader> loader_;
+  Manifest full_;  // both splits
+  std::string manifest_path_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config, DataRank rank) {
+  auto read = read_manifest(config.data.manifest);
+  if (!read.is_ok()) {
+    // The path came from the config: a missing or unreadable manifest is a config error naming it.
+    if (read.status().code() == StatusCode::kNotFound || read.status().code() == StatusCode::kIo) {
+      return Status::config(read.status().to_string()).with_key("data.manifest");
+    }
+    return std::move(read).take_status();
+  }
+  Manifest manifest = std::move(read).value();
+  if (manifest.tokenizer.vocab_size > static_cast<uint64_t>(config.model.vocab_size)) {
+    return Status::config(
+               "the dataset's tokenizer has " + std::to_string(manifest.tokenizer.vocab_size) +
+               " tokens but model.vocab_size is " + std::to_string(config.model.vocab_size))
+        .with_key("model.vocab_size");
+  }
+  loader::LoaderOptions o;
+  o.seq_len = config.model.seq_len;
+  o.micro_batch = config.data.micro_batch;
+  o.seed = config.run.seed;
+  o.dp_rank = rank.rank;
+  o.dp_world = rank.world;
+  o.weights = config.data.mixture;
+  o.prefetch_depth = static_cast<int>(config.data.prefetch_depth);
+  o.workers = static_cast<int>(config.data.workers);
+  auto loader = loader::Loader::open(manifest, o);
+  if (!loader.is_ok()) {
+    // The loader names its weights "weights.<domain>"; in a train config they are data.mixture.
+    Status st = std::move(loader).take_status();
+    if (st.key().rfind("weights", 0) == 0) st.with_key("data.mixture" + st.key().substr(7));
+    return st;
+  }
+  return std::unique_ptr<DataSource>(
+      new LoaderSource(std::move(*loader), std::move(manifest), config.data.manifest));
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,99 @@
+// The GPT-2 decoder: token + learned position embeddings, pre-LayerNorm blocks (causal multi-head
+// attention, GELU MLP 4x), final LayerNorm, LM head tied to the token embedding.
+//
+// The model owns its activation buffers (sized for one micro-batch at construction, in the
+// ParamStore's runtime memory) and reads and writes parameters and fp32 gradients in a ParamStore
+// it does not own. Every operator comes from the kernel API (kernels/ops.h) of the runtime's device
+// (kiln::CpuBackend or kiln::CudaBackend, chosen once in create()); the storage type of activations
+// and working parameters is the run's precision (fp32, bf16 or fp16), parameter gradients are fp32.
+//
+// Activation checkpointing (engine/train/train_config.h Recompute):
+//   none       every block keeps ln1, qkv, attention output + logsumexp, res2, ln2, fc, gelu
+//   selective  the attention output/logsumexp and the GELU output are recomputed in backward
+//              (from qkv and fc) instead of kept: about 5 of 16 values per token and channel
+//   full       only block inputs are kept; each block's forward is rerun before its backward
+// Recomputation reruns the same deterministic kernels, so all three give bit-identical results.
+//
+// The LM head and the fused softmax + cross-entropy run in chunks of rows, so the (tokens x vocab)
+// logits never exist at once. With a TensorParallel (engine/parallel/tensor_parallel.h) the same
+// code runs Megatron-style on this rank's slices: n_heads / tp heads, 4C / tp MLP units, V / tp
+// vocabulary rows, with the group's all-reduces where the layers meet. Not thread-safe: one model
+// per training thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model/params.h"
+#include "engine/train/train_config.h"
+
+namespace kiln::engine {
+
+struct ActivationMemory {
+  size_t kept_bytes = 0;       // activations kept from forward to backward
+  size_t recompute_bytes = 0;  // buffers for recomputed activations (one block's worth, shared)
+  size_t working_bytes = 0;    // transient buffers: gradients of activations, head chunk, scratch
+  size_t total() const { return kept_bytes + recompute_bytes + working_bytes; }
+};
+
+// What a model of this shape allocates for one micro-batch of `micro_batch` sequences (on one of
+// `tp` tensor-parallel ranks) on `device` (its logits chunk differs: engine/model/gpt_model.h).
+ActivationMemory plan_activation_memory(const ModelConfig& model, int64_t micro_batch,
+                                        Precision precision, Recompute mode, int64_t tp = 1,
+                                        Device device = Device::kCpu);
+
+class TensorParallel;
+
+// What the model tells the distributed engine around each parameter unit (engine/model/params.h:
+// embed, blocks.l, final) so it can gather sharded weights just before use, free them after, and
+// reduce a unit's gradients as soon as backward has finished them (engine/parallel/zero.h,
+// ZeRO-2/3). Units are ParamStore unit indices. A pass: begin_pass(order of the acquire() calls to
+// come), then acquire/release pairs (a unit's weights are read only between them; with backward,
+// its gradients may be written from acquire on), gradients_ready once per unit in forward_backward,
+// end_pass. Errors are kept by the implementation and checked by its owner after the pass.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void begin_pass(const std::vector<int>& order) = 0;
+  virtual void acquire(int unit, bool backward) = 0;
+  virtual void release(int unit) = 0;
+  virtual void gradients_ready(int unit) = 0;
+  virtual void end_pass() = 0;
+};
+
+class Model {
+ public:
+  // params must outlive the model. head_chunk_rows 0: chosen so a logits chunk is ~8 MiB on the
+  // CPU, <= 1 GiB on a GPU.
+  // tp (engine/parallel/tensor_parallel.h, outlives the model): params holds this rank's slices and
+  // the layers run Megatron-style; nullptr: one rank holds everything.
+  static std::unique_ptr<Model> create(ParamStore* params, int64_t micro_batch, Recompute mode,
+                                       int64_t head_chunk_rows = 0, TensorParallel* tp = nullptr);
+  virtual ~Model() = default;
+
+  // Pointers (inputs, targets, losses) are in the runtime's memory: host memory on the CPU, device
+  // memory on a GPU (engine/data/device_batches.h stages them), where the call only queues the
+  // work. One micro-batch: inputs and targets are (micro_batch, seq_len) token ids; a target < 0 is
+  // ignored (loss 0, no gradient). Runs forward, the loss and backward, ACCUMULATING the fp32
+  // parameter gradients of dloss * sum(losses) into the ParamStore (zero them before the first
+  // micro-batch of a step). losses receives the per-token cross-entropy (natural log, unscaled).
+  virtual void forward_backward(const int32_t* inputs, const int32_t* targets, float dloss,
+                                float* losses) = 0;
+  // Forward and per-token losses only.
+  virtual void forward(const int32_t* inputs, const int32_t* targets, float* losses) = 0;
+
+  virtual ActivationMemory activation_memory() const = 0;
+  virtual int64_t micro_batch() const = 0;
+  virtual Recompute recompute() const = 0;
+
+  // nullptr (the default): every unit's weights and gradients are always resident.
+  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+
+ protected:
+  UnitHooks* hooks_ = nullptr;
+};
+
+}  // namespace kiln::engine

@@ -1,0 +1,80 @@
+#include "engine/train/eval.h"
+
+#include <algorithm>
+
+namespace kiln::engine {
+
+Result<std::unique_ptr<Evaluator>> Evaluator::open(DataSource& data, const EvalConfig& config,
+                                                   int64_t micro_batch, int64_t seq_len,
+                                                   int64_t vocab, Runtime* runtime) {
+  auto e = std::unique_ptr<Evaluator>(new Evaluator());
+  e->names_ = data.domains();
+  KILN_ASSIGN_OR_RETURN(std::vector<ValidationSequences> sets,
+                        data.validation_set(config.sequences_per_domain));
+  // Repack every domain's sequences into micro-batches of the model's size; the padding rows
+  // have no targets (ignored by the loss).
+  MicroBatch cur;
+  auto flush = [&] {
+    if (cur.rows == 0) return;
+    const int64_t T = cur.seq_len;
+    cur.inputs.resize(micro_batch * T, 0);
+    cur.targets.resize(micro_batch * T, -1);
+    cur.domains.resize(micro_batch, -1);
+    cur.rows = micro_batch;
+    e->batches_.push_back(std::move(cur));
+    cur = MicroBatch();
+  };
+  for (const ValidationSequences& v : sets) {
+    const int64_t T = v.seq_len;
+    for (int64_t r = 0; r < v.rows; ++r) {
+      if (cur.rows == micro_batch) flush();
+      cur.seq_len = T;
+      cur.inputs.insert(cur.inputs.end(), v.inputs.begin() + r * T, v.inputs.begin() + (r + 1) * T);
+      cur.targets.insert(cur.targets.end(), v.targets.begin() + r * T,
+                         v.targets.begin() + (r + 1) * T);
+      cur.domains.push_back(v.domain);
+      ++cur.rows;
+      ++e->sequences_;
+    }
+  }
+  flush();
+  for (const MicroBatch& b : e->batches_) {
+    KILN_RETURN_IF_ERROR(Status(check_token_ids(b, vocab)).prefixed("validation split"));
+  }
+  e->staged_ = std::make_unique<DeviceBatches>(runtime, micro_batch, seq_len);
+  for (size_t i = 0; i < e->batches_.size(); ++i) e->staged_->upload(i, e->batches_[i]);
+  return e;
+}
+
+WeightMap Evaluator::evaluate(Model& model) {
+  std::vector<double> sum(names_.size(), 0.0);
+  std::vector<int64_t> count(names_.size(), 0);
+  if (batches_.empty()) return {};
+  for (size_t i = 0; i < batches_.size(); ++i) {
+    const DeviceBatches::Tokens tok = staged_->at(i);
+    model.forward(tok.inputs, tok.targets, staged_->losses(i));
+  }
+  const size_t per_batch = batches_[0].inputs.size();  // every batch is rows x seq_len
+  losses_.resize(batches_.size() * per_batch);
+  staged_->download_losses(batches_.size(), losses_.data());
+  for (size_t i = 0; i < batches_.size(); ++i) {
+    const MicroBatch& b = batches_[i];
+    const int64_t T = b.seq_len;
+    const float* losses = losses_.data() + i * per_batch;
+    for (int64_t r = 0; r < b.rows; ++r) {
+      const int d = b.domains[r];
+      if (d < 0 || d >= static_cast<int>(names_.size())) continue;
+      for (int64_t i = 0; i < T; ++i) {
+        if (b.targets[r * T + i] < 0) continue;
+        sum[d] += losses[r * T + i];
+        ++count[d];
+      }
+    }
+  }
+  WeightMap out;
+  for (size_t d = 0; d < names_.size(); ++d)
+    if (count[d] > 0) out[names_[d]] = sum[d] / static_cast<double>(count[d]);
+  return out;
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,45 @@
+// Internal to engine/ (used by the trainer): per-domain validation loss (config section `eval`).
+//
+// An Evaluator holds a fixed set of validation sequences per domain, taken once from the data
+// source (DataSource::validation_set: the dataset's validation split, or held-out synthetic
+// slots) when the run opens. The set depends only on the dataset, the seed and
+// eval.sequences_per_domain, never on the training position, so every evaluation - and every
+// evaluation after a resume - scores the same tokens. evaluate() runs the model forward only and
+// returns each domain's mean loss per target token (nats). The sequences are uploaded to the
+// runtime once, at open (engine/data/device_batches.h); each evaluation downloads only the losses.
+// Not thread-safe; owned by the trainer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/data/data_source.h"
+#include "engine/data/device_batches.h"
+#include "engine/device/runtime.h"
+#include "engine/model/model.h"
+
+namespace kiln::engine {
+
+class Evaluator {
+ public:
+  // Takes the validation set from `data`. An empty set (no validation split) gives an evaluator
+  // whose empty() is true. A token id outside [0, vocab) is kData (check_token_ids).
+  static Result<std::unique_ptr<Evaluator>> open(DataSource& data, const EvalConfig& config,
+                                                 int64_t micro_batch, int64_t seq_len,
+                                                 int64_t vocab, Runtime* runtime);
+  bool empty() const { return batches_.empty(); }
+  int64_t sequences() const { return sequences_; }
+  // Mean loss per target token of each domain that has validation sequences.
+  WeightMap evaluate(Model& model);
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<MicroBatch> batches_;        // rows padded with ignored targets to the micro-batch
+  std::unique_ptr<DeviceBatches> staged_;  // batches_ on the device, and their losses
+  std::vector<float> losses_;
+  int64_t sequences_ = 0;
+};
+
+}  // namespace kiln::engine

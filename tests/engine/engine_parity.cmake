@@ -1,0 +1,11 @@
+# PyTorch parity of the engine (tests/python/engine_parity.py): the same weights and batch give the
+# same loss and gradients, and ten AdamW steps the same losses, in fp32, bf16 and fp16.
+# Needs Debian's python3-torch (tools/setup installs it); the test FAILS without it.
+add_executable(engine_parity_dump ${CMAKE_CURRENT_LIST_DIR}/engine_parity_dump.cc)
+target_compile_options(engine_parity_dump PRIVATE ${KILN_WARNINGS})
+target_link_libraries(engine_parity_dump PRIVATE kiln_engine kiln_loader kiln_kernels kiln_comm kiln_common)
+add_test(NAME engine_parity
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/engine_parity.py
+                 --dump $<TARGET_FILE:engine_parity_dump>
+                 --work ${CMAKE_CURRENT_BINARY_DIR}/engine_parity)
+set_tests_properties(engine_parity PROPERTIES LABELS "parity" TIMEOUT 600)

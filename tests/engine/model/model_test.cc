@@ -1,0 +1,154 @@
+// The GPT model on the CPU kernels: checkpointing modes are bit-identical, gradient accumulation
+// and head chunking agree, activation memory follows the plan.
+#include "engine/model/model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/hash.h"
+#include "engine/model/params.h"
+#include "engine/model/rng.h"
+#include "kernels/ops.h"
+
+namespace kiln::engine {
+namespace {
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 67;
+  m.d_model = 32;
+  m.n_layers = 3;
+  m.n_heads = 4;
+  m.seq_len = 20;
+  return m;
+}
+
+struct ModelRun {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> grads;
+};
+
+// One forward+backward over `rows` sequences split into micro-batches of `micro` rows.
+ModelRun run_model(Precision p, Recompute r, int rows, int micro, int64_t head_chunk = 0) {
+  ModelConfig m = small_model();
+  ParamStore params(m, p);
+  params.init(11);
+  auto model = Model::create(&params, micro, r, head_chunk);
+  const int T = static_cast<int>(m.seq_len);
+  std::vector<int32_t> in(rows * T), tg(rows * T);
+  for (int i = 0; i < rows * T; ++i) {
+    in[i] = static_cast<int32_t>(random_bits(3, 1, i) % m.vocab_size);
+    tg[i] = static_cast<int32_t>(random_bits(3, 2, i) % m.vocab_size);
+  }
+  tg[5] = -1;  // an ignored position
+  const double scale = p == Precision::kFp16 ? 256.0 : 1.0;
+  ModelRun out;
+  out.losses.resize(rows * T);
+  params.zero_grads();
+  for (int r0 = 0; r0 < rows; r0 += micro) {
+    model->forward_backward(in.data() + r0 * T, tg.data() + r0 * T,
+                            static_cast<float>(scale / (rows * T)), out.losses.data() + r0 * T);
+  }
+  for (size_t i = 0; i < params.tensors().size(); ++i) {
+    const float* g = params.grad(static_cast<int>(i));
+    out.grads.emplace_back(g, g + params.tensors()[i].numel);
+  }
+  return out;
+}
+
+TEST(Model, CheckpointingModesAreBitIdentical) {
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+    ModelRun none = run_model(p, Recompute::kNone, 4, 4);
+    for (Recompute r : {Recompute::kSelective, Recompute::kFull}) {
+      ModelRun other = run_model(p, r, 4, 4);
+      ASSERT_EQ(0, std::memcmp(none.losses.data(), other.losses.data(), none.losses.size() * 4))
+          << precision_name(p) << " " << recompute_name(r);
+      for (size_t t = 0; t < none.grads.size(); ++t) {
+        ASSERT_EQ(
+            0, std::memcmp(none.grads[t].data(), other.grads[t].data(), none.grads[t].size() * 4))
+            << precision_name(p) << " " << recompute_name(r) << " tensor " << t;
+      }
+    }
+    EXPECT_EQ(none.losses[5], 0.0f);  // ignored target
+    for (size_t t = 0; t < none.grads.size(); ++t) {
+      double ss = 0;
+      for (float g : none.grads[t]) ss += double(g) * g;
+      EXPECT_TRUE(std::isfinite(ss));
+      EXPECT_GT(ss, 0.0) << "tensor " << t << " got no gradient";
+    }
+  }
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += double(b[i]) * b[i];
+  }
+  return std::sqrt(d / std::max(n, 1e-300));
+}
+
+TEST(Model, AccumulationAndHeadChunksAgree) {
+  ModelRun whole = run_model(Precision::kFp32, Recompute::kNone, 4, 4);
+  ModelRun accum = run_model(Precision::kFp32, Recompute::kNone, 4, 2);
+  ModelRun chunked = run_model(Precision::kFp32, Recompute::kNone, 4, 4, /*head_chunk=*/7);
+  for (size_t t = 0; t < whole.grads.size(); ++t) {
+    EXPECT_LT(rel_diff(accum.grads[t], whole.grads[t]), 1e-5) << t;
+    EXPECT_LT(rel_diff(chunked.grads[t], whole.grads[t]), 1e-5) << t;
+  }
+  EXPECT_LT(rel_diff(accum.losses, whole.losses), 1e-6);
+  EXPECT_LT(rel_diff(chunked.losses, whole.losses), 1e-6);
+}
+
+TEST(Model, ActivationMemoryShrinksWithCheckpointing) {
+  ModelConfig m;
+  m.vocab_size = 8192;
+  m.d_model = 256;
+  m.n_layers = 4;
+  m.n_heads = 4;
+  m.seq_len = 256;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    auto none = plan_activation_memory(m, 8, p, Recompute::kNone);
+    auto sel = plan_activation_memory(m, 8, p, Recompute::kSelective);
+    auto full = plan_activation_memory(m, 8, p, Recompute::kFull);
+    EXPECT_GT(none.kept_bytes, sel.kept_bytes + sel.recompute_bytes);
+    EXPECT_GT(sel.kept_bytes + sel.recompute_bytes, full.kept_bytes + full.recompute_bytes);
+    EXPECT_EQ(none.recompute_bytes, 0u);
+  }
+  // bf16 halves the activation values.
+  auto f32 = plan_activation_memory(m, 8, Precision::kFp32, Recompute::kNone);
+  auto b16 = plan_activation_memory(m, 8, Precision::kBf16, Recompute::kNone);
+  EXPECT_LT(b16.kept_bytes, f32.kept_bytes * 0.6);
+}
+
+// The LM head's logits chunk: ~8 MiB on the CPU (cache-sized), up to 1 GiB on a GPU (wide GEMMs,
+// and each chunk's weight-gradient GEMM passes over the whole fp32 dwte, so few chunks).
+TEST(Model, GpuLogitsChunkIsWideAndBounded) {
+  ModelConfig m;  // GPT-2 124M's head at micro-batch 16
+  m.vocab_size = 50304;
+  m.d_model = 768;
+  m.n_layers = 1;
+  m.n_heads = 12;
+  m.seq_len = 1024;
+  const auto cpu =
+      plan_activation_memory(m, 16, Precision::kBf16, Recompute::kNone, 1, Device::kCpu);
+  const auto gpu =
+      plan_activation_memory(m, 16, Precision::kBf16, Recompute::kNone, 1, Device::kCuda);
+  const size_t row = size_t(m.vocab_size) * 2;
+  const size_t cpu_rows = (size_t{8} << 20) / row, gpu_rows = (size_t{1} << 30) / row;
+  EXPECT_EQ(cpu_rows, 83u);
+  EXPECT_EQ(gpu.working_bytes - cpu.working_bytes, (gpu_rows - cpu_rows) * row);
+  EXPECT_EQ(gpu.kept_bytes, cpu.kept_bytes);
+  // A micro-batch whose logits fit in 1 GiB is one chunk: the whole B*T rows.
+  const auto small =
+      plan_activation_memory(m, 2, Precision::kBf16, Recompute::kNone, 1, Device::kCuda);
+  const auto small_cpu =
+      plan_activation_memory(m, 2, Precision::kBf16, Recompute::kNone, 1, Device::kCpu);
+  EXPECT_EQ(small.working_bytes - small_cpu.working_bytes, (2048 - cpu_rows) * row);
+}
+
+}  // namespace
+}  // namespace kiln::engine

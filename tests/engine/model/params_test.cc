@@ -1,0 +1,147 @@
+// The ParamStore: initialisation follows its scheme (GPT-2's, scaled residual projections) and is
+// reproducible, and any tensor-parallel slice or range of a tensor initialises to the whole
+// tensor's values.
+#include "engine/model/params.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/hash.h"
+#include "engine/model/rng.h"
+
+namespace kiln::engine {
+namespace {
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 67;
+  m.d_model = 32;
+  m.n_layers = 3;
+  m.n_heads = 4;
+  m.seq_len = 20;
+  return m;
+}
+
+TEST(Params, InitSchemesAndReproducibility) {
+  ModelConfig m = small_model();
+  m.n_layers = 8;
+  m.d_model = 64;
+  ParamStore a(m, Precision::kFp32), b(m, Precision::kFp32), c(m, Precision::kFp32);
+  a.init(5);
+  b.init(5);
+  c.init(6);
+  auto std_of = [](ParamStore& s, const std::string& name) {
+    int t = s.find(name);
+    EXPECT_GE(t, 0) << name;
+    const float* w = s.master(t);
+    double sq = 0;
+    size_t n = s.tensors()[t].numel;
+    for (size_t i = 0; i < n; ++i) sq += double(w[i]) * w[i];
+    return std::sqrt(sq / n);
+  };
+  for (size_t u = 0; u < a.units().size(); ++u) {
+    EXPECT_EQ(0, std::memcmp(a.units()[u].master.data(), b.units()[u].master.data(),
+                             a.units()[u].master.bytes()));
+  }
+  EXPECT_NE(0, std::memcmp(a.units()[0].master.data(), c.units()[0].master.data(), 64));
+  EXPECT_NEAR(std_of(a, "wte"), 0.02, 0.001);
+  EXPECT_NEAR(std_of(a, "blocks.0.attn.qkv.weight"), 0.02, 0.001);
+  EXPECT_NEAR(std_of(a, "blocks.3.mlp.proj.weight"), 0.02 / std::sqrt(16.0), 0.0005);
+  EXPECT_NEAR(std_of(a, "blocks.3.attn.proj.weight"), 0.02 / std::sqrt(16.0), 0.0005);
+  EXPECT_EQ(a.master(a.find("blocks.2.ln1.weight"))[3], 1.0f);
+  EXPECT_EQ(a.master(a.find("blocks.2.mlp.fc.bias"))[3], 0.0f);
+  EXPECT_FALSE(a.tensors()[a.find("blocks.2.mlp.fc.bias")].decay);
+  EXPECT_FALSE(a.tensors()[a.find("ln_f.weight")].decay);
+  EXPECT_TRUE(a.tensors()[a.find("wte")].decay);
+
+  m.init = InitScheme::kDeepNet;
+  ParamStore d(m, Precision::kFp32);
+  d.init(5);
+  const double beta = std::pow(8.0 * 8, -0.25);
+  EXPECT_NEAR(std_of(d, "blocks.1.mlp.fc.weight"), beta * std::sqrt(2.0 / (64 + 256)), 0.002);
+  EXPECT_NEAR(std_of(d, "blocks.1.attn.proj.weight"), beta * std::sqrt(2.0 / 128), 0.003);
+
+  // Low-precision copies are the rounded masters; unit buffers are padded and aligned.
+  ParamStore h(m, Precision::kBf16);
+  h.init(5);
+  int t = h.find("wte");
+  EXPECT_EQ(h.work<bf16>(t)[7].bits, float_to_bf16(h.master(t)[7]).bits);
+  for (const auto& u : h.units()) {
+    EXPECT_EQ(u.numel % 64, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(u.master.data()) % 64, 0u);
+  }
+  for (const auto& tt : h.tensors()) EXPECT_EQ(tt.offset % 16, 0u);
+}
+
+// The initial values are defined tensor by tensor: element g of a whole (rows x cols) tensor is
+// row_std(row) * random_normal(seed, xxh3_64(name), g). A tensor-parallel slice, any range of a
+// unit (a ZeRO shard: init_values) and a store made without buffers give exactly those values.
+TEST(Params, InitValuesAreTheWholeTensorsValuesForAnySliceAndRange) {
+  for (InitScheme scheme : {InitScheme::kGpt2, InitScheme::kDeepNet}) {
+    ModelConfig m;
+    m.vocab_size = 96;
+    m.d_model = 24;
+    m.n_layers = 2;
+    m.n_heads = 6;
+    m.seq_len = 8;
+    m.init = scheme;
+    const double L = m.n_layers, C = static_cast<double>(m.d_model);
+    const double beta = std::pow(8.0 * L, -0.25), s0 = m.init_std;
+    for (int tp : {1, 2, 3}) {
+      for (int rank = 0; rank < tp; ++rank) {
+        SCOPED_TRACE("scheme " + std::to_string(static_cast<int>(scheme)) + ", tp rank " +
+                     std::to_string(rank) + " of " + std::to_string(tp));
+        ParamStore p(m, Precision::kFp32, false, nullptr, TpShard{rank, tp});
+        p.init(77);
+        for (size_t i = 0; i < p.tensors().size(); ++i) {
+          const ParamTensor& t = p.tensors()[i];
+          std::vector<float> want(t.numel, 0.0f);
+          if (t.role == TensorRole::kNormGain) want.assign(t.numel, 1.0f);
+          if (t.role == TensorRole::kEmbedding || t.role == TensorRole::kMatrix ||
+              t.role == TensorRole::kResidualOut) {
+            const size_t rows = static_cast<size_t>(t.global_shape[0]);
+            const size_t cols = static_cast<size_t>(t.global_shape.back());
+            std::vector<double> stds(rows);
+            for (size_t r = 0; r < rows; ++r) {
+              if (scheme == InitScheme::kGpt2) {
+                stds[r] = t.role == TensorRole::kResidualOut ? s0 / std::sqrt(2.0 * L) : s0;
+              } else if (t.role == TensorRole::kEmbedding) {
+                stds[r] = s0;
+              } else if (t.name.find("attn.qkv") != std::string::npos) {
+                stds[r] = std::sqrt(2.0 / (C + C)) * (r >= 2 * rows / 3 ? beta : 1.0);
+              } else {
+                stds[r] = beta * std::sqrt(2.0 / (static_cast<double>(rows) + cols));
+              }
+            }
+            std::vector<float> whole(rows * cols);
+            random_normal_rows(whole.data(), rows, cols, stds.data(), 77, xxh3_64(t.name));
+            copy_to_shard(t, {rank, tp}, whole.data(), want.data());
+          }
+          ASSERT_EQ(
+              0, std::memcmp(want.data(), p.master(static_cast<int>(i)), t.numel * sizeof(float)))
+              << t.name;
+        }
+        // Any range of a unit, from a store without buffers: the same bits (padding zero).
+        ParamStore layout(m, Precision::kFp32, false, nullptr, TpShard{rank, tp}, false);
+        EXPECT_EQ(layout.state_bytes(), 0u);
+        for (size_t u = 0; u < p.units().size(); ++u) {
+          const size_t n = p.units()[u].numel;
+          for (size_t begin : {size_t{0}, size_t{5}, n / 3, n - 17}) {
+            const size_t count = std::min<size_t>(n - begin, 1 + n / 2);
+            std::vector<float> got(count, -1.0f);
+            layout.init_values(77, static_cast<int>(u), begin, count, got.data());
+            ASSERT_EQ(0, std::memcmp(got.data(), p.units()[u].master.data() + begin,
+                                     count * sizeof(float)))
+                << p.units()[u].name << " [" << begin << ", " << begin + count << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::engine

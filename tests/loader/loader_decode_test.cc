@@ -1,0 +1,87 @@
+// loader/decode.h: one planned unit read from its shard: the planned members in plan order,
+// tokens widened, the restored prefix skipped, eos after every document; errors name the shard.
+#include <gtest/gtest.h>
+
+#include "loader/decode.h"
+#include "tests/loader/loader_testutil.h"
+
+namespace kiln::loader::detail {
+namespace {
+
+using kiln::testing::Dataset;
+using kiln::testing::DatasetSpec;
+
+const Dataset& dataset() {
+  static const Dataset ds = [] {
+    DatasetSpec spec;
+    spec.domains = {{"alpha", 6, 6, 3, 9}};
+    spec.vocab_size = 500;
+    spec.eos_id = 0;
+    auto r = kiln::testing::make_dataset(kiln::testing::test_tmpdir("decode"), spec);
+    KILN_CHECK(r.is_ok(), r.status().to_string());
+    return std::move(r).value();
+  }();
+  return ds;
+}
+
+Unit planned(std::vector<uint32_t> members, uint64_t skip_tokens = 0) {
+  Unit u;
+  u.plan.shard = 0;
+  u.plan.members = std::move(members);
+  u.plan.skip_tokens = skip_tokens;
+  return u;
+}
+
+TEST(LoaderDecode, PlannedMembersInOrderWithEosAndSkippedPrefix) {
+  const Dataset& ds = dataset();
+  DecodeOptions o;
+  o.eos = 0;
+  o.sample_ids = true;
+  std::atomic<bool> abort{false};
+  Unit u = planned({4, 1, 2}, /*skip_tokens=*/2);
+  decode_unit(ds.manifest, o, abort, &u);
+  ASSERT_TRUE(u.status.is_ok()) << u.status.to_string();
+  ASSERT_EQ(u.docs(), 3u);
+  std::vector<uint32_t> expected;
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& truth = ds.docs.at({0, u.plan.members[i]});
+    EXPECT_EQ(u.doc_start[i], expected.size());
+    expected.insert(expected.end(), truth.tokens.begin() + (i == 0 ? 2 : 0), truth.tokens.end());
+    expected.push_back(0);
+    EXPECT_EQ(u.ids[i], truth.id);
+  }
+  EXPECT_EQ(u.doc_start[3], expected.size());
+  EXPECT_EQ(u.tokens, expected);
+  EXPECT_GT(u.tar_bytes, 0u);
+}
+
+TEST(LoaderDecode, ErrorsNameTheShard) {
+  const Dataset& ds = dataset();
+  std::atomic<bool> abort{false};
+  Manifest small = ds.manifest;
+  small.tokenizer.vocab_size = 2;  // every document holds ids >= 2
+  Unit u = planned({0});
+  decode_unit(small, {}, abort, &u);
+  EXPECT_EQ(u.status.code(), StatusCode::kData);
+  EXPECT_NE(u.status.to_string().find(".tokens.npy"), std::string::npos) << u.status.to_string();
+
+  Manifest wrong = ds.manifest;
+  wrong.shards[0].samples += 1;  // the shard holds fewer samples than the manifest says
+  Unit v = planned({0});
+  decode_unit(wrong, {}, abort, &v);
+  EXPECT_EQ(v.status.code(), StatusCode::kData);
+  EXPECT_NE(v.status.to_string().find(wrong.shard_path(wrong.shards[0])), std::string::npos)
+      << v.status.to_string();
+
+  Unit past = planned({0}, /*skip_tokens=*/1000);  // a restored position past the document
+  decode_unit(ds.manifest, {}, abort, &past);
+  EXPECT_FALSE(past.status.is_ok());
+
+  abort = true;
+  Unit stopped = planned({0});
+  decode_unit(ds.manifest, {}, abort, &stopped);
+  EXPECT_FALSE(stopped.status.is_ok());
+}
+
+}  // namespace
+}  // namespace kiln::loader::detail

@@ -1,0 +1,286 @@
+// Loader state: exact resume (bit for bit, across weight changes), resume with a different
+// data-parallel world size, and restore without replaying.
+#include <gtest/gtest.h>
+
+#include "loader/loader.h"
+#include "tests/loader/loader_testutil.h"
+
+namespace kiln::loader {
+namespace {
+
+using testing::Coverage;
+using testing::Dataset;
+using testing::DatasetSpec;
+
+const Dataset& dataset() {
+  static const Dataset* ds = [] {
+    DatasetSpec spec;
+    spec.domains = {{"alpha", 47, 10, 0, 30}, {"beta", 23, 4, 0, 30}, {"gamma", 31, 6, 2, 12}};
+    auto r = testing::make_dataset(testing::test_tmpdir("resume"), spec);
+    KILN_CHECK(r.is_ok(), r.status().to_string());
+    return new Dataset(std::move(r).value());
+  }();
+  return *ds;
+}
+
+LoaderOptions options(int rank = 0, int world = 1) {
+  LoaderOptions o;
+  o.seq_len = 7;
+  o.micro_batch = 4;
+  o.seed = 77;
+  o.dp_rank = rank;
+  o.dp_world = world;
+  o.workers = 2;
+  o.prefetch_depth = 3;
+  return o;
+}
+
+std::unique_ptr<Loader> open_loader(LoaderOptions o) {
+  auto l = Loader::open(dataset().manifest, o);
+  KILN_CHECK(l.is_ok(), l.status().to_string());
+  return std::move(l).value();
+}
+
+// Weight changes applied right before the batch of the given step.
+const std::map<int64_t, std::map<std::string, double>>& changes() {
+  static const std::map<int64_t, std::map<std::string, double>> c = {
+      {20, {{"alpha", 0.2}, {"beta", 0.8}}},
+      {50, {{"gamma", 3}, {"alpha", 1}}},
+  };
+  return c;
+}
+
+// A batch flattened to comparable values: tokens, domains, and every span field.
+std::vector<uint64_t> flat(const Batch& b) {
+  std::vector<uint64_t> v = {static_cast<uint64_t>(b.step)};
+  v.insert(v.end(), b.tokens.begin(), b.tokens.end());
+  v.insert(v.end(), b.domains.begin(), b.domains.end());
+  for (const auto& row : b.docs) {
+    for (const auto& s : row) {
+      v.insert(v.end(), {s.shard, s.member, s.epoch, s.doc_offset, s.length, s.seq_offset,
+                         static_cast<uint64_t>(s.ends)});
+    }
+  }
+  return v;
+}
+
+// Fetches batches [from, to), applying the scheduled weight changes.
+void run(Loader* l, int64_t from, int64_t to, std::vector<std::vector<uint64_t>>* out) {
+  for (int64_t step = from; step < to; ++step) {
+    auto it = changes().find(step);
+    if (it != changes().end()) {
+      ASSERT_TRUE(l->set_weights(it->second).is_ok());
+    }
+    auto b = l->next_batch();
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    ASSERT_EQ(b->step, step);
+    out->push_back(flat(*b));
+  }
+}
+
+TEST(LoaderResume, StopRestoreContinueIsBitForBitAcrossWeightChanges) {
+  constexpr int64_t kSteps = 90;
+  std::vector<std::vector<uint64_t>> reference;
+  {
+    auto l = open_loader(options());
+    run(l.get(), 0, kSteps, &reference);
+    // The run crosses epoch boundaries of every domain.
+    for (const auto& d : l->stats().domains) EXPECT_GE(d.epoch, 1u) << d.name;
+  }
+  for (int64_t k : {0, 1, 7, 20, 21, 49, 50, 63, 89}) {
+    std::vector<std::vector<uint64_t>> got;
+    std::string saved;
+    {
+      auto l = open_loader(options());
+      run(l.get(), 0, k, &got);
+      saved = l->state().to_json();
+    }
+    auto state = LoaderState::from_json(saved);
+    ASSERT_TRUE(state.is_ok()) << state.status().to_string();
+    // Different seed and weights in the options: the state's win.
+    LoaderOptions o = options();
+    o.seed = 1;
+    o.weights = {{"beta", 1}};
+    o.workers = 1;
+    o.prefetch_depth = 1;
+    auto l = open_loader(o);
+    ASSERT_TRUE(l->restore(*state).is_ok());
+    run(l.get(), k, kSteps, &got);
+    ASSERT_EQ(got.size(), reference.size());
+    for (int64_t i = 0; i < kSteps; ++i)
+      ASSERT_EQ(got[i], reference[i]) << "k=" << k << " step " << i;
+  }
+}
+
+TEST(LoaderResume, RestoringTwiceAndRestoringTheSameLoader) {
+  std::vector<std::vector<uint64_t>> reference;
+  auto l = open_loader(options());
+  run(l.get(), 0, 40, &reference);
+  // Restore the same loader to an earlier state (prefetched batches are dropped).
+  auto early = open_loader(options());
+  std::vector<std::vector<uint64_t>> tmp;
+  run(early.get(), 0, 25, &tmp);
+  const LoaderState s25 = early->state();
+  ASSERT_TRUE(l->restore(s25).is_ok());
+  std::vector<std::vector<uint64_t>> again;
+  run(l.get(), 25, 40, &again);
+  for (int64_t i = 25; i < 40; ++i) ASSERT_EQ(again[i - 25], reference[i]);
+}
+
+// Runs `world` ranks in lockstep for steps [from, to), recording coverage.
+void run_ranks(std::vector<std::unique_ptr<Loader>>& ranks, int64_t from, int64_t to, Coverage* cov,
+               int rank_offset, std::vector<std::vector<std::vector<uint64_t>>>* out = nullptr) {
+  for (int64_t step = from; step < to; ++step) {
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      auto it = changes().find(step);
+      if (it != changes().end()) {
+        ASSERT_TRUE(ranks[r]->set_weights(it->second).is_ok());
+      }
+      auto b = ranks[r]->next_batch();
+      ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+      ASSERT_EQ(b->step, step);
+      ASSERT_EQ(cov->add(*b, 0, rank_offset + static_cast<int>(r)), "");
+      if (out) (*out)[r].push_back(flat(*b));
+    }
+  }
+}
+
+LoaderState merged_state(std::vector<std::unique_ptr<Loader>>& ranks) {
+  std::vector<LoaderState> states;
+  for (auto& l : ranks) {
+    auto s = LoaderState::from_json(l->state().to_json());
+    KILN_CHECK(s.is_ok());
+    states.push_back(*s);
+  }
+  auto m = LoaderState::merge(states);
+  KILN_CHECK(m.is_ok(), m.status().to_string());
+  return *m;
+}
+
+void check_world_change(int old_world, int new_world, int64_t k) {
+  Coverage cov(&dataset());
+  std::vector<std::unique_ptr<Loader>> old_ranks;
+  for (int r = 0; r < old_world; ++r) old_ranks.push_back(open_loader(options(r, old_world)));
+  run_ranks(old_ranks, 0, k, &cov, 0);
+  const LoaderState merged = merged_state(old_ranks);
+  // The newest epoch any old rank started, per domain.
+  std::map<std::string, uint64_t> frontier;
+  for (const auto& rc : merged.ranks) {
+    for (const auto& [name, c] : rc.domains) {
+      frontier[name] = std::max(frontier[name], c.next_epoch);
+    }
+  }
+  // A single rank's state cannot be restored into a different world size.
+  {
+    auto l = open_loader(options(0, new_world));
+    const Status st = l->restore(old_ranks[0]->state());
+    EXPECT_EQ(st.code(), StatusCode::kConfig) << st.to_string();
+  }
+  old_ranks.clear();
+
+  std::vector<std::unique_ptr<Loader>> ranks;
+  for (int r = 0; r < new_world; ++r) {
+    ranks.push_back(open_loader(options(r, new_world)));
+    ASSERT_TRUE(ranks.back()->restore(merged).is_ok());
+  }
+  auto past_frontier = [&] {
+    for (auto& l : ranks) {
+      for (const auto& d : l->stats().domains) {
+        if (d.epoch <= frontier[d.name]) return false;
+      }
+    }
+    return true;
+  };
+  int64_t step = k;
+  while (!past_frontier()) {
+    ASSERT_LT(step, k + 5000);
+    run_ranks(ranks, step, step + 1, &cov, 100);
+    ++step;
+  }
+  // Every epoch that was in progress at the restore, and the first one started after it, holds
+  // every token of every document exactly once (old and new ranks together; a document an old
+  // rank had partly emitted is finished by one new rank).
+  for (const auto& [name, e] : frontier) {
+    for (uint64_t epoch = 0; epoch <= e; ++epoch) {
+      EXPECT_EQ(cov.check_epoch(name, epoch, 0, /*one_rank=*/false), "")
+          << old_world << "->" << new_world << " k=" << k << " " << name << " epoch " << epoch;
+    }
+  }
+}
+
+TEST(LoaderResume, WorldSizeChangeContinuesTheEpochWithoutRepeatsOrGaps) {
+  check_world_change(4, 2, 13);
+  check_world_change(4, 2, 31);  // after a weight change
+  check_world_change(2, 5, 17);
+  check_world_change(3, 1, 9);
+}
+
+TEST(LoaderResume, AfterWorldSizeChangeResumeIsBitForBit) {
+  Coverage cov(&dataset());
+  std::vector<std::unique_ptr<Loader>> old_ranks;
+  for (int r = 0; r < 4; ++r) old_ranks.push_back(open_loader(options(r, 4)));
+  run_ranks(old_ranks, 0, 15, &cov, 0);
+  const LoaderState merged = merged_state(old_ranks);
+
+  std::vector<std::unique_ptr<Loader>> a;  // uninterrupted after the 4 -> 2 restore
+  for (int r = 0; r < 2; ++r) {
+    a.push_back(open_loader(options(r, 2)));
+    ASSERT_TRUE(a.back()->restore(merged).is_ok());
+  }
+  Coverage cov_a(&dataset());
+  std::vector<std::vector<std::vector<uint64_t>>> ref(2);
+  run_ranks(a, 15, 60, &cov_a, 0, &ref);
+
+  std::vector<std::unique_ptr<Loader>> b;  // stopped at 30 and restored from its own states
+  for (int r = 0; r < 2; ++r) {
+    b.push_back(open_loader(options(r, 2)));
+    ASSERT_TRUE(b.back()->restore(merged).is_ok());
+  }
+  Coverage cov_b(&dataset());
+  std::vector<std::vector<std::vector<uint64_t>>> got(2);
+  run_ranks(b, 15, 30, &cov_b, 0, &got);
+  std::vector<LoaderState> own;
+  for (auto& l : b) own.push_back(l->state());
+  b.clear();
+  for (int r = 0; r < 2; ++r) {
+    b.push_back(open_loader(options(r, 2)));
+    auto s = LoaderState::from_json(own[r].to_json());
+    ASSERT_TRUE(s.is_ok());
+    ASSERT_TRUE(b.back()->restore(*s).is_ok());
+  }
+  run_ranks(b, 30, 60, &cov_b, 0, &got);
+  EXPECT_EQ(got, ref);
+}
+
+TEST(LoaderResume, RestoreDeepIntoAnEpochReadsOnlyWhatItNeeds) {
+  DatasetSpec spec;
+  spec.domains = {{"big", 400, 10, 5, 25}};  // 40 shards
+  auto ds = testing::make_dataset(testing::test_tmpdir("deep"), spec);
+  ASSERT_TRUE(ds.is_ok());
+  LoaderOptions o;
+  o.seq_len = 63;
+  o.micro_batch = 2;
+  o.workers = 1;
+  o.prefetch_depth = 1;
+  auto l = Loader::open(ds->manifest, o);
+  ASSERT_TRUE(l.is_ok());
+  std::vector<uint64_t> expected_next;
+  LoaderState deep;
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE((*l)->next_batch().is_ok());
+  deep = (*l)->state();
+  auto b = (*l)->next_batch();
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_GT((*l)->stats().shards_read, 25u);  // the run is deep into the epoch
+
+  auto r = Loader::open(ds->manifest, o);
+  ASSERT_TRUE(r.is_ok());
+  ASSERT_TRUE((*r)->restore(deep).is_ok());
+  auto c = (*r)->next_batch();
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(flat(*c), flat(*b));
+  // Reaching the position needed at most the shard it is in, the next one and one read ahead.
+  EXPECT_LE((*r)->stats().shards_read, 4u);
+}
+
+}  // namespace
+}  // namespace kiln::loader
