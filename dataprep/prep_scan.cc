@@ -106,8 +106,8 @@ void process_batch(const Context& c, ScanWork* w) {
       // The quality filters, in the scan pass: what they drop never reaches the table.
       s.text.assign(pr.text);
       const filter::FilterInput in{
-          s.doc.url, !c.url_dups.empty() && std::binary_search(c.url_dups.begin(),
-                                                               c.url_dups.end(), this_docid)};
+          s.doc.url, !c.url_dups.empty() &&
+                         std::binary_search(c.url_dups.begin(), c.url_dups.end(), this_docid)};
       const filter::ChainOutcome o = chain.run(&s.text, in);
       if (!o.keep) {
         ++w->stats.filtered;
