@@ -229,7 +229,11 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
       auto md = m.domains.find(name);
       uint64_t mdocs = md == m.domains.end() ? 0 : md->second.samples;
       uint64_t mtok = md == m.domains.end() ? 0 : md->second.tokens;
-      if (u64(dj, "docs") != mdocs || u64(dj, "tokens") != mtok)
+      // stats.json counts a domain's validation documents too (val_docs, val_tokens of them).
+      const uint64_t train_docs = u64(dj, "docs") - std::min(u64(dj, "docs"), u64(dj, "val_docs"));
+      const uint64_t train_tokens =
+          u64(dj, "tokens") - std::min(u64(dj, "tokens"), u64(dj, "val_tokens"));
+      if (train_docs != mdocs || train_tokens != mtok)
         r.problems.push_back(format("domain %s: stats.json says %llu docs / %llu tokens, manifest "
                                     "%llu / %llu",
                                     name.c_str(), (unsigned long long)u64(dj, "docs"),
@@ -279,9 +283,12 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
         s += line + "\n";
       }
     }
-    if (out != total_docs)
+    uint64_t val_docs = 0;  // validation shards are not in the domain totals
+    for (const ManifestShard& sh : m.shards) val_docs += sh.val ? sh.samples : 0;
+    if (out != total_docs + val_docs)
       r.problems.push_back(format("stats.json docs_out %llu, manifest holds %llu documents",
-                                  (unsigned long long)out, (unsigned long long)total_docs));
+                                  (unsigned long long)out,
+                                  (unsigned long long)(total_docs + val_docs)));
     if (stats.contains("rejected_by_reason") && stats["rejected_by_reason"].is_object()) {
       std::string reasons;
       for (const auto& [reason, n] : stats["rejected_by_reason"].items())
@@ -316,8 +323,10 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
       if (c.more_problems)
         r.problems.push_back(format("%s: %llu more problems", m.shards[i].path.c_str(),
                                     (unsigned long long)c.more_problems));
-      per_domain[m.shards[i].domain].first += c.samples;
-      per_domain[m.shards[i].domain].second += c.tokens;
+      if (!m.shards[i].val) {  // the manifest's domain totals are of the training shards
+        per_domain[m.shards[i].domain].first += c.samples;
+        per_domain[m.shards[i].domain].second += c.tokens;
+      }
       for (auto& k : c.keys)
         if (!keys.insert(k).second)
           r.problems.push_back(m.shards[i].path + ": key '" + k + "' is used more than once");
