@@ -37,9 +37,9 @@ class CudaRuntime final : public detail::KernelRuntime<CudaBackend> {
   bool host_addressable() const override { return false; }
   std::string product_name() const override { return info_.name; }
 
-  void* allocate(size_t bytes) override {
+  void* allocate(size_t bytes, std::string_view what) override {
     if (bytes == 0) return nullptr;
-    void* p = cuda::device_alloc(bytes);
+    void* p = cuda::device_alloc(bytes, what.empty() ? "" : std::string(what).c_str());
     cuda::memset_zero(p, bytes);
     mem_.in_use += bytes;
     if (mem_.in_use > mem_.peak) mem_.peak = mem_.in_use;

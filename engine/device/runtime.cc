@@ -27,11 +27,14 @@ class CpuRuntime final : public detail::KernelRuntime<CpuBackend> {
   bool host_addressable() const override { return true; }
   std::string product_name() const override { return ""; }
 
-  void* allocate(size_t bytes) override {
+  void* allocate(size_t bytes, std::string_view what) override {
     if (bytes == 0) return nullptr;
     const size_t padded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, padded);
-    KILN_CHECK(p != nullptr, "out of host memory allocating " + std::to_string(bytes) + " bytes");
+    KILN_CHECK(p != nullptr, "out of host memory allocating " + std::to_string(bytes) + " bytes" +
+                                 (what.empty() ? std::string() : " for " + std::string(what)) +
+                                 " (" + std::to_string(mem_.in_use) +
+                                 " bytes already held through the runtime)");
     std::memset(p, 0, padded);
     mem_.in_use += bytes;
     if (mem_.in_use > mem_.peak) mem_.peak = mem_.in_use;
@@ -57,7 +60,7 @@ class CpuRuntime final : public detail::KernelRuntime<CpuBackend> {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
-  void* allocate_pinned(size_t bytes) override { return allocate(bytes); }
+  void* allocate_pinned(size_t bytes) override { return allocate(bytes, "pinned staging"); }
   void deallocate_pinned(void* p, size_t bytes) override { deallocate(p, bytes); }
   void upload_async(void* dst, const void* src, size_t bytes, int) override {
     if (bytes) std::memcpy(dst, src, bytes);

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -58,8 +59,9 @@ class Runtime {
 
   // ---- memory ----
   // Zero-filled, at least 64-byte aligned; bytes 0 gives nullptr. Stops the process when out of
-  // memory (the message names the size).
-  virtual void* allocate(size_t bytes) = 0;
+  // memory: the message names `what` (e.g. "blocks.3.master"; "" for an unnamed buffer), the
+  // size and the memory left (mpirun then stops the other ranks).
+  virtual void* allocate(size_t bytes, std::string_view what) = 0;
   virtual void deallocate(void* p, size_t bytes) = 0;
   virtual void fill_zero(void* p, size_t bytes) = 0;
   virtual void fill(float* p, float value, size_t n) = 0;
@@ -128,7 +130,7 @@ template <typename T>
 class DeviceArray {
  public:
   DeviceArray() = default;
-  DeviceArray(Runtime* runtime, size_t n) { reset(runtime, n); }
+  DeviceArray(Runtime* runtime, size_t n, std::string_view what = "") { reset(runtime, n, what); }
   DeviceArray(DeviceArray&& o) noexcept { swap(o); }
   DeviceArray& operator=(DeviceArray&& o) noexcept {
     if (this != &o) {
@@ -141,10 +143,11 @@ class DeviceArray {
   DeviceArray& operator=(const DeviceArray&) = delete;
   ~DeviceArray() { clear(); }
 
-  void reset(Runtime* runtime, size_t n) {
+  // n elements in runtime's memory; `what` names them in an out-of-memory message.
+  void reset(Runtime* runtime, size_t n, std::string_view what = "") {
     clear();
     runtime_ = runtime;
-    data_ = static_cast<T*>(runtime->allocate(n * sizeof(T)));
+    data_ = static_cast<T*>(runtime->allocate(n * sizeof(T), what));
     size_ = n;
   }
   void clear() {

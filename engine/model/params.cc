@@ -55,11 +55,11 @@ ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay
   for (auto& u : units_) {
     u.numel = round_up(u.numel, 64);
     if (!allocate) continue;
-    u.master.reset(runtime_, u.numel);
-    u.grad.reset(runtime_, u.numel);
-    u.m.reset(runtime_, u.numel);
-    u.v.reset(runtime_, u.numel);
-    if (low) u.lp.reset(runtime_, u.numel);
+    u.master.reset(runtime_, u.numel, u.name + ".master");
+    u.grad.reset(runtime_, u.numel, u.name + ".grad");
+    u.m.reset(runtime_, u.numel, u.name + ".exp_avg");
+    u.v.reset(runtime_, u.numel, u.name + ".exp_avg_sq");
+    if (low) u.lp.reset(runtime_, u.numel, u.name + ".working_copy");
   }
 }
 

@@ -44,19 +44,20 @@ Status ZeroOptimizer::build(StateSource& source) {
     s.numel = u.numel;
     s.size = shard_numel(u.numel, n);
     s.begin = s.size * r;
-    s.grad.reset(&rt_, s.size);
-    s.m.reset(&rt_, s.size);
-    s.v.reset(&rt_, s.size);
-    if (master_sharded()) s.master.reset(&rt_, s.size);  // the fp32 master weights: optimizer state
+    s.grad.reset(&rt_, s.size, u.name + " shard .grad");
+    s.m.reset(&rt_, s.size, u.name + " shard .exp_avg");
+    s.v.reset(&rt_, s.size, u.name + " shard .exp_avg_sq");
+    // The fp32 master weights: optimizer state.
+    if (master_sharded()) s.master.reset(&rt_, s.size, u.name + " shard .master");
     if (stage_ == 3) {
-      if (low) s.lp.reset(&rt_, s.size);  // the working shard
+      if (low) s.lp.reset(&rt_, s.size, u.name + " shard .working_copy");
       s.weights = Weights::kAbsent;
     } else if (low) {  // stages 1-2 keep the full working weights
-      u.lp.reset(&rt_, u.numel);
+      u.lp.reset(&rt_, u.numel, u.name + ".working_copy");
     } else {
-      u.master.reset(&rt_, u.numel);
+      u.master.reset(&rt_, u.numel, u.name + ".master");
     }
-    if (stage_ == 1) u.grad.reset(&rt_, u.numel);
+    if (stage_ == 1) u.grad.reset(&rt_, u.numel, u.name + ".grad");
     shards_.push_back(std::move(s));
   }
   return load(source);

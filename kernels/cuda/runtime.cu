@@ -25,15 +25,16 @@ void set_stream(cudaStream_t s) { g_stream = s; }
 cudaStream_t stream() { return g_stream; }
 void synchronize() { KILN_CUDA_CHECK(cudaStreamSynchronize(g_stream)); }
 
-void* device_alloc(size_t bytes) {
+void* device_alloc(size_t bytes, const char* what) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
   if (e == cudaErrorMemoryAllocation) {  // the memory preflight's estimate was short of this
     size_t free_b = 0, total_b = 0;
     (void)cudaGetLastError();
     (void)cudaMemGetInfo(&free_b, &total_b);
-    KILN_CHECK(false, "out of GPU memory allocating " + std::to_string(bytes) +
-                          " bytes: " + std::to_string(free_b) + " of " + std::to_string(total_b) +
+    KILN_CHECK(false, "out of GPU memory allocating " + std::to_string(bytes) + " bytes" +
+                          (what && *what ? std::string(" for ") + what : std::string()) + ": " +
+                          std::to_string(free_b) + " of " + std::to_string(total_b) +
                           " bytes free (kiln train's memory preflight, docs/TRAINING.md, "
                           "estimated less; try parallel.zero_stage=3 or activation_checkpointing)");
   }

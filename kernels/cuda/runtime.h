@@ -32,7 +32,8 @@ void set_stream(cudaStream_t stream);
 cudaStream_t stream();
 void synchronize();  // waits for the current stream
 // Device memory helpers (for tests and tools; the engine owns its allocations).
-void* device_alloc(size_t bytes);
+// Out of memory stops the process naming `what` (may be ""), the size and the free memory.
+void* device_alloc(size_t bytes, const char* what = "");
 void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);

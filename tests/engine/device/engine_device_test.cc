@@ -85,6 +85,14 @@ TEST(Device, CudaUnavailableNamesDeviceAndReason) {
   EXPECT_TRUE(no_gpu_here(b.status().message())) << b.status().message();
 }
 
+// Out of memory stops the process naming what was allocated and its size (the preflight's
+// estimate was short of it, or something else took the memory).
+TEST(DeviceDeathTest, OutOfHostMemoryNamesTheBuffer) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(host_runtime().allocate(uint64_t{1} << 62, "blocks.3.master"),
+               "out of host memory allocating 4611686018427387904 bytes for blocks.3.master");
+}
+
 TEST(Device, MemoryFillCopyAndAccounting) {
   for (Runtime* rt : backends()) {
     SCOPED_TRACE(rt->describe());
