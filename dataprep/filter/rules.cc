@@ -10,6 +10,7 @@
 
 #include "dataprep/filter/params.h"
 #include "dataprep/filter/text.h"
+#include "dataprep/ingest/url.h"
 #include "dataprep/tagging/tagger.h"
 
 namespace kiln::prep::filter {
@@ -181,17 +182,8 @@ class Pii final : public Filter {
 
 // The host of a URL, lower-cased, without user info, port and a leading "www.".
 std::string_view url_host(std::string_view url, std::string* buf) {
-  size_t p = url.find("://");
-  std::string_view rest = p == std::string_view::npos ? url : url.substr(p + 3);
-  size_t end = rest.find_first_of("/?#");
-  std::string_view auth = rest.substr(0, end);
-  size_t at = auth.rfind('@');
-  if (at != std::string_view::npos) auth = auth.substr(at + 1);
-  size_t colon = auth.rfind(':');
-  if (colon != std::string_view::npos && auth.find(']') == std::string_view::npos)
-    auth = auth.substr(0, colon);
-  buf->assign(auth);
-  for (char& c : *buf) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string path;
+  split_url(url, buf, &path);
   std::string_view h(*buf);
   while (!h.empty() && h.back() == '.') h.remove_suffix(1);
   if (h.substr(0, 4) == "www.") h.remove_prefix(4);

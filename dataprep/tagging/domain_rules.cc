@@ -9,6 +9,7 @@
 
 #include "common/atomic_file.h"
 #include "common/config.h"
+#include "dataprep/ingest/url.h"
 #include "dataprep/tokenizer/pretokenize.h"
 
 namespace kiln::prep {
@@ -53,29 +54,6 @@ std::string_view head(std::string_view text, size_t max_bytes) {
   size_t end = max_bytes;
   while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
   return text.substr(0, end);
-}
-
-void split_url(std::string_view url, std::string* host, std::string* path) {
-  host->clear();
-  path->clear();
-  size_t scheme = url.find("://");
-  std::string_view rest = scheme == std::string_view::npos ? url : url.substr(scheme + 3);
-  size_t slash = rest.find_first_of("/?#");
-  std::string_view authority = rest.substr(0, slash);
-  size_t at = authority.rfind('@');
-  if (at != std::string_view::npos) authority = authority.substr(at + 1);
-  size_t colon = authority.rfind(':');
-  if (colon != std::string_view::npos && authority.find(']') == std::string_view::npos)
-    authority = authority.substr(0, colon);
-  for (char c : authority) host->push_back(lower(c));
-  if (slash == std::string_view::npos) {
-    *path = "/";
-    return;
-  }
-  std::string_view p = rest.substr(slash);
-  size_t q = p.find_first_of("?#");
-  *path = std::string(p.substr(0, q));
-  if (path->empty()) *path = "/";
 }
 
 std::string json_scalar_text(const nlohmann::json& v) {

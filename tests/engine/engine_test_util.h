@@ -1,5 +1,6 @@
-// Helpers shared by the engine tests: a fresh temporary run directory, a train config built
-// from `--set` style overrides (the test's base settings, then its extra ones) and a quiet trainer.
+// Helpers shared by the engine tests: a small model, a fresh temporary run directory, a train
+// config built from `--set` style overrides (the test's base settings, then its extra ones) and a
+// quiet trainer.
 #pragma once
 
 #include <unistd.h>
@@ -14,6 +15,17 @@
 #include "engine/train/trainer.h"
 
 namespace kiln::engine::test {
+
+// A model small enough for exact CPU checks (3 blocks, 67-token vocabulary, 20 positions).
+inline ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 67;
+  m.d_model = 32;
+  m.n_layers = 3;
+  m.n_heads = 4;
+  m.seq_len = 20;
+  return m;
+}
 
 // <tmp>/kiln_<suite>_<name>_<pid>, removed if it exists (not created).
 inline std::string temp_dir(const std::string& suite, const std::string& name) {

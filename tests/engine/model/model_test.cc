@@ -12,19 +12,12 @@
 #include "engine/model/params.h"
 #include "engine/model/rng.h"
 #include "kernels/ops.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace kiln::engine {
 namespace {
 
-ModelConfig small_model() {
-  ModelConfig m;
-  m.vocab_size = 67;
-  m.d_model = 32;
-  m.n_layers = 3;
-  m.n_heads = 4;
-  m.seq_len = 20;
-  return m;
-}
+using test::small_model;
 
 struct ModelRun {
   std::vector<float> losses;
