@@ -16,7 +16,8 @@ void split_url(std::string_view url, std::string* host, std::string* path) {
   size_t colon = authority.rfind(':');
   if (colon != std::string_view::npos && authority.find(']') == std::string_view::npos)
     authority = authority.substr(0, colon);
-  for (char c : authority) host->push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (char c : authority)
+    host->push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   if (slash == std::string_view::npos) {
     *path = "/";
     return;
