@@ -192,8 +192,18 @@ TEST_F(EngineCli, MemoryPreflightRefusesWhatCannotFit) {
   EXPECT_TRUE(r.output.find("MemAvailable") != std::string::npos ||
               r.output.find("cgroup limit") != std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("--set parallel.zero_stage=3"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(fs::path(huge) / "metrics.jsonl"));
+  // With a budget that does not depend on this machine's free memory: the layout that fits.
+  r = kiln("train --config " + std::string(kiln::test::source_dir()) +
+           "/configs/train/tiny.yaml --set data.manifest=" + manifest_ +
+           " --set model.vocab_size=512 --set model.d_model=16384 --set model.n_layers=256"
+           " --set model.n_heads=128 --set memory.budget=64GiB --set run.dir=" +
+           huge);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("(memory.budget; 10% held back"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--set parallel.zero_stage=3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ranks of this budget (kiln plan --world"), std::string::npos)
+      << r.output;
 
   const std::string small = root_ + "/run_small_budget";
   r = kiln(train_args(small) + " --set run.steps=2 --set memory.budget=100KiB");
