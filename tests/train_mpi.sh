@@ -247,9 +247,11 @@ signal)
 kill)
   for Z in 0 3; do  # ZeRO-0: rank 0 writes; ZeRO-3: every rank writes its shard
   rm -rf run
-  # Every step writes a checkpoint, so most of the time rank 0 is inside a checkpoint write.
+  # Every step writes a checkpoint, so most of the time rank 0 is inside a checkpoint write. The
+  # run is far longer than the test (it is killed): 400 steps of this model took under a second on
+  # a quiet machine, so rank 0 could be gone before it was looked for ("rank 0 not found").
   set +e
-  train 2 2 run 400 --set checkpoint.every_steps=1 --set checkpoint.keep_last=2 \
+  train 2 2 run 1000000 --set checkpoint.every_steps=1 --set checkpoint.keep_last=2 \
     --set parallel.zero_stage=$Z >kill.out 2>&1 &
   MPIRUN=$!
   # Wait until 4 checkpoints are complete. `latest` names the newest one; the step-N directories
