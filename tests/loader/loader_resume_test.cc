@@ -165,7 +165,7 @@ void check_world_change(int old_world, int new_world, int64_t k) {
   const LoaderState merged = merged_state(old_ranks);
   // The newest epoch any old rank started, per domain.
   std::map<std::string, uint64_t> frontier;
-  for (const auto& rc : merged.ranks) {
+  for (const auto& rc : merged.cursors) {
     for (const auto& [name, c] : rc.domains) {
       frontier[name] = std::max(frontier[name], c.next_epoch);
     }
@@ -180,7 +180,12 @@ void check_world_change(int old_world, int new_world, int64_t k) {
 
   std::vector<std::unique_ptr<Loader>> ranks;
   for (int r = 0; r < new_world; ++r) {
-    ranks.push_back(open_loader(options(r, new_world)));
+    // Another global batch (micro_batch x world): the same sequence cannot continue, so this is
+    // the repartition fallback, which must still not repeat or skip a sample.
+    LoaderOptions o = options(r, new_world);
+    EXPECT_EQ(open_loader(o)->restore(merged).code(), StatusCode::kConfig);
+    o.repartition = true;
+    ranks.push_back(open_loader(o));
     ASSERT_TRUE(ranks.back()->restore(merged).is_ok());
   }
   auto past_frontier = [&] {

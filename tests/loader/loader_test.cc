@@ -389,15 +389,17 @@ TEST(LoaderState, JsonRoundTripAndMergeChecks) {
   LoaderState s;
   s.dataset = 0xfedcba9876543210ull;
   s.seed = 1ull << 63;
+  s.partitions = 4;
+  s.global_batch = 8;
   s.world = 2;
+  s.micro_batch = 4;
   s.step = 17;
-  s.mix_index = 136;
   s.weights_history = {{0, {{"a", 0.25}, {"b", 0.75}}}, {9, {{"a", 1.0 / 3}, {"b", 2.0 / 3}}}};
   LoaderState::DomainCursor c;
   c.pending = {{1, 5, 9, 3}, {1, 20, 30, 0}};
   c.next_epoch = 2;
   c.sequences = 40;
-  s.ranks = {{1, {{"a", c}, {"b", {}}}}};
+  s.cursors = {{1, {{"a", c}, {"b", {}}}}};
   auto back = LoaderState::from_json(s.to_json());
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
   EXPECT_EQ(back->to_json(), s.to_json());
@@ -405,11 +407,11 @@ TEST(LoaderState, JsonRoundTripAndMergeChecks) {
   EXPECT_EQ(back->seed, 1ull << 63);
 
   LoaderState s0 = s;
-  s0.ranks[0].rank = 0;
+  s0.cursors[0].partition = 0;
   auto merged = LoaderState::merge({s, s0});
   ASSERT_TRUE(merged.is_ok());
-  ASSERT_EQ(merged->ranks.size(), 2u);
-  EXPECT_EQ(merged->ranks[0].rank, 0);
+  ASSERT_EQ(merged->cursors.size(), 2u);
+  EXPECT_EQ(merged->cursors[0].partition, 0);
   EXPECT_FALSE(LoaderState::merge({s, s}).is_ok());
   LoaderState other = s0;
   other.step = 18;
@@ -418,7 +420,7 @@ TEST(LoaderState, JsonRoundTripAndMergeChecks) {
   EXPECT_FALSE(LoaderState::from_json("{").is_ok());
   EXPECT_FALSE(LoaderState::from_json("{\"format\":\"nope\"}").is_ok());
   std::string text = s.to_json();
-  text.replace(text.find("\"world\":2"), 9, "\"world\":1");  // rank 1 of world 1
+  text.replace(text.find("\"partitions\":4"), 14, "\"partitions\":1");  // partition 1 of 1
   auto r = LoaderState::from_json(text, "state.json");
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().file(), "state.json");
