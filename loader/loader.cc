@@ -424,8 +424,7 @@ class LoaderImpl final : public Loader {
     if (state.micro != 0 && (state.world != W || state.micro_batch != options_.micro_batch ||
                              state.global_batch != G_)) {
       return Status::config("loader state was saved after micro-batch " +
-                            std::to_string(state.micro) + " of step " +
-                            std::to_string(state.step) +
+                            std::to_string(state.micro) + " of step " + std::to_string(state.step) +
                             "; it continues only on the layout that saved it (dp_world " +
                             std::to_string(state.world) + ", micro_batch " +
                             std::to_string(state.micro_batch) + ")")
@@ -440,8 +439,8 @@ class LoaderImpl final : public Loader {
         if (it == by_part.end()) {
           return Status::config("rank " + std::to_string(options_.dp_rank) + " of " +
                                 std::to_string(W) + " continues partitions [" +
-                                std::to_string(first) + ", " + std::to_string(first + k) +
-                                ") of " + std::to_string(out.partitions) +
+                                std::to_string(first) + ", " + std::to_string(first + k) + ") of " +
+                                std::to_string(out.partitions) +
                                 "; this state holds partition(s) " + held() +
                                 " (give the merged states of all ranks: LoaderState::merge)")
               .with_key("cursors");
@@ -718,9 +717,8 @@ class LoaderImpl final : public Loader {
       auto fetch = [&](uint64_t seq) -> std::shared_ptr<const Unit> {
         return get_unit(static_cast<int>(i), seq, gen);
       };
-      const FillResult filled = loader::detail::fill_row(fetch, &current[i], &p, width,
-                                                         b.tokens.data() + r * width, &b.docs[r],
-                                                         &out->status);
+      const FillResult filled = loader::detail::fill_row(
+          fetch, &current[i], &p, width, b.tokens.data() + r * width, &b.docs[r], &out->status);
       if (filled == FillResult::kAbandoned) return false;
       if (filled == FillResult::kFailed) return true;
       ++(*seqs)[i];
@@ -793,8 +791,8 @@ class LoaderImpl final : public Loader {
   std::vector<std::vector<uint32_t>> token_pool_;  // recycled Unit::tokens buffers
   bool packer_failed_ = false;
   Status latched_;
-  int64_t consumer_step_ = 0, packer_step_ = 0;    // global steps
-  int64_t consumer_micro_ = 0, packer_micro_ = 0;  // micro-batches into that step
+  int64_t consumer_step_ = 0, packer_step_ = 0;     // global steps
+  int64_t consumer_micro_ = 0, packer_micro_ = 0;   // micro-batches into that step
   std::vector<std::unique_ptr<DomainRt>> domains_;  // streams: hosted partition-major, domain
 
   std::set<uint32_t> bad_shards_;

@@ -135,7 +135,7 @@ struct LoaderState {
     std::map<std::string, DomainCursor> domains;
   };
   struct WeightChange {
-    int64_t step = 0;                       // first global step the weights apply to
+    int64_t step = 0;       // first global step the weights apply to
     DomainWeights weights;  // normalised, every domain named
   };
 
@@ -148,7 +148,7 @@ struct LoaderState {
   int64_t step = 0;          // global steps completed (the next batch's step)
   int64_t micro = 0;         // micro-batches of that step this rank already returned (0: none)
   std::vector<WeightChange> weights_history;  // in step order; the first applies from step 0
-  std::vector<PartitionCursor> cursors;  // this rank's partitions, or all P after merge()
+  std::vector<PartitionCursor> cursors;       // this rank's partitions, or all P after merge()
   uint64_t skipped_shards = 0;
 
   std::string to_json() const;  // compact, deterministic

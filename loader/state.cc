@@ -202,8 +202,7 @@ Result<LoaderState> LoaderState::from_json(std::string_view text, const std::str
   std::set<int64_t> seen;
   for (const auto& r : s.cursors) {
     if (!seen.insert(r.partition).second) {
-      return bad(origin, "cursors",
-                 "partition " + std::to_string(r.partition) + " appears twice");
+      return bad(origin, "cursors", "partition " + std::to_string(r.partition) + " appears twice");
     }
   }
   return s;
@@ -237,10 +236,9 @@ Result<LoaderState> LoaderState::merge(const std::vector<LoaderState>& per_rank)
     out.skipped_shards += s.skipped_shards;
     for (const auto& r : s.cursors) out.cursors.push_back(r);
   }
-  std::sort(out.cursors.begin(), out.cursors.end(),
-            [](const PartitionCursor& a, const PartitionCursor& b) {
-              return a.partition < b.partition;
-            });
+  std::sort(
+      out.cursors.begin(), out.cursors.end(),
+      [](const PartitionCursor& a, const PartitionCursor& b) { return a.partition < b.partition; });
   for (size_t i = 0; i < out.cursors.size(); ++i) {
     if (i > 0 && out.cursors[i].partition == out.cursors[i - 1].partition) {
       return Status::config("loader state merge: partition " +

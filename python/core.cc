@@ -173,9 +173,8 @@ std::unique_ptr<PyLoader> open_loader(const std::string& dataset, int64_t seq_le
                                       int64_t micro_batch, uint64_t seed,
                                       std::optional<py::dict> weights, int rank, int world,
                                       int workers, int prefetch, const std::string& split,
-                                      bool skip_bad_shards, bool verify_checksums,
-                                      bool sample_ids, int64_t global_batch, int64_t partitions,
-                                      bool repartition) {
+                                      bool skip_bad_shards, bool verify_checksums, bool sample_ids,
+                                      int64_t global_batch, int64_t partitions, bool repartition) {
   kl::LoaderOptions o;
   o.global_batch = global_batch;
   o.partitions = partitions;
@@ -286,14 +285,16 @@ PYBIND11_MODULE(_core, m) {
             return rows;
           },
           "per row, its index in the step's global batch")
-      .def_property_readonly("micro", [](const PyBatch& b) { return b.batch.micro; },
-                             "which micro-batch of the step (0 .. accumulation - 1)")
-      .def_property_readonly("step", [](const PyBatch& b) { return b.batch.step; },
-                             "0-based step index of this batch")
+      .def_property_readonly(
+          "micro", [](const PyBatch& b) { return b.batch.micro; },
+          "which micro-batch of the step (0 .. accumulation - 1)")
+      .def_property_readonly(
+          "step", [](const PyBatch& b) { return b.batch.step; }, "0-based step index of this batch")
       .def_property_readonly("micro_batch", [](const PyBatch& b) { return b.batch.micro_batch; })
       .def_property_readonly("seq_len", [](const PyBatch& b) { return b.batch.seq_len; })
-      .def_property_readonly("wait_ms", [](const PyBatch& b) { return b.batch.wait_ms; },
-                             "how long the loader blocked waiting for this batch")
+      .def_property_readonly(
+          "wait_ms", [](const PyBatch& b) { return b.batch.wait_ms; },
+          "how long the loader blocked waiting for this batch")
       .def_property_readonly(
           "tokens",
           [](py::object self) {

@@ -270,7 +270,6 @@ TEST(LoaderResume, AfterWorldSizeChangeResumeIsBitForBit) {
   EXPECT_EQ(got, ref);
 }
 
-
 // Every row of every global step, keyed by (step, global row): tokens, domain and spans.
 using GlobalRows = std::map<std::pair<int64_t, int64_t>, std::vector<uint64_t>>;
 
@@ -326,8 +325,8 @@ TEST(LoaderGlobalBatch, TheSameRowsAtEveryDataParallelSizeAndAccumulation) {
   const GlobalRows ref = run_layout({1, 8}, 60);
   ASSERT_EQ(ref.size(), 60u * 8);
   for (const Layout& l : {Layout{2, 4}, Layout{4, 2}, Layout{2, 2}, Layout{8, 1}, Layout{1, 1}}) {
-    EXPECT_TRUE(run_layout(l, 60) == ref) << "world " << l.world << " micro_batch "
-                                          << l.micro_batch;
+    EXPECT_TRUE(run_layout(l, 60) == ref)
+        << "world " << l.world << " micro_batch " << l.micro_batch;
   }
 }
 
@@ -352,8 +351,7 @@ TEST(LoaderGlobalBatch, ResumeOnAnotherLayoutContinuesTheSameRows) {
         ASSERT_TRUE(l->restore(*merged).is_ok());
         collect(l.get(), (40 - stop) * 8 / (to.world * to.micro_batch), &rows);
       }
-      EXPECT_TRUE(rows == ref) << "2 -> " << to.world << " x " << to.micro_batch << " at "
-                               << stop;
+      EXPECT_TRUE(rows == ref) << "2 -> " << to.world << " x " << to.micro_batch << " at " << stop;
     }
     // A size that does not divide the 8 partitions is refused, naming the allowed sizes.
     LoaderOptions o = options(0, 3);

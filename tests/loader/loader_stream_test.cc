@@ -4,8 +4,8 @@
 #include <sys/wait.h>
 
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/atomic_file.h"
@@ -130,21 +130,21 @@ TEST(KilnStream, WorldSizeChangeFromAllRanksStates) {
     states += " " + dir + "/s-" + std::to_string(r) + ".json";
   }
   // Restoring with --world 2 from one rank's state is refused; from all four it works.
-  CliRun one = kiln("stream " + ds.dir + " --world 2 --rank 0 --steps 1 --global-batch 16" + kCommon + "--state-in " +
-                    dir + "/s-0.json");
+  CliRun one = kiln("stream " + ds.dir + " --world 2 --rank 0 --steps 1 --global-batch 16" +
+                    kCommon + "--state-in " + dir + "/s-0.json");
   EXPECT_EQ(one.exit_code, 2) << one.err;
   EXPECT_NE(one.err.find("merged states of all ranks"), std::string::npos) << one.err;
   // Another global batch (8 instead of 16) is refused unless --repartition.
-  CliRun other = kiln("stream " + ds.dir + " --world 2 --rank 0 --steps 1" + kCommon +
-                      "--state-in" + states);
+  CliRun other =
+      kiln("stream " + ds.dir + " --world 2 --rank 0 --steps 1" + kCommon + "--state-in" + states);
   EXPECT_EQ(other.exit_code, 2) << other.err;
   EXPECT_NE(other.err.find("--repartition"), std::string::npos) << other.err;
   // The same global batch of 16 on 2 ranks (micro-batch 4, accumulation 2) and on 1 rank
   // continues with exactly the rows the 4-rank run would have read next.
   std::map<std::pair<int, int>, json> want, got2, got1;
   for (int r = 0; r < 4; ++r) {
-    CliRun run = kiln("stream " + ds.dir + " --world 4 --rank " + std::to_string(r) +
-                      " --steps 5" + kCommon);
+    CliRun run = kiln("stream " + ds.dir + " --world 4 --rank " + std::to_string(r) + " --steps 5" +
+                      kCommon);
     ASSERT_EQ(run.exit_code, 0) << run.err;
     for (const json& l : lines(run.out)) {
       if (l["step"] >= 3) want[{l["step"], l["row"]}] = l["samples"];

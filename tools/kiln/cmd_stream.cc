@@ -109,8 +109,7 @@ RunFn add_stream_command(CLI::App& root) {
     if (o.loader.global_batch > 0 && micro->count() == 0) {
       if (o.loader.global_batch % o.loader.dp_world != 0) {
         return Status::usage("--global-batch " + std::to_string(o.loader.global_batch) +
-                             " is not a multiple of --world " +
-                             std::to_string(o.loader.dp_world))
+                             " is not a multiple of --world " + std::to_string(o.loader.dp_world))
             .with_key("--global-batch");
       }
       o.loader.micro_batch = o.loader.global_batch / o.loader.dp_world;
