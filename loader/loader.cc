@@ -3,17 +3,19 @@
 // sequences cut from the packed streams) and weights_history.h (the weights of every step, as
 // the state records them). Structure (see docs/LOADER.md):
 //
-//   Planner (per domain)  — turns the domain's cursor (pending intervals of shuffled epoch orders,
-//                           then this rank's regular parts of later epochs) into "units": the
-//                           members of one shard that one epoch's order visits consecutively.
+//   Planner (per hosted canonical partition and domain: a "stream") — turns the stream's cursor
+//                           (pending intervals of shuffled epoch orders, then the partition's
+//                           regular parts of later epochs) into "units": the members of one
+//                           shard that one epoch's order visits consecutively.
 //   workers               — decode planned units: read the shard, check it, widen the token ids,
 //                           append eos after every document (the packed token stream).
-//   packer thread         — assembles batches ahead into a bounded queue: picks each slot's domain
-//                           from the shared mixture sequence and cuts the next seq_len + 1 tokens
-//                           of that domain's packed stream.
+//   packer thread         — assembles batches ahead into a bounded queue: for each of the rank's
+//                           rows of the global batch, picks the domain from the shared mixture
+//                           sequence (by global row) and cuts the next seq_len + 1 tokens of the
+//                           row's partition's packed stream of that domain.
 //   consumer              — next_batch() pops a batch and moves the consumed positions forward.
 //
-// Per domain, the units from the consumer's position on stay in memory (a deque), so
+// Per stream, the units from the consumer's position on stay in memory (a deque), so
 // set_weights() can drop the prefetched batches and rewind the packer to the consumer's position
 // without reading anything again. Positions are (unit, document, token) triples; state() turns the
 // consumer's positions into serialisable cursors using the unit's plan.
@@ -115,6 +117,16 @@ class LoaderImpl final : public Loader {
                             std::to_string(o.dp_world) + ")")
           .with_key("dp_rank");
     }
+    const int64_t per_call = o.micro_batch * o.dp_world;
+    G_ = o.global_batch == 0 ? per_call : o.global_batch;
+    if (G_ < 1 || G_ > (1ll << 40) || G_ % per_call != 0) {
+      return Status::config("global_batch " + std::to_string(G_) +
+                            " is not a multiple of micro_batch x dp_world = " +
+                            std::to_string(o.micro_batch) + " x " + std::to_string(o.dp_world))
+          .with_key("global_batch");
+    }
+    KILN_RETURN_IF_ERROR(check_partitions(o.partitions == 0 ? G_ : o.partitions, "partitions"));
+    set_partitions(o.partitions == 0 ? G_ : o.partitions);
     // Upper bounds as in kiln stream's flags and the train config: a thread each, a batch each.
     if (o.prefetch_depth < 1 || o.prefetch_depth > (1 << 16)) {
       return Status::config("prefetch_depth must be in [1, 65536], got " +
@@ -172,11 +184,8 @@ class LoaderImpl final : public Loader {
     decode_options_.sample_ids = o.sample_ids;
     decode_options_.eos = eos_;
 
-    for (size_t d = 0; d < names_.size(); ++d) {
-      DomainCursor start;  // a fresh run: this rank's part of epoch 0 onwards
-      domains_.push_back(std::make_unique<DomainRt>());
-      reset_domain(d, start);
-    }
+    // A fresh run: each hosted partition's part of epoch 0 onwards.
+    reset_streams(std::vector<DomainCursor>(streams()));
     start_threads();
     return Status::ok();
   }
@@ -208,8 +217,10 @@ class LoaderImpl final : public Loader {
         ++D.front_seq;
       }
     }
-    ++consumer_step_;
-    consumer_mix_ += static_cast<uint64_t>(options_.micro_batch);
+    if (++consumer_micro_ == accumulation()) {
+      ++consumer_step_;
+      consumer_micro_ = 0;
+    }
     tokens_emitted_ += p.batch.tokens.size();
     cv_.notify_all();
     p.batch.wait_ms = waited;
@@ -219,7 +230,9 @@ class LoaderImpl final : public Loader {
   Status set_weights(const DomainWeights& weights) override {
     KILN_ASSIGN_OR_RETURN(std::vector<double> w, normalise(weights));
     std::unique_lock lk(mu_);
-    history_.set_from(consumer_step_, std::move(w));
+    // Mid-step (some micro-batches of this step returned) the change waits for the next step:
+    // a step's rows are mixed with one set of weights on every rank.
+    history_.set_from(consumer_step_ + (consumer_micro_ > 0 ? 1 : 0), std::move(w));
     rewind_locked();
     return Status::ok();
   }
@@ -234,15 +247,21 @@ class LoaderImpl final : public Loader {
     LoaderState s;
     s.dataset = fingerprint_;
     s.seed = seed_;
+    s.partitions = P_;
+    s.global_batch = G_;
     s.world = options_.dp_world;
+    s.micro_batch = options_.micro_batch;
     s.step = consumer_step_;
-    s.mix_index = consumer_mix_;
+    s.micro = consumer_micro_;
     s.weights_history = history_.changes();
     s.skipped_shards = bad_shards_.size() + skipped_before_;
-    LoaderState::RankCursor rc;
-    rc.rank = options_.dp_rank;
-    for (size_t d = 0; d < domains_.size(); ++d) rc.domains[names_[d]] = consumer_cursor(d);
-    s.ranks.push_back(std::move(rc));
+    const size_t D = names_.size();
+    for (int64_t hp = 0; hp < hosted(); ++hp) {
+      LoaderState::PartitionCursor pc;
+      pc.partition = first_partition() + hp;
+      for (size_t d = 0; d < D; ++d) pc.domains[names_[d]] = consumer_cursor(hp * D + d);
+      s.cursors.push_back(std::move(pc));
+    }
     return s;
   }
 
@@ -252,52 +271,23 @@ class LoaderImpl final : public Loader {
                             hex64(state.dataset) + ", this manifest " + hex64(fingerprint_) + ")")
           .with_key("dataset");
     }
-    for (const auto& r : state.ranks) {
+    for (const auto& r : state.cursors) {
       if (r.domains.size() != names_.size() ||
           !std::all_of(names_.begin(), names_.end(),
                        [&](const std::string& n) { return r.domains.count(n) > 0; })) {
         return Status::config("loader state's domains differ from the manifest's")
-            .with_key("ranks[" + std::to_string(r.rank) + "].domains");
+            .with_key("cursors[partition " + std::to_string(r.partition) + "].domains");
       }
     }
-    // This rank's cursor per domain.
-    std::vector<DomainCursor> cursors(names_.size());
-    const LoaderState::RankCursor* own = nullptr;
-    for (const auto& r : state.ranks) {
-      if (r.rank == options_.dp_rank) own = &r;
-    }
-    if (state.world == options_.dp_world && own != nullptr) {
-      for (size_t d = 0; d < names_.size(); ++d) cursors[d] = own->domains.at(names_[d]);
-    } else {
-      if (static_cast<int>(state.ranks.size()) != state.world) {
-        std::string have;
-        for (const auto& r : state.ranks) {
-          if (!have.empty()) have.push_back(',');
-          have.append(std::to_string(r.rank));
-        }
-        return Status::config("restoring a state of world size " + std::to_string(state.world) +
-                              " as rank " + std::to_string(options_.dp_rank) + " of " +
-                              std::to_string(options_.dp_world) +
-                              " needs the merged states of all " + std::to_string(state.world) +
-                              " ranks (LoaderState::merge); this one holds rank(s) " + have)
-            .with_key("ranks");
-      }
-      std::vector<const LoaderState::RankCursor*> by_rank(state.world, nullptr);
-      for (const auto& r : state.ranks) by_rank[r.rank] = &r;
-      for (size_t d = 0; d < names_.size(); ++d) {
-        std::vector<DomainCursor> old;
-        for (const auto* r : by_rank) old.push_back(r->domains.at(names_[d]));
-        cursors[d] = loader::detail::reshard_cursor(old, state.world, infos_[d].samples,
-                                                     options_.dp_world, options_.dp_rank);
-      }
-    }
-    for (size_t d = 0; d < names_.size(); ++d) {
-      for (const auto& iv : cursors[d].pending) {
+    KILN_ASSIGN_OR_RETURN(Placement place, place_state(state));
+    for (size_t i = 0; i < place.cursors.size(); ++i) {
+      const size_t d = i % names_.size();
+      for (const auto& iv : place.cursors[i].pending) {
         if (iv.end > infos_[d].samples) {
           return Status::config("loader state position " + std::to_string(iv.end) +
                                 " is past the " + std::to_string(infos_[d].samples) +
                                 " samples of domain '" + names_[d] + "'")
-              .with_key("ranks.domains." + names_[d]);
+              .with_key("cursors.domains." + names_[d]);
         }
       }
     }
@@ -318,14 +308,15 @@ class LoaderImpl final : public Loader {
     seed_ = state.seed;
     history_ = std::move(history);
     consumer_step_ = packer_step_ = state.step;
-    consumer_mix_ = packer_mix_ = state.mix_index;
-    skipped_before_ = state.world == options_.dp_world && own ? state.skipped_shards : 0;
+    consumer_micro_ = packer_micro_ = state.micro;
+    skipped_before_ = place.own ? state.skipped_shards : 0;
     bad_shards_.clear();
     shards_read_ = 0;
     tar_bytes_ = 0;
     queue_.clear();
     latched_ = Status::ok();
-    for (size_t d = 0; d < names_.size(); ++d) reset_domain(d, cursors[d]);
+    set_partitions(place.partitions);
+    reset_streams(place.cursors);
     start_threads();
     return Status::ok();
   }
@@ -342,12 +333,18 @@ class LoaderImpl final : public Loader {
   LoaderStats stats() const override {
     std::unique_lock lk(mu_);
     LoaderStats s;
-    for (size_t d = 0; d < domains_.size(); ++d) {
-      const DomainCursor c = consumer_cursor(d);
-      s.domains.push_back({names_[d], c.pending.empty() ? c.next_epoch : c.pending.front().epoch,
-                           c.sequences});
+    const size_t D = names_.size();
+    for (size_t d = 0; d < D; ++d) {
+      LoaderStats::Domain sd{names_[d], UINT64_MAX, 0};
+      for (int64_t hp = 0; hp < hosted(); ++hp) {
+        const DomainCursor c = consumer_cursor(hp * D + d);
+        sd.epoch = std::min(sd.epoch, c.pending.empty() ? c.next_epoch : c.pending.front().epoch);
+        sd.sequences += c.sequences;
+      }
+      s.domains.push_back(sd);
     }
     s.step = consumer_step_;
+    s.partitions = P_;
     s.shards_read = shards_read_;
     s.tar_bytes = tar_bytes_;
     s.tokens = tokens_emitted_;
@@ -387,13 +384,132 @@ class LoaderImpl final : public Loader {
     return w;
   }
 
-  // ---- domains and positions (mu_ held or threads stopped) ----------------------------
-  void reset_domain(size_t d, const DomainCursor& start) {
-    DomainRt& D = *domains_[d];
+  // ---- partitions ------------------------------------------------------------------------
+  int64_t hosted() const { return P_ / options_.dp_world; }
+  int64_t first_partition() const { return options_.dp_rank * hosted(); }
+  size_t streams() const { return static_cast<size_t>(hosted()) * names_.size(); }
+  int64_t accumulation() const { return G_ / (options_.micro_batch * options_.dp_world); }
+
+  // P fits this layout: it divides the global batch and dp_world divides it.
+  Status check_partitions(int64_t p, const char* key) const {
+    if (p < 1 || p > (1 << 24) || G_ % p != 0 || p % options_.dp_world != 0) {
+      return Status::config(std::string(key) + " " + std::to_string(p) +
+                            " must divide the global batch (" + std::to_string(G_) +
+                            ") and be a multiple of dp_world (" +
+                            std::to_string(options_.dp_world) + ")")
+          .with_key(key);
+    }
+    return Status::ok();
+  }
+  void set_partitions(int64_t p) { P_ = p; }
+
+  // Where a restored state puts this rank: the partitions and one cursor per hosted stream.
+  struct Placement {
+    int64_t partitions = 0;
+    std::vector<DomainCursor> cursors;  // hosted partition-major, then domain id
+    bool own = false;                   // exactly this rank's partitions (skipped shards carry)
+  };
+
+  Result<Placement> place_state(const LoaderState& state) const {
+    const int W = options_.dp_world;
+    const size_t D = names_.size();
+    std::map<int64_t, const LoaderState::PartitionCursor*> by_part;
+    for (const auto& c : state.cursors) by_part[c.partition] = &c;
+    auto held = [&] {
+      std::string have;
+      for (const auto& [p, c] : by_part) have += (have.empty() ? "" : ",") + std::to_string(p);
+      return have;
+    };
+    const bool same_sequence = state.global_batch == G_ && state.partitions % W == 0;
+    if (state.micro != 0 && (state.world != W || state.micro_batch != options_.micro_batch ||
+                             state.global_batch != G_)) {
+      return Status::config("loader state was saved after micro-batch " +
+                            std::to_string(state.micro) + " of step " + std::to_string(state.step) +
+                            "; it continues only on the layout that saved it (dp_world " +
+                            std::to_string(state.world) + ", micro_batch " +
+                            std::to_string(state.micro_batch) + ")")
+          .with_key("micro");
+    }
+    Placement out;
+    if (same_sequence) {
+      out.partitions = state.partitions;
+      const int64_t k = out.partitions / W, first = options_.dp_rank * k;
+      for (int64_t hp = 0; hp < k; ++hp) {
+        auto it = by_part.find(first + hp);
+        if (it == by_part.end()) {
+          return Status::config("rank " + std::to_string(options_.dp_rank) + " of " +
+                                std::to_string(W) + " continues partitions [" +
+                                std::to_string(first) + ", " + std::to_string(first + k) + ") of " +
+                                std::to_string(out.partitions) +
+                                "; this state holds partition(s) " + held() +
+                                " (give the merged states of all ranks: LoaderState::merge)")
+              .with_key("cursors");
+        }
+        for (size_t d = 0; d < D; ++d) out.cursors.push_back(it->second->domains.at(names_[d]));
+      }
+      out.own = static_cast<int64_t>(by_part.size()) == k && state.world == W;
+      return out;
+    }
+    if (!options_.repartition) {
+      std::string sizes;
+      for (int64_t w = 1; w <= state.partitions && sizes.size() < 80; ++w) {
+        if (state.partitions % w == 0) sizes += (sizes.empty() ? "" : ", ") + std::to_string(w);
+      }
+      return Status::config(
+                 "loader state was saved with " + std::to_string(state.partitions) +
+                 " canonical partitions and global batch " + std::to_string(state.global_batch) +
+                 "; this run has dp_world " + std::to_string(W) + " and global batch " +
+                 std::to_string(G_) + ". The same sample sequence continues with global batch " +
+                 std::to_string(state.global_batch) + " on a data-parallel size dividing " +
+                 std::to_string(state.partitions) + " (" + sizes +
+                 "); to continue here in another order (no sample repeated or skipped) allow "
+                 "repartitioning (data.repartition: true, kiln stream --repartition)")
+          .with_key("partitions");
+    }
+    if (static_cast<int64_t>(by_part.size()) != state.partitions) {
+      return Status::config("repartitioning needs the merged states of all " +
+                            std::to_string(state.partitions) +
+                            " partitions; this state holds partition(s) " + held())
+          .with_key("cursors");
+    }
+    out.partitions = options_.partitions == 0 ? G_ : options_.partitions;
+    const int64_t k = out.partitions / W, first = options_.dp_rank * k;
+    for (int64_t hp = 0; hp < k; ++hp) {
+      for (size_t d = 0; d < D; ++d) {
+        std::vector<DomainCursor> old;
+        for (const auto& [p, c] : by_part) old.push_back(c->domains.at(names_[d]));
+        out.cursors.push_back(loader::detail::reshard_cursor(
+            old, static_cast<int>(state.partitions), infos_[d].samples,
+            static_cast<int>(out.partitions), static_cast<int>(first + hp)));
+      }
+    }
+    KILN_LOG_WARN(
+        "loader: repartitioning {} partitions (global batch {}) onto {} (global batch {}, "
+        "dp_world {}): the current epochs continue without a sample repeated or skipped, but "
+        "the sample order differs from the run that saved the state",
+        state.partitions, state.global_batch, out.partitions, G_, W);
+    return out;
+  }
+
+  // ---- streams and positions (mu_ held or threads stopped) ----------------------------
+  // One stream per hosted partition and domain, from `starts` (same order).
+  void reset_streams(const std::vector<DomainCursor>& starts) {
+    KILN_CHECK(starts.size() == streams());
+    domains_.clear();
+    for (size_t i = 0; i < starts.size(); ++i) {
+      domains_.push_back(std::make_unique<DomainRt>());
+      reset_domain(i, starts[i]);
+    }
+  }
+
+  void reset_domain(size_t i, const DomainCursor& start) {
+    DomainRt& D = *domains_[i];
+    const size_t d = i % names_.size();
+    const int64_t partition = first_partition() + static_cast<int64_t>(i / names_.size());
     D.info = infos_[d];
     D.initial = start;
-    D.planner = std::make_unique<Planner>(infos_[d], seed_, options_.dp_world, options_.dp_rank,
-                                          start);
+    D.planner = std::make_unique<Planner>(D.info, seed_, static_cast<int>(P_),
+                                          static_cast<int>(partition), start);
     D.units.clear();
     D.front_seq = 0;
     D.consumer = D.packer = Pos{};
@@ -419,7 +535,7 @@ class LoaderImpl final : public Loader {
     latched_ = Status::ok();
     packer_failed_ = false;
     packer_step_ = consumer_step_;
-    packer_mix_ = consumer_mix_;
+    packer_micro_ = consumer_micro_;
     for (auto& dp : domains_) {
       dp->packer = dp->consumer;
       dp->packer_seqs = dp->consumer_seqs;
@@ -434,7 +550,7 @@ class LoaderImpl final : public Loader {
     stop_ = false;
     ++generation_;
     packer_step_ = consumer_step_;
-    packer_mix_ = consumer_mix_;
+    packer_micro_ = consumer_micro_;
     packer_failed_ = false;
     for (int i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_main(); });
     threads_.emplace_back([this] { packer_main(); });
@@ -460,27 +576,29 @@ class LoaderImpl final : public Loader {
     token_pool_.push_back(std::move(unit->tokens));
   }
 
-  // Picks the domain whose next unit a worker should decode, or -1. mu_ held.
+  // Picks the stream whose next unit a worker should decode, or -1. mu_ held.
   int pick_domain() const {
     const auto& w = history_.at(packer_step_);
+    const size_t D = names_.size();
     int active = 0;
     int64_t total_ahead = 0;
-    for (size_t d = 0; d < domains_.size(); ++d) {
-      const DomainRt& D = *domains_[d];
-      if (D.starving) return static_cast<int>(d);
-      if (w[d] > 0) ++active;
-      total_ahead += ahead(D);
+    for (size_t i = 0; i < domains_.size(); ++i) {
+      const DomainRt& S = *domains_[i];
+      if (S.starving) return static_cast<int>(i);
+      if (w[i % D] > 0) ++active;
+      total_ahead += ahead(S);
     }
     const int64_t per_domain = std::max(1, options_.workers);
     if (total_ahead >= options_.workers + active) return -1;
     int best = -1;
     double best_score = 0;
-    for (size_t d = 0; d < domains_.size(); ++d) {
-      const DomainRt& D = *domains_[d];
-      if (w[d] <= 0 || ahead(D) >= per_domain) continue;
-      const double score = static_cast<double>(ahead(D) + 1) / w[d];
+    for (size_t i = 0; i < domains_.size(); ++i) {
+      const DomainRt& S = *domains_[i];
+      const double wd = w[i % D];
+      if (wd <= 0 || ahead(S) >= per_domain) continue;
+      const double score = static_cast<double>(ahead(S) + 1) / wd;
       if (best < 0 || score < best_score) {
-        best = static_cast<int>(d);
+        best = static_cast<int>(i);
         best_score = score;
       }
     }
@@ -530,11 +648,13 @@ class LoaderImpl final : public Loader {
         unit->ids.clear();
       }
       if (unit->skipped) {
-        const auto& shard_ids = infos_[d].shard_ids;
+        const size_t domain = static_cast<size_t>(d) % names_.size();
+        const auto& shard_ids = infos_[domain].shard_ids;
         const bool all_bad = std::all_of(shard_ids.begin(), shard_ids.end(),
                                          [&](uint32_t s) { return bad_shards_.count(s) > 0; });
         if (all_bad) {
-          unit->status = Status::data("every shard of domain '" + names_[d] + "' is unreadable");
+          unit->status =
+              Status::data("every shard of domain '" + names_[domain] + "' is unreadable");
         }
       }
       if (!known_bad) ++shards_read_;
@@ -564,33 +684,45 @@ class LoaderImpl final : public Loader {
     }
   }
 
-  // Builds one batch from the given positions (copies of the packer's). Returns false when
-  // abandoned. Runs without mu_ except inside get_unit().
-  bool build(uint64_t gen, int64_t step, uint64_t mix, const std::vector<double>& w,
+  // Builds micro-batch `micro` of global step `step` from the given stream positions (copies of
+  // the packer's). Returns false when abandoned. Runs without mu_ except inside get_unit().
+  bool build(uint64_t gen, int64_t step, int64_t micro, const std::vector<double>& w,
              std::vector<Pos>* pos, std::vector<uint64_t>* seqs, Prepared* out) {
     const int64_t rows = options_.micro_batch;
     const int64_t width = options_.seq_len + 1;
+    const int64_t k = hosted();
+    const size_t D = names_.size();
     Batch& b = out->batch;
     b.step = step;
+    b.micro = micro;
     b.micro_batch = rows;
     b.seq_len = options_.seq_len;
     b.tokens.resize(rows * width);
     b.domains.resize(rows);
+    b.global_rows.resize(rows);
     b.docs.assign(rows, {});
     out->rows.resize(rows);
     std::vector<std::shared_ptr<const Unit>> current(domains_.size());
     for (int64_t r = 0; r < rows; ++r) {
-      const int d = loader::detail::choose_domain(w, seed_, mix + r);
+      // The rank's l-th row of the step: round l / k over the partitions, hosted partition l % k.
+      const int64_t l = micro * rows + r;
+      const int64_t hp = l % k;
+      const int64_t j = (l / k) * P_ + first_partition() + hp;
+      const int d = loader::detail::choose_domain(
+          w, seed_, static_cast<uint64_t>(step) * static_cast<uint64_t>(G_) + j);
+      const size_t i = static_cast<size_t>(hp) * D + d;
       b.domains[r] = d;
-      Pos& p = (*pos)[d];
-      auto fetch = [&](uint64_t seq) -> std::shared_ptr<const Unit> { return get_unit(d, seq, gen); };
-      const FillResult filled = loader::detail::fill_row(fetch, &current[d], &p, width,
-                                                         b.tokens.data() + r * width, &b.docs[r],
-                                                         &out->status);
+      b.global_rows[r] = j;
+      Pos& p = (*pos)[i];
+      auto fetch = [&](uint64_t seq) -> std::shared_ptr<const Unit> {
+        return get_unit(static_cast<int>(i), seq, gen);
+      };
+      const FillResult filled = loader::detail::fill_row(
+          fetch, &current[i], &p, width, b.tokens.data() + r * width, &b.docs[r], &out->status);
       if (filled == FillResult::kAbandoned) return false;
       if (filled == FillResult::kFailed) return true;
-      ++(*seqs)[d];
-      out->rows[r] = {d, p, (*seqs)[d]};
+      ++(*seqs)[i];
+      out->rows[r] = {static_cast<int>(i), p, (*seqs)[i]};
     }
     return true;
   }
@@ -605,7 +737,7 @@ class LoaderImpl final : public Loader {
       if (stop_) return;
       const uint64_t gen = generation_;
       const int64_t step = packer_step_;
-      const uint64_t mix = packer_mix_;
+      const int64_t micro = packer_micro_;
       const std::vector<double> w = history_.at(step);
       std::vector<Pos> pos;
       std::vector<uint64_t> seqs;
@@ -615,19 +747,21 @@ class LoaderImpl final : public Loader {
       }
       lk.unlock();
       Prepared p;
-      const bool done = build(gen, step, mix, w, &pos, &seqs, &p);
+      const bool done = build(gen, step, micro, w, &pos, &seqs, &p);
       lk.lock();
       if (!done || stop_ || gen != generation_) continue;
       if (!p.status.is_ok()) {
         packer_failed_ = true;
       } else {
-        for (size_t d = 0; d < domains_.size(); ++d) {
-          domains_[d]->packer = pos[d];
-          domains_[d]->packer_seqs = seqs[d];
-          domains_[d]->packer_head = 0;
+        for (size_t i = 0; i < domains_.size(); ++i) {
+          domains_[i]->packer = pos[i];
+          domains_[i]->packer_seqs = seqs[i];
+          domains_[i]->packer_head = 0;
         }
-        ++packer_step_;
-        packer_mix_ += static_cast<uint64_t>(options_.micro_batch);
+        if (++packer_micro_ == accumulation()) {
+          ++packer_step_;
+          packer_micro_ = 0;
+        }
       }
       queue_.push_back(std::move(p));
       cv_.notify_all();
@@ -641,6 +775,8 @@ class LoaderImpl final : public Loader {
   std::vector<DomainInfo> infos_;
   uint64_t fingerprint_ = 0;
   uint64_t seed_ = 0;
+  int64_t G_ = 1;  // global batch: rows per step over all ranks
+  int64_t P_ = 1;  // canonical partitions
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -651,13 +787,13 @@ class LoaderImpl final : public Loader {
 
   WeightsHistory history_{std::vector<std::string>()};
   DecodeOptions decode_options_;
-  std::vector<std::unique_ptr<DomainRt>> domains_;
   std::deque<Prepared> queue_;
   std::vector<std::vector<uint32_t>> token_pool_;  // recycled Unit::tokens buffers
   bool packer_failed_ = false;
   Status latched_;
-  int64_t consumer_step_ = 0, packer_step_ = 0;
-  uint64_t consumer_mix_ = 0, packer_mix_ = 0;
+  int64_t consumer_step_ = 0, packer_step_ = 0;     // global steps
+  int64_t consumer_micro_ = 0, packer_micro_ = 0;   // micro-batches into that step
+  std::vector<std::unique_ptr<DomainRt>> domains_;  // streams: hosted partition-major, domain
 
   std::set<uint32_t> bad_shards_;
   uint64_t skipped_before_ = 0;

@@ -2,26 +2,33 @@
 // packed, domain-mixed batches for one data-parallel rank. See docs/LOADER.md for the algorithm.
 //
 // What it guarantees:
-// - Partitioning: for every domain and epoch, the domain's samples (shuffled from
-//   (seed, epoch, domain)) are split into `dp_world` disjoint parts at sample granularity, so any
-//   world size works, even one larger than the shard count. Every rank yields exactly
-//   `micro_batch` sequences per step, so no rank runs dry before the others; a rank whose part of
-//   a domain is used up starts that domain's next epoch (epochs are counted per domain). Parts
-//   differ by at most one sample; the tokens of the last partial sequence of an epoch continue
-//   into the next epoch (nothing is dropped).
-// - Mixture: the domain of every sequence slot is decided from (seed, sequence index, weights), the
-//   same on every rank; each rank fills the slot from its own part. Weights can be replaced
-//   between any two steps (set_weights); the change is recorded in the state's history.
+// - Global batches: a step's `global_batch` rows (over all data-parallel ranks and micro-batches)
+//   are a function of the dataset, seed, weights history, global batch and seq_len only — not of
+//   the data-parallel size or of the split into micro-batches and gradient accumulation. Row j of
+//   a step belongs to canonical partition j mod P (P = `partitions`, fixed for the run and kept in
+//   the state); a partition reads its own disjoint part of every domain (shuffled from (seed,
+//   epoch, domain), split into P parts at sample granularity). Rank w of W hosts the contiguous
+//   partitions [w P/W, (w+1) P/W) and yields their rows in global row order, `micro_batch` per
+//   next_batch(), global_batch / (micro_batch W) calls per step. Any W dividing P reproduces the
+//   run; a partition whose part of a domain is used up starts that domain's next epoch (epochs are
+//   counted per domain); the tokens of the last partial sequence of an epoch continue into the
+//   next epoch (nothing is dropped).
+// - Mixture: the domain of global row j of step s is decided from (seed, s * global_batch + j,
+//   weights of step s), the same on every rank and layout. Weights can be replaced between any
+//   two steps (set_weights); the change is recorded in the state's history by global step.
 // - Packing: documents of one domain are joined, each followed by the manifest tokenizer's
 //   eos_id, and cut into sequences of seq_len + 1 tokens; a document that does not fit continues
-//   in the next sequence of that domain. No token is dropped or duplicated.
+//   in the partition's next sequence of that domain. No token is dropped or duplicated.
 // - Prefetch: `workers` threads read, decompress and pack shards ahead; a bounded queue holds up
-//   to `prefetch_depth` assembled batches. Memory is bounded by these settings and the shard
-//   size, not by the dataset size. Batch::wait_ms reports how long next_batch() blocked.
-// - State: state() is small (per domain: epoch and position within the epoch's order; the
-//   weights history) and restore() continues with exactly the batches that would have come next,
-//   without replaying from the start. Restoring the merged states of all ranks of a run with a
-//   different world size continues the current epochs without repeating or skipping a sample.
+//   to `prefetch_depth` assembled batches. Memory is bounded by these settings, the shard size and
+//   the partitions hosted (P / W per domain), not by the dataset size. Batch::wait_ms reports how
+//   long next_batch() blocked.
+// - State: state() is small (per hosted partition and domain: epoch and position within the
+//   epoch's order; the weights history) and restore() continues with exactly the batches that
+//   would have come next, without replaying from the start. The merged states of all ranks
+//   (merge()) restore on any W that divides P with the identical sample sequence; on another W
+//   (or global batch) only with `repartition`, which continues the current epochs without
+//   repeating or skipping a sample but in another order (logged as a warning).
 // - Errors: a missing shard, a checksum mismatch or a malformed member is a kData Status naming
 //   the shard and member; with skip_bad_shards the shard is skipped, counted and logged instead.
 //
@@ -46,9 +53,20 @@ namespace kiln::loader {
 
 struct LoaderOptions {
   int64_t seq_len = 1024;    // a sequence holds seq_len + 1 tokens (inputs [0,T), targets [1,T])
-  int64_t micro_batch = 8;   // sequences per batch (per rank)
+  int64_t micro_batch = 8;   // sequences per batch (per rank and next_batch() call)
   int dp_rank = 0;           // this rank's data-parallel index, 0 <= dp_rank < dp_world
   int dp_world = 1;          // data-parallel world size (tensor-parallel peers share a dp_rank)
+  // Rows of one optimizer step over all ranks: micro_batch * dp_world * gradient accumulation.
+  // 0: micro_batch * dp_world (no accumulation). Must be a multiple of micro_batch * dp_world.
+  int64_t global_batch = 0;
+  // Canonical partitions P: 0 = global_batch (every data-parallel size that can run the global
+  // batch reproduces the run). Must divide global_batch and be a multiple of dp_world. A
+  // restored state's P replaces this one.
+  int64_t partitions = 0;
+  // Restoring a state whose partitions dp_world does not divide, or whose global batch differs:
+  // false refuses (kConfig naming the allowed sizes); true re-splits what is left of the current
+  // epochs over this layout's partitions (no sample repeated or skipped, another order; a warning).
+  bool repartition = false;
   uint64_t seed = 0;         // shared by all ranks: shuffles and mixture decisions
   // Domain weights (normalised; domains not named get 0). Empty: the manifest's token shares.
   DomainWeights weights;
@@ -78,12 +96,14 @@ struct DocSpan {
 
 // One step's data for this rank. Rows are sequences of seq_len + 1 tokens.
 struct Batch {
-  int64_t step = 0;         // 0-based step index of this batch
+  int64_t step = 0;         // 0-based global (optimizer) step of this batch
+  int64_t micro = 0;        // which micro-batch of the step on this rank, 0 .. accumulation - 1
   int64_t micro_batch = 0;  // rows
   int64_t seq_len = 0;      // row length is seq_len + 1
   std::vector<uint32_t> tokens;            // micro_batch * (seq_len + 1), row-major
   std::vector<int32_t> domains;            // domain id per row (see Loader::domain_names)
   std::vector<std::vector<DocSpan>> docs;  // per row, the document pieces in order
+  std::vector<int64_t> global_rows;        // per row, its index in the step's global batch
   double wait_ms = 0;  // time next_batch() blocked waiting for this batch
 
   std::span<const uint32_t> row(int64_t i) const {
@@ -93,8 +113,9 @@ struct Batch {
   std::vector<int32_t> doc_starts(int64_t i) const;
 };
 
-// Serialisable loader position. A state from state() holds one rank; merge() combines the states
-// of all ranks of a run so it can be restored with any world size.
+// Serialisable loader position, in terms of canonical partitions. A state from state() holds the
+// partitions of one rank; merge() combines the states of all ranks so it can be restored on any
+// data-parallel size that divides `partitions`.
 struct LoaderState {
   // Positions [begin, end) of a domain's shuffled sample order of `epoch`; the first
   // `skip_tokens` tokens of the sample at `begin` were already emitted.
@@ -106,42 +127,46 @@ struct LoaderState {
   };
   struct DomainCursor {
     std::vector<Interval> pending;  // read these first, in order
-    uint64_t next_epoch = 0;        // then this rank's part of epoch next_epoch, next_epoch+1, ...
-    uint64_t sequences = 0;         // sequences of this domain emitted by this rank so far
+    uint64_t next_epoch = 0;        // then the partition's part of epoch next_epoch, ...
+    uint64_t sequences = 0;         // sequences of this domain emitted by the partition so far
   };
-  struct RankCursor {
-    int rank = 0;
+  struct PartitionCursor {
+    int64_t partition = 0;
     std::map<std::string, DomainCursor> domains;
   };
   struct WeightChange {
-    int64_t step = 0;                       // first step the weights apply to
+    int64_t step = 0;       // first global step the weights apply to
     DomainWeights weights;  // normalised, every domain named
   };
 
   uint64_t dataset = 0;  // fingerprint of the manifest's shard list; restore() checks it
   uint64_t seed = 0;
-  int world = 1;             // dp_world the cursors were made for
-  int64_t step = 0;          // batches consumed (the next batch's step)
-  uint64_t mix_index = 0;    // sequence slots mixed so far (position of the mixture sequence)
+  int64_t partitions = 1;    // canonical partitions P
+  int64_t global_batch = 1;  // rows per global step
+  int world = 1;             // dp_world of the run that saved it (informational; micro > 0 checks)
+  int64_t micro_batch = 1;   // its micro_batch (likewise)
+  int64_t step = 0;          // global steps completed (the next batch's step)
+  int64_t micro = 0;         // micro-batches of that step this rank already returned (0: none)
   std::vector<WeightChange> weights_history;  // in step order; the first applies from step 0
-  std::vector<RankCursor> ranks;  // this rank only, or all `world` ranks after merge()
+  std::vector<PartitionCursor> cursors;       // this rank's partitions, or all P after merge()
   uint64_t skipped_shards = 0;
 
   std::string to_json() const;  // compact, deterministic
   static Result<LoaderState> from_json(std::string_view text, const std::string& origin = "");
-  // Combines the states of every rank of one run (same dataset, seed, world, step). kConfig on a
-  // mismatch or a missing / duplicated rank.
+  // Combines the states of every rank of one run (same dataset, seed, partitions, step). kConfig
+  // on a mismatch or a duplicated partition.
   static Result<LoaderState> merge(const std::vector<LoaderState>& per_rank);
 };
 
 struct LoaderStats {
   struct Domain {
     std::string name;
-    uint64_t epoch = 0;      // epoch of the sample the next sequence starts in
-    uint64_t sequences = 0;  // sequences emitted (this rank)
+    uint64_t epoch = 0;      // lowest epoch the next sequences of this rank's partitions start in
+    uint64_t sequences = 0;  // sequences emitted (this rank's partitions)
   };
   std::vector<Domain> domains;
-  int64_t step = 0;             // the next batch's step
+  int64_t step = 0;             // the next batch's global step
+  int64_t partitions = 0;       // canonical partitions P of the run
   uint64_t shards_read = 0;     // shard reads completed by the workers since open / restore
   uint64_t tar_bytes = 0;       // uncompressed tar bytes of those reads
   uint64_t tokens = 0;          // tokens emitted in consumed batches
@@ -172,9 +197,10 @@ class Loader {
 
   // Position after the last batch returned by next_batch(). Cheap; call it at checkpoint time.
   virtual LoaderState state() const = 0;
-  // Continues from `state`: either this rank's own state (same world size) or a merged state of
-  // all ranks (any world size). Prefetched batches are discarded. The state's seed and weights
-  // history replace the options'. kConfig when the state does not fit this dataset or world.
+  // Continues from `state`: either this rank's own state (same layout) or a merged state of all
+  // ranks (any dp_world dividing its partitions; others with `repartition`). Prefetched batches
+  // are discarded. The state's seed, partitions and weights history replace the options'.
+  // kConfig when the state does not fit this dataset or layout, naming what would.
   virtual Status restore(const LoaderState& state) = 0;
 
   // Domain names in id order (sorted by name, as in the manifest).

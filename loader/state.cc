@@ -13,7 +13,7 @@ namespace kiln::loader {
 
 namespace {
 
-constexpr const char* kStateFormat = "kiln-loader-state/1";
+constexpr const char* kStateFormat = "kiln-loader-state/2";
 
 using nlohmann::json;
 
@@ -38,9 +38,12 @@ std::string LoaderState::to_json() const {
   j["format"] = kStateFormat;
   j["dataset"] = hex64(dataset);
   j["seed"] = seed;
+  j["partitions"] = partitions;
+  j["global_batch"] = global_batch;
   j["world"] = world;
+  j["micro_batch"] = micro_batch;
   j["step"] = step;
-  j["mix_index"] = mix_index;
+  j["micro"] = micro;
   j["skipped_shards"] = skipped_shards;
   json hist = json::array();
   for (const auto& h : weights_history) {
@@ -50,7 +53,7 @@ std::string LoaderState::to_json() const {
   }
   j["weights_history"] = hist;
   json ranks_json = json::array();
-  for (const auto& r : ranks) {
+  for (const auto& r : cursors) {
     json doms = json::object();
     for (const auto& [name, c] : r.domains) {
       json pending = json::array();
@@ -60,9 +63,9 @@ std::string LoaderState::to_json() const {
       doms[name] = {{"next_epoch", c.next_epoch}, {"sequences", c.sequences},
                     {"pending", pending}};
     }
-    ranks_json.push_back({{"rank", r.rank}, {"domains", doms}});
+    ranks_json.push_back({{"partition", r.partition}, {"domains", doms}});
   }
-  j["ranks"] = ranks_json;
+  j["cursors"] = ranks_json;
   return j.dump();
 }
 
@@ -90,6 +93,11 @@ Result<LoaderState> LoaderState::from_json(std::string_view text, const std::str
   try {
     KILN_ASSIGN_OR_RETURN(json fmt, need(j, "format", "format"));
     if (!fmt.is_string() || fmt.get<std::string>() != kStateFormat) {
+      if (fmt.is_string() && fmt.get<std::string>() == "kiln-loader-state/1") {
+        return bad(origin, "format",
+                   "a kiln-loader-state/1 position (per physical rank) cannot continue in the "
+                   "global-batch order of kiln-loader-state/2; start the data afresh");
+      }
       return bad(origin, "format", std::string("expected \"") + kStateFormat + "\"");
     }
     KILN_ASSIGN_OR_RETURN(json ds, need(j, "dataset", "dataset"));
@@ -99,15 +107,27 @@ Result<LoaderState> LoaderState::from_json(std::string_view text, const std::str
     s.dataset = *fp;
     KILN_ASSIGN_OR_RETURN(json v, need(j, "seed", "seed"));
     KILN_ASSIGN_OR_RETURN(s.seed, as_u64(v, "seed"));
-    KILN_ASSIGN_OR_RETURN(v, need(j, "world", "world"));
-    KILN_ASSIGN_OR_RETURN(uint64_t world, as_u64(v, "world"));
-    if (world < 1 || world > (1u << 24)) return bad(origin, "world", "out of range");
+    auto bounded = [&](const char* key, uint64_t lo, uint64_t hi) -> Result<uint64_t> {
+      KILN_ASSIGN_OR_RETURN(json x, need(j, key, key));
+      KILN_ASSIGN_OR_RETURN(uint64_t n, as_u64(x, key));
+      if (n < lo || n > hi) return bad(origin, key, "out of range");
+      return n;
+    };
+    KILN_ASSIGN_OR_RETURN(uint64_t parts, bounded("partitions", 1, 1u << 24));
+    s.partitions = static_cast<int64_t>(parts);
+    KILN_ASSIGN_OR_RETURN(uint64_t gb, bounded("global_batch", 1, 1ull << 40));
+    s.global_batch = static_cast<int64_t>(gb);
+    if (s.global_batch % s.partitions != 0) {
+      return bad(origin, "partitions", "does not divide global_batch");
+    }
+    KILN_ASSIGN_OR_RETURN(uint64_t world, bounded("world", 1, 1u << 24));
     s.world = static_cast<int>(world);
-    KILN_ASSIGN_OR_RETURN(v, need(j, "step", "step"));
-    KILN_ASSIGN_OR_RETURN(uint64_t step, as_u64(v, "step"));
+    KILN_ASSIGN_OR_RETURN(uint64_t mb, bounded("micro_batch", 1, 1u << 20));
+    s.micro_batch = static_cast<int64_t>(mb);
+    KILN_ASSIGN_OR_RETURN(uint64_t step, bounded("step", 0, 1ull << 62));
     s.step = static_cast<int64_t>(step);
-    KILN_ASSIGN_OR_RETURN(v, need(j, "mix_index", "mix_index"));
-    KILN_ASSIGN_OR_RETURN(s.mix_index, as_u64(v, "mix_index"));
+    KILN_ASSIGN_OR_RETURN(uint64_t micro, bounded("micro", 0, 1ull << 40));
+    s.micro = static_cast<int64_t>(micro);
     if (auto it = j.find("skipped_shards"); it != j.end()) {
       KILN_ASSIGN_OR_RETURN(s.skipped_shards, as_u64(*it, "skipped_shards"));
     }
@@ -133,19 +153,19 @@ Result<LoaderState> LoaderState::from_json(std::string_view text, const std::str
       }
       s.weights_history.push_back(std::move(wc));
     }
-    KILN_ASSIGN_OR_RETURN(json ranks_json, need(j, "ranks", "ranks"));
+    KILN_ASSIGN_OR_RETURN(json ranks_json, need(j, "cursors", "cursors"));
     if (!ranks_json.is_array() || ranks_json.empty()) {
-      return bad(origin, "ranks", "expected a non-empty array");
+      return bad(origin, "cursors", "expected a non-empty array");
     }
     for (size_t i = 0; i < ranks_json.size(); ++i) {
-      const std::string path = "ranks[" + std::to_string(i) + "]";
+      const std::string path = "cursors[" + std::to_string(i) + "]";
       const json& rj = ranks_json[i];
       if (!rj.is_object()) return bad(origin, path, "expected an object");
-      RankCursor rc;
-      KILN_ASSIGN_OR_RETURN(v, need(rj, "rank", path + ".rank"));
-      KILN_ASSIGN_OR_RETURN(uint64_t rank, as_u64(v, path + ".rank"));
-      if (rank >= world) return bad(origin, path + ".rank", "not below world");
-      rc.rank = static_cast<int>(rank);
+      PartitionCursor rc;
+      KILN_ASSIGN_OR_RETURN(v, need(rj, "partition", path + ".partition"));
+      KILN_ASSIGN_OR_RETURN(uint64_t part, as_u64(v, path + ".partition"));
+      if (part >= parts) return bad(origin, path + ".partition", "not below partitions");
+      rc.partition = static_cast<int64_t>(part);
       KILN_ASSIGN_OR_RETURN(json doms, need(rj, "domains", path + ".domains"));
       if (!doms.is_object()) return bad(origin, path + ".domains", "expected an object");
       for (const auto& [name, dj] : doms.items()) {
@@ -174,15 +194,15 @@ Result<LoaderState> LoaderState::from_json(std::string_view text, const std::str
         }
         rc.domains[name] = std::move(c);
       }
-      s.ranks.push_back(std::move(rc));
+      s.cursors.push_back(std::move(rc));
     }
   } catch (const json::exception& e) {
     return bad(origin, "", std::string("malformed: ") + e.what());
   }
-  std::set<int> seen;
-  for (const auto& r : s.ranks) {
-    if (!seen.insert(r.rank).second) {
-      return bad(origin, "ranks", "rank " + std::to_string(r.rank) + " appears twice");
+  std::set<int64_t> seen;
+  for (const auto& r : s.cursors) {
+    if (!seen.insert(r.partition).second) {
+      return bad(origin, "cursors", "partition " + std::to_string(r.partition) + " appears twice");
     }
   }
   return s;
@@ -191,7 +211,7 @@ Result<LoaderState> LoaderState::from_json(std::string_view text, const std::str
 Result<LoaderState> LoaderState::merge(const std::vector<LoaderState>& per_rank) {
   if (per_rank.empty()) return Status::config("loader state merge: no states given");
   LoaderState out = per_rank.front();
-  out.ranks.clear();
+  out.cursors.clear();
   out.skipped_shards = 0;
   for (const LoaderState& s : per_rank) {
     auto mismatch = [&](const char* what) {
@@ -201,9 +221,11 @@ Result<LoaderState> LoaderState::merge(const std::vector<LoaderState>& per_rank)
     };
     if (s.dataset != out.dataset) return mismatch("dataset");
     if (s.seed != out.seed) return mismatch("seed");
+    if (s.partitions != out.partitions) return mismatch("partitions");
+    if (s.global_batch != out.global_batch) return mismatch("global_batch");
     if (s.world != out.world) return mismatch("world");
     if (s.step != out.step) return mismatch("step");
-    if (s.mix_index != out.mix_index) return mismatch("mix_index");
+    if (s.micro != out.micro) return mismatch("micro");
     if (s.weights_history.size() != out.weights_history.size()) return mismatch("weights_history");
     for (size_t i = 0; i < s.weights_history.size(); ++i) {
       if (s.weights_history[i].step != out.weights_history[i].step ||
@@ -212,14 +234,16 @@ Result<LoaderState> LoaderState::merge(const std::vector<LoaderState>& per_rank)
       }
     }
     out.skipped_shards += s.skipped_shards;
-    for (const auto& r : s.ranks) out.ranks.push_back(r);
+    for (const auto& r : s.cursors) out.cursors.push_back(r);
   }
-  std::sort(out.ranks.begin(), out.ranks.end(),
-            [](const RankCursor& a, const RankCursor& b) { return a.rank < b.rank; });
-  for (size_t i = 0; i < out.ranks.size(); ++i) {
-    if (i > 0 && out.ranks[i].rank == out.ranks[i - 1].rank) {
-      return Status::config("loader state merge: rank " + std::to_string(out.ranks[i].rank) +
-                            " given twice");
+  std::sort(
+      out.cursors.begin(), out.cursors.end(),
+      [](const PartitionCursor& a, const PartitionCursor& b) { return a.partition < b.partition; });
+  for (size_t i = 0; i < out.cursors.size(); ++i) {
+    if (i > 0 && out.cursors[i].partition == out.cursors[i - 1].partition) {
+      return Status::config("loader state merge: partition " +
+                            std::to_string(out.cursors[i].partition) +
+                            " given twice (the same rank's state twice?)");
     }
   }
   return out;

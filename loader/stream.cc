@@ -36,8 +36,9 @@ Status run_stream(const StreamOptions& options, std::FILE* out) {
     KILN_ASSIGN_OR_RETURN(Batch b, loader->next_batch());
     buf.clear();
     for (int64_t r = 0; r < b.micro_batch; ++r) {
-      buf += "{\"step\":" + std::to_string(b.step) + ",\"rank\":" + std::to_string(lo.dp_rank) +
-             ",\"domain\":";
+      buf += "{\"step\":" + std::to_string(b.step) +
+             ",\"row\":" + std::to_string(b.global_rows[r]) +
+             ",\"rank\":" + std::to_string(lo.dp_rank) + ",\"domain\":";
       append_json_string(&buf, names[b.domains[r]]);
       buf += ",\"samples\":[";
       for (size_t k = 0; k < b.docs[r].size(); ++k) {

@@ -1,5 +1,6 @@
 // `kiln stream`: the loader alone, printing what one data-parallel rank sees — one JSON line per
-// sequence: {"step": S, "rank": R, "domain": "name", "samples": [input ids of the documents whose
+// sequence: {"step": S, "row": J (index in the step's global batch), "rank": R, "domain": "name",
+// "samples": [input ids of the documents whose
 // tokens the sequence holds, in order]} (ids as stored in each sample's <key>.json "id": strings
 // or numbers). See docs/LOADER.md "kiln stream".
 #pragma once

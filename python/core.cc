@@ -173,9 +173,12 @@ std::unique_ptr<PyLoader> open_loader(const std::string& dataset, int64_t seq_le
                                       int64_t micro_batch, uint64_t seed,
                                       std::optional<py::dict> weights, int rank, int world,
                                       int workers, int prefetch, const std::string& split,
-                                      bool skip_bad_shards, bool verify_checksums,
-                                      bool sample_ids) {
+                                      bool skip_bad_shards, bool verify_checksums, bool sample_ids,
+                                      int64_t global_batch, int64_t partitions, bool repartition) {
   kl::LoaderOptions o;
+  o.global_batch = global_batch;
+  o.partitions = partitions;
+  o.repartition = repartition;
   o.seq_len = seq_len;
   o.micro_batch = micro_batch;
   o.seed = seed;
@@ -274,12 +277,24 @@ PYBIND11_MODULE(_core, m) {
       "JSON of the merged state of every rank's state (JSON texts)");
 
   py::class_<PyBatch>(m, "Batch", "One step's data for this rank (see kiln.Loader)")
-      .def_property_readonly("step", [](const PyBatch& b) { return b.batch.step; },
-                             "0-based step index of this batch")
+      .def_property_readonly(
+          "global_rows",
+          [](const PyBatch& b) {
+            py::list rows;
+            for (int64_t j : b.batch.global_rows) rows.append(j);
+            return rows;
+          },
+          "per row, its index in the step's global batch")
+      .def_property_readonly(
+          "micro", [](const PyBatch& b) { return b.batch.micro; },
+          "which micro-batch of the step (0 .. accumulation - 1)")
+      .def_property_readonly(
+          "step", [](const PyBatch& b) { return b.batch.step; }, "0-based step index of this batch")
       .def_property_readonly("micro_batch", [](const PyBatch& b) { return b.batch.micro_batch; })
       .def_property_readonly("seq_len", [](const PyBatch& b) { return b.batch.seq_len; })
-      .def_property_readonly("wait_ms", [](const PyBatch& b) { return b.batch.wait_ms; },
-                             "how long the loader blocked waiting for this batch")
+      .def_property_readonly(
+          "wait_ms", [](const PyBatch& b) { return b.batch.wait_ms; },
+          "how long the loader blocked waiting for this batch")
       .def_property_readonly(
           "tokens",
           [](py::object self) {
@@ -350,7 +365,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init(&open_loader), py::arg("dataset"), py::kw_only(), py::arg("seq_len"),
            py::arg("micro_batch"), py::arg("seed"), py::arg("weights"), py::arg("rank"),
            py::arg("world"), py::arg("workers"), py::arg("prefetch"), py::arg("split"),
-           py::arg("skip_bad_shards"), py::arg("verify_checksums"), py::arg("sample_ids"))
+           py::arg("skip_bad_shards"), py::arg("verify_checksums"), py::arg("sample_ids"),
+           py::arg("global_batch"), py::arg("partitions"), py::arg("repartition"))
       .def("next", &next_batch)
       .def("set_weights",
            [](PyLoader& self, const py::dict& weights) {

@@ -56,6 +56,8 @@ class LoaderSource final : public DataSource {
       o.dp_rank = 0;
       o.dp_world = 1;
       o.micro_batch = per_domain;
+      o.global_batch = per_domain;
+      o.partitions = 1;  // the split read in order, the same on every layout
       o.weights = {{name, 1.0}};
       o.workers = 1;
       o.prefetch_depth = 1;
@@ -141,6 +143,9 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
   o.seed = config.run.seed;
   o.dp_rank = rank.rank;
   o.dp_world = rank.world;
+  o.global_batch = config.data.micro_batch * config.data.grad_accum * rank.world;
+  o.partitions = config.data.partitions;
+  o.repartition = config.data.repartition;
   o.weights = config.data.mixture;
   o.prefetch_depth = static_cast<int>(config.data.prefetch_depth);
   o.workers = static_cast<int>(config.data.workers);
@@ -149,6 +154,7 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
     // The loader names its weights "weights.<domain>"; in a train config they are data.mixture.
     Status st = std::move(loader).take_status();
     if (st.key().rfind("weights", 0) == 0) st.with_key("data.mixture" + st.key().substr(7));
+    if (st.key() == "partitions") st.with_key("data.partitions");
     return st;
   }
   return std::unique_ptr<DataSource>(

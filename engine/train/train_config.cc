@@ -54,6 +54,8 @@ data:
   prefetch_depth: 4
   workers: 1
   prefetch_next_step: true   # draw and upload the next step's batches while a step computes
+  partitions: 0         # canonical loader partitions; 0: the global batch (docs/LOADER.md)
+  repartition: false    # resume on a layout the partitions do not allow, in another data order
 memory:
   check: true           # refuse a run whose estimated peak per rank exceeds what the rank has
   margin: 0.1           # the share of the budget held back for what the estimate leaves out
@@ -328,6 +330,8 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_int(cfg, "data.prefetch_depth", 1, 1 << 12, &d.prefetch_depth));
   KILN_RETURN_IF_ERROR(read_int(cfg, "data.workers", 1, 256, &d.workers));
   KILN_ASSIGN_OR_RETURN(d.prefetch_next_step, cfg.get<bool>("data.prefetch_next_step"));
+  KILN_RETURN_IF_ERROR(read_int(cfg, "data.partitions", 0, 1 << 24, &d.partitions));
+  KILN_ASSIGN_OR_RETURN(d.repartition, cfg.get<bool>("data.repartition"));
   {
     YAML::Node mix = cfg.node("data.mixture");
     if (mix.IsDefined() && !mix.IsNull()) {

@@ -83,6 +83,12 @@ struct DataConfig {
   // Draw (and upload) the next step's micro-batches while a step computes
   // (engine/data/step_batches.h; the data and results are the same either way).
   bool prefetch_next_step = true;
+  // Canonical loader partitions (loader/loader.h): the data order is the same on every
+  // data-parallel size dividing them. 0: the global batch (micro_batch x grad_accum x dp).
+  int64_t partitions = 0;
+  // Resuming on a data-parallel size that does not divide the checkpoint's partitions (or with
+  // another global batch): continue in another order (warning) instead of refusing.
+  bool repartition = false;
 };
 
 struct ParallelConfig {

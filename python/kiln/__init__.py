@@ -72,6 +72,11 @@ class Loader:
     dataset      the output folder of `kiln prep` (or its manifest.json)
     seq_len      tokens per sequence; each row holds seq_len + 1 (inputs [:-1], targets [1:])
     micro_batch  sequences per batch (per rank)
+    global_batch sequences per optimizer step over all ranks (micro_batch x world x gradient
+                 accumulation); None: micro_batch x world. The same global_batch gives the same
+                 global batches (Batch.global_rows) at every world size dividing `partitions`
+    partitions   canonical partitions; None: global_batch (docs/LOADER.md)
+    repartition  load a state whose partitions this world does not divide, in another order
     seed         shuffles and mixture decisions; the same on every rank
     weights      {domain: weight}, normalised; domains not named get 0. None: the manifest's
                  token shares
@@ -87,7 +92,8 @@ class Loader:
 
     def __init__(self, dataset, *, seq_len, micro_batch, seed=0, weights=None, rank=None,
                  world=None, workers=2, prefetch=4, split="train", skip_bad_shards=False,
-                 verify_checksums=True, sample_ids=False):
+                 verify_checksums=True, sample_ids=False, global_batch=None, partitions=None,
+                 repartition=False):
         if rank is None or world is None:
             auto_rank, auto_world = dist_rank_world()
             rank = auto_rank if rank is None else rank
@@ -100,7 +106,8 @@ class Loader:
             dataset, seq_len=seq_len, micro_batch=micro_batch, seed=seed, weights=weights,
             rank=self._rank, world=self._world, workers=workers, prefetch=prefetch, split=split,
             skip_bad_shards=skip_bad_shards, verify_checksums=verify_checksums,
-            sample_ids=sample_ids)
+            sample_ids=sample_ids, global_batch=int(global_batch or 0),
+            partitions=int(partitions or 0), repartition=bool(repartition))
         self.dataset = dataset
         self.seq_len = int(seq_len)
         self.micro_batch = int(micro_batch)

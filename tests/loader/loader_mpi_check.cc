@@ -83,7 +83,6 @@ int partition(const std::string& dir) {
   const uint32_t eos = static_cast<uint32_t>(truth->manifest.tokenizer.eos_id);
   // Pieces of epoch-0 documents: (shard, member, doc_offset, length) sent to rank 0 at the end.
   std::vector<uint64_t> pieces;
-  uint64_t mixture_hash = 0;
   int64_t steps = 0;
   while (true) {
     int done = 1;
@@ -98,7 +97,11 @@ int partition(const std::string& dir) {
       return fail("short or misnumbered batch");
     const std::string problem = cov.add(*b, eos, rank);
     if (!problem.empty()) return fail("rank " + std::to_string(rank) + ": " + problem);
-    for (int32_t d : b->domains) mixture_hash = mixture_hash * 1000003u + static_cast<uint64_t>(d);
+    // With the default partitions (one per row of the global batch) rank r holds the rows
+    // [r * micro_batch, (r + 1) * micro_batch) of every step's global batch.
+    for (int64_t i = 0; i < o.micro_batch; ++i) {
+      if (b->global_rows[i] != rank * o.micro_batch + i) return fail("rows of another rank");
+    }
     for (const auto& row : b->docs) {
       for (const loader::DocSpan& s : row) {
         if (s.epoch == 0) pieces.insert(pieces.end(), {s.shard, s.member, s.doc_offset, s.length});
@@ -106,11 +109,9 @@ int partition(const std::string& dir) {
     }
     ++steps;
   }
-  // Equal step counts and identical mixture decisions on every rank.
+  // Equal step counts on every rank.
   std::vector<int64_t> all_steps(world);
-  std::vector<uint64_t> all_hashes(world);
   MPI_Allgather(&steps, 1, MPI_INT64_T, all_steps.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
-  MPI_Allgather(&mixture_hash, 1, MPI_UINT64_T, all_hashes.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
   // Gather every rank's epoch-0 pieces on rank 0.
   int count = static_cast<int>(pieces.size());
   std::vector<int> counts(world), displs(world);
@@ -129,7 +130,6 @@ int partition(const std::string& dir) {
   if (rank != 0) return 0;
   for (int r = 0; r < world; ++r) {
     if (all_steps[r] != steps) return fail("ranks made different numbers of steps");
-    if (all_hashes[r] != all_hashes[0]) return fail("mixture decisions differ between ranks");
   }
   std::map<std::pair<uint64_t, uint64_t>, std::vector<std::pair<uint64_t, uint64_t>>> held;
   std::map<std::pair<uint64_t, uint64_t>, std::set<int>> owners;
@@ -197,7 +197,9 @@ int check_stream(const std::string& dir, int world, int64_t steps, int64_t micro
     for (size_t i = 0; i < by_rank[r].size(); ++i) {
       const auto& j = by_rank[r][i];
       if (j["step"] != static_cast<int64_t>(i) / micro_batch) return fail("bad step: " + j.dump());
-      if (j["domain"] != by_rank[0][i]["domain"]) return fail("mixture differs: " + j.dump());
+      if (j["row"] != r * micro_batch + static_cast<int64_t>(i) % micro_batch) {
+        return fail("rows of another rank: " + j.dump());
+      }
       for (const auto& id : j["samples"]) {
         auto it = domain_of.find(id.dump());
         if (it == domain_of.end() || it->second != j["domain"]) return fail("bad id: " + j.dump());

@@ -79,7 +79,7 @@ void run(Loader* l, int64_t from, int64_t to, std::vector<std::vector<uint64_t>>
 }
 
 TEST(LoaderResume, StopRestoreContinueIsBitForBitAcrossWeightChanges) {
-  constexpr int64_t kSteps = 90;
+  constexpr int64_t kSteps = 240;  // every partition of every domain reaches epoch 1
   std::vector<std::vector<uint64_t>> reference;
   {
     auto l = open_loader(options());
@@ -87,7 +87,7 @@ TEST(LoaderResume, StopRestoreContinueIsBitForBitAcrossWeightChanges) {
     // The run crosses epoch boundaries of every domain.
     for (const auto& d : l->stats().domains) EXPECT_GE(d.epoch, 1u) << d.name;
   }
-  for (int64_t k : {0, 1, 7, 20, 21, 49, 50, 63, 89}) {
+  for (int64_t k : {0, 1, 7, 20, 21, 49, 50, 63, 89, 239}) {
     std::vector<std::vector<uint64_t>> got;
     std::string saved;
     {
@@ -129,11 +129,12 @@ TEST(LoaderResume, RestoringTwiceAndRestoringTheSameLoader) {
 
 // Runs `world` ranks in lockstep for steps [from, to), recording coverage.
 void run_ranks(std::vector<std::unique_ptr<Loader>>& ranks, int64_t from, int64_t to, Coverage* cov,
-               int rank_offset, std::vector<std::vector<std::vector<uint64_t>>>* out = nullptr) {
+               int rank_offset, std::vector<std::vector<std::vector<uint64_t>>>* out = nullptr,
+               bool scheduled_changes = true) {
   for (int64_t step = from; step < to; ++step) {
     for (size_t r = 0; r < ranks.size(); ++r) {
       auto it = changes().find(step);
-      if (it != changes().end()) {
+      if (scheduled_changes && it != changes().end()) {
         ASSERT_TRUE(ranks[r]->set_weights(it->second).is_ok());
       }
       auto b = ranks[r]->next_batch();
@@ -165,7 +166,7 @@ void check_world_change(int old_world, int new_world, int64_t k) {
   const LoaderState merged = merged_state(old_ranks);
   // The newest epoch any old rank started, per domain.
   std::map<std::string, uint64_t> frontier;
-  for (const auto& rc : merged.ranks) {
+  for (const auto& rc : merged.cursors) {
     for (const auto& [name, c] : rc.domains) {
       frontier[name] = std::max(frontier[name], c.next_epoch);
     }
@@ -180,7 +181,12 @@ void check_world_change(int old_world, int new_world, int64_t k) {
 
   std::vector<std::unique_ptr<Loader>> ranks;
   for (int r = 0; r < new_world; ++r) {
-    ranks.push_back(open_loader(options(r, new_world)));
+    // Another global batch (micro_batch x world): the same sequence cannot continue, so this is
+    // the repartition fallback, which must still not repeat or skip a sample.
+    LoaderOptions o = options(r, new_world);
+    EXPECT_EQ(open_loader(o)->restore(merged).code(), StatusCode::kConfig);
+    o.repartition = true;
+    ranks.push_back(open_loader(o));
     ASSERT_TRUE(ranks.back()->restore(merged).is_ok());
   }
   auto past_frontier = [&] {
@@ -191,10 +197,16 @@ void check_world_change(int old_world, int new_world, int64_t k) {
     }
     return true;
   };
+  // Every domain weighted from here on (the schedule's later change gives beta weight 0, and with
+  // one row per partition and step a partition's part of an epoch can outlast step 50), so every
+  // epoch in progress completes.
+  for (auto& l : ranks) {
+    ASSERT_TRUE(l->set_weights({{"alpha", 1}, {"beta", 1}, {"gamma", 1}}).is_ok());
+  }
   int64_t step = k;
   while (!past_frontier()) {
     ASSERT_LT(step, k + 5000);
-    run_ranks(ranks, step, step + 1, &cov, 100);
+    run_ranks(ranks, step, step + 1, &cov, 100, nullptr, /*scheduled_changes=*/false);
     ++step;
   }
   // Every epoch that was in progress at the restore, and the first one started after it, holds
@@ -222,9 +234,15 @@ TEST(LoaderResume, AfterWorldSizeChangeResumeIsBitForBit) {
   run_ranks(old_ranks, 0, 15, &cov, 0);
   const LoaderState merged = merged_state(old_ranks);
 
+  // The same global batch (16 rows) on 2 ranks: micro-batch 8.
+  auto options2 = [](int r) {
+    LoaderOptions o = options(r, 2);
+    o.micro_batch = 8;
+    return o;
+  };
   std::vector<std::unique_ptr<Loader>> a;  // uninterrupted after the 4 -> 2 restore
   for (int r = 0; r < 2; ++r) {
-    a.push_back(open_loader(options(r, 2)));
+    a.push_back(open_loader(options2(r)));
     ASSERT_TRUE(a.back()->restore(merged).is_ok());
   }
   Coverage cov_a(&dataset());
@@ -233,7 +251,7 @@ TEST(LoaderResume, AfterWorldSizeChangeResumeIsBitForBit) {
 
   std::vector<std::unique_ptr<Loader>> b;  // stopped at 30 and restored from its own states
   for (int r = 0; r < 2; ++r) {
-    b.push_back(open_loader(options(r, 2)));
+    b.push_back(open_loader(options2(r)));
     ASSERT_TRUE(b.back()->restore(merged).is_ok());
   }
   Coverage cov_b(&dataset());
@@ -243,13 +261,107 @@ TEST(LoaderResume, AfterWorldSizeChangeResumeIsBitForBit) {
   for (auto& l : b) own.push_back(l->state());
   b.clear();
   for (int r = 0; r < 2; ++r) {
-    b.push_back(open_loader(options(r, 2)));
+    b.push_back(open_loader(options2(r)));
     auto s = LoaderState::from_json(own[r].to_json());
     ASSERT_TRUE(s.is_ok());
     ASSERT_TRUE(b.back()->restore(*s).is_ok());
   }
   run_ranks(b, 30, 60, &cov_b, 0, &got);
   EXPECT_EQ(got, ref);
+}
+
+// Every row of every global step, keyed by (step, global row): tokens, domain and spans.
+using GlobalRows = std::map<std::pair<int64_t, int64_t>, std::vector<uint64_t>>;
+
+void collect(Loader* l, int64_t calls, GlobalRows* out, bool scheduled_changes = true) {
+  for (int64_t c = 0; c < calls; ++c) {
+    const int64_t next_step = l->state().step;
+    auto it = changes().find(next_step);
+    if (scheduled_changes && it != changes().end() && l->state().micro == 0) {
+      ASSERT_TRUE(l->set_weights(it->second).is_ok());
+    }
+    auto b = l->next_batch();
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    const int64_t width = b->seq_len + 1;
+    for (int64_t r = 0; r < b->micro_batch; ++r) {
+      std::vector<uint64_t> v(b->tokens.begin() + r * width, b->tokens.begin() + (r + 1) * width);
+      v.push_back(static_cast<uint64_t>(b->domains[r]));
+      for (const auto& sp : b->docs[r]) {
+        v.insert(v.end(), {sp.shard, sp.member, sp.epoch, sp.doc_offset, sp.length});
+      }
+      const auto key = std::make_pair(b->step, b->global_rows[r]);
+      ASSERT_EQ(out->count(key), 0u) << "row given twice";
+      (*out)[key] = std::move(v);
+    }
+  }
+}
+
+struct Layout {
+  int world;
+  int64_t micro_batch;  // global batch 8 = world x micro_batch x accumulation
+};
+
+LoaderOptions layout_options(const Layout& l, int rank) {
+  LoaderOptions o = options(rank, l.world);
+  o.micro_batch = l.micro_batch;
+  o.global_batch = 8;
+  return o;
+}
+
+// Steps [0, steps) of a layout, every rank, with the scheduled weight changes.
+GlobalRows run_layout(const Layout& l, int64_t steps) {
+  GlobalRows rows;
+  const int64_t calls = steps * 8 / (l.world * l.micro_batch);
+  for (int r = 0; r < l.world; ++r) {
+    auto loader = open_loader(layout_options(l, r));
+    collect(loader.get(), calls, &rows);
+  }
+  return rows;
+}
+
+TEST(LoaderGlobalBatch, TheSameRowsAtEveryDataParallelSizeAndAccumulation) {
+  // DP 1 x mb 8, DP 2 x mb 4, DP 4 x mb 2, DP 2 x mb 2 x accumulation 2, DP 8 x mb 1, DP 1 x mb 1
+  // x accumulation 8: 60 steps across two weight changes and epoch ends.
+  const GlobalRows ref = run_layout({1, 8}, 60);
+  ASSERT_EQ(ref.size(), 60u * 8);
+  for (const Layout& l : {Layout{2, 4}, Layout{4, 2}, Layout{2, 2}, Layout{8, 1}, Layout{1, 1}}) {
+    EXPECT_TRUE(run_layout(l, 60) == ref)
+        << "world " << l.world << " micro_batch " << l.micro_batch;
+  }
+}
+
+TEST(LoaderGlobalBatch, ResumeOnAnotherLayoutContinuesTheSameRows) {
+  const GlobalRows ref = run_layout({2, 4}, 40);
+  // Stop the 2-rank run at step 10 (after its first weight change is scheduled at 20: also
+  // restore past it), merge, continue on 4 ranks, on 1 rank, and on 2 ranks x accumulation 2.
+  for (int64_t stop : {10, 25}) {
+    std::vector<LoaderState> states;
+    GlobalRows got;
+    for (int r = 0; r < 2; ++r) {
+      auto l = open_loader(layout_options({2, 4}, r));
+      collect(l.get(), stop, &got);
+      states.push_back(l->state());
+    }
+    auto merged = LoaderState::merge(states);
+    ASSERT_TRUE(merged.is_ok()) << merged.status().to_string();
+    for (const Layout& to : {Layout{4, 2}, Layout{1, 8}, Layout{2, 2}}) {
+      GlobalRows rows = got;
+      for (int r = 0; r < to.world; ++r) {
+        auto l = open_loader(layout_options(to, r));
+        ASSERT_TRUE(l->restore(*merged).is_ok());
+        collect(l.get(), (40 - stop) * 8 / (to.world * to.micro_batch), &rows);
+      }
+      EXPECT_TRUE(rows == ref) << "2 -> " << to.world << " x " << to.micro_batch << " at " << stop;
+    }
+    // A size that does not divide the 8 partitions is refused, naming the allowed sizes.
+    LoaderOptions o = options(0, 3);
+    o.micro_batch = 1;
+    o.global_batch = 9;
+    auto l = open_loader(o);
+    const Status st = l->restore(*merged);
+    EXPECT_EQ(st.code(), StatusCode::kConfig);
+    EXPECT_NE(st.to_string().find("1, 2, 4, 8"), std::string::npos) << st.to_string();
+  }
 }
 
 TEST(LoaderResume, RestoreDeepIntoAnEpochReadsOnlyWhatItNeeds) {

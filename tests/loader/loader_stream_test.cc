@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -64,10 +65,10 @@ TEST(KilnStream, PrintsOneLinePerSequenceWithTheDocumentIds) {
   for (size_t i = 0; i < 48; ++i) {
     for (int r = 0; r < 3; ++r) {
       const json& l = ranks[r][i];
-      ASSERT_EQ(l.size(), 4u) << l.dump();
+      ASSERT_EQ(l.size(), 5u) << l.dump();
       EXPECT_EQ(l["step"], static_cast<int>(i / 4));
+      EXPECT_EQ(l["row"], static_cast<int>(r * 4 + i % 4));  // rank r: rows [4r, 4r + 4)
       EXPECT_EQ(l["rank"], r);
-      EXPECT_EQ(l["domain"], ranks[0][i]["domain"]);  // the same mixture decisions on all ranks
       ASSERT_TRUE(l["samples"].is_array());
       ASSERT_FALSE(l["samples"].empty());
       for (const json& id : l["samples"]) {
@@ -129,19 +130,46 @@ TEST(KilnStream, WorldSizeChangeFromAllRanksStates) {
     states += " " + dir + "/s-" + std::to_string(r) + ".json";
   }
   // Restoring with --world 2 from one rank's state is refused; from all four it works.
-  CliRun one = kiln("stream " + ds.dir + " --world 2 --rank 0 --steps 1" + kCommon + "--state-in " +
-                    dir + "/s-0.json");
+  CliRun one = kiln("stream " + ds.dir + " --world 2 --rank 0 --steps 1 --global-batch 16" +
+                    kCommon + "--state-in " + dir + "/s-0.json");
   EXPECT_EQ(one.exit_code, 2) << one.err;
-  EXPECT_NE(one.err.find("all 4 ranks"), std::string::npos) << one.err;
+  EXPECT_NE(one.err.find("merged states of all ranks"), std::string::npos) << one.err;
+  // Another global batch (8 instead of 16) is refused unless --repartition.
+  CliRun other =
+      kiln("stream " + ds.dir + " --world 2 --rank 0 --steps 1" + kCommon + "--state-in" + states);
+  EXPECT_EQ(other.exit_code, 2) << other.err;
+  EXPECT_NE(other.err.find("--repartition"), std::string::npos) << other.err;
+  // The same global batch of 16 on 2 ranks (micro-batch 4, accumulation 2) and on 1 rank
+  // continues with exactly the rows the 4-rank run would have read next.
+  std::map<std::pair<int, int>, json> want, got2, got1;
+  for (int r = 0; r < 4; ++r) {
+    CliRun run = kiln("stream " + ds.dir + " --world 4 --rank " + std::to_string(r) + " --steps 5" +
+                      kCommon);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    for (const json& l : lines(run.out)) {
+      if (l["step"] >= 3) want[{l["step"], l["row"]}] = l["samples"];
+    }
+  }
   for (int r = 0; r < 2; ++r) {
-    CliRun run = kiln("stream " + ds.dir + " --world 2 --rank " + std::to_string(r) + " --steps 4" +
-                      kCommon + "--state-in" + states);
+    CliRun run = kiln("stream " + ds.dir + " --world 2 --rank " + std::to_string(r) +
+                      " --steps 4 --global-batch 16" + kCommon + "--state-in" + states);
     ASSERT_EQ(run.exit_code, 0) << run.err;
     const auto ls = lines(run.out);
     ASSERT_EQ(ls.size(), 16u);
     EXPECT_EQ(ls.front()["step"], 3);
     EXPECT_EQ(ls.front()["rank"], r);
+    for (const json& l : ls) got2[{l["step"], l["row"]}] = l["samples"];
   }
+  EXPECT_EQ(got2, want);
+  CliRun single = kiln("stream " + ds.dir + " --world 1 --steps 2 --global-batch 16" +
+                       std::string(" --seq-len 7 --seed 5 --state-in") + states);
+  ASSERT_EQ(single.exit_code, 0) << single.err;
+  for (const json& l : lines(single.out)) got1[{l["step"], l["row"]}] = l["samples"];
+  EXPECT_EQ(got1, want);
+  // With --repartition the other global batch continues (in another order).
+  CliRun re = kiln("stream " + ds.dir + " --world 2 --rank 1 --steps 2 --repartition" + kCommon +
+                   "--state-in" + states);
+  EXPECT_EQ(re.exit_code, 0) << re.err;
 }
 
 TEST(KilnStream, ErrorsAndExitCodes) {

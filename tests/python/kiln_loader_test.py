@@ -220,10 +220,13 @@ class Resume(unittest.TestCase):
         states = [loader.state_dict() for loader in old]
         merged = kiln.merge_states(states)
         self.assertEqual(merged["world"], 2)
-        self.assertEqual(len(merged["ranks"]), 2)
+        self.assertEqual(len(merged["cursors"]), 8)  # partitions: the global batch 2 x 4
         new = []
         for r in range(3):
-            loader = kiln.Loader(DATA, rank=r, world=3, **args)
+            # Global batch 12, not 8: the same order cannot continue, so this is the fallback.
+            with self.assertRaisesRegex(ValueError, "repartition"):
+                kiln.Loader(DATA, rank=r, world=3, **args).load_state_dict(merged)
+            loader = kiln.Loader(DATA, rank=r, world=3, repartition=True, **args)
             # Rank 0 gets the list of states, the others the merged state: the same thing.
             loader.load_state_dict(states if r == 0 else merged)
             new.append(loader)
@@ -242,9 +245,30 @@ class Resume(unittest.TestCase):
     def test_single_rank_state_at_other_world_is_refused(self):
         a = kiln.Loader(DATA, seq_len=16, micro_batch=2, rank=0, world=2)
         next(a)
-        b = kiln.Loader(DATA, seq_len=16, micro_batch=2, rank=0, world=3)
-        with self.assertRaisesRegex(ValueError, "needs the merged states of all 2 ranks"):
+        # The same global batch (4) on 4 ranks: rank 3 continues partition 3, which rank 0's
+        # state does not hold; rank 0 continues partition 0, which it does.
+        b = kiln.Loader(DATA, seq_len=16, micro_batch=1, rank=3, world=4, global_batch=4)
+        with self.assertRaisesRegex(ValueError, "merged states of all ranks"):
             b.load_state_dict(a.state_dict())
+        kiln.Loader(DATA, seq_len=16, micro_batch=1, rank=0, world=4,
+                    global_batch=4).load_state_dict(a.state_dict())
+
+    def test_the_same_global_batches_at_every_world_size(self):
+        def rows(world, micro_batch, calls):
+            out = {}
+            for r in range(world):
+                loader = kiln.Loader(DATA, seq_len=16, micro_batch=micro_batch, seed=3, rank=r,
+                                     world=world, global_batch=8, weights={"web": 1, "code": 1})
+                for _ in range(calls):
+                    b = next(loader)
+                    for i, j in enumerate(b.global_rows):
+                        out[(b.step, j)] = (b.tokens[i].tolist(), int(b.domain[i]))
+            return out
+        ref = rows(1, 8, 12)
+        self.assertEqual(len(ref), 96)
+        self.assertEqual(rows(2, 4, 12), ref)
+        self.assertEqual(rows(4, 2, 12), ref)
+        self.assertEqual(rows(2, 2, 24), ref)  # gradient accumulation 2
 
 
 class KilnTrainCheckpoint(unittest.TestCase):

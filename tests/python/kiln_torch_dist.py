@@ -30,7 +30,7 @@ import kiln.torch
 
 KILN, FIXTURE, WORK = sys.argv[1:4]
 DATA = os.path.join(WORK, "data")
-STEPS = 60
+STEPS = 120
 
 
 def main():
@@ -79,8 +79,9 @@ def main():
         shared = [k for k, v in owners.items() if len(v) > 1]
         if shared:
             failures.append("documents read by both ranks: %s" % shared[:5])
-        # 60 steps x 4 rows x 17 tokens x 2 ranks cover epoch 0 of both domains (~5,300
-        # tokens): every epoch-0 document complete, each token once.
+        # 120 steps x 4 rows x 17 tokens x 2 ranks cover epoch 0 of both domains (~5,300
+        # tokens; each of the 8 partitions reads its own part, at its own pace): every epoch-0
+        # document complete, each token once.
         complete = 0
         for doc_id, got in epoch0.items():
             at = 0

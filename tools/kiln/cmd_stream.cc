@@ -1,4 +1,5 @@
-// kiln stream OUT --world W --rank R --steps N [--seq-len T --micro-batch B --seed S]
+// kiln stream OUT --world W --rank R --steps N [--seq-len T --micro-batch B --global-batch G
+//   --partitions P --repartition --seed S]
 //   [--weights d1=w1,d2=w2] [--state-in F]... [--state-out F] — see loader/stream.h.
 #include <filesystem>
 #include <cstdio>
@@ -24,7 +25,7 @@ RunFn add_stream_command(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand(
       "stream",
       "run the loader alone and print what one data-parallel rank sees: one JSON line per "
-      "sequence {\"step\",\"rank\",\"domain\",\"samples\":[input ids]}");
+      "sequence {\"step\",\"row\",\"rank\",\"domain\",\"samples\":[input ids]}");
   cmd->add_option("OUT", o.dataset,
                   "the output folder of kiln prep (or its manifest.json); several datasets with "
                   "the same tokenizer read as one: OUT1,OUT2")
@@ -54,9 +55,20 @@ RunFn add_stream_command(CLI::App& root) {
   cmd->add_option("--seq-len", o.loader.seq_len, "tokens per sequence, plus one for the targets")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  cmd->add_option("--micro-batch", o.loader.micro_batch, "sequences per step and rank")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  CLI::Option* micro = cmd->add_option("--micro-batch", o.loader.micro_batch,
+                                       "sequences per batch and rank (default 8, or with "
+                                       "--global-batch G: G / W)")
+                           ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--global-batch", o.loader.global_batch,
+                  "sequences per step over all ranks (default: micro-batch x W); the same G "
+                  "shows the same global batches at every --world")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--partitions", o.loader.partitions,
+                  "canonical partitions (default: the global batch; W must divide it)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_flag("--repartition", o.loader.repartition,
+                "continue a --state-in whose partitions W does not divide (or whose global "
+                "batch differs) in another order instead of refusing");
   cmd->add_option("--seed", o.loader.seed, "shuffle and mixture seed (shared by all ranks)")
       ->capture_default_str();
   cmd->add_option("--weights", f->weights,
@@ -84,7 +96,7 @@ RunFn add_stream_command(CLI::App& root) {
       ->check(CLI::IsMember({"train", "val"}));
   cmd->add_flag("--skip-bad-shards", o.loader.skip_bad_shards,
                 "skip (count and log) unreadable shards instead of stopping");
-  return [f]() -> Status {
+  return [f, micro]() -> Status {
     auto& o = f->options;
     const comm::LaunchEnv env = comm::launch_env();
     o.loader.dp_world = f->world > 0 ? f->world : env.world;
@@ -93,6 +105,14 @@ RunFn add_stream_command(CLI::App& root) {
       return Status::usage("--rank " + std::to_string(o.loader.dp_rank) + " is not below --world " +
                            std::to_string(o.loader.dp_world))
           .with_key("--rank");
+    }
+    if (o.loader.global_batch > 0 && micro->count() == 0) {
+      if (o.loader.global_batch % o.loader.dp_world != 0) {
+        return Status::usage("--global-batch " + std::to_string(o.loader.global_batch) +
+                             " is not a multiple of --world " + std::to_string(o.loader.dp_world))
+            .with_key("--global-batch");
+      }
+      o.loader.micro_batch = o.loader.global_batch / o.loader.dp_world;
     }
     o.loader.val_split = f->split == "val";
     if (!f->weights.empty()) {
