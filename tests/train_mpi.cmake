@@ -31,3 +31,14 @@ if(KILN_HAVE_MPI)
                          SKIP_RETURN_CODE 77)
   endforeach()
 endif()
+# The same global batch at any data-parallel size on `kiln prep` data (tests/train_global_batch.sh):
+# DP 1/2/4, accumulation and DP x TP ZeRO-3 against one process; resume 2 -> 4 and 4 -> 1 ranks.
+if(KILN_HAVE_MPI)
+  foreach(check equivalence resume)
+    add_test(NAME train_global_batch_${check}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_global_batch.sh ${check} $<TARGET_FILE:kiln>
+                     ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_global_batch
+                     ${MPIEXEC_EXECUTABLE})
+    set_tests_properties(train_global_batch_${check} PROPERTIES LABELS "mpi;e2e" TIMEOUT 600)
+  endforeach()
+endif()
