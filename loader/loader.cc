@@ -126,7 +126,7 @@ class LoaderImpl final : public Loader {
           .with_key("global_batch");
     }
     KILN_RETURN_IF_ERROR(check_partitions(o.partitions == 0 ? G_ : o.partitions, "partitions"));
-    set_partitions(o.partitions == 0 ? G_ : o.partitions);
+    P_ = o.partitions == 0 ? G_ : o.partitions;
     // Upper bounds as in kiln stream's flags and the train config: a thread each, a batch each.
     if (o.prefetch_depth < 1 || o.prefetch_depth > (1 << 16)) {
       return Status::config("prefetch_depth must be in [1, 65536], got " +
@@ -315,7 +315,7 @@ class LoaderImpl final : public Loader {
     tar_bytes_ = 0;
     queue_.clear();
     latched_ = Status::ok();
-    set_partitions(place.partitions);
+    P_ = place.partitions;
     reset_streams(place.cursors);
     start_threads();
     return Status::ok();
@@ -401,7 +401,6 @@ class LoaderImpl final : public Loader {
     }
     return Status::ok();
   }
-  void set_partitions(int64_t p) { P_ = p; }
 
   // Where a restored state puts this rank: the partitions and one cursor per hosted stream.
   struct Placement {
