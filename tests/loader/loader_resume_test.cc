@@ -372,6 +372,7 @@ TEST(LoaderResume, RestoreDeepIntoAnEpochReadsOnlyWhatItNeeds) {
   LoaderOptions o;
   o.seq_len = 63;
   o.micro_batch = 2;
+  o.partitions = 1;  // one stream: the bound below is per stream (2 partitions read 2 positions)
   o.workers = 1;
   o.prefetch_depth = 1;
   auto l = Loader::open(ds->manifest, o);
