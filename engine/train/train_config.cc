@@ -16,7 +16,7 @@ model:
   seq_len: 256
   init: gpt2            # gpt2 | deepnet
   init_std: 0.02
-  init_from: ""         # start from these weights (a `kiln checkpoint consolidate` file)
+  init_from: ""         # start from these weights (a `kiln checkpoint consolidate` file or a Hugging Face GPT-2 directory)
 parallel:
   tp: 1
   zero_stage: 0

@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/stop_signal.h"
 #include "common/text.h"
+#include "engine/checkpoint/hf.h"
 #include "engine/model/schedule.h"
 #include "engine/parallel/data_parallel.h"
 #include "engine/parallel/tensor_parallel.h"
@@ -255,7 +256,13 @@ Status Trainer::build_model_states(Runtime* runtime) {
       KILN_LOG_WARN("--resume: no checkpoint in {}; starting from step 0", config.run.dir);
     }
   }
-  if (!source && !config.model.init_from.empty()) {
+  if (!source && !config.model.init_from.empty() && is_hf_dir(config.model.init_from)) {
+    // A Hugging Face directory (engine/checkpoint/hf.h): each rank reads its slices' ranges.
+    auto reader = HfSource::open(config.model.init_from, *params_, "model.init_from");
+    KILN_RETURN_IF_ERROR(dp_->agree(reader.is_ok() ? Status::ok() : reader.status()));
+    source = std::move(reader).value();
+    from = config.model.init_from + " (model.init_from, Hugging Face; AdamW moments start at zero)";
+  } else if (!source && !config.model.init_from.empty()) {
     auto reader =
         CheckpointReader::open_consolidated(config.model.init_from, *params_, "model.init_from");
     KILN_RETURN_IF_ERROR(dp_->agree(reader.is_ok() ? Status::ok() : reader.status()));
