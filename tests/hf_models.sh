@@ -22,8 +22,9 @@
 #             (tokenizer files included), `kiln generate --prompt TEXT` from the run and from the
 #             export give the same text; `kiln eval --data` (validation split per domain),
 #             `--jsonl` and `--tasks` (multiple choice) give finite losses, bits per byte and
-#             accuracies in [0, 1] with the arithmetic they claim; bad task lines name the line
-#             and field.
+#             accuracies in [0, 1] with the arithmetic they claim; the training loop's eval.tasks
+#             writes the same task accuracy into metrics.jsonl as `kiln eval` of the same step;
+#             bad task lines name the line and field.
 set -euo pipefail
 CHECK=$1
 KILN=$(readlink -f "$2")
@@ -195,7 +196,6 @@ mpi)
       --set parallel.tp=2 --set parallel.zero_stage=3 --set model.init_from=$init >"i_$init.log" 2>&1 ||
       { cat "i_$init.log"; fail "init_from=$init under DP=2 x TP=2 ZeRO-3"; }
   done
-  grep -q "Hugging Face" i_from_shards.log || grep -rq "Hugging Face" i_from_shards/ 2>/dev/null || true
   $PY - <<'PY'
 import json
 a = [json.loads(l)["loss"] for l in open("i_from_shards/metrics.jsonl")]
@@ -208,10 +208,16 @@ e2e)
   "$SRC/tools/default_corpus" corpus >/dev/null
   "$KILN" prep --input corpus --output data --threads 2 --set split.val_fraction=0.05 >/dev/null 2>prep.log ||
     { cat prep.log; fail "kiln prep"; }
+  cat >tasks.jsonl <<'EOF'
+{"context": "The capital of France is", "choices": [" Paris", " a banana", " blue"], "label": 0}
+{"context": "Two plus two equals", "choices": [" four", " the sea"], "label": 0}
+{"context": "", "choices": ["hello world", "zzzz qqqq"], "label": 1}
+{"context": "def f(x):\n    return ", "choices": ["x + 1", "the end of the story"], "label": 0}
+EOF
   "$KILN" train --quiet --config "$SRC/configs/train/tiny.yaml" --set data.manifest=data \
     --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.seq_len=64 \
-    --set run.dir=run --set run.steps=20 --set run.threads=2 --set eval.every_steps=0 >train.log 2>&1 ||
-    { cat train.log; fail "kiln train"; }
+    --set run.dir=run --set run.steps=20 --set run.threads=2 --set eval.every_steps=10 \
+    --set 'eval.tasks=[tasks.jsonl]' >train.log 2>&1 || { cat train.log; fail "kiln train"; }
   "$KILN" checkpoint export run -o hf --dtype fp32 >export.log
   for f in config.json model.safetensors generation_config.json tokenizer_config.json vocab.json merges.txt kiln_tokenizer.json; do
     [ -f "hf/$f" ] || fail "export lacks $f"
@@ -239,12 +245,6 @@ e2e)
 {"text": "Another sentence about the weather and the sea.", "domain": "prose"}
 EOF
   "$KILN" eval hf --jsonl texts.jsonl --json >eval_jsonl.json
-  cat >tasks.jsonl <<'EOF'
-{"context": "The capital of France is", "choices": [" Paris", " a banana", " blue"], "label": 0}
-{"context": "Two plus two equals", "choices": [" four", " the sea"], "label": 0}
-{"context": "", "choices": ["hello world", "zzzz qqqq"], "label": 1}
-{"context": "def f(x):\n    return ", "choices": ["x + 1", "the end of the story"], "label": 0}
-EOF
   "$KILN" eval run --tasks tasks.jsonl --json >eval_tasks.json
   "$KILN" eval run --tasks tasks.jsonl >eval_tasks.txt
   grep -q "acc_norm" eval_tasks.txt || fail "the table has no acc_norm column"
@@ -264,11 +264,18 @@ assert set(j["domains"]) == {"prose", "code"} and j["domains"]["prose"]["docs"] 
 assert j["domains"]["code"]["bytes"] == len("def add(a, b):\n    return a + b\n")
 t = json.load(open("eval_tasks.json"))["tasks"]["tasks"]
 assert t["examples"] == 4 and all(x in (0, .25, .5, .75, 1) for x in (t["acc"], t["acc_norm"])), t
+# The training loop's eval.tasks (steps 10 and 20) with the trainer's model: step 20's equals
+# `kiln eval` of the step-20 checkpoint.
+m = [json.loads(l) for l in open("run/metrics.jsonl")]
+steps = [r["step"] for r in m if "tasks" in r]
+assert steps == [10, 20], steps
+last = m[-1]["tasks"]["tasks"]
+assert last == {"acc": t["acc"], "acc_norm": t["acc_norm"]}, (last, t)
+print("eval.tasks in training:", {r["step"]: r["tasks"]["tasks"] for r in m if "tasks" in r})
 print("eval --jsonl and --tasks:", j["total"], t)
 PY
   echo '{"context": "x", "choices": ["a", "b"], "label": 5}' >bad_task.jsonl
   expect_refusal 3 "bad_task.jsonl:1 label" "$KILN" eval run --tasks bad_task.jsonl
-  expect_refusal 2 "--data" "$KILN" eval run --data nowhere_is_this 2>/dev/null || true
   ;;
 *)
   fail "unknown check $CHECK"

@@ -1,5 +1,6 @@
 #include "engine/infer/eval_tasks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -92,27 +93,41 @@ Result<std::vector<McExample>> read_mc_tasks(const std::string& path) {
   return out;
 }
 
-McResult score_mc(GptInference& model, const std::vector<McExample>& examples,
-                  const EncodeFn& encode, int32_t eos) {
-  McResult r;
-  int64_t right = 0, right_norm = 0;
+std::vector<McTokens> tokenize_mc(const std::vector<McExample>& examples, const EncodeFn& encode,
+                                  int32_t eos) {
+  std::vector<McTokens> out;
   for (const McExample& ex : examples) {
     // lm-eval-harness: trailing whitespace of the context goes to the continuation.
     std::string ctx = ex.context;
     std::string lead;
-    while (!ctx.empty() && std::string_view(" \t\n\r\f\v").find(ctx.back()) != std::string_view::npos) {
+    while (!ctx.empty() &&
+           std::string_view(" \t\n\r\f\v").find(ctx.back()) != std::string_view::npos) {
       lead.insert(lead.begin(), ctx.back());
       ctx.pop_back();
     }
-    std::vector<int32_t> ctx_ids = ctx.empty() && eos >= 0 ? std::vector<int32_t>{eos} : encode(ctx);
-    if (ctx_ids.empty() && eos >= 0) ctx_ids.push_back(eos);
+    McTokens t;
+    t.context = ctx.empty() ? std::vector<int32_t>() : encode(ctx);
+    if (t.context.empty() && eos >= 0) t.context.push_back(eos);
+    for (const std::string& c : ex.choices) {
+      t.choices.push_back(encode(lead + c));
+      t.choice_bytes.push_back(c.size());
+    }
+    t.label = ex.label;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+McResult mc_result(const std::vector<McTokens>& examples,
+                   const std::vector<std::vector<double>>& nll) {
+  McResult r;
+  int64_t right = 0, right_norm = 0;
+  for (size_t e = 0; e < examples.size(); ++e) {
     size_t best = 0, best_norm = 0;
     double best_ll = -INFINITY, best_ll_norm = -INFINITY;
-    for (size_t c = 0; c < ex.choices.size(); ++c) {
-      const std::string cont = lead + ex.choices[c];
-      const std::vector<int32_t> cont_ids = encode(cont);
-      const double ll = -continuation_nll(model, ctx_ids, cont_ids);
-      const double norm = ll / static_cast<double>(ex.choices[c].size());
+    for (size_t c = 0; c < examples[e].choices.size(); ++c) {
+      const double ll = -nll[e][c];
+      const double norm = ll / static_cast<double>(std::max<size_t>(1, examples[e].choice_bytes[c]));
       if (ll > best_ll) {
         best_ll = ll;
         best = c;
@@ -122,8 +137,8 @@ McResult score_mc(GptInference& model, const std::vector<McExample>& examples,
         best_norm = c;
       }
     }
-    right += best == static_cast<size_t>(ex.label);
-    right_norm += best_norm == static_cast<size_t>(ex.label);
+    right += best == static_cast<size_t>(examples[e].label);
+    right_norm += best_norm == static_cast<size_t>(examples[e].label);
     ++r.examples;
   }
   if (r.examples) {
@@ -131,6 +146,33 @@ McResult score_mc(GptInference& model, const std::vector<McExample>& examples,
     r.acc_norm = static_cast<double>(right_norm) / static_cast<double>(r.examples);
   }
   return r;
+}
+
+void mc_row(const McTokens& ex, size_t choice, int64_t seq_len, int32_t* inputs,
+            int32_t* targets) {
+  const std::vector<int32_t>& cont = ex.choices[choice];
+  std::vector<int32_t> seq = ex.context;
+  seq.insert(seq.end(), cont.begin(), cont.end());
+  const size_t T = static_cast<size_t>(seq_len);
+  if (seq.size() > T + 1) seq.erase(seq.begin(), seq.end() - static_cast<std::ptrdiff_t>(T + 1));
+  const size_t n = seq.size() - 1;  // predictions
+  const size_t first = n - std::min(n, cont.size());
+  for (size_t i = 0; i < T; ++i) {
+    inputs[i] = i < n ? seq[i] : 0;
+    targets[i] = i < n && i >= first ? seq[i + 1] : -1;
+  }
+}
+
+McResult score_mc(GptInference& model, const std::vector<McExample>& examples,
+                  const EncodeFn& encode, int32_t eos) {
+  const std::vector<McTokens> toks = tokenize_mc(examples, encode, eos);
+  std::vector<std::vector<double>> nll(toks.size());
+  for (size_t e = 0; e < toks.size(); ++e) {
+    for (const auto& cont : toks[e].choices) {
+      nll[e].push_back(continuation_nll(model, toks[e].context, cont));
+    }
+  }
+  return mc_result(toks, nll);
 }
 
 }  // namespace kiln::engine

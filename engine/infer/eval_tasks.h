@@ -57,6 +57,25 @@ struct McResult {
   int64_t examples = 0;
   double acc = 0, acc_norm = 0;
 };
+
+// An example as token ids (the encoding rules above applied).
+struct McTokens {
+  std::vector<int32_t> context;
+  std::vector<std::vector<int32_t>> choices;
+  std::vector<size_t> choice_bytes;  // UTF-8 bytes of each choice as given
+  int64_t label = 0;
+};
+std::vector<McTokens> tokenize_mc(const std::vector<McExample>& examples, const EncodeFn& encode,
+                                  int32_t eos);
+// acc and acc_norm from each choice's negative log-likelihood (nll[e][c]).
+McResult mc_result(const std::vector<McTokens>& examples,
+                   const std::vector<std::vector<double>>& nll);
+// One choice as a training-model row of seq_len positions: inputs and targets of (context +
+// choice) cut on the left to seq_len + 1 tokens, targets -1 but at the choice's tokens, padded
+// (input 0, target -1) on the right. The sum of the row's per-token losses is the choice's nll.
+void mc_row(const McTokens& example, size_t choice, int64_t seq_len, int32_t* inputs,
+            int32_t* targets);
+
 McResult score_mc(GptInference& model, const std::vector<McExample>& examples,
                   const EncodeFn& encode, int32_t eos);
 

@@ -46,6 +46,8 @@ struct StepRecord {
   std::optional<double> mfu;
   std::optional<double> device_memory_peak_mib;
   std::map<std::string, double> val_loss;  // on evaluation steps (eval.every_steps)
+  // eval.tasks on evaluation steps: task -> {"acc", "acc_norm"}
+  std::map<std::string, std::map<std::string, double>> tasks;
   std::string mixing_policy;               // the policy in effect ("static", "odm", ...)
   bool mixing_paused = false;              // weights pinned by `kiln mix set`
   // Stability signals (engine/stability/monitor.h).

@@ -114,6 +114,12 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                     config.eval.every_steps);
     }
   }
+  if (config.eval.every_steps > 0 && !options.eval_tasks.empty()) {
+    t->task_eval_ = std::make_unique<TaskEvaluator>(options.eval_tasks, config.data.micro_batch,
+                                                    config.model.seq_len, runtime);
+    KILN_LOG_INFO("eval: {} multiple-choice task(s) every {} steps", options.eval_tasks.size(),
+                  config.eval.every_steps);
+  }
   if (config.mixing.policy == MixPolicy::kDoremi && !t->eval_) {
     KILN_LOG_WARN("mixing: doremi without validation loss uses the per-domain training loss");
   }
@@ -736,6 +742,11 @@ Status Trainer::observe(const StepInput& in, StepRecord* rec) {
   if (eval_ && rec->step % config_.eval.every_steps == 0) {
     rec->val_loss = eval_->evaluate(*model_);
     mix_->observe_val(rec->val_loss);
+  }
+  if (task_eval_ && rec->step % config_.eval.every_steps == 0) {
+    for (const auto& [name, r] : task_eval_->evaluate(*model_)) {
+      rec->tasks[name] = {{"acc", r.acc}, {"acc_norm", r.acc_norm}};
+    }
   }
   mix_->observe_step(rec->domain_loss, in.domain_sequences);
   KILN_ASSIGN_OR_RETURN(std::optional<loader::DomainWeights> mixed, mix_->after_step(rec->step));
