@@ -274,6 +274,8 @@ assert last == {"acc": t["acc"], "acc_norm": t["acc_norm"]}, (last, t)
 print("eval.tasks in training:", {r["step"]: r["tasks"]["tasks"] for r in m if "tasks" in r})
 print("eval --jsonl and --tasks:", j["total"], t)
 PY
+  /usr/bin/python3 "$SRC/tools/plot" run -o plots >/dev/null
+  [ -f plots/tasks.png ] || fail "tools/plot drew no tasks.png"
   echo '{"context": "x", "choices": ["a", "b"], "label": 5}' >bad_task.jsonl
   expect_refusal 3 "bad_task.jsonl:1 label" "$KILN" eval run --tasks bad_task.jsonl
   ;;
