@@ -105,7 +105,8 @@ Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info) {
   const std::string path = (fs::path(dir) / "config.json").string();
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
   auto parsed = parse_untrusted_json(text);
-  if (!parsed.is_ok()) return std::move(parsed).take_status().prefixed("config.json").with_file(path);
+  if (!parsed.is_ok())
+    return std::move(parsed).take_status().prefixed("config.json").with_file(path);
   const nlohmann::json j = std::move(parsed).value();
   if (!j.is_object()) return Status::config("config.json is not a JSON object").with_file(path);
   auto refuse = [&](const std::string& field, const std::string& why) {
@@ -246,11 +247,13 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
   KILN_ASSIGN_OR_RETURN(ModelConfig hf, read_hf_config(dir));
   const ModelConfig& m = params.model();
   const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
-      {"vocab_size", {hf.vocab_size, m.vocab_size}}, {"n_embd", {hf.d_model, m.d_model}},
-      {"n_layer", {hf.n_layers, m.n_layers}},       {"n_head", {hf.n_heads, m.n_heads}},
+      {"vocab_size", {hf.vocab_size, m.vocab_size}},
+      {"n_embd", {hf.d_model, m.d_model}},
+      {"n_layer", {hf.n_layers, m.n_layers}},
+      {"n_head", {hf.n_heads, m.n_heads}},
       {"n_positions", {hf.seq_len, m.seq_len}}};
-  const char* kiln_keys[] = {"model.vocab_size", "model.d_model", "model.n_layers",
-                             "model.n_heads", "model.seq_len"};
+  const char* kiln_keys[] = {"model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads",
+                             "model.seq_len"};
   for (size_t i = 0; i < 5; ++i) {
     if (fields[i].second.first != fields[i].second.second) {
       return Status::config(std::string(fields[i].first) + " is " +
@@ -278,7 +281,9 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
     if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(index_path.string());
     const nlohmann::json& j = *parsed;
     if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object()) {
-      return Status::data("no weight_map object").with_file(index_path.string()).with_key("weight_map");
+      return Status::data("no weight_map object")
+          .with_file(index_path.string())
+          .with_key("weight_map");
     }
     for (auto it = j.at("weight_map").begin(); it != j.at("weight_map").end(); ++it) {
       const std::string file = it.value().is_string() ? it.value().get<std::string>() : "";
@@ -357,8 +362,8 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
   // Kiln's model has no place for.
   for (const auto& [name, was_used] : used) {
     if (was_used) continue;
-    const bool mask = name.size() > 10 && (name.ends_with(".attn.bias") ||
-                                           name.ends_with(".attn.masked_bias"));
+    const bool mask =
+        name.size() > 10 && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"));
     if (mask) continue;
     const std::string file = (root / weight_map.at(name)).string();
     if (name == kGpt2TiedHead) {
@@ -367,8 +372,9 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
       const SafetensorsFile& hf = im.files.at(weight_map.at(name));
       KILN_ASSIGN_OR_RETURN(auto info, hf.info(name));
       if (info.second != wte.shape) {
-        return Status::config("the LM head's shape differs from the token embedding's: Kiln ties "
-                              "them (tie_word_embeddings)")
+        return Status::config(
+                   "the LM head's shape differs from the token embedding's: Kiln ties "
+                   "them (tie_word_embeddings)")
             .with_file(file)
             .with_key(name);
       }
@@ -418,8 +424,8 @@ Status HfSource::Impl::read_whole(const Where& w, size_t first, size_t n, float*
 // Kiln's (R, K) matrix element (r, c) is the stored (K, R) element (c, r). The elements
 // [first, first + n) of Kiln's row-major order span rows r0..r1; the stored block rows (Kiln's
 // columns) c0..c1 x columns r0..r1 is read (only those bytes) and transposed.
-Status HfSource::Impl::read_transposed(const Where& w, const ParamTensor& t, size_t first,
-                                       size_t n, float* out) {
+Status HfSource::Impl::read_transposed(const Where& w, const ParamTensor& t, size_t first, size_t n,
+                                       float* out) {
   if (n == 0) return Status::ok();
   const size_t cols = static_cast<size_t>(t.global_shape[1]);
   const size_t r0 = first / cols, r1 = (first + n - 1) / cols;
@@ -488,7 +494,8 @@ std::string run_tokenizer(const fs::path& step_dir, int64_t* eos_id) {
     nlohmann::json j = parse_untrusted_json_or_discarded(*text);
     if (!j.is_object() || !j.contains("tokenizer") || !j["tokenizer"].is_object()) return "";
     const auto& t = j["tokenizer"];
-    if (t.contains("eos_id") && t["eos_id"].is_number_integer()) *eos_id = t["eos_id"].get<int64_t>();
+    if (t.contains("eos_id") && t["eos_id"].is_number_integer())
+      *eos_id = t["eos_id"].get<int64_t>();
     if (!t.contains("path") || !t["path"].is_string()) return "";
     const fs::path tok = mpath.parent_path() / t["path"].get<std::string>();
     return fs::exists(tok, ec) ? tok.string() : "";
@@ -573,8 +580,8 @@ Result<ModelWeights> open_model_weights(const std::string& path_in) {
     }
     w.layout = std::make_unique<ParamStore>(w.model, Precision::kFp32, false, nullptr, TpShard{},
                                             /*allocate=*/false);
-    KILN_ASSIGN_OR_RETURN(auto reader, CheckpointReader::open_consolidated(
-                                           path.string(), *w.layout, path.string()));
+    KILN_ASSIGN_OR_RETURN(
+        auto reader, CheckpointReader::open_consolidated(path.string(), *w.layout, path.string()));
     w.source = std::move(reader);
     w.kind = "consolidated";
     return w;
@@ -689,8 +696,8 @@ Status export_hf(const std::string& source, const HfExportOptions& o, HfExportRe
     in_shard += tensors[i].bytes;
     total += tensors[i].bytes;
   }
-  const fs::path tmp = out.parent_path() / ("." + out.filename().string() + ".tmp." +
-                                            std::to_string(::getpid()));
+  const fs::path tmp =
+      out.parent_path() / ("." + out.filename().string() + ".tmp." + std::to_string(::getpid()));
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) return fs_error("create output directory", tmp, ec);
@@ -707,7 +714,8 @@ Status export_hf(const std::string& source, const HfExportOptions& o, HfExportRe
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string file = shards.size() == 1 ? "model.safetensors" : shard_name(s, shards.size());
+    const std::string file =
+        shards.size() == 1 ? "model.safetensors" : shard_name(s, shards.size());
     std::vector<SafetensorsWriter::Spec> specs;
     for (size_t i : shards[s]) specs.push_back({tensors[i].name, st_dtype, tensors[i].shape});
     SafetensorsWriter writer;
@@ -747,12 +755,12 @@ Status export_hf(const std::string& source, const HfExportOptions& o, HfExportRe
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", total}};
     index["weight_map"] = weight_map;
-    KILN_RETURN_IF_ERROR(write_file_atomic((tmp / "model.safetensors.index.json").string(),
-                                           index.dump(2) + "\n"));
+    KILN_RETURN_IF_ERROR(
+        write_file_atomic((tmp / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
   }
   const std::string torch_dtype = torch_dtype_name(st_dtype);
-  KILN_RETURN_IF_ERROR(write_file_atomic((tmp / "config.json").string(),
-                                         gpt2_config(w.model, torch_dtype, w.eos_id).dump(2) + "\n"));
+  KILN_RETURN_IF_ERROR(write_file_atomic(
+      (tmp / "config.json").string(), gpt2_config(w.model, torch_dtype, w.eos_id).dump(2) + "\n"));
   nlohmann::ordered_json gen;
   gen["bos_token_id"] = w.eos_id >= 0 ? nlohmann::ordered_json(w.eos_id) : nullptr;
   gen["eos_token_id"] = w.eos_id >= 0 ? nlohmann::ordered_json(w.eos_id) : nullptr;

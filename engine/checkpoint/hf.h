@@ -93,14 +93,14 @@ class HfSource final : public StateSource {
 // latest checkpoint), a consolidated safetensors file, or a Hugging Face directory.
 struct ModelWeights {
   ModelConfig model;
-  Precision precision = Precision::kFp32;   // the run's (fp32 for files without one)
-  std::unique_ptr<ParamStore> layout;       // whole tensors (tp 1), no buffers
-  std::unique_ptr<StateSource> source;      // reads layout's units
-  std::string kind;                         // "checkpoint", "consolidated", "hf"
-  std::string path;                         // what was opened (the step directory for a run)
-  int64_t step = -1;                        // -1 when unknown
-  std::string tokenizer;                    // a tokenizer file found beside it, or ""
-  int64_t eos_id = -1;                      // the tokenizer's / config.json's, -1 unknown
+  Precision precision = Precision::kFp32;  // the run's (fp32 for files without one)
+  std::unique_ptr<ParamStore> layout;      // whole tensors (tp 1), no buffers
+  std::unique_ptr<StateSource> source;     // reads layout's units
+  std::string kind;                        // "checkpoint", "consolidated", "hf"
+  std::string path;                        // what was opened (the step directory for a run)
+  int64_t step = -1;                       // -1 when unknown
+  std::string tokenizer;                   // a tokenizer file found beside it, or ""
+  int64_t eos_id = -1;                     // the tokenizer's / config.json's, -1 unknown
 };
 Result<ModelWeights> open_model_weights(const std::string& path);
 

@@ -91,7 +91,8 @@ std::string header_bytes(const std::vector<SafetensorsWriter::Spec>& tensors,
   std::string head = header.dump();
   while (head.size() % 8 != 0) head.push_back(' ');
   std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint64_t>(head.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    out[i] = static_cast<char>(static_cast<uint64_t>(head.size()) >> (8 * i));
   return out + head;
 }
 }  // namespace
@@ -321,9 +322,10 @@ Status SafetensorsFile::read_block(const std::string& name, const std::string& d
   const size_t esize = safetensors_dtype_size(dtype);
   if (shape.size() != 2 || row0 + nrows > static_cast<size_t>(shape[0]) ||
       col0 + ncols > static_cast<size_t>(shape[1])) {
-    return Status::data("block rows [" + std::to_string(row0) + ", " + std::to_string(row0 + nrows) +
-                        ") x columns [" + std::to_string(col0) + ", " +
-                        std::to_string(col0 + ncols) + ") outside the tensor " + shape_text(shape))
+    return Status::data("block rows [" + std::to_string(row0) + ", " +
+                        std::to_string(row0 + nrows) + ") x columns [" + std::to_string(col0) +
+                        ", " + std::to_string(col0 + ncols) + ") outside the tensor " +
+                        shape_text(shape))
         .with_file(path_)
         .with_key(name);
   }
@@ -348,12 +350,12 @@ Status SafetensorsFile::read_block(const std::string& name, const std::string& d
     const size_t at = data_start_ + e->begin + ((row0 + p) * cols + col0) * esize;
     size_t got = 0;
     while (got < piece_bytes) {
-      const ssize_t r = ::pread(fd, out + p * piece_bytes + got, piece_bytes - got,
-                                static_cast<off_t>(at + got));
+      const ssize_t r =
+          ::pread(fd, out + p * piece_bytes + got, piece_bytes - got, static_cast<off_t>(at + got));
       if (r <= 0) {
-        status = r < 0 ? Status::from_errno("read", path_)
-                       : Status::data("file shorter than its header says (truncated?)")
-                             .with_file(path_);
+        status =
+            r < 0 ? Status::from_errno("read", path_)
+                  : Status::data("file shorter than its header says (truncated?)").with_file(path_);
         break;
       }
       got += static_cast<size_t>(r);

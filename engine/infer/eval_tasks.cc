@@ -127,7 +127,8 @@ McResult mc_result(const std::vector<McTokens>& examples,
     double best_ll = -INFINITY, best_ll_norm = -INFINITY;
     for (size_t c = 0; c < examples[e].choices.size(); ++c) {
       const double ll = -nll[e][c];
-      const double norm = ll / static_cast<double>(std::max<size_t>(1, examples[e].choice_bytes[c]));
+      const double norm =
+          ll / static_cast<double>(std::max<size_t>(1, examples[e].choice_bytes[c]));
       if (ll > best_ll) {
         best_ll = ll;
         best = c;
@@ -148,8 +149,7 @@ McResult mc_result(const std::vector<McTokens>& examples,
   return r;
 }
 
-void mc_row(const McTokens& ex, size_t choice, int64_t seq_len, int32_t* inputs,
-            int32_t* targets) {
+void mc_row(const McTokens& ex, size_t choice, int64_t seq_len, int32_t* inputs, int32_t* targets) {
   const std::vector<int32_t>& cont = ex.choices[choice];
   std::vector<int32_t> seq = ex.context;
   seq.insert(seq.end(), cont.begin(), cont.end());

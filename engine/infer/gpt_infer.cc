@@ -111,8 +111,7 @@ void GptInference::hidden(const int32_t* tokens, int n, Cache* cache, float* out
                            C);
     cpu::matmul_forward(fc_.data(), ln_.data(), t(b.fc_w), t(b.fc_b), 1, n, C, 4 * C);
     cpu::gelu_forward(gelu_.data(), fc_.data(), 4 * nc);
-    cpu::matmul_forward(proj_.data(), gelu_.data(), t(b.fc_proj_w), t(b.fc_proj_b), 1, n, 4 * C,
-                        C);
+    cpu::matmul_forward(proj_.data(), gelu_.data(), t(b.fc_proj_w), t(b.fc_proj_b), 1, n, 4 * C, C);
     cpu::residual_forward(x_.data(), x2_.data(), proj_.data(), nc);
   }
   if (cache) cache->len += n;
@@ -185,8 +184,8 @@ int32_t Sampler::next(float* logits, int64_t V, const std::vector<int32_t>& hist
   // Candidates by logit, highest first (ties: lower id first).
   order_.resize(static_cast<size_t>(V));
   std::iota(order_.begin(), order_.end(), 0);
-  const size_t k = s_.top_k > 0 ? std::min<size_t>(static_cast<size_t>(s_.top_k), order_.size())
-                                : order_.size();
+  const size_t k =
+      s_.top_k > 0 ? std::min<size_t>(static_cast<size_t>(s_.top_k), order_.size()) : order_.size();
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
@@ -223,9 +222,8 @@ int32_t Sampler::next(float* logits, int64_t V, const std::vector<int32_t>& hist
   return order_[keep - 1];
 }
 
-Status generate(GptInference& model, const std::vector<int32_t>& prompt,
-                const GenerateOptions& o, const std::function<void(int32_t)>& on_token,
-                GenerateStats* stats) {
+Status generate(GptInference& model, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                const std::function<void(int32_t)>& on_token, GenerateStats* stats) {
   KILN_RETURN_IF_ERROR(check_sampling(o.sampling));
   const ModelConfig& m = model.model();
   if (prompt.empty()) return Status::usage("the prompt has no tokens");

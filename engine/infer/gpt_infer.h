@@ -70,8 +70,8 @@ class GptInference {
 // lowest id), the other settings but the penalty then do not matter.
 struct SamplingOptions {
   double temperature = 1.0;
-  int64_t top_k = 0;              // 0: all
-  double top_p = 1.0;             // 1: all
+  int64_t top_k = 0;   // 0: all
+  double top_p = 1.0;  // 1: all
   double repetition_penalty = 1.0;
   uint64_t seed = 0;
 };
@@ -93,8 +93,8 @@ class Sampler {
 struct GenerateOptions {
   int64_t max_tokens = 64;
   SamplingOptions sampling;
-  int64_t eos_id = -1;     // stop after it (it is passed to on_token); -1: none
-  bool use_cache = true;   // false: a full forward per token (for checking the cache)
+  int64_t eos_id = -1;    // stop after it (it is passed to on_token); -1: none
+  bool use_cache = true;  // false: a full forward per token (for checking the cache)
 };
 struct GenerateStats {
   int64_t prompt_tokens = 0, new_tokens = 0;

@@ -7,11 +7,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/hf.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/model/params.h"
-#include "common/log.h"
-#include "engine/checkpoint/hf.h"
 #include "tools/kiln/command.h"
 #include "tools/kiln/model_io.h"
 
@@ -85,13 +85,13 @@ Status run_export(ExportArgs& a) {
   KILN_RETURN_IF_ERROR(engine::export_hf(a.source, a.options, &report, tokenizer));
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  std::printf(
-      "%s: %zu tensors, %.1f MiB in %zu file%s (%s)%s in %.2f s, peak RSS %.1f MiB\n",
-      a.options.output.c_str(), report.tensors, static_cast<double>(report.bytes) / (1 << 20),
-      report.files, report.files == 1 ? "" : "s", a.options.dtype.c_str(),
-      report.tokenizer ? ", tokenizer" : ", no tokenizer",
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-      static_cast<double>(ru.ru_maxrss) / 1024.0);
+  std::printf("%s: %zu tensors, %.1f MiB in %zu file%s (%s)%s in %.2f s, peak RSS %.1f MiB\n",
+              a.options.output.c_str(), report.tensors,
+              static_cast<double>(report.bytes) / (1 << 20), report.files,
+              report.files == 1 ? "" : "s", a.options.dtype.c_str(),
+              report.tokenizer ? ", tokenizer" : ", no tokenizer",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+              static_cast<double>(ru.ru_maxrss) / 1024.0);
   return Status::ok();
 }
 

@@ -59,8 +59,7 @@ Status eval_dataset(const EvalArgs& a, engine::GptInference& model, int32_t bos,
   for (const ManifestShard& s : val.shards) {
     if (a.max_docs > 0 && docs[s.domain] >= a.max_docs) continue;
     KILN_ASSIGN_OR_RETURN(std::string path, val.checked_shard_path(s));
-    KILN_ASSIGN_OR_RETURN(auto reader,
-                          ShardReader::open(path, Manifest::reader_options(s, true)));
+    KILN_ASSIGN_OR_RETURN(auto reader, ShardReader::open(path, Manifest::reader_options(s, true)));
     while (true) {
       KILN_ASSIGN_OR_RETURN(bool more, reader->next(&sample));
       if (!more) break;
@@ -74,8 +73,10 @@ Status eval_dataset(const EvalArgs& a, engine::GptInference& model, int32_t bos,
       std::vector<int32_t> ids;
       for (uint32_t id : ids32) {
         if (id >= static_cast<uint32_t>(model.model().vocab_size)) {
-          return Status::data("token id " + std::to_string(id) + " is outside the model's "
-                              "vocabulary of " + std::to_string(model.model().vocab_size))
+          return Status::data("token id " + std::to_string(id) +
+                              " is outside the model's "
+                              "vocabulary of " +
+                              std::to_string(model.model().vocab_size))
               .with_file(path)
               .with_key(sample.key);
         }
@@ -103,7 +104,10 @@ Status eval_jsonl(const EvalArgs& a, engine::GptInference& model, const prep::To
     if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(a.jsonl).with_line(no);
     const nlohmann::json& j = *parsed;
     if (!j.is_object() || !j.contains("text") || !j["text"].is_string()) {
-      return Status::data("each line needs a \"text\" string").with_file(a.jsonl).with_line(no).with_key("text");
+      return Status::data("each line needs a \"text\" string")
+          .with_file(a.jsonl)
+          .with_line(no)
+          .with_key("text");
     }
     std::string domain = "all";
     if (j.contains("domain")) {
@@ -155,16 +159,22 @@ Status run_eval(const EvalArgs& a) {
     engine::TextLoss total;
     nlohmann::ordered_json per = nlohmann::ordered_json::object();
     for (const auto& [d, l] : losses) {
-      per[d] = {{"loss", l.loss()}, {"bits_per_byte", l.bits_per_byte()}, {"tokens", l.tokens},
-                {"bytes", l.bytes}, {"docs", l.docs}};
+      per[d] = {{"loss", l.loss()},
+                {"bits_per_byte", l.bits_per_byte()},
+                {"tokens", l.tokens},
+                {"bytes", l.bytes},
+                {"docs", l.docs}};
       total.nats += l.nats;
       total.tokens += l.tokens;
       total.bytes += l.bytes;
       total.docs += l.docs;
     }
     out["domains"] = per;
-    out["total"] = {{"loss", total.loss()}, {"bits_per_byte", total.bits_per_byte()},
-                    {"tokens", total.tokens}, {"bytes", total.bytes}, {"docs", total.docs}};
+    out["total"] = {{"loss", total.loss()},
+                    {"bits_per_byte", total.bits_per_byte()},
+                    {"tokens", total.tokens},
+                    {"bytes", total.bytes},
+                    {"docs", total.docs}};
   }
   if (!tasks.empty()) {
     nlohmann::ordered_json per = nlohmann::ordered_json::object();

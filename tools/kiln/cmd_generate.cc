@@ -98,11 +98,13 @@ Status run_generate(GenerateArgs& a) {
       while (std::getline(in, line)) {
         if (!line.empty()) texts.push_back(line);
       }
-      if (texts.empty()) return Status::usage("--prompts-file " + a.prompts_file + " has no prompts");
+      if (texts.empty())
+        return Status::usage("--prompts-file " + a.prompts_file + " has no prompts");
     }
     for (const auto& p : a.prompts) texts.push_back(p);
     if (texts.empty()) {  // standard input, whole, as one prompt
-      texts.emplace_back(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      texts.emplace_back(std::istreambuf_iterator<char>(std::cin),
+                         std::istreambuf_iterator<char>());
     }
     for (const std::string& text : texts) {
       std::vector<int32_t> ids;
@@ -156,10 +158,10 @@ Status run_generate(GenerateArgs& a) {
     const double rate = st.decode_s > 0 && st.new_tokens > 1
                             ? static_cast<double>(st.new_tokens - 1) / st.decode_s
                             : 0.0;
-    const std::string line =
-        "prompt " + std::to_string(st.prompt_tokens) + " tokens in " +
-        std::to_string(st.prefill_s) + " s; " + std::to_string(st.new_tokens) +
-        " new tokens, " + std::to_string(rate) + " tokens/s after the first; stopped: " + st.stop;
+    const std::string line = "prompt " + std::to_string(st.prompt_tokens) + " tokens in " +
+                             std::to_string(st.prefill_s) + " s; " + std::to_string(st.new_tokens) +
+                             " new tokens, " + std::to_string(rate) +
+                             " tokens/s after the first; stopped: " + st.stop;
     if (a.stats) {
       std::fprintf(stderr, "%s\n", line.c_str());
     } else {
@@ -186,8 +188,7 @@ RunFn add_generate_command(CLI::App& root) {
   app->add_option("--prompt-ids", a->prompt_ids, "the prompt as token ids, space-separated");
   app->add_option("--tokenizer", a->tokenizer,
                   "tokenizer file (default: the run's, or the HF directory's)");
-  app->add_option("--max-tokens", a->gen.max_tokens, "tokens to generate at most")
-      ->default_val(64);
+  app->add_option("--max-tokens", a->gen.max_tokens, "tokens to generate at most")->default_val(64);
   app->add_option("--temperature", a->gen.sampling.temperature, "0: greedy")->default_val(1.0);
   app->add_option("--top-k", a->gen.sampling.top_k, "keep the k most likely tokens (0: all)")
       ->default_val(0);

@@ -4,9 +4,9 @@
 
 #include "comm/comm.h"
 #include "common/log.h"
-#include "engine/train/train_config.h"
 #include "dataprep/tokenizer/tokenizer.h"
 #include "engine/infer/eval_tasks.h"
+#include "engine/train/train_config.h"
 #include "engine/train/trainer.h"
 #include "format/manifest.h"
 #include "tools/kiln/command.h"
@@ -34,8 +34,9 @@ Result<engine::TokenizedTasks> tokenize_tasks(const engine::TrainConfig& tc) {
     return Status::config("the dataset has no tokenizer to encode the tasks with")
         .with_key("eval.tasks");
   }
-  KILN_ASSIGN_OR_RETURN(prep::Tokenizer tok,
-                        prep::Tokenizer::load((std::filesystem::path(m.dir) / m.tokenizer.path).string()));
+  KILN_ASSIGN_OR_RETURN(
+      prep::Tokenizer tok,
+      prep::Tokenizer::load((std::filesystem::path(m.dir) / m.tokenizer.path).string()));
   const int32_t eos = tok.eos_id() >= 0 ? static_cast<int32_t>(tok.eos_id()) : -1;
   auto encode = [&](std::string_view text) {
     std::vector<int32_t> ids;
@@ -45,7 +46,8 @@ Result<engine::TokenizedTasks> tokenize_tasks(const engine::TrainConfig& tc) {
   for (const std::string& f : tc.eval.tasks) {
     auto ex = engine::read_mc_tasks(f);
     if (!ex.is_ok()) return std::move(ex).take_status().with_key("eval.tasks");
-    out.emplace_back(std::filesystem::path(f).stem().string(), engine::tokenize_mc(*ex, encode, eos));
+    out.emplace_back(std::filesystem::path(f).stem().string(),
+                     engine::tokenize_mc(*ex, encode, eos));
   }
   return out;
 }

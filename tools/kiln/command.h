@@ -29,7 +29,6 @@ RunFn add_checkpoint_command(CLI::App& root);
 RunFn add_generate_command(CLI::App& root);
 RunFn add_eval_command(CLI::App& root);
 
-
 // Adds the common "--config FILE" and repeatable "--set key.path=value" options.
 struct ConfigFlags {
   std::string config_file;

@@ -12,7 +12,8 @@ namespace kiln::cli {
 
 // The tokenizer at `flag_path` when given, else the one found beside the weights
 // (ModelWeights::tokenizer). kNotFound (naming --tokenizer) when there is none.
-Result<prep::Tokenizer> model_tokenizer(const engine::ModelWeights& w, const std::string& flag_path);
+Result<prep::Tokenizer> model_tokenizer(const engine::ModelWeights& w,
+                                        const std::string& flag_path);
 
 // TEMPORARY until the Hugging Face tokenizer.json writer lands (branch tok31, issue 31 item 3):
 // writes the tokenizer of `w` (or `flag_path`) into an exported directory as GPT-2's

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -145,7 +145,8 @@ TEST(HfExport, RoundTripIsExactOnOneRankAndOnTensorParallelSlices) {
   HfExportOptions o2 = o;
   o2.output = f.root + "/hf2";
   ASSERT_TRUE(export_hf(f.run, o2).is_ok());
-  EXPECT_EQ(*read_file(o.output + "/model.safetensors"), *read_file(o2.output + "/model.safetensors"));
+  EXPECT_EQ(*read_file(o.output + "/model.safetensors"),
+            *read_file(o2.output + "/model.safetensors"));
   EXPECT_EQ(*read_file(o.output + "/config.json"), *read_file(o2.output + "/config.json"));
   // An existing directory is not replaced without overwrite.
   EXPECT_EQ(export_hf(f.step, o).code(), StatusCode::kUsage);
@@ -166,7 +167,8 @@ TEST(HfExport, ShardsWithAnIndexAndBf16) {
   auto idx = nlohmann::json::parse(*read_file(o.output + "/model.safetensors.index.json"));
   EXPECT_EQ(idx["metadata"]["total_size"], rep.bytes);
   EXPECT_EQ(idx["weight_map"].size(), f.whole->tensors().size());
-  EXPECT_EQ(idx["weight_map"]["transformer.wte.weight"], "model-00001-of-0000" + std::to_string(rep.files) + ".safetensors");
+  EXPECT_EQ(idx["weight_map"]["transformer.wte.weight"],
+            "model-00001-of-0000" + std::to_string(rep.files) + ".safetensors");
   auto one = import(o.output);
   ASSERT_TRUE(one);
   expect_same_weights(*f.whole, *one);
@@ -231,9 +233,12 @@ TEST(HfImport, RefusesWhatKilnCannotRepresentNamingFileAndField) {
   ASSERT_EQ(import_error(good, bad, [](const std::string&) {}), "");  // the copy itself is fine
 
   StatusCode code{};
-  std::string e = import_error(good, bad, [](const std::string& d) {
-    edit_config(d, [](nlohmann::json& j) { j["model_type"] = "llama_moe"; });
-  }, &code);
+  std::string e = import_error(
+      good, bad,
+      [](const std::string& d) {
+        edit_config(d, [](nlohmann::json& j) { j["model_type"] = "llama_moe"; });
+      },
+      &code);
   EXPECT_NE(e.find("config.json"), std::string::npos) << e;
   EXPECT_NE(e.find("model_type"), std::string::npos) << e;
   EXPECT_NE(e.find("llama_moe"), std::string::npos) << e;
@@ -262,7 +267,8 @@ TEST(HfImport, RefusesWhatKilnCannotRepresentNamingFileAndField) {
   // A missing tensor.
   e = import_error(good, bad, [](const std::string& d) {
     edit_tensors(d, [](std::vector<TensorView>& v) {
-      std::erase_if(v, [](const TensorView& t) { return t.name == "transformer.h.1.mlp.c_fc.bias"; });
+      std::erase_if(v,
+                    [](const TensorView& t) { return t.name == "transformer.h.1.mlp.c_fc.bias"; });
     });
   });
   EXPECT_NE(e.find("model.safetensors"), std::string::npos) << e;

@@ -124,13 +124,17 @@ TEST(GptInference, GreedyWithTheCacheIsArgmaxOfTheFullForwardAtEachStep) {
   o.max_tokens = 100;
   GenerateStats st;
   std::vector<int32_t> out;
-  ASSERT_TRUE(generate(*l.infer, prompt, o, [&](int32_t t) { out.push_back(t); }, &st).is_ok());
+  ASSERT_TRUE(generate(
+                  *l.infer, prompt, o, [&](int32_t t) { out.push_back(t); }, &st)
+                  .is_ok());
   EXPECT_EQ(st.stop, "context");
   EXPECT_EQ(out.size(), 21u);  // the 21st token is predicted from 24 positions
   // And at end-of-text: the first greedy token as eos stops at once.
   o.eos_id = cached[0];
   out.clear();
-  ASSERT_TRUE(generate(*l.infer, prompt, o, [&](int32_t t) { out.push_back(t); }, &st).is_ok());
+  ASSERT_TRUE(generate(
+                  *l.infer, prompt, o, [&](int32_t t) { out.push_back(t); }, &st)
+                  .is_ok());
   EXPECT_EQ(st.stop, "eos");
   EXPECT_EQ(out.size(), 1u);
   fs::remove_all(l.root);
@@ -145,7 +149,8 @@ TEST(GptInference, TokenLossesEqualTheTrainingForwards) {
   auto m = Model::create(l.whole.get(), 1, Recompute::kNone);
   std::vector<float> losses(T);
   m->forward(seq.data(), seq.data() + 1, losses.data());
-  for (int i = 0; i < T; ++i) EXPECT_NEAR(nll[i], losses[i], 2e-5f * std::max(1.0f, losses[i])) << i;
+  for (int i = 0; i < T; ++i)
+    EXPECT_NEAR(nll[i], losses[i], 2e-5f * std::max(1.0f, losses[i])) << i;
   // sequence_nll predicts every token once (windows of seq_len), after bos when given.
   const std::vector<int32_t> longer = tokens(3 * T + 5, 4);
   int64_t n = 0;
