@@ -629,7 +629,7 @@ nlohmann::ordered_json gpt2_config(const ModelConfig& m, const std::string& torc
   j["n_inner"] = nullptr;
   j["activation_function"] = "gelu_new";
   j["layer_norm_epsilon"] = kLayerNormEps;
-  j["initializer_range"] = m.init_std;
+  j["initializer_range"] = std::stod(fmt::format("{}", m.init_std));  // 0.02, not 0.0199999...
   j["resid_pdrop"] = 0.0;
   j["embd_pdrop"] = 0.0;
   j["attn_pdrop"] = 0.0;
