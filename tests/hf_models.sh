@@ -246,7 +246,7 @@ EOF
     --repetition-penalty 1.2 --seed 3 >stdin.out
   grep -q "the quick brown fox" stdin.out || fail "stdin prompt not used"
   printf 'first prompt\nsecond prompt\n' >prompts.txt
-  [ "$("$KILN" generate run --prompts-file prompts.txt --max-tokens 2 --temperature 0 | wc -l)" = 2 ] ||
+  [ "$("$KILN" generate run --prompts-file prompts.txt --max-tokens 2 --temperature 0 --ids | wc -l)" = 2 ] ||
     fail "--prompts-file: one line per prompt"
 
   "$KILN" eval run --data data --json --max-docs 20 >eval_data.json
