@@ -432,16 +432,21 @@ Status HfSource::Impl::read_transposed(const Where& w, const ParamTensor& t, siz
   const size_t c0 = r0 == r1 ? first % cols : 0;
   const size_t c1 = r0 == r1 ? (first + n - 1) % cols + 1 : cols;
   const size_t nr = r1 - r0 + 1, nc = c1 - c0;
+  const size_t R = static_cast<size_t>(t.global_shape[0]);
+  // Stored rows c0..c1 (Kiln's columns), stored columns r0..r1 (Kiln's rows): one read per stored
+  // row, or - when the rows wanted are most of them (over 3/4: a whole-tensor read, not a
+  // tensor-parallel slice) - the stored rows whole in one read.
+  const bool whole_rows = 4 * nr > 3 * R;
+  const size_t q0 = whole_rows ? 0 : r0, nq = whole_rows ? R : nr;
   const size_t es = safetensors_dtype_size(w.dtype);
-  raw.resize(nr * nc * es);
-  // Stored rows c0..c1 (Kiln's columns), stored columns r0..r1 (Kiln's rows).
-  KILN_RETURN_IF_ERROR(w.file->read_block(w.name, w.dtype, w.shape, c0, nc, r0, nr, raw.data()));
-  bytes_read += nr * nc * es;
-  block.resize(nr * nc);
-  widen(w.dtype, raw.data(), nr * nc, block.data());  // block[(c - c0) * nr + (r - r0)]
+  raw.resize(nq * nc * es);
+  KILN_RETURN_IF_ERROR(w.file->read_block(w.name, w.dtype, w.shape, c0, nc, q0, nq, raw.data()));
+  bytes_read += nq * nc * es;
+  block.resize(nq * nc);
+  widen(w.dtype, raw.data(), nq * nc, block.data());  // block[(c - c0) * nq + (r - q0)]
   for (size_t i = 0; i < n; ++i) {
     const size_t g = first + i, r = g / cols, c = g % cols;
-    out[i] = block[(c - c0) * nr + (r - r0)];
+    out[i] = block[(c - c0) * nq + (r - q0)];
   }
   return Status::ok();
 }
@@ -464,7 +469,6 @@ Status HfSource::read(int unit, ParamField f, size_t begin, size_t n, float* dst
       if (lo >= hi || !st.is_ok()) return;
       float* out = dst + (a - begin) + (lo - la);
       const size_t from = whole + (lo - local);
-      // Runs of one row at most for transposed tensors keep the blocks small.
       st = w.transpose ? im.read_transposed(w, pt, from, hi - lo, out)
                        : im.read_whole(w, from, hi - lo, out);
     });
