@@ -66,6 +66,62 @@ Status write_safetensors(const std::string& path, const std::vector<TensorView>&
 }
 
 namespace {
+// The header bytes of the tensors (in order) and metadata: JSON padded with spaces to a
+// multiple of 8, as write_safetensors writes it. *offsets receives each tensor's end.
+std::string header_bytes(const std::vector<SafetensorsWriter::Spec>& tensors,
+                         const std::map<std::string, std::string>& metadata,
+                         std::vector<uint64_t>* ends) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = meta;
+  }
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    const size_t esize = safetensors_dtype_size(t.dtype);
+    KILN_CHECK(esize != 0, "unknown safetensors dtype " + t.dtype);
+    uint64_t bytes = esize;
+    for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    ends->push_back(offset);
+  }
+  std::string head = header.dump();
+  while (head.size() % 8 != 0) head.push_back(' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    out[i] = static_cast<char>(static_cast<uint64_t>(head.size()) >> (8 * i));
+  return out + head;
+}
+}  // namespace
+
+Status SafetensorsWriter::open(const std::string& path, const std::vector<Spec>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  ends_.clear();
+  next_ = 0;
+  written_ = 0;
+  const std::string head = header_bytes(tensors, metadata, &ends_);
+  total_ = ends_.empty() ? 0 : ends_.back();
+  KILN_RETURN_IF_ERROR(file_.open(path));
+  return file_.write(head);
+}
+
+Status SafetensorsWriter::append(const void* data, size_t bytes) {
+  while (next_ < ends_.size() && written_ == ends_[next_]) ++next_;
+  KILN_CHECK(next_ < ends_.size() && written_ + bytes <= ends_[next_],
+             "SafetensorsWriter::append: more bytes than the tensor holds");
+  written_ += bytes;
+  return file_.write(std::string_view(static_cast<const char*>(data), bytes));
+}
+
+Status SafetensorsWriter::commit() {
+  KILN_CHECK(written_ == total_, "SafetensorsWriter::commit: tensors incomplete");
+  return file_.commit();
+}
+
+namespace {
 uint64_t header_length(const unsigned char* b) {
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(b[i]) << (8 * i);
@@ -257,6 +313,63 @@ Status SafetensorsFile::read_range(const std::string& name, const std::string& d
   }
   ::close(fd);
   return status;
+}
+
+Status SafetensorsFile::read_block(const std::string& name, const std::string& dtype,
+                                   const std::vector<int64_t>& shape, size_t row0, size_t nrows,
+                                   size_t col0, size_t ncols, void* dst) const {
+  KILN_ASSIGN_OR_RETURN(const Entry* e, entry(name, dtype, shape));
+  const size_t esize = safetensors_dtype_size(dtype);
+  if (shape.size() != 2 || row0 + nrows > static_cast<size_t>(shape[0]) ||
+      col0 + ncols > static_cast<size_t>(shape[1])) {
+    return Status::data("block rows [" + std::to_string(row0) + ", " +
+                        std::to_string(row0 + nrows) + ") x columns [" + std::to_string(col0) +
+                        ", " + std::to_string(col0 + ncols) + ") outside the tensor " +
+                        shape_text(shape))
+        .with_file(path_)
+        .with_key(name);
+  }
+  const size_t cols = static_cast<size_t>(shape[1]);
+  char* out = static_cast<char*>(dst);
+  if (!header_only_) {
+    for (size_t r = 0; r < nrows; ++r) {
+      std::memcpy(out + r * ncols * esize,
+                  bytes_.data() + data_start_ + e->begin + ((row0 + r) * cols + col0) * esize,
+                  ncols * esize);
+    }
+    return Status::ok();
+  }
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::from_errno("open", path_);
+  Status status = Status::ok();
+  // Whole rows: one read; else one read per row.
+  const bool whole = col0 == 0 && ncols == cols;
+  const size_t pieces = whole ? 1 : nrows;
+  const size_t piece_bytes = whole ? nrows * cols * esize : ncols * esize;
+  for (size_t p = 0; p < pieces && status.is_ok(); ++p) {
+    const size_t at = data_start_ + e->begin + ((row0 + p) * cols + col0) * esize;
+    size_t got = 0;
+    while (got < piece_bytes) {
+      const ssize_t r =
+          ::pread(fd, out + p * piece_bytes + got, piece_bytes - got, static_cast<off_t>(at + got));
+      if (r <= 0) {
+        status =
+            r < 0 ? Status::from_errno("read", path_)
+                  : Status::data("file shorter than its header says (truncated?)").with_file(path_);
+        break;
+      }
+      got += static_cast<size_t>(r);
+    }
+  }
+  ::close(fd);
+  return status;
+}
+
+Result<std::pair<std::string, std::vector<int64_t>>> SafetensorsFile::info(
+    const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return Status::not_found("no tensor '" + name + "'").with_file(path_);
+  return std::make_pair(it->second.dtype, it->second.shape);
 }
 
 std::vector<std::string> SafetensorsFile::names() const {

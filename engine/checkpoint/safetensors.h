@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/atomic_file.h"
 #include "common/status.h"
 
 namespace kiln::engine {
@@ -35,6 +37,32 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 Status write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
+// A safetensors file written tensor by tensor (a file larger than memory): the header is made
+// from every tensor's name, dtype and shape up front, then each tensor's bytes are appended in
+// that order, in any number of pieces; commit() checks every byte was given and renames the
+// temporary onto the path (common/atomic_file.h), so the file appears complete or not at all.
+class SafetensorsWriter {
+ public:
+  struct Spec {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+  };
+  Status open(const std::string& path, const std::vector<Spec>& tensors,
+              const std::map<std::string, std::string>& metadata = {});
+  // The next bytes of the tensors, in order (a piece may not cross into the next tensor).
+  Status append(const void* data, size_t bytes);
+  Status commit();
+  // The bytes the file's tensor data holds (the sum of the tensors').
+  uint64_t data_bytes() const { return total_; }
+
+ private:
+  AtomicFile file_;
+  std::vector<uint64_t> ends_;  // each tensor's end offset
+  size_t next_ = 0;             // the tensor being written
+  uint64_t written_ = 0, total_ = 0;
+};
+
 // A whole file read into memory, or (read_header) only its header, its tensors then read in byte
 // ranges with read_range - what a rank that needs a part of a large file uses (a ZeRO shard of a
 // checkpoint). Not thread-safe for concurrent loads; reads are const.
@@ -51,7 +79,15 @@ class SafetensorsFile {
   // The tensor's bytes, checking dtype and shape. Data error naming file and tensor otherwise.
   Result<const void*> get(const std::string& name, const std::string& dtype,
                           const std::vector<int64_t>& shape) const;
+  // dst = the sub-matrix rows [row0, row0 + nrows) x columns [col0, col0 + ncols) of 2-D tensor
+  // `name` (dtype and shape checked), row-major, nrows * ncols elements, one open of the file.
+  Status read_block(const std::string& name, const std::string& dtype,
+                    const std::vector<int64_t>& shape, size_t row0, size_t nrows, size_t col0,
+                    size_t ncols, void* dst) const;
   bool has(const std::string& name) const { return index_.count(name) != 0; }
+  // The stored dtype and shape of tensor `name`; kNotFound when absent.
+  Result<std::pair<std::string, std::vector<int64_t>>> info(const std::string& name) const;
+  const std::string& path() const { return path_; }
   // The named tensor as stored (data points into this object); kNotFound when absent.
   Result<TensorView> view(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }

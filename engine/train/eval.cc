@@ -77,4 +77,63 @@ WeightMap Evaluator::evaluate(Model& model) {
   return out;
 }
 
+TaskEvaluator::TaskEvaluator(const TokenizedTasks& tasks, int64_t micro_batch, int64_t seq_len,
+                             Runtime* runtime)
+    : tasks_(tasks), rows_(micro_batch), seq_len_(seq_len) {
+  MicroBatch cur;
+  std::vector<MicroBatch> batches;
+  auto flush = [&] {
+    if (cur.rows == 0) return;
+    cur.inputs.resize(rows_ * seq_len_, 0);
+    cur.targets.resize(rows_ * seq_len_, -1);
+    cur.rows = rows_;
+    batches.push_back(std::move(cur));
+    cur = MicroBatch();
+  };
+  for (const auto& [name, examples] : tasks_) {
+    for (const McTokens& ex : examples) {
+      for (size_t c = 0; c < ex.choices.size(); ++c) {
+        if (cur.rows == rows_) flush();
+        cur.seq_len = seq_len_;
+        const size_t at = cur.inputs.size();
+        cur.inputs.resize(at + seq_len_);
+        cur.targets.resize(at + seq_len_);
+        mc_row(ex, c, seq_len_, cur.inputs.data() + at, cur.targets.data() + at);
+        ++cur.rows;
+        ++count_;
+      }
+    }
+  }
+  flush();
+  batches_ = batches.size();
+  staged_ = std::make_unique<DeviceBatches>(runtime, micro_batch, seq_len, /*slot_base=*/1);
+  staged_->reserve(batches_);
+  for (size_t i = 0; i < batches.size(); ++i) staged_->upload(i, batches[i]);
+}
+
+std::map<std::string, McResult> TaskEvaluator::evaluate(Model& model) {
+  for (size_t i = 0; i < batches_; ++i) {
+    const DeviceBatches::Tokens tok = staged_->at(i);
+    model.forward(tok.inputs, tok.targets, staged_->losses(i));
+  }
+  const size_t per_row = static_cast<size_t>(seq_len_);
+  losses_.resize(batches_ * static_cast<size_t>(rows_) * per_row);
+  staged_->download_losses(batches_, losses_.data());
+  std::map<std::string, McResult> out;
+  size_t row = 0;
+  for (const auto& [name, examples] : tasks_) {
+    std::vector<std::vector<double>> nll(examples.size());
+    for (size_t e = 0; e < examples.size(); ++e) {
+      for (size_t c = 0; c < examples[e].choices.size(); ++c, ++row) {
+        double sum = 0;  // targets -1 have loss 0
+        const float* l = losses_.data() + row * per_row;
+        for (size_t i = 0; i < per_row; ++i) sum += l[i];
+        nll[e].push_back(sum);
+      }
+    }
+    out[name] = mc_result(examples, nll);
+  }
+  return out;
+}
+
 }  // namespace kiln::engine

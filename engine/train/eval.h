@@ -18,6 +18,7 @@
 #include "engine/data/data_source.h"
 #include "engine/data/device_batches.h"
 #include "engine/device/runtime.h"
+#include "engine/infer/eval_tasks.h"
 #include "engine/model/model.h"
 
 namespace kiln::engine {
@@ -40,6 +41,26 @@ class Evaluator {
   std::unique_ptr<DeviceBatches> staged_;  // batches_ on the device, and their losses
   std::vector<float> losses_;
   int64_t sequences_ = 0;
+};
+
+// Multiple-choice tasks in the training loop (eval.tasks; engine/infer/eval_tasks.h scoring):
+// every choice of every example is one row (context + choice, targets at the choice's tokens),
+// packed into micro-batches and uploaded once; evaluate() runs the model forward on them (every
+// rank, as the training step: TP and ZeRO-3 collectives included) and returns each task's acc and
+// acc_norm, the same numbers `kiln eval --tasks` gives for the same weights.
+using TokenizedTasks = std::vector<std::pair<std::string, std::vector<McTokens>>>;
+class TaskEvaluator {
+ public:
+  TaskEvaluator(const TokenizedTasks& tasks, int64_t micro_batch, int64_t seq_len,
+                Runtime* runtime);
+  std::map<std::string, McResult> evaluate(Model& model);
+
+ private:
+  TokenizedTasks tasks_;
+  int64_t rows_ = 0, seq_len_ = 0, count_ = 0;  // count_: rows in use
+  std::unique_ptr<DeviceBatches> staged_;
+  size_t batches_ = 0;
+  std::vector<float> losses_;
 };
 
 }  // namespace kiln::engine

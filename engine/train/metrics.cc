@@ -51,6 +51,15 @@ std::string step_record_json(const StepRecord& r) {
     for (const auto& [k, v] : r.val_loss) vl[k] = number_or_null(v);
     j["val_loss"] = vl;
   }
+  if (!r.tasks.empty()) {
+    nlohmann::ordered_json tj = nlohmann::ordered_json::object();
+    for (const auto& [name, m] : r.tasks) {
+      nlohmann::ordered_json e = nlohmann::ordered_json::object();
+      for (const auto& [k, v] : m) e[k] = number_or_null(v);
+      tj[name] = e;
+    }
+    j["tasks"] = tj;
+  }
   j["mixing_policy"] = r.mixing_policy;
   if (r.mixing_paused) j["mixing_paused"] = true;
   j["loss_z"] = number_or_null(r.loss_z);

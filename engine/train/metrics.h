@@ -46,8 +46,10 @@ struct StepRecord {
   std::optional<double> mfu;
   std::optional<double> device_memory_peak_mib;
   std::map<std::string, double> val_loss;  // on evaluation steps (eval.every_steps)
-  std::string mixing_policy;               // the policy in effect ("static", "odm", ...)
-  bool mixing_paused = false;              // weights pinned by `kiln mix set`
+  // eval.tasks on evaluation steps: task -> {"acc", "acc_norm"}
+  std::map<std::string, std::map<std::string, double>> tasks;
+  std::string mixing_policy;   // the policy in effect ("static", "odm", ...)
+  bool mixing_paused = false;  // weights pinned by `kiln mix set`
   // Stability signals (engine/stability/monitor.h).
   double loss_z = 0, grad_z = 0;           // against the window of clean steps (0 before it fills)
   double loss_mean = NAN, loss_var = NAN;  // of that window

@@ -16,7 +16,7 @@ model:
   seq_len: 256
   init: gpt2            # gpt2 | deepnet
   init_std: 0.02
-  init_from: ""         # start from these weights (a `kiln checkpoint consolidate` file)
+  init_from: ""         # start from these weights (a `kiln checkpoint consolidate` file or a Hugging Face GPT-2 directory)
 parallel:
   tp: 1
   zero_stage: 0
@@ -99,6 +99,7 @@ mixing:
 eval:
   every_steps: 100      # per-domain validation loss every N steps (0: off)
   sequences_per_domain: 16
+  tasks: []             # multiple-choice task files (JSONL {context, choices, label}) scored then too
 run:
   dir: runs/default
   steps: 100
@@ -447,6 +448,18 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_RETURN_IF_ERROR(read_int(cfg, "eval.every_steps", 0, kBig, &c.eval.every_steps));
   KILN_RETURN_IF_ERROR(
       read_int(cfg, "eval.sequences_per_domain", 1, 1 << 20, &c.eval.sequences_per_domain));
+  {
+    YAML::Node tasks = cfg.node("eval.tasks");
+    if (tasks.IsDefined() && !tasks.IsNull()) {
+      if (!tasks.IsSequence()) return bad("eval.tasks", "expected a list of task files");
+      for (const auto& n : tasks) {
+        if (!n.IsScalar() || n.as<std::string>().empty()) {
+          return bad("eval.tasks", "expected file names");
+        }
+        c.eval.tasks.push_back(n.as<std::string>());
+      }
+    }
+  }
   // run
   KILN_ASSIGN_OR_RETURN(c.run.dir, cfg.get<std::string>("run.dir"));
   if (c.run.dir.empty()) return bad("run.dir", "must not be empty");

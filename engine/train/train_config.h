@@ -121,6 +121,9 @@ const char* spike_action_name(SpikeAction a);
 struct EvalConfig {
   int64_t every_steps = 100;  // 0: off
   int64_t sequences_per_domain = 16;
+  // Multiple-choice task files (engine/infer/eval_tasks.h) scored every every_steps too; the CLI
+  // tokenizes them with the dataset's tokenizer (TrainOptions::eval_tasks).
+  std::vector<std::string> tasks;
 };
 
 struct StabilityConfig {

@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/stop_signal.h"
 #include "common/text.h"
+#include "engine/checkpoint/hf.h"
 #include "engine/model/schedule.h"
 #include "engine/parallel/data_parallel.h"
 #include "engine/parallel/tensor_parallel.h"
@@ -112,6 +113,12 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
       KILN_LOG_INFO("eval: {} validation sequences, every {} steps", t->eval_->sequences(),
                     config.eval.every_steps);
     }
+  }
+  if (config.eval.every_steps > 0 && !options.eval_tasks.empty()) {
+    t->task_eval_ = std::make_unique<TaskEvaluator>(options.eval_tasks, config.data.micro_batch,
+                                                    config.model.seq_len, runtime);
+    KILN_LOG_INFO("eval: {} multiple-choice task(s) every {} steps", options.eval_tasks.size(),
+                  config.eval.every_steps);
   }
   if (config.mixing.policy == MixPolicy::kDoremi && !t->eval_) {
     KILN_LOG_WARN("mixing: doremi without validation loss uses the per-domain training loss");
@@ -255,7 +262,13 @@ Status Trainer::build_model_states(Runtime* runtime) {
       KILN_LOG_WARN("--resume: no checkpoint in {}; starting from step 0", config.run.dir);
     }
   }
-  if (!source && !config.model.init_from.empty()) {
+  if (!source && !config.model.init_from.empty() && is_hf_dir(config.model.init_from)) {
+    // A Hugging Face directory (engine/checkpoint/hf.h): each rank reads its slices' ranges.
+    auto reader = HfSource::open(config.model.init_from, *params_, "model.init_from");
+    KILN_RETURN_IF_ERROR(dp_->agree(reader.is_ok() ? Status::ok() : reader.status()));
+    source = std::move(reader).value();
+    from = config.model.init_from + " (model.init_from, Hugging Face; AdamW moments start at zero)";
+  } else if (!source && !config.model.init_from.empty()) {
     auto reader =
         CheckpointReader::open_consolidated(config.model.init_from, *params_, "model.init_from");
     KILN_RETURN_IF_ERROR(dp_->agree(reader.is_ok() ? Status::ok() : reader.status()));
@@ -729,6 +742,11 @@ Status Trainer::observe(const StepInput& in, StepRecord* rec) {
   if (eval_ && rec->step % config_.eval.every_steps == 0) {
     rec->val_loss = eval_->evaluate(*model_);
     mix_->observe_val(rec->val_loss);
+  }
+  if (task_eval_ && rec->step % config_.eval.every_steps == 0) {
+    for (const auto& [name, r] : task_eval_->evaluate(*model_)) {
+      rec->tasks[name] = {{"acc", r.acc}, {"acc_norm", r.acc_norm}};
+    }
   }
   mix_->observe_step(rec->domain_loss, in.domain_sequences);
   KILN_ASSIGN_OR_RETURN(std::optional<loader::DomainWeights> mixed, mix_->after_step(rec->step));

@@ -47,6 +47,8 @@ struct TrainOptions {
   bool resume = false;     // continue from RUN/checkpoints/latest (fresh start when none)
   bool overwrite = false;  // allow a fresh start in a RUN that already holds metrics/checkpoints
   bool console = true;     // print progress lines on stdout
+  // eval.tasks tokenized (the CLI reads and tokenizes the files): scored every eval.every_steps.
+  TokenizedTasks eval_tasks;
 };
 
 class DataParallel;
@@ -130,6 +132,7 @@ class Trainer {
   std::unique_ptr<MixtureWatcher> mixture_;
   std::unique_ptr<MixController> mix_;
   std::unique_ptr<Evaluator> eval_;
+  std::unique_ptr<TaskEvaluator> task_eval_;
   std::unique_ptr<SpikeDetector> spikes_;
   StabilityState stab_;
   std::map<std::string, RollingStats> layer_norms_;  // per-layer clipping's moving averages

@@ -1,12 +1,19 @@
 // kiln checkpoint consolidate STEP_DIR -o model.safetensors
+// kiln checkpoint export STEP_DIR --format hf -o DIR
+#include <sys/resource.h>
+
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/hf.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/model/params.h"
 #include "tools/kiln/command.h"
+#include "tools/kiln/model_io.h"
 
 namespace kiln::cli {
 namespace {
@@ -55,6 +62,39 @@ Status run_consolidate(const ConsolidateArgs& a) {
   return Status::ok();
 }
 
+struct ExportArgs {
+  std::string source;
+  std::string format = "hf";
+  engine::HfExportOptions options;
+  std::string max_shard = "5G";
+};
+
+Status run_export(ExportArgs& a) {
+  if (a.format != "hf") return Status::usage("--format: only 'hf' (Hugging Face) is supported");
+  KILN_ASSIGN_OR_RETURN(a.options.max_shard_bytes, parse_size("--max-shard-size", a.max_shard));
+  const auto t0 = std::chrono::steady_clock::now();
+  engine::HfExportReport report;
+  std::string tokenizer_note;
+  auto tokenizer = [&](const std::string& dir, const engine::ModelWeights& w) -> Status {
+    Status st = write_hf_tokenizer_files(dir, w, a.options.tokenizer);
+    if (st.code() == StatusCode::kNotFound) {
+      KILN_LOG_WARN("export without tokenizer files: {}", st.to_string());
+    }
+    return st;
+  };
+  KILN_RETURN_IF_ERROR(engine::export_hf(a.source, a.options, &report, tokenizer));
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("%s: %zu tensors, %.1f MiB in %zu file%s (%s)%s in %.2f s, peak RSS %.1f MiB\n",
+              a.options.output.c_str(), report.tensors,
+              static_cast<double>(report.bytes) / (1 << 20), report.files,
+              report.files == 1 ? "" : "s", a.options.dtype.c_str(),
+              report.tokenizer ? ", tokenizer" : ", no tokenizer",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+              static_cast<double>(ru.ru_maxrss) / 1024.0);
+  return Status::ok();
+}
+
 }  // namespace
 
 RunFn add_checkpoint_command(CLI::App& root) {
@@ -67,7 +107,31 @@ RunFn add_checkpoint_command(CLI::App& root) {
       "process, after verifying its checksum");
   con->add_option("STEP_DIR", args->dir, "RUN/checkpoints/step-NNNNNNNN")->required();
   con->add_option("-o,--output", args->output, "the safetensors file to write")->required();
-  return [args] { return run_consolidate(*args); };
+  auto ex = std::make_shared<ExportArgs>();
+  CLI::App* exp = cmd->add_subcommand(
+      "export",
+      "write a Hugging Face model directory (config.json, model.safetensors, "
+      "generation_config.json, tokenizer files) that transformers loads as it is, from a "
+      "checkpoint of any layout, a run directory or a consolidated file, tensor by tensor");
+  exp->add_option("STEP_DIR", ex->source,
+                  "RUN/checkpoints/step-NNNNNNNN, RUN (its latest checkpoint) or a consolidated "
+                  "safetensors file")
+      ->required();
+  exp->add_option("--format", ex->format, "output format: hf")->default_val("hf");
+  exp->add_option("-o,--output", ex->options.output, "the directory to write")->required();
+  exp->add_option("--dtype", ex->options.dtype, "tensor type written: fp32 or bf16")
+      ->default_val("fp32");
+  exp->add_option("--max-shard-size", ex->max_shard,
+                  "largest model.safetensors; past it, model-NNNNN-of-NNNNN.safetensors files "
+                  "and model.safetensors.index.json (bytes, or with K/M/G)")
+      ->default_val("5G");
+  exp->add_option("--tokenizer", ex->options.tokenizer,
+                  "tokenizer file to export (default: the one of the run's data.manifest)");
+  exp->add_flag("--overwrite", ex->options.overwrite, "replace an existing output directory");
+  return [args, con, exp, ex]() -> Status {
+    if (exp->parsed()) return run_export(*ex);
+    return run_consolidate(*args);
+  };
 }
 
 }  // namespace kiln::cli

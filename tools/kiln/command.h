@@ -26,7 +26,8 @@ RunFn add_train_command(CLI::App& root);
 RunFn add_mix_command(CLI::App& root);
 RunFn add_plan_command(CLI::App& root);
 RunFn add_checkpoint_command(CLI::App& root);
-
+RunFn add_generate_command(CLI::App& root);
+RunFn add_eval_command(CLI::App& root);
 
 // Adds the common "--config FILE" and repeatable "--set key.path=value" options.
 struct ConfigFlags {

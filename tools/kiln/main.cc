@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
   remember(add_mix_command(app));
   remember(add_plan_command(app));
   remember(add_checkpoint_command(app));
+  remember(add_generate_command(app));
+  remember(add_eval_command(app));
 
   try {
     app.parse(argc, argv);

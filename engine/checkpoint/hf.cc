@@ -1,0 +1,796 @@
+#include "engine/checkpoint/hf.h"
+
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "common/atomic_file.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/safetensors.h"
+#include "kernels/ops.h"
+
+namespace kiln::engine {
+namespace fs = std::filesystem;
+
+namespace {
+
+// GPT-2 (transformers' GPT2LMHeadModel state dict). Kiln's matrices are (out, in); GPT-2's Conv1D
+// weights are (in, out): transposed. lm_head.weight is tied to wte and not stored.
+constexpr HfNameRule kGpt2Names[] = {
+    {"wte", "transformer.wte.weight", false},
+    {"wpe", "transformer.wpe.weight", false},
+    {"blocks.#.ln1.weight", "transformer.h.#.ln_1.weight", false},
+    {"blocks.#.ln1.bias", "transformer.h.#.ln_1.bias", false},
+    {"blocks.#.attn.qkv.weight", "transformer.h.#.attn.c_attn.weight", true},
+    {"blocks.#.attn.qkv.bias", "transformer.h.#.attn.c_attn.bias", false},
+    {"blocks.#.attn.proj.weight", "transformer.h.#.attn.c_proj.weight", true},
+    {"blocks.#.attn.proj.bias", "transformer.h.#.attn.c_proj.bias", false},
+    {"blocks.#.ln2.weight", "transformer.h.#.ln_2.weight", false},
+    {"blocks.#.ln2.bias", "transformer.h.#.ln_2.bias", false},
+    {"blocks.#.mlp.fc.weight", "transformer.h.#.mlp.c_fc.weight", true},
+    {"blocks.#.mlp.fc.bias", "transformer.h.#.mlp.c_fc.bias", false},
+    {"blocks.#.mlp.proj.weight", "transformer.h.#.mlp.c_proj.weight", true},
+    {"blocks.#.mlp.proj.bias", "transformer.h.#.mlp.c_proj.bias", false},
+    {"ln_f.weight", "transformer.ln_f.weight", false},
+    {"ln_f.bias", "transformer.ln_f.bias", false},
+};
+// The prefix transformers' GPT2LMHeadModel puts before the base model's names; files saved from
+// GPT2Model (the original "gpt2" repository) have none.
+constexpr const char* kGpt2Prefix = "transformer.";
+constexpr const char* kGpt2TiedHead = "lm_head.weight";
+
+constexpr double kLayerNormEps = 1e-5;  // kernels/ops.h layernorm_forward
+
+// "blocks.3.attn.qkv.weight" matched against "blocks.#.attn.qkv.weight": the layer, or -1.
+bool match_rule(const std::string& name, const char* pattern, std::string* layer) {
+  const std::string p(pattern);
+  const size_t hash = p.find('#');
+  if (hash == std::string::npos) return name == p;
+  const std::string head = p.substr(0, hash), tail = p.substr(hash + 1);
+  if (name.size() <= head.size() + tail.size()) return false;
+  if (name.compare(0, head.size(), head) != 0) return false;
+  if (name.compare(name.size() - tail.size(), tail.size(), tail) != 0) return false;
+  *layer = name.substr(head.size(), name.size() - head.size() - tail.size());
+  return !layer->empty() && std::all_of(layer->begin(), layer->end(), ::isdigit);
+}
+
+std::string fill_rule(const char* pattern, const std::string& layer) {
+  std::string p(pattern);
+  const size_t hash = p.find('#');
+  if (hash != std::string::npos) p.replace(hash, 1, layer);
+  return p;
+}
+
+std::vector<int64_t> hf_shape(const ParamTensor& t, bool transpose) {
+  std::vector<int64_t> s = t.global_shape;
+  if (transpose) std::swap(s[0], s[1]);
+  return s;
+}
+
+Status fs_error(const std::string& what, const fs::path& p, const std::error_code& ec) {
+  return Status::io(what + ": " + ec.message()).with_file(p.string());
+}
+
+const char* torch_dtype_name(const std::string& st_dtype) {
+  return st_dtype == "BF16" ? "bfloat16" : st_dtype == "F16" ? "float16" : "float32";
+}
+
+}  // namespace
+
+Result<std::string> hf_tensor_name(const std::string& kiln_name, bool* transpose) {
+  for (const HfNameRule& r : kGpt2Names) {
+    std::string layer;
+    if (match_rule(kiln_name, r.kiln, &layer)) {
+      if (transpose) *transpose = r.transpose;
+      return fill_rule(r.hf, layer);
+    }
+  }
+  return Status::not_found("no Hugging Face name for Kiln tensor " + kiln_name);
+}
+
+bool is_hf_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+}
+
+Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  auto parsed = parse_untrusted_json(text);
+  if (!parsed.is_ok())
+    return std::move(parsed).take_status().prefixed("config.json").with_file(path);
+  const nlohmann::json j = std::move(parsed).value();
+  if (!j.is_object()) return Status::config("config.json is not a JSON object").with_file(path);
+  auto refuse = [&](const std::string& field, const std::string& why) {
+    return Status::config(why).with_file(path).with_key(field);
+  };
+  auto shown = [&](const char* field) {
+    return j.contains(field) ? json_shown(j.at(field)) : std::string("absent");
+  };
+  if (!j.contains("model_type") || !j.at("model_type").is_string()) {
+    return refuse("model_type", "missing: Kiln reads model_type \"gpt2\"");
+  }
+  const std::string type = j.at("model_type").get<std::string>();
+  if (type != "gpt2") {
+    return refuse("model_type", "\"" + type +
+                                    "\" is not an architecture Kiln can represent (supported: "
+                                    "\"gpt2\")");
+  }
+  ModelConfig m;
+  auto integer = [&](const char* field, int64_t* out, bool required, int64_t fallback) -> Status {
+    if (!j.contains(field) || j.at(field).is_null()) {
+      if (required) return refuse(field, "missing");
+      *out = fallback;
+      return Status::ok();
+    }
+    try {
+      *out = json_integer<int64_t>(j.at(field), field);
+    } catch (const std::exception&) {
+      return refuse(field, "must be an integer, found " + shown(field));
+    }
+    if (*out <= 0) return refuse(field, "must be positive, found " + shown(field));
+    return Status::ok();
+  };
+  KILN_RETURN_IF_ERROR(integer("vocab_size", &m.vocab_size, true, 0));
+  KILN_RETURN_IF_ERROR(integer("n_embd", &m.d_model, true, 0));
+  KILN_RETURN_IF_ERROR(integer("n_layer", &m.n_layers, true, 0));
+  KILN_RETURN_IF_ERROR(integer("n_head", &m.n_heads, true, 0));
+  KILN_RETURN_IF_ERROR(integer("n_positions", &m.seq_len, true, 0));
+  if (m.d_model % m.n_heads != 0) {
+    return refuse("n_head", "n_head " + std::to_string(m.n_heads) + " does not divide n_embd " +
+                                std::to_string(m.d_model));
+  }
+  if (j.contains("n_inner") && !j.at("n_inner").is_null()) {
+    int64_t inner = 0;
+    KILN_RETURN_IF_ERROR(integer("n_inner", &inner, false, 0));
+    if (inner != 4 * m.d_model) {
+      return refuse("n_inner", shown("n_inner") + ": Kiln's MLP is 4 x n_embd (" +
+                                   std::to_string(4 * m.d_model) + ")");
+    }
+  }
+  // GPT-2's GELU is the tanh approximation; "gelu_new", "gelu_pytorch_tanh" and "gelu_fast" are
+  // that function (the last two are other evaluations of the same formula).
+  if (j.contains("activation_function")) {
+    const auto& a = j.at("activation_function");
+    if (!a.is_string() || (a != "gelu_new" && a != "gelu_pytorch_tanh" && a != "gelu_fast")) {
+      return refuse("activation_function",
+                    shown("activation_function") +
+                        ": Kiln's MLP uses the tanh-approximated GELU (\"gelu_new\")");
+    }
+  }
+  if (j.contains("layer_norm_epsilon")) {
+    const auto& e = j.at("layer_norm_epsilon");
+    if (!e.is_number() || std::abs(e.get<double>() - kLayerNormEps) > 1e-12) {
+      return refuse("layer_norm_epsilon",
+                    shown("layer_norm_epsilon") + ": Kiln's LayerNorm uses eps 1e-05");
+    }
+  }
+  auto flag = [&](const char* field, bool want) -> Status {
+    if (!j.contains(field) || j.at(field).is_null()) return Status::ok();
+    if (!j.at(field).is_boolean() || j.at(field).get<bool>() != want) {
+      return refuse(field, shown(field) + ": Kiln's GPT-2 needs " + (want ? "true" : "false"));
+    }
+    return Status::ok();
+  };
+  KILN_RETURN_IF_ERROR(flag("tie_word_embeddings", true));
+  KILN_RETURN_IF_ERROR(flag("add_cross_attention", false));
+  KILN_RETURN_IF_ERROR(flag("scale_attn_weights", true));
+  KILN_RETURN_IF_ERROR(flag("scale_attn_by_inverse_layer_idx", false));
+  for (const char* f : {"rope_scaling", "sliding_window", "num_experts"}) {
+    if (j.contains(f) && !j.at(f).is_null()) {
+      return refuse(f, shown(f) + ": not part of a model Kiln can represent");
+    }
+  }
+  if (info) {
+    HfModelInfo out;
+    auto id = [&](const char* field) -> int64_t {
+      if (!j.contains(field) || !j.at(field).is_number_integer()) return -1;
+      const int64_t v = j.at(field).get<int64_t>();
+      return v >= 0 && v < m.vocab_size ? v : -1;
+    };
+    out.bos_id = id("bos_token_id");
+    out.eos_id = id("eos_token_id");
+    if (j.contains("torch_dtype") && j.at("torch_dtype").is_string()) {
+      out.torch_dtype = j.at("torch_dtype").get<std::string>();
+    }
+    *info = out;
+  }
+  return m;
+}
+
+// ---- import ---------------------------------------------------------------------------------
+
+struct HfSource::Impl {
+  std::string dir, key;
+  const ParamStore* params = nullptr;
+  std::map<std::string, SafetensorsFile> files;  // by file name
+  struct Where {
+    const SafetensorsFile* file = nullptr;
+    std::string name, dtype;
+    std::vector<int64_t> shape;  // as stored
+    bool transpose = false;
+  };
+  std::vector<Where> where;  // per ParamStore tensor
+  uint64_t bytes_read = 0;
+  std::vector<char> raw;
+  std::vector<float> block;
+
+  // n elements of `dtype` at raw as fp32.
+  static void widen(const std::string& dtype, const void* raw, size_t n, float* out) {
+    if (dtype == "F32") {
+      std::memcpy(out, raw, n * sizeof(float));
+    } else if (dtype == "BF16") {
+      cpu::cast(out, static_cast<const bf16*>(raw), n);
+    } else {
+      cpu::cast(out, static_cast<const fp16*>(raw), n);
+    }
+  }
+  Status read_whole(const Where& w, size_t first, size_t n, float* out);
+  Status read_transposed(const Where& w, const ParamTensor& t, size_t first, size_t n, float* out);
+};
+
+HfSource::HfSource() : impl_(std::make_unique<Impl>()) {}
+HfSource::~HfSource() = default;
+uint64_t HfSource::bytes_read() const { return impl_->bytes_read; }
+
+Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const ParamStore& params,
+                                                 const std::string& key) {
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  KILN_ASSIGN_OR_RETURN(ModelConfig hf, read_hf_config(dir));
+  const ModelConfig& m = params.model();
+  const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
+      {"vocab_size", {hf.vocab_size, m.vocab_size}},
+      {"n_embd", {hf.d_model, m.d_model}},
+      {"n_layer", {hf.n_layers, m.n_layers}},
+      {"n_head", {hf.n_heads, m.n_heads}},
+      {"n_positions", {hf.seq_len, m.seq_len}}};
+  const char* kiln_keys[] = {"model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads",
+                             "model.seq_len"};
+  for (size_t i = 0; i < 5; ++i) {
+    if (fields[i].second.first != fields[i].second.second) {
+      return Status::config(std::string(fields[i].first) + " is " +
+                            std::to_string(fields[i].second.first) + " but " + kiln_keys[i] +
+                            " is " + std::to_string(fields[i].second.second) + " (" + key + " " +
+                            dir + "; set --set " + kiln_keys[i] + "=" +
+                            std::to_string(fields[i].second.first) + ")")
+          .with_file(config_path)
+          .with_key(fields[i].first);
+    }
+  }
+  std::unique_ptr<HfSource> src(new HfSource());
+  Impl& im = *src->impl_;
+  im.dir = dir;
+  im.key = key;
+  im.params = &params;
+  // The weight files: one model.safetensors, or an index naming shards.
+  const fs::path root(dir);
+  std::map<std::string, std::string> weight_map;  // tensor -> file name
+  std::error_code ec;
+  const fs::path index_path = root / "model.safetensors.index.json";
+  if (fs::exists(index_path, ec)) {
+    KILN_ASSIGN_OR_RETURN(std::string text, read_file(index_path.string()));
+    auto parsed = parse_untrusted_json(text);
+    if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(index_path.string());
+    const nlohmann::json& j = *parsed;
+    if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object()) {
+      return Status::data("no weight_map object")
+          .with_file(index_path.string())
+          .with_key("weight_map");
+    }
+    for (auto it = j.at("weight_map").begin(); it != j.at("weight_map").end(); ++it) {
+      const std::string file = it.value().is_string() ? it.value().get<std::string>() : "";
+      if (file.empty() || file.find('/') != std::string::npos || file[0] == '.') {
+        return Status::data("weight_map entry " + json_shown(it.value()) +
+                            " is not a file name in the directory")
+            .with_file(index_path.string())
+            .with_key("weight_map." + it.key());
+      }
+      weight_map[it.key()] = file;
+    }
+  } else if (fs::exists(root / "model.safetensors", ec)) {
+    KILN_ASSIGN_OR_RETURN(SafetensorsFile f,
+                          SafetensorsFile::read_header((root / "model.safetensors").string()));
+    for (const std::string& n : f.names()) weight_map[n] = "model.safetensors";
+    im.files.emplace("model.safetensors", std::move(f));
+  } else {
+    std::string why = "no model.safetensors or model.safetensors.index.json";
+    if (fs::exists(root / "pytorch_model.bin", ec)) {
+      why += " (pytorch_model.bin is a pickle Kiln does not read: convert it to safetensors)";
+    }
+    return Status::data(why).with_file(dir).with_key(key);
+  }
+  for (const auto& [name, file] : weight_map) {
+    if (im.files.count(file)) continue;
+    KILN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::read_header((root / file).string()));
+    im.files.emplace(file, std::move(f));
+  }
+  // Every Kiln tensor's Hugging Face tensor, with or without the "transformer." prefix.
+  std::map<std::string, bool> used;
+  for (const auto& [name, file] : weight_map) used[name] = false;
+  for (const ParamTensor& t : params.tensors()) {
+    bool transpose = false;
+    KILN_ASSIGN_OR_RETURN(std::string name, hf_tensor_name(t.name, &transpose));
+    std::string found = weight_map.count(name) ? name : "";
+    if (found.empty() && name.rfind(kGpt2Prefix, 0) == 0) {
+      const std::string bare = name.substr(std::strlen(kGpt2Prefix));
+      if (weight_map.count(bare)) found = bare;
+    }
+    if (found.empty()) {
+      return Status::data("missing tensor " + name + " (Kiln's " + t.name + ")")
+          .with_file(index_path.string().size() && fs::exists(index_path, ec)
+                         ? index_path.string()
+                         : (root / "model.safetensors").string())
+          .with_key(name);
+    }
+    used[found] = true;
+    Impl::Where w;
+    w.file = &im.files.at(weight_map.at(found));
+    w.name = found;
+    w.transpose = transpose;
+    KILN_ASSIGN_OR_RETURN(auto info, w.file->info(found));
+    w.dtype = info.first;
+    w.shape = info.second;
+    const std::vector<int64_t> want = hf_shape(t, transpose);
+    if (w.dtype != "F32" && w.dtype != "BF16" && w.dtype != "F16") {
+      return Status::data("dtype " + w.dtype + " (Kiln reads F32, BF16, F16)")
+          .with_file(w.file->path())
+          .with_key(found);
+    }
+    if (w.shape != want) {
+      std::string a = "[", b = "[";
+      for (size_t i = 0; i < w.shape.size(); ++i) a += (i ? ", " : "") + std::to_string(w.shape[i]);
+      for (size_t i = 0; i < want.size(); ++i) b += (i ? ", " : "") + std::to_string(want[i]);
+      return Status::data("shape " + a + "] disagrees with config.json (n_embd " +
+                          std::to_string(m.d_model) + ", vocab_size " +
+                          std::to_string(m.vocab_size) + ", n_positions " +
+                          std::to_string(m.seq_len) + "): expected " + b + "]")
+          .with_file(w.file->path())
+          .with_key(found);
+    }
+    im.where.push_back(std::move(w));
+  }
+  // What is left: the attention masks GPT-2 files carry as buffers ("h.N.attn.bias",
+  // "h.N.attn.masked_bias"), and an LM head that must equal wte (tied); anything else is a tensor
+  // Kiln's model has no place for.
+  for (const auto& [name, was_used] : used) {
+    if (was_used) continue;
+    const bool mask =
+        name.size() > 10 && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"));
+    if (mask) continue;
+    const std::string file = (root / weight_map.at(name)).string();
+    if (name == kGpt2TiedHead) {
+      // Compare with wte in chunks: an untied head is not representable.
+      const Impl::Where& wte = im.where[static_cast<size_t>(params.wte())];
+      const SafetensorsFile& hf = im.files.at(weight_map.at(name));
+      KILN_ASSIGN_OR_RETURN(auto info, hf.info(name));
+      if (info.second != wte.shape) {
+        return Status::config(
+                   "the LM head's shape differs from the token embedding's: Kiln ties "
+                   "them (tie_word_embeddings)")
+            .with_file(file)
+            .with_key(name);
+      }
+      const size_t total = static_cast<size_t>(wte.shape[0] * wte.shape[1]);
+      std::vector<char> a, b;
+      std::vector<float> fa, fb;
+      for (size_t at = 0; at < total; at += kStateChunk) {
+        const size_t k = std::min(kStateChunk, total - at);
+        a.resize(k * safetensors_dtype_size(info.first));
+        b.resize(k * safetensors_dtype_size(wte.dtype));
+        fa.resize(k);
+        fb.resize(k);
+        KILN_RETURN_IF_ERROR(hf.read_range(name, info.first, info.second, at, k, a.data()));
+        KILN_RETURN_IF_ERROR(wte.file->read_range(wte.name, wte.dtype, wte.shape, at, k, b.data()));
+        Impl::widen(info.first, a.data(), k, fa.data());
+        Impl::widen(wte.dtype, b.data(), k, fb.data());
+        if (std::memcmp(fa.data(), fb.data(), k * sizeof(float)) != 0) {
+          return Status::config("differs from " + wte.name +
+                                ": Kiln's LM head is tied to the token embedding (an untied "
+                                "head cannot be represented)")
+              .with_file(file)
+              .with_key(name);
+        }
+      }
+      continue;
+    }
+    return Status::data("tensor " + name + " is not part of a GPT-2 model Kiln can represent")
+        .with_file(file)
+        .with_key(name);
+  }
+  return src;
+}
+
+Status HfSource::Impl::read_whole(const Where& w, size_t first, size_t n, float* out) {
+  const size_t es = safetensors_dtype_size(w.dtype);
+  if (w.dtype == "F32") {
+    KILN_RETURN_IF_ERROR(w.file->read_range(w.name, w.dtype, w.shape, first, n, out));
+  } else {
+    raw.resize(n * es);
+    KILN_RETURN_IF_ERROR(w.file->read_range(w.name, w.dtype, w.shape, first, n, raw.data()));
+    widen(w.dtype, raw.data(), n, out);
+  }
+  bytes_read += n * es;
+  return Status::ok();
+}
+
+// Kiln's (R, K) matrix element (r, c) is the stored (K, R) element (c, r). The elements
+// [first, first + n) of Kiln's row-major order span rows r0..r1; the stored block rows (Kiln's
+// columns) c0..c1 x columns r0..r1 is read (only those bytes) and transposed.
+Status HfSource::Impl::read_transposed(const Where& w, const ParamTensor& t, size_t first, size_t n,
+                                       float* out) {
+  if (n == 0) return Status::ok();
+  const size_t cols = static_cast<size_t>(t.global_shape[1]);
+  const size_t r0 = first / cols, r1 = (first + n - 1) / cols;
+  const size_t c0 = r0 == r1 ? first % cols : 0;
+  const size_t c1 = r0 == r1 ? (first + n - 1) % cols + 1 : cols;
+  const size_t nr = r1 - r0 + 1, nc = c1 - c0;
+  const size_t R = static_cast<size_t>(t.global_shape[0]);
+  // Stored rows c0..c1 (Kiln's columns), stored columns r0..r1 (Kiln's rows): one read per stored
+  // row, or - when the rows wanted are most of them (over 3/4: a whole-tensor read, not a
+  // tensor-parallel slice) - the stored rows whole in one read.
+  const bool whole_rows = 4 * nr > 3 * R;
+  const size_t q0 = whole_rows ? 0 : r0, nq = whole_rows ? R : nr;
+  const size_t es = safetensors_dtype_size(w.dtype);
+  raw.resize(nq * nc * es);
+  KILN_RETURN_IF_ERROR(w.file->read_block(w.name, w.dtype, w.shape, c0, nc, q0, nq, raw.data()));
+  bytes_read += nq * nc * es;
+  block.resize(nq * nc);
+  widen(w.dtype, raw.data(), nq * nc, block.data());  // block[(c - c0) * nq + (r - q0)]
+  for (size_t i = 0; i < n; ++i) {
+    const size_t g = first + i, r = g / cols, c = g % cols;
+    out[i] = block[(c - c0) * nq + (r - q0)];
+  }
+  return Status::ok();
+}
+
+Status HfSource::read(int unit, ParamField f, size_t begin, size_t n, float* dst) {
+  std::fill(dst, dst + n, 0.0f);
+  if (f != ParamField::kMaster) return Status::ok();  // moments start at zero
+  Impl& im = *impl_;
+  const ParamStore& params = *im.params;
+  const size_t end = begin + n;
+  for (int ti : params.units()[static_cast<size_t>(unit)].tensors) {
+    const ParamTensor& pt = params.tensors()[static_cast<size_t>(ti)];
+    const size_t a = std::max(begin, pt.offset), b = std::min(end, pt.offset + pt.numel);
+    if (a >= b) continue;
+    const size_t la = a - pt.offset, lb = b - pt.offset;  // this rank's slice elements
+    const Impl::Where& w = im.where[static_cast<size_t>(ti)];
+    Status st = Status::ok();
+    for_each_slice_run(pt, params.tp_shard(), [&](size_t whole, size_t local, size_t count) {
+      const size_t lo = std::max(local, la), hi = std::min(local + count, lb);
+      if (lo >= hi || !st.is_ok()) return;
+      float* out = dst + (a - begin) + (lo - la);
+      const size_t from = whole + (lo - local);
+      st = w.transpose ? im.read_transposed(w, pt, from, hi - lo, out)
+                       : im.read_whole(w, from, hi - lo, out);
+    });
+    if (!st.is_ok()) return std::move(st).with_key(im.key);
+  }
+  return Status::ok();
+}
+
+// ---- model weights from any source ----------------------------------------------------------
+
+namespace {
+
+// The tokenizer a run trained with: the step directory's config.yaml names data.manifest, whose
+// tokenizer entry names the file (relative to the manifest). "" when any step fails.
+std::string run_tokenizer(const fs::path& step_dir, int64_t* eos_id) {
+  std::error_code ec;
+  const fs::path cfg = step_dir / "config.yaml";
+  if (!fs::exists(cfg, ec)) return "";
+  try {
+    YAML::Node root = YAML::LoadFile(cfg.string());
+    const YAML::Node man = root["data"]["manifest"];
+    if (!man || !man.IsScalar() || man.as<std::string>().empty()) return "";
+    fs::path mpath = man.as<std::string>();
+    if (fs::is_directory(mpath, ec)) mpath /= "manifest.json";
+    auto text = read_file(mpath.string());
+    if (!text.is_ok()) return "";
+    nlohmann::json j = parse_untrusted_json_or_discarded(*text);
+    if (!j.is_object() || !j.contains("tokenizer") || !j["tokenizer"].is_object()) return "";
+    const auto& t = j["tokenizer"];
+    if (t.contains("eos_id") && t["eos_id"].is_number_integer())
+      *eos_id = t["eos_id"].get<int64_t>();
+    if (!t.contains("path") || !t["path"].is_string()) return "";
+    const fs::path tok = mpath.parent_path() / t["path"].get<std::string>();
+    return fs::exists(tok, ec) ? tok.string() : "";
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+}  // namespace
+
+Result<ModelWeights> open_model_weights(const std::string& path_in) {
+  ModelWeights w;
+  std::error_code ec;
+  fs::path path(path_in);
+  if (!fs::exists(path, ec)) return Status::usage("no such file or directory: " + path_in);
+  // A run directory: its latest checkpoint.
+  if (fs::is_directory(path, ec) && fs::exists(path / "checkpoints" / "latest", ec)) {
+    KILN_ASSIGN_OR_RETURN(std::string latest, latest_checkpoint(path.string()));
+    path = latest;
+  }
+  w.path = path.string();
+  if (fs::is_directory(path, ec) && fs::exists(path / "state.json", ec)) {
+    KILN_ASSIGN_OR_RETURN(auto shape, checkpoint_model(path.string()));
+    w.model = shape.first;
+    w.precision = shape.second;
+    w.layout = std::make_unique<ParamStore>(w.model, Precision::kFp32, false, nullptr, TpShard{},
+                                            /*allocate=*/false);
+    TrainerState state;
+    KILN_ASSIGN_OR_RETURN(auto reader, CheckpointReader::open(path.string(), *w.layout, &state));
+    w.step = state.step;
+    w.source = std::move(reader);
+    w.kind = "checkpoint";
+    w.tokenizer = run_tokenizer(path, &w.eos_id);
+    return w;
+  }
+  if (is_hf_dir(path.string())) {
+    HfModelInfo info;
+    KILN_ASSIGN_OR_RETURN(w.model, read_hf_config(path.string(), &info));
+    KILN_RETURN_IF_ERROR(check_model_shape(w.model).with_file((path / "config.json").string()));
+    w.layout = std::make_unique<ParamStore>(w.model, Precision::kFp32, false, nullptr, TpShard{},
+                                            /*allocate=*/false);
+    KILN_ASSIGN_OR_RETURN(auto src, HfSource::open(path.string(), *w.layout, path.string()));
+    w.source = std::move(src);
+    w.kind = "hf";
+    w.eos_id = info.eos_id;
+    if (info.torch_dtype == "bfloat16") w.precision = Precision::kBf16;
+    // Kiln's own tokenizer beside the export (engine/checkpoint/hf.h), else the GPT-2 pair.
+    for (const char* name : {"kiln_tokenizer.json", "vocab.json"}) {
+      if (fs::exists(path / name, ec)) {
+        w.tokenizer = (path / name).string();
+        break;
+      }
+    }
+    return w;
+  }
+  if (fs::is_regular_file(path, ec)) {
+    KILN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::read_header(path.string()));
+    auto m = f.metadata().find("model");
+    if (m == f.metadata().end()) {
+      return Status::data("no \"model\" metadata: not a `kiln checkpoint consolidate` file")
+          .with_file(path.string());
+    }
+    nlohmann::json j = parse_untrusted_json_or_discarded(m->second);
+    try {
+      w.model.vocab_size = json_integer_at<int64_t>(j, "vocab_size");
+      w.model.d_model = json_integer_at<int64_t>(j, "d_model");
+      w.model.n_layers = json_integer_at<int64_t>(j, "n_layers");
+      w.model.n_heads = json_integer_at<int64_t>(j, "n_heads");
+      w.model.seq_len = json_integer_at<int64_t>(j, "seq_len");
+    } catch (const std::exception& e) {
+      return Status::data(std::string("malformed \"model\" metadata: ") + e.what())
+          .with_file(path.string());
+    }
+    KILN_RETURN_IF_ERROR(check_model_shape(w.model).with_file(path.string()));
+    if (auto p = f.metadata().find("precision"); p != f.metadata().end()) {
+      w.precision = p->second == "bf16"   ? Precision::kBf16
+                    : p->second == "fp16" ? Precision::kFp16
+                                          : Precision::kFp32;
+    }
+    if (auto s = f.metadata().find("step"); s != f.metadata().end()) {
+      w.step = std::atoll(s->second.c_str());
+    }
+    w.layout = std::make_unique<ParamStore>(w.model, Precision::kFp32, false, nullptr, TpShard{},
+                                            /*allocate=*/false);
+    KILN_ASSIGN_OR_RETURN(
+        auto reader, CheckpointReader::open_consolidated(path.string(), *w.layout, path.string()));
+    w.source = std::move(reader);
+    w.kind = "consolidated";
+    return w;
+  }
+  return Status::usage(path_in +
+                       " is neither a checkpoint (RUN or RUN/checkpoints/step-NNNNNNNN), a "
+                       "consolidated safetensors file, nor a Hugging Face directory (config.json)");
+}
+
+Status read_tensor(ModelWeights& w, int t, size_t first, size_t n, float* dst) {
+  const ParamTensor& pt = w.layout->tensors()[static_cast<size_t>(t)];
+  KILN_CHECK(first + n <= pt.numel, "read_tensor: range outside the tensor");
+  for (size_t done = 0; done < n;) {
+    const size_t k = std::min(kStateChunk, n - done);
+    KILN_RETURN_IF_ERROR(
+        w.source->read(pt.unit, ParamField::kMaster, pt.offset + first + done, k, dst + done));
+    done += k;
+  }
+  return Status::ok();
+}
+
+// ---- export ---------------------------------------------------------------------------------
+
+namespace {
+
+struct OutTensor {
+  int kiln = 0;
+  std::string name;
+  bool transpose = false;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+};
+
+nlohmann::ordered_json gpt2_config(const ModelConfig& m, const std::string& torch_dtype,
+                                   int64_t eos) {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["model_type"] = "gpt2";
+  j["vocab_size"] = m.vocab_size;
+  j["n_positions"] = m.seq_len;
+  j["n_ctx"] = m.seq_len;
+  j["n_embd"] = m.d_model;
+  j["n_layer"] = m.n_layers;
+  j["n_head"] = m.n_heads;
+  j["n_inner"] = nullptr;
+  j["activation_function"] = "gelu_new";
+  j["layer_norm_epsilon"] = kLayerNormEps;
+  j["initializer_range"] = std::stod(fmt::format("{}", m.init_std));  // 0.02, not 0.0199999...
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["attn_pdrop"] = 0.0;
+  j["scale_attn_weights"] = true;
+  j["scale_attn_by_inverse_layer_idx"] = false;
+  j["reorder_and_upcast_attn"] = false;
+  j["tie_word_embeddings"] = true;
+  j["use_cache"] = true;
+  if (eos >= 0) {
+    j["bos_token_id"] = eos;
+    j["eos_token_id"] = eos;
+  } else {
+    j["bos_token_id"] = nullptr;
+    j["eos_token_id"] = nullptr;
+  }
+  j["torch_dtype"] = torch_dtype;
+  return j;
+}
+
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+}  // namespace
+
+Status export_hf(const std::string& source, const HfExportOptions& o, HfExportReport* report,
+                 const HfTokenizerWriter& tokenizer) {
+  if (o.dtype != "fp32" && o.dtype != "bf16") {
+    return Status::usage("--dtype must be fp32 or bf16, not '" + o.dtype + "'");
+  }
+  if (o.max_shard_bytes == 0) return Status::usage("--max-shard-size must be positive");
+  KILN_ASSIGN_OR_RETURN(ModelWeights w, open_model_weights(source));
+  const fs::path out(o.output);
+  std::error_code ec;
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec))) {
+    if (!o.overwrite) {
+      return Status::usage(o.output + " exists and is not empty (--overwrite replaces it)");
+    }
+  }
+  const std::string st_dtype = o.dtype == "bf16" ? "BF16" : "F32";
+  const size_t es = safetensors_dtype_size(st_dtype);
+  // The tensors in Kiln's order, under their Hugging Face names, cut into shards of at most
+  // max_shard_bytes (a tensor larger than the limit is a shard of its own).
+  std::vector<OutTensor> tensors;
+  for (size_t i = 0; i < w.layout->tensors().size(); ++i) {
+    const ParamTensor& t = w.layout->tensors()[i];
+    OutTensor ot;
+    ot.kiln = static_cast<int>(i);
+    KILN_ASSIGN_OR_RETURN(ot.name, hf_tensor_name(t.name, &ot.transpose));
+    ot.shape = hf_shape(t, ot.transpose);
+    ot.bytes = t.numel * es;
+    tensors.push_back(std::move(ot));
+  }
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!shards.back().empty() && in_shard + tensors[i].bytes > o.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += tensors[i].bytes;
+    total += tensors[i].bytes;
+  }
+  const fs::path tmp =
+      out.parent_path() / ("." + out.filename().string() + ".tmp." + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return fs_error("create output directory", tmp, ec);
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code e;
+      if (!p.empty()) fs::remove_all(p, e);
+    }
+  } cleanup{tmp};
+
+  std::vector<float> buf, tbuf;
+  std::vector<bf16> half;
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string file =
+        shards.size() == 1 ? "model.safetensors" : shard_name(s, shards.size());
+    std::vector<SafetensorsWriter::Spec> specs;
+    for (size_t i : shards[s]) specs.push_back({tensors[i].name, st_dtype, tensors[i].shape});
+    SafetensorsWriter writer;
+    KILN_RETURN_IF_ERROR(writer.open((tmp / file).string(), specs, meta));
+    auto emit = [&](const float* v, size_t n) -> Status {
+      if (st_dtype == "F32") return writer.append(v, n * sizeof(float));
+      half.resize(n);
+      cpu::cast(half.data(), v, n);
+      return writer.append(half.data(), n * sizeof(bf16));
+    };
+    for (size_t i : shards[s]) {
+      const OutTensor& ot = tensors[i];
+      const ParamTensor& t = w.layout->tensors()[static_cast<size_t>(ot.kiln)];
+      weight_map[ot.name] = file;
+      if (!ot.transpose) {  // the same layout: in chunks
+        for (size_t at = 0; at < t.numel; at += kStateChunk) {
+          const size_t k = std::min(kStateChunk, t.numel - at);
+          buf.resize(k);
+          KILN_RETURN_IF_ERROR(read_tensor(w, ot.kiln, at, k, buf.data()));
+          KILN_RETURN_IF_ERROR(emit(buf.data(), k));
+        }
+        continue;
+      }
+      // A matrix stored transposed: the whole matrix (the largest one bounds the memory).
+      const size_t R = static_cast<size_t>(t.global_shape[0]);
+      const size_t C = static_cast<size_t>(t.global_shape[1]);
+      buf.resize(t.numel);
+      tbuf.resize(t.numel);
+      KILN_RETURN_IF_ERROR(read_tensor(w, ot.kiln, 0, t.numel, buf.data()));
+      for (size_t r = 0; r < R; ++r)
+        for (size_t c = 0; c < C; ++c) tbuf[c * R + r] = buf[r * C + c];
+      KILN_RETURN_IF_ERROR(emit(tbuf.data(), t.numel));
+    }
+    KILN_RETURN_IF_ERROR(writer.commit());
+  }
+  if (shards.size() > 1) {
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", total}};
+    index["weight_map"] = weight_map;
+    KILN_RETURN_IF_ERROR(
+        write_file_atomic((tmp / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
+  }
+  const std::string torch_dtype = torch_dtype_name(st_dtype);
+  KILN_RETURN_IF_ERROR(write_file_atomic(
+      (tmp / "config.json").string(), gpt2_config(w.model, torch_dtype, w.eos_id).dump(2) + "\n"));
+  nlohmann::ordered_json gen;
+  gen["bos_token_id"] = w.eos_id >= 0 ? nlohmann::ordered_json(w.eos_id) : nullptr;
+  gen["eos_token_id"] = w.eos_id >= 0 ? nlohmann::ordered_json(w.eos_id) : nullptr;
+  gen["max_length"] = w.model.seq_len;
+  KILN_RETURN_IF_ERROR(
+      write_file_atomic((tmp / "generation_config.json").string(), gen.dump(2) + "\n"));
+  bool wrote_tokenizer = false;
+  if (tokenizer) {
+    Status st = tokenizer(tmp.string(), w);
+    if (!st.is_ok() && st.code() != StatusCode::kNotFound) return st;
+    wrote_tokenizer = st.is_ok();
+  }
+  KILN_RETURN_IF_ERROR(fsync_dir(tmp.string()));
+  if (fs::exists(out, ec)) {
+    fs::remove_all(out, ec);
+    if (ec) return fs_error("remove the old output", out, ec);
+  }
+  KILN_RETURN_IF_ERROR(rename_durable(tmp.string(), out.string()));
+  cleanup.p.clear();
+  if (report) {
+    report->tensors = tensors.size();
+    report->files = shards.size();
+    report->bytes = total;
+    report->tokenizer = wrote_tokenizer;
+  }
+  return Status::ok();
+}
+
+}  // namespace kiln::engine

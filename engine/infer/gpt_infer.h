@@ -1,0 +1,110 @@
+// Inference with a trained GPT-2: the forward pass with a KV cache (`kiln generate`), token
+// log-likelihoods (`kiln eval`), and sampling. Token ids in and out; text is the caller's
+// (tools/kiln/cmd_generate.cc, cmd_eval.cc tokenize).
+//
+// The weights are read once from any source (engine/checkpoint/hf.h ModelWeights: a checkpoint
+// of any layout, a consolidated file, a Hugging Face directory) into one fp32 host copy, one
+// tensor at a time (no optimizer state, no gradients). The forward is made of Kiln's CPU kernels
+// (kernels/ops.h: encoder, layernorm, matmul, GELU, residual, attention, cross-entropy), the same
+// operators training runs; only attention over the cache is its own loop here (one query row
+// against the cached keys and values, the arithmetic of attention_forward's online softmax
+// without the blocking): prefilling a prompt runs attention_forward itself. A cached forward of
+// tokens one at a time gives the logits of the full forward within fp32 round-off (tested:
+// tests/engine/infer/gpt_infer_test.cc), so greedy decoding with the cache equals argmax of the
+// full forward at every step.
+//
+// CPU only: generation on a GPU is not built (the CUDA operators exist but this path runs the
+// host kernels). Not thread-safe; the kernels use the process's oneTBB threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/checkpoint/hf.h"
+
+namespace kiln::engine {
+
+class GptInference {
+ public:
+  // Reads every tensor of `w` (w.source) into host memory.
+  static Result<std::unique_ptr<GptInference>> load(ModelWeights& w);
+  const ModelConfig& model() const { return m_; }
+
+  // Keys and values of the positions run so far (per layer, (len, C) each).
+  struct Cache {
+    std::vector<std::vector<float>> k, v;
+    int64_t len = 0;
+  };
+  Cache new_cache() const;
+  // Runs tokens[0, n) at positions cache->len .. cache->len + n - 1 (at most seq_len in all),
+  // appending their keys and values; logits (V) of the last of them into `logits`.
+  void step(const int32_t* tokens, int n, Cache* cache, float* logits);
+  // The full forward of tokens[0, n) (n <= seq_len) without a cache: logits (n, V).
+  void forward_full(const int32_t* tokens, int n, float* logits);
+  // nll[i] = -log p(tokens[i + 1] | tokens[0..i]) for i in [0, n - 1) (natural log), by a full
+  // forward (n <= seq_len + 1); the logits are made in chunks of rows.
+  void token_nll(const int32_t* tokens, int n, float* nll);
+
+ private:
+  GptInference() = default;
+  // The final LayerNorm's output (n, C) of tokens at positions p0.. (attention over `cache`
+  // when given, else causal attention among the n tokens).
+  void hidden(const int32_t* tokens, int n, Cache* cache, float* out);
+  const float* t(int index) const { return w_[static_cast<size_t>(index)].data(); }
+  ModelConfig m_;
+  std::vector<std::vector<float>> w_;  // per ParamStore tensor, whole
+  std::vector<BlockTensors> blocks_;
+  int wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
+  // Activations, grown to the largest n seen.
+  std::vector<float> x_, x2_, ln_, qkv_, att_, lse_, proj_, fc_, gelu_;
+};
+
+// How the next token is chosen from the logits, in Hugging Face's order: repetition penalty
+// (CTRL: a seen token's logit divided by it when positive, multiplied when negative), then
+// temperature, top-k, top-p (nucleus), then a draw. temperature 0: greedy (argmax; ties to the
+// lowest id), the other settings but the penalty then do not matter.
+struct SamplingOptions {
+  double temperature = 1.0;
+  int64_t top_k = 0;   // 0: all
+  double top_p = 1.0;  // 1: all
+  double repetition_penalty = 1.0;
+  uint64_t seed = 0;
+};
+Status check_sampling(const SamplingOptions& s);  // kUsage naming the flag
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& s);
+  // The next token from logits (V values; modified), `history` the ids so far (prompt included).
+  int32_t next(float* logits, int64_t V, const std::vector<int32_t>& history);
+
+ private:
+  SamplingOptions s_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> order_;
+  std::vector<double> probs_;
+};
+
+struct GenerateOptions {
+  int64_t max_tokens = 64;
+  SamplingOptions sampling;
+  int64_t eos_id = -1;    // stop after it (it is passed to on_token); -1: none
+  bool use_cache = true;  // false: a full forward per token (for checking the cache)
+};
+struct GenerateStats {
+  int64_t prompt_tokens = 0, new_tokens = 0;
+  double prefill_s = 0, decode_s = 0;
+  std::string stop;  // "eos", "max_tokens", "context" (seq_len reached)
+};
+// Generates after `prompt` (non-empty, at most seq_len tokens), calling on_token for each new id
+// as it is made.
+Status generate(GptInference& model, const std::vector<int32_t>& prompt,
+                const GenerateOptions& options, const std::function<void(int32_t)>& on_token,
+                GenerateStats* stats = nullptr);
+
+}  // namespace kiln::engine

@@ -1,0 +1,202 @@
+// engine/infer/gpt_infer.h: the cached forward (one token at a time after a prefill) gives the
+// full forward's logits within fp32 round-off at every step, so greedy decoding with the cache
+// equals argmax of the full forward at each step; the inference forward's token losses equal
+// the training model's (engine/model/model.h Model::forward) on the same weights; sampling is
+// deterministic per seed and its settings do what they say.
+#include "engine/infer/gpt_infer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <set>
+
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/infer/eval_tasks.h"
+#include "engine/model/model.h"
+#include "tests/engine/engine_test_util.h"
+
+namespace kiln::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelConfig model() {
+  ModelConfig m;
+  m.vocab_size = 96;
+  m.d_model = 32;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.seq_len = 24;
+  m.init_std = 0.3f;  // large weights: peaked, input-dependent logits
+  return m;
+}
+
+struct Loaded {
+  std::string root;
+  std::unique_ptr<ParamStore> whole;
+  ModelWeights weights;
+  std::unique_ptr<GptInference> infer;
+};
+
+Loaded load(const std::string& name) {
+  Loaded l;
+  l.root = test::temp_dir("infer", name);
+  l.whole = std::make_unique<ParamStore>(model(), Precision::kFp32);
+  l.whole->init(5);
+  TrainerState st;
+  EXPECT_TRUE(save_checkpoint(l.root, *l.whole, st, "# test\n", 0).is_ok());
+  auto w = open_model_weights(l.root);  // the run directory: its latest checkpoint
+  EXPECT_TRUE(w.is_ok()) << w.status().to_string();
+  l.weights = std::move(w).value();
+  EXPECT_EQ(l.weights.kind, "checkpoint");
+  auto g = GptInference::load(l.weights);
+  EXPECT_TRUE(g.is_ok());
+  l.infer = std::move(g).value();
+  return l;
+}
+
+std::vector<int32_t> tokens(int n, int seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + seed * 11 + 5) % 96;
+  return t;
+}
+
+TEST(GptInference, CachedStepsGiveTheFullForwardsLogits) {
+  Loaded l = load("cache");
+  const int V = 96, T = 24;
+  const std::vector<int32_t> seq = tokens(T, 1);
+  std::vector<float> full(static_cast<size_t>(T) * V), step(V);
+  l.infer->forward_full(seq.data(), T, full.data());
+  auto cache = l.infer->new_cache();
+  const int prefill = 5;
+  double worst = 0, scale = 0;
+  for (int p = prefill; p <= T; ++p) {
+    if (p == prefill) {
+      l.infer->step(seq.data(), prefill, &cache, step.data());
+    } else {
+      l.infer->step(seq.data() + p - 1, 1, &cache, step.data());
+    }
+    for (int v = 0; v < V; ++v) {
+      const float want = full[static_cast<size_t>(p - 1) * V + v];
+      worst = std::max(worst, static_cast<double>(std::abs(step[v] - want)));
+      scale = std::max(scale, static_cast<double>(std::abs(want)));
+    }
+  }
+  EXPECT_EQ(cache.len, T);
+  // fp32 round-off of a different summation order (the attention kernel's blocked online
+  // softmax vs the cache's direct one) through 2 blocks.
+  EXPECT_LE(worst, 1e-5 * std::max(1.0, scale)) << "logit scale " << scale;
+  EXPECT_GT(scale, 1.0);
+  fs::remove_all(l.root);
+}
+
+TEST(GptInference, GreedyWithTheCacheIsArgmaxOfTheFullForwardAtEachStep) {
+  Loaded l = load("greedy");
+  const int V = 96;
+  GenerateOptions o;
+  o.max_tokens = 20;
+  o.sampling.temperature = 0;
+  const std::vector<int32_t> prompt = tokens(4, 2);
+  std::vector<int32_t> cached, again, nocache;
+  ASSERT_TRUE(generate(*l.infer, prompt, o, [&](int32_t t) { cached.push_back(t); }).is_ok());
+  ASSERT_TRUE(generate(*l.infer, prompt, o, [&](int32_t t) { again.push_back(t); }).is_ok());
+  o.use_cache = false;
+  ASSERT_TRUE(generate(*l.infer, prompt, o, [&](int32_t t) { nocache.push_back(t); }).is_ok());
+  EXPECT_EQ(cached.size(), 20u);
+  EXPECT_EQ(cached, again);
+  EXPECT_EQ(cached, nocache);
+  // Each token is the argmax of the full forward of what precedes it.
+  std::vector<int32_t> seq = prompt;
+  for (int32_t t : cached) {
+    std::vector<float> logits(seq.size() * V);
+    l.infer->forward_full(seq.data(), static_cast<int>(seq.size()), logits.data());
+    const float* last = logits.data() + (seq.size() - 1) * V;
+    EXPECT_EQ(t, std::max_element(last, last + V) - last);
+    seq.push_back(t);
+  }
+  // Not a constant: the model's output depends on its input.
+  EXPECT_GT(std::set<int32_t>(cached.begin(), cached.end()).size(), 1u);
+  // Generation stops at the context (24 positions: 4 + 20 = 24 fits exactly, 21 does not).
+  o.use_cache = true;
+  o.max_tokens = 100;
+  GenerateStats st;
+  std::vector<int32_t> out;
+  ASSERT_TRUE(generate(
+                  *l.infer, prompt, o, [&](int32_t t) { out.push_back(t); }, &st)
+                  .is_ok());
+  EXPECT_EQ(st.stop, "context");
+  EXPECT_EQ(out.size(), 21u);  // the 21st token is predicted from 24 positions
+  // And at end-of-text: the first greedy token as eos stops at once.
+  o.eos_id = cached[0];
+  out.clear();
+  ASSERT_TRUE(generate(
+                  *l.infer, prompt, o, [&](int32_t t) { out.push_back(t); }, &st)
+                  .is_ok());
+  EXPECT_EQ(st.stop, "eos");
+  EXPECT_EQ(out.size(), 1u);
+  fs::remove_all(l.root);
+}
+
+TEST(GptInference, TokenLossesEqualTheTrainingForwards) {
+  Loaded l = load("losses");
+  const int T = 24;
+  const std::vector<int32_t> seq = tokens(T + 1, 3);
+  std::vector<float> nll(T);
+  l.infer->token_nll(seq.data(), T + 1, nll.data());
+  auto m = Model::create(l.whole.get(), 1, Recompute::kNone);
+  std::vector<float> losses(T);
+  m->forward(seq.data(), seq.data() + 1, losses.data());
+  for (int i = 0; i < T; ++i)
+    EXPECT_NEAR(nll[i], losses[i], 2e-5f * std::max(1.0f, losses[i])) << i;
+  // sequence_nll predicts every token once (windows of seq_len), after bos when given.
+  const std::vector<int32_t> longer = tokens(3 * T + 5, 4);
+  int64_t n = 0;
+  const double total = sequence_nll(*l.infer, 7, longer, &n);
+  EXPECT_EQ(n, static_cast<int64_t>(longer.size()));
+  EXPECT_GT(total, 0);
+  fs::remove_all(l.root);
+}
+
+TEST(Sampler, SeededDeterministicAndTheSettingsHold) {
+  const int V = 8;
+  std::vector<float> base = {0.1f, 2.0f, 1.9f, -1.0f, 0.5f, 1.0f, 0.0f, -3.0f};
+  auto draw = [&](SamplingOptions s, int n) {
+    Sampler sm(s);
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> l = base;
+      out.push_back(sm.next(l.data(), V, {}));
+    }
+    return out;
+  };
+  SamplingOptions s;
+  s.seed = 9;
+  EXPECT_EQ(draw(s, 200), draw(s, 200));
+  SamplingOptions s2 = s;
+  s2.seed = 10;
+  EXPECT_NE(draw(s, 200), draw(s2, 200));
+  auto all = draw(s, 2000);
+  EXPECT_GT(std::set<int32_t>(all.begin(), all.end()).size(), 5u);
+  s.top_k = 2;  // only ids 1 and 2
+  for (int32_t t : draw(s, 300)) EXPECT_TRUE(t == 1 || t == 2) << t;
+  s.top_k = 0;
+  s.top_p = 0.3;  // id 1 alone carries > 0.3 of the mass... with id 2 close: both at most
+  for (int32_t t : draw(s, 300)) EXPECT_TRUE(t == 1 || t == 2) << t;
+  s.top_p = 1e-6;
+  for (int32_t t : draw(s, 50)) EXPECT_EQ(t, 1);
+  s.top_p = 1;
+  s.temperature = 0;
+  for (int32_t t : draw(s, 5)) EXPECT_EQ(t, 1);
+  // A strong repetition penalty on id 1 (seen) makes id 2 the greedy choice.
+  Sampler rp(SamplingOptions{0.0, 0, 1.0, 1.5, 0});
+  std::vector<float> l = base;
+  EXPECT_EQ(rp.next(l.data(), V, {1}), 2);
+  EXPECT_FALSE(check_sampling(SamplingOptions{-1, 0, 1, 1, 0}).is_ok());
+  EXPECT_FALSE(check_sampling(SamplingOptions{1, 0, 0, 1, 0}).is_ok());
+}
+
+}  // namespace
+}  // namespace kiln::engine
