@@ -8,8 +8,8 @@
 //   3. otherwise domains.default.
 // domain_by records which: "rule:<name>", "model", or "default".
 //
-// Tokens: tokenizer.path names a tokenizer file (Kiln JSON, or a GPT-2 vocab.json with merges.txt
-// beside it); "" trains a byte-level BPE tokenizer of tokenizer.vocab_size on the kept texts
+// Tokens: tokenizer.path names a tokenizer file (a Hugging Face tokenizer.json, a SentencePiece
+// .model, Kiln's older JSON, or a GPT-2 vocab.json with merges.txt beside it); "" trains a byte-level BPE tokenizer of tokenizer.vocab_size on the kept texts
 // (a deterministic, evenly spread sample of at most tokenizer.train_bytes); "none" disables
 // tokenization (no .tokens.npy).
 #include "dataprep/annotate.h"
@@ -54,10 +54,12 @@ class RulesAnnotator final : public Annotator {
 
   Result<ManifestTokenizer> save_tokenizer(const std::string& out_dir) const override {
     if (!tokenizer_) return ManifestTokenizer{};
-    std::string path = (std::filesystem::path(out_dir) / "tokenizer.json").string();
+    // tokenizer.json (Hugging Face format; a loaded tokenizer.json as it was), or
+    // tokenizer.model for a SentencePiece model.
+    std::string path = (std::filesystem::path(out_dir) / tokenizer_->file_name()).string();
     KILN_RETURN_IF_ERROR(tokenizer_->save(path));
     ManifestTokenizer t;
-    t.path = "tokenizer.json";
+    t.path = tokenizer_->file_name();
     t.vocab_size = tokenizer_->vocab_size();
     t.eos_id = tokenizer_->eos_id();
     return t;
