@@ -315,7 +315,7 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
   KILN_ASSIGN_OR_RETURN(Tokenizer tok,
                         build_byte_bpe(vocab, merges, literal_ids, special_ids, eos, std::move(pre),
                                        origin, "model.vocab", "model.merges"));
-  Tokenizer::Impl& impl = TokenizerAccess::impl(tok);
+  auto& impl = TokenizerAccess::impl(tok);
   impl.source = TokenizerSource::kHuggingFace;
   impl.hf_json = std::string(text);
   impl.nfc = nfc;
@@ -391,7 +391,7 @@ std::string Tokenizer::to_json() const {
 }
 
 std::string hf_tokenizer_config_json(const Tokenizer& tok, const HfTokenizerConfig& config) {
-  const Tokenizer::Impl& m = TokenizerAccess::impl(tok);
+  const auto& m = TokenizerAccess::impl(tok);
   json j = json::object();
   auto piece = [&](int64_t id) { return m.tokens.at(size_t(id)); };
   if (m.sp) {

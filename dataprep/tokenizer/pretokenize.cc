@@ -185,18 +185,18 @@ namespace {
 // kiln-v1 in pieces: White_Space spelled out (the same set in Oniguruma and PCRE2), the CJK ranges
 // of is_cjk_codepoint(), letters = \p{L} outside them or \p{M}; the CJK run's quantifier goes
 // between the two halves.
-constexpr const char* kSpace =
+constexpr const char* kSpaceClass =
     R"(\t-\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
-constexpr const char* kCjk =
+constexpr const char* kCjkClass =
     R"(\x{3400}-\x{4DBF}\x{4E00}-\x{9FFF}\x{F900}-\x{FAFF}\x{20000}-\x{3134F}\x{3040}-\x{30FF})"
     R"(\x{31F0}-\x{31FF}\x{3100}-\x{312F}\x{FF66}-\x{FF9D}\x{3005}\x{3006})";
 std::string kiln_v1_head() {
-  const std::string cjk = kCjk;
+  const std::string cjk = kCjkClass;
   return R"('(?:[sStTmMdD]|[rRvV][eE]|[lL][lL])| ?(?:(?:\p{M}|(?![)" + cjk + R"(])\p{L})+)" +
          R"(|\p{N}{1,3}|(?:(?=\p{L})[)" + cjk + R"(]\p{M}*))";
 }
 std::string kiln_v1_tail() {
-  const std::string s = kSpace;
+  const std::string s = kSpaceClass;
   return "|[^" + s + R"(\p{L}\p{M}\p{N}]+)|[)" + s + R"(]*[\r\n]|[)" + s + "]+(?![^" + s +
          "])|[" + s + "]+";
 }

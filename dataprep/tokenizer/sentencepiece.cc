@@ -27,7 +27,7 @@ Result<Tokenizer> load_sentencepiece(std::string bytes, const std::string& origi
                                    "max_vocab", origin));
   if (n <= 0) return Status::data("the SentencePiece model has no pieces").with_file(origin);
   Tokenizer tok;
-  Tokenizer::Impl& impl = TokenizerAccess::impl(tok);
+  auto& impl = TokenizerAccess::impl(tok);
   impl.source = TokenizerSource::kSentencePiece;
   impl.tokens.resize(size_t(n));
   impl.special.assign(size_t(n), 0);

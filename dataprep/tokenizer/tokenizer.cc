@@ -290,6 +290,8 @@ Result<std::string> Tokenizer::decode(std::span<const uint32_t> ids) const {
   return out;
 }
 
+bool Tokenizer::round_trips() const { return !impl_->sp && !impl_->nfc && !impl_->prefix_space; }
+
 const char* Tokenizer::kind() const {
   switch (impl_->source) {
     case TokenizerSource::kKiln:

@@ -107,6 +107,9 @@ class Tokenizer {
   // "kiln" (trained by Kiln or a kiln-tokenizer/1 file), "gpt2" (vocab.json + merges.txt),
   // "huggingface" (tokenizer.json), "sentencepiece".
   const char* kind() const;
+  // True when decode(encode(x)) == x for every byte string x: byte-level BPE without a
+  // normalizer or an added prefix space (false for SentencePiece).
+  bool round_trips() const;
   // Bytes of one token (special tokens: their text). id must be < vocab_size().
   const std::string& token_bytes(uint32_t id) const;
   bool is_special(uint32_t id) const;

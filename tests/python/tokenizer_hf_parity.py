@@ -81,7 +81,7 @@ docs += [
     "Family 👨‍👩‍👧‍👦, flags 🇫🇷🇯🇵, skin 👍🏽👋🏿, keycap 1️⃣, 😀😃😄 emoji runs 🔥🔥🔥",
     "\ufffd\ufffd replacement, \x00\x01\x1b[0m controls \x7f\x80\x9f C1, NEL\x85x, BOM\ufeffy, LS\u2028PS\u2029",
     "private \ue000\uf8ff, nonchar \uffff\ufffe \U0010ffff, lone marks \u0301\u0308a\u0301, \u3099\u309b",
-    "digits 1234567 ١٢٣٤٥ １２３４ Ⅻ ½ ² and ſ long s, \u212a Kelvin, DON'T 'S 'll 'Re 'VE",
+    "digits 1234567 ١٢٣٤٥ １２３４ Ⅻ ½ ² and ſ long s, it'ſ, \u212a Kelvin, DON'T 'S 'll 'Re 'VE",
     "whitespace \n\n   \t  \r\n\r\n\u3000\u3000x\u00a0\u00a0y\u2003z   \n",
     "code:\n\tif (x->y != NULL) { return a[i++] << 2; }  // comment\n    def f(x): return x**2\n",
     "URL https://example.com/a?b=c&d=e#f and e-mail someone@example.org, path C:\\Users\\x",
