@@ -451,7 +451,7 @@ std::string train_sentencepiece(const std::filesystem::path& dir, int vocab_size
 
 TEST(SentencePiece, IdsEqualTheLibraryAndRoundTrip) {
   auto dir = std::filesystem::temp_directory_path() / ("kiln_sp_" + std::to_string(getpid()));
-  std::string model = train_sentencepiece(dir, 400);
+  std::string model = train_sentencepiece(dir, 1000);
   auto loaded = Tokenizer::load(model);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   const Tokenizer& tok = *loaded;
