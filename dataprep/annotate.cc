@@ -9,9 +9,9 @@
 // domain_by records which: "rule:<name>", "model", or "default".
 //
 // Tokens: tokenizer.path names a tokenizer file (a Hugging Face tokenizer.json, a SentencePiece
-// .model, Kiln's older JSON, or a GPT-2 vocab.json with merges.txt beside it); "" trains a byte-level BPE tokenizer of tokenizer.vocab_size on the kept texts
-// (a deterministic, evenly spread sample of at most tokenizer.train_bytes); "none" disables
-// tokenization (no .tokens.npy).
+// .model, Kiln's older JSON, or a GPT-2 vocab.json with merges.txt beside it); "" trains a
+// byte-level BPE tokenizer of tokenizer.vocab_size on the kept texts (a deterministic, evenly
+// spread sample of at most tokenizer.train_bytes); "none" disables tokenization (no .tokens.npy).
 #include "dataprep/annotate.h"
 
 #include <filesystem>
@@ -121,7 +121,12 @@ Result<std::unique_ptr<Annotator>> Annotator::create(const DomainOptions& domain
     // No tokenizer: documents carry no tokens.
   } else if (!tok_path.empty()) {
     auto tok = Tokenizer::load(tok_path);
-    if (!tok.is_ok()) return std::move(tok).take_status().with_key("tokenizer.path");
+    if (!tok.is_ok()) {
+      // A field inside the tokenizer file (e.g. model.type) is the more useful key to name.
+      Status st = std::move(tok).take_status();
+      if (st.key().empty()) st.with_key("tokenizer.path");
+      return st;
+    }
     a->tokenizer_ = std::move(tok).value();
   } else {
     const int64_t vocab = tokenizer.vocab_size;

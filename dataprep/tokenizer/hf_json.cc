@@ -1,9 +1,8 @@
 // Hugging Face tokenizer.json in (the byte-level BPE family) and out (Kiln's own tokenizers),
 // and the tokenizer files of a Hugging Face model directory. See docs/TOKENIZER.md.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/atomic_file.h"
@@ -113,9 +112,9 @@ Result<PretokenizerSpec> read_pretokenizer(const Reader& r, const json& pt, bool
     return r.fail(bf + ".add_prefix_space", "add_prefix_space after a Split is not supported");
   auto behavior = split.find("behavior");
   if (behavior == split.end() || !behavior->is_string() || *behavior != "Isolated")
-    return r.fail(sf + ".behavior",
-                  "Split behavior '" + (behavior != split.end() ? behavior->dump() : "") +
-                      "' is not supported (supported: \"Isolated\")");
+    return r.fail(sf + ".behavior", "Split behavior '" +
+                                        (behavior != split.end() ? behavior->dump() : "") +
+                                        "' is not supported (supported: \"Isolated\")");
   if (flag(split, "invert", false)) return r.fail(sf + ".invert", "invert: true is not supported");
   auto pat = split.find("pattern");
   if (pat == split.end() || !pat->is_object() || pat->size() != 1)
@@ -134,7 +133,8 @@ Result<PretokenizerSpec> read_pretokenizer(const Reader& r, const json& pt, bool
   }
   if (pattern.empty()) return r.fail(sf + ".pattern", "empty pattern");
   auto spec = pretokenizer_for_pattern(pattern);
-  if (!spec.is_ok()) return std::move(spec).take_status().with_file(r.origin).with_key(sf + ".pattern");
+  if (!spec.is_ok())
+    return std::move(spec).take_status().with_file(r.origin).with_key(sf + ".pattern");
   return spec;
 }
 
@@ -158,7 +158,8 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
   if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(origin);
   const json root = std::move(parsed).value();
   Reader r{root, origin};
-  if (!root.is_object()) return Status::data("a tokenizer.json must hold a JSON object").with_file(origin);
+  if (!root.is_object())
+    return Status::data("a tokenizer.json must hold a JSON object").with_file(origin);
   auto mit = root.find("model");
   if (mit == root.end() || !mit->is_object()) return r.fail("model", "missing or not an object");
   const json& model = *mit;
@@ -170,8 +171,7 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
                   "model type '" + mtype +
                       "' is not supported (Kiln reads byte-level BPE tokenizer.json files; for a "
                       "SentencePiece model give its .model file)");
-  if (!model.contains("merges"))
-    return r.fail("model.merges", "missing: not a BPE model");
+  if (!model.contains("merges")) return r.fail("model.merges", "missing: not a BPE model");
   if (!is_null_or(model, "dropout", 0) && !is_null_or(model, "dropout", 0.0))
     return r.fail("model.dropout", "BPE dropout is not supported");
   if (!is_null_or(model, "continuing_subword_prefix", ""))
@@ -192,7 +192,8 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
     if (t == "Sequence" && n->contains("normalizers") && (*n)["normalizers"].is_array()) {
       const json& list = (*n)["normalizers"];
       if (list.size() > 1)
-        return r.fail("normalizer.normalizers", "a sequence of several normalizers is not supported");
+        return r.fail("normalizer.normalizers",
+                      "a sequence of several normalizers is not supported");
       single = list.empty() ? nullptr : &list[0];
       t = single ? Reader::type_of(*single) : "";
     }
@@ -217,11 +218,14 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
 
   // Vocabulary and merges.
   auto vit = model.find("vocab");
-  if (vit == model.end() || !vit->is_object()) return r.fail("model.vocab", "missing or not an object");
-  KILN_RETURN_IF_ERROR(check_limit(vit->size(), limits.max_vocab, "model.vocab", "max_vocab", origin));
+  if (vit == model.end() || !vit->is_object())
+    return r.fail("model.vocab", "missing or not an object");
+  KILN_RETURN_IF_ERROR(
+      check_limit(vit->size(), limits.max_vocab, "model.vocab", "max_vocab", origin));
   const json& mj = model["merges"];
   if (!mj.is_array()) return r.fail("model.merges", "not an array");
-  KILN_RETURN_IF_ERROR(check_limit(mj.size(), limits.max_merges, "model.merges", "max_merges", origin));
+  KILN_RETURN_IF_ERROR(
+      check_limit(mj.size(), limits.max_merges, "model.merges", "max_merges", origin));
   std::vector<std::pair<std::string, int64_t>> vocab;
   vocab.reserve(vit->size() + 512);
   std::unordered_map<std::string, int64_t> vocab_ids;
@@ -275,8 +279,8 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
       if (!special)
         for (const char* k : {"single_word", "lstrip", "rstrip"})
           if (flag(a, k, false))
-            return r.fail(field + "." + k, std::string(k) +
-                                               " on a non-special added token is not supported");
+            return r.fail(field + "." + k,
+                          std::string(k) + " on a non-special added token is not supported");
       if (auto [it, fresh] = added_ids.emplace(id, content); !fresh)
         return r.fail(field + ".id", "id " + std::to_string(id) + " is used twice");
       auto in_vocab = vocab_ids.find(content);
@@ -347,7 +351,8 @@ std::string Tokenizer::to_json() const {
   if (m.sp) return {};
   std::string out;
   out.reserve(m.tokens.size() * 24);
-  out += "{\"version\": \"1.0\",\n \"truncation\": null,\n \"padding\": null,\n \"added_tokens\": [";
+  out +=
+      "{\"version\": \"1.0\",\n \"truncation\": null,\n \"padding\": null,\n \"added_tokens\": [";
   bool first = true;
   for (size_t id = 0; id < m.tokens.size(); ++id) {
     if (!m.special[id]) continue;
@@ -364,10 +369,11 @@ std::string Tokenizer::to_json() const {
   if (m.pre.kind == PretokenizerKind::kGpt2) {
     out += byte_level + "true}";
   } else {
-    out += "{\"type\": \"Sequence\", \"pretokenizers\": [\n  {\"type\": \"Split\", \"pattern\": "
-           "{\"Regex\": " +
-           json_string(pretokenizer_pattern(m.pre)) +
-           "}, \"behavior\": \"Isolated\", \"invert\": false},\n  " + byte_level + "false}]}";
+    out +=
+        "{\"type\": \"Sequence\", \"pretokenizers\": [\n  {\"type\": \"Split\", \"pattern\": "
+        "{\"Regex\": " +
+        json_string(pretokenizer_pattern(m.pre)) +
+        "}, \"behavior\": \"Isolated\", \"invert\": false},\n  " + byte_level + "false}]}";
   }
   out +=
       ",\n \"post_processor\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "

@@ -197,8 +197,8 @@ std::string kiln_v1_head() {
 }
 std::string kiln_v1_tail() {
   const std::string s = kSpaceClass;
-  return "|[^" + s + R"(\p{L}\p{M}\p{N}]+)|[)" + s + R"(]*[\r\n]|[)" + s + "]+(?![^" + s +
-         "])|[" + s + "]+";
+  return "|[^" + s + R"(\p{L}\p{M}\p{N}]+)|[)" + s + R"(]*[\r\n]|[)" + s + "]+(?![^" + s + "])|[" +
+         s + "]+";
 }
 }  // namespace
 

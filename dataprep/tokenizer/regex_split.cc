@@ -58,7 +58,7 @@ Result<std::string> oniguruma_to_pcre2(std::string_view p) {
     if (c == '\\' && i + 1 < p.size()) {
       char e = p[i + 1];
       ++i;
-      const char* body = e == 's' || e == 'S' ? kSpaceBody
+      const char* body = e == 's' || e == 'S'   ? kSpaceBody
                          : e == 'w' || e == 'W' ? kWordBody
                          : e == 'h' || e == 'H' ? kHexBody
                                                 : nullptr;
@@ -101,9 +101,9 @@ Result<std::shared_ptr<const RegexSplitter>> RegexSplitter::compile(std::string_
   KILN_ASSIGN_OR_RETURN(std::string rewritten, oniguruma_to_pcre2(pattern));
   int error = 0;
   PCRE2_SIZE offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(),
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error,
-                                   &offset, nullptr);
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(),
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(error, msg, sizeof msg);

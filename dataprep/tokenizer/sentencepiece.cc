@@ -23,8 +23,8 @@ Result<Tokenizer> load_sentencepiece(std::string bytes, const std::string& origi
                st.ToString() + ")")
         .with_file(origin);
   const int n = sp->GetPieceSize();
-  KILN_RETURN_IF_ERROR(check_limit(uint64_t(n), limits.max_vocab, "the SentencePiece model",
-                                   "max_vocab", origin));
+  KILN_RETURN_IF_ERROR(
+      check_limit(uint64_t(n), limits.max_vocab, "the SentencePiece model", "max_vocab", origin));
   if (n <= 0) return Status::data("the SentencePiece model has no pieces").with_file(origin);
   Tokenizer tok;
   auto& impl = TokenizerAccess::impl(tok);

@@ -1,6 +1,5 @@
 #include "dataprep/tokenizer/tokenizer.h"
 
-#include <nlohmann/json.hpp>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 #include <utf8proc.h>
@@ -11,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -128,8 +128,10 @@ std::string nfc_normalize(std::string_view text) {
       auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + i),
                             static_cast<utf8proc_ssize_t>(j - i), &mapped,
                             utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-      if (n >= 0) out.append(reinterpret_cast<const char*>(mapped), size_t(n));
-      else out.append(text.substr(i, j - i));
+      if (n >= 0)
+        out.append(reinterpret_cast<const char*>(mapped), size_t(n));
+      else
+        out.append(text.substr(i, j - i));
       std::free(mapped);
     }
     if (j < text.size()) out.push_back(text[j++]);
@@ -192,8 +194,10 @@ void Tokenizer::Impl::encode_pieces(std::string_view text, std::vector<uint32_t>
     if (cache.find(piece, hash, out)) continue;
     size_t before = out->size();
     auto whole = ignore_merges ? whole_words.find(std::string(piece)) : whole_words.end();
-    if (whole != whole_words.end()) out->push_back(whole->second);
-    else model.encode_word(piece, out);
+    if (whole != whole_words.end())
+      out->push_back(whole->second);
+    else
+      model.encode_word(piece, out);
     cache.insert(piece, hash, out->data() + before, out->size() - before);
   }
 }
@@ -374,8 +378,8 @@ Result<Tokenizer> build_byte_bpe(const std::vector<std::pair<std::string, int64_
   std::unordered_map<std::string, uint32_t> spelled_to_id;
   for (const auto& [s, id] : vocab) {
     if (id < 0 || size_t(id) >= n)
-      return Status::data("token '" + s + "' has id " + std::to_string(id) +
-                          " outside 0.." + std::to_string(n - 1) + " (ids must be dense)")
+      return Status::data("token '" + s + "' has id " + std::to_string(id) + " outside 0.." +
+                          std::to_string(n - 1) + " (ids must be dense)")
           .with_file(origin)
           .with_key(vocab_field);
     if (have[id])
@@ -383,7 +387,9 @@ Result<Tokenizer> build_byte_bpe(const std::vector<std::pair<std::string, int64_
           .with_file(origin)
           .with_key(vocab_field);
     if (!spelled_to_id.emplace(s, uint32_t(id)).second)
-      return Status::data("token '" + s + "' appears twice").with_file(origin).with_key(vocab_field);
+      return Status::data("token '" + s + "' appears twice")
+          .with_file(origin)
+          .with_key(vocab_field);
     have[id] = 1;
     spelled[id] = s;
   }
@@ -405,13 +411,18 @@ Result<Tokenizer> build_byte_bpe(const std::vector<std::pair<std::string, int64_
       impl->special[id] = special_ids.count(int64_t(id)) ? 1 : 0;
       impl->tokens[id] = spelled[id];
       if (spelled[id].empty())
-        return Status::data("empty token at id " + std::to_string(id)).with_file(origin).with_key(vocab_field);
+        return Status::data("empty token at id " + std::to_string(id))
+            .with_file(origin)
+            .with_key(vocab_field);
       continue;
     }
     auto bytes = gpt2_unicode_to_bytes(spelled[id]);
-    if (!bytes.is_ok()) return std::move(bytes).take_status().with_file(origin).with_key(vocab_field);
+    if (!bytes.is_ok())
+      return std::move(bytes).take_status().with_file(origin).with_key(vocab_field);
     if (bytes->empty())
-      return Status::data("empty token at id " + std::to_string(id)).with_file(origin).with_key(vocab_field);
+      return Status::data("empty token at id " + std::to_string(id))
+          .with_file(origin)
+          .with_key(vocab_field);
     impl->tokens[id] = std::move(bytes).value();
   }
   std::array<uint32_t, 256> byte_ids;
@@ -442,7 +453,6 @@ Result<Tokenizer> build_byte_bpe(const std::vector<std::pair<std::string, int64_
   impl->model = BpeModel(byte_ids, std::move(model_merges));
   return tok;
 }
-
 
 // ---- JSON file ---------------------------------------------------------------------------------
 
@@ -523,7 +533,7 @@ static Result<std::pair<std::string, std::string>> split_merge(const std::string
 }
 
 Status check_limit(uint64_t count, uint64_t limit, const char* what, const char* knob,
-                          const std::string& origin) {
+                   const std::string& origin) {
   if (count <= limit) return Status::ok();
   return Status::data(std::string(what) + " has " + std::to_string(count) +
                       " entries, over the limit of " + std::to_string(limit) + " (" + knob + ")")

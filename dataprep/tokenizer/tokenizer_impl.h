@@ -60,10 +60,10 @@ struct Tokenizer::Impl {
   BpeModel model;
 
   // Hugging Face tokenizer.json extras (all off for Kiln's own tokenizers).
-  std::string hf_json;          // the file as read: save() writes it back unchanged
-  bool nfc = false;             // normalizer NFC
-  bool prefix_space = false;    // ByteLevel add_prefix_space: " " before each segment
-  bool ignore_merges = false;   // BPE ignore_merges: a word in the vocabulary is one token
+  std::string hf_json;         // the file as read: save() writes it back unchanged
+  bool nfc = false;            // normalizer NFC
+  bool prefix_space = false;   // ByteLevel add_prefix_space: " " before each segment
+  bool ignore_merges = false;  // BPE ignore_merges: a word in the vocabulary is one token
   std::unordered_map<std::string, uint32_t> whole_words;  // ignore_merges: bytes -> id
   // Non-special added tokens (text, id), found in the text before pre-tokenisation (the leftmost,
   // then the longest); indices into inline_tokens by first byte, longest first.

@@ -61,15 +61,16 @@ void append_cp(std::string* out, int32_t cp) {
 // all kinds, punctuation, emoji, characters Unicode case folding maps onto ASCII (ſ, K).
 std::string random_text(std::mt19937& rng, size_t max_chars) {
   static const std::vector<int32_t> specials = {
-      ' ', ' ', ' ', '\n', '\n', '\r', '\t', 0x0B, 0x0C, 0x85, 0xA0, 0x1680, 0x2000, 0x200A,
-      0x2028, 0x2029, 0x202F, 0x205F, 0x3000, 0x180E, 0x200B, 0xFEFF, 0x1C, 0x1F, '\'', '\'',
-      's', 'S', 't', 'T', 'r', 'e', 'E', 'v', 'l', 'L', 'm', 'd', 'D', 0x17F, 0x212A, 0x0301,
-      0x0308, 0x3099, 0x309B, 0x30FB, 0x30FC, 0x3005, '0', '1', '9', 0x0660, 0xFF11, 0x2162,
-      0x00BD, '!', '.', '/', '_', '-', 0x2014, 0x1F600, 0x1F44D, 0x200D, 0xFFFD, 0xE000};
+      ' ',    ' ',    ' ',    '\n',   '\n',   '\r',   '\t',    0x0B,    0x0C,   0x85,   0xA0,
+      0x1680, 0x2000, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F,  0x3000,  0x180E, 0x200B, 0xFEFF,
+      0x1C,   0x1F,   '\'',   '\'',   's',    'S',    't',     'T',     'r',    'e',    'E',
+      'v',    'l',    'L',    'm',    'd',    'D',    0x17F,   0x212A,  0x0301, 0x0308, 0x3099,
+      0x309B, 0x30FB, 0x30FC, 0x3005, '0',    '1',    '9',     0x0660,  0xFF11, 0x2162, 0x00BD,
+      '!',    '.',    '/',    '_',    '-',    0x2014, 0x1F600, 0x1F44D, 0x200D, 0xFFFD, 0xE000};
   static const std::vector<std::pair<int32_t, int32_t>> ranges = {
-      {0x20, 0x7E},     {0x0300, 0x036F}, {0x0370, 0x03FF}, {0x0400, 0x04FF},
-      {0x0590, 0x06FF}, {0x0900, 0x097F}, {0x3000, 0x30FF}, {0x4E00, 0x9FFF},
-      {0x3400, 0x3500}, {0xAC00, 0xD7A3}, {0xFF00, 0xFFEF}, {0x1F300, 0x1FAFF},
+      {0x20, 0x7E},       {0x0300, 0x036F}, {0x0370, 0x03FF}, {0x0400, 0x04FF},
+      {0x0590, 0x06FF},   {0x0900, 0x097F}, {0x3000, 0x30FF}, {0x4E00, 0x9FFF},
+      {0x3400, 0x3500},   {0xAC00, 0xD7A3}, {0xFF00, 0xFFEF}, {0x1F300, 0x1FAFF},
       {0x20000, 0x2A6DF}, {0x3100, 0x312F}, {0x31F0, 0x31FF}, {0xF900, 0xFAFF}};
   std::string out;
   size_t n = rng() % (max_chars + 1);
@@ -150,8 +151,12 @@ TEST(RegexPretokenizer, Llama3RulesAndInvalidBytes) {
   for (const auto& p : pieces_of(bad, s)) joined += p;
   EXPECT_EQ(joined, bad);
   // \s means Unicode White_Space, as in Oniguruma (PCRE2's own \s lacks U+0085).
-  EXPECT_EQ(pieces_of("a\xc2\x85\xc2\x85" "b", s),
-            (std::vector<std::string>{"a", "\xc2\x85", "\xc2\x85" "b"}));
+  EXPECT_EQ(pieces_of("a\xc2\x85\xc2\x85"
+                      "b",
+                      s),
+            (std::vector<std::string>{"a", "\xc2\x85",
+                                      "\xc2\x85"
+                                      "b"}));
 }
 
 TEST(RegexPretokenizer, RewritesAndRefusals) {
@@ -185,37 +190,61 @@ json gpt2_tokenizer_json(bool pair_merges, const json& pre = json()) {
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     size_t sp = line.find(' ');
-    if (pair_merges) merges.push_back({line.substr(0, sp), line.substr(sp + 1)});
-    else merges.push_back(line);
+    if (pair_merges)
+      merges.push_back({line.substr(0, sp), line.substr(sp + 1)});
+    else
+      merges.push_back(line);
   }
   json t = {{"version", "1.0"},
             {"truncation", nullptr},
             {"padding", nullptr},
             {"added_tokens",
-             {{{"id", 50256}, {"content", "<|endoftext|>"}, {"single_word", false},
-               {"lstrip", false}, {"rstrip", false}, {"normalized", true}, {"special", true}}}},
+             {{{"id", 50256},
+               {"content", "<|endoftext|>"},
+               {"single_word", false},
+               {"lstrip", false},
+               {"rstrip", false},
+               {"normalized", true},
+               {"special", true}}}},
             {"normalizer", nullptr},
-            {"pre_tokenizer",
-             pre.is_null() ? json{{"type", "ByteLevel"}, {"add_prefix_space", false},
-                                  {"trim_offsets", true}, {"use_regex", true}}
-                           : pre},
-            {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", true},
-                                {"trim_offsets", false}, {"use_regex", true}}},
-            {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true},
-                         {"trim_offsets", true}, {"use_regex", true}}},
-            {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-                       {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""},
-                       {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
-                       {"merges", merges}}}};
+            {"pre_tokenizer", pre.is_null() ? json{{"type", "ByteLevel"},
+                                                   {"add_prefix_space", false},
+                                                   {"trim_offsets", true},
+                                                   {"use_regex", true}}
+                                            : pre},
+            {"post_processor",
+             {{"type", "ByteLevel"},
+              {"add_prefix_space", true},
+              {"trim_offsets", false},
+              {"use_regex", true}}},
+            {"decoder",
+             {{"type", "ByteLevel"},
+              {"add_prefix_space", true},
+              {"trim_offsets", true},
+              {"use_regex", true}}},
+            {"model",
+             {{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", nullptr},
+              {"continuing_subword_prefix", ""},
+              {"end_of_word_suffix", ""},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              {"vocab", vocab},
+              {"merges", merges}}}};
   return t;
 }
 
 json split_then_byte_level(const std::string& pattern) {
   return {{"type", "Sequence"},
           {"pretokenizers",
-           {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"},
+           {{{"type", "Split"},
+             {"pattern", {{"Regex", pattern}}},
+             {"behavior", "Isolated"},
              {"invert", false}},
-            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+            {{"type", "ByteLevel"},
+             {"add_prefix_space", false},
+             {"trim_offsets", true},
              {"use_regex", false}}}}};
 }
 
@@ -238,8 +267,8 @@ TEST(HfTokenizerJson, Gpt2ExactIdsInBothMergeForms) {
     EXPECT_EQ(*tok.decode(tok.encode(text)), text);
   }
   // The same pattern as a Split regex that is not byte-identical to the scanner's: PCRE2 runs it.
-  Tokenizer via_regex =
-      load_text(gpt2_tokenizer_json(false, split_then_byte_level("(?:" + gpt2_pattern() + ")")).dump());
+  Tokenizer via_regex = load_text(
+      gpt2_tokenizer_json(false, split_then_byte_level("(?:" + gpt2_pattern() + ")")).dump());
   EXPECT_EQ(via_regex.pretokenizer().kind, PretokenizerKind::kRegex);
   EXPECT_EQ(via_regex.encode(text), expected);
 }
@@ -330,10 +359,13 @@ TEST(HfTokenizerJson, AddedTokensIgnoreMergesNfcPrefixSpace) {
   // ignore_merges: a word that is in the vocabulary is one token even if merges would split it.
   // Give "zq" (not learnt) an id by renaming the last merge's result... simpler: a fresh vocab.
   json small = {{"model",
-                 {{"type", "BPE"}, {"ignore_merges", true}, {"vocab", json::object()},
+                 {{"type", "BPE"},
+                  {"ignore_merges", true},
+                  {"vocab", json::object()},
                   {"merges", json::array()}}},
                 {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}}};
-  for (int b = 0; b < 256; ++b) small["model"]["vocab"][bytes_to_gpt2_unicode(std::string(1, char(b)))] = b;
+  for (int b = 0; b < 256; ++b)
+    small["model"]["vocab"][bytes_to_gpt2_unicode(std::string(1, char(b)))] = b;
   small["model"]["vocab"]["hello"] = 256;
   Tokenizer ignore = load_text(small.dump());
   EXPECT_EQ(ignore.encode("hello"), std::vector<uint32_t>{256});
@@ -345,7 +377,9 @@ TEST(HfTokenizerJson, AddedTokensIgnoreMergesNfcPrefixSpace) {
   small["normalizer"] = {{"type", "NFC"}};
   Tokenizer nfc = load_text(small.dump());
   EXPECT_EQ(nfc.encode("e\xcc\x81"), nfc.encode("\xc3\xa9"));
-  EXPECT_EQ(nfc.encode("\xff" "e\xcc\x81"), nfc.encode("\xff\xc3\xa9"));  // invalid bytes kept
+  EXPECT_EQ(nfc.encode("\xff"
+                       "e\xcc\x81"),
+            nfc.encode("\xff\xc3\xa9"));  // invalid bytes kept
   // add_prefix_space: " " before the text (GPT-2 / RoBERTa style).
   small["normalizer"] = nullptr;
   small["pre_tokenizer"]["add_prefix_space"] = true;
@@ -421,7 +455,9 @@ TEST(HfTokenizerJson, ModelDirectoryFiles) {
 TEST(HfTokenizerJson, EosFromTokenizerConfigBesideTheFile) {
   auto dir = std::filesystem::temp_directory_path() / ("kiln_hfeos_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  ASSERT_TRUE(write_file_atomic((dir / "tokenizer.json").string(), trained(PretokenizerSpec{}).to_json()).is_ok());
+  ASSERT_TRUE(
+      write_file_atomic((dir / "tokenizer.json").string(), trained(PretokenizerSpec{}).to_json())
+          .is_ok());
   ASSERT_TRUE(write_file_atomic((dir / "tokenizer_config.json").string(),
                                 R"({"eos_token": {"content": "<|pad|>"}})")
                   .is_ok());
@@ -463,7 +499,8 @@ TEST(SentencePiece, IdsEqualTheLibraryAndRoundTrip) {
   EXPECT_EQ(tok.eos_id(), sp.eos_id());
   EXPECT_TRUE(tok.is_special(uint32_t(sp.eos_id())));
   std::mt19937 rng(3);
-  std::vector<std::string> texts = {read_all(kGpt2Dir + "/sample.txt"), "Hello world </s> 深度学习 😀"};
+  std::vector<std::string> texts = {read_all(kGpt2Dir + "/sample.txt"),
+                                    "Hello world </s> 深度学习 😀"};
   for (int i = 0; i < 200; ++i) texts.push_back(random_text(rng, 60));
   for (const auto& t : texts) {
     std::vector<int> expected;

@@ -101,7 +101,7 @@ check(open(os.path.join(out, "tokenizer.json"), "rb").read() == open(tok, "rb").
       "llama3: OUT/tokenizer.json is the given file byte for byte")
 check(len(samples) == 60, "llama3: 60 samples (%d)" % len(samples))
 want = kiln_ids(tok, [t for t, _ in samples])
-check(all(a.dtype == np.dtype("<u2") for _, a in samples), "llama3: uint16 tokens (600-token vocabulary)")
+check(all(a.dtype == np.dtype("<u2") for _, a in samples), "llama3: uint16 tokens (a vocabulary under 65536)")
 check([a.tolist() for _, a in samples] == want, "llama3: shard tokens equal kiln tokenizer encode")
 
 # 2. SentencePiece .model.
@@ -113,7 +113,7 @@ if check(spm is not None, "python3-sentencepiece is installed"):
     texts = [json.loads(l)["text"] for l in open(corpus, encoding="utf-8")]
     open(os.path.join(work, "sp.txt"), "w", encoding="utf-8").write("\n".join(texts * 5))
     spm.SentencePieceTrainer.train(input=os.path.join(work, "sp.txt"), model_prefix=os.path.join(work, "sp"),
-                                   vocab_size=300, model_type="bpe", byte_fallback=True,
+                                   vocab_size=700, hard_vocab_limit=False, model_type="bpe", byte_fallback=True,
                                    character_coverage=1.0, minloglevel=2, num_threads=1)
     model = os.path.join(work, "sp.model")
     out = prep("sentencepiece", model)
@@ -138,7 +138,7 @@ n = len(t["model"]["vocab"])
 for k in range(70000 - n):
     t["added_tokens"].append({"id": n + k, "content": "<|reserved_%d|>" % k, "single_word": False,
                               "lstrip": False, "rstrip": False, "normalized": False, "special": True})
-big = os.path.join(work, "big", "tokenizer.json")
+big = os.path.join(work, "bigtok", "tokenizer.json")
 os.makedirs(os.path.dirname(big))
 json.dump(t, open(big, "w", encoding="utf-8"), ensure_ascii=False)
 out = prep("big", big)

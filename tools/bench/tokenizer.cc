@@ -21,10 +21,13 @@
 // usage: bench_tokenizer --kiln-source DIR --corpus PATH [--dir WORK] [--vocab-size N]
 //                        [--threads N] [--train-bytes N] [--tiktoken DIR] [--skip-slow-peers]
 // --skip-slow-peers leaves out SentencePiece's training and the pure-Python encoder (minutes).
+#include "dataprep/tokenizer/tokenizer.h"
+
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <fcntl.h>
+#include <tbb/global_control.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,17 +36,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-#include <tbb/global_control.h>
-
 #include "common/atomic_file.h"
 #include "dataprep/tokenizer/pretokenize.h"
-#include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_io.h"
 #include "tools/bench/bench_machine.h"
 
@@ -144,7 +144,8 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::stoi(next());
     else if (a == "--train-bytes") train_bytes = std::stoull(next());
     else if (a == "--tiktoken") tiktoken = next();
-    else if (a == "--skip-slow-peers") skip_slow = true;
+    else if (a == "--skip-slow-peers")
+      skip_slow = true;
     else die("unknown argument " + a);
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows while the peers run
@@ -207,10 +208,11 @@ int main(int argc, char** argv) {
               kiln_train.wall, kiln_train.cpu, double(heldout_size) / double(kiln_tokens));
 
   const std::string sp_out = dir + "/sentencepiece.out";
-  bool sp_ok = !skip_slow && run_child({"/usr/bin/python3", source + "/tools/bench/sentencepiece_train.py",
-                          train_txt, heldout_txt, std::to_string(vocab_size),
-                          std::to_string(threads), dir + "/sentencepiece"},
-                         sp_out);
+  bool sp_ok =
+      !skip_slow && run_child({"/usr/bin/python3", source + "/tools/bench/sentencepiece_train.py",
+                               train_txt, heldout_txt, std::to_string(vocab_size),
+                               std::to_string(threads), dir + "/sentencepiece"},
+                              sp_out);
   auto sp_log = read_or_empty(sp_out);
   auto sp_time = field(sp_log, "train_seconds"), sp_held = field(sp_log, "heldout");
   if (sp_ok && sp_time.size() == 2 && sp_held.size() == 2) {
@@ -290,13 +292,16 @@ int main(int argc, char** argv) {
         R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
     auto with_split = [](const std::string& json_text, const std::string& pattern) {
       nlohmann::json j = nlohmann::json::parse(json_text);
-      j["pre_tokenizer"] = {
-          {"type", "Sequence"},
-          {"pretokenizers",
-           {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"},
-             {"invert", false}},
-            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-             {"use_regex", false}}}}};
+      j["pre_tokenizer"] = {{"type", "Sequence"},
+                            {"pretokenizers",
+                             {{{"type", "Split"},
+                               {"pattern", {{"Regex", pattern}}},
+                               {"behavior", "Isolated"},
+                               {"invert", false}},
+                              {{"type", "ByteLevel"},
+                               {"add_prefix_space", false},
+                               {"trim_offsets", true},
+                               {"use_regex", false}}}}};
       return j.dump();
     };
     struct Case {
@@ -307,15 +312,17 @@ int main(int argc, char** argv) {
         {"GPT-2, same regex as Split (PCRE2 JIT)", "gpt2_regex",
          with_split(gpt2->to_json(), "(?:" + gpt2_pattern() + ")")},
         {"trained, kiln-v1 (hand-written scanner)", "kiln_v1", trained.to_json()},
-        {"trained merges, Llama 3 regex (PCRE2 JIT)", "llama3", with_split(trained.to_json(), llama3)},
+        {"trained merges, Llama 3 regex (PCRE2 JIT)", "llama3",
+         with_split(trained.to_json(), llama3)},
     };
     const std::string hf = source + "/tools/hf_tokenizers";
     const bool have_hf = fs::exists(hf + "/node_modules/tokenizers") && fs::exists(node);
-    std::printf("\ntokenizer.json files, held-out text %.1f MB, 1 thread, best of 3; peer: Hugging Face "
-                "tokenizers (Rust, native, node)\n",
-                mb);
-    std::printf("%-44s %9s %9s %12s %9s %s\n", "", "MB/s wall", "MB/cpu-s", "HF MB/cpu-s", "kiln/HF",
-                "ids");
+    std::printf(
+        "\ntokenizer.json files, held-out text %.1f MB, 1 thread, best of 3; peer: Hugging Face "
+        "tokenizers (Rust, native, node)\n",
+        mb);
+    std::printf("%-44s %9s %9s %12s %9s %s\n", "", "MB/s wall", "MB/cpu-s", "HF MB/cpu-s",
+                "kiln/HF", "ids");
     for (const auto& c : cases) {
       const std::string path = dir + "/" + c.file + ".tokenizer.json";
       if (!write_file_atomic(path, c.json).is_ok()) die("cannot write " + path);
@@ -330,7 +337,8 @@ int main(int argc, char** argv) {
       std::string peer = "unavailable", same = "-";
       double hf_rate = 0;
       if (have_hf) {
-        const std::string out = dir + "/hf_" + c.file + ".out", ids_path = dir + "/hf_" + c.file + ".ids";
+        const std::string out = dir + "/hf_" + c.file + ".out",
+                          ids_path = dir + "/hf_" + c.file + ".ids";
         bool ok = run_child({node, hf + "/encode.js", "bench", path, heldout_txt, ids_path}, out);
         auto ht = field(read_or_empty(out), "encode_seconds");
         if (ok && ht.size() == 2) {
@@ -344,13 +352,14 @@ int main(int argc, char** argv) {
         std::snprintf(hf_col, sizeof hf_col, "%.1f", hf_rate);
         std::snprintf(ratio, sizeof ratio, "%.2fx", (mb / t.cpu) / hf_rate);
       }
-      std::printf("%-44s %9.1f %9.1f %12s %9s %s\n", c.name.c_str(), mb / t.wall, mb / t.cpu, hf_col,
-                  ratio, same.c_str());
+      std::printf("%-44s %9.1f %9.1f %12s %9s %s\n", c.name.c_str(), mb / t.wall, mb / t.cpu,
+                  hf_col, ratio, same.c_str());
     }
     if (!have_hf)
-      std::printf("  Hugging Face tokenizers unavailable: tools/hf_tokenizers/install (npm) puts it in "
-                  "%s/node_modules\n",
-                  hf.c_str());
+      std::printf(
+          "  Hugging Face tokenizers unavailable: tools/hf_tokenizers/install (npm) puts it in "
+          "%s/node_modules\n",
+          hf.c_str());
   }
 
   // Peer: GPT-2's reference encoder in pure Python, on the first ~1 MB of the same text.
@@ -362,9 +371,10 @@ int main(int argc, char** argv) {
   }
   const std::string peer_in = dir + "/peer.txt", peer_ids = dir + "/peer.ids", peer_out = dir + "/peer.out";
   if (!write_file_atomic(peer_in, peer_text).is_ok()) die("cannot write " + peer_in);
-  bool ok = !skip_slow && run_child({"/usr/bin/python3", source + "/tools/bench/gpt2_reference_encode.py", gpt2_dir,
-                       peer_in, peer_ids},
-                      peer_out);
+  bool ok =
+      !skip_slow && run_child({"/usr/bin/python3", source + "/tools/bench/gpt2_reference_encode.py",
+                               gpt2_dir, peer_in, peer_ids},
+                              peer_out);
   auto t = field(read_or_empty(peer_out), "encode_seconds");
   if (ok && t.size() == 2) {
     auto ids = parse_token_ids(read_or_empty(peer_ids));

@@ -5,7 +5,6 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
 #include "common/json.h"
@@ -169,8 +168,9 @@ RunFn add_tokenizer_command(CLI::App& root) {
                     "text / JSONL files or folders (JSONL: the \"text\" field; .gz/.zst/.xz/.bz2 ok)")
       ->required()
       ->take_all();
-  train->add_option("--output", flags->output,
-                    "tokenizer file to write (Hugging Face tokenizer.json format)")
+  train
+      ->add_option("--output", flags->output,
+                   "tokenizer file to write (Hugging Face tokenizer.json format)")
       ->required();
   train->add_option("--special", flags->specials,
                     "special tokens, ids 0.. in order; the first is end-of-text "
