@@ -18,6 +18,7 @@
 #include <optional>
 #include <set>
 
+#include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "dataprep/tagging/domain_rules.h"
@@ -58,6 +59,12 @@ class RulesAnnotator final : public Annotator {
     // tokenizer.model for a SentencePiece model.
     std::string path = (std::filesystem::path(out_dir) / tokenizer_->file_name()).string();
     KILN_RETURN_IF_ERROR(tokenizer_->save(path));
+    // A given tokenizer.json may have taken its end of text from the tokenizer_config.json beside
+    // it: one goes beside the copy too, so the copy loads with the same eos_id.
+    if (std::string_view(tokenizer_->kind()) == "huggingface")
+      KILN_RETURN_IF_ERROR(
+          write_file_atomic((std::filesystem::path(out_dir) / "tokenizer_config.json").string(),
+                            hf_tokenizer_config_json(*tokenizer_, {})));
     ManifestTokenizer t;
     t.path = tokenizer_->file_name();
     t.vocab_size = tokenizer_->vocab_size();

@@ -3,7 +3,8 @@
 
 1. a Hugging Face tokenizer.json (Llama-3 style: Kiln-trained merges, Llama 3's regex): the shards'
    tokens equal `kiln tokenizer encode` of each stored text, OUT/tokenizer.json is the given file
-   byte for byte, manifest.json names it with its vocabulary size and end-of-text id;
+   byte for byte, manifest.json names it with its vocabulary size and end-of-text id, and
+   `kiln inspect --verify` passes (as for every dataset here);
 2. a SentencePiece .model (trained here with Debian's python3-sentencepiece, as Llama 2's are): the
    shards' tokens equal SentencePiece's own encoding (the Python binding, no BOS), OUT/tokenizer.model
    is the model;
@@ -79,6 +80,8 @@ def prep(name, tokenizer):
     out = os.path.join(work, name)
     rc, _, err = run(["prep", "--input", corpus, "--output", out, "--tokenizer", tokenizer])
     check(rc == 0, "%s: kiln prep --tokenizer exits 0 (%s)" % (name, err.decode(errors="replace").strip()[-300:]))
+    rc, text, err = run(["inspect", out, "--verify"])
+    check(rc == 0, "%s: kiln inspect --verify passes (%s)" % (name, (text + err).decode(errors="replace").strip()[-300:]))
     return out
 
 
