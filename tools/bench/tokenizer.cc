@@ -16,7 +16,8 @@
 //    tokenizers (the npm package `tokenizers`: the Rust library built natively, run by node;
 //    tools/hf_tokenizers/install; the ids must be identical): GPT-2's (ByteLevel: Kiln's
 //    hand-written scanner; and the same regex as a Split pattern, run by PCRE2), Kiln's trained one
-//    (kiln-v1 scanner) and a Llama-3 style one (the trained merges with Llama 3's regex, PCRE2).
+//    (kiln-v1 scanner; and its regex through PCRE2) and a Llama-3 style one (the trained merges
+//    with Llama 3's regex, PCRE2). Both sides encode the held-out documents one by one.
 //
 // usage: bench_tokenizer --kiln-source DIR --corpus PATH [--dir WORK] [--vocab-size N]
 //                        [--threads N] [--train-bytes N] [--tiktoken DIR] [--skip-slow-peers]
@@ -313,6 +314,8 @@ int main(int argc, char** argv) {
         {"GPT-2, same regex as Split (PCRE2 JIT)", "gpt2_regex",
          with_split(gpt2->to_json(), "(?:" + gpt2_pattern() + ")")},
         {"trained, kiln-v1 (hand-written scanner)", "kiln_v1", trained.to_json()},
+        {"trained, kiln-v1 regex as Split (PCRE2 JIT)", "kiln_v1_regex",
+         with_split(trained.to_json(), "(?:" + kiln_v1_pattern(0) + ")")},
         {"trained merges, Llama 3 regex (PCRE2 JIT)", "llama3",
          with_split(trained.to_json(), llama3)},
     };
@@ -395,6 +398,8 @@ int main(int argc, char** argv) {
     std::printf("%-44s %9.2f %9.2f\n", "peer: GPT-2 reference encoder, pure Python", pmb / t[0], pmb / t[1]);
     std::printf("  on the first %.1f MB: ids %s Kiln's; Kiln does %.0fx its MB per cpu-second\n", pmb,
                 same ? "identical to" : "DIFFER from", kiln_gpt2_rate / (pmb / t[1]));
+  } else if (skip_slow) {
+    std::printf("peer: GPT-2 reference encoder skipped (--skip-slow-peers)\n");
   } else {
     std::printf("peer: GPT-2 reference encoder unavailable (needs /usr/bin/python3 with python3-regex; "
                 "tools/setup installs it)\n");
