@@ -102,7 +102,6 @@ check(run(["tokenizer", "encode", "--tokenizer", tok, "--jsonl"], b"nope\n")[0] 
       "--jsonl with a line that is not JSON exits 3")
 
 # Kiln's older kiln-tokenizer/1 file is still read (written here by hand: 256 bytes, one merge).
-sys.path.insert(0, os.path.join(src, "tests", "python"))
 bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
 cs = bs[:]
 n = 0
