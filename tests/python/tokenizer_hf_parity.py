@@ -12,7 +12,8 @@ all of those. For each tokenizer.json:
 3. Qwen2 style: (2) with Qwen2's regex, an NFC normalizer, ignore_merges and a non-special added
    token;
 4. Mistral-Nemo style: (2) with Tekken's regex;
-5. GPT-2: tests/data/gpt2 as a tokenizer.json (ByteLevel pre-tokenizer, merges as pairs).
+5. GPT-2: tests/data/gpt2 as a tokenizer.json (ByteLevel pre-tokenizer, merges as pairs);
+6. the same with add_prefix_space (decoding gives the text with a space in front).
 
 every document's ids are equal (documents holding a special token's text apart: Hugging Face
 makes it the special id, Kiln keeps it text, checked), Hugging Face decodes Kiln's ids to the document, and
@@ -167,6 +168,12 @@ json.dump({"version": "1.0", "truncation": None, "padding": None,
                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
                      "vocab": vocab, "merges": merges}},
           open(tokenizers["gpt2"], "w", encoding="utf-8"), ensure_ascii=False)
+# GPT-2 with add_prefix_space (RoBERTa style): a space before each text that lacks one.
+t = json.load(open(tokenizers["gpt2"], encoding="utf-8"))
+t["pre_tokenizer"]["add_prefix_space"] = True
+os.makedirs(os.path.join(work, "gpt2_prefix"))
+tokenizers["gpt2_prefix"] = os.path.join(work, "gpt2_prefix", "tokenizer.json")
+json.dump(t, open(tokenizers["gpt2_prefix"], "w", encoding="utf-8"), ensure_ascii=False)
 # Documents that hold the added token, for the Qwen2 style.
 extra_docs = ["call <tool_call>{\"name\": 1}<tool_call> done", "<tool_call><tool_call>x"]
 
@@ -202,9 +209,12 @@ for name, path in tokenizers.items():
     ntok = sum(len(x) for x in kiln_ids)
     check(not bad, "%s: ids equal Hugging Face's on all %d documents without special-token text "
           "(%d tokens; %d differ)" % (name, len(these) - len(with_special), ntok, len(bad)))
-    # With an NFC normalizer, decomposed text comes back composed.
+    # With an NFC normalizer, decomposed text comes back composed; with add_prefix_space, with a
+    # space in front.
     wants = [unicodedata.normalize("NFC", d) if name == "qwen2" else d for d in these]
-    undec = [i for i in range(len(these)) if hf[i]["decoded"] != wants[i]]
+    if name == "gpt2_prefix":
+        wants = [" " + d if d and not d.startswith(" ") else d for d in these]
+    undec = [i for i in range(len(these)) if hf[i]["decoded"] != wants[i] and i not in with_special]
     check(not undec, "%s: Hugging Face decodes every document back (%d do not)" % (name, len(undec)))
     # decode(encode(x)) == x through Kiln: all documents' ids in one line decode to all the text.
     rc, back, err = run(["tokenizer", "decode", "--tokenizer", path],
