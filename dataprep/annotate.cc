@@ -8,16 +8,17 @@
 //   3. otherwise domains.default.
 // domain_by records which: "rule:<name>", "model", or "default".
 //
-// Tokens: tokenizer.path names a tokenizer file (Kiln JSON, or a GPT-2 vocab.json with merges.txt
-// beside it); "" trains a byte-level BPE tokenizer of tokenizer.vocab_size on the kept texts
-// (a deterministic, evenly spread sample of at most tokenizer.train_bytes); "none" disables
-// tokenization (no .tokens.npy).
+// Tokens: tokenizer.path names a tokenizer file (a Hugging Face tokenizer.json, a SentencePiece
+// .model, Kiln's older JSON, or a GPT-2 vocab.json with merges.txt beside it); "" trains a
+// byte-level BPE tokenizer of tokenizer.vocab_size on the kept texts (a deterministic, evenly
+// spread sample of at most tokenizer.train_bytes); "none" disables tokenization (no .tokens.npy).
 #include "dataprep/annotate.h"
 
 #include <filesystem>
 #include <optional>
 #include <set>
 
+#include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "dataprep/tagging/domain_rules.h"
@@ -54,10 +55,18 @@ class RulesAnnotator final : public Annotator {
 
   Result<ManifestTokenizer> save_tokenizer(const std::string& out_dir) const override {
     if (!tokenizer_) return ManifestTokenizer{};
-    std::string path = (std::filesystem::path(out_dir) / "tokenizer.json").string();
+    // tokenizer.json (Hugging Face format; a loaded tokenizer.json as it was), or
+    // tokenizer.model for a SentencePiece model.
+    std::string path = (std::filesystem::path(out_dir) / tokenizer_->file_name()).string();
     KILN_RETURN_IF_ERROR(tokenizer_->save(path));
+    // A given tokenizer.json may have taken its end of text from the tokenizer_config.json beside
+    // it: one goes beside the copy too, so the copy loads with the same eos_id.
+    if (std::string_view(tokenizer_->kind()) == "huggingface")
+      KILN_RETURN_IF_ERROR(
+          write_file_atomic((std::filesystem::path(out_dir) / "tokenizer_config.json").string(),
+                            hf_tokenizer_config_json(*tokenizer_, {})));
     ManifestTokenizer t;
-    t.path = "tokenizer.json";
+    t.path = tokenizer_->file_name();
     t.vocab_size = tokenizer_->vocab_size();
     t.eos_id = tokenizer_->eos_id();
     return t;
@@ -119,7 +128,12 @@ Result<std::unique_ptr<Annotator>> Annotator::create(const DomainOptions& domain
     // No tokenizer: documents carry no tokens.
   } else if (!tok_path.empty()) {
     auto tok = Tokenizer::load(tok_path);
-    if (!tok.is_ok()) return std::move(tok).take_status().with_key("tokenizer.path");
+    if (!tok.is_ok()) {
+      // A field inside the tokenizer file (e.g. model.type) is the more useful key to name.
+      Status st = std::move(tok).take_status();
+      if (st.key().empty()) st.with_key("tokenizer.path");
+      return st;
+    }
     a->tokenizer_ = std::move(tok).value();
   } else {
     const int64_t vocab = tokenizer.vocab_size;

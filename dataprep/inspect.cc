@@ -189,7 +189,10 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
     s += format("tokenizer %s: %llu tokens, eos_id %lld, pre-tokenizer %s\n",
                 m.tokenizer.path.c_str(), (unsigned long long)m.tokenizer.vocab_size,
                 (long long)m.tokenizer.eos_id,
-                tok ? pretokenizer_name(tok->pretokenizer().kind) : "?");
+                !tok ? "?"
+                : std::string_view(tok->kind()) == "sentencepiece"
+                    ? "sentencepiece"
+                    : pretokenizer_name(tok->pretokenizer().kind));
   } else {
     s += "tokenizer: none (samples carry no tokens)\n";
   }

@@ -104,8 +104,9 @@ bool exists(const std::string& p) {
   return fs::exists(p, ec);
 }
 
-const char* const kOutputs[] = {"manifest.json", "stats.json", "shards", "dedup", "rejects",
-                                "tokenizer.json"};
+const char* const kOutputs[] = {
+    "manifest.json", "stats.json",     "shards",          "dedup",
+    "rejects",       "tokenizer.json", "tokenizer.model", "tokenizer_config.json"};
 
 std::string fmt(const char* f, double v) {
   char buf[64];

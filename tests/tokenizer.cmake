@@ -14,3 +14,20 @@ add_test(NAME prep_domains_e2e
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/prep_domains_e2e.py
                  $<TARGET_FILE:kiln> ${CMAKE_CURRENT_BINARY_DIR}/prep_domains_e2e_work)
 set_tests_properties(prep_domains_e2e PROPERTIES LABELS "python;e2e" TIMEOUT 300)
+
+# Token ids equal Hugging Face tokenizers' (tests/python/tokenizer_hf_parity.py; the npm package,
+# installed by tools/hf_tokenizers/install; skipped without node / npm) on a mixed corpus, for
+# Kiln's tokenizer.json and Llama-3, Qwen2, Mistral-Nemo and GPT-2 style ones; decode(encode(x)) == x.
+add_test(NAME tokenizer_hf_parity
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/tokenizer_hf_parity.py
+                 $<TARGET_FILE:kiln> ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_hf_parity_work)
+set_tests_properties(tokenizer_hf_parity PROPERTIES LABELS "python;cli" TIMEOUT 600
+                     SKIP_RETURN_CODE 77)
+
+# `kiln prep --tokenizer` with a tokenizer.json (Llama 3 regex), a SentencePiece .model and a
+# vocabulary over 65535 (uint32 tokens); an unsupported tokenizer.json refused
+# (tests/python/tokenizer_hf_prep.py).
+add_test(NAME tokenizer_hf_prep
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/tokenizer_hf_prep.py
+                 $<TARGET_FILE:kiln> ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_hf_prep_work)
+set_tests_properties(tokenizer_hf_prep PROPERTIES LABELS "python;e2e" TIMEOUT 300)

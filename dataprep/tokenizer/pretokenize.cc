@@ -4,6 +4,8 @@
 
 #include <array>
 
+#include "dataprep/tokenizer/regex_split.h"
+
 namespace kiln::prep {
 namespace {
 
@@ -164,7 +166,88 @@ class Scanner {
 }  // namespace
 
 const char* pretokenizer_name(PretokenizerKind kind) {
-  return kind == PretokenizerKind::kGpt2 ? "gpt2" : "kiln-v1";
+  switch (kind) {
+    case PretokenizerKind::kGpt2:
+      return "gpt2";
+    case PretokenizerKind::kKiln:
+      return "kiln-v1";
+    case PretokenizerKind::kRegex:
+      return "regex";
+  }
+  return "?";
+}
+
+std::string gpt2_pattern() {
+  return R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+}
+
+namespace {
+// kiln-v1 in pieces: White_Space spelled out (the same set in Oniguruma and PCRE2), the CJK ranges
+// of is_cjk_codepoint(), letters = \p{L} outside them or \p{M}; the CJK run's quantifier goes
+// between the two halves.
+constexpr const char* kSpaceClass =
+    R"(\t-\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+constexpr const char* kCjkClass =
+    R"(\x{3400}-\x{4DBF}\x{4E00}-\x{9FFF}\x{F900}-\x{FAFF}\x{20000}-\x{3134F}\x{3040}-\x{30FF})"
+    R"(\x{31F0}-\x{31FF}\x{3100}-\x{312F}\x{FF66}-\x{FF9D}\x{3005}\x{3006})";
+std::string kiln_v1_head() {
+  const std::string cjk = kCjkClass;
+  return R"('(?:[sStTmMdD]|[rRvV][eE]|[lL][lL])| ?(?:(?:\p{M}|(?![)" + cjk + R"(])\p{L})+)" +
+         R"(|\p{N}{1,3}|(?:(?=\p{L})[)" + cjk + R"(]\p{M}*))";
+}
+std::string kiln_v1_tail() {
+  const std::string s = kSpaceClass;
+  return "|[^" + s + R"(\p{L}\p{M}\p{N}]+)|[)" + s + R"(]*[\r\n]|[)" + s + "]+(?![^" + s + "])|[" +
+         s + "]+";
+}
+}  // namespace
+
+std::string kiln_v1_pattern(uint32_t cjk_chunk) {
+  return kiln_v1_head() + (cjk_chunk ? "{1," + std::to_string(cjk_chunk) + "}" : "+") +
+         kiln_v1_tail();
+}
+
+std::string pretokenizer_pattern(const PretokenizerSpec& spec) {
+  switch (spec.kind) {
+    case PretokenizerKind::kGpt2:
+      return gpt2_pattern();
+    case PretokenizerKind::kKiln:
+      return kiln_v1_pattern(spec.cjk_chunk);
+    case PretokenizerKind::kRegex:
+      return spec.regex ? spec.regex->pattern() : std::string();
+  }
+  return {};
+}
+
+Result<PretokenizerSpec> pretokenizer_for_pattern(std::string_view pattern, bool fast_path) {
+  PretokenizerSpec spec;
+  if (fast_path) {
+    if (pattern == gpt2_pattern()) {
+      spec.kind = PretokenizerKind::kGpt2;
+      return spec;
+    }
+    const std::string head = kiln_v1_head(), tail = kiln_v1_tail();
+    if (pattern.size() > head.size() + tail.size() && pattern.starts_with(head) &&
+        pattern.ends_with(tail)) {
+      std::string_view q = pattern.substr(head.size(), pattern.size() - head.size() - tail.size());
+      uint32_t chunk = 0;
+      bool ok = q == "+";
+      if (!ok && q.size() > 4 && q.starts_with("{1,") && q.ends_with("}")) {
+        std::string digits(q.substr(3, q.size() - 4));
+        ok = !digits.empty() && digits.size() <= 4 &&
+             digits.find_first_not_of("0123456789") == std::string::npos && digits[0] != '0';
+        if (ok) chunk = uint32_t(std::stoul(digits));
+      }
+      if (ok && kiln_v1_pattern(chunk) == pattern) {
+        spec.kind = PretokenizerKind::kKiln;
+        spec.cjk_chunk = chunk;
+        return spec;
+      }
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(spec.regex, RegexSplitter::compile(pattern));
+  spec.kind = PretokenizerKind::kRegex;
+  return spec;
 }
 
 Result<PretokenizerKind> parse_pretokenizer_name(std::string_view name) {
@@ -188,6 +271,10 @@ bool is_cjk_codepoint(int32_t cp) {
 
 void pretokenize(std::string_view text, const PretokenizerSpec& spec,
                  std::vector<std::string_view>* out) {
+  if (spec.kind == PretokenizerKind::kRegex) {
+    spec.regex->split(text, out);
+    return;
+  }
   Scanner(text, spec).run(out);
 }
 

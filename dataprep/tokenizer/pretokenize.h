@@ -17,11 +17,17 @@
 //         - contractions match case-insensitively, and a whitespace run holding line breaks
 //           splits after its last line break ("\n\n    x" -> "\n\n", "   ", " x").
 //
+//  kRegex any regular expression (a Hugging Face `Split` pre-tokenizer, "Isolated"), matched by
+//         PCRE2 with JIT (regex_split.h). Both scanners above are also regular expressions
+//         (gpt2_pattern(), kiln_v1_pattern()): a tokenizer.json naming one of those exact patterns
+//         gets the hand-written scanner, which is faster and tested equal to the regex.
+//
 // Invalid UTF-8 bytes are single "other" characters, so the pieces always concatenate back to
 // the input exactly (decode(encode(x)) == x holds for any bytes). Pure functions, thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,14 +36,27 @@
 
 namespace kiln::prep {
 
-enum class PretokenizerKind { kGpt2, kKiln };
+class RegexSplitter;
+
+enum class PretokenizerKind { kGpt2, kKiln, kRegex };
 
 struct PretokenizerSpec {
   PretokenizerKind kind = PretokenizerKind::kKiln;
   uint32_t cjk_chunk = 0;  // kKiln only: max CJK characters per piece (0 = whole runs)
+  std::shared_ptr<const RegexSplitter> regex;  // kRegex only
 };
 
-// "gpt2" / "kiln-v1".
+// The regular expressions (Oniguruma / PCRE2 syntax, as in a tokenizer.json) that the two
+// hand-written scanners implement exactly (on valid UTF-8).
+std::string gpt2_pattern();
+std::string kiln_v1_pattern(uint32_t cjk_chunk);
+// The pattern of any spec (kRegex: the one it was compiled from).
+std::string pretokenizer_pattern(const PretokenizerSpec& spec);
+// The spec for a pattern: a hand-written scanner when the pattern is exactly one of theirs (and
+// `fast_path`), else kRegex compiled with PCRE2 (data error when it does not compile).
+Result<PretokenizerSpec> pretokenizer_for_pattern(std::string_view pattern, bool fast_path = true);
+
+// "gpt2" / "kiln-v1" / "regex".
 const char* pretokenizer_name(PretokenizerKind kind);
 Result<PretokenizerKind> parse_pretokenizer_name(std::string_view name);
 

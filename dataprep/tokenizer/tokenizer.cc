@@ -1,6 +1,5 @@
 #include "dataprep/tokenizer/tokenizer.h"
 
-#include <nlohmann/json.hpp>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 #include <utf8proc.h>
@@ -11,15 +10,18 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/tsan.h"
 #include "dataprep/tokenizer/bpe.h"
 #include "dataprep/tokenizer/bpe_train.h"
+#include "dataprep/tokenizer/tokenizer_impl.h"
 
 namespace kiln::prep {
 namespace {
@@ -65,62 +67,78 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
-// ---- per-thread encode cache -------------------------------------------------------------------
-
-// A per-thread cache of encoded words: open addressing over XXH3 hashes, with the word bytes and
-// token ids kept in two arenas (no allocation per entry). Cleared whole when it fills up.
-class WordCache {
- public:
-  WordCache() { reset(); }
-  // Appends the cached tokens of `word` to *out and returns true, or returns false.
-  bool find(std::string_view word, uint64_t hash, std::vector<uint32_t>* out) const {
-    for (uint64_t slot = hash & kMask;; slot = (slot + 1) & kMask) {
-      const Entry& e = entries_[slot];
-      if (e.word_len == 0) return false;
-      if (e.hash == hash && e.word_len == word.size() &&
-          std::memcmp(words_.data() + e.word_off, word.data(), word.size()) == 0) {
-        out->insert(out->end(), tokens_.begin() + e.tok_off, tokens_.begin() + e.tok_off + e.tok_len);
-        return true;
-      }
-    }
-  }
-  void insert(std::string_view word, uint64_t hash, const uint32_t* tokens, size_t n) {
-    if (size_ * 2 >= kSlots || words_.size() + word.size() > kMaxArena ||
-        tokens_.size() + n > kMaxArena)
-      reset();
-    uint64_t slot = hash & kMask;
-    while (entries_[slot].word_len != 0) slot = (slot + 1) & kMask;
-    entries_[slot] = {hash, uint32_t(words_.size()), uint32_t(word.size()),
-                      uint32_t(tokens_.size()), uint32_t(n)};
-    words_.append(word);
-    tokens_.insert(tokens_.end(), tokens, tokens + n);
-    ++size_;
-  }
-
- private:
-  struct Entry {
-    uint64_t hash;
-    uint32_t word_off, word_len, tok_off, tok_len;
-  };
-  static constexpr uint64_t kSlots = 1 << 17;
-  static constexpr uint64_t kMask = kSlots - 1;
-  static constexpr size_t kMaxArena = 1 << 24;
-  void reset() {
-    entries_.assign(kSlots, Entry{0, 0, 0, 0, 0});
-    words_.clear();
-    tokens_.clear();
-    size_ = 0;
-  }
-  std::vector<Entry> entries_;
-  std::string words_;
-  std::vector<uint32_t> tokens_;
-  size_t size_ = 0;
-};
 constexpr size_t kMaxCachedWordBytes = 64;
 
 std::string json_string(std::string_view s) { return nlohmann::json(std::string(s)).dump(); }
 
 }  // namespace
+
+// ---- per-thread encode cache -------------------------------------------------------------------
+
+WordCache::WordCache() { reset(); }
+
+bool WordCache::find(std::string_view word, uint64_t hash, std::vector<uint32_t>* out) const {
+  for (uint64_t slot = hash & kMask;; slot = (slot + 1) & kMask) {
+    const Entry& e = entries_[slot];
+    if (e.word_len == 0) return false;
+    if (e.hash == hash && e.word_len == word.size() &&
+        std::memcmp(words_.data() + e.word_off, word.data(), word.size()) == 0) {
+      out->insert(out->end(), tokens_.begin() + e.tok_off, tokens_.begin() + e.tok_off + e.tok_len);
+      return true;
+    }
+  }
+}
+
+void WordCache::insert(std::string_view word, uint64_t hash, const uint32_t* tokens, size_t n) {
+  if (size_ * 2 >= kSlots || words_.size() + word.size() > kMaxArena ||
+      tokens_.size() + n > kMaxArena)
+    reset();
+  uint64_t slot = hash & kMask;
+  while (entries_[slot].word_len != 0) slot = (slot + 1) & kMask;
+  entries_[slot] = {hash, uint32_t(words_.size()), uint32_t(word.size()), uint32_t(tokens_.size()),
+                    uint32_t(n)};
+  words_.append(word);
+  tokens_.insert(tokens_.end(), tokens, tokens + n);
+  ++size_;
+}
+
+void WordCache::reset() {
+  entries_.assign(kSlots, Entry{0, 0, 0, 0, 0});
+  words_.clear();
+  tokens_.clear();
+  size_ = 0;
+}
+
+std::string nfc_normalize(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    // The longest valid UTF-8 run from i, then the invalid byte after it (kept as it is).
+    size_t j = i;
+    while (j < text.size()) {
+      utf8proc_int32_t cp;
+      auto len = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + j),
+                                  static_cast<utf8proc_ssize_t>(text.size() - j), &cp);
+      if (len <= 0) break;
+      j += size_t(len);
+    }
+    if (j > i) {
+      utf8proc_uint8_t* mapped = nullptr;
+      auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + i),
+                            static_cast<utf8proc_ssize_t>(j - i), &mapped,
+                            utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+      if (n >= 0)
+        out.append(reinterpret_cast<const char*>(mapped), size_t(n));
+      else
+        out.append(text.substr(i, j - i));
+      std::free(mapped);
+    }
+    if (j < text.size()) out.push_back(text[j++]);
+    i = j;
+  }
+  return out;
+}
 
 std::string bytes_to_gpt2_unicode(std::string_view bytes) {
   const auto& t = byte_unicode();
@@ -149,47 +167,79 @@ Result<std::string> gpt2_unicode_to_bytes(std::string_view text) {
   return out;
 }
 
-// ---- Impl --------------------------------------------------------------------------------------
+// ---- encoding ----------------------------------------------------------------------------------
 
-struct Tokenizer::Impl {
-  PretokenizerSpec pre;
-  std::vector<std::string> tokens;     // bytes by id (special tokens: their text)
-  std::vector<uint8_t> special;        // 1 for special ids
-  std::vector<std::string> spelled;    // GPT-2 spelling by id (special tokens: their text)
-  int64_t eos_id = -1;
-  BpeModel model;
-  // std::allocator, not oneTBB's default (libtbbmalloc, memory LeakSanitizer does not scan): a
-  // tokenizer alive at exit otherwise has its caches reported as leaked (docs/HARDENING.md).
-  mutable tbb::enumerable_thread_specific<WordCache, std::allocator<WordCache>> caches;
-
-  void encode(std::string_view text, std::vector<uint32_t>* out) const {
-    thread_local std::vector<std::string_view> pieces;
-    pieces.clear();
-    pretokenize(text, pre, &pieces);
-    WordCache& cache = caches.local();
-    for (std::string_view piece : pieces) {
-      if (piece.size() == 1) {  // a single byte is its own token
-        out->push_back(model.byte_ids()[static_cast<unsigned char>(piece[0])]);
-        continue;
-      }
-      if (piece.size() > kMaxCachedWordBytes) {
-        model.encode_word(piece, out);
-        continue;
-      }
-      uint64_t hash = xxh3_64(piece);
-      if (cache.find(piece, hash, out)) continue;
-      size_t before = out->size();
-      model.encode_word(piece, out);
-      cache.insert(piece, hash, out->data() + before, out->size() - before);
+void Tokenizer::Impl::encode_pieces(std::string_view text, std::vector<uint32_t>* out) const {
+  thread_local std::vector<std::string_view> pieces;
+  pieces.clear();
+  pretokenize(text, pre, &pieces);
+  WordCache& cache = caches.local();
+  for (std::string_view piece : pieces) {
+    if (piece.size() == 1) {  // a single byte is its own token
+      out->push_back(model.byte_ids()[static_cast<unsigned char>(piece[0])]);
+      continue;
     }
+    if (piece.size() > kMaxCachedWordBytes) {
+      if (ignore_merges) {
+        auto it = whole_words.find(std::string(piece));
+        if (it != whole_words.end()) {
+          out->push_back(it->second);
+          continue;
+        }
+      }
+      model.encode_word(piece, out);
+      continue;
+    }
+    uint64_t hash = xxh3_64(piece);
+    if (cache.find(piece, hash, out)) continue;
+    size_t before = out->size();
+    auto whole = ignore_merges ? whole_words.find(std::string(piece)) : whole_words.end();
+    if (whole != whole_words.end())
+      out->push_back(whole->second);
+    else
+      model.encode_word(piece, out);
+    cache.insert(piece, hash, out->data() + before, out->size() - before);
   }
-};
+}
 
-// Access to Tokenizer internals for the builders in this file.
-class TokenizerAccess {
- public:
-  static Tokenizer::Impl& impl(Tokenizer& t) { return *t.impl_; }
-};
+void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<uint32_t>* out) const {
+  if (text.empty()) return;
+  if (!nfc && !prefix_space) return encode_pieces(text, out);
+  std::string s = nfc ? nfc_normalize(text) : std::string(text);
+  if (prefix_space && s[0] != ' ') s.insert(s.begin(), ' ');
+  encode_pieces(s, out);
+}
+
+void Tokenizer::Impl::encode(std::string_view text, std::vector<uint32_t>* out) const {
+  if (sp) {
+    // A failure of the library here would be an internal error: it encodes any bytes.
+    Status st = sentencepiece_encode(*sp, text, out);
+    if (!st.is_ok()) KILN_LOG_ERROR("sentencepiece: {}", st.message());
+    return;
+  }
+  if (!has_inline) return encode_segment(text, out);
+  // Non-special added tokens are cut out first (leftmost, then longest), as Hugging Face does.
+  size_t seg = 0;
+  for (size_t i = 0; i < text.size();) {
+    const std::pair<std::string, uint32_t>* found = nullptr;
+    for (uint32_t k : inline_by_byte[static_cast<unsigned char>(text[i])]) {
+      const std::string& t = inline_tokens[k].first;
+      if (text.compare(i, t.size(), t) == 0) {
+        found = &inline_tokens[k];
+        break;
+      }
+    }
+    if (!found) {
+      ++i;
+      continue;
+    }
+    encode_segment(text.substr(seg, i - seg), out);
+    out->push_back(found->second);
+    i += found->first.size();
+    seg = i;
+  }
+  encode_segment(text.substr(seg), out);
+}
 
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
 Tokenizer::~Tokenizer() = default;
@@ -240,7 +290,24 @@ Result<std::string> Tokenizer::decode(std::span<const uint32_t> ids) const {
                           std::to_string(impl_->tokens.size()) + ")");
     out += impl_->tokens[ids[i]];
   }
+  if (impl_->sp) return sentencepiece_decode(*impl_->sp, ids);
   return out;
+}
+
+bool Tokenizer::round_trips() const { return !impl_->sp && !impl_->nfc && !impl_->prefix_space; }
+
+const char* Tokenizer::kind() const {
+  switch (impl_->source) {
+    case TokenizerSource::kKiln:
+      return "kiln";
+    case TokenizerSource::kGpt2Pair:
+      return "gpt2";
+    case TokenizerSource::kHuggingFace:
+      return "huggingface";
+    case TokenizerSource::kSentencePiece:
+      return "sentencepiece";
+  }
+  return "?";
 }
 
 // ---- training ----------------------------------------------------------------------------------
@@ -295,32 +362,38 @@ Result<Tokenizer> Tokenizer::train(const std::vector<std::string_view>& texts,
 
 // ---- building from a vocabulary ----------------------------------------------------------------
 
-// Builds a tokenizer from GPT-2-spelled vocabulary entries and merges. `special_ids` marks ids
-// whose entry is literal text rather than a byte spelling.
-static Result<Tokenizer> build_tokenizer(
-    const std::vector<std::pair<std::string, int64_t>>& vocab,
-    const std::vector<std::pair<std::string, std::string>>& merges,
-    const std::unordered_set<int64_t>& special_ids, int64_t eos_id, PretokenizerSpec pre,
-    const std::string& origin) {
+Result<Tokenizer> build_byte_bpe(const std::vector<std::pair<std::string, int64_t>>& vocab,
+                                 const std::vector<std::pair<std::string, std::string>>& merges,
+                                 const std::unordered_set<int64_t>& literal_ids,
+                                 const std::unordered_set<int64_t>& special_ids, int64_t eos_id,
+                                 PretokenizerSpec pre, const std::string& origin,
+                                 const std::string& vocab_field, const std::string& merges_field) {
   const size_t n = vocab.size();
-  if (n == 0) return Status::data("empty vocabulary").with_file(origin);
-  if (n > (size_t(1) << 31)) return Status::data("vocabulary too large").with_file(origin);
+  if (n == 0) return Status::data("empty vocabulary").with_file(origin).with_key(vocab_field);
+  if (n > (size_t(1) << 31))
+    return Status::data("vocabulary too large").with_file(origin).with_key(vocab_field);
   Tokenizer tok;
   std::vector<std::string> spelled(n);
   std::vector<uint8_t> have(n, 0);
   std::unordered_map<std::string, uint32_t> spelled_to_id;
   for (const auto& [s, id] : vocab) {
     if (id < 0 || size_t(id) >= n)
-      return Status::data("token '" + s + "' has id " + std::to_string(id) +
-                          " outside 0.." + std::to_string(n - 1) + " (ids must be dense)")
-          .with_file(origin);
-    if (have[id]) return Status::data("id " + std::to_string(id) + " is used twice").with_file(origin);
+      return Status::data("token '" + s + "' has id " + std::to_string(id) + " outside 0.." +
+                          std::to_string(n - 1) + " (ids must be dense)")
+          .with_file(origin)
+          .with_key(vocab_field);
+    if (have[id])
+      return Status::data("id " + std::to_string(id) + " is used twice")
+          .with_file(origin)
+          .with_key(vocab_field);
     if (!spelled_to_id.emplace(s, uint32_t(id)).second)
-      return Status::data("token '" + s + "' appears twice").with_file(origin);
+      return Status::data("token '" + s + "' appears twice")
+          .with_file(origin)
+          .with_key(vocab_field);
     have[id] = 1;
     spelled[id] = s;
   }
-  for (int64_t id : special_ids)
+  for (int64_t id : literal_ids)
     if (id < 0 || size_t(id) >= n)
       return Status::data("special token id " + std::to_string(id) + " is not in the vocabulary")
           .with_file(origin);
@@ -334,23 +407,32 @@ static Result<Tokenizer> build_tokenizer(
   impl->tokens.resize(n);
   impl->special.assign(n, 0);
   for (size_t id = 0; id < n; ++id) {
-    if (special_ids.count(int64_t(id))) {
-      impl->special[id] = 1;
+    if (literal_ids.count(int64_t(id))) {
+      impl->special[id] = special_ids.count(int64_t(id)) ? 1 : 0;
       impl->tokens[id] = spelled[id];
+      if (spelled[id].empty())
+        return Status::data("empty token at id " + std::to_string(id))
+            .with_file(origin)
+            .with_key(vocab_field);
       continue;
     }
     auto bytes = gpt2_unicode_to_bytes(spelled[id]);
-    if (!bytes.is_ok()) return std::move(bytes).take_status().with_file(origin).with_key("vocab");
-    if (bytes->empty()) return Status::data("empty token at id " + std::to_string(id)).with_file(origin);
+    if (!bytes.is_ok())
+      return std::move(bytes).take_status().with_file(origin).with_key(vocab_field);
+    if (bytes->empty())
+      return Status::data("empty token at id " + std::to_string(id))
+          .with_file(origin)
+          .with_key(vocab_field);
     impl->tokens[id] = std::move(bytes).value();
   }
   std::array<uint32_t, 256> byte_ids;
   const auto& bu = byte_unicode();
   for (int b = 0; b < 256; ++b) {
     auto it = spelled_to_id.find(bu.byte_to_utf8[b]);
-    if (it == spelled_to_id.end() || impl->special[it->second])
+    if (it == spelled_to_id.end() || literal_ids.count(it->second))
       return Status::data("the vocabulary lacks the token for byte " + std::to_string(b))
-          .with_file(origin);
+          .with_file(origin)
+          .with_key(vocab_field);
     byte_ids[b] = it->second;
   }
   std::vector<BpeMerge> model_merges;
@@ -359,11 +441,12 @@ static Result<Tokenizer> build_tokenizer(
     const auto& [l, r] = merges[rank];
     auto li = spelled_to_id.find(l), ri = spelled_to_id.find(r), xi = spelled_to_id.find(l + r);
     if (li == spelled_to_id.end() || ri == spelled_to_id.end() || xi == spelled_to_id.end() ||
-        impl->special[li->second] || impl->special[ri->second] || impl->special[xi->second])
+        literal_ids.count(li->second) || literal_ids.count(ri->second) ||
+        literal_ids.count(xi->second))
       return Status::data("merge " + std::to_string(rank) + " '" + l + " " + r +
                           "' uses or makes a token that is not in the vocabulary")
           .with_file(origin)
-          .with_key("merges");
+          .with_key(merges_field);
     model_merges.push_back({li->second, ri->second, xi->second});
   }
   impl->spelled = std::move(spelled);
@@ -371,11 +454,13 @@ static Result<Tokenizer> build_tokenizer(
   return tok;
 }
 
-
 // ---- JSON file ---------------------------------------------------------------------------------
 
-std::string Tokenizer::to_json() const {
+std::string Tokenizer::to_kiln_v1_json() const {
   const Impl& m = *impl_;
+  if (m.sp || m.pre.kind == PretokenizerKind::kRegex || m.nfc || m.prefix_space ||
+      m.ignore_merges || m.has_inline)
+    return {};
   std::string out;
   out.reserve(m.tokens.size() * 24);
   out += "{\"format\": \"";
@@ -410,11 +495,18 @@ std::string Tokenizer::to_json() const {
   return out;
 }
 
-Status Tokenizer::save(const std::string& path) const { return write_file_atomic(path, to_json()); }
+const char* Tokenizer::file_name() const {
+  return impl_->sp ? "tokenizer.model" : "tokenizer.json";
+}
+
+Status Tokenizer::save(const std::string& path) const {
+  return write_file_atomic(path, impl_->sp ? impl_->sp_model : to_json());
+}
 
 Status Tokenizer::save_gpt2(const std::string& vocab_json_path,
                             const std::string& merges_txt_path) const {
   const Impl& m = *impl_;
+  if (m.sp) return Status::usage("a SentencePiece tokenizer has no vocab.json + merges.txt form");
   std::string vocab = "{";
   for (size_t id = 0; id < m.spelled.size(); ++id) {
     vocab += id ? ", " : "";
@@ -440,9 +532,8 @@ static Result<std::pair<std::string, std::string>> split_merge(const std::string
   return std::make_pair(line.substr(0, sp), line.substr(sp + 1));
 }
 
-// kData naming the file and the cap when `count` entries of `what` pass `limit`.
-static Status check_limit(uint64_t count, uint64_t limit, const char* what, const char* knob,
-                          const std::string& origin) {
+Status check_limit(uint64_t count, uint64_t limit, const char* what, const char* knob,
+                   const std::string& origin) {
   if (count <= limit) return Status::ok();
   return Status::data(std::string(what) + " has " + std::to_string(count) +
                       " entries, over the limit of " + std::to_string(limit) + " (" + knob + ")")
@@ -451,6 +542,8 @@ static Status check_limit(uint64_t count, uint64_t limit, const char* what, cons
 
 Result<Tokenizer> Tokenizer::from_json(std::string_view json_text, const std::string& origin,
                                        const TokenizerLimits& limits) {
+  if (looks_like_hf_tokenizer_json(json_text))
+    return load_hf_tokenizer_json(json_text, origin, limits);
   Result<nlohmann::json> parsed = parse_untrusted_json(json_text);
   if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(origin);
   nlohmann::json j = std::move(parsed).value();
@@ -525,7 +618,8 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view json_text, const std::st
     KILN_ASSIGN_OR_RETURN(auto pair, split_merge(mj.get<std::string>(), r, origin));
     merges.push_back(std::move(pair));
   }
-  KILN_ASSIGN_OR_RETURN(Tokenizer tok, build_tokenizer(vocab, merges, special_ids, eos, pre, origin));
+  KILN_ASSIGN_OR_RETURN(Tokenizer tok, build_byte_bpe(vocab, merges, special_ids, special_ids, eos,
+                                                      pre, origin, "vocab", "merges"));
   if (auto vs = field("vocab_size")) {
     if (!vs->is_number_unsigned() || vs->get<uint64_t>() != tok.vocab_size())
       return Status::data("vocab_size does not match the vocabulary (" +
@@ -587,13 +681,21 @@ Result<Tokenizer> Tokenizer::load_gpt2(const std::string& vocab_json_path,
   }
   PretokenizerSpec pre;
   pre.kind = PretokenizerKind::kGpt2;
-  return build_tokenizer(vocab, merges, special_ids, eos, pre, vocab_json_path);
+  KILN_ASSIGN_OR_RETURN(Tokenizer tok, build_byte_bpe(vocab, merges, special_ids, special_ids, eos,
+                                                      pre, vocab_json_path, "vocab", "merges"));
+  TokenizerAccess::impl(tok).source = TokenizerSource::kGpt2Pair;
+  return tok;
 }
 
 Result<Tokenizer> Tokenizer::load(const std::string& path, const TokenizerLimits& limits) {
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  // A Kiln tokenizer names its format; anything else is taken as a GPT-2 vocab.json.
-  if (text.find(kTokenizerFormat) != std::string::npos) return from_json(text, path, limits);
+  // A JSON object: a tokenizer.json, a Kiln file (names its format) or a GPT-2 vocab.json.
+  // Anything else (a protobuf) is taken as a SentencePiece model.
+  size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || text[first] != '{')
+    return from_sentencepiece(std::move(text), path, limits);
+  if (looks_like_hf_tokenizer_json(text) || text.find(kTokenizerFormat) != std::string::npos)
+    return from_json(text, path, limits);
   std::filesystem::path merges = std::filesystem::path(path).parent_path() / "merges.txt";
   if (!std::filesystem::exists(merges))
     return Status::data(std::string("neither a ") + kTokenizerFormat +

@@ -1,6 +1,11 @@
-// Byte-level BPE tokenizer: trained by Kiln or loaded from GPT-2's vocab.json + merges.txt.
+// Tokenizers: Kiln's byte-level BPE (trained by Kiln), Hugging Face tokenizer.json files of the
+// byte-level BPE family (GPT-2, Llama 3, Qwen2, Mistral-Nemo), GPT-2 vocab.json + merges.txt
+// pairs, and SentencePiece models (.model: Llama 2, Mistral v1) through the SentencePiece library.
 //
-// Saved as ONE JSON file (format "kiln-tokenizer/1", documented in docs/TOKENIZER.md):
+// Kiln writes its tokenizers as Hugging Face `tokenizer.json` files (a BPE model with a `Split`
+// pre-tokenizer holding the regular expression of Kiln's pre-tokenizer, then ByteLevel), which
+// Hugging Face tokenizers load with the same ids. It still reads its older file, format
+// "kiln-tokenizer/1" (documented in docs/TOKENIZER.md):
 //   {"format": "kiln-tokenizer/1", "type": "byte-bpe",
 //    "pretokenizer": {"type": "kiln-v1", "cjk_chunk": 0},      // or {"type": "gpt2"}
 //    "vocab_size": N, "eos_id": 0,
@@ -11,8 +16,10 @@
 // (<|endoftext|> = 0), then the 256 bytes, then one token per merge.
 //
 // encode() treats its input as plain text: special-token strings inside the text are encoded as
-// ordinary bytes (a document can never inject an end-of-text). decode(encode(x)) == x for any
-// byte string. All const methods are thread-safe; encode keeps a per-thread word cache.
+// ordinary bytes (a document can never inject an end-of-text), and nothing is added (no BOS).
+// Non-special added tokens of a tokenizer.json are found in the text as Hugging Face does. For
+// byte-level BPE, decode(encode(x)) == x for any byte string (with add_prefix_space, plus the
+// space). All const methods are thread-safe; encode keeps a per-thread word cache.
 #pragma once
 
 #include <cstdint>
@@ -56,18 +63,33 @@ class Tokenizer {
   // vocab_size < specials + 256.
   static Result<Tokenizer> train(const std::vector<std::string_view>& texts,
                                  const TokenizerTrainOptions& options);
-  // Reads a tokenizer file: Kiln's JSON, or a GPT-2 vocab.json with merges.txt beside it.
+  // Reads a tokenizer file, detecting its kind: a Hugging Face tokenizer.json, Kiln's older
+  // "kiln-tokenizer/1" JSON, a SentencePiece .model, or a GPT-2 vocab.json with merges.txt
+  // beside it. Unsupported parts of a tokenizer.json (another model type, a normalizer or
+  // pre-tokenizer Kiln does not implement) are data errors naming the file and the field.
   static Result<Tokenizer> load(const std::string& path, const TokenizerLimits& limits = {});
+  // A tokenizer.json or a kiln-tokenizer/1 file's text.
   static Result<Tokenizer> from_json(std::string_view json_text, const std::string& origin,
                                      const TokenizerLimits& limits = {});
+  // A SentencePiece model's bytes (ModelProto).
+  static Result<Tokenizer> from_sentencepiece(std::string model_bytes, const std::string& origin,
+                                              const TokenizerLimits& limits = {});
   // GPT-2 style pair. Tokens of vocab.json that are neither a byte nor the result of a merge are
   // special tokens; "<|endoftext|>" (when present) is the EOS. Pre-tokenizer "gpt2".
   static Result<Tokenizer> load_gpt2(const std::string& vocab_json_path,
                                      const std::string& merges_txt_path,
                                      const TokenizerLimits& limits = {});
 
-  std::string to_json() const;                 // deterministic bytes
-  Status save(const std::string& path) const;  // atomic
+  // The tokenizer.json text (deterministic bytes): generated for byte-level BPE tokenizers made
+  // or trained by Kiln; a loaded tokenizer.json's own text, unchanged. Empty for SentencePiece.
+  std::string to_json() const;
+  // The older kiln-tokenizer/1 text (for tools and tests of the old format; byte-level BPE with
+  // the gpt2 or kiln-v1 pre-tokenizer only, else empty).
+  std::string to_kiln_v1_json() const;
+  // What this tokenizer is saved as: "tokenizer.json", or "tokenizer.model" for SentencePiece.
+  const char* file_name() const;
+  // Writes file_name()'s content to `path` (atomic): to_json(), or the SentencePiece model bytes.
+  Status save(const std::string& path) const;
   // Writes the GPT-2 style pair (for other tools).
   Status save_gpt2(const std::string& vocab_json_path, const std::string& merges_txt_path) const;
 
@@ -82,6 +104,12 @@ class Tokenizer {
   size_t vocab_size() const;
   int64_t eos_id() const;  // -1 when there is none
   const PretokenizerSpec& pretokenizer() const;
+  // "kiln" (trained by Kiln or a kiln-tokenizer/1 file), "gpt2" (vocab.json + merges.txt),
+  // "huggingface" (tokenizer.json), "sentencepiece".
+  const char* kind() const;
+  // True when decode(encode(x)) == x for every byte string x: byte-level BPE without a
+  // normalizer or an added prefix space (false for SentencePiece).
+  bool round_trips() const;
   // Bytes of one token (special tokens: their text). id must be < vocab_size().
   const std::string& token_bytes(uint32_t id) const;
   bool is_special(uint32_t id) const;
@@ -94,6 +122,19 @@ class Tokenizer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Hugging Face's file pair for a model directory, for `kiln checkpoint export --format hf`:
+// DIR/tokenizer.json (to_json()) and DIR/tokenizer_config.json (tokenizer class, special tokens,
+// model_max_length, no added BOS, no clean-up of spaces) — loadable by transformers'
+// AutoTokenizer with the same ids as Kiln. A SentencePiece tokenizer writes DIR/tokenizer.model
+// and a LlamaTokenizer config instead. Files are written atomically.
+struct HfTokenizerConfig {
+  uint64_t model_max_length = 0;  // the model's context (seq_len); 0: not written
+};
+Status write_hf_tokenizer(const Tokenizer& tokenizer, const std::string& dir,
+                          const HfTokenizerConfig& config = {});
+// The tokenizer_config.json text write_hf_tokenizer writes.
+std::string hf_tokenizer_config_json(const Tokenizer& tokenizer, const HfTokenizerConfig& config);
 
 // GPT-2's byte-to-unicode spelling of raw bytes (as used in vocab.json / merges.txt), and back.
 std::string bytes_to_gpt2_unicode(std::string_view bytes);

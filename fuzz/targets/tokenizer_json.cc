@@ -1,6 +1,8 @@
-// Fuzz target: Kiln's tokenizer file (dataprep/tokenizer/tokenizer.h, "kiln-tokenizer/1").
+// Fuzz target: tokenizer files read by Tokenizer::from_json (dataprep/tokenizer/tokenizer.h):
+// Hugging Face tokenizer.json and Kiln's older "kiln-tokenizer/1".
 // Invariants on an accepted tokenizer: decode(encode(x)) == x for a fixed text and for the input
-// itself, every id is below vocab_size, and to_json() loads back to the same bytes.
+// itself (where round_trips(): no normalizer, no added prefix space), every id is below
+// vocab_size, and to_json() loads back to the same bytes.
 #include "dataprep/tokenizer/tokenizer.h"
 #include "fuzz/fuzz_util.h"
 
@@ -14,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<uint32_t> ids = tok->encode(text);
     for (uint32_t id : ids) FUZZ_REQUIRE(id < tok->vocab_size());
     auto back = tok->decode(ids);
-    FUZZ_REQUIRE(back.is_ok() && *back == text);
+    FUZZ_REQUIRE(back.is_ok() && (*back == text || !tok->round_trips()));
   }
   std::string json = tok->to_json();
   auto again = prep::Tokenizer::from_json(json, "again.json");

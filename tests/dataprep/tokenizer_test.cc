@@ -116,7 +116,7 @@ TEST(Tokenizer, LoadDetectsVocabJsonAndKilnJson) {
   auto via_vocab = Tokenizer::load(kGpt2Dir + "/vocab.json");
   ASSERT_TRUE(via_vocab.is_ok()) << via_vocab.status().to_string();
   EXPECT_EQ(via_vocab->vocab_size(), 50257u);
-  // Kiln's JSON round trip keeps every id.
+  // The tokenizer.json round trip keeps every id.
   std::string json = gpt2().to_json();
   auto again = Tokenizer::from_json(json, "mem");
   ASSERT_TRUE(again.is_ok()) << again.status().to_string();
@@ -219,7 +219,8 @@ TEST(Tokenizer, TrainRejectsTooSmallVocabulary) {
 }
 
 TEST(Tokenizer, MalformedFilesAreDataErrors) {
-  std::string good = small_trained().to_json();
+  // The older kiln-tokenizer/1 file (tokenizer.json files: tests/dataprep/hf_tokenizer_test.cc).
+  std::string good = small_trained().to_kiln_v1_json();
   auto expect_bad = [](const std::string& text, const std::string& needle) {
     auto r = Tokenizer::from_json(text, "t.json");
     ASSERT_FALSE(r.is_ok()) << needle;

@@ -12,13 +12,23 @@
 //    must be identical) and against GPT-2's reference encoder in pure Python (the algorithm of
 //    OpenAI's encoder.py, tools/bench/gpt2_reference_encode.py, on the first MB); Kiln's trained
 //    tokenizer on 1 thread and on all cores.
+// 4. Encoding the held-out text with tokenizer.json files, 1 thread, Kiln against Hugging Face
+//    tokenizers (the npm package `tokenizers`: the Rust library built natively, run by node;
+//    tools/hf_tokenizers/install; the ids must be identical): GPT-2's (ByteLevel: Kiln's
+//    hand-written scanner; and the same regex as a Split pattern, run by PCRE2), Kiln's trained one
+//    (kiln-v1 scanner; and its regex through PCRE2) and a Llama-3 style one (the trained merges
+//    with Llama 3's regex, PCRE2). Both sides encode the held-out documents one by one.
 //
 // usage: bench_tokenizer --kiln-source DIR --corpus PATH [--dir WORK] [--vocab-size N]
-//                        [--threads N] [--train-bytes N] [--tiktoken DIR]
+//                        [--threads N] [--train-bytes N] [--tiktoken DIR] [--skip-slow-peers]
+// --skip-slow-peers leaves out SentencePiece's training and the pure-Python encoder (minutes).
+#include "dataprep/tokenizer/tokenizer.h"
+
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <fcntl.h>
+#include <tbb/global_control.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,15 +37,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <tbb/global_control.h>
-
 #include "common/atomic_file.h"
-#include "dataprep/tokenizer/tokenizer.h"
+#include "dataprep/tokenizer/pretokenize.h"
 #include "dataprep/tokenizer/tokenizer_io.h"
 #include "tools/bench/bench_machine.h"
 
@@ -122,6 +131,7 @@ int main(int argc, char** argv) {
   size_t vocab_size = 8192;
   int threads = int(std::thread::hardware_concurrency());
   uint64_t train_bytes = 64ull << 20;
+  bool skip_slow = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -135,6 +145,8 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::stoi(next());
     else if (a == "--train-bytes") train_bytes = std::stoull(next());
     else if (a == "--tiktoken") tiktoken = next();
+    else if (a == "--skip-slow-peers")
+      skip_slow = true;
     else die("unknown argument " + a);
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows while the peers run
@@ -197,10 +209,12 @@ int main(int argc, char** argv) {
               kiln_train.wall, kiln_train.cpu, double(heldout_size) / double(kiln_tokens));
 
   const std::string sp_out = dir + "/sentencepiece.out";
-  bool sp_ok = run_child({"/usr/bin/python3", source + "/tools/bench/sentencepiece_train.py",
-                          train_txt, heldout_txt, std::to_string(vocab_size),
-                          std::to_string(threads), dir + "/sentencepiece"},
-                         sp_out);
+  if (skip_slow) std::printf("peer: SentencePiece skipped (--skip-slow-peers)\n");
+  bool sp_ok =
+      !skip_slow && run_child({"/usr/bin/python3", source + "/tools/bench/sentencepiece_train.py",
+                               train_txt, heldout_txt, std::to_string(vocab_size),
+                               std::to_string(threads), dir + "/sentencepiece"},
+                              sp_out);
   auto sp_log = read_or_empty(sp_out);
   auto sp_time = field(sp_log, "train_seconds"), sp_held = field(sp_log, "heldout");
   if (sp_ok && sp_time.size() == 2 && sp_held.size() == 2) {
@@ -208,7 +222,7 @@ int main(int argc, char** argv) {
                 sp_time[0], sp_time[1], sp_held[0] / sp_held[1]);
     std::printf("  SentencePiece takes %.1fx Kiln's wall time and %.1fx its CPU time\n",
                 sp_time[0] / kiln_train.wall, sp_time[1] / kiln_train.cpu);
-  } else {
+  } else if (!skip_slow) {
     std::printf("peer: SentencePiece unavailable (needs Debian's python3-sentencepiece; tools/setup "
                 "installs it)\n%s",
                 sp_log.c_str());
@@ -274,6 +288,95 @@ int main(int argc, char** argv) {
                 source.c_str(), source.c_str());
   }
 
+  // tokenizer.json files, Kiln against Hugging Face tokenizers on the same text and file.
+  {
+    const char* llama3 =
+        R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    auto with_split = [](const std::string& json_text, const std::string& pattern) {
+      nlohmann::json j = nlohmann::json::parse(json_text);
+      j["pre_tokenizer"] = {{"type", "Sequence"},
+                            {"pretokenizers",
+                             {{{"type", "Split"},
+                               {"pattern", {{"Regex", pattern}}},
+                               {"behavior", "Isolated"},
+                               {"invert", false}},
+                              {{"type", "ByteLevel"},
+                               {"add_prefix_space", false},
+                               {"trim_offsets", true},
+                               {"use_regex", false}}}}};
+      return j.dump();
+    };
+    struct Case {
+      std::string name, file, json;
+    };
+    std::vector<Case> cases = {
+        {"GPT-2, ByteLevel (hand-written scanner)", "gpt2", gpt2->to_json()},
+        {"GPT-2, same regex as Split (PCRE2 JIT)", "gpt2_regex",
+         with_split(gpt2->to_json(), "(?:" + gpt2_pattern() + ")")},
+        {"trained, kiln-v1 (hand-written scanner)", "kiln_v1", trained.to_json()},
+        {"trained, kiln-v1 regex as Split (PCRE2 JIT)", "kiln_v1_regex",
+         with_split(trained.to_json(), "(?:" + kiln_v1_pattern(0) + ")")},
+        {"trained merges, Llama 3 regex (PCRE2 JIT)", "llama3",
+         with_split(trained.to_json(), llama3)},
+    };
+    const std::string hf = source + "/tools/hf_tokenizers";
+    const std::string heldout_jsonl = dir + "/heldout.jsonl";
+    std::string jsonl;
+    for (auto d : heldout)
+      jsonl += nlohmann::json{{"text", std::string(d)}}.dump(
+                   -1, ' ', false, nlohmann::json::error_handler_t::replace) +
+               "\n";
+    if (!write_file_atomic(heldout_jsonl, jsonl).is_ok()) die("cannot write " + heldout_jsonl);
+    const bool have_hf = fs::exists(hf + "/node_modules/tokenizers") && fs::exists(node);
+    std::printf(
+        "\ntokenizer.json files, the held-out documents (%.1f MB), 1 thread, best of 3; peer: "
+        "Hugging Face tokenizers (Rust, native, node; encodeBatch, documents)\n",
+        mb);
+    std::printf("%-44s %9s %9s %12s %9s %s\n", "", "MB/s wall", "MB/cpu-s", "HF MB/cpu-s",
+                "kiln/HF", "ids");
+    for (const auto& c : cases) {
+      const std::string path = dir + "/" + c.file + ".tokenizer.json";
+      if (!write_file_atomic(path, c.json).is_ok()) die("cannot write " + path);
+      auto tok = Tokenizer::load(path);
+      if (!tok.is_ok()) die(tok.status().to_string());
+      // Per document, as a user encodes (and as Hugging Face is fast: one 4 MB string is not).
+      std::vector<uint32_t> ids;
+      Timing t;
+      {
+        tbb::global_control gc(tbb::global_control::max_allowed_parallelism, 1);
+        t = best_of(3, [&] {
+          ids.clear();
+          for (auto d : heldout) tok->encode(d, &ids);
+        });
+      }
+      std::string peer = "unavailable", same = "-";
+      double hf_rate = 0;
+      if (have_hf) {
+        const std::string out = dir + "/hf_" + c.file + ".out",
+                          ids_path = dir + "/hf_" + c.file + ".ids";
+        bool ok = run_child({node, hf + "/encode.js", "bench", path, heldout_jsonl, ids_path}, out);
+        auto ht = field(read_or_empty(out), "encode_seconds");
+        if (ok && ht.size() == 2) {
+          hf_rate = mb / ht[1];
+          auto hids = parse_token_ids(read_or_empty(ids_path));
+          same = hids.is_ok() && *hids == ids ? "identical" : "DIFFER";
+        }
+      }
+      char hf_col[32] = "n/a", ratio[32] = "n/a";
+      if (hf_rate > 0) {
+        std::snprintf(hf_col, sizeof hf_col, "%.1f", hf_rate);
+        std::snprintf(ratio, sizeof ratio, "%.2fx", (mb / t.cpu) / hf_rate);
+      }
+      std::printf("%-44s %9.1f %9.1f %12s %9s %s\n", c.name.c_str(), mb / t.wall, mb / t.cpu,
+                  hf_col, ratio, same.c_str());
+    }
+    if (!have_hf)
+      std::printf(
+          "  Hugging Face tokenizers unavailable: tools/hf_tokenizers/install (npm) puts it in "
+          "%s/node_modules\n",
+          hf.c_str());
+  }
+
   // Peer: GPT-2's reference encoder in pure Python, on the first ~1 MB of the same text.
   std::string peer_text;
   for (auto t : heldout) {
@@ -283,9 +386,10 @@ int main(int argc, char** argv) {
   }
   const std::string peer_in = dir + "/peer.txt", peer_ids = dir + "/peer.ids", peer_out = dir + "/peer.out";
   if (!write_file_atomic(peer_in, peer_text).is_ok()) die("cannot write " + peer_in);
-  bool ok = run_child({"/usr/bin/python3", source + "/tools/bench/gpt2_reference_encode.py", gpt2_dir,
-                       peer_in, peer_ids},
-                      peer_out);
+  bool ok =
+      !skip_slow && run_child({"/usr/bin/python3", source + "/tools/bench/gpt2_reference_encode.py",
+                               gpt2_dir, peer_in, peer_ids},
+                              peer_out);
   auto t = field(read_or_empty(peer_out), "encode_seconds");
   if (ok && t.size() == 2) {
     auto ids = parse_token_ids(read_or_empty(peer_ids));
@@ -294,6 +398,8 @@ int main(int argc, char** argv) {
     std::printf("%-44s %9.2f %9.2f\n", "peer: GPT-2 reference encoder, pure Python", pmb / t[0], pmb / t[1]);
     std::printf("  on the first %.1f MB: ids %s Kiln's; Kiln does %.0fx its MB per cpu-second\n", pmb,
                 same ? "identical to" : "DIFFER from", kiln_gpt2_rate / (pmb / t[1]));
+  } else if (skip_slow) {
+    std::printf("peer: GPT-2 reference encoder skipped (--skip-slow-peers)\n");
   } else {
     std::printf("peer: GPT-2 reference encoder unavailable (needs /usr/bin/python3 with python3-regex; "
                 "tools/setup installs it)\n");

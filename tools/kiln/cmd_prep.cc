@@ -52,7 +52,8 @@ Output (OUT):
   dedup/removed.jsonl      {"id", "kept", "similarity"} for every removed duplicate
   rejects/rejects-R.jsonl  every rejected input record with file, line, reason (one file per rank)
   shards/<domain>/<domain>-NNNNNN.tar.zst   samples <key>.txt, <key>.json[, <key>.tokens.npy]
-  tokenizer.json           when a tokenizer is configured or trained
+  tokenizer.json           when a tokenizer is configured or trained (tokenizer.model for a
+                           SentencePiece model)
 docs_in = docs_out + exact_dups + near_dups + rejected, always.
 
 Resume: progress is recorded in OUT/.kiln-prep; after a crash or kill, run the same command
@@ -123,8 +124,9 @@ RunFn add_prep_command(CLI::App& root) {
   sub->add_option("--default-domain", f->default_domain,
                   "domain of documents no rule assigns, default web (domains.default)");
   sub->add_option("--tokenizer", f->tokenizer,
-                  "tokenizer JSON to use; without it one is trained on the kept text "
-                  "(tokenizer.path)")
+                  "tokenizer to use: a Hugging Face tokenizer.json (byte-level BPE), a "
+                  "SentencePiece .model, Kiln's older JSON or a GPT-2 vocab.json; without it one "
+                  "is trained on the kept text (tokenizer.path)")
       ->type_name("FILE");
   sub->add_option("--vocab-size", f->vocab_size,
                   "vocabulary size when training a tokenizer, default 8192 (tokenizer.vocab_size)");

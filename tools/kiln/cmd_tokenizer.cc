@@ -5,7 +5,9 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/log.h"
 #include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_io.h"
@@ -22,12 +24,14 @@ struct TokenizerFlags {
   std::vector<std::string> specials;
   uint64_t min_frequency = 2;
   std::string pretokenizer = "kiln-v1";
+  std::string pattern;
   uint32_t cjk_chunk = 0;
   std::string max_bytes = "0";
   std::string max_text_bytes = "1G";
   std::string export_dir;
   // encode / decode
   std::string tokenizer, vocab, merges;
+  bool jsonl = false;
 };
 
 Result<prep::Tokenizer> load_for_use(const TokenizerFlags& f) {
@@ -54,10 +58,16 @@ Status run_train(const TokenizerFlags& f) {
   opts.vocab_size = f.vocab_size;
   opts.min_frequency = f.min_frequency;
   if (!f.specials.empty()) opts.special_tokens = f.specials;
-  auto kind = prep::parse_pretokenizer_name(f.pretokenizer);
-  if (!kind.is_ok()) return Status::usage("--pretokenizer: " + kind.status().message());
-  opts.pretokenizer.kind = *kind;
-  opts.pretokenizer.cjk_chunk = f.cjk_chunk;
+  if (!f.pattern.empty()) {
+    auto spec = prep::pretokenizer_for_pattern(f.pattern);
+    if (!spec.is_ok()) return Status::usage("--pattern: " + spec.status().message());
+    opts.pretokenizer = std::move(spec).value();
+  } else {
+    auto kind = prep::parse_pretokenizer_name(f.pretokenizer);
+    if (!kind.is_ok()) return Status::usage("--pretokenizer: " + kind.status().message());
+    opts.pretokenizer.kind = *kind;
+    opts.pretokenizer.cjk_chunk = f.cjk_chunk;
+  }
   KILN_ASSIGN_OR_RETURN(uint64_t max_bytes, parse_size("--max-bytes", f.max_bytes));
   KILN_ASSIGN_OR_RETURN(uint64_t max_text_bytes, parse_size("--max-text-bytes", f.max_text_bytes));
   if (max_text_bytes == 0) return Status::usage("--max-text-bytes must be positive");
@@ -86,17 +96,38 @@ Status run_train(const TokenizerFlags& f) {
   return Status::ok();
 }
 
+void append_ids(const std::vector<uint32_t>& ids, std::string* out) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out->push_back(' ');
+    *out += std::to_string(ids[i]);
+  }
+  out->push_back('\n');
+}
+
 Status run_encode(const TokenizerFlags& f) {
   KILN_ASSIGN_OR_RETURN(prep::Tokenizer tok, load_for_use(f));
   std::string text = read_stdin();
-  std::vector<uint32_t> ids = tok.encode(text);
   std::string out;
-  out.reserve(ids.size() * 6 + 1);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i) out.push_back(' ');
-    out += std::to_string(ids[i]);
+  if (!f.jsonl) {
+    std::vector<uint32_t> ids = tok.encode(text);
+    out.reserve(ids.size() * 6 + 1);
+    append_ids(ids, &out);
+  } else {
+    // One JSON object with a string "text" per line -> one line of ids per line.
+    size_t pos = 0, line_no = 0;
+    while (pos < text.size()) {
+      size_t end = text.find('\n', pos);
+      if (end == std::string::npos) end = text.size();
+      std::string_view line(text.data() + pos, end - pos);
+      pos = end + 1;
+      ++line_no;
+      auto j = parse_untrusted_json(line);
+      if (!j.is_ok() || !j->is_object() || !j->contains("text") || !(*j)["text"].is_string())
+        return Status::data("standard input line " + std::to_string(line_no) +
+                            ": not a JSON object with a string \"text\"");
+      append_ids(tok.encode((*j)["text"].get<std::string>()), &out);
+    }
   }
-  out.push_back('\n');
   std::fwrite(out.data(), 1, out.size(), stdout);
   return Status::ok();
 }
@@ -111,7 +142,9 @@ Status run_decode(const TokenizerFlags& f) {
 
 void add_use_flags(CLI::App* app, TokenizerFlags* f) {
   app->add_option("--tokenizer", f->tokenizer,
-                  "tokenizer file (Kiln JSON, or a vocab.json with merges.txt beside it)")
+                  "tokenizer file, kind detected: a Hugging Face tokenizer.json (byte-level BPE), "
+                  "a SentencePiece .model, Kiln's older JSON, or a vocab.json with merges.txt "
+                  "beside it")
       ->check(CLI::ExistingFile);
   app->add_option("--vocab", f->vocab, "GPT-2 style vocab.json (with --merges)")
       ->check(CLI::ExistingFile);
@@ -135,7 +168,10 @@ RunFn add_tokenizer_command(CLI::App& root) {
                     "text / JSONL files or folders (JSONL: the \"text\" field; .gz/.zst/.xz/.bz2 ok)")
       ->required()
       ->take_all();
-  train->add_option("--output", flags->output, "tokenizer JSON file to write")->required();
+  train
+      ->add_option("--output", flags->output,
+                   "tokenizer file to write (Hugging Face tokenizer.json format)")
+      ->required();
   train->add_option("--special", flags->specials,
                     "special tokens, ids 0.. in order; the first is end-of-text "
                     "(default: <|endoftext|>)")
@@ -145,6 +181,9 @@ RunFn add_tokenizer_command(CLI::App& root) {
       ->capture_default_str();
   train->add_option("--pretokenizer", flags->pretokenizer, "kiln-v1 or gpt2")
       ->capture_default_str();
+  train->add_option("--pattern", flags->pattern,
+                    "pre-tokenize with this regular expression instead (as a tokenizer.json's "
+                    "Split pattern, e.g. Llama 3's; see docs/TOKENIZER.md)");
   train->add_option("--cjk-chunk", flags->cjk_chunk,
                     "kiln-v1: max CJK characters per pre-token (0 = whole runs)")
       ->capture_default_str();
@@ -159,6 +198,9 @@ RunFn add_tokenizer_command(CLI::App& root) {
   CLI::App* encode = cmd->add_subcommand(
       "encode", "read text on standard input, print its token ids space-separated on one line");
   add_use_flags(encode, flags.get());
+  encode->add_flag("--jsonl", flags->jsonl,
+                   "standard input is JSONL (a string \"text\" per line): print one line of ids "
+                   "per input line");
   CLI::App* decode = cmd->add_subcommand(
       "decode", "read token ids (whitespace-separated) on standard input, print the text");
   add_use_flags(decode, flags.get());
