@@ -227,7 +227,7 @@ EOF
     --set run.dir=run --set run.steps=20 --set run.threads=2 --set eval.every_steps=10 \
     --set 'eval.tasks=[tasks.jsonl]' >train.log 2>&1 || { cat train.log; fail "kiln train"; }
   "$KILN" checkpoint export run -o hf --dtype fp32 >export.log
-  for f in config.json model.safetensors generation_config.json tokenizer_config.json vocab.json merges.txt kiln_tokenizer.json; do
+  for f in config.json model.safetensors generation_config.json tokenizer_config.json tokenizer.json; do
     [ -f "hf/$f" ] || fail "export lacks $f"
   done
   eos=$($PY -c "import json; print(json.load(open('data/manifest.json'))['tokenizer']['eos_id'])")

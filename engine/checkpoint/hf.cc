@@ -546,8 +546,10 @@ Result<ModelWeights> open_model_weights(const std::string& path_in) {
     w.kind = "hf";
     w.eos_id = info.eos_id;
     if (info.torch_dtype == "bfloat16") w.precision = Precision::kBf16;
-    // Kiln's own tokenizer beside the export (engine/checkpoint/hf.h), else the GPT-2 pair.
-    for (const char* name : {"kiln_tokenizer.json", "vocab.json"}) {
+    // The export's tokenizer.json (or SentencePiece tokenizer.model); directories exported
+    // before it existed carry Kiln's own file or the GPT-2 pair.
+    for (const char* name :
+         {"tokenizer.json", "tokenizer.model", "kiln_tokenizer.json", "vocab.json"}) {
       if (fs::exists(path / name, ec)) {
         w.tokenizer = (path / name).string();
         break;

@@ -1,12 +1,6 @@
 #include "tools/kiln/model_io.h"
 
-#include <filesystem>
-#include <nlohmann/json.hpp>
-
-#include "common/atomic_file.h"
-
 namespace kiln::cli {
-namespace fs = std::filesystem;
 
 Result<prep::Tokenizer> model_tokenizer(const engine::ModelWeights& w,
                                         const std::string& flag_path) {
@@ -30,25 +24,10 @@ Result<prep::Tokenizer> model_tokenizer(const engine::ModelWeights& w,
 Status write_hf_tokenizer_files(const std::string& dir, const engine::ModelWeights& w,
                                 const std::string& flag_path) {
   auto tok = model_tokenizer(w, flag_path);
-  if (!tok.is_ok()) {
-    if (tok.status().code() == StatusCode::kNotFound) return tok.status();
-    return std::move(tok).take_status();
-  }
-  const fs::path d(dir);
-  KILN_RETURN_IF_ERROR(tok->save_gpt2((d / "vocab.json").string(), (d / "merges.txt").string()));
-  KILN_RETURN_IF_ERROR(tok->save((d / "kiln_tokenizer.json").string()));
-  nlohmann::ordered_json cfg;
-  cfg["tokenizer_class"] = "GPT2Tokenizer";
-  cfg["model_max_length"] = w.model.seq_len;
-  cfg["add_prefix_space"] = false;
-  cfg["clean_up_tokenization_spaces"] = false;
-  if (tok->eos_id() >= 0) {
-    const std::string eos = tok->token_bytes(static_cast<uint32_t>(tok->eos_id()));
-    cfg["bos_token"] = eos;
-    cfg["eos_token"] = eos;
-    cfg["unk_token"] = eos;
-  }
-  return write_file_atomic((d / "tokenizer_config.json").string(), cfg.dump(2) + "\n");
+  if (!tok.is_ok()) return std::move(tok).take_status();
+  prep::HfTokenizerConfig config;
+  config.model_max_length = static_cast<uint64_t>(w.model.seq_len);
+  return prep::write_hf_tokenizer(*tok, dir, config);
 }
 
 }  // namespace kiln::cli

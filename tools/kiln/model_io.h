@@ -15,13 +15,9 @@ namespace kiln::cli {
 Result<prep::Tokenizer> model_tokenizer(const engine::ModelWeights& w,
                                         const std::string& flag_path);
 
-// TEMPORARY until the Hugging Face tokenizer.json writer lands (branch tok31, issue 31 item 3):
-// writes the tokenizer of `w` (or `flag_path`) into an exported directory as GPT-2's
-// vocab.json + merges.txt with tokenizer_config.json (transformers' GPT2Tokenizer reads them;
-// its pre-tokenizer is GPT-2's regex, so a Kiln-trained tokenizer with the "kiln-v1"
-// pre-tokenizer can split some text differently there) and Kiln's own file as
-// kiln_tokenizer.json (what `kiln generate` / `kiln eval` read back, exactly). Replace the body
-// with tokenizer.json + tokenizer_config.json from tok31's writer. kNotFound when the model has
+// Writes the tokenizer of `w` (or `flag_path`) into an exported directory as Hugging Face
+// tokenizer.json + tokenizer_config.json (a SentencePiece tokenizer: tokenizer.model), through
+// prep::write_hf_tokenizer; model_max_length is the model's seq_len. kNotFound when the model has
 // no tokenizer.
 Status write_hf_tokenizer_files(const std::string& dir, const engine::ModelWeights& w,
                                 const std::string& flag_path);
