@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <array>
+#include <cstring>
 
 #include "common/hash.h"
 
@@ -76,6 +77,22 @@ void decode_utf8(std::string_view text, std::vector<char32_t>* out,
   char32_t* o = out->data();
   uint32_t* b = byte_at ? byte_at->data() : nullptr;
   while (p < end) {
+    // Eight ASCII bytes at a time (no per-byte branch); a chunk with any other byte goes on
+    // byte by byte.
+    if (end - p >= 8) {
+      uint64_t chunk;
+      std::memcpy(&chunk, p, 8);
+      if ((chunk & 0x8080808080808080ull) == 0) {
+        const uint32_t at = static_cast<uint32_t>(p - begin);
+        for (int k = 0; k < 8; ++k) o[k] = p[k];
+        if (b)
+          for (uint32_t k = 0; k < 8; ++k) b[k] = at + k;
+        o += 8;
+        p += 8;
+        if (b) b += 8;
+        continue;
+      }
+    }
     if (*p < 0x80) {
       if (b) *b++ = static_cast<uint32_t>(p - begin);
       *o++ = *p++;
@@ -284,6 +301,23 @@ uint64_t count_of(const std::vector<char32_t>& t, Span s, std::u32string_view ne
     } else {
       ++i;
     }
+  }
+  return n;
+}
+
+uint64_t count_bytes(std::string_view text, std::string_view needle) {
+  if (needle.empty()) return text.size() + 1;
+  if (needle.size() == 1) {
+    const char c = needle[0];
+    uint64_t n = 0;
+    for (char x : text) n += x == c;
+    return n;
+  }
+  uint64_t n = 0;
+  size_t at = 0;
+  while ((at = text.find(needle, at)) != std::string_view::npos) {
+    ++n;
+    at += needle.size();
   }
   return n;
 }

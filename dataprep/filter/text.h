@@ -91,6 +91,9 @@ bool span_equals(const std::vector<char32_t>& t, Span s, std::u32string_view wor
 bool ends_with(const std::vector<char32_t>& t, Span s, std::u32string_view suffix);
 bool starts_with(const std::vector<char32_t>& t, Span s, std::u32string_view prefix);
 uint64_t count_of(const std::vector<char32_t>& t, Span s, std::u32string_view needle);  // str.count
+// str.count on the UTF-8 text itself: the same count for a needle that is valid UTF-8 (UTF-8 is
+// self-synchronising: a match of its bytes starts and ends on character boundaries).
+uint64_t count_bytes(std::string_view text, std::string_view needle);
 // 64-bit hash of the code points of a span.
 uint64_t span_hash(const std::vector<char32_t>& t, Span s);
 
