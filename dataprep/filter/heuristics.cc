@@ -13,6 +13,8 @@
 // words repeat at another word start: a hash collision (about k^2 / 2^64 for k such n-grams in
 // a document) is the only way a result can differ from comparing strings.
 #include <algorithm>
+#include <bit>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
@@ -83,18 +85,16 @@ class KeyTable {
 };
 
 struct Scratch {
-  std::vector<char32_t> cp;
-  std::vector<Span> words, lines, parts, tokens;
+  std::vector<Span> lines, parts;
   KeyTable table;
   std::string out, lower;
-  std::vector<uint32_t> byte_at;
 };
 Scratch& scratch() {
   thread_local Scratch s;
   return s;
 }
 
-Span whole(const std::vector<char32_t>& t) { return {0, static_cast<uint32_t>(t.size())}; }
+Span whole(const CodePoints& t) { return {0, static_cast<uint32_t>(t.size())}; }
 
 bool drop(FilterDrop* d, const char* rule, double value, const char* op, double threshold) {
   d->rule = rule;
@@ -105,14 +105,12 @@ bool drop(FilterDrop* d, const char* rule, double value, const char* op, double 
   return false;
 }
 
-bool is_symbol_word(const std::vector<char32_t>& t, Span w) {
+bool is_symbol_word(const CodePoints& t, Span w) {
   for (uint32_t i = w.begin; i < w.end; ++i)
     if (!is_punct(t[i])) return false;
   return true;
 }
-bool is_cjk_word(const std::vector<char32_t>& t, Span w) {
-  return w.size() == 1 && is_cjk(t[w.begin]);
-}
+bool is_cjk_word(const CodePoints& t, Span w) { return w.size() == 1 && is_cjk(t[w.begin]); }
 
 // (duplicate elements, their code points) of a list of spans: datatrove's find_duplicates. The
 // spans are compared by their UTF-8 bytes (equal code points are equal bytes), keyed by a 64-bit
@@ -192,31 +190,71 @@ struct Ngrams {
   std::vector<uint32_t> gram, next;  // per position: the id of the m-gram there, or kNone
   std::vector<uint32_t> count, next_count, first;  // per id of the current level
   std::vector<uint32_t> word_at, word_size;        // per word id: its bytes in the text
+  std::vector<uint64_t> head;                      // per position: its word's first 16 bytes
   std::vector<uint32_t> best_count, best_first;    // per n-gram length m: the most common one
   std::vector<uint32_t> cp_off;    // code point offset of word i in the words' concatenation
   std::vector<uint32_t> byte_off;  // byte offset of word i in `cat`
-  std::string cat;                 // the words' UTF-8 bytes, concatenated
+  std::vector<char> cat;           // the words' UTF-8 bytes, concatenated (and slack)
   std::vector<uint8_t> live;       // a duplicated n-gram may start here
+  std::vector<std::pair<size_t, double>> rules;
 };
 Ngrams& ngrams() {
   thread_local Ngrams g;
   return g;
 }
 
+static_assert(std::endian::native == std::endian::little, "load_head masks little-endian words");
+
+// The first min(size, 16) bytes of text[at, at + size), zero-padded, as two words.
+inline void load_head(std::string_view text, uint32_t at, uint32_t size, uint64_t* h) {
+  if (text.size() - at >= 16) {
+    std::memcpy(h, text.data() + at, 16);
+  } else {
+    h[0] = h[1] = 0;
+    std::memcpy(h, text.data() + at, std::min<size_t>(text.size() - at, 16));
+  }
+  // (little-endian: byte k of a word is bits 8k..8k+7)
+  if (size < 16) {
+    if (size < 8) {
+      h[0] &= size == 0 ? 0 : ~uint64_t{0} >> (64 - 8 * size);
+      h[1] = 0;
+    } else {
+      h[1] &= size == 8 ? 0 : ~uint64_t{0} >> (64 - 8 * (size - 8));
+    }
+  }
+}
+
+// The longest m-gram in code points, joined with spaces (an upper bound of any m-gram's length).
+__attribute__((noinline)) uint64_t longest_gram(const Ngrams& g, size_t n, size_t m) {
+  uint32_t longest = 0;
+  for (size_t i = 0; i + m <= n; ++i) longest = std::max(longest, g.cp_off[i + m] - g.cp_off[i]);
+  return longest + (m - 1);
+}
+
 // Counter(m-grams).most_common(1) for m = 1..max_m (<= the number of words), into
 // g->best_count[m] and g->best_first[m] (its first position): the highest count, and of those
 // the n-gram seen first (Counter keeps insertion order). Exact: ids, not hashes, identify
-// n-grams.
-void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m, Ngrams* g) {
+// n-grams. `rules` are the top n-gram rules (m, fraction) and len the text's length: a level
+// none of the rules from it on can reach is not counted (best_count 0 there): an m-gram occurs
+// at most as often as the most common (m-1)-gram, and is at most the longest m-gram long.
+void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
+                     const std::vector<std::pair<size_t, double>>& rules, double len, Ngrams* g) {
   const auto& words = v.words;
   const size_t n = words.size();
   g->best_count.assign(max_m + 1, 1);
   g->best_first.assign(max_m + 1, 0);
-  // Level 1: the words.
+  // Level 1: the words, keyed by their first 16 bytes (and a hash of the rest) and compared
+  // by them.
   g->keys.resize(n);
+  g->head.resize(2 * n);
   for (size_t i = 0; i < n; ++i) {
     const uint32_t b = v.byte_at[words[i].begin], e = v.byte_at[words[i].end];
-    g->keys[i] = xxh3_64(text.data() + b, e - b, 0x776f7264ull);
+    uint64_t* h = &g->head[2 * i];
+    load_head(text, b, e - b, h);
+    uint64_t k = (h[0] ^ 0x9E3779B97F4A7C15ull) * 0xC2B2AE3D27D4EB4Full;
+    k ^= ((h[1] << 31 | h[1] >> 33) ^ (k >> 29) ^ (uint64_t{e - b} << 56)) * 0x165667B19E3779F9ull;
+    if (e - b > 16) k ^= xxh3_64(text.data() + b + 16, e - b - 16, 0x776f7264ull);
+    g->keys[i] = k;
   }
   g->ids.reset(n);
   g->word_id.resize(n);
@@ -228,10 +266,13 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
   for (size_t i = 0; i < n; ++i) {
     if (i + kAhead < n) g->ids.prefetch(g->keys[i + kAhead]);
     const uint32_t b = v.byte_at[words[i].begin], size = v.byte_at[words[i].end] - b;
+    const uint64_t* h = &g->head[2 * i];
     const uint32_t before = g->ids.size();
     const uint32_t id = g->ids.intern(g->keys[i], [&](uint32_t id) {
-      return g->word_size[id] == size &&
-             std::memcmp(text.data() + g->word_at[id], text.data() + b, size) == 0;
+      const uint32_t f = g->first[id];
+      return g->word_size[id] == size && g->head[2 * f] == h[0] && g->head[2 * f + 1] == h[1] &&
+             (size <= 16 ||
+              std::memcmp(text.data() + g->word_at[id] + 16, text.data() + b + 16, size - 16) == 0);
     });
     if (id == before) {
       g->word_at[id] = b;
@@ -251,6 +292,17 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
   // Level m from level m - 1: the m-gram at i is (the (m-1)-gram at i, the word at i + m - 1),
   // and it can repeat only if the (m-1)-grams at i and at i + 1 both repeat.
   for (size_t m = 2; m <= max_m && best_count > 1; ++m) {
+    bool reachable = false;
+    for (const auto& [rm, frac] : rules)
+      if (rm >= m && rm <= n &&
+          static_cast<double>(longest_gram(*g, n, rm)) * best_count / len > frac) {
+        reachable = true;
+        break;
+      }
+    if (!reachable) {
+      std::fill(g->best_count.begin() + m, g->best_count.end(), 0);
+      break;
+    }
     const size_t grams = n - m + 1;
     auto repeats = [&](uint32_t id) { return id != kNone && g->count[id] > 1; };
     size_t live = 0;
@@ -295,20 +347,27 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
 // starts share their first 16 bytes: a start whose 16 bytes no other start has (or, shorter
 // than its min_m-gram, ...) cannot repeat. Exact; a collision of the 16-byte key only keeps a
 // start in play.
-void mark_repeatable_starts(std::string_view text, const DocumentView& v, size_t min_m, Ngrams* g) {
+__attribute__((noinline)) void mark_repeatable_starts(std::string_view text, const DocumentView& v,
+                                                      size_t min_m, Ngrams* g) {
   constexpr uint32_t K = 16;
   const auto& words = v.words;
   const size_t n = words.size();
-  g->cat.clear();
+  // (a short word is copied as 16 bytes, the next word overwriting the excess: one move)
+  if (g->cat.size() < text.size() + 16) g->cat.resize(text.size() + 16);
+  char* out = g->cat.data();
+  uint32_t total = 0;
   g->byte_off.resize(n + 1);
   g->byte_off[0] = 0;
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t b = v.byte_at[words[i].begin], e = v.byte_at[words[i].end];
-    g->cat.append(text.data() + b, e - b);
-    g->byte_off[i + 1] = static_cast<uint32_t>(g->cat.size());
+    const uint32_t b = v.byte_at[words[i].begin], size = v.byte_at[words[i].end] - b;
+    if (size <= 16 && text.size() - b >= 16)
+      std::memcpy(out + total, text.data() + b, 16);
+    else
+      std::memcpy(out + total, text.data() + b, size);
+    total += size;
+    g->byte_off[i + 1] = total;
   }
   const size_t starts = n - min_m + 1;
-  const uint32_t total = static_cast<uint32_t>(g->cat.size());
   g->keys.resize(starts);
   size_t keyed = 0;
   for (size_t i = 0; i < starts; ++i) {
@@ -338,7 +397,19 @@ void mark_repeatable_starts(std::string_view text, const DocumentView& v, size_t
 
 // datatrove's duplicated n-gram count for n-grams of m words: scanning the starts in order, an
 // n-gram seen before adds its length (code points) and the scan jumps past it.
-uint64_t duplicated_chars(size_t m, size_t grams, Ngrams* g) {
+// Returns 0 without the scan when the n-grams that may repeat cover no more than frac * len
+// code points (the repeated n-grams it counts do not overlap, so they cannot exceed that).
+__attribute__((noinline)) uint64_t duplicated_chars(size_t m, size_t grams, double frac, double len,
+                                                    Ngrams* g) {
+  uint64_t cover = 0;
+  uint32_t covered_to = 0;
+  for (size_t i = 0; i < grams; ++i) {
+    if (!g->live[i]) continue;
+    const uint32_t b = std::max(g->cp_off[i], covered_to), e = g->cp_off[i + m];
+    if (e > b) cover += e - b;
+    covered_to = std::max(covered_to, e);
+  }
+  if (!(cover / len > frac)) return 0;
   size_t live = 0;
   g->keys.resize(grams);
   for (size_t i = 0; i < grams; ++i) {
@@ -360,6 +431,25 @@ uint64_t duplicated_chars(size_t m, size_t grams, Ngrams* g) {
     }
   }
   return repeated;
+}
+
+// "top_7_gram" for ("top_%zu_gram", 7): a static name for n = 1..64 (the parameters' range).
+const char* rule_name(const char* pattern, size_t n) {
+  struct Names {
+    std::vector<std::string> top, dup;
+    Names() {
+      char buf[64];
+      for (size_t k = 0; k <= 64; ++k) {
+        std::snprintf(buf, sizeof buf, "top_%zu_gram", k);
+        top.push_back(buf);
+        std::snprintf(buf, sizeof buf, "duplicated_%zu_n_grams", k);
+        dup.push_back(buf);
+      }
+    }
+  };
+  static const Names names;
+  const auto& v = std::strcmp(pattern, "top_%zu_gram") == 0 ? names.top : names.dup;
+  return v[std::min<size_t>(n, 64)].c_str();
 }
 
 // ---- gopher_quality ----------------------------------------------------------------------------
@@ -518,19 +608,21 @@ class GopherRepetition final : public Filter {
     const size_t scale = cjk * 2 > n ? 2 : 1;
     // Top n-grams (" ".join of the words: words hold no spaces, so the word sequence decides).
     size_t max_top = 0;
-    for (const auto& [n64, frac] : top_n_grams)
+    g.rules.clear();
+    for (const auto& [n64, frac] : top_n_grams) {
       max_top = std::max(max_top, static_cast<size_t>(n64) * scale);
-    if (max_top > 0 && n > 0) count_top_grams(*text, vw, std::min(max_top, n), &g);
+      g.rules.emplace_back(static_cast<size_t>(n64) * scale, frac);
+    }
+    if (max_top > 0 && n > 0) count_top_grams(*text, vw, std::min(max_top, n), g.rules, len, &g);
     for (const auto& [n64, frac] : top_n_grams) {
       const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
       if (n < m) continue;
       const uint32_t best_count = g.best_count[m], best_first = g.best_first[m];
+      if (best_count == 0) continue;  // (cannot reach frac: not counted)
       const uint64_t gram_len = g.cp_off[best_first + m] - g.cp_off[best_first] + (m - 1);
       const double r = static_cast<double>(gram_len) * best_count / len;
       if (r > frac) {
-        static const char* const kTop[] = {"top_1_gram", "top_2_gram", "top_3_gram",
-                                           "top_4_gram", "top_5_gram", "top_n_gram"};
-        return drop(d, kTop[m64 <= 5 ? m64 - 1 : 5], r, ">", frac);
+        return drop(d, rule_name("top_%zu_gram", m64), r, ">", frac);
       }
     }
     // Duplicated n-grams ("".join of the words, as datatrove compares them: ["ab", "c"] and
@@ -542,15 +634,10 @@ class GopherRepetition final : public Filter {
     if (!dup_n_grams.empty() && n >= min_m) mark_repeatable_starts(*text, vw, min_m, &g);
     for (const auto& [n64, frac] : dup_n_grams) {
       const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
-      const uint64_t repeated = n >= m ? duplicated_chars(m, n - m + 1, &g) : 0;
+      const uint64_t repeated = n >= m ? duplicated_chars(m, n - m + 1, frac, len, &g) : 0;
       const double r = repeated / len;
       if (r > frac) {
-        static const char* const kDup[] = {
-            "duplicated_1_n_grams",  "duplicated_2_n_grams", "duplicated_3_n_grams",
-            "duplicated_4_n_grams",  "duplicated_5_n_grams", "duplicated_6_n_grams",
-            "duplicated_7_n_grams",  "duplicated_8_n_grams", "duplicated_9_n_grams",
-            "duplicated_10_n_grams", "duplicated_n_grams"};
-        return drop(d, kDup[std::min<size_t>(m64, 11) - 1], r, ">", frac);
+        return drop(d, rule_name("duplicated_%zu_n_grams", m64), r, ">", frac);
       }
     }
     return true;
@@ -566,11 +653,15 @@ bool is_sentence_end(char32_t c) {
 // Sentences of a line (replaces NLTK's punkt): a sentence ends at a run of . ! ? (or the CJK
 // full stops 。！？) followed by white space or the end of the line; the CJK ones end a sentence
 // anywhere. Counts the non-blank pieces.
-uint64_t count_sentences(const std::vector<char32_t>& t, Span line) {
+uint64_t count_sentences(const CodePoints& t, Span line) {
   uint64_t n = 0;
   bool content = false;
   for (uint32_t i = line.begin; i < line.end; ++i) {
     const char32_t c = t[i];
+    if (c < 128 && c != '.' && c != '!' && c != '?') {  // (the common case)
+      content |= (detail::kAsciiClass[c] & detail::kSpace) == 0;
+      continue;
+    }
     if (is_sentence_end(c)) {
       uint32_t j = i;
       bool cjk = false;
@@ -593,13 +684,13 @@ uint64_t count_sentences(const std::vector<char32_t>& t, Span line) {
 // ASCII letters and spaces, and str.lower() turns no other character into one of those except
 // U+212A KELVIN SIGN (into k; U+0130 lowers to "i" + U+0307, which breaks the phrase anyway), so
 // every other non-ASCII character becomes a byte no phrase holds.
-void lower_for_match(const std::vector<char32_t>& t, std::string* out) {
+inline char lower_char(char32_t c) {
+  return c < 128 ? static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c)
+                 : (c == 0x212A ? 'k' : '\x80');
+}
+void lower_for_match(std::u32string_view t, std::string* out) {
   out->resize(t.size());
-  for (size_t i = 0; i < t.size(); ++i) {
-    const char32_t c = t[i];
-    (*out)[i] = c < 128 ? static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c)
-                        : (c == 0x212A ? 'k' : '\x80');
-  }
+  for (size_t i = 0; i < t.size(); ++i) (*out)[i] = lower_char(t[i]);
 }
 
 class C4 final : public Filter {
@@ -655,9 +746,13 @@ class C4 final : public Filter {
       }
       // One pass over the line: words (white-space tokens; a token with CJK characters counts
       // one word per character), the longest token, and whether a citation may be there.
+      // (the line lower-cased for the phrase checks on the way: s.lower)
       int64_t n_words = 0, longest = 0, token = 0, token_cjk = 0;
       bool bracket = false;
+      s.lower.resize(line.size());
+      char* low_out = s.lower.data();
       for (uint32_t i = line.begin; i <= line.end; ++i) {
+        if (i < line.end) low_out[i - line.begin] = lower_char(t[i]);
         if (i == line.end || is_space(t[i])) {
           if (token > 0) {
             n_words += std::max<int64_t>(1, token_cjk);
@@ -673,11 +768,10 @@ class C4 final : public Filter {
       if (max_word_length >= 0 && longest > max_word_length) continue;
       // Citations ([1], [edit], [citation needed]) removed: the kept line is the code points
       // that remain (copied only when the line has a '[').
-      thread_local std::vector<char32_t> cv;
+      thread_local CodePoints cv;
       cv.clear();
-      if (!(remove_citations && bracket)) {
-        cv.assign(t.begin() + line.begin, t.begin() + line.end);
-      } else {
+      const bool copied = remove_citations && bracket;
+      if (copied) {
         for (uint32_t i = line.begin; i < line.end;) {
           if (t[i] == '[') {
             uint32_t j = i + 1;
@@ -699,18 +793,21 @@ class C4 final : public Filter {
           cv.push_back(t[i++]);
         }
       }
-      const Span cs{0, static_cast<uint32_t>(cv.size())};
+      // The line after citations: cv, or (nothing to remove) the line itself.
+      const CodePoints& lt = copied ? cv : t;
+      const Span cs = copied ? Span{0, static_cast<uint32_t>(cv.size())} : line;
+      const std::u32string_view lv(lt.data() + cs.begin, cs.size());
       if (filter_no_terminal_punct) {
         bool ok = false;
-        if (!cv.empty()) {
-          char32_t c = cv.back();
+        if (!lv.empty()) {
+          char32_t c = lv.back();
           ok = c == '.' || c == '?' || c == '!' || c == '"' || c == '\'' || c == U'\u3002' ||
                c == U'\uFF01' || c == U'\uFF1F' || c == U'\u300D' || c == U'\u300F';
         }
-        if (!ok || ends_with(cv, cs, U"...")) continue;
+        if (!ok || ends_with(lt, cs, U"...")) continue;
       }
       if (n_words < min_words_per_line) continue;
-      lower_for_match(cv, &s.lower);
+      if (copied) lower_for_match(lv, &s.lower);
       const std::string_view low(s.lower);
       if (filter_lorem_ipsum && low.find("lorem ipsum") != std::string_view::npos)
         return drop(d, "lorem_ipsum", 1, "==", 1);
@@ -722,13 +819,13 @@ class C4 final : public Filter {
         for (std::string_view p : kPolicy) policy = policy || low.find(p) != std::string_view::npos;
         if (policy) continue;
       }
-      if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(cv, cs) : 1;
+      if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(lt, cs) : 1;
       if (!first) s.out.push_back('\n');
       first = false;
-      if (cv.size() == line.size())  // nothing removed: the line's own bytes
+      if (cs.size() == line.size())  // nothing removed: the line's own bytes
         s.out.append(*text, v.byte_at[line.begin], v.byte_at[line.end] - v.byte_at[line.begin]);
       else
-        for (char32_t c : cv) append_utf8(c, &s.out);
+        for (char32_t c : lv) append_utf8(c, &s.out);
     }
     if (min_num_sentences >= 0 && static_cast<int64_t>(sentences) < min_num_sentences)
       return drop(d, "too_few_sentences", sentences, "<", min_num_sentences);
@@ -824,7 +921,7 @@ class Length final : public Filter {
 };
 
 std::u32string to_u32(const std::string& s) {
-  std::vector<char32_t> v;
+  CodePoints v;
   decode_utf8(s, &v);
   return std::u32string(v.begin(), v.end());
 }
