@@ -225,7 +225,7 @@ inline void load_head(std::string_view text, uint32_t at, uint32_t size, uint64_
 }
 
 // The longest m-gram in code points, joined with spaces (an upper bound of any m-gram's length).
-__attribute__((noinline)) uint64_t longest_gram(const Ngrams& g, size_t n, size_t m) {
+uint64_t longest_gram(const Ngrams& g, size_t n, size_t m) {
   uint32_t longest = 0;
   for (size_t i = 0; i + m <= n; ++i) longest = std::max(longest, g.cp_off[i + m] - g.cp_off[i]);
   return longest + (m - 1);
@@ -347,7 +347,7 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
 // starts share their first 16 bytes: a start whose 16 bytes no other start has (or, shorter
 // than its min_m-gram, ...) cannot repeat. Exact; a collision of the 16-byte key only keeps a
 // start in play.
-__attribute__((noinline)) void mark_repeatable_starts(std::string_view text, const DocumentView& v,
+void mark_repeatable_starts(std::string_view text, const DocumentView& v,
                                                       size_t min_m, Ngrams* g) {
   constexpr uint32_t K = 16;
   const auto& words = v.words;
@@ -399,7 +399,7 @@ __attribute__((noinline)) void mark_repeatable_starts(std::string_view text, con
 // n-gram seen before adds its length (code points) and the scan jumps past it.
 // Returns 0 without the scan when the n-grams that may repeat cover no more than frac * len
 // code points (the repeated n-grams it counts do not overlap, so they cannot exceed that).
-__attribute__((noinline)) uint64_t duplicated_chars(size_t m, size_t grams, double frac, double len,
+uint64_t duplicated_chars(size_t m, size_t grams, double frac, double len,
                                                     Ngrams* g) {
   uint64_t cover = 0;
   uint32_t covered_to = 0;
