@@ -344,11 +344,10 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
 // The words' bytes concatenated, and g->live[i] for the starts i of min_m-grams: false only
 // where no n-gram (n >= min_m) starting at i can equal one starting at another word. Equal
 // n-grams are equal byte strings of the same length, so if that length is at least 16 the two
-// starts share their first 16 bytes: a start whose 16 bytes no other start has (or, shorter
-// than its min_m-gram, ...) cannot repeat. Exact; a collision of the 16-byte key only keeps a
-// start in play.
-void mark_repeatable_starts(std::string_view text, const DocumentView& v,
-                                                      size_t min_m, Ngrams* g) {
+// starts share their first 16 bytes: a start whose 16 bytes no other start has cannot repeat (a
+// start whose min_m-gram is shorter than 16 bytes always stays in play). Exact; a collision of
+// the 16-byte key only keeps a start in play.
+void mark_repeatable_starts(std::string_view text, const DocumentView& v, size_t min_m, Ngrams* g) {
   constexpr uint32_t K = 16;
   const auto& words = v.words;
   const size_t n = words.size();
@@ -399,8 +398,7 @@ void mark_repeatable_starts(std::string_view text, const DocumentView& v,
 // n-gram seen before adds its length (code points) and the scan jumps past it.
 // Returns 0 without the scan when the n-grams that may repeat cover no more than frac * len
 // code points (the repeated n-grams it counts do not overlap, so they cannot exceed that).
-uint64_t duplicated_chars(size_t m, size_t grams, double frac, double len,
-                                                    Ngrams* g) {
+uint64_t duplicated_chars(size_t m, size_t grams, double frac, double len, Ngrams* g) {
   uint64_t cover = 0;
   uint32_t covered_to = 0;
   for (size_t i = 0; i < grams; ++i) {

@@ -16,9 +16,9 @@ namespace {
 // Random valid UTF-8 mixing ASCII runs of every length (across the 8-byte chunks), 2-, 3- and
 // 4-byte characters, and every str.splitlines() break.
 std::string mixed_text(std::mt19937_64& rng) {
-  static const char32_t kOther[] = {0xE9,   0x85,   0xA0,   0x2028, 0x2029, 0x4E2D, 0x3002,
-                                    0x212A, 0xFF01, 0x1F600, 0x20000, 0x1C,  0x1D,   0x1E,
-                                    '\r',   '\n',   0x0B,   0x0C,   0x1F,    0x7F,   0x80};
+  static const char32_t kOther[] = {0xE9,   0x85,   0xA0,    0x2028,  0x2029, 0x4E2D, 0x3002,
+                                    0x212A, 0xFF01, 0x1F600, 0x20000, 0x1C,   0x1D,   0x1E,
+                                    '\r',   '\n',   0x0B,    0x0C,    0x1F,   0x7F,   0x80};
   std::uniform_int_distribution<int> run(0, 20), kind(0, 3);
   std::string s;
   const int parts = run(rng);
@@ -81,7 +81,8 @@ TEST(FilterText, FastPathsMatchPlainDefinitionsOnMixedText) {
     ASSERT_EQ(std::vector<char32_t>(cp.begin(), cp.end()), want) << s;
     ASSERT_EQ(std::vector<uint32_t>(at.begin(), at.end()), want_at) << s;
     size_t run = 0, longest = 0;  // the longest ASCII run: the 8-byte path decodes it
-    for (char c : s) longest = std::max(longest, run = static_cast<uint8_t>(c) < 0x80 ? run + 1 : 0);
+    for (char c : s)
+      longest = std::max(longest, run = static_cast<uint8_t>(c) < 0x80 ? run + 1 : 0);
     with_ascii_chunks += longest >= 16;
     with_other += cp.size() < s.size();
 
