@@ -4,56 +4,26 @@
 // handling are in docs/PREP.md; tests/dataprep/filter_reference.py is the same in Python.
 //
 // Everything is measured on code points (Python's len), with per-thread scratch buffers so a
-// document costs no allocation once they have grown. Repeated n-grams are found by hashing: the
-// n-grams of the repetition filter are keys of 61-bit polynomial hashes over the words (prefix
-// sums, so each n-gram costs O(1)), a collision (about n^2 / 2^61 per document) is the only way
-// the result can differ from comparing strings.
+// document costs no allocation once they have grown. The repetition filter's top n-grams are
+// counted exactly: words get dense ids (equal words compared byte for byte), an n-gram is the
+// pair (id of its first n - 1 words, id of its last word), and only positions where the
+// (n - 1)-grams at i and i + 1 both repeat can start a repeated n-gram. Its duplicated n-grams
+// (datatrove joins the words without a separator, so word boundaries do not count) are keyed by
+// a 64-bit hash of their bytes, looked up only where the first 16 bytes of the concatenated
+// words repeat at another word start: a hash collision (about k^2 / 2^64 for k such n-grams in
+// a document) is the only way a result can differ from comparing strings.
 #include <algorithm>
+#include <bit>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
+#include "common/hash.h"
 #include "dataprep/filter/params.h"
 #include "dataprep/filter/text.h"
 
 namespace kiln::prep::filter {
 namespace {
-
-constexpr uint64_t kMod = (uint64_t{1} << 61) - 1;
-inline uint64_t mulmod(uint64_t a, uint64_t b) {
-  __extension__ using U128 = unsigned __int128;
-  U128 p = static_cast<U128>(a) * b;
-  uint64_t lo = static_cast<uint64_t>(p & kMod), hi = static_cast<uint64_t>(p >> 61);
-  uint64_t s = lo + hi;
-  return s >= kMod ? s - kMod : s;
-}
-inline uint64_t addmod(uint64_t a, uint64_t b) {
-  uint64_t s = a + b;
-  return s >= kMod ? s - kMod : s;
-}
-inline uint64_t submod(uint64_t a, uint64_t b) { return a >= b ? a - b : a + kMod - b; }
-constexpr uint64_t kBase = 0x1a2b3c4d5e6f7ull % kMod;
-constexpr uint64_t kWordBase = 0x5bd1e9955bd1e99ull % kMod;
-
-// kBase^n: a table for the common lengths, square-and-multiply beyond.
-constexpr uint32_t kPowTable = 4096;
-const uint64_t* power_table() {
-  static const std::vector<uint64_t> table = [] {
-    std::vector<uint64_t> v(kPowTable + 1, 1);
-    for (size_t i = 1; i < v.size(); ++i) v[i] = mulmod(v[i - 1], kBase);
-    return v;
-  }();
-  return table.data();
-}
-uint64_t power(uint64_t n) {
-  if (n <= kPowTable) return power_table()[n];
-  uint64_t r = 1, b = kBase;
-  while (n) {
-    if (n & 1) r = mulmod(r, b);
-    b = mulmod(b, b);
-    n >>= 1;
-  }
-  return r;
-}
 
 // Open-addressing set / counter over 64-bit keys (0 is mapped to 1), reused per thread.
 class KeyTable {
@@ -115,22 +85,16 @@ class KeyTable {
 };
 
 struct Scratch {
-  std::vector<char32_t> cp;
-  std::vector<Span> words, lines, parts, tokens;
-  std::vector<uint64_t> word_prefix, cat_prefix, pow_words;
-  std::vector<uint32_t> cat_off;
-  std::vector<uint64_t> keys;
-  std::vector<uint8_t> live;
+  std::vector<Span> lines, parts;
   KeyTable table;
   std::string out, lower;
-  std::vector<uint32_t> byte_at;
 };
 Scratch& scratch() {
   thread_local Scratch s;
   return s;
 }
 
-Span whole(const std::vector<char32_t>& t) { return {0, static_cast<uint32_t>(t.size())}; }
+Span whole(const CodePoints& t) { return {0, static_cast<uint32_t>(t.size())}; }
 
 bool drop(FilterDrop* d, const char* rule, double value, const char* op, double threshold) {
   d->rule = rule;
@@ -141,28 +105,349 @@ bool drop(FilterDrop* d, const char* rule, double value, const char* op, double 
   return false;
 }
 
-bool is_symbol_word(const std::vector<char32_t>& t, Span w) {
+bool is_symbol_word(const CodePoints& t, Span w) {
   for (uint32_t i = w.begin; i < w.end; ++i)
     if (!is_punct(t[i])) return false;
   return true;
 }
-bool is_cjk_word(const std::vector<char32_t>& t, Span w) {
-  return w.size() == 1 && is_cjk(t[w.begin]);
-}
+bool is_cjk_word(const CodePoints& t, Span w) { return w.size() == 1 && is_cjk(t[w.begin]); }
 
-// (duplicate elements, their code points) of a list of spans: datatrove's find_duplicates.
-std::pair<uint64_t, uint64_t> find_duplicates(const std::vector<char32_t>& t,
+// (duplicate elements, their code points) of a list of spans: datatrove's find_duplicates. The
+// spans are compared by their UTF-8 bytes (equal code points are equal bytes), keyed by a 64-bit
+// hash with the length.
+std::pair<uint64_t, uint64_t> find_duplicates(std::string_view text, const DocumentView& v,
                                               const std::vector<Span>& parts, KeyTable* table) {
   table->reset(parts.size());
   uint64_t dup = 0, chars = 0;
   for (const Span& p : parts) {
-    uint64_t key = span_hash(t, p) ^ (static_cast<uint64_t>(p.size()) << 40);
+    const uint32_t b = v.byte_at[p.begin], e = v.byte_at[p.end];
+    uint64_t key =
+        xxh3_64(text.data() + b, e - b, 0x6c696e6573ull) ^ (static_cast<uint64_t>(p.size()) << 40);
     if (table->insert(key)) {
       ++dup;
       chars += p.size();
     }
   }
   return {dup, chars};
+}
+
+// ---- n-grams of gopher_repetition --------------------------------------------------------------
+
+constexpr uint32_t kNone = UINT32_MAX;
+constexpr size_t kAhead = 12;  // table slots prefetched this many positions ahead
+
+// Dense ids (0, 1, 2, ... in order of first appearance) for 64-bit keys; same(id) confirms that
+// a key found in the table is the item being interned (words compare their bytes; n-gram keys
+// are exact, so they need no confirmation). Reused per thread.
+class IdTable {
+ public:
+  void reset(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n + 2) cap <<= 1;
+    if (ids_.size() < cap) {
+      keys_.resize(cap);
+      ids_.assign(cap, kNone);
+    } else {
+      std::fill(ids_.begin(), ids_.begin() + cap, kNone);
+    }
+    mask_ = cap - 1;
+    shift_ = 64 - __builtin_ctzll(cap);
+    size_ = 0;
+  }
+  template <typename Same>
+  uint32_t intern(uint64_t key, Same same) {
+    size_t i = home(key);
+    for (;;) {
+      const uint32_t id = ids_[i];
+      if (id == kNone) {
+        keys_[i] = key;
+        ids_[i] = size_;
+        return size_++;
+      }
+      if (keys_[i] == key && same(id)) return id;
+      i = (i + 1) & mask_;
+    }
+  }
+  void prefetch(uint64_t key) const { __builtin_prefetch(ids_.data() + home(key)); }
+  uint32_t size() const { return size_; }
+
+ private:
+  size_t home(uint64_t key) const {
+    return static_cast<size_t>(((key ^ (key >> 29)) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> ids_;
+  size_t mask_ = 0;
+  int shift_ = 60;
+  uint32_t size_ = 0;
+};
+
+struct Ngrams {
+  IdTable ids;
+  KeyTable table;
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> word_id;     // per position: the id of its word
+  std::vector<uint32_t> gram, next;  // per position: the id of the m-gram there, or kNone
+  std::vector<uint32_t> count, next_count, first;  // per id of the current level
+  std::vector<uint32_t> word_at, word_size;        // per word id: its bytes in the text
+  std::vector<uint64_t> head;                      // per position: its word's first 16 bytes
+  std::vector<uint32_t> best_count, best_first;    // per n-gram length m: the most common one
+  std::vector<uint32_t> cp_off;    // code point offset of word i in the words' concatenation
+  std::vector<uint32_t> byte_off;  // byte offset of word i in `cat`
+  std::vector<char> cat;           // the words' UTF-8 bytes, concatenated (and slack)
+  std::vector<uint8_t> live;       // a duplicated n-gram may start here
+  std::vector<std::pair<size_t, double>> rules;
+};
+Ngrams& ngrams() {
+  thread_local Ngrams g;
+  return g;
+}
+
+static_assert(std::endian::native == std::endian::little, "load_head masks little-endian words");
+
+// The first min(size, 16) bytes of text[at, at + size), zero-padded, as two words.
+inline void load_head(std::string_view text, uint32_t at, uint32_t size, uint64_t* h) {
+  if (text.size() - at >= 16) {
+    std::memcpy(h, text.data() + at, 16);
+  } else {
+    h[0] = h[1] = 0;
+    std::memcpy(h, text.data() + at, std::min<size_t>(text.size() - at, 16));
+  }
+  // (little-endian: byte k of a word is bits 8k..8k+7)
+  if (size < 16) {
+    if (size < 8) {
+      h[0] &= size == 0 ? 0 : ~uint64_t{0} >> (64 - 8 * size);
+      h[1] = 0;
+    } else {
+      h[1] &= size == 8 ? 0 : ~uint64_t{0} >> (64 - 8 * (size - 8));
+    }
+  }
+}
+
+// The longest m-gram in code points, joined with spaces (an upper bound of any m-gram's length).
+uint64_t longest_gram(const Ngrams& g, size_t n, size_t m) {
+  uint32_t longest = 0;
+  for (size_t i = 0; i + m <= n; ++i) longest = std::max(longest, g.cp_off[i + m] - g.cp_off[i]);
+  return longest + (m - 1);
+}
+
+// Counter(m-grams).most_common(1) for m = 1..max_m (<= the number of words), into
+// g->best_count[m] and g->best_first[m] (its first position): the highest count, and of those
+// the n-gram seen first (Counter keeps insertion order). Exact: ids, not hashes, identify
+// n-grams. `rules` are the top n-gram rules (m, fraction) and len the text's length: a level
+// none of the rules from it on can reach is not counted (best_count 0 there): an m-gram occurs
+// at most as often as the most common (m-1)-gram, and is at most the longest m-gram long.
+void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
+                     const std::vector<std::pair<size_t, double>>& rules, double len, Ngrams* g) {
+  const auto& words = v.words;
+  const size_t n = words.size();
+  g->best_count.assign(max_m + 1, 1);
+  g->best_first.assign(max_m + 1, 0);
+  // Level 1: the words, keyed by their first 16 bytes (and a hash of the rest) and compared
+  // by them.
+  g->keys.resize(n);
+  g->head.resize(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t b = v.byte_at[words[i].begin], e = v.byte_at[words[i].end];
+    uint64_t* h = &g->head[2 * i];
+    load_head(text, b, e - b, h);
+    uint64_t k = (h[0] ^ 0x9E3779B97F4A7C15ull) * 0xC2B2AE3D27D4EB4Full;
+    k ^= ((h[1] << 31 | h[1] >> 33) ^ (k >> 29) ^ (uint64_t{e - b} << 56)) * 0x165667B19E3779F9ull;
+    if (e - b > 16) k ^= xxh3_64(text.data() + b + 16, e - b - 16, 0x776f7264ull);
+    g->keys[i] = k;
+  }
+  g->ids.reset(n);
+  g->word_id.resize(n);
+  g->count.assign(n, 0);
+  g->first.resize(n);
+  g->word_at.resize(n);
+  g->word_size.resize(n);
+  uint32_t best_count = 1, best_first = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) g->ids.prefetch(g->keys[i + kAhead]);
+    const uint32_t b = v.byte_at[words[i].begin], size = v.byte_at[words[i].end] - b;
+    const uint64_t* h = &g->head[2 * i];
+    const uint32_t before = g->ids.size();
+    const uint32_t id = g->ids.intern(g->keys[i], [&](uint32_t id) {
+      const uint32_t f = g->first[id];
+      return g->word_size[id] == size && g->head[2 * f] == h[0] && g->head[2 * f + 1] == h[1] &&
+             (size <= 16 ||
+              std::memcmp(text.data() + g->word_at[id] + 16, text.data() + b + 16, size - 16) == 0);
+    });
+    if (id == before) {
+      g->word_at[id] = b;
+      g->word_size[id] = size;
+      g->first[id] = static_cast<uint32_t>(i);
+    }
+    g->word_id[i] = id;
+    const uint32_t c = ++g->count[id];
+    if (c > best_count || (c == best_count && g->first[id] < best_first)) {
+      best_count = c;
+      best_first = g->first[id];
+    }
+  }
+  g->best_count[1] = best_count;
+  g->best_first[1] = best_first;
+  g->gram.assign(g->word_id.begin(), g->word_id.end());
+  // Level m from level m - 1: the m-gram at i is (the (m-1)-gram at i, the word at i + m - 1),
+  // and it can repeat only if the (m-1)-grams at i and at i + 1 both repeat.
+  for (size_t m = 2; m <= max_m && best_count > 1; ++m) {
+    bool reachable = false;
+    for (const auto& [rm, frac] : rules)
+      if (rm >= m && rm <= n &&
+          static_cast<double>(longest_gram(*g, n, rm)) * best_count / len > frac) {
+        reachable = true;
+        break;
+      }
+    if (!reachable) {
+      std::fill(g->best_count.begin() + m, g->best_count.end(), 0);
+      break;
+    }
+    const size_t grams = n - m + 1;
+    auto repeats = [&](uint32_t id) { return id != kNone && g->count[id] > 1; };
+    size_t live = 0;
+    for (size_t i = 0; i < grams; ++i) {
+      const bool on = repeats(g->gram[i]) && repeats(g->gram[i + 1]);
+      g->keys[i] = on ? (uint64_t{g->gram[i]} << 32 | g->word_id[i + m - 1]) : ~uint64_t{0};
+      live += on;
+    }
+    g->ids.reset(live);
+    g->next.resize(grams);
+    g->next_count.assign(live, 0);
+    best_count = 1;
+    best_first = 0;
+    for (size_t i = 0; i < grams; ++i) {
+      if (i + kAhead < grams && g->keys[i + kAhead] != ~uint64_t{0})
+        g->ids.prefetch(g->keys[i + kAhead]);
+      if (g->keys[i] == ~uint64_t{0}) {
+        g->next[i] = kNone;
+        continue;
+      }
+      const uint32_t before = g->ids.size();
+      const uint32_t id = g->ids.intern(g->keys[i], [](uint32_t) { return true; });
+      if (id == before) g->first[id] = static_cast<uint32_t>(i);
+      g->next[i] = id;
+      const uint32_t c = ++g->next_count[id];
+      if (c > best_count || (c == best_count && g->first[id] < best_first)) {
+        best_count = c;
+        best_first = g->first[id];
+      }
+    }
+    g->best_count[m] = best_count;
+    g->best_first[m] = best_first;
+    g->gram.swap(g->next);
+    g->count.swap(g->next_count);
+  }
+  // (once no m-gram repeats, no longer one does: every count is 1 and the first n-gram is top)
+}
+
+// The words' bytes concatenated, and g->live[i] for the starts i of min_m-grams: false only
+// where no n-gram (n >= min_m) starting at i can equal one starting at another word. Equal
+// n-grams are equal byte strings of the same length, so if that length is at least 16 the two
+// starts share their first 16 bytes: a start whose 16 bytes no other start has cannot repeat (a
+// start whose min_m-gram is shorter than 16 bytes always stays in play). Exact; a collision of
+// the 16-byte key only keeps a start in play.
+void mark_repeatable_starts(std::string_view text, const DocumentView& v, size_t min_m, Ngrams* g) {
+  constexpr uint32_t K = 16;
+  const auto& words = v.words;
+  const size_t n = words.size();
+  // (a short word is copied as 16 bytes, the next word overwriting the excess: one move)
+  if (g->cat.size() < text.size() + 16) g->cat.resize(text.size() + 16);
+  char* out = g->cat.data();
+  uint32_t total = 0;
+  g->byte_off.resize(n + 1);
+  g->byte_off[0] = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t b = v.byte_at[words[i].begin], size = v.byte_at[words[i].end] - b;
+    if (size <= 16 && text.size() - b >= 16)
+      std::memcpy(out + total, text.data() + b, 16);
+    else
+      std::memcpy(out + total, text.data() + b, size);
+    total += size;
+    g->byte_off[i + 1] = total;
+  }
+  const size_t starts = n - min_m + 1;
+  g->keys.resize(starts);
+  size_t keyed = 0;
+  for (size_t i = 0; i < starts; ++i) {
+    const uint32_t at = g->byte_off[i];
+    if (total - at < K) {
+      g->keys[i] = 0;
+      continue;
+    }
+    uint64_t a, b;
+    std::memcpy(&a, g->cat.data() + at, 8);
+    std::memcpy(&b, g->cat.data() + at + 8, 8);
+    uint64_t k = (a ^ 0x9E3779B97F4A7C15ull) * 0xC2B2AE3D27D4EB4Full;
+    k ^= ((b << 31 | b >> 33) ^ (k >> 29)) * 0x165667B19E3779F9ull;
+    g->keys[i] = k | 1;  // (0: no key)
+    ++keyed;
+  }
+  g->table.reset(keyed);
+  for (size_t i = 0; i < starts; ++i) {
+    if (i + kAhead < starts && g->keys[i + kAhead]) g->table.prefetch(g->keys[i + kAhead]);
+    if (g->keys[i]) g->table.count(g->keys[i], 0);
+  }
+  g->live.assign(n + 1, 0);
+  for (size_t i = 0; i < starts; ++i)
+    g->live[i] = g->byte_off[i + min_m] - g->byte_off[i] < K ||
+                 g->table.count_at(g->table.find(g->keys[i])) > 1;
+}
+
+// datatrove's duplicated n-gram count for n-grams of m words: scanning the starts in order, an
+// n-gram seen before adds its length (code points) and the scan jumps past it.
+// Returns 0 without the scan when the n-grams that may repeat cover no more than frac * len
+// code points (the repeated n-grams it counts do not overlap, so they cannot exceed that).
+uint64_t duplicated_chars(size_t m, size_t grams, double frac, double len, Ngrams* g) {
+  uint64_t cover = 0;
+  uint32_t covered_to = 0;
+  for (size_t i = 0; i < grams; ++i) {
+    if (!g->live[i]) continue;
+    const uint32_t b = std::max(g->cp_off[i], covered_to), e = g->cp_off[i + m];
+    if (e > b) cover += e - b;
+    covered_to = std::max(covered_to, e);
+  }
+  if (!(cover / len > frac)) return 0;
+  size_t live = 0;
+  g->keys.resize(grams);
+  for (size_t i = 0; i < grams; ++i) {
+    if (!g->live[i]) continue;
+    const uint32_t b = g->byte_off[i], e = g->byte_off[i + m];
+    g->keys[i] = xxh3_64(g->cat.data() + b, e - b, 0x6e6772616d73ull);
+    ++live;
+  }
+  g->table.reset(live);
+  uint64_t repeated = 0;
+  size_t i = 0;
+  while (i < grams) {
+    if (i + kAhead < grams && g->live[i + kAhead]) g->table.prefetch(g->keys[i + kAhead]);
+    if (g->live[i] && g->table.insert(g->keys[i])) {
+      repeated += g->cp_off[i + m] - g->cp_off[i];
+      i += m;
+    } else {
+      ++i;
+    }
+  }
+  return repeated;
+}
+
+// "top_7_gram" for ("top_%zu_gram", 7): a static name for n = 1..64 (the parameters' range).
+const char* rule_name(const char* pattern, size_t n) {
+  struct Names {
+    std::vector<std::string> top, dup;
+    Names() {
+      char buf[64];
+      for (size_t k = 0; k <= 64; ++k) {
+        std::snprintf(buf, sizeof buf, "top_%zu_gram", k);
+        top.push_back(buf);
+        std::snprintf(buf, sizeof buf, "duplicated_%zu_n_grams", k);
+        dup.push_back(buf);
+      }
+    }
+  };
+  static const Names names;
+  const auto& v = std::strcmp(pattern, "top_%zu_gram") == 0 ? names.top : names.dup;
+  return v[std::min<size_t>(n, 64)].c_str();
 }
 
 // ---- gopher_quality ----------------------------------------------------------------------------
@@ -215,10 +500,10 @@ class GopherQuality final : public Filter {
     if (n_words == 0) return true;
     const Span all = whole(t);
     if (max_symbol_word_ratio) {
-      double r = static_cast<double>(count_of(t, all, U"#")) / n_words;
+      double r = static_cast<double>(count_bytes(*text, "#")) / n_words;
       if (r > *max_symbol_word_ratio)
         return drop(d, "hash_word_ratio", r, ">", *max_symbol_word_ratio);
-      r = static_cast<double>(count_of(t, all, U"...") + count_of(t, all, U"\u2026")) / n_words;
+      r = static_cast<double>(count_bytes(*text, "...") + count_bytes(*text, "\u2026")) / n_words;
       if (r > *max_symbol_word_ratio)
         return drop(d, "ellipsis_word_ratio", r, ">", *max_symbol_word_ratio);
     }
@@ -290,14 +575,14 @@ class GopherRepetition final : public Filter {
     if (t.empty()) return true;
     // Paragraphs: re.split(r"\n{2,}", text.strip()); lines: re.split(r"\n+", text).
     split_on_runs(t, strip(t, whole(t)), U'\n', 2, &s.parts);
-    auto [para_dups, para_chars] = find_duplicates(t, s.parts, &s.table);
+    auto [para_dups, para_chars] = find_duplicates(*text, v, s.parts, &s.table);
     if (dup_para_frac && static_cast<double>(para_dups) / s.parts.size() > *dup_para_frac)
       return drop(d, "dup_para_frac", static_cast<double>(para_dups) / s.parts.size(), ">",
                   *dup_para_frac);
     if (dup_para_char_frac && para_chars / len > *dup_para_char_frac)
       return drop(d, "dup_para_char_frac", para_chars / len, ">", *dup_para_char_frac);
     split_on_runs(t, whole(t), U'\n', 1, &s.parts);
-    auto [line_dups, line_chars] = find_duplicates(t, s.parts, &s.table);
+    auto [line_dups, line_chars] = find_duplicates(*text, v, s.parts, &s.table);
     if (dup_line_frac && static_cast<double>(line_dups) / s.parts.size() > *dup_line_frac)
       return drop(d, "dup_line_frac", static_cast<double>(line_dups) / s.parts.size(), ">",
                   *dup_line_frac);
@@ -305,142 +590,52 @@ class GopherRepetition final : public Filter {
       return drop(d, "dup_line_char_frac", line_chars / len, ">", *dup_line_char_frac);
     if (top_n_grams.empty() && dup_n_grams.empty()) return true;
 
-    const auto& words = document_view_words(*text).words;
+    const DocumentView& vw = document_view_words(*text);
+    const auto& words = vw.words;
     const size_t n = words.size();
-    // Prefix hashes: over the word hashes (n-grams as " ".join: words hold no spaces, so the
-    // sequence decides) and over the concatenated code points (n-grams as "".join, which
-    // datatrove compares: ["ab", "c"] and ["a", "bc"] are the same 2-gram there).
-    s.word_prefix.assign(n + 1, 0);
-    s.cat_prefix.assign(n + 1, 0);
-    s.cat_off.assign(n + 1, 0);
-    s.pow_words.assign(n + 1, 1);
-    for (size_t i = 0; i < n; ++i) {
-      const Span w = words[i];
-      // Polynomial hash of the word's code points, sum of (c + 1) * B^(len - 1 - k): independent
-      // products (Horner's rule would chain every multiplication on the previous one).
-      uint64_t h = 0;
-      const uint32_t wl = w.size();
-      if (wl <= kPowTable) {
-        const uint64_t* pw = power_table() + (wl - 1);
-        for (uint32_t k = 0; k < wl; ++k) h = addmod(h, mulmod(t[w.begin + k] + 1, *(pw - k)));
-      } else {
-        for (uint32_t c = w.begin; c < w.end; ++c) h = addmod(mulmod(h, kBase), t[c] + 1);
-      }
-      s.cat_prefix[i + 1] = addmod(mulmod(s.cat_prefix[i], power(w.size())), h);
-      s.word_prefix[i + 1] =
-          addmod(mulmod(s.word_prefix[i], kWordBase), (h ^ (uint64_t{w.size()} << 48)) % kMod);
-      s.cat_off[i + 1] = s.cat_off[i] + w.size();
-      s.pow_words[i + 1] = mulmod(s.pow_words[i], kWordBase);
-    }
-    auto word_key = [&](size_t i, size_t m) {
-      return submod(s.word_prefix[i + m], mulmod(s.word_prefix[i], s.pow_words[m])) ^
-             (static_cast<uint64_t>(m) << 61);
-    };
-    // The hash of the concatenated code points of words [i, i + m): that of a string.
-    auto cat_key = [&](size_t i, size_t m) {
-      const uint32_t len = s.cat_off[i + m] - s.cat_off[i];
-      return submod(s.cat_prefix[i + m], mulmod(s.cat_prefix[i], power(len))) ^
-             (static_cast<uint64_t>(len) << 44);
-    };
+    Ngrams& g = ngrams();
+    // Code point offsets of the words in their concatenation (an n-gram's length).
+    g.cp_off.resize(n + 1);
+    g.cp_off[0] = 0;
+    for (size_t i = 0; i < n; ++i) g.cp_off[i + 1] = g.cp_off[i] + words[i].size();
     // A CJK character is about half a word: in a text whose words are mostly CJK characters the
     // n-gram rules take n-grams of 2n characters (else every common 5-character phrase of
     // Japanese would count as a repeated 5-word passage).
     size_t cjk = 0;
     for (const Span& w : words) cjk += is_cjk_word(t, w);
     const size_t scale = cjk * 2 > n ? 2 : 1;
-    // Top n-grams. A repeated n-gram (as a sequence of words) starts with a repeated (n-1)-gram,
-    // so each pass counts only the positions whose shorter n-gram repeated ("live"), exactly:
-    // every other n-gram occurs once, and with no repeat at all the first n-gram is the top one.
-    constexpr size_t kAhead = 12;  // table slots prefetched this many positions ahead
-    s.live.assign(n + 1, 1);
-    size_t live_m = 1;  // s.live describes n-grams of this length (1: every position)
+    // Top n-grams (" ".join of the words: words hold no spaces, so the word sequence decides).
+    size_t max_top = 0;
+    g.rules.clear();
+    for (const auto& [n64, frac] : top_n_grams) {
+      max_top = std::max(max_top, static_cast<size_t>(n64) * scale);
+      g.rules.emplace_back(static_cast<size_t>(n64) * scale, frac);
+    }
+    if (max_top > 0 && n > 0) count_top_grams(*text, vw, std::min(max_top, n), g.rules, len, &g);
     for (const auto& [n64, frac] : top_n_grams) {
       const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
       if (n < m) continue;
-      const size_t grams = n - m + 1;
-      const bool prune = m > live_m;  // (a pass with a smaller n than the last one: no pruning)
-      if (!prune) std::fill(s.live.begin(), s.live.end(), 1);
-      s.table.reset(grams);
-      s.keys.resize(grams);
-      for (size_t i = 0; i < grams; ++i) s.keys[i] = s.live[i] ? word_key(i, m) : 0;
-      uint32_t best_count = 1, best_first = 0;
-      for (size_t i = 0; i < grams; ++i) {
-        if (i + kAhead < grams && s.live[i + kAhead]) s.table.prefetch(s.keys[i + kAhead]);
-        if (!s.live[i]) continue;
-        size_t slot = s.table.count(s.keys[i], static_cast<uint32_t>(i));
-        uint32_t c = s.table.count_at(slot), f = s.table.first_at(slot);
-        if (c > best_count || (c == best_count && c > 1 && f < best_first)) {
-          best_count = c;
-          best_first = f;
-        }
-      }
-      // Live for the next, longer pass: positions whose m-gram occurs more than once.
-      for (size_t i = 0; i < grams; ++i)
-        s.live[i] = s.live[i] && s.table.count_at(s.table.find(s.keys[i])) > 1;
-      for (size_t i = grams; i <= n; ++i) s.live[i] = 0;
-      live_m = m;
-      const uint64_t gram_len = s.cat_off[best_first + m] - s.cat_off[best_first] + (m - 1);
+      const uint32_t best_count = g.best_count[m], best_first = g.best_first[m];
+      if (best_count == 0) continue;  // (cannot reach frac: not counted)
+      const uint64_t gram_len = g.cp_off[best_first + m] - g.cp_off[best_first] + (m - 1);
       const double r = static_cast<double>(gram_len) * best_count / len;
       if (r > frac) {
-        static const char* const kTop[] = {"top_1_gram", "top_2_gram", "top_3_gram",
-                                           "top_4_gram", "top_5_gram", "top_n_gram"};
-        return drop(d, kTop[m64 <= 5 ? m64 - 1 : 5], r, ">", frac);
+        return drop(d, rule_name("top_%zu_gram", m64), r, ">", frac);
       }
     }
-    // Duplicated n-grams ("".join of the words, as datatrove compares them). Two equal n-grams
-    // share their first K code points (K = 5, or the smallest n: every word has one), so a
-    // position whose first K code points (from the concatenated words) no other position shares
-    // can never match: it is neither looked up nor inserted. Exact; a collision of that cheap
-    // key only keeps a position in play.
+    // Duplicated n-grams ("".join of the words, as datatrove compares them: ["ab", "c"] and
+    // ["a", "bc"] are the same 2-gram there), on the words' UTF-8 bytes concatenated (equal
+    // code points are equal bytes).
     size_t min_m = SIZE_MAX;
     for (const auto& [n64, frac] : dup_n_grams)
       min_m = std::min(min_m, static_cast<size_t>(n64) * scale);
-    if (!dup_n_grams.empty() && n >= min_m) {
-      const size_t K = std::min<size_t>(5, min_m), starts = n - min_m + 1;
-      s.keys.resize(starts);
-      for (size_t i = 0; i < starts; ++i) {
-        uint64_t k = 0x9E3779B97F4A7C15ull;
-        size_t got = 0;
-        for (size_t w = i; got < K && w < n; ++w)
-          for (uint32_t c = words[w].begin; c < words[w].end && got < K; ++c, ++got)
-            k = (k ^ t[c]) * 0x100000001B3ull + (k >> 29);
-        s.keys[i] = k;
-      }
-      s.table.reset(starts);
-      for (size_t i = 0; i < starts; ++i) {
-        if (i + kAhead < starts) s.table.prefetch(s.keys[i + kAhead]);
-        s.table.count(s.keys[i], 0);
-      }
-      s.live.assign(n + 1, 0);
-      for (size_t i = 0; i < starts; ++i) s.live[i] = s.table.count_at(s.table.find(s.keys[i])) > 1;
-    }
+    if (!dup_n_grams.empty() && n >= min_m) mark_repeatable_starts(*text, vw, min_m, &g);
     for (const auto& [n64, frac] : dup_n_grams) {
       const size_t m = static_cast<size_t>(n64) * scale, m64 = static_cast<size_t>(n64);
-      uint64_t repeated = 0;
-      if (n >= m) {
-        const size_t grams = n - m + 1;
-        s.table.reset(grams);
-        s.keys.resize(grams);
-        for (size_t k = 0; k < grams; ++k) s.keys[k] = s.live[k] ? cat_key(k, m) : 0;
-        size_t i = 0;
-        while (i < grams) {
-          if (i + kAhead < grams && s.live[i + kAhead]) s.table.prefetch(s.keys[i + kAhead]);
-          if (s.live[i] && s.table.insert(s.keys[i])) {
-            repeated += s.cat_off[i + m] - s.cat_off[i];
-            i += m;
-          } else {
-            ++i;
-          }
-        }
-      }
+      const uint64_t repeated = n >= m ? duplicated_chars(m, n - m + 1, frac, len, &g) : 0;
       const double r = repeated / len;
       if (r > frac) {
-        static const char* const kDup[] = {
-            "duplicated_1_n_grams",  "duplicated_2_n_grams", "duplicated_3_n_grams",
-            "duplicated_4_n_grams",  "duplicated_5_n_grams", "duplicated_6_n_grams",
-            "duplicated_7_n_grams",  "duplicated_8_n_grams", "duplicated_9_n_grams",
-            "duplicated_10_n_grams", "duplicated_n_grams"};
-        return drop(d, kDup[std::min<size_t>(m64, 11) - 1], r, ">", frac);
+        return drop(d, rule_name("duplicated_%zu_n_grams", m64), r, ">", frac);
       }
     }
     return true;
@@ -456,11 +651,15 @@ bool is_sentence_end(char32_t c) {
 // Sentences of a line (replaces NLTK's punkt): a sentence ends at a run of . ! ? (or the CJK
 // full stops 。！？) followed by white space or the end of the line; the CJK ones end a sentence
 // anywhere. Counts the non-blank pieces.
-uint64_t count_sentences(const std::vector<char32_t>& t, Span line) {
+uint64_t count_sentences(const CodePoints& t, Span line) {
   uint64_t n = 0;
   bool content = false;
   for (uint32_t i = line.begin; i < line.end; ++i) {
     const char32_t c = t[i];
+    if (c < 128 && c != '.' && c != '!' && c != '?') {  // (the common case)
+      content |= (detail::kAsciiClass[c] & detail::kSpace) == 0;
+      continue;
+    }
     if (is_sentence_end(c)) {
       uint32_t j = i;
       bool cjk = false;
@@ -483,13 +682,13 @@ uint64_t count_sentences(const std::vector<char32_t>& t, Span line) {
 // ASCII letters and spaces, and str.lower() turns no other character into one of those except
 // U+212A KELVIN SIGN (into k; U+0130 lowers to "i" + U+0307, which breaks the phrase anyway), so
 // every other non-ASCII character becomes a byte no phrase holds.
-void lower_for_match(const std::vector<char32_t>& t, std::string* out) {
+inline char lower_char(char32_t c) {
+  return c < 128 ? static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c)
+                 : (c == 0x212A ? 'k' : '\x80');
+}
+void lower_for_match(std::u32string_view t, std::string* out) {
   out->resize(t.size());
-  for (size_t i = 0; i < t.size(); ++i) {
-    const char32_t c = t[i];
-    (*out)[i] = c < 128 ? static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c)
-                        : (c == 0x212A ? 'k' : '\x80');
-  }
+  for (size_t i = 0; i < t.size(); ++i) (*out)[i] = lower_char(t[i]);
 }
 
 class C4 final : public Filter {
@@ -545,9 +744,13 @@ class C4 final : public Filter {
       }
       // One pass over the line: words (white-space tokens; a token with CJK characters counts
       // one word per character), the longest token, and whether a citation may be there.
+      // (the line lower-cased for the phrase checks on the way: s.lower)
       int64_t n_words = 0, longest = 0, token = 0, token_cjk = 0;
       bool bracket = false;
+      s.lower.resize(line.size());
+      char* low_out = s.lower.data();
       for (uint32_t i = line.begin; i <= line.end; ++i) {
+        if (i < line.end) low_out[i - line.begin] = lower_char(t[i]);
         if (i == line.end || is_space(t[i])) {
           if (token > 0) {
             n_words += std::max<int64_t>(1, token_cjk);
@@ -563,11 +766,10 @@ class C4 final : public Filter {
       if (max_word_length >= 0 && longest > max_word_length) continue;
       // Citations ([1], [edit], [citation needed]) removed: the kept line is the code points
       // that remain (copied only when the line has a '[').
-      thread_local std::vector<char32_t> cv;
+      thread_local CodePoints cv;
       cv.clear();
-      if (!(remove_citations && bracket)) {
-        cv.assign(t.begin() + line.begin, t.begin() + line.end);
-      } else {
+      const bool copied = remove_citations && bracket;
+      if (copied) {
         for (uint32_t i = line.begin; i < line.end;) {
           if (t[i] == '[') {
             uint32_t j = i + 1;
@@ -589,18 +791,21 @@ class C4 final : public Filter {
           cv.push_back(t[i++]);
         }
       }
-      const Span cs{0, static_cast<uint32_t>(cv.size())};
+      // The line after citations: cv, or (nothing to remove) the line itself.
+      const CodePoints& lt = copied ? cv : t;
+      const Span cs = copied ? Span{0, static_cast<uint32_t>(cv.size())} : line;
+      const std::u32string_view lv(lt.data() + cs.begin, cs.size());
       if (filter_no_terminal_punct) {
         bool ok = false;
-        if (!cv.empty()) {
-          char32_t c = cv.back();
+        if (!lv.empty()) {
+          char32_t c = lv.back();
           ok = c == '.' || c == '?' || c == '!' || c == '"' || c == '\'' || c == U'\u3002' ||
                c == U'\uFF01' || c == U'\uFF1F' || c == U'\u300D' || c == U'\u300F';
         }
-        if (!ok || ends_with(cv, cs, U"...")) continue;
+        if (!ok || ends_with(lt, cs, U"...")) continue;
       }
       if (n_words < min_words_per_line) continue;
-      lower_for_match(cv, &s.lower);
+      if (copied) lower_for_match(lv, &s.lower);
       const std::string_view low(s.lower);
       if (filter_lorem_ipsum && low.find("lorem ipsum") != std::string_view::npos)
         return drop(d, "lorem_ipsum", 1, "==", 1);
@@ -612,13 +817,13 @@ class C4 final : public Filter {
         for (std::string_view p : kPolicy) policy = policy || low.find(p) != std::string_view::npos;
         if (policy) continue;
       }
-      if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(cv, cs) : 1;
+      if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(lt, cs) : 1;
       if (!first) s.out.push_back('\n');
       first = false;
-      if (cv.size() == line.size())  // nothing removed: the line's own bytes
+      if (cs.size() == line.size())  // nothing removed: the line's own bytes
         s.out.append(*text, v.byte_at[line.begin], v.byte_at[line.end] - v.byte_at[line.begin]);
       else
-        for (char32_t c : cv) append_utf8(c, &s.out);
+        for (char32_t c : lv) append_utf8(c, &s.out);
     }
     if (min_num_sentences >= 0 && static_cast<int64_t>(sentences) < min_num_sentences)
       return drop(d, "too_few_sentences", sentences, "<", min_num_sentences);
@@ -654,7 +859,8 @@ class FineWeb final : public Filter {
   bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
     Scratch& s = scratch();
-    const auto& t = document_view(*text).cp;
+    const DocumentView& v = document_view(*text);
+    const auto& t = v.cp;
     split_on(t, whole(t), U'\n', &s.parts);
     s.lines.clear();
     for (const Span& l : s.parts)
@@ -678,9 +884,9 @@ class FineWeb final : public Filter {
       return drop(d, "line_punct_ratio", r, "<", line_punct_thr);
     r = short_lines / n_lines;
     if (r > short_line_thr) return drop(d, "short_line_ratio", r, ">", short_line_thr);
-    const uint64_t newlines = count_of(t, whole(t), U"\n");
+    const uint64_t newlines = count_bytes(*text, "\n");
     const double non_newline = static_cast<double>(t.size() - newlines);
-    auto [dups, dup_chars] = find_duplicates(t, s.lines, &s.table);
+    auto [dups, dup_chars] = find_duplicates(*text, v, s.lines, &s.table);
     (void)dups;
     r = non_newline > 0 ? dup_chars / non_newline : 0.0;
     if (r > char_duplicates_ratio) return drop(d, "char_dup_ratio", r, ">", char_duplicates_ratio);
@@ -713,7 +919,7 @@ class Length final : public Filter {
 };
 
 std::u32string to_u32(const std::string& s) {
-  std::vector<char32_t> v;
+  CodePoints v;
   decode_utf8(s, &v);
   return std::u32string(v.begin(), v.end());
 }

@@ -99,6 +99,15 @@ bool public_ipv4(std::string_view s) {
   return true;
 }
 
+// Whether some '.' has a digit on both sides: every match of kIpPattern does.
+bool has_digit_dot_digit(std::string_view s) {
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  for (size_t at = s.find('.', 1); at != std::string_view::npos && at + 1 < s.size();
+       at = s.find('.', at + 1))
+    if (digit(s[at - 1]) && digit(s[at + 1])) return true;
+  return false;
+}
+
 class Pii final : public Filter {
  public:
   bool emails = true, ips = true, phones = false, only_public_ips = true;
@@ -145,7 +154,7 @@ class Pii final : public Filter {
     auto any = [](std::string_view) { return true; };
     if (emails && text->find('@') != std::string::npos)
       changed |= replace_all(*email_re, email_replacement, any, text);
-    if (ips && text->find('.') != std::string::npos) {
+    if (ips && has_digit_dot_digit(*text)) {
       if (only_public_ips)
         changed |= replace_all(*ip_re, ip_replacement, public_ipv4, text);
       else

@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <array>
+#include <cstring>
 
 #include "common/hash.h"
 
@@ -66,8 +67,7 @@ bool is_punct_slow(char32_t c) {
 
 }  // namespace detail
 
-void decode_utf8(std::string_view text, std::vector<char32_t>* out,
-                 std::vector<uint32_t>* byte_at) {
+void decode_utf8(std::string_view text, CodePoints* out, Offsets* byte_at) {
   out->resize(text.size());
   if (byte_at) byte_at->resize(text.size() + 1);
   const auto* begin = reinterpret_cast<const uint8_t*>(text.data());
@@ -76,6 +76,22 @@ void decode_utf8(std::string_view text, std::vector<char32_t>* out,
   char32_t* o = out->data();
   uint32_t* b = byte_at ? byte_at->data() : nullptr;
   while (p < end) {
+    // Eight ASCII bytes at a time (no per-byte branch); a chunk with any other byte goes on
+    // byte by byte.
+    if (end - p >= 8) {
+      uint64_t chunk;
+      std::memcpy(&chunk, p, 8);
+      if ((chunk & 0x8080808080808080ull) == 0) {
+        const uint32_t at = static_cast<uint32_t>(p - begin);
+        for (int k = 0; k < 8; ++k) o[k] = p[k];
+        if (b)
+          for (uint32_t k = 0; k < 8; ++k) b[k] = at + k;
+        o += 8;
+        p += 8;
+        if (b) b += 8;
+        continue;
+      }
+    }
     if (*p < 0x80) {
       if (b) *b++ = static_cast<uint32_t>(p - begin);
       *o++ = *p++;
@@ -150,10 +166,20 @@ void append_utf8(char32_t c, std::string* out) {
   }
 }
 
-void split_lines(const std::vector<char32_t>& t, Span range, std::vector<Span>* out) {
+void split_lines(const CodePoints& t, Span range, std::vector<Span>* out) {
   out->clear();
   uint32_t start = range.begin, i = range.begin;
   while (i < range.end) {
+    // Most code points are neither a control character nor >= U+0085: skipped eight at a time
+    // (a loop the compiler turns into vector compares), then one at a time.
+    while (i + 8 <= range.end) {
+      uint32_t special = 0;
+      for (uint32_t k = 0; k < 8; ++k) special |= t[i + k] - 0x1Fu >= 0x85u - 0x1Fu;
+      if (special) break;
+      i += 8;
+    }
+    while (i < range.end && t[i] - 0x1Fu < 0x85u - 0x1Fu) ++i;
+    if (i >= range.end) break;
     if (is_line_break(t[i])) {
       out->push_back({start, i});
       if (t[i] == '\r' && i + 1 < range.end && t[i + 1] == '\n') ++i;
@@ -165,7 +191,7 @@ void split_lines(const std::vector<char32_t>& t, Span range, std::vector<Span>* 
   if (start < range.end) out->push_back({start, range.end});
 }
 
-void split_on(const std::vector<char32_t>& t, Span range, char32_t sep, std::vector<Span>* out) {
+void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out) {
   out->clear();
   uint32_t start = range.begin;
   for (uint32_t i = range.begin; i < range.end; ++i) {
@@ -177,7 +203,7 @@ void split_on(const std::vector<char32_t>& t, Span range, char32_t sep, std::vec
   out->push_back({start, range.end});
 }
 
-void split_on_runs(const std::vector<char32_t>& t, Span range, char32_t sep, uint32_t k,
+void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
                    std::vector<Span>* out) {
   out->clear();
   uint32_t start = range.begin, i = range.begin;
@@ -197,13 +223,13 @@ void split_on_runs(const std::vector<char32_t>& t, Span range, char32_t sep, uin
   out->push_back({start, range.end});
 }
 
-Span strip(const std::vector<char32_t>& t, Span s) {
+Span strip(const CodePoints& t, Span s) {
   while (s.begin < s.end && is_space(t[s.begin])) ++s.begin;
   while (s.end > s.begin && is_space(t[s.end - 1])) --s.end;
   return s;
 }
 
-void split_whitespace(const std::vector<char32_t>& t, Span s, std::vector<Span>* out) {
+void split_whitespace(const CodePoints& t, Span s, std::vector<Span>* out) {
   uint32_t i = s.begin;
   while (i < s.end) {
     while (i < s.end && is_space(t[i])) ++i;
@@ -218,7 +244,7 @@ void split_whitespace(const std::vector<char32_t>& t, Span s, std::vector<Span>*
 namespace {
 
 // A run of non-space, non-CJK code points: leading and trailing punctuation runs split off.
-void push_piece(const std::vector<char32_t>& t, uint32_t b, uint32_t e, std::vector<Span>* out) {
+void push_piece(const CodePoints& t, uint32_t b, uint32_t e, std::vector<Span>* out) {
   if (b >= e) return;
   uint32_t lb = b;
   while (lb < e && is_punct(t[lb])) ++lb;
@@ -235,20 +261,23 @@ void push_piece(const std::vector<char32_t>& t, uint32_t b, uint32_t e, std::vec
 
 }  // namespace
 
-void split_words(const std::vector<char32_t>& t, Span s, std::vector<Span>* out) {
+void split_words(const CodePoints& t, Span s, std::vector<Span>* out) {
   uint32_t i = s.begin;
   while (i < s.end) {
     while (i < s.end && is_space(t[i])) ++i;
     if (i >= s.end) break;
     uint32_t j = i;
-    while (j < s.end && !is_space(t[j])) ++j;
+    bool high = false;  // (a code point that may be CJK)
+    while (j < s.end && !is_space(t[j])) high |= t[j++] >= 0x3040;
     // token [i, j): CJK characters are words of their own, the runs between them pieces.
     uint32_t piece = i;
-    for (uint32_t k = i; k < j; ++k) {
-      if (t[k] >= 0x3040 && is_cjk(t[k])) {
-        push_piece(t, piece, k, out);
-        out->push_back({k, k + 1});
-        piece = k + 1;
+    if (high) {
+      for (uint32_t k = i; k < j; ++k) {
+        if (t[k] >= 0x3040 && is_cjk(t[k])) {
+          push_piece(t, piece, k, out);
+          out->push_back({k, k + 1});
+          piece = k + 1;
+        }
       }
     }
     push_piece(t, piece, j, out);
@@ -256,24 +285,24 @@ void split_words(const std::vector<char32_t>& t, Span s, std::vector<Span>* out)
   }
 }
 
-bool span_equals(const std::vector<char32_t>& t, Span s, std::u32string_view word) {
+bool span_equals(const CodePoints& t, Span s, std::u32string_view word) {
   if (s.size() != word.size()) return false;
   for (uint32_t k = 0; k < word.size(); ++k)
     if (t[s.begin + k] != word[k]) return false;
   return true;
 }
 
-bool ends_with(const std::vector<char32_t>& t, Span s, std::u32string_view suffix) {
+bool ends_with(const CodePoints& t, Span s, std::u32string_view suffix) {
   if (s.size() < suffix.size()) return false;
   return span_equals(t, {static_cast<uint32_t>(s.end - suffix.size()), s.end}, suffix);
 }
 
-bool starts_with(const std::vector<char32_t>& t, Span s, std::u32string_view prefix) {
+bool starts_with(const CodePoints& t, Span s, std::u32string_view prefix) {
   if (s.size() < prefix.size()) return false;
   return span_equals(t, {s.begin, static_cast<uint32_t>(s.begin + prefix.size())}, prefix);
 }
 
-uint64_t count_of(const std::vector<char32_t>& t, Span s, std::u32string_view needle) {
+uint64_t count_of(const CodePoints& t, Span s, std::u32string_view needle) {
   uint64_t n = 0;
   const uint32_t m = static_cast<uint32_t>(needle.size());
   uint32_t i = s.begin;
@@ -288,7 +317,24 @@ uint64_t count_of(const std::vector<char32_t>& t, Span s, std::u32string_view ne
   return n;
 }
 
-uint64_t span_hash(const std::vector<char32_t>& t, Span s) {
+uint64_t count_bytes(std::string_view text, std::string_view needle) {
+  if (needle.empty()) return text.size() + 1;
+  if (needle.size() == 1) {
+    const char c = needle[0];
+    uint64_t n = 0;
+    for (char x : text) n += x == c;
+    return n;
+  }
+  uint64_t n = 0;
+  size_t at = 0;
+  while ((at = text.find(needle, at)) != std::string_view::npos) {
+    ++n;
+    at += needle.size();
+  }
+  return n;
+}
+
+uint64_t span_hash(const CodePoints& t, Span s) {
   return xxh3_64(t.data() + s.begin, s.size() * sizeof(char32_t), 0x6b696c6e66696c74ull);
 }
 

@@ -9,9 +9,33 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kiln::prep::filter {
+
+// Vectors whose resize() leaves new elements uninitialised: the decoder writes every element
+// it keeps, and a document's buffers are regrown for each document.
+template <typename T>
+struct NoInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = NoInitAllocator<U>;
+  };
+  NoInitAllocator() = default;
+  template <typename U>
+  NoInitAllocator(const NoInitAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using CodePoints = std::vector<char32_t, NoInitAllocator<char32_t>>;
+using Offsets = std::vector<uint32_t, NoInitAllocator<uint32_t>>;
 
 // [begin, end) in code points.
 struct Span {
@@ -54,8 +78,7 @@ inline bool is_line_break(char32_t c) {
 
 // Decodes UTF-8 into *out (cleared). Invalid bytes become U+FFFD. With byte_at, also the byte
 // offset of each code point, plus one entry for the end.
-void decode_utf8(std::string_view text, std::vector<char32_t>* out,
-                 std::vector<uint32_t>* byte_at = nullptr);
+void decode_utf8(std::string_view text, CodePoints* out, Offsets* byte_at = nullptr);
 void append_utf8(char32_t c, std::string* out);
 
 // The document a chain is running on, decoded once for all its filters (per thread): its code
@@ -63,8 +86,8 @@ void append_utf8(char32_t c, std::string* out);
 // FilterChain::run() calls reset_document_view() before each document and after each edit, so
 // a view never outlives the text it was made from.
 struct DocumentView {
-  std::vector<char32_t> cp;
-  std::vector<uint32_t> byte_at;
+  CodePoints cp;
+  Offsets byte_at;
   std::vector<Span> words;
   bool decoded = false, have_words = false;
 };
@@ -73,25 +96,28 @@ const DocumentView& document_view(std::string_view text);        // decoded
 const DocumentView& document_view_words(std::string_view text);  // decoded, with words
 
 // str.splitlines(): spans of the lines, without their breaks ("\r\n" is one break).
-void split_lines(const std::vector<char32_t>& t, Span range, std::vector<Span>* out);
+void split_lines(const CodePoints& t, Span range, std::vector<Span>* out);
 // str.split(sep) for a single character sep (the empty parts included).
-void split_on(const std::vector<char32_t>& t, Span range, char32_t sep, std::vector<Span>* out);
+void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out);
 // re.split(sep + "{k,}") for a character sep and k >= 1: runs of at least k seps separate parts.
-void split_on_runs(const std::vector<char32_t>& t, Span range, char32_t sep, uint32_t k,
+void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
                    std::vector<Span>* out);
 // str.strip() of a span.
-Span strip(const std::vector<char32_t>& t, Span s);
+Span strip(const CodePoints& t, Span s);
 // str.split() (white-space separated tokens) of a span, appended.
-void split_whitespace(const std::vector<char32_t>& t, Span s, std::vector<Span>* out);
+void split_whitespace(const CodePoints& t, Span s, std::vector<Span>* out);
 
 // The filters' words (filter.h): appended to *out.
-void split_words(const std::vector<char32_t>& t, Span s, std::vector<Span>* out);
+void split_words(const CodePoints& t, Span s, std::vector<Span>* out);
 
-bool span_equals(const std::vector<char32_t>& t, Span s, std::u32string_view word);
-bool ends_with(const std::vector<char32_t>& t, Span s, std::u32string_view suffix);
-bool starts_with(const std::vector<char32_t>& t, Span s, std::u32string_view prefix);
-uint64_t count_of(const std::vector<char32_t>& t, Span s, std::u32string_view needle);  // str.count
+bool span_equals(const CodePoints& t, Span s, std::u32string_view word);
+bool ends_with(const CodePoints& t, Span s, std::u32string_view suffix);
+bool starts_with(const CodePoints& t, Span s, std::u32string_view prefix);
+uint64_t count_of(const CodePoints& t, Span s, std::u32string_view needle);  // str.count
+// str.count on the UTF-8 text itself: the same count for a needle that is valid UTF-8 (UTF-8 is
+// self-synchronising: a match of its bytes starts and ends on character boundaries).
+uint64_t count_bytes(std::string_view text, std::string_view needle);
 // 64-bit hash of the code points of a span.
-uint64_t span_hash(const std::vector<char32_t>& t, Span s);
+uint64_t span_hash(const CodePoints& t, Span s);
 
 }  // namespace kiln::prep::filter

@@ -412,6 +412,120 @@ TEST_F(FilterReference, FullChainInOrder) {
   expect_rules(hit, {"url:blocked_domain", "c4:too_few_sentences"});
 }
 
+// ---- gopher_repetition's n-gram counting on the cases its shortcuts must get right ------------
+
+// Documents made for the repetition filter's exact shortcuts (dataprep/filter/heuristics.cc):
+// n-grams equal only when the words are joined without spaces (["a", "nice"] = ["an", "ice"]),
+// words longer than 16 bytes that share their first 16, words that end the text closer than 16
+// bytes to its end, non-ASCII and CJK words, texts shorter than the n-grams, and repeats of
+// every length. Compared with the reference under several thresholds so that every rule both
+// keeps and drops documents.
+TEST(FilterRepetition, ShortcutsMatchTheReference) {
+  std::mt19937_64 rng(2929);
+  auto pick = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+  const std::vector<std::string> pool = {"a",
+                                         "an",
+                                         "nice",
+                                         "ice",
+                                         "cream",
+                                         "is",
+                                         "here",
+                                         "the",
+                                         "there",
+                                         "re",
+                                         "rest",
+                                         "of",
+                                         "off",
+                                         "ten",
+                                         "often",
+                                         "caf\u00e9",
+                                         "na\u00efve",
+                                         "\u00e9t\u00e9",
+                                         "\u6c34",
+                                         "\u5c71",
+                                         "\u4eba",
+                                         "internationalisation-alpha",
+                                         "internationalisation-beta",
+                                         "internationalisation-alphabet",
+                                         "x",
+                                         "ab",
+                                         "c",
+                                         "abc",
+                                         "\u201cquoted\u201d",
+                                         "end.",
+                                         "(aside)",
+                                         "--",
+                                         "...",
+                                         "#tag",
+                                         "a-very-long-word-of-text"};
+  std::vector<WebCorpus::Doc> docs;
+  for (int d = 0; d < 400; ++d) {
+    std::vector<std::string> words;
+    const size_t n = d % 10 == 0 ? 1 + pick(9) : 10 + pick(200);
+    while (words.size() < n) {
+      const size_t i = words.size();
+      if (i >= 6 && pick(5) == 0) {  // repeat an earlier stretch, sometimes re-split
+        const size_t len = 2 + pick(std::min<size_t>(12, i - 1)), from = pick(i - len + 1);
+        for (size_t k = 0; k < len; ++k) {
+          const std::string w = words[from + k];
+          words.push_back(w);
+        }
+        if (pick(3) == 0) {
+          for (const char* w : {"a", "nice", "cream"}) words.push_back(w);
+        } else if (pick(3) == 0) {
+          for (const char* w : {"an", "ice", "cream"}) words.push_back(w);
+        }
+        continue;
+      }
+      words.push_back(pool[pick(pool.size())]);
+    }
+    std::string text;
+    for (size_t i = 0; i < words.size(); ++i) {
+      if (i > 0) text += pick(12) == 0 ? "\n" : pick(30) == 0 ? "\n\n" : " ";
+      text += words[i];
+    }
+    docs.push_back({"rep" + std::to_string(d), text, ""});
+  }
+  TempDir tmp("filters_rep");
+  write_file(tmp / "corpus.jsonl", corpus_jsonl(docs));
+  const char* const configs[] = {
+      R"([{"name": "gopher_repetition"}])",
+      R"([{"name": "gopher_repetition", "dup_line_frac": null, "dup_para_frac": null,
+           "dup_line_char_frac": null, "dup_para_char_frac": null, "dup_n_grams": [],
+           "top_n_grams": [[1, 0.3], [2, 0.2], [3, 0.15], [4, 0.12], [6, 0.1]]}])",
+      R"([{"name": "gopher_repetition", "dup_line_frac": null, "dup_para_frac": null,
+           "dup_line_char_frac": null, "dup_para_char_frac": null, "top_n_grams": [],
+           "dup_n_grams": [[2, 0.5], [3, 0.4], [5, 0.25], [7, 0.2], [10, 0.1]]}])",
+      R"([{"name": "gopher_repetition", "dup_line_frac": null, "dup_para_frac": null,
+           "dup_line_char_frac": null, "dup_para_char_frac": null, "top_n_grams": [],
+           "dup_n_grams": [[6, 0.05]]}])",
+      R"([{"name": "gopher_repetition", "top_n_grams": [[4, 0.05], [2, 0.3]],
+           "dup_n_grams": [[8, 0.02], [5, 0.3]]}])"};
+  for (const char* filters : configs) {
+    auto ref = reference_decisions(filters, tmp / "corpus.jsonl", tmp / "ref.jsonl");
+    auto chain = chain_of(filters);
+    ASSERT_TRUE(chain);
+    ASSERT_EQ(ref.size(), docs.size());
+    int mismatches = 0, kept = 0;
+    for (const auto& d : docs) {
+      const Decision k = kiln_decision(*chain, d);
+      const Decision& r = ref[d.id];
+      const bool same =
+          k.keep == r.keep && (k.keep || (k.rule == r.rule && same_number(k.value, r.value)));
+      if (!same && ++mismatches <= 5)
+        ADD_FAILURE() << filters << "\n  " << d.id << ": kiln "
+                      << (k.keep ? "keeps" : k.rule + " " + std::to_string(k.value))
+                      << ", reference "
+                      << (r.keep ? "keeps" : r.rule + " " + std::to_string(r.value))
+                      << "\n  text: " << nlohmann::json(d.text).dump();
+      kept += k.keep;
+    }
+    EXPECT_EQ(mismatches, 0) << filters;
+    EXPECT_GT(kept, 0) << filters;
+    EXPECT_LT(kept, static_cast<int>(docs.size())) << filters;
+  }
+}
+
 // ---- configuration errors ----------------------------------------------------------------------
 
 TEST(FilterConfig, BadConfigNamesTheKey) {
