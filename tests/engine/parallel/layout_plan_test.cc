@@ -40,8 +40,8 @@ TEST(Plan, UnitSizesAreTheParamStoreLayout) {
 // variants with biases / tied embeddings), whole and on each of 2 tensor-parallel ranks.
 TEST(Plan, LlamaUnitSizesAreTheParamStoreLayout) {
   std::vector<std::string> llama = kSmall;
-  for (const char* s : {"model.arch=llama", "model.n_kv_heads=2", "model.ffn_hidden=136",
-                        "model.doc_mask=false"}) {
+  for (const char* s :
+       {"model.arch=llama", "model.n_kv_heads=2", "model.ffn_hidden=136", "model.doc_mask=false"}) {
     llama.push_back(s);
   }
   for (const char* variant : {"model.bias=false", "model.bias=true", "model.tie_embeddings=true"}) {
