@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
       "\"device\": \"%s\", \"gpu\": \"%s\", "
       "\"precision\": \"%s\", \"recompute\": \"%s\", \"micro_batch\": %lld, \"seq_len\": %lld, "
       "\"vocab\": %lld, \"d_model\": %lld, \"layers\": %lld, \"heads\": %lld, "
+      "\"kv_heads\": %lld, \"ffn\": %lld, \"doc_len\": %lld, "
       "\"params\": %zu, \"flops_per_token\": %.6g, \"peak_flops\": %s, \"steps\": %d, "
       "\"warmup\": %d, \"step_ms\": %.3f, \"step_ms_min\": %.3f, \"tokens_per_s\": %.1f, "
       "\"mfu\": %s, \"device_memory_peak_mib\": %s, \"allocated_peak_mib\": %.1f, "
@@ -192,8 +193,9 @@ int main(int argc, char** argv) {
       recompute_name(tc->activation_checkpointing), static_cast<long long>(B),
       static_cast<long long>(T), static_cast<long long>(m.vocab_size),
       static_cast<long long>(m.d_model), static_cast<long long>(m.n_layers),
-      static_cast<long long>(m.n_heads), params.num_params(), flops,
-      json_or_null(peak_flops, "%.6g").c_str(), steps, warmup, step_ms,
+      static_cast<long long>(m.n_heads), static_cast<long long>(m.kv_heads()),
+      static_cast<long long>(m.ffn()), static_cast<long long>(m.doc_mask ? kBenchDocLen : 0),
+      params.num_params(), flops, json_or_null(peak_flops, "%.6g").c_str(), steps, warmup, step_ms,
       *std::min_element(ms.begin(), ms.end()), tokens_per_s, json_or_null(mfu, "%.4f").c_str(),
       tc->device == Device::kCuda ? json_or_null(device_peak / 1048576.0, "%.1f").c_str() : "null",
       mem.peak / 1048576.0, kernels.c_str(), loss_first, loss_last);
