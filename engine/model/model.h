@@ -21,9 +21,9 @@
 //
 // The LM head and the fused softmax + cross-entropy run in chunks of rows, so the (tokens x vocab)
 // logits never exist at once. With a TensorParallel (engine/parallel/tensor_parallel.h) the same
-// code runs Megatron-style on this rank's slices: n_heads / tp heads, 4C / tp MLP units, V / tp
-// vocabulary rows, with the group's all-reduces where the layers meet. Not thread-safe: one model
-// per training thread.
+// code runs Megatron-style on this rank's slices: n_heads / tp heads (and n_kv_heads / tp key/value
+// heads), ffn / tp MLP units, V / tp vocabulary rows, with the group's all-reduces where the layers
+// meet. Not thread-safe: one model per training thread.
 #pragma once
 
 #include <cstddef>
