@@ -192,6 +192,174 @@ void attention_backward(R* dqkv, const R* dout, const R* qkv, int B, int T, int 
       }
 }
 
+// Naive grouped-query attention with an optional document mask (kernels/operators.inc
+// attention_gqa_forward): query t of row b sees keys doc_start[b,t] .. t.
+template <typename R>
+void attention_gqa_forward(R* out, R* lse, const R* qkv, const int32_t* doc_start, int B, int T,
+                           int NH, int NKV, int hs) {
+  const R scale = 1 / std::sqrt(static_cast<R>(hs));
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * hs, OC = static_cast<size_t>(NH) * hs;
+  std::vector<R> p(T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < T; ++i) {
+        const int g = h / (NH / NKV);
+        const int j0 = doc_start ? doc_start[b * T + i] : 0;
+        const R* q = qkv + (static_cast<size_t>(b) * T + i) * W + h * hs;
+        R mx = -INFINITY;
+        for (int j = j0; j <= i; ++j) {
+          const R* k = qkv + (static_cast<size_t>(b) * T + j) * W + (NH + g) * hs;
+          R s = 0;
+          for (int d = 0; d < hs; ++d) s += q[d] * k[d];
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        R sum = 0;
+        for (int j = j0; j <= i; ++j) sum += std::exp(p[j] - mx);
+        R* o = out + (static_cast<size_t>(b) * T + i) * OC + h * hs;
+        for (int d = 0; d < hs; ++d) o[d] = 0;
+        for (int j = j0; j <= i; ++j) {
+          const R* v = qkv + (static_cast<size_t>(b) * T + j) * W + (NH + NKV + g) * hs;
+          const R w = std::exp(p[j] - mx) / sum;
+          for (int d = 0; d < hs; ++d) o[d] += w * v[d];
+        }
+        if (lse) lse[(static_cast<size_t>(b) * NH + h) * T + i] = mx + std::log(sum);
+      }
+}
+
+template <typename R>
+void attention_gqa_backward(R* dqkv, const R* dout, const R* qkv, const int32_t* doc_start, int B,
+                            int T, int NH, int NKV, int hs) {
+  const R scale = 1 / std::sqrt(static_cast<R>(hs));
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * hs, OC = static_cast<size_t>(NH) * hs;
+  std::vector<R> p(T), dp(T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < T; ++i) {
+        const int g = h / (NH / NKV);
+        const int j0 = doc_start ? doc_start[b * T + i] : 0;
+        const size_t ko = static_cast<size_t>(NH + g) * hs,
+                     vo = static_cast<size_t>(NH + NKV + g) * hs;
+        const R* q = qkv + (static_cast<size_t>(b) * T + i) * W + h * hs;
+        R* dq = dqkv + (static_cast<size_t>(b) * T + i) * W + h * hs;
+        const R* dO = dout + (static_cast<size_t>(b) * T + i) * OC + h * hs;
+        R mx = -INFINITY;
+        for (int j = j0; j <= i; ++j) {
+          const R* k = qkv + (static_cast<size_t>(b) * T + j) * W + ko;
+          R s = 0;
+          for (int d = 0; d < hs; ++d) s += q[d] * k[d];
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        R sum = 0;
+        for (int j = j0; j <= i; ++j) sum += std::exp(p[j] - mx);
+        for (int j = j0; j <= i; ++j) p[j] = std::exp(p[j] - mx) / sum;
+        R pdp = 0;
+        for (int j = j0; j <= i; ++j) {
+          const R* v = qkv + (static_cast<size_t>(b) * T + j) * W + vo;
+          R* dv = dqkv + (static_cast<size_t>(b) * T + j) * W + vo;
+          R s = 0;
+          for (int d = 0; d < hs; ++d) {
+            dv[d] += p[j] * dO[d];
+            s += dO[d] * v[d];
+          }
+          dp[j] = s;
+          pdp += p[j] * s;
+        }
+        for (int j = j0; j <= i; ++j) {
+          const R ds = p[j] * (dp[j] - pdp) * scale;
+          const R* k = qkv + (static_cast<size_t>(b) * T + j) * W + ko;
+          R* dk = dqkv + (static_cast<size_t>(b) * T + j) * W + ko;
+          for (int d = 0; d < hs; ++d) {
+            dq[d] += ds * k[d];
+            dk[d] += ds * q[d];
+          }
+        }
+      }
+}
+
+// RoPE, rotate-half layout, in place on the q and k heads (inverse: the backward).
+template <typename R>
+void rope_apply(R* qkv, const int32_t* doc_start, double theta, int B, int T, int NH, int NKV,
+                int hs, bool inverse) {
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * hs;
+  const int half = hs / 2;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const int pos = t - (doc_start ? doc_start[b * T + t] : 0);
+      for (int h = 0; h < NH + NKV; ++h) {
+        R* x = qkv + (static_cast<size_t>(b) * T + t) * W + static_cast<size_t>(h) * hs;
+        for (int i = 0; i < half; ++i) {
+          const double a = pos * std::pow(theta, -2.0 * i / hs);
+          const R c = static_cast<R>(std::cos(a)),
+                  s = static_cast<R>(inverse ? -std::sin(a) : std::sin(a));
+          const R x1 = x[i], x2 = x[i + half];
+          x[i] = x1 * c - x2 * s;
+          x[i + half] = x2 * c + x1 * s;
+        }
+      }
+    }
+}
+template <typename R>
+void rope_forward(R* qkv, const int32_t* doc_start, double theta, int B, int T, int NH, int NKV,
+                  int hs) {
+  rope_apply(qkv, doc_start, theta, B, T, NH, NKV, hs, false);
+}
+template <typename R>
+void rope_backward(R* dqkv, const int32_t* doc_start, double theta, int B, int T, int NH, int NKV,
+                   int hs) {
+  rope_apply(dqkv, doc_start, theta, B, T, NH, NKV, hs, true);
+}
+
+template <typename R>
+void rmsnorm_forward(R* out, R* rstd, const R* inp, const R* weight, double eps, int B, int T,
+                     int C) {
+  for (size_t r = 0; r < static_cast<size_t>(B) * T; ++r) {
+    const R* x = inp + r * C;
+    R ms = 0;
+    for (int c = 0; c < C; ++c) ms += x[c] * x[c];
+    const R s = 1 / std::sqrt(ms / C + static_cast<R>(eps));
+    for (int c = 0; c < C; ++c) out[r * C + c] = x[c] * s * weight[c];
+    if (rstd) rstd[r] = s;
+  }
+}
+
+template <typename R>
+void rmsnorm_backward(R* dinp, R* dweight, const R* dout, const R* inp, const R* weight,
+                      const R* rstd, int B, int T, int C) {
+  for (size_t r = 0; r < static_cast<size_t>(B) * T; ++r) {
+    const R* x = inp + r * C;
+    const R* dy = dout + r * C;
+    R dot = 0;  // sum_c dy_c w_c x_c
+    for (int c = 0; c < C; ++c) dot += dy[c] * weight[c] * x[c];
+    const R s = rstd[r];
+    for (int c = 0; c < C; ++c) {
+      if (dweight) dweight[c] += dy[c] * x[c] * s;
+      if (dinp) dinp[r * C + c] += s * dy[c] * weight[c] - s * s * s * x[c] * dot / C;
+    }
+  }
+}
+
+template <typename R>
+void swiglu_forward(R* out, const R* inp, size_t rows, int F) {
+  for (size_t r = 0; r < rows; ++r)
+    for (int c = 0; c < F; ++c) {
+      const R g = inp[r * 2 * F + c], u = inp[r * 2 * F + F + c];
+      out[r * F + c] = g / (1 + std::exp(-g)) * u;
+    }
+}
+
+template <typename R>
+void swiglu_backward(R* dinp, const R* inp, const R* dout, size_t rows, int F) {
+  for (size_t r = 0; r < rows; ++r)
+    for (int c = 0; c < F; ++c) {
+      const R g = inp[r * 2 * F + c], u = inp[r * 2 * F + F + c];
+      const R sig = 1 / (1 + std::exp(-g));
+      dinp[r * 2 * F + c] += dout[r * F + c] * u * (sig + g * sig * (1 - sig));
+      dinp[r * 2 * F + F + c] += dout[r * F + c] * g * sig;
+    }
+}
+
 template <typename R>
 R gelu(R x) {
   const R k = std::sqrt(static_cast<R>(2) / static_cast<R>(M_PI));

@@ -8,6 +8,14 @@ if(KILN_HAVE_MPI)
                      ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_mpi ${MPIEXEC_EXECUTABLE})
     set_tests_properties(train_mpi_${check} PROPERTIES LABELS "mpi;e2e" TIMEOUT 300)
   endforeach()
+  # ZeRO-3 vs ZeRO-0, DP vs one process and resume across layouts for model.arch: llama.
+  foreach(check equivalence resume zero)
+    add_test(NAME train_mpi_llama_${check}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_mpi.sh ${check} $<TARGET_FILE:kiln>
+                     ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_mpi ${MPIEXEC_EXECUTABLE}
+                     llama)
+    set_tests_properties(train_mpi_llama_${check} PROPERTIES LABELS "mpi;e2e" TIMEOUT 300)
+  endforeach()
 endif()
 # Tensor-parallel `kiln train` (tests/train_tp.sh): TP=2 and DP=2 x TP=2 (ZeRO 0-3) against one
 # process and DP=2, bytes vs `kiln plan`, checkpoints across tensor-parallel sizes.
@@ -17,6 +25,12 @@ if(KILN_HAVE_MPI)
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_tp.sh ${check} $<TARGET_FILE:kiln>
                      ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_tp ${MPIEXEC_EXECUTABLE})
     set_tests_properties(train_tp_${check} PROPERTIES LABELS "mpi;e2e" TIMEOUT 300)
+    # The same checks for model.arch: llama (grouped-query heads split across the TP ranks).
+    add_test(NAME train_tp_llama_${check}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_tp.sh ${check} $<TARGET_FILE:kiln>
+                     ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_tp ${MPIEXEC_EXECUTABLE}
+                     llama)
+    set_tests_properties(train_tp_llama_${check} PROPERTIES LABELS "mpi;e2e" TIMEOUT 300)
   endforeach()
 endif()
 # Data parallelism and ZeRO on `device: cuda` over NCCL (tests/train_gpu_dist.sh): `refuse` runs

@@ -26,12 +26,25 @@ constexpr const char* kFormat = "kiln-checkpoint/2";
 // Format 1 (before meta.json): the same files as a P = 1 checkpoint of format 2.
 constexpr const char* kFormat1 = "kiln-checkpoint/1";
 
+// The model's shape; a GPT-2 of the default options keeps the five keys it always had.
 nlohmann::json model_json(const ModelConfig& m) {
-  return {{"vocab_size", m.vocab_size},
-          {"d_model", m.d_model},
-          {"n_layers", m.n_layers},
-          {"n_heads", m.n_heads},
-          {"seq_len", m.seq_len}};
+  nlohmann::json j = {{"vocab_size", m.vocab_size},
+                      {"d_model", m.d_model},
+                      {"n_layers", m.n_layers},
+                      {"n_heads", m.n_heads},
+                      {"seq_len", m.seq_len}};
+  const bool gpt2_defaults = !m.llama() && m.kv_heads() == m.n_heads && m.ffn() == 4 * m.d_model &&
+                             m.tie_embeddings && m.bias;
+  if (!gpt2_defaults) {
+    j["arch"] = arch_name(m.arch);
+    j["n_kv_heads"] = m.kv_heads();
+    j["ffn_hidden"] = m.ffn();
+    j["rope_theta"] = m.rope_theta;
+    j["norm_eps"] = m.norm_eps;
+    j["tie_embeddings"] = m.tie_embeddings;
+    j["bias"] = m.bias;
+  }
+  return j;
 }
 
 Status fs_error(const std::string& what, const fs::path& p, const std::error_code& ec) {
@@ -182,6 +195,8 @@ nlohmann::ordered_json meta_json(const ParamStore& params, const CheckpointLayou
     e["tp_split"] = l.tp_partitions > 1 && t.split_dim >= 0
                         ? nlohmann::ordered_json{{"dim", t.split_dim}, {"parts", t.split_parts}}
                         : nlohmann::ordered_json(nullptr);
+    // Parts of different sizes (grouped-query q, k, v): their rows.
+    if (!e["tp_split"].is_null() && !t.part_rows.empty()) e["tp_split"]["part_rows"] = t.part_rows;
     e["split"] = l.sharded() ? "dp-flat" : "none";
     tensors.push_back(std::move(e));
   }
@@ -335,6 +350,20 @@ Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& di
     m.n_layers = json_integer_at<int64_t>(jm, "n_layers");
     m.n_heads = json_integer_at<int64_t>(jm, "n_heads");
     m.seq_len = json_integer_at<int64_t>(jm, "seq_len");
+    if (jm.contains("arch")) {  // the architecture's options (absent: a GPT-2 of the defaults)
+      const std::string arch = jm.at("arch").get<std::string>();
+      if (arch != "gpt2" && arch != "llama") {
+        return Status::data("model.arch '" + arch + "' is not gpt2 or llama")
+            .with_file((dir / "state.json").string());
+      }
+      m.arch = arch == "llama" ? Arch::kLlama : Arch::kGpt2;
+      m.n_kv_heads = json_integer_at<int64_t>(jm, "n_kv_heads");
+      m.ffn_hidden = json_integer_at<int64_t>(jm, "ffn_hidden");
+      m.rope_theta = jm.at("rope_theta").get<double>();
+      m.norm_eps = jm.at("norm_eps").get<float>();
+      m.tie_embeddings = jm.at("tie_embeddings").get<bool>();
+      m.bias = jm.at("bias").get<bool>();
+    }
     // (`kiln checkpoint consolidate` builds the model from this shape: hold it to the config's
     // bounds before anything is allocated.)
     if (Status st = check_model_shape(m); !st.is_ok()) {
@@ -753,5 +782,7 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
   reader->log_tp_reshard();
   return Status::ok();
 }
+
+std::string model_shape_json(const ModelConfig& m) { return model_json(m).dump(); }
 
 }  // namespace kiln::engine

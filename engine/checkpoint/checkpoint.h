@@ -165,5 +165,7 @@ Status load_checkpoint(const std::string& dir, ParamStore* params, TrainerState*
 // The model shape and precision a checkpoint was written with (for tools that load one without
 // a run's config, e.g. `kiln checkpoint consolidate`).
 Result<std::pair<ModelConfig, Precision>> checkpoint_model(const std::string& dir);
+// The model shape as state.json and a consolidated file's "model" metadata hold it (JSON text).
+std::string model_shape_json(const ModelConfig& m);
 
 }  // namespace kiln::engine

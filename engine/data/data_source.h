@@ -22,7 +22,11 @@ struct MicroBatch {
   std::vector<int32_t> inputs;   // rows * seq_len
   std::vector<int32_t> targets;  // rows * seq_len
   std::vector<int32_t> domains;  // rows: index into DataSource::domains()
-  double wait_ms = 0;            // time spent waiting for this batch
+  // rows * seq_len: the row position where each token's document starts (0 <= start <= t;
+  // model.doc_mask restarts attention and positions there). Empty when the source has no
+  // documents (synthetic data): one document per row.
+  std::vector<int32_t> doc_start;
+  double wait_ms = 0;  // time spent waiting for this batch
   // The documents the batch holds pieces of, "<shard path>#<member>" (loader data; empty for
   // synthetic data), for logging a skipped batch.
   std::vector<std::string> samples;
@@ -40,9 +44,16 @@ Status check_token_ids(const MicroBatch& b, int64_t vocab);
 struct ValidationSequences {
   int domain = 0;  // index into DataSource::domains()
   int64_t rows = 0, seq_len = 0;
-  std::vector<int32_t> inputs;   // rows * seq_len
-  std::vector<int32_t> targets;  // rows * seq_len
+  std::vector<int32_t> inputs;     // rows * seq_len
+  std::vector<int32_t> targets;    // rows * seq_len
+  std::vector<int32_t> doc_start;  // rows * seq_len, as MicroBatch's
 };
+
+// Appends the per-token document starts of one row of seq_len tokens to *out, from the row
+// positions where documents begin (loader::Batch::doc_starts; a row that begins inside a document
+// starts one there).
+void append_doc_starts(const std::vector<int32_t>& starts, int64_t seq_len,
+                       std::vector<int32_t>* out);
 
 class DataSource {
  public:

@@ -4,6 +4,10 @@
 
 namespace kiln::engine {
 
+namespace {
+constexpr size_t kParts = 3;  // inputs, targets, doc_start
+}  // namespace
+
 DeviceBatches::DeviceBatches(Runtime* runtime, int64_t rows, int64_t seq_len, int slot_base)
     : rt_(runtime),
       n_(static_cast<size_t>(rows * seq_len)),
@@ -13,7 +17,7 @@ DeviceBatches::~DeviceBatches() {
   rt_->synchronize();
   if (pinned_losses_) rt_->deallocate_pinned(pinned_losses_, pinned_count_ * n_ * sizeof(float));
   for (size_t i = 0; i < slots_.size(); ++i) {
-    rt_->deallocate_pinned(slots_[i].pinned, 2 * n_ * sizeof(int32_t));
+    rt_->deallocate_pinned(slots_[i].pinned, kParts * n_ * sizeof(int32_t));
   }
 }
 
@@ -23,8 +27,8 @@ void DeviceBatches::reserve(size_t n) {
   const size_t old = slots_.size();
   slots_.resize(n);
   for (size_t i = old; i < n; ++i) {
-    slots_[i].pinned = static_cast<int32_t*>(rt_->allocate_pinned(2 * n_ * sizeof(int32_t)));
-    slots_[i].tokens.reset(rt_, 2 * n_);
+    slots_[i].pinned = static_cast<int32_t*>(rt_->allocate_pinned(kParts * n_ * sizeof(int32_t)));
+    slots_[i].tokens.reset(rt_, kParts * n_);
   }
   losses_.reset(rt_, n * n_);
 }
@@ -38,14 +42,21 @@ void DeviceBatches::upload(size_t i, const MicroBatch& b) {
   Slot& s = slots_[i];
   std::memcpy(s.pinned, b.inputs.data(), n_ * sizeof(int32_t));
   std::memcpy(s.pinned + n_, b.targets.data(), n_ * sizeof(int32_t));
-  rt_->upload_async(s.tokens.data(), s.pinned, 2 * n_ * sizeof(int32_t), slot);
+  KILN_CHECK(b.doc_start.empty() || b.doc_start.size() == n_,
+             "micro-batch document starts differ from its shape");
+  if (b.doc_start.empty()) {
+    std::memset(s.pinned + 2 * n_, 0, n_ * sizeof(int32_t));
+  } else {
+    std::memcpy(s.pinned + 2 * n_, b.doc_start.data(), n_ * sizeof(int32_t));
+  }
+  rt_->upload_async(s.tokens.data(), s.pinned, kParts * n_ * sizeof(int32_t), slot);
 }
 
 DeviceBatches::Tokens DeviceBatches::at(size_t i) {
   KILN_CHECK(i < slots_.size(), "DeviceBatches::at before upload");
   rt_->wait_upload(slot(i));
   const int32_t* p = slots_[i].tokens.data();
-  return {p, p + n_};
+  return {p, p + n_, p + 2 * n_};
 }
 
 float* DeviceBatches::losses(size_t i) { return losses_.data() + i * n_; }

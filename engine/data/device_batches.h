@@ -36,6 +36,7 @@ class DeviceBatches {
   struct Tokens {
     const int32_t* inputs;
     const int32_t* targets;
+    const int32_t* doc_start;  // zeros (one document per row) when the batch has none
   };
   Tokens at(size_t i);
   float* losses(size_t i);
@@ -48,7 +49,7 @@ class DeviceBatches {
 
  private:
   struct Slot {
-    int32_t* pinned = nullptr;    // inputs then targets, 2 * rows * seq_len
+    int32_t* pinned = nullptr;    // inputs, targets, doc_start: 3 * rows * seq_len
     DeviceArray<int32_t> tokens;  // the same on the backend
   };
   int slot(size_t i) const { return static_cast<int>((slot_base_ + i) % Runtime::kUploadSlots); }

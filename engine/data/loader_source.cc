@@ -6,6 +6,17 @@
 #include "loader/loader.h"
 
 namespace kiln::engine {
+
+void append_doc_starts(const std::vector<int32_t>& starts, int64_t seq_len,
+                       std::vector<int32_t>* out) {
+  size_t next = 0;
+  int32_t cur = 0;
+  for (int64_t t = 0; t < seq_len; ++t) {
+    while (next < starts.size() && starts[next] <= t) cur = starts[next++];
+    out->push_back(cur);
+  }
+}
+
 namespace {
 
 class LoaderSource final : public DataSource {
@@ -23,7 +34,9 @@ class LoaderSource final : public DataSource {
     out->inputs.resize(b.micro_batch * T);
     out->targets.resize(b.micro_batch * T);
     out->domains.assign(b.domains.begin(), b.domains.end());
+    out->doc_start.clear();
     for (int64_t r = 0; r < b.micro_batch; ++r) {
+      append_doc_starts(b.doc_starts(r), T, &out->doc_start);
       auto row = b.row(r);
       for (int64_t i = 0; i < T; ++i) {
         out->inputs[r * T + i] = static_cast<int32_t>(row[i]);
@@ -69,6 +82,7 @@ class LoaderSource final : public DataSource {
       v.seq_len = b.seq_len;
       const int64_t T = b.seq_len;
       for (int64_t r = 0; r < b.micro_batch; ++r) {
+        append_doc_starts(b.doc_starts(r), T, &v.doc_start);
         auto row = b.row(r);
         for (int64_t i = 0; i < T; ++i) {
           v.inputs.push_back(static_cast<int32_t>(row[i]));

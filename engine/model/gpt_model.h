@@ -1,4 +1,5 @@
-// Internal to engine/model/: the GPT model's implementation, a template over the kernel backend
+// Internal to engine/model/: the decoder's implementation (gpt2 and llama blocks, model.h), a
+// template over the kernel backend
 // type K (kiln::CpuBackend / kiln::CudaBackend) and the storage type T. engine/model/model.cc
 // instantiates it for the CPU kernels, engine/device/cuda_module.cc (in libkiln_cuda.so) for the
 // CUDA ones, so the CUDA kernels are only linked into the CUDA module. Everyone else uses
@@ -15,18 +16,22 @@
 namespace kiln::engine::detail {
 
 // Sizes (elements) of one block's activations, per micro-batch, on one of tp tensor-parallel
-// ranks: btca (attention channels) and btf (MLP hidden) are split, btc (residual stream) is not.
+// ranks: btca (attention output), btqkv (q, k, v), btf (MLP hidden) and btfc (the MLP's first
+// layer: btf for gpt2, 2 btf for llama's gate and up) are split, btc (residual stream) is not.
 struct BlockSizes {
-  size_t btc, bt, lse, btca, btf;
+  size_t btc, bt, lse, btca, btqkv, btf, btfc;
   BlockSizes(const ModelConfig& m, int64_t B, int64_t tp = 1) {
     bt = static_cast<size_t>(B * m.seq_len);
     btc = bt * static_cast<size_t>(m.d_model);
     lse = static_cast<size_t>(B * m.n_heads * m.seq_len / tp);
-    btca = btc / static_cast<size_t>(tp);
-    btf = 4 * btc / static_cast<size_t>(tp);
+    btca = bt * static_cast<size_t>(m.n_heads * m.head_dim() / tp);
+    btqkv = bt * static_cast<size_t>(m.qkv_width() / tp);
+    btf = bt * static_cast<size_t>(m.ffn() / tp);
+    btfc = m.llama() ? 2 * btf : btf;
   }
-  // T-typed values kept per block: ln1 1, qkv 3, atty 1, res2 1, ln2 1, fch 4, gelu 4 (x btc).
-  // fp32 statistics: ln1/ln2 mean+rstd (4 x bt) and the attention logsumexp.
+  // T-typed values kept per block: ln1, qkv, atty, res2, ln2, fch, gelu (the MLP's activation:
+  // GELU or SwiGLU). fp32 statistics: ln1/ln2 mean+rstd (4 x bt; RMSNorm uses the rstd slots)
+  // and the attention logsumexp.
 };
 
 // The head works on the logits of this many bytes at a time, unless asked otherwise: ~8 MiB on
@@ -74,10 +79,10 @@ class GptModel final : public Model {
     rest_.resize(rest_sets);
     for (auto& r : rest_) {
       r.ln1.reset(rt_, s_.btc);
-      r.qkv.reset(rt_, 3 * s_.btca);
+      r.qkv.reset(rt_, s_.btqkv);
       r.res2.reset(rt_, s_.btc);
       r.ln2.reset(rt_, s_.btc);
-      r.fch.reset(rt_, s_.btf);
+      r.fch.reset(rt_, s_.btfc);
       r.stats.reset(rt_, 4 * s_.bt);
     }
     sel_.resize(sel_sets);
@@ -93,21 +98,24 @@ class GptModel final : public Model {
     dlnf_.reset(rt_, s_.btc);
     dbtc1_.reset(rt_, s_.btc);
     dbtc2_.reset(rt_, s_.btc);
-    dqkv_.reset(rt_, 3 * s_.btca);
-    dfch_.reset(rt_, s_.btf);
-    if constexpr (!kFusedGelu) dgelu_.reset(rt_, s_.btf);
+    dqkv_.reset(rt_, s_.btqkv);
+    dfch_.reset(rt_, s_.btfc);
+    if (!fused_gelu()) dgelu_.reset(rt_, s_.btf);
     logits_.reset(rt_, head_rows_ * static_cast<size_t>(V()));
     mem_ = plan_activation_memory(m_, B, params->precision(), mode, ntp_, rt_->device());
     mem_.working_bytes += logits_.bytes();
     mem_.working_bytes -= head_rows(m_, B, e, 0, V(), rt_->device()) * static_cast<size_t>(V()) * e;
     embed_unit_ = unit_of(p_->wte());
     final_unit_ = unit_of(p_->lnf_w());
+    head_unit_ = unit_of(p_->lm_head());
     for (size_t l = 0; l < L; ++l)
       block_units_.push_back(unit_of(p_->block(static_cast<int>(l)).ln1_w));
   }
 
-  void forward_backward(const int32_t* inputs, const int32_t* targets, float dloss,
-                        float* losses) override {
+  void forward_backward(const int32_t* inputs, const int32_t* targets, float dloss, float* losses,
+                        const int32_t* doc_start) override {
+    doc_ = m_.doc_mask ? doc_start : nullptr;
+    KILN_CHECK(!m_.doc_mask || doc_start, "Model: model.doc_mask without document starts");
     begin_pass(true);
     forward_blocks(inputs);
     head(targets, losses, dloss, /*backward=*/true);
@@ -115,7 +123,10 @@ class GptModel final : public Model {
     if (hooks_) hooks_->end_pass();
   }
 
-  void forward(const int32_t* inputs, const int32_t* targets, float* losses) override {
+  void forward(const int32_t* inputs, const int32_t* targets, float* losses,
+               const int32_t* doc_start) override {
+    doc_ = m_.doc_mask ? doc_start : nullptr;
+    KILN_CHECK(!m_.doc_mask || doc_start, "Model: model.doc_mask without document starts");
     begin_pass(false);
     forward_blocks(inputs);
     head(targets, losses, 0.0f, /*backward=*/false);
@@ -128,8 +139,10 @@ class GptModel final : public Model {
 
  private:
   // The MLP's GEMM + GELU as one operator each where the backend fuses them (kernels/ops.h
-  // traits: CUDA's cuBLASLt epilogues); the separate operators otherwise.
+  // traits: CUDA's cuBLASLt epilogues); the separate operators otherwise. GPT-2 with biases only
+  // (the fused operators take a bias; llama's SwiGLU has no such fusion).
   static constexpr bool kFusedGelu = K::kFusedGemmGelu;
+  bool fused_gelu() const { return kFusedGelu && !m_.llama() && m_.bias; }
 
   struct RestBuffers {  // kept by none and selective
     DeviceArray<T> ln1, qkv, res2, ln2, fch;
@@ -153,7 +166,9 @@ class GptModel final : public Model {
                 st + s_.bt,   st + 2 * s_.bt, st + 3 * s_.bt, s.lse.data()};
   }
 
-  T* w(int t) { return p_->work<T>(t); }
+  // Tensor t's working copy, nullptr for a tensor the model does not have (t < 0: a bias of a
+  // model without biases, a LayerNorm bias in llama).
+  T* w(int t) { return t < 0 ? nullptr : p_->work<T>(t); }
   int unit_of(int t) const { return p_->tensors()[t].unit; }
 
   // UnitHooks (model.h): the units in the order forward / forward_backward acquire them.
@@ -162,10 +177,15 @@ class GptModel final : public Model {
     std::vector<int> order{embed_unit_};
     order.insert(order.end(), block_units_.begin(), block_units_.end());
     order.push_back(final_unit_);
-    order.push_back(embed_unit_);  // the tied LM head
-    if (backward) {
+    if (tied()) {  // the LM head is wte; its backward then needs the final norm
+      order.push_back(embed_unit_);
+      if (backward) order.push_back(final_unit_);
+    } else {  // the LM head and the final norm's backward in the final unit
       order.push_back(final_unit_);
+    }
+    if (backward) {
       order.insert(order.end(), block_units_.rbegin(), block_units_.rend());
+      if (!tied()) order.push_back(embed_unit_);  // the embedding's gradient
     }
     hooks_->begin_pass(order);
   }
@@ -178,16 +198,21 @@ class GptModel final : public Model {
   void gradients_ready(int unit) {
     if (hooks_) hooks_->gradients_ready(unit);
   }
-  float* g(int t) { return p_->grad(t); }
+  float* g(int t) { return t < 0 ? nullptr : p_->grad(t); }
+  bool tied() const { return head_unit_ == embed_unit_; }
 
   int B() const { return static_cast<int>(B_); }
   int Tn() const { return static_cast<int>(m_.seq_len); }
   int C() const { return static_cast<int>(m_.d_model); }
   // This rank's share under tensor parallelism (the whole without): attention channels and
   // heads, MLP hidden units, vocabulary.
-  int CA() const { return static_cast<int>(m_.d_model / ntp_); }
+  int CA() const { return static_cast<int>(m_.n_heads * m_.head_dim() / ntp_); }
   int NH() const { return static_cast<int>(m_.n_heads / ntp_); }
-  int F() const { return static_cast<int>(4 * m_.d_model / ntp_); }
+  int NKV() const { return static_cast<int>(m_.kv_heads() / ntp_); }
+  int HS() const { return static_cast<int>(m_.head_dim()); }
+  int QKV() const { return static_cast<int>(m_.qkv_width() / ntp_); }
+  int F() const { return static_cast<int>(m_.ffn() / ntp_); }
+  int FC() const { return m_.llama() ? 2 * F() : F(); }
   int V() const { return static_cast<int>(m_.vocab_size / ntp_); }
   // Tensor parallelism's sum over the group (Megatron's g in forward, f in backward).
   void tp_sum(DeviceArray<T>& x) {
@@ -196,12 +221,54 @@ class GptModel final : public Model {
   // A row-parallel layer's bias, counted once in the sum over the group.
   const T* row_bias(int t) { return tp_ ? tp_->row_bias(w(t)) : w(t); }
 
+  // The block's norms: LayerNorm (gpt2; mean and rstd kept) or RMSNorm (llama; rstd kept).
+  void norm_forward(T* out, float* mean, float* rstd, const T* x, int wt, int bt) {
+    if (m_.llama()) {
+      K::rmsnorm_forward(out, rstd, x, w(wt), m_.norm_eps, B(), Tn(), C());
+    } else {
+      K::layernorm_forward(out, mean, rstd, x, w(wt), w(bt), B(), Tn(), C());
+    }
+  }
+  void norm_backward(T* dx, const T* dout, const T* x, int wt, int bt, const float* mean,
+                     const float* rstd) {
+    if (m_.llama()) {
+      K::rmsnorm_backward(dx, g(wt), dout, x, w(wt), rstd, B(), Tn(), C());
+    } else {
+      K::layernorm_backward(dx, g(wt), g(bt), dout, x, w(wt), mean, rstd, B(), Tn(), C());
+    }
+  }
+  // Attention from the block's qkv: GPT-2 multi-head attention keeps its own operator (and its
+  // CUDA tensor-core path); grouped-query heads or the document mask take the general one.
+  bool general_attention() const { return m_.llama() || NKV() != NH() || doc_ != nullptr; }
+  void attention(T* out, float* lse, const T* qkv) {
+    if (general_attention()) {
+      K::attention_gqa_forward(out, lse, qkv, doc_, B(), Tn(), NH(), NKV(), HS());
+    } else {
+      K::attention_forward(out, lse, qkv, B(), Tn(), CA(), NH());
+    }
+  }
+  void attention_grad(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse) {
+    if (general_attention()) {
+      K::attention_gqa_backward(dqkv, dout, qkv, out, lse, doc_, B(), Tn(), NH(), NKV(), HS());
+    } else {
+      K::attention_backward(dqkv, dout, qkv, out, lse, B(), Tn(), CA(), NH());
+    }
+  }
+  // The MLP's activation: GELU of fch (gpt2) or SwiGLU of its gate and up halves (llama).
+  void mlp_act(T* out, const T* fch) {
+    if (m_.llama()) {
+      K::swiglu_forward(out, fch, s_.bt, F());
+    } else {
+      K::gelu_forward(out, fch, s_.btf);
+    }
+  }
+
   // Whether the kernel backend fuses residual + layernorm into one pass (kernels/ops.h traits).
   static constexpr bool kFusedResidualLn = K::kFusedResidualLayernorm;
   // A block's last residual fused with the next layernorm (block l+1's ln1, or ln_f after the
   // last block): only with the fused operator and without unit hooks (ZeRO-3 gathers a unit's
   // weights when it starts, so the next unit's layernorm weights are not at hand yet).
-  bool fuse_next_layernorm() const { return kFusedResidualLn && hooks_ == nullptr; }
+  bool fuse_next_layernorm() const { return kFusedResidualLn && hooks_ == nullptr && !m_.llama(); }
 
   // res = a + b, then out = layernorm(res) (one pass where the backend fuses them).
   void residual_layernorm(T* res, T* out, float* mean, float* rstd, const T* a, const T* b,
@@ -215,22 +282,25 @@ class GptModel final : public Model {
     const BlockTensors& bt = p_->block(static_cast<int>(l));
     Acts a = acts(l);
     const T* x = x_[l].data();
-    if (!ln1_done) {
-      K::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w(bt.ln1_w), w(bt.ln1_b), B(), Tn(),
-                           C());
-    }
-    K::matmul_forward(a.qkv, a.ln1, w(bt.qkv_w), w(bt.qkv_b), B(), Tn(), C(), 3 * CA());
-    K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), CA(), NH());
+    if (!ln1_done) norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, bt.ln1_w, bt.ln1_b);
+    K::matmul_forward(a.qkv, a.ln1, w(bt.qkv_w), w(bt.qkv_b), B(), Tn(), C(), QKV());
+    if (m_.llama()) K::rope_forward(a.qkv, doc_, rope_theta(), B(), Tn(), NH(), NKV(), HS());
+    attention(a.atty, a.lse, a.qkv);
     K::matmul_forward(proj_.data(), a.atty, w(bt.attn_proj_w), row_bias(bt.attn_proj_b), B(), Tn(),
                       CA(), C());
     tp_sum(proj_);
-    residual_layernorm(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, proj_.data(), w(bt.ln2_w),
-                       w(bt.ln2_b));
-    if constexpr (kFusedGelu) {  // one GEMM with the GELU in its epilogue (CUDA)
+    if (m_.llama()) {
+      K::residual_forward(a.res2, x, proj_.data(), s_.btc);
+      norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, bt.ln2_w, bt.ln2_b);
+    } else {
+      residual_layernorm(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, proj_.data(), w(bt.ln2_w),
+                         w(bt.ln2_b));
+    }
+    if (fused_gelu()) {  // one GEMM with the GELU in its epilogue (CUDA)
       K::matmul_gelu_forward(a.gelu, a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), F());
     } else {
-      K::matmul_forward(a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), F());
-      K::gelu_forward(a.gelu, a.fch, s_.btf);
+      K::matmul_forward(a.fch, a.ln2, w(bt.fc_w), w(bt.fc_b), B(), Tn(), C(), FC());
+      mlp_act(a.gelu, a.fch);
     }
     if (recompute) return;
     K::matmul_forward(proj_.data(), a.gelu, w(bt.fc_proj_w), row_bias(bt.fc_proj_b), B(), Tn(), F(),
@@ -256,7 +326,7 @@ class GptModel final : public Model {
     if (tp_) {
       tp_->embedding_forward<K>(*rt_, x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(),
                                 C());
-    } else {
+    } else {  // (no wpe with rotary positions)
       K::encoder_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
     }
     release(embed_unit_);
@@ -268,8 +338,8 @@ class GptModel final : public Model {
     }
     acquire(final_unit_, false);
     if (!fused || x_.size() == 1) {
-      K::layernorm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt,
-                           x_.back().data(), w(p_->lnf_w()), w(p_->lnf_b()), B(), Tn(), C());
+      norm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt, x_.back().data(),
+                   p_->lnf_w(), p_->lnf_b());
     }
     release(final_unit_);
   }
@@ -278,9 +348,11 @@ class GptModel final : public Model {
   void head(const int32_t* targets, float* losses, float dloss, bool backward) {
     const int V = this->V();
     const size_t bt = s_.bt;
-    acquire(embed_unit_, backward);
-    if (backward) acquire(final_unit_, true);
-    T* wte = w(p_->wte());
+    // The head's weight: wte (tied, in the embedding unit) or lm_head (in the final unit, which
+    // the final norm's backward needs anyway).
+    if (tied()) acquire(embed_unit_, backward);
+    if (backward || !tied()) acquire(final_unit_, backward);
+    T* wte = w(p_->lm_head());
     if (backward) zero(dlnf_);
     for (size_t r0 = 0; r0 < bt; r0 += head_rows_) {
       const int n = static_cast<int>(std::min(head_rows_, bt - r0));
@@ -294,17 +366,19 @@ class GptModel final : public Model {
                                          logits_.data(), targets + r0, dloss, n, V, V);
       }
       if (backward) {
-        K::matmul_backward(dlnf_.data() + r0 * C(), g(p_->wte()), nullptr, logits_.data(), in, wte,
-                           1, n, C(), V);
+        K::matmul_backward(dlnf_.data() + r0 * C(), g(p_->lm_head()), nullptr, logits_.data(), in,
+                           wte, 1, n, C(), V);
       }
     }
-    release(embed_unit_);
-    if (!backward) return;
+    if (tied()) release(embed_unit_);
+    if (!backward) {
+      if (!tied()) release(final_unit_);
+      return;
+    }
     tp_sum(dlnf_);
     zero(dres_);
-    K::layernorm_backward(dres_.data(), g(p_->lnf_w()), g(p_->lnf_b()), dlnf_.data(),
-                          x_.back().data(), w(p_->lnf_w()), lnf_stats_.data(),
-                          lnf_stats_.data() + s_.bt, B(), Tn(), C());
+    norm_backward(dres_.data(), dlnf_.data(), x_.back().data(), p_->lnf_w(), p_->lnf_b(),
+                  lnf_stats_.data(), lnf_stats_.data() + s_.bt);
     release(final_unit_);
     gradients_ready(final_unit_);
   }
@@ -319,12 +393,12 @@ class GptModel final : public Model {
       }
       Acts a = acts(l);
       if (mode_ == Recompute::kSelective) {
-        K::attention_forward(a.atty, a.lse, a.qkv, B(), Tn(), CA(), NH());
-        K::gelu_forward(a.gelu, a.fch, s_.btf);
+        attention(a.atty, a.lse, a.qkv);
+        mlp_act(a.gelu, a.fch);
       }
       const T* x = x_[l].data();
-      // MLP: res3 = res2 + proj(gelu(fc(ln2(res2)))).
-      if constexpr (kFusedGelu) {  // the GELU's derivative in the GEMM's epilogue (CUDA)
+      // MLP: res3 = res2 + proj(act(fc(ln2(res2)))), act GELU or SwiGLU.
+      if (fused_gelu()) {  // the GELU's derivative in the GEMM's epilogue (CUDA)
         K::matmul_dgelu_backward(dfch_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres_.data(),
                                  a.gelu, w(bt.fc_proj_w), a.fch, B(), Tn(), F(), C());
       } else {
@@ -332,38 +406,46 @@ class GptModel final : public Model {
         K::matmul_backward(dgelu_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres_.data(), a.gelu,
                            w(bt.fc_proj_w), B(), Tn(), F(), C());
         zero(dfch_);
-        K::gelu_backward(dfch_.data(), a.fch, dgelu_.data(), s_.btf);
+        if (m_.llama()) {
+          K::swiglu_backward(dfch_.data(), a.fch, dgelu_.data(), s_.bt, F());
+        } else {
+          K::gelu_backward(dfch_.data(), a.fch, dgelu_.data(), s_.btf);
+        }
       }
       zero(dbtc1_);
       K::matmul_backward(dbtc1_.data(), g(bt.fc_w), g(bt.fc_b), dfch_.data(), a.ln2, w(bt.fc_w),
-                         B(), Tn(), C(), F());
+                         B(), Tn(), C(), FC());
       tp_sum(dbtc1_);
-      K::layernorm_backward(dres_.data(), g(bt.ln2_w), g(bt.ln2_b), dbtc1_.data(), a.res2,
-                            w(bt.ln2_w), a.ln2_mean, a.ln2_rstd, B(), Tn(), C());
-      // Attention: res2 = x + proj(attn(qkv(ln1(x)))).
+      norm_backward(dres_.data(), dbtc1_.data(), a.res2, bt.ln2_w, bt.ln2_b, a.ln2_mean,
+                    a.ln2_rstd);
+      // Attention: res2 = x + proj(attn(rope(qkv(ln1(x))))).
       zero(dbtc1_);
       K::matmul_backward(dbtc1_.data(), g(bt.attn_proj_w), g(bt.attn_proj_b), dres_.data(), a.atty,
                          w(bt.attn_proj_w), B(), Tn(), CA(), C());
       zero(dqkv_);
-      K::attention_backward(dqkv_.data(), dbtc1_.data(), a.qkv, a.atty, a.lse, B(), Tn(), CA(),
-                            NH());
+      attention_grad(dqkv_.data(), dbtc1_.data(), a.qkv, a.atty, a.lse);
+      if (m_.llama())
+        K::rope_backward(dqkv_.data(), doc_, rope_theta(), B(), Tn(), NH(), NKV(), HS());
       zero(dbtc2_);
       K::matmul_backward(dbtc2_.data(), g(bt.qkv_w), g(bt.qkv_b), dqkv_.data(), a.ln1, w(bt.qkv_w),
-                         B(), Tn(), C(), 3 * CA());
+                         B(), Tn(), C(), QKV());
       tp_sum(dbtc2_);
-      K::layernorm_backward(dres_.data(), g(bt.ln1_w), g(bt.ln1_b), dbtc2_.data(), x, w(bt.ln1_w),
-                            a.ln1_mean, a.ln1_rstd, B(), Tn(), C());
+      norm_backward(dres_.data(), dbtc2_.data(), x, bt.ln1_w, bt.ln1_b, a.ln1_mean, a.ln1_rstd);
       release(block_units_[l]);
       gradients_ready(block_units_[l]);
     }
+    if (!tied()) acquire(embed_unit_, true);  // (tied: the head acquired it for its gradient)
     if (tp_) {
       tp_->embedding_backward<K>(*rt_, g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(),
                                  C());
     } else {
       K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(), C());
     }
+    if (!tied()) release(embed_unit_);
     gradients_ready(embed_unit_);
   }
+
+  float rope_theta() const { return static_cast<float>(m_.rope_theta); }
 
   template <typename U>
   static void zero(DeviceArray<U>& b) {
@@ -385,7 +467,8 @@ class GptModel final : public Model {
   DeviceArray<T> lnf_, proj_, dres_, dlnf_, dbtc1_, dbtc2_, dqkv_, dfch_, dgelu_, logits_;
   DeviceArray<float> lnf_stats_;
   ActivationMemory mem_;
-  int embed_unit_ = 0, final_unit_ = 0;
+  int embed_unit_ = 0, final_unit_ = 0, head_unit_ = 0;
+  const int32_t* doc_ = nullptr;  // this pass's document starts (B, T), nullptr without the mask
   std::vector<int> block_units_;
 };
 

@@ -16,9 +16,9 @@ ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precisi
   const size_t e = elem_size(p);
   const size_t L = static_cast<size_t>(m.n_layers);
   // Per block, split into what can be recomputed by "selective" and the rest.
-  const size_t sel_bytes = (s.btca + s.btf) * e + s.lse * 4;  // atty, gelu, lse
+  const size_t sel_bytes = (s.btca + s.btf) * e + s.lse * 4;  // atty, gelu/swiglu, lse
   // ln1, qkv, res2, ln2, fch; ln1/ln2 statistics.
-  const size_t rest_bytes = (s.btc + 3 * s.btca + s.btc + s.btc + s.btf) * e + 4 * s.bt * 4;
+  const size_t rest_bytes = (s.btc + s.btqkv + s.btc + s.btc + s.btfc) * e + 4 * s.bt * 4;
   ActivationMemory a;
   // Block inputs x[0..L] (x[L] feeds the final norm) + final norm output and statistics.
   a.kept_bytes = (L + 1) * s.btc * e + s.btc * e + 2 * s.bt * 4;
@@ -37,7 +37,7 @@ ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precisi
   const size_t vocab = static_cast<size_t>(m.vocab_size / tp);
   const size_t rows = head_rows(m, B, e, 0, vocab, device);
   // proj scratch, dresidual, dlnf, 2 x (B,T,C) grads, dqkv, dfch, dgelu; logits chunk.
-  a.working_bytes = (s.btc * 5 + 3 * s.btca + 2 * s.btf) * e + rows * vocab * e;
+  a.working_bytes = (s.btc * 5 + s.btqkv + s.btfc + s.btf) * e + rows * vocab * e;
   return a;
 }
 

@@ -1,5 +1,10 @@
-// The GPT-2 decoder: token + learned position embeddings, pre-LayerNorm blocks (causal multi-head
-// attention, GELU MLP 4x), final LayerNorm, LM head tied to the token embedding.
+// The decoder, model.arch gpt2 or llama (engine/train/train_config.h ModelConfig):
+//   gpt2   token + learned position embeddings, pre-LayerNorm blocks (causal multi-head
+//          attention, GELU MLP), final LayerNorm, LM head tied to the token embedding
+//   llama  token embedding, pre-RMSNorm blocks (grouped-query attention with rotary positions,
+//          SwiGLU MLP), final RMSNorm, a separate LM head (lm_head.weight), no biases
+// (model.tie_embeddings and model.bias switch the head and the biases for either), and with
+// model.doc_mask attention and rotary positions that restart at each document start of a row.
 //
 // The model owns its activation buffers (sized for one micro-batch at construction, in the
 // ParamStore's runtime memory) and reads and writes parameters and fp32 gradients in a ParamStore
@@ -16,9 +21,9 @@
 //
 // The LM head and the fused softmax + cross-entropy run in chunks of rows, so the (tokens x vocab)
 // logits never exist at once. With a TensorParallel (engine/parallel/tensor_parallel.h) the same
-// code runs Megatron-style on this rank's slices: n_heads / tp heads, 4C / tp MLP units, V / tp
-// vocabulary rows, with the group's all-reduces where the layers meet. Not thread-safe: one model
-// per training thread.
+// code runs Megatron-style on this rank's slices: n_heads / tp heads (and n_kv_heads / tp key/value
+// heads), ffn / tp MLP units, V / tp vocabulary rows, with the group's all-reduces where the layers
+// meet. Not thread-safe: one model per training thread.
 #pragma once
 
 #include <cstddef>
@@ -80,10 +85,14 @@ class Model {
   // ignored (loss 0, no gradient). Runs forward, the loss and backward, ACCUMULATING the fp32
   // parameter gradients of dloss * sum(losses) into the ParamStore (zero them before the first
   // micro-batch of a step). losses receives the per-token cross-entropy (natural log, unscaled).
+  // doc_start (micro_batch, seq_len), same memory, nullable: each token's document start in its
+  // row (kernels/operators.inc attention_gqa_forward); required with model.doc_mask (attention
+  // and rotary positions restart there), ignored without.
   virtual void forward_backward(const int32_t* inputs, const int32_t* targets, float dloss,
-                                float* losses) = 0;
+                                float* losses, const int32_t* doc_start = nullptr) = 0;
   // Forward and per-token losses only.
-  virtual void forward(const int32_t* inputs, const int32_t* targets, float* losses) = 0;
+  virtual void forward(const int32_t* inputs, const int32_t* targets, float* losses,
+                       const int32_t* doc_start = nullptr) = 0;
 
   virtual ActivationMemory activation_memory() const = 0;
   virtual int64_t micro_batch() const = 0;

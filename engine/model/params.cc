@@ -24,32 +24,49 @@ ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay
       tp_(tp) {
   KILN_CHECK(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "ParamStore: bad TpShard");
   const int64_t V = model.vocab_size, C = model.d_model, T = model.seq_len;
+  const int64_t hs = model.head_dim(), NH = model.n_heads, NKV = model.kv_heads();
+  const int64_t F = model.ffn();
+  const bool llama = model.llama(), bias = model.bias;
+  // A bias that exists only with model.bias; a norm's bias only for LayerNorm (gpt2).
+  auto add_bias = [&](int u, const std::string& name, int64_t n, int split_dim = -1,
+                      int split_parts = 1, std::vector<int64_t> part_rows = {}) {
+    return bias ? add(u, name, {n}, TensorRole::kBias, split_dim, split_parts, std::move(part_rows))
+                : -1;
+  };
+  auto add_norm = [&](int u, const std::string& name, int* w, int* b) {
+    *w = add(u, name + ".weight", {C}, TensorRole::kNormGain);
+    *b = llama ? -1 : add(u, name + ".bias", {C}, TensorRole::kNormBias);
+  };
   add_unit("embed");
   wte_ = add(0, "wte", {V, C}, TensorRole::kEmbedding, 0);  // vocabulary-parallel
-  wpe_ = add(0, "wpe", {T, C}, TensorRole::kEmbedding);
+  if (!llama) wpe_ = add(0, "wpe", {T, C}, TensorRole::kEmbedding);
+  // q, k, v rows: equal parts for multi-head attention, the head counts for grouped-query.
+  std::vector<int64_t> qkv_parts;
+  if (NKV != NH) qkv_parts = {NH * hs, NKV * hs, NKV * hs};
+  const int64_t QKV = model.qkv_width();
+  const int64_t FC = llama ? 2 * F : F;  // SwiGLU: gate and up
   for (int l = 0; l < model.n_layers; ++l) {
     const std::string p = "blocks." + std::to_string(l) + ".";
     add_unit("blocks." + std::to_string(l));
     const int u = static_cast<int>(units_.size()) - 1;
     BlockTensors b;
-    b.ln1_w = add(u, p + "ln1.weight", {C}, TensorRole::kNormGain);
-    b.ln1_b = add(u, p + "ln1.bias", {C}, TensorRole::kNormBias);
-    b.qkv_w = add(u, p + "attn.qkv.weight", {3 * C, C}, TensorRole::kMatrix, 0, 3);
-    b.qkv_b = add(u, p + "attn.qkv.bias", {3 * C}, TensorRole::kBias, 0, 3);
-    b.attn_proj_w = add(u, p + "attn.proj.weight", {C, C}, TensorRole::kResidualOut, 1);
-    b.attn_proj_b = add(u, p + "attn.proj.bias", {C}, TensorRole::kBias);
-    b.ln2_w = add(u, p + "ln2.weight", {C}, TensorRole::kNormGain);
-    b.ln2_b = add(u, p + "ln2.bias", {C}, TensorRole::kNormBias);
-    b.fc_w = add(u, p + "mlp.fc.weight", {4 * C, C}, TensorRole::kMatrix, 0);
-    b.fc_b = add(u, p + "mlp.fc.bias", {4 * C}, TensorRole::kBias, 0);
-    b.fc_proj_w = add(u, p + "mlp.proj.weight", {C, 4 * C}, TensorRole::kResidualOut, 1);
-    b.fc_proj_b = add(u, p + "mlp.proj.bias", {C}, TensorRole::kBias);
+    add_norm(u, p + "ln1", &b.ln1_w, &b.ln1_b);
+    b.qkv_w = add(u, p + "attn.qkv.weight", {QKV, C}, TensorRole::kMatrix, 0, 3, qkv_parts);
+    b.qkv_b = add_bias(u, p + "attn.qkv.bias", QKV, 0, 3, qkv_parts);
+    b.attn_proj_w = add(u, p + "attn.proj.weight", {C, NH * hs}, TensorRole::kResidualOut, 1);
+    b.attn_proj_b = add_bias(u, p + "attn.proj.bias", C);
+    add_norm(u, p + "ln2", &b.ln2_w, &b.ln2_b);
+    b.fc_w = add(u, p + "mlp.fc.weight", {FC, C}, TensorRole::kMatrix, 0, llama ? 2 : 1);
+    b.fc_b = add_bias(u, p + "mlp.fc.bias", FC, 0, llama ? 2 : 1);
+    b.fc_proj_w = add(u, p + "mlp.proj.weight", {C, F}, TensorRole::kResidualOut, 1);
+    b.fc_proj_b = add_bias(u, p + "mlp.proj.bias", C);
     blocks_.push_back(b);
   }
   add_unit("final");
   const int uf = static_cast<int>(units_.size()) - 1;
-  lnf_w_ = add(uf, "ln_f.weight", {C}, TensorRole::kNormGain);
-  lnf_b_ = add(uf, "ln_f.bias", {C}, TensorRole::kNormBias);
+  add_norm(uf, "ln_f", &lnf_w_, &lnf_b_);
+  lm_head_ =
+      model.tie_embeddings ? wte_ : add(uf, "lm_head.weight", {V, C}, TensorRole::kMatrix, 0);
 
   const bool low = precision != Precision::kFp32;
   for (auto& u : units_) {
@@ -69,18 +86,28 @@ void ParamStore::add_unit(const std::string& name) {
 }
 
 int ParamStore::add(int unit, const std::string& name, std::vector<int64_t> shape, TensorRole role,
-                    int split_dim, int split_parts) {
+                    int split_dim, int split_parts, std::vector<int64_t> part_rows) {
   ParamTensor t;
   t.name = name;
   t.global_shape = shape;
   t.shape = std::move(shape);
   if (tp_.size > 1 && split_dim >= 0) {
-    const int64_t parts = split_parts * tp_.size;
-    KILN_CHECK(t.shape[split_dim] % parts == 0,
-               "ParamStore: " + name + " does not split over the tensor-parallel ranks");
+    if (part_rows.empty()) {
+      const int64_t parts = split_parts * tp_.size;
+      KILN_CHECK(t.shape[split_dim] % parts == 0,
+                 "ParamStore: " + name + " does not split over the tensor-parallel ranks");
+    } else {
+      KILN_CHECK(split_dim == 0 && static_cast<int>(part_rows.size()) == split_parts,
+                 "ParamStore: " + name + ": unequal parts are rows");
+      for (int64_t rows : part_rows) {
+        KILN_CHECK(rows % tp_.size == 0,
+                   "ParamStore: " + name + " does not split over the tensor-parallel ranks");
+      }
+    }
     t.shape[split_dim] /= tp_.size;
     t.split_dim = split_dim;
     t.split_parts = split_parts;
+    t.part_rows = std::move(part_rows);
   }
   t.unit = unit;
   t.numel = 1;
@@ -143,12 +170,12 @@ RowStd row_std(const ModelConfig& m, const ParamTensor& t) {
     r.lo = t.role == TensorRole::kResidualOut ? std0 / std::sqrt(2.0 * L) : std0;
   } else if (t.role == TensorRole::kEmbedding) {
     r.lo = std0;
-  } else if (t.name.find("attn.qkv") != std::string::npos) {  // q, k, v: three (C, C) matrices
-    const double c = static_cast<double>(cols);
+  } else if (t.name.find("attn.qkv") != std::string::npos) {  // q, k, v: (C, C) matrices
+    const double c = static_cast<double>(cols);               // (k, v: (kv heads x hs, C))
     const double xavier = std::sqrt(2.0 / (c + c));
     r.lo = xavier;
     r.hi = beta * xavier;
-    r.split = static_cast<size_t>(2 * m.d_model);
+    r.split = static_cast<size_t>((m.n_heads + m.kv_heads()) * m.head_dim());  // v's first row
     return r;
   } else {
     const double fan_out = static_cast<double>(shape[0]);
@@ -327,11 +354,15 @@ void for_each_run(const ParamTensor& t, TpShard s, Fn fn) {
   const size_t grows = static_cast<size_t>(t.global_shape[0]);
   const size_t whole_cols = t.global_shape.size() > 1 ? static_cast<size_t>(t.global_shape[1]) : 1;
   if (t.split_dim == 0) {  // rows: each of split_parts parts split over the ranks
-    const size_t part_rows = grows / static_cast<size_t>(t.split_parts);
-    const size_t mine = part_rows / static_cast<size_t>(s.size);
+    size_t whole_row = 0, local_row = 0;
     for (size_t p = 0; p < static_cast<size_t>(t.split_parts); ++p) {
-      fn((p * part_rows + static_cast<size_t>(s.rank) * mine) * whole_cols, p * mine * whole_cols,
+      const size_t part_rows = t.part_rows.empty() ? grows / static_cast<size_t>(t.split_parts)
+                                                   : static_cast<size_t>(t.part_rows[p]);
+      const size_t mine = part_rows / static_cast<size_t>(s.size);
+      fn((whole_row + static_cast<size_t>(s.rank) * mine) * whole_cols, local_row * whole_cols,
          mine * whole_cols);
+      whole_row += part_rows;
+      local_row += mine;
     }
     return;
   }

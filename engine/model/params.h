@@ -60,6 +60,9 @@ struct ParamTensor {
   // ranks, so a rank holds the same heads of q, k and v.
   int split_dim = -1;
   int split_parts = 1;
+  // Rows of each part when the parts differ (grouped-query q, k, v: n_heads, n_kv_heads,
+  // n_kv_heads heads); empty when they are split_parts equal parts.
+  std::vector<int64_t> part_rows;
   int unit = 0;
   size_t offset = 0;  // elements from the start of its unit
   size_t numel = 0;
@@ -78,7 +81,9 @@ struct ParamUnit {
   DeviceArray<uint16_t> lp;  // bf16/fp16 bits; empty in fp32
 };
 
-// Indices of one block's tensors.
+// Indices of one block's tensors; -1 for a tensor the architecture does not have (llama: the
+// norms' biases, and every bias with model.bias false). mlp.fc is (ffn, C) for gpt2 and
+// (2 ffn, C), the SwiGLU gate then up rows, for llama.
 struct BlockTensors {
   int ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, fc_proj_w,
       fc_proj_b;
@@ -88,10 +93,11 @@ enum class ParamField { kMaster, kGrad, kExpAvg, kExpAvgSq };
 
 class ParamStore;
 
-// True when a model's tensors split over `tp` tensor-parallel ranks: heads and vocabulary rows in
-// equal parts (then d_model, 3 * d_model and 4 * d_model do too, n_heads dividing d_model).
+// True when a model's tensors split over `tp` tensor-parallel ranks: query and key/value heads,
+// MLP units and vocabulary rows in equal parts.
 inline bool splits_over_tp(const ModelConfig& m, int64_t tp) {
-  return tp >= 1 && m.n_heads % tp == 0 && m.vocab_size % tp == 0;
+  return tp >= 1 && m.n_heads % tp == 0 && m.kv_heads() % tp == 0 && m.ffn() % tp == 0 &&
+         m.vocab_size % tp == 0;
 }
 
 // Where model states come from when they are built (start-up, resume): fp32 values of one field
@@ -193,9 +199,12 @@ class ParamStore {
   }
 
   int wte() const { return wte_; }
-  int wpe() const { return wpe_; }
+  int wpe() const { return wpe_; }  // -1 without learned positions (llama)
   int lnf_w() const { return lnf_w_; }
-  int lnf_b() const { return lnf_b_; }
+  int lnf_b() const { return lnf_b_; }  // -1 for RMSNorm (llama)
+  // The LM head's weight: wte() when the embeddings are tied, else lm_head.weight (V, C), in the
+  // "final" unit with the last norm.
+  int lm_head() const { return lm_head_; }
   const BlockTensors& block(int l) const { return blocks_[l]; }
 
   size_t num_params() const;    // unpadded
@@ -205,7 +214,7 @@ class ParamStore {
  private:
   void add_unit(const std::string& name);
   int add(int unit, const std::string& name, std::vector<int64_t> shape, TensorRole role,
-          int split_dim = -1, int split_parts = 1);
+          int split_dim = -1, int split_parts = 1, std::vector<int64_t> part_rows = {});
   float* field(int t, ParamField f) const;
   Runtime* runtime_;
   ModelConfig model_;
@@ -215,7 +224,7 @@ class ParamStore {
   std::vector<ParamTensor> tensors_;
   std::vector<ParamUnit> units_;
   std::vector<BlockTensors> blocks_;
-  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, lm_head_ = -1;
 };
 
 template <typename T>

@@ -63,29 +63,36 @@ std::vector<uint64_t> unit_numels(const ModelConfig& m, int64_t tp) {
   const uint64_t V = static_cast<uint64_t>(m.vocab_size), C = static_cast<uint64_t>(m.d_model),
                  T = static_cast<uint64_t>(m.seq_len), t = static_cast<uint64_t>(tp);
   std::vector<uint64_t> units;
+  // engine/model/params.cc's layout: llama has no position table and no norm biases, its MLP's
+  // first layer is SwiGLU's gate and up (2 ffn rows); model.bias and model.tie_embeddings drop
+  // the biases and add an LM head.
+  const bool llama = m.llama(), bias = m.bias;
+  const uint64_t QKV = static_cast<uint64_t>(m.qkv_width()), F = static_cast<uint64_t>(m.ffn());
+  const uint64_t FC = llama ? 2 * F : F, A = static_cast<uint64_t>(m.n_heads * m.head_dim());
   UnitBuilder embed;
   embed.add((V + t - 1) / t * C);  // vocabulary-parallel rows
-  embed.add(T * C);
+  if (!llama) embed.add(T * C);    // wpe
   units.push_back(embed.done());
   for (int64_t l = 0; l < m.n_layers; ++l) {
     UnitBuilder b;
-    b.add(C);              // ln1.weight
-    b.add(C);              // ln1.bias
-    b.add(3 * C * C / t);  // attn.qkv.weight (column)
-    b.add(3 * C / t);      // attn.qkv.bias
-    b.add(C * C / t);      // attn.proj.weight (row)
-    b.add(C);              // attn.proj.bias (replicated)
-    b.add(C);              // ln2.weight
-    b.add(C);              // ln2.bias
-    b.add(4 * C * C / t);  // mlp.fc.weight (column)
-    b.add(4 * C / t);      // mlp.fc.bias
-    b.add(4 * C * C / t);  // mlp.proj.weight (row)
-    b.add(C);              // mlp.proj.bias (replicated)
+    b.add(C);                  // ln1.weight
+    if (!llama) b.add(C);      // ln1.bias
+    b.add(QKV * C / t);        // attn.qkv.weight (column)
+    if (bias) b.add(QKV / t);  // attn.qkv.bias
+    b.add(C * A / t);          // attn.proj.weight (row)
+    if (bias) b.add(C);        // attn.proj.bias (replicated)
+    b.add(C);                  // ln2.weight
+    if (!llama) b.add(C);      // ln2.bias
+    b.add(FC * C / t);         // mlp.fc.weight (column)
+    if (bias) b.add(FC / t);   // mlp.fc.bias
+    b.add(F * C / t);          // mlp.proj.weight (row)
+    if (bias) b.add(C);        // mlp.proj.bias (replicated)
     units.push_back(b.done());
   }
   UnitBuilder f;
   f.add(C);
-  f.add(C);
+  if (!llama) f.add(C);
+  if (!m.tie_embeddings) f.add((V + t - 1) / t * C);  // lm_head.weight (vocabulary-parallel)
   units.push_back(f.done());
   return units;
 }
@@ -204,7 +211,10 @@ Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world
   }
   std::vector<LayoutPlan> out;
   for (int64_t tp = 1; tp <= world; ++tp) {
-    if (world % tp != 0 || c.model.n_heads % tp != 0) continue;
+    if (world % tp != 0 || c.model.n_heads % tp != 0 || c.model.kv_heads() % tp != 0 ||
+        c.model.ffn() % tp != 0) {
+      continue;
+    }
     const int64_t dp = world / tp;
     for (int64_t z = 0; z <= 3; ++z) {
       if (dp == 1 && z > 0) continue;  // nothing to shard over

@@ -34,6 +34,17 @@ Result<std::unique_ptr<TensorParallel>> TensorParallel::create(const TrainConfig
                       " is not divisible by it (each rank computes n_heads / tp heads)",
                   "model.n_heads");
   }
+  if (m.kv_heads() % tp != 0) {
+    return refuse("model.n_kv_heads " + std::to_string(m.kv_heads()) +
+                      " is not divisible by it (each rank computes n_kv_heads / tp key/value "
+                      "heads with the query heads they serve)",
+                  "model.n_kv_heads");
+  }
+  if (m.ffn() % tp != 0) {
+    return refuse("model.ffn_hidden " + std::to_string(m.ffn()) +
+                      " is not divisible by it (each rank computes ffn_hidden / tp MLP units)",
+                  "model.ffn_hidden");
+  }
   if (m.vocab_size % tp != 0) {
     return refuse("model.vocab_size " + std::to_string(m.vocab_size) +
                       " is not divisible by it (each rank holds vocab_size / tp embedding rows); "

@@ -4,8 +4,10 @@
 //
 // Layout (ParamStore with a TpShard holds this rank's slices; engine/model/params.h names the split
 // of every tensor):
-//   column-parallel  attn.qkv (the same heads of q, k and v: n_heads / tp heads per rank) and
-//                    mlp.fc (4C / tp hidden units); their outputs stay split
+//   column-parallel  attn.qkv (the same heads of q, k and v: n_heads / tp query heads per rank
+//                    and, grouped-query (llama), the n_kv_heads / tp key/value heads they read)
+//                    and mlp.fc (ffn / tp hidden units; llama: of the gate and of the up rows);
+//                    their outputs stay split
 //   row-parallel     attn.proj and mlp.proj take the split input; their partial outputs are summed
 //                    by one all-reduce in forward (Megatron's g); their bias is added once
 //   vocabulary       wte rows [rank * V/tp, (rank+1) * V/tp): the embedding looks up the rows it

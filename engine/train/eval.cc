@@ -19,6 +19,7 @@ Result<std::unique_ptr<Evaluator>> Evaluator::open(DataSource& data, const EvalC
     const int64_t T = cur.seq_len;
     cur.inputs.resize(micro_batch * T, 0);
     cur.targets.resize(micro_batch * T, -1);
+    cur.doc_start.resize(cur.doc_start.empty() ? 0 : micro_batch * T, 0);
     cur.domains.resize(micro_batch, -1);
     cur.rows = micro_batch;
     e->batches_.push_back(std::move(cur));
@@ -32,6 +33,10 @@ Result<std::unique_ptr<Evaluator>> Evaluator::open(DataSource& data, const EvalC
       cur.inputs.insert(cur.inputs.end(), v.inputs.begin() + r * T, v.inputs.begin() + (r + 1) * T);
       cur.targets.insert(cur.targets.end(), v.targets.begin() + r * T,
                          v.targets.begin() + (r + 1) * T);
+      if (!v.doc_start.empty()) {
+        cur.doc_start.insert(cur.doc_start.end(), v.doc_start.begin() + r * T,
+                             v.doc_start.begin() + (r + 1) * T);
+      }
       cur.domains.push_back(v.domain);
       ++cur.rows;
       ++e->sequences_;
@@ -52,7 +57,7 @@ WeightMap Evaluator::evaluate(Model& model) {
   if (batches_.empty()) return {};
   for (size_t i = 0; i < batches_.size(); ++i) {
     const DeviceBatches::Tokens tok = staged_->at(i);
-    model.forward(tok.inputs, tok.targets, staged_->losses(i));
+    model.forward(tok.inputs, tok.targets, staged_->losses(i), tok.doc_start);
   }
   const size_t per_batch = batches_[0].inputs.size();  // every batch is rows x seq_len
   losses_.resize(batches_.size() * per_batch);

@@ -3,9 +3,17 @@
 namespace kiln::engine {
 
 double model_flops_per_token(const ModelConfig& m, size_t num_params) {
-  return 6.0 * static_cast<double>(num_params) + 6.0 * static_cast<double>(m.n_layers) *
-                                                     static_cast<double>(m.d_model) *
-                                                     static_cast<double>(m.seq_len);
+  // An untied input embedding is a lookup, not a matrix product: its parameters do no FLOPs
+  // (the tied one is the LM head's matrix and counts once). GPT-2's position table is counted as
+  // it always was. Attention: causal, n_heads x head_dim = d_model channels, whatever n_kv_heads
+  // (grouped-query heads save memory and K/V projections, which num_params already reflects);
+  // the document mask's skipped blocks are not subtracted (the usual convention).
+  double matmul_params = static_cast<double>(num_params);
+  if (!m.tie_embeddings) {
+    matmul_params -= static_cast<double>(m.vocab_size) * static_cast<double>(m.d_model);
+  }
+  return 6.0 * matmul_params + 6.0 * static_cast<double>(m.n_layers) *
+                                   static_cast<double>(m.d_model) * static_cast<double>(m.seq_len);
 }
 
 std::optional<double> dense_bf16_peak_flops(const std::string& name) {

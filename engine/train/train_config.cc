@@ -9,11 +9,19 @@ namespace kiln::engine {
 
 const char* const kTrainConfigDefaults = R"(
 model:
+  arch: gpt2            # gpt2 | llama
   vocab_size: 8192
   d_model: 256
   n_layers: 4
   n_heads: 4
   seq_len: 256
+  n_kv_heads: 0         # key/value heads, grouped-query attention (0: n_heads)
+  ffn_hidden: 0         # MLP hidden units (0: 4 d_model for gpt2; 8/3 d_model rounded up to 256 for llama)
+  rope_theta: 10000.0   # llama: rotary base
+  norm_eps: 1.0e-5      # llama: RMSNorm eps (gpt2's LayerNorm uses 1e-5)
+  tie_embeddings: auto  # auto (gpt2 true, llama false) | true | false
+  bias: auto            # auto (gpt2 true, llama false) | true | false
+  doc_mask: auto        # auto (gpt2 false, llama true) | true | false: attention and positions restart at document starts
   init: gpt2            # gpt2 | deepnet
   init_std: 0.02
   init_from: ""         # start from these weights (a `kiln checkpoint consolidate` file or a Hugging Face GPT-2 directory)
@@ -108,6 +116,18 @@ run:
   threads: 0
 device: cpu
 )";
+
+const char* arch_name(Arch a) { return a == Arch::kLlama ? "llama" : "gpt2"; }
+
+int64_t llama_ffn_hidden(int64_t d_model) {
+  const int64_t h = 2 * (4 * d_model) / 3;
+  return (h + 255) / 256 * 256;
+}
+
+int64_t ModelConfig::ffn() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  return llama() ? llama_ffn_hidden(d_model) : 4 * d_model;
+}
 
 const char* precision_name(Precision p) {
   switch (p) {
@@ -234,8 +254,45 @@ Status check_model_shape(const ModelConfig& m) {
   if (m.d_model % m.n_heads != 0) {
     return bad("model.n_heads", "must divide model.d_model (" + std::to_string(m.d_model) + ")");
   }
+  KILN_RETURN_IF_ERROR(check_range("model.n_kv_heads", m.n_kv_heads, 0, m.n_heads));
+  if (m.n_heads % m.kv_heads() != 0) {
+    return bad("model.n_kv_heads",
+               "must divide model.n_heads (" + std::to_string(m.n_heads) + "), got " +
+                   std::to_string(m.n_kv_heads) +
+                   ": each key/value head serves n_heads / n_kv_heads query heads");
+  }
+  KILN_RETURN_IF_ERROR(check_range("model.ffn_hidden", m.ffn_hidden, 0, int64_t{1} << 24));
+  if (m.llama() && m.head_dim() % 2 != 0) {
+    return bad("model.n_heads",
+               "gives an odd head dimension d_model / n_heads = " + std::to_string(m.head_dim()) +
+                   ": rotary embeddings rotate pairs of channels, so "
+                   "model.d_model / model.n_heads must be even");
+  }
+  if (!(m.rope_theta > 1.0) || !std::isfinite(m.rope_theta)) {
+    return bad("model.rope_theta", "must be a finite number above 1");
+  }
+  if (!(m.norm_eps > 0.0f) || !std::isfinite(m.norm_eps)) {
+    return bad("model.norm_eps", "must be a positive finite number");
+  }
   return Status::ok();
 }
+
+namespace {
+// A boolean key that may be `auto` (the architecture's default).
+Status read_auto_bool(const Config& cfg, const std::string& key, bool auto_value, bool* out) {
+  KILN_ASSIGN_OR_RETURN(std::string v, cfg.get<std::string>(key));
+  if (v == "auto") {
+    *out = auto_value;
+  } else if (v == "true") {
+    *out = true;
+  } else if (v == "false") {
+    *out = false;
+  } else {
+    return bad(key, "'" + v + "' is not one of auto | true | false");
+  }
+  return Status::ok();
+}
+}  // namespace
 
 Result<TrainConfig> parse_train_config(const Config& cfg) {
   TrainConfig c;
@@ -247,6 +304,23 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_ASSIGN_OR_RETURN(m.n_layers, cfg.get<int64_t>("model.n_layers"));
   KILN_ASSIGN_OR_RETURN(m.n_heads, cfg.get<int64_t>("model.n_heads"));
   KILN_ASSIGN_OR_RETURN(m.seq_len, cfg.get<int64_t>("model.seq_len"));
+  KILN_RETURN_IF_ERROR(read_enum<Arch>(cfg, "model.arch",
+                                       {{"gpt2", Arch::kGpt2}, {"llama", Arch::kLlama}}, &m.arch));
+  KILN_ASSIGN_OR_RETURN(m.n_kv_heads, cfg.get<int64_t>("model.n_kv_heads"));
+  KILN_ASSIGN_OR_RETURN(m.ffn_hidden, cfg.get<int64_t>("model.ffn_hidden"));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "model.rope_theta", 1.0, 1e12, &m.rope_theta, true));
+  KILN_RETURN_IF_ERROR(read_real(cfg, "model.norm_eps", 0.0, 1.0, &m.norm_eps, true));
+  KILN_RETURN_IF_ERROR(read_auto_bool(cfg, "model.tie_embeddings", !m.llama(), &m.tie_embeddings));
+  KILN_RETURN_IF_ERROR(read_auto_bool(cfg, "model.bias", !m.llama(), &m.bias));
+  KILN_RETURN_IF_ERROR(read_auto_bool(cfg, "model.doc_mask", m.llama(), &m.doc_mask));
+  if (!m.llama() && m.norm_eps != 1e-5f) {
+    return bad("model.norm_eps", "applies to model.arch: llama (GPT-2's LayerNorm uses 1e-5)");
+  }
+  if (!m.llama() && m.doc_mask) {
+    return bad("model.doc_mask",
+               "is implemented for model.arch: llama (GPT-2's learned positions do not restart "
+               "at document starts yet)");
+  }
   KILN_RETURN_IF_ERROR(check_model_shape(m));
   KILN_RETURN_IF_ERROR(read_enum<InitScheme>(
       cfg, "model.init", {{"gpt2", InitScheme::kGpt2}, {"deepnet", InitScheme::kDeepNet}},
@@ -326,6 +400,11 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   // data
   DataConfig& d = c.data;
   KILN_ASSIGN_OR_RETURN(d.manifest, cfg.get<std::string>("data.manifest"));
+  if (m.doc_mask && d.manifest.empty()) {
+    return bad("model.doc_mask",
+               "needs document starts, which synthetic data (data.manifest empty) does not have: "
+               "set data.manifest to a `kiln prep` dataset or model.doc_mask: false");
+  }
   KILN_RETURN_IF_ERROR(read_int(cfg, "data.micro_batch", 1, 1 << 20, &d.micro_batch));
   KILN_RETURN_IF_ERROR(read_int(cfg, "data.grad_accum", 1, 1 << 20, &d.grad_accum));
   KILN_RETURN_IF_ERROR(read_int(cfg, "data.prefetch_depth", 1, 1 << 12, &d.prefetch_depth));

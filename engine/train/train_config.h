@@ -22,24 +22,51 @@ namespace kiln::engine {
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class Recompute { kNone, kSelective, kFull };  // activation checkpointing
 enum class InitScheme { kGpt2, kDeepNet };
+enum class Arch { kGpt2, kLlama };  // model.arch
 enum class ScheduleKind { kConstant, kCosine, kWsd };
 enum class DecayShape { kLinear, kCosine, kOneMinusSqrt };
 
 const char* precision_name(Precision p);
 const char* recompute_name(Recompute r);
 
+const char* arch_name(Arch a);
+
+// The decoder's shape. arch gpt2: learned positions, LayerNorm (eps 1e-5), GELU MLP, biases, tied
+// embeddings. arch llama: rotary positions (rotate-half, rope_theta), RMSNorm (norm_eps), SwiGLU
+// MLP of ffn_hidden units, grouped-query attention (n_kv_heads), no biases, untied embeddings.
+// The Llama options are resolved by parse_train_config (a ModelConfig built in code gets the
+// defaults below: GPT-2's).
 struct ModelConfig {
+  Arch arch = Arch::kGpt2;
   int64_t vocab_size = 8192;
   int64_t d_model = 256;
   int64_t n_layers = 4;
   int64_t n_heads = 4;
-  int64_t seq_len = 256;  // also the size of the learned position table
+  int64_t seq_len = 256;   // also the size of the learned position table (gpt2)
+  int64_t n_kv_heads = 0;  // key/value heads (n_heads % n_kv_heads == 0); 0: n_heads
+  int64_t ffn_hidden = 0;  // MLP hidden units; 0: 4 d_model (gpt2), llama_ffn_hidden (llama)
+  double rope_theta = 10000.0;
+  float norm_eps = 1e-5f;      // RMSNorm's eps (llama; GPT-2's LayerNorm uses 1e-5)
+  bool tie_embeddings = true;  // the LM head is the token embedding
+  bool bias = true;            // linear layers have biases
+  bool doc_mask = false;       // attention and positions restart at each document start
   InitScheme init = InitScheme::kGpt2;
   float init_std = 0.02f;
   // A safetensors file of whole fp32 weights (`kiln checkpoint consolidate`'s output) that a run
   // starts from instead of the random initialisation ("": none); not part of the model's shape.
   std::string init_from;
+
+  bool llama() const { return arch == Arch::kLlama; }
+  int64_t head_dim() const { return d_model / n_heads; }
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  int64_t ffn() const;
+  // Width of the fused q, k, v projection: (n_heads + 2 n_kv_heads) head_dim.
+  int64_t qkv_width() const { return (n_heads + 2 * kv_heads()) * head_dim(); }
 };
+
+// Llama's default SwiGLU width: 2/3 of 4 d_model, rounded up to a multiple of 256 (Meta's
+// reference code with multiple_of = 256).
+int64_t llama_ffn_hidden(int64_t d_model);
 
 // Dynamic loss scaling (fp16 only), DeepSpeed/Megatron semantics: an overflow skips the step and
 // spends one unit of hysteresis; when hysteresis is spent the scale is multiplied by

@@ -155,9 +155,16 @@ void Trainer::log_run_summary(Runtime& runtime) {
   // Report sizes: parameters, model states, activations per checkpointing mode.
   const auto& m = config.model;
   KILN_LOG_INFO("device: {}", runtime.describe());
-  KILN_LOG_INFO("model: {} parameters (vocab {}, d_model {}, {} layers, {} heads, seq {}), {}",
-                human_count(static_cast<double>(params_->num_params())), m.vocab_size, m.d_model,
-                m.n_layers, m.n_heads, m.seq_len, precision_name(config.precision));
+  KILN_LOG_INFO("model: {} {} parameters (vocab {}, d_model {}, {} layers, {} heads, seq {}), {}",
+                arch_name(m.arch), human_count(static_cast<double>(params_->num_params())),
+                m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.seq_len,
+                precision_name(config.precision));
+  if (m.llama()) {
+    KILN_LOG_INFO("llama: {} key/value heads, SwiGLU {}, rope_theta {}, {} embeddings, {}, {}",
+                  m.kv_heads(), m.ffn(), m.rope_theta, m.tie_embeddings ? "tied" : "untied",
+                  m.bias ? "biases" : "no biases",
+                  m.doc_mask ? "document-masked attention" : "no document mask");
+  }
   KILN_LOG_INFO("model states (weights, grads, AdamW moments{}): {}",
                 config.precision == Precision::kFp32 ? "" : ", low-precision copy",
                 mib(params_->padded_numel() * (config.precision == Precision::kFp32 ? 16 : 18)));
@@ -543,7 +550,7 @@ Status Trainer::forward_backward(const StepInput& in, StepRecord* rec) {
   }
   for (size_t bi = 0; bi < batches.size(); ++bi) {
     const DeviceBatches::Tokens tok = staged.at(bi);
-    model_->forward_backward(tok.inputs, tok.targets, dloss, staged.losses(bi));
+    model_->forward_backward(tok.inputs, tok.targets, dloss, staged.losses(bi), tok.doc_start);
   }
   // The step's one wait for the device: every micro-batch's per-token losses, one copy (pinned).
   const float* step_losses = staged.host_losses(batches.size());

@@ -159,23 +159,44 @@ inline void softmax_backward_row(float* __restrict p, float* __restrict ds, floa
 
 }  // namespace
 
+// The general form (attention_gqa_*): NH query heads over NKV key/value heads of hs values, an
+// optional document mask. qkv rows hold W = (NH + 2 NKV) hs values: q of head h at h*hs, k of
+// key/value head g at (NH + g) hs, v at (NH + NKV + g) hs. attention_forward/backward are this
+// with NKV = NH and no mask (then W = 3C and the offsets are theirs).
+namespace {
+
+struct AttnShape {
+  int B, T, NH, NKV, hs;
+  size_t W() const { return static_cast<size_t>(NH + 2 * NKV) * hs; }
+  size_t q_off(int h) const { return static_cast<size_t>(h) * hs; }
+  size_t k_off(int g) const { return static_cast<size_t>(NH + g) * hs; }
+  size_t v_off(int g) const { return static_cast<size_t>(NH + NKV + g) * hs; }
+  int group(int h) const { return h / (NH / NKV); }
+};
+
+// The first key query i may see: its document's start (0 without a mask).
+inline int first_key(const int32_t* ds, int i) { return ds ? ds[i] : 0; }
+
 template <typename T>
-void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, int C, int NH) {
-  KILN_CHECK(NH > 0 && C % NH == 0, "attention_forward: C must be a multiple of NH");
-  const int hs = C / NH;
+void attention_fwd_impl(T* out, float* lse, const T* qkv, const int32_t* doc_start,
+                        const AttnShape& sh) {
+  const int T_ = sh.T, NH = sh.NH, hs = sh.hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int nqb = (T_ + kBlockQ - 1) / kBlockQ;
-  const size_t C3 = static_cast<size_t>(3) * C;
-  const size_t tasks = static_cast<size_t>(B) * NH * nqb;
+  const size_t W = sh.W();
+  const size_t OC = static_cast<size_t>(NH) * hs;
+  const size_t tasks = static_cast<size_t>(sh.B) * NH * nqb;
   const GemmAcc gemm_acc = pick_gemm_acc();
 
   parallel_tasks(tasks, [&](size_t task) {
     const int qb = static_cast<int>(task % nqb);
     const int h = static_cast<int>((task / nqb) % NH);
     const int b = static_cast<int>(task / (static_cast<size_t>(nqb) * NH));
+    const int g = sh.group(h);
     const int i0 = qb * kBlockQ;
     const int nq = std::min(kBlockQ, T_ - i0);
-    const T* base = qkv + static_cast<size_t>(b) * T_ * C3;
+    const T* base = qkv + static_cast<size_t>(b) * T_ * W;
+    const int32_t* ds = doc_start ? doc_start + static_cast<size_t>(b) * T_ : nullptr;
 
     float* Q = scratch(static_cast<size_t>(kBlockQ) * hs, 0);
     float* KtV = scratch(static_cast<size_t>(2) * kBlockK * hs, 1);
@@ -188,7 +209,7 @@ void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, in
     float* l = m + kBlockQ;                              // running sum
 
     for (int r = 0; r < nq; ++r) {
-      const T* q = base + static_cast<size_t>(i0 + r) * C3 + static_cast<size_t>(h) * hs;
+      const T* q = base + static_cast<size_t>(i0 + r) * W + sh.q_off(h);
       float* qr = Q + static_cast<size_t>(r) * hs;
       widen(qr, q, hs);
       scal(qr, scale, hs);
@@ -197,14 +218,16 @@ void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, in
     }
     std::fill(O, O + static_cast<size_t>(nq) * hs, 0.0f);
     const int last_key = i0 + nq - 1;
-    for (int j0 = 0; j0 <= last_key; j0 += kBlockK) {
+    // Key blocks wholly before the first query's document hold no key any query here may see.
+    const int first_block = first_key(ds, i0) / kBlockK * kBlockK;
+    for (int j0 = first_block; j0 <= last_key; j0 += kBlockK) {
       const int nk = std::min(kBlockK, last_key + 1 - j0);
       for (int c = 0; c < nk; ++c) {
-        const T* kv = base + static_cast<size_t>(j0 + c) * C3 + static_cast<size_t>(h) * hs;
+        const T* row = base + static_cast<size_t>(j0 + c) * W;
         float* vrow = V + static_cast<size_t>(c) * hs;
-        widen(vrow, kv + C, hs);  // the key row, staged in V's row and transposed into Kt
+        widen(vrow, row + sh.k_off(g), hs);  // the key row, staged in V's row and transposed
         for (int d = 0; d < hs; ++d) Kt[static_cast<size_t>(d) * kBlockK + c] = vrow[d];
-        widen(vrow, kv + 2 * static_cast<size_t>(C), hs);
+        widen(vrow, row + sh.v_off(g), hs);
       }
       std::fill(S, S + static_cast<size_t>(nq) * kBlockK, 0.0f);
       gemm_acc(S, kBlockK, Q, hs, Kt, kBlockK, nq, nk, hs);
@@ -212,11 +235,17 @@ void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, in
       for (int r = 0; r < nq; ++r) {
         float* s = S + static_cast<size_t>(r) * kBlockK;
         const int valid = diagonal ? std::min(nk, i0 + r - j0 + 1) : nk;
-        const float m_new = std::max(m[r], row_max(s, valid));
+        const int lo = std::max(0, first_key(ds, i0 + r) - j0);  // masked before its document
+        if (lo >= valid) {  // no key of this block for this query
+          std::fill(s, s + nk, 0.0f);
+          continue;
+        }
+        const float m_new = std::max(m[r], row_max(s + lo, valid - lo));
         const float corr = fast_exp(m[r] - m_new);
-        exp_shifted(s, s, m_new, valid);
+        exp_shifted(s + lo, s + lo, m_new, valid - lo);
+        for (int c = 0; c < lo; ++c) s[c] = 0.0f;
         for (int c = valid; c < nk; ++c) s[c] = 0.0f;
-        l[r] = l[r] * corr + row_sum(s, valid);
+        l[r] = l[r] * corr + row_sum(s + lo, valid - lo);
         m[r] = m_new;
         scal(O + static_cast<size_t>(r) * hs, corr, hs);
       }
@@ -225,49 +254,48 @@ void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, in
     for (int r = 0; r < nq; ++r) {
       float* o = O + static_cast<size_t>(r) * hs;
       scal(o, 1.0f / l[r], hs);
-      narrow(out + (static_cast<size_t>(b) * T_ + i0 + r) * C + static_cast<size_t>(h) * hs, o, hs);
+      narrow(out + (static_cast<size_t>(b) * T_ + i0 + r) * OC + sh.q_off(h), o, hs);
       lse[(static_cast<size_t>(b) * NH + h) * T_ + i0 + r] = m[r] + std::log(l[r]);
     }
   });
 }
 
+// One task per (batch, key/value head): its query heads run in head order, each adding into the
+// task's dK, dV (so a shared head's gradient sums over its query heads in a fixed order).
 template <typename T>
-void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const Same<T>* out,
-                        const float* lse, int B, int T_, int C, int NH) {
-  KILN_CHECK(NH > 0 && C % NH == 0, "attention_backward: C must be a multiple of NH");
-  const int hs = C / NH;
+void attention_bwd_impl(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                        const int32_t* doc_start, const AttnShape& sh) {
+  const int T_ = sh.T, NH = sh.NH, NKV = sh.NKV, hs = sh.hs;
+  const int rep = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const size_t C3 = static_cast<size_t>(3) * C;
+  const size_t W = sh.W();
+  const size_t OC = static_cast<size_t>(NH) * hs;
   const size_t Ths = static_cast<size_t>(T_) * hs;
   const GemmAcc gemm_acc = pick_gemm_acc();
 
-  parallel_tasks(static_cast<size_t>(B) * NH, [&](size_t task) {
-    const int h = static_cast<int>(task % NH);
-    const int b = static_cast<int>(task / NH);
-    const T* base = qkv + static_cast<size_t>(b) * T_ * C3;
-    const float* L = lse + (static_cast<size_t>(b) * NH + h) * T_;
+  parallel_tasks(static_cast<size_t>(sh.B) * NKV, [&](size_t task) {
+    const int g = static_cast<int>(task % NKV);
+    const int b = static_cast<int>(task / NKV);
+    const T* base = qkv + static_cast<size_t>(b) * T_ * W;
+    const int32_t* ds = doc_start ? doc_start + static_cast<size_t>(b) * T_ : nullptr;
 
-    // Per-head fp32 copies (linear in T): Q, K, V, dO, the dQ accumulator, D.
-    float* buf = scratch(5 * Ths + T_, 0);
-    float* Q = buf;
-    float* K = Q + Ths;
+    // Per-task fp32 copies (linear in T): K, V, dK, dV of the shared head; Q, dO, dQ, D of the
+    // query head in hand.
+    float* buf = scratch(8 * Ths + T_, 0);
+    float* K = buf;
     float* V = K + Ths;
-    float* dO = V + Ths;
+    float* dKall = V + Ths;
+    float* dVall = dKall + Ths;
+    float* Q = dVall + Ths;
+    float* dO = Q + Ths;
     float* dQ = dO + Ths;
     float* D = dQ + Ths;
     for (int t = 0; t < T_; ++t) {
-      const T* row = base + static_cast<size_t>(t) * C3 + static_cast<size_t>(h) * hs;
-      widen(Q + static_cast<size_t>(t) * hs, row, hs);
-      widen(K + static_cast<size_t>(t) * hs, row + C, hs);
-      widen(V + static_cast<size_t>(t) * hs, row + 2 * static_cast<size_t>(C), hs);
-      const size_t o_off = (static_cast<size_t>(b) * T_ + t) * C + static_cast<size_t>(h) * hs;
-      widen(dO + static_cast<size_t>(t) * hs, dout + o_off, hs);
-      // D = rowsum(dO * O), with O as stored by forward (dQ's row is borrowed as a buffer).
-      float* orow = dQ + static_cast<size_t>(t) * hs;
-      widen(orow, out + o_off, hs);
-      D[t] = row_dot(dO + static_cast<size_t>(t) * hs, orow, hs);
+      const T* row = base + static_cast<size_t>(t) * W;
+      widen(K + static_cast<size_t>(t) * hs, row + sh.k_off(g), hs);
+      widen(V + static_cast<size_t>(t) * hs, row + sh.v_off(g), hs);
     }
-    std::fill(dQ, dQ + Ths, 0.0f);
+    std::fill(dKall, dKall + 2 * Ths, 0.0f);
 
     float* tb = scratch(static_cast<size_t>(2) * hs * kBlockK, 1);
     float* Kt = tb;                                      // hs x kBlockK
@@ -278,60 +306,117 @@ void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const 
     float* dS = sb + blk;       // kBlockQ x kBlockK
     float* Pt = sb + 2 * blk;   // kBlockK x kBlockQ
     float* dSt = sb + 3 * blk;  // kBlockK x kBlockQ
-    float* kv = scratch(static_cast<size_t>(2) * kBlockK * hs, 3);
-    float* dK = kv;                                      // kBlockK x hs
-    float* dV = kv + static_cast<size_t>(kBlockK) * hs;  // kBlockK x hs
 
-    for (int j0 = 0; j0 < T_; j0 += kBlockK) {
-      const int nk = std::min(kBlockK, T_ - j0);
-      transpose(Kt, kBlockK, K + static_cast<size_t>(j0) * hs, hs, nk, hs);
-      transpose(Vt, kBlockK, V + static_cast<size_t>(j0) * hs, hs, nk, hs);
-      std::fill(kv, kv + static_cast<size_t>(2) * kBlockK * hs, 0.0f);  // dK and dV
-      // Query blocks aligned to kBlockQ starting at the block that holds key j0.
-      for (int i0 = (j0 / kBlockQ) * kBlockQ; i0 < T_; i0 += kBlockQ) {
-        const int nq = std::min(kBlockQ, T_ - i0);
-        const float* Qi = Q + static_cast<size_t>(i0) * hs;
-        const float* dOi = dO + static_cast<size_t>(i0) * hs;
-        std::fill(sb, sb + 2 * blk, 0.0f);
-        gemm_acc(P, kBlockK, Qi, hs, Kt, kBlockK, nq, nk, hs);    // raw scores
-        gemm_acc(dS, kBlockK, dOi, hs, Vt, kBlockK, nq, nk, hs);  // dP = dO V^T
-        for (int r = 0; r < nq; ++r) {
-          const int i = i0 + r;
-          float* p = P + static_cast<size_t>(r) * kBlockK;
-          float* ds = dS + static_cast<size_t>(r) * kBlockK;
-          const int valid = std::max(0, std::min(nk, i - j0 + 1));
-          softmax_backward_row(p, ds, scale, L[i], D[i], valid);
-          for (int c = valid; c < nk; ++c) p[c] = ds[c] = 0.0f;
-        }
-        // dQ_i += dS K_j ; dV_j += P^T dO_i ; dK_j += dS^T Q_i  (scale applied at the end).
-        gemm_acc(dQ + static_cast<size_t>(i0) * hs, hs, dS, kBlockK, K + static_cast<size_t>(j0) * hs,
-                 hs, nq, hs, nk);
-        transpose(Pt, kBlockQ, P, kBlockK, nq, nk);
-        transpose(dSt, kBlockQ, dS, kBlockK, nq, nk);
-        gemm_acc(dV, hs, Pt, kBlockQ, dOi, hs, nk, hs, nq);
-        gemm_acc(dK, hs, dSt, kBlockQ, Qi, hs, nk, hs, nq);
+    for (int h = g * rep; h < (g + 1) * rep; ++h) {
+      const float* L = lse + (static_cast<size_t>(b) * NH + h) * T_;
+      for (int t = 0; t < T_; ++t) {
+        const T* row = base + static_cast<size_t>(t) * W;
+        widen(Q + static_cast<size_t>(t) * hs, row + sh.q_off(h), hs);
+        const size_t o_off = (static_cast<size_t>(b) * T_ + t) * OC + sh.q_off(h);
+        widen(dO + static_cast<size_t>(t) * hs, dout + o_off, hs);
+        // D = rowsum(dO * O), with O as stored by forward (dQ's row is borrowed as a buffer).
+        float* orow = dQ + static_cast<size_t>(t) * hs;
+        widen(orow, out + o_off, hs);
+        D[t] = row_dot(dO + static_cast<size_t>(t) * hs, orow, hs);
       }
-      for (int c = 0; c < nk; ++c) {
-        T* row = dqkv + (static_cast<size_t>(b) * T_ + j0 + c) * C3 + static_cast<size_t>(h) * hs;
-        float* dk = dK + static_cast<size_t>(c) * hs;
-        scal(dk, scale, hs);
-        add_row(row + C, dk, hs);
-        add_row(row + 2 * static_cast<size_t>(C), dV + static_cast<size_t>(c) * hs, hs);
+      std::fill(dQ, dQ + Ths, 0.0f);
+
+      for (int j0 = 0; j0 < T_; j0 += kBlockK) {
+        const int nk = std::min(kBlockK, T_ - j0);
+        transpose(Kt, kBlockK, K + static_cast<size_t>(j0) * hs, hs, nk, hs);
+        transpose(Vt, kBlockK, V + static_cast<size_t>(j0) * hs, hs, nk, hs);
+        float* dK = dKall + static_cast<size_t>(j0) * hs;  // kBlockK x hs
+        float* dV = dVall + static_cast<size_t>(j0) * hs;
+        // Query blocks aligned to kBlockQ starting at the block that holds key j0.
+        for (int i0 = (j0 / kBlockQ) * kBlockQ; i0 < T_; i0 += kBlockQ) {
+          // From here on every query's document starts after this key block (starts only grow).
+          if (first_key(ds, i0) > j0 + nk - 1) break;
+          const int nq = std::min(kBlockQ, T_ - i0);
+          const float* Qi = Q + static_cast<size_t>(i0) * hs;
+          const float* dOi = dO + static_cast<size_t>(i0) * hs;
+          std::fill(sb, sb + 2 * blk, 0.0f);
+          gemm_acc(P, kBlockK, Qi, hs, Kt, kBlockK, nq, nk, hs);    // raw scores
+          gemm_acc(dS, kBlockK, dOi, hs, Vt, kBlockK, nq, nk, hs);  // dP = dO V^T
+          for (int r = 0; r < nq; ++r) {
+            const int i = i0 + r;
+            float* p = P + static_cast<size_t>(r) * kBlockK;
+            float* ds_row = dS + static_cast<size_t>(r) * kBlockK;
+            const int valid = std::max(0, std::min(nk, i - j0 + 1));
+            const int lo = std::min(valid, std::max(0, first_key(ds, i) - j0));
+            softmax_backward_row(p + lo, ds_row + lo, scale, L[i], D[i], valid - lo);
+            for (int c = 0; c < lo; ++c) p[c] = ds_row[c] = 0.0f;
+            for (int c = valid; c < nk; ++c) p[c] = ds_row[c] = 0.0f;
+          }
+          // dQ_i += dS K_j ; dV_j += P^T dO_i ; dK_j += dS^T Q_i  (scale applied at the end).
+          gemm_acc(dQ + static_cast<size_t>(i0) * hs, hs, dS, kBlockK,
+                   K + static_cast<size_t>(j0) * hs, hs, nq, hs, nk);
+          transpose(Pt, kBlockQ, P, kBlockK, nq, nk);
+          transpose(dSt, kBlockQ, dS, kBlockK, nq, nk);
+          gemm_acc(dV, hs, Pt, kBlockQ, dOi, hs, nk, hs, nq);
+          gemm_acc(dK, hs, dSt, kBlockQ, Qi, hs, nk, hs, nq);
+        }
+      }
+      for (int t = 0; t < T_; ++t) {
+        T* row = dqkv + (static_cast<size_t>(b) * T_ + t) * W + sh.q_off(h);
+        float* dq = dQ + static_cast<size_t>(t) * hs;
+        scal(dq, scale, hs);
+        add_row(row, dq, hs);
       }
     }
     for (int t = 0; t < T_; ++t) {
-      T* row = dqkv + (static_cast<size_t>(b) * T_ + t) * C3 + static_cast<size_t>(h) * hs;
-      float* dq = dQ + static_cast<size_t>(t) * hs;
-      scal(dq, scale, hs);
-      add_row(row, dq, hs);
+      T* row = dqkv + (static_cast<size_t>(b) * T_ + t) * W;
+      float* dk = dKall + static_cast<size_t>(t) * hs;
+      scal(dk, scale, hs);
+      add_row(row + sh.k_off(g), dk, hs);
+      add_row(row + sh.v_off(g), dVall + static_cast<size_t>(t) * hs, hs);
     }
   });
 }
 
-#define KILN_INSTANTIATE(T)                                                                     \
-  template void attention_forward<T>(T*, float*, const T*, int, int, int, int);                \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int, int, \
-                                      int, int);
+AttnShape check_gqa(const char* op, int B, int T_, int NH, int NKV, int hs) {
+  KILN_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0 && hs > 0,
+             std::string(op) + ": NH must be a positive multiple of NKV");
+  return AttnShape{B, T_, NH, NKV, hs};
+}
+
+}  // namespace
+
+template <typename T>
+void attention_gqa_forward(T* out, float* lse, const Same<T>* qkv, const int32_t* doc_start, int B,
+                           int T_, int NH, int NKV, int hs) {
+  attention_fwd_impl(out, lse, qkv, doc_start,
+                     check_gqa("attention_gqa_forward", B, T_, NH, NKV, hs));
+}
+
+template <typename T>
+void attention_gqa_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const Same<T>* out,
+                            const float* lse, const int32_t* doc_start, int B, int T_, int NH,
+                            int NKV, int hs) {
+  attention_bwd_impl(dqkv, dout, qkv, out, lse, doc_start,
+                     check_gqa("attention_gqa_backward", B, T_, NH, NKV, hs));
+}
+
+template <typename T>
+void attention_forward(T* out, float* lse, const Same<T>* qkv, int B, int T_, int C, int NH) {
+  KILN_CHECK(NH > 0 && C % NH == 0, "attention_forward: C must be a multiple of NH");
+  attention_fwd_impl(out, lse, qkv, nullptr, AttnShape{B, T_, NH, NH, C / NH});
+}
+
+template <typename T>
+void attention_backward(Same<T>* dqkv, const T* dout, const Same<T>* qkv, const Same<T>* out,
+                        const float* lse, int B, int T_, int C, int NH) {
+  KILN_CHECK(NH > 0 && C % NH == 0, "attention_backward: C must be a multiple of NH");
+  attention_bwd_impl(dqkv, dout, qkv, out, lse, nullptr, AttnShape{B, T_, NH, NH, C / NH});
+}
+
+#define KILN_INSTANTIATE(T)                                                                        \
+  template void attention_forward<T>(T*, float*, const T*, int, int, int, int);                    \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int, int,    \
+                                      int, int);                                                   \
+  template void attention_gqa_forward<T>(T*, float*, const T*, const int32_t*, int, int, int, int, \
+                                         int);                                                     \
+  template void attention_gqa_backward<T>(T*, const T*, const T*, const T*, const float*,          \
+                                          const int32_t*, int, int, int, int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

@@ -18,8 +18,12 @@ void encoder_forward(T* out, const int32_t* tokens, const Same<T>* wte, const Sa
       int32_t tok = tokens[r];
       KILN_CHECK(tok >= 0, "encoder_forward: negative token id");
       const T* a = wte + static_cast<size_t>(tok) * C;
-      const T* p = wpe + static_cast<size_t>(t) * C;
       T* o = out + r * C;
+      if (!wpe) {  // no position table (rotary models): the token embedding itself
+        std::copy(a, a + C, o);
+        continue;
+      }
+      const T* p = wpe + static_cast<size_t>(t) * C;
       for (int c = 0; c < C; ++c) o[c] = from_float<T>(to_float(a[c]) + to_float(p[c]));
     }
   });

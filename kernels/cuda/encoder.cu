@@ -23,7 +23,7 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const T* w
     const size_t r = i / C;
     const int c = int(i % C);
     const int t = int(r % T_);
-    st(out + i, ld(wte + size_t(tokens[r]) * C + c) + ld(wpe + size_t(t) * C + c));
+    st(out + i, ld(wte + size_t(tokens[r]) * C + c) + (wpe ? ld(wpe + size_t(t) * C + c) : 0.0f));
   }
 }
 

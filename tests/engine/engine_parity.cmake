@@ -9,3 +9,10 @@ add_test(NAME engine_parity
                  --dump $<TARGET_FILE:engine_parity_dump>
                  --work ${CMAKE_CURRENT_BINARY_DIR}/engine_parity)
 set_tests_properties(engine_parity PROPERTIES LABELS "parity" TIMEOUT 600)
+# The same for model.arch: llama (grouped-query attention, untied embeddings, no biases, packed
+# documents with model.doc_mask), and the packed rows against each document computed alone.
+add_test(NAME llama_parity
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/llama_parity.py
+                 --dump $<TARGET_FILE:engine_parity_dump>
+                 --work ${CMAKE_CURRENT_BINARY_DIR}/llama_parity)
+set_tests_properties(llama_parity PROPERTIES LABELS "parity" TIMEOUT 600)

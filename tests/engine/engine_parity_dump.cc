@@ -1,8 +1,10 @@
-// Dumps one engine training setup for the PyTorch parity test (tests/python/engine_parity.py):
-//   engine_parity_dump OUT_DIR PRECISION
+// Dumps one engine training setup for the PyTorch parity tests (tests/python/engine_parity.py,
+// tests/python/llama_parity.py):
+//   engine_parity_dump OUT_DIR PRECISION [gpt2|llama]
 // writes OUT_DIR/<precision>/{params,batch,grads,steps}.safetensors:
 //   params   the fp32 master weights the model starts from (names as engine/model/params.h)
-//   batch    inputs, targets (I32, B x T)
+//   batch    inputs, targets (I32, B x T); llama: doc_start (I32, B x T), packed documents with
+//            model.doc_mask on (and GQA: n_kv_heads 2 of 4 heads, untied embeddings, no biases)
 //   grads    the fp32 gradient of the mean loss for every parameter (unscaled) and per-token losses
 //   steps    the loss and global grad norm of each of 10 AdamW steps with clipping on that batch
 // Hyper-parameters travel in the metadata. Exit code 0 on success.
@@ -24,8 +26,13 @@ using namespace kiln;
 using namespace kiln::engine;
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: engine_parity_dump OUT_DIR fp32|bf16|fp16\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: engine_parity_dump OUT_DIR fp32|bf16|fp16 [gpt2|llama]\n");
+    return 2;
+  }
+  const bool llama = argc == 4 && std::string(argv[3]) == "llama";
+  if (argc == 4 && !llama && std::string(argv[3]) != "gpt2") {
+    std::fprintf(stderr, "unknown architecture %s\n", argv[3]);
     return 2;
   }
   const std::string prec_name = argv[2];
@@ -51,6 +58,16 @@ int main(int argc, char** argv) {
   m.n_layers = 2;
   m.n_heads = 4;
   m.seq_len = 24;
+  if (llama) {  // grouped-query (2 key/value heads for 4), untied, no biases, packed documents
+    m.arch = Arch::kLlama;
+    m.n_kv_heads = 2;
+    m.ffn_hidden = 88;
+    m.rope_theta = 500.0;  // low, so positions 0..23 turn the pairs through whole circles
+    m.norm_eps = 1e-5f;
+    m.tie_embeddings = false;
+    m.bias = false;
+    m.doc_mask = true;
+  }
   const int B = 3, T = 24;
   const uint64_t seed = 7;
   ParamStore params(m, prec);
@@ -73,10 +90,19 @@ int main(int argc, char** argv) {
     const ParamTensor& t = params.tensors()[i];
     pv.push_back({t.name, "F32", t.shape, params.master(static_cast<int>(i)), t.numel * 4});
   }
-  const std::map<std::string, std::string> meta = {
-      {"vocab_size", std::to_string(m.vocab_size)}, {"d_model", std::to_string(m.d_model)},
-      {"n_layers", std::to_string(m.n_layers)},     {"n_heads", std::to_string(m.n_heads)},
-      {"seq_len", std::to_string(m.seq_len)},       {"precision", prec_name}};
+  char theta[64];
+  std::snprintf(theta, sizeof theta, "%.17g", m.rope_theta);
+  const std::map<std::string, std::string> meta = {{"vocab_size", std::to_string(m.vocab_size)},
+                                                   {"d_model", std::to_string(m.d_model)},
+                                                   {"n_layers", std::to_string(m.n_layers)},
+                                                   {"n_heads", std::to_string(m.n_heads)},
+                                                   {"seq_len", std::to_string(m.seq_len)},
+                                                   {"precision", prec_name},
+                                                   {"arch", arch_name(m.arch)},
+                                                   {"n_kv_heads", std::to_string(m.kv_heads())},
+                                                   {"ffn_hidden", std::to_string(m.ffn())},
+                                                   {"rope_theta", theta},
+                                                   {"norm_eps", "1e-5"}};
   Status st = write_safetensors(out + "/params.safetensors", pv, meta);
   if (!st.is_ok()) {
     std::fprintf(stderr, "%s\n", st.to_string().c_str());
@@ -88,10 +114,25 @@ int main(int argc, char** argv) {
     inputs[i] = static_cast<int32_t>(random_bits(seed, 1, i) % m.vocab_size);
     targets[i] = static_cast<int32_t>(random_bits(seed, 2, i) % m.vocab_size);
   }
-  st = write_safetensors(out + "/batch.safetensors",
-                         {{"inputs", "I32", {B, T}, inputs.data(), inputs.size() * 4},
-                          {"targets", "I32", {B, T}, targets.data(), targets.size() * 4}});
+  // Documents (llama): row 0 starts ones at 5 and 13, row 1 is one document, row 2 has a one-token
+  // document at 0 and one that starts at the last position.
+  const std::vector<std::vector<int32_t>> starts = {{0, 5, 13}, {0}, {0, 1, 23}};
+  std::vector<int32_t> doc_start;
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      int32_t s = 0;
+      for (int32_t x : starts[b])
+        if (x <= t) s = x;
+      doc_start.push_back(s);
+    }
+  }
+  std::vector<TensorView> bv = {{"inputs", "I32", {B, T}, inputs.data(), inputs.size() * 4},
+                                {"targets", "I32", {B, T}, targets.data(), targets.size() * 4}};
+  if (m.doc_mask)
+    bv.push_back({"doc_start", "I32", {B, T}, doc_start.data(), doc_start.size() * 4});
+  st = write_safetensors(out + "/batch.safetensors", bv);
   if (!st.is_ok()) return 1;
+  const int32_t* ds = m.doc_mask ? doc_start.data() : nullptr;
 
   // fp16 runs with a loss scale, as training does; gradients are unscaled before dumping.
   const double loss_scale = prec == Precision::kFp16 ? 1024.0 : 1.0;
@@ -99,7 +140,7 @@ int main(int argc, char** argv) {
   auto model = Model::create(&params, B, Recompute::kNone);
   std::vector<float> losses(B * T);
   params.zero_grads();
-  model->forward_backward(inputs.data(), targets.data(), dloss, losses.data());
+  model->forward_backward(inputs.data(), targets.data(), dloss, losses.data(), ds);
   double loss = 0;
   for (float l : losses) loss += l;
   loss /= B * T;
@@ -131,7 +172,7 @@ int main(int argc, char** argv) {
   std::vector<double> step_loss, step_norm;
   for (int k = 0; k < 10; ++k) {
     params.zero_grads();
-    model->forward_backward(inputs.data(), targets.data(), dloss, losses.data());
+    model->forward_backward(inputs.data(), targets.data(), dloss, losses.data(), ds);
     double l = 0;
     for (float x : losses) l += x;
     step_loss.push_back(l / (B * T));

@@ -141,6 +141,86 @@ void check_attention(int B, int T, int C, int NH, double out_tol = 1, double gra
   expect_close(to_d(gdqkv.host()), to_d(dqkv), grad_tol * tol<E>(), "dqkv");
 }
 
+// The Llama operators (kernels/cuda/llama.cu) against the CPU: RMSNorm, RoPE, SwiGLU, and
+// grouped-query attention with and without the document mask.
+template <typename E>
+void check_llama_ops() {
+  SCOPED_TRACE(dtype_name(dtype_of<E>()));
+  const int B = 2, T = 70, C = 96, NH = 6, NKV = 2, hs = 16, F = 40;
+  const size_t n = size_t(B) * T * C, W = size_t(NH + 2 * NKV) * hs, nq = size_t(B) * T * W;
+  std::vector<int32_t> ds(size_t(B) * T);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) ds[size_t(b) * T + t] = b == 0 ? t / 23 * 23 : (t < 1 ? 0 : 1);
+  Dev<int32_t> gds(ds);
+  {  // RMSNorm
+    auto x = to_t<E>(randn(n, 1, 2.0)), w = to_t<E>(randn(C, 2)), dy = to_t<E>(randn(n, 3));
+    std::vector<E> out(n), dx(n);
+    std::vector<float> rstd(B * T), dw(C);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), 1e-5f, B, T, C);
+    cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), B, T,
+                          C);
+    Dev<E> gx(x), gw(w), gdy(dy), gout(n), gdx(n);
+    Dev<float> grstd(B * T), gdw(C);
+    cuda::rmsnorm_forward(gout.get(), grstd.get(), gx.get(), gw.get(), 1e-5f, B, T, C);
+    cuda::rmsnorm_backward(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(), grstd.get(), B, T,
+                           C);
+    expect_close(to_d(gout.host()), to_d(out), tol<E>(), "rmsnorm out");
+    expect_close(to_d(grstd.host()), to_d(rstd), 1e-5, "rmsnorm rstd");
+    expect_close(to_d(gdx.host()), to_d(dx), tol<E>(), "rmsnorm dinp");
+    expect_close(to_d(gdw.host()), to_d(dw), 1e-5, "rmsnorm dweight");
+  }
+  {  // RoPE, with document starts
+    auto q = to_t<E>(randn(nq, 4));
+    auto fwd = q, bwd = q;
+    cpu::rope_forward(fwd.data(), ds.data(), 10000.0f, B, T, NH, NKV, hs);
+    cpu::rope_backward(bwd.data(), ds.data(), 10000.0f, B, T, NH, NKV, hs);
+    Dev<E> gf(q), gb(q);
+    cuda::rope_forward(gf.get(), gds.get(), 10000.0f, B, T, NH, NKV, hs);
+    cuda::rope_backward(gb.get(), gds.get(), 10000.0f, B, T, NH, NKV, hs);
+    expect_close(to_d(gf.host()), to_d(fwd), tol<E>(), "rope forward");
+    expect_close(to_d(gb.host()), to_d(bwd), tol<E>(), "rope backward");
+  }
+  {  // SwiGLU
+    const size_t rows = size_t(B) * T;
+    auto x = to_t<E>(randn(rows * 2 * F, 5, 2.0)), dy = to_t<E>(randn(rows * F, 6));
+    std::vector<E> out(rows * F), dx(rows * 2 * F);
+    cpu::swiglu_forward(out.data(), x.data(), rows, F);
+    cpu::swiglu_backward(dx.data(), x.data(), dy.data(), rows, F);
+    Dev<E> gx(x), gdy(dy), gout(out.size()), gdx(dx.size());
+    cuda::swiglu_forward(gout.get(), gx.get(), rows, F);
+    cuda::swiglu_backward(gdx.get(), gx.get(), gdy.get(), rows, F);
+    expect_close(to_d(gout.host()), to_d(out), tol<E>(), "swiglu out");
+    expect_close(to_d(gdx.host()), to_d(dx), tol<E>(), "swiglu dinp");
+  }
+  for (const int32_t* d :
+       {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(ds.data())}) {
+    SCOPED_TRACE(d ? "document mask" : "causal");
+    const int32_t* gd = d ? gds.get() : nullptr;
+    auto qkv = to_t<E>(randn(nq, 7)), dout = to_t<E>(randn(size_t(B) * T * NH * hs, 8));
+    auto dqkv0 = to_t<E>(randn(nq, 9));
+    std::vector<E> out(size_t(B) * T * NH * hs), dqkv = dqkv0;
+    std::vector<float> lse(size_t(B) * NH * T);
+    cpu::attention_gqa_forward(out.data(), lse.data(), qkv.data(), d, B, T, NH, NKV, hs);
+    cpu::attention_gqa_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), d, B,
+                                T, NH, NKV, hs);
+    Dev<E> gqkv(qkv), gdout(dout), gout(out.size()), gdqkv(dqkv0), gout_cpu(out);
+    Dev<float> glse(lse.size());
+    cuda::attention_gqa_forward(gout.get(), glse.get(), gqkv.get(), gd, B, T, NH, NKV, hs);
+    cuda::attention_gqa_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout_cpu.get(), glse.get(),
+                                 gd, B, T, NH, NKV, hs);
+    expect_close(to_d(gout.host()), to_d(out), tol<E>(), "gqa out");
+    expect_close(to_d(glse.host()), to_d(lse), 1e-5, "gqa lse");
+    expect_close(to_d(gdqkv.host()), to_d(dqkv), 2 * tol<E>(), "gqa dqkv");
+  }
+}
+
+TEST(KernelsCuda, LlamaOps) {
+  REQUIRE_GPU();
+  check_llama_ops<float>();
+  check_llama_ops<bf16>();
+  check_llama_ops<fp16>();
+}
+
 TEST(KernelsCuda, Attention) {
   REQUIRE_GPU();
   check_attention<float>(2, 1, 8, 2);

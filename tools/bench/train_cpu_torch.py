@@ -3,6 +3,7 @@
 backward, clip_grad_norm_, AdamW) on the CPU with torch.set_num_threads(N).
 
   train_cpu_torch.py [--precision fp32|bf16] [--threads N] [--steps N] [--warmup N] [sizes...]
+                     [--arch gpt2|llama] [--kv-heads N] [--ffn N] [--doc-len N]
   train_cpu_torch.py --show-config     (what PyTorch runs on: version, BLAS, oneDNN, CPU capability)
 
 fp32 runs the model in float32. bf16 runs it under torch.autocast("cpu", dtype=torch.bfloat16)
@@ -124,6 +125,78 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.float().view(B * T, -1), targets.view(-1))
 
 
+class LlamaBlock(nn.Module):
+    """RMSNorm, grouped-query attention with rotary positions (rotate-half), SwiGLU, no biases;
+    the attention mask is causal or block-causal (documents), as bench_train_cpu --arch llama."""
+
+    def __init__(self, C, NH, NKV, Fh):
+        super().__init__()
+        self.NH, self.NKV, self.Fh = NH, NKV, Fh
+        hs = C // NH
+        self.w1 = nn.Parameter(torch.ones(C))
+        self.w2 = nn.Parameter(torch.ones(C))
+        self.qkv = nn.Linear(C, (NH + 2 * NKV) * hs, bias=False)
+        self.proj = nn.Linear(C, C, bias=False)
+        self.fc = nn.Linear(C, 2 * Fh, bias=False)
+        self.fc_proj = nn.Linear(Fh, C, bias=False)
+
+    @staticmethod
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+    def forward(self, x, mask, cos, sin):
+        B, T, C = x.shape
+        NH, NKV = self.NH, self.NKV
+        hs = C // NH
+        q, k, v = self.qkv(self.rms(x, self.w1)).split([NH * hs, NKV * hs, NKV * hs], dim=2)
+        q = q.view(B, T, NH, hs).transpose(1, 2)
+        k = k.view(B, T, NKV, hs).transpose(1, 2)
+        v = v.view(B, T, NKV, hs).transpose(1, 2)
+
+        def rot(t):
+            h = t.shape[-1] // 2
+            return t * cos + torch.cat((-t[..., h:], t[..., :h]), dim=-1) * sin
+        q, k = rot(q), rot(k)
+        k = k.repeat_interleave(NH // NKV, dim=1)
+        v = v.repeat_interleave(NH // NKV, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        y = att.masked_fill(mask, float("-inf")).softmax(dim=-1) @ v
+        x = x + self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        gate, up = self.fc(self.rms(x, self.w2)).split(self.Fh, dim=2)
+        return x + self.fc_proj(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, V, C, L, NH, NKV, Fh, T, doc_len=0, theta=10000.0):
+        super().__init__()
+        self.wte = nn.Embedding(V, C)
+        self.blocks = nn.ModuleList([LlamaBlock(C, NH, NKV, Fh) for _ in range(L)])
+        self.wf = nn.Parameter(torch.ones(C))
+        self.lm_head = nn.Linear(C, V, bias=False)
+        t = torch.arange(T)
+        start = t // doc_len * doc_len if doc_len > 0 else torch.zeros_like(t)
+        # mask[i, j]: j may not be seen by i (after it, or before its document).
+        self.register_buffer("mask", (t[None, :] > t[:, None]) | (t[None, :] < start[:, None]))
+        hs = C // NH
+        inv = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+        ang = (t - start).to(torch.float64)[:, None] * inv
+        emb = torch.cat((ang, ang), dim=-1)
+        self.register_buffer("cos", emb.cos().float())
+        self.register_buffer("sin", emb.sin().float())
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * L) if name.endswith("proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx)
+        for b in self.blocks:
+            x = b(x, self.mask, self.cos, self.sin)
+        logits = self.lm_head(LlamaBlock.rms(x, self.wf))
+        return F.cross_entropy(logits.float().view(B * T, -1), targets.view(-1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
@@ -136,6 +209,10 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
+    ap.add_argument("--kv-heads", type=int, default=0)
+    ap.add_argument("--ffn", type=int, default=0)
+    ap.add_argument("--doc-len", type=int, default=0)
     ap.add_argument("--show-config", action="store_true")
     a = ap.parse_args()
     if a.show_config:
@@ -143,7 +220,12 @@ def main():
         return
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = Gpt(a.vocab, a.d_model, a.layers, a.heads, a.seq)
+    if a.arch == "llama":
+        ffn = a.ffn or (2 * 4 * a.d_model // 3 + 255) // 256 * 256
+        model = Llama(a.vocab, a.d_model, a.layers, a.heads, a.kv_heads or a.heads, ffn, a.seq,
+                      a.doc_len)
+    else:
+        model = Gpt(a.vocab, a.d_model, a.layers, a.heads, a.seq)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -179,6 +261,8 @@ def main():
     step_ms = median(times)
     peak = status_mib("VmHWM")
     print(json.dumps({"impl": "pytorch " + torch.__version__, "precision": a.precision,
+                      "arch": a.arch, "doc_mask": a.arch == "llama" and a.doc_len > 0,
+                      "doc_len": a.doc_len,
                       "recompute": "none", "threads": a.threads, "steps": a.steps,
                       "warmup": a.warmup, "tokens_per_s": round(B * T / (step_ms / 1e3), 1),
                       "step_ms": round(step_ms, 2), "step_ms_min": round(min(times), 2),

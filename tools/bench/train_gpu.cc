@@ -110,9 +110,16 @@ int main(int argc, char** argv) {
   AdamW opt(oc);
   auto model = Model::create(&params, B, tc->activation_checkpointing);
   const size_t n = static_cast<size_t>(B * T);
-  std::vector<int32_t> in(n), tg(n);
+  std::vector<int32_t> in(n), tg(n), ds(n);
   std::vector<float> losses(n);
-  DeviceArray<int32_t> d_in(runtime, n), d_tg(runtime, n);
+  DeviceArray<int32_t> d_in(runtime, n), d_tg(runtime, n), d_ds(runtime, n);
+  // model.doc_mask (llama configs): random tokens packed as documents of kBenchDocLen tokens.
+  constexpr int64_t kBenchDocLen = 512;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t t = static_cast<int64_t>(i) % T;
+    ds[i] = static_cast<int32_t>(t / kBenchDocLen * kBenchDocLen);
+  }
+  runtime->copy_to_device(d_ds.data(), ds.data(), n * sizeof(int32_t));
   DeviceArray<float> d_loss(runtime, n);
   const double loss_scale = tc->precision == Precision::kFp16 ? 1024.0 : 1.0;
   std::vector<double> ms;
@@ -134,7 +141,7 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     params.zero_grads();
     model->forward_backward(d_in.data(), d_tg.data(), static_cast<float>(loss_scale / n),
-                            d_loss.data());
+                            d_loss.data(), d_ds.data());
     const StepStats st = opt.step(params, oc.lr, loss_scale);
     runtime->synchronize();
     const auto t1 = std::chrono::steady_clock::now();
@@ -172,19 +179,23 @@ int main(int argc, char** argv) {
   }
   const DeviceMemory mem = runtime->memory();
   std::printf(
-      "{\"impl\": \"kiln\", \"model\": \"%s\", \"device\": \"%s\", \"gpu\": \"%s\", "
+      "{\"impl\": \"kiln\", \"model\": \"%s\", \"arch\": \"%s\", \"doc_mask\": %s, "
+      "\"device\": \"%s\", \"gpu\": \"%s\", "
       "\"precision\": \"%s\", \"recompute\": \"%s\", \"micro_batch\": %lld, \"seq_len\": %lld, "
       "\"vocab\": %lld, \"d_model\": %lld, \"layers\": %lld, \"heads\": %lld, "
+      "\"kv_heads\": %lld, \"ffn\": %lld, \"doc_len\": %lld, "
       "\"params\": %zu, \"flops_per_token\": %.6g, \"peak_flops\": %s, \"steps\": %d, "
       "\"warmup\": %d, \"step_ms\": %.3f, \"step_ms_min\": %.3f, \"tokens_per_s\": %.1f, "
       "\"mfu\": %s, \"device_memory_peak_mib\": %s, \"allocated_peak_mib\": %.1f, "
       "\"kernel_ms\": %s, \"loss_first\": %.4f, \"loss_last\": %.4f}\n",
-      config_file.c_str(), device_name(tc->device), runtime->product_name().c_str(),
-      precision_name(tc->precision), recompute_name(tc->activation_checkpointing),
-      static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(m.vocab_size),
+      config_file.c_str(), arch_name(m.arch), m.doc_mask ? "true" : "false",
+      device_name(tc->device), runtime->product_name().c_str(), precision_name(tc->precision),
+      recompute_name(tc->activation_checkpointing), static_cast<long long>(B),
+      static_cast<long long>(T), static_cast<long long>(m.vocab_size),
       static_cast<long long>(m.d_model), static_cast<long long>(m.n_layers),
-      static_cast<long long>(m.n_heads), params.num_params(), flops,
-      json_or_null(peak_flops, "%.6g").c_str(), steps, warmup, step_ms,
+      static_cast<long long>(m.n_heads), static_cast<long long>(m.kv_heads()),
+      static_cast<long long>(m.ffn()), static_cast<long long>(m.doc_mask ? kBenchDocLen : 0),
+      params.num_params(), flops, json_or_null(peak_flops, "%.6g").c_str(), steps, warmup, step_ms,
       *std::min_element(ms.begin(), ms.end()), tokens_per_s, json_or_null(mfu, "%.4f").c_str(),
       tc->device == Device::kCuda ? json_or_null(device_peak / 1048576.0, "%.1f").c_str() : "null",
       mem.peak / 1048576.0, kernels.c_str(), loss_first, loss_last);

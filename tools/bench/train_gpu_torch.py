@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_cpu_torch import Gpt  # noqa: E402  (the CPU benchmark's model: one definition)
+from train_cpu_torch import Gpt, Llama  # noqa: E402  (the CPU benchmark's models: one definition)
 
 
 def median(v):
@@ -47,6 +47,10 @@ def main():
     ap.add_argument("--heads", type=int, required=True)
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--micro-batch", type=int, required=True)
+    ap.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
+    ap.add_argument("--kv-heads", type=int, default=0)
+    ap.add_argument("--ffn", type=int, default=0)
+    ap.add_argument("--doc-len", type=int, default=0, help="llama: documents of this many tokens")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
@@ -66,7 +70,13 @@ def main():
         torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
     torch.manual_seed(0)
-    model = Gpt(a.vocab, a.d_model, a.layers, a.heads, a.seq, sdpa=sdpa).to(dev)
+    if a.arch == "llama":  # explicit (block-causal) masked softmax: no SDPA
+        ffn = a.ffn or (2 * 4 * a.d_model // 3 + 255) // 256 * 256
+        model = Llama(a.vocab, a.d_model, a.layers, a.heads, a.kv_heads or a.heads, ffn, a.seq,
+                      a.doc_len).to(dev)
+        sdpa = False
+    else:
+        model = Gpt(a.vocab, a.d_model, a.layers, a.heads, a.seq, sdpa=sdpa).to(dev)
     params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

@@ -44,15 +44,12 @@ Status run_consolidate(const ConsolidateArgs& a) {
     const engine::ParamTensor& t = params.tensors()[i];
     views.push_back({t.name, "F32", t.shape, params.master(static_cast<int>(i)), t.numel * 4});
   }
-  nlohmann::json model = {{"vocab_size", shape.first.vocab_size}, {"d_model", shape.first.d_model},
-                          {"n_layers", shape.first.n_layers}, {"n_heads", shape.first.n_heads},
-                          {"seq_len", shape.first.seq_len}};
   std::map<std::string, std::string> meta;
   meta["format"] = "kiln-consolidated/1";
   meta["precision"] = engine::precision_name(shape.second);
   meta["source"] = fs::absolute(dir, ec).string();
   meta["step"] = std::to_string(state.step);
-  meta["model"] = model.dump();
+  meta["model"] = engine::model_shape_json(shape.first);
   KILN_RETURN_IF_ERROR(engine::write_safetensors(a.output, views, meta));
   const long long files = layout.sharded() ? layout.partitions * layout.tp_partitions : 2;
   std::printf("%s: %zu tensors from %s (step %s, %lld file%s: dp %lld, tp %lld, ZeRO-%lld)\n",

@@ -24,9 +24,39 @@ struct ModelRun {
   std::vector<std::vector<float>> grads;
 };
 
-// One forward+backward over `rows` sequences split into micro-batches of `micro` rows.
-ModelRun run_model(Precision p, Recompute r, int rows, int micro, int64_t head_chunk = 0) {
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += double(b[i]) * b[i];
+  }
+  return std::sqrt(d / std::max(n, 1e-300));
+}
+
+// A small llama: grouped-query attention (4 heads on 2), SwiGLU, RMSNorm, rotary positions,
+// untied embeddings, no biases, document mask.
+ModelConfig small_llama() {
   ModelConfig m = small_model();
+  m.arch = Arch::kLlama;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 40;
+  m.tie_embeddings = false;
+  m.bias = false;
+  m.doc_mask = true;
+  return m;
+}
+
+// Document starts of `rows` rows of T tokens: documents every 7 tokens, shifted by the row.
+std::vector<int32_t> doc_starts(int rows, int T) {
+  std::vector<int32_t> ds(size_t(rows) * T);
+  for (int r = 0; r < rows; ++r)
+    for (int t = 0; t < T; ++t) ds[size_t(r) * T + t] = t < r ? 0 : (t - r) / 7 * 7 + r;
+  return ds;
+}
+
+// One forward+backward over `rows` sequences split into micro-batches of `micro` rows.
+ModelRun run_model(Precision p, Recompute r, int rows, int micro, int64_t head_chunk = 0,
+                   const ModelConfig& m = small_model()) {
   ParamStore params(m, p);
   params.init(11);
   auto model = Model::create(&params, micro, r, head_chunk);
@@ -38,12 +68,14 @@ ModelRun run_model(Precision p, Recompute r, int rows, int micro, int64_t head_c
   }
   tg[5] = -1;  // an ignored position
   const double scale = p == Precision::kFp16 ? 256.0 : 1.0;
+  const std::vector<int32_t> ds = doc_starts(rows, T);
   ModelRun out;
   out.losses.resize(rows * T);
   params.zero_grads();
   for (int r0 = 0; r0 < rows; r0 += micro) {
     model->forward_backward(in.data() + r0 * T, tg.data() + r0 * T,
-                            static_cast<float>(scale / (rows * T)), out.losses.data() + r0 * T);
+                            static_cast<float>(scale / (rows * T)), out.losses.data() + r0 * T,
+                            ds.data() + r0 * T);
   }
   for (size_t i = 0; i < params.tensors().size(); ++i) {
     const float* g = params.grad(static_cast<int>(i));
@@ -52,11 +84,11 @@ ModelRun run_model(Precision p, Recompute r, int rows, int micro, int64_t head_c
   return out;
 }
 
-TEST(Model, CheckpointingModesAreBitIdentical) {
+void checkpointing_modes_are_bit_identical(const ModelConfig& m) {
   for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
-    ModelRun none = run_model(p, Recompute::kNone, 4, 4);
+    ModelRun none = run_model(p, Recompute::kNone, 4, 4, 0, m);
     for (Recompute r : {Recompute::kSelective, Recompute::kFull}) {
-      ModelRun other = run_model(p, r, 4, 4);
+      ModelRun other = run_model(p, r, 4, 4, 0, m);
       ASSERT_EQ(0, std::memcmp(none.losses.data(), other.losses.data(), none.losses.size() * 4))
           << precision_name(p) << " " << recompute_name(r);
       for (size_t t = 0; t < none.grads.size(); ++t) {
@@ -75,13 +107,50 @@ TEST(Model, CheckpointingModesAreBitIdentical) {
   }
 }
 
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    n += double(b[i]) * b[i];
+TEST(Model, CheckpointingModesAreBitIdentical) {
+  checkpointing_modes_are_bit_identical(small_model());
+}
+
+TEST(Model, LlamaCheckpointingModesAreBitIdentical) {
+  checkpointing_modes_are_bit_identical(small_llama());
+}
+
+// The document mask reaches the model: masked and unmasked runs differ, and a row's tokens after
+// a document start do not depend on the tokens before it.
+TEST(Model, LlamaDocumentMaskSeparatesDocuments) {
+  ModelConfig m = small_llama();
+  ModelRun masked = run_model(Precision::kFp32, Recompute::kNone, 4, 4, 0, m);
+  m.doc_mask = false;
+  ModelRun plain = run_model(Precision::kFp32, Recompute::kNone, 4, 4, 0, m);
+  EXPECT_GT(rel_diff(masked.losses, plain.losses), 1e-4);
+  // Row 0's second document starts at 7: change the tokens before it, its losses stay.
+  m.doc_mask = true;
+  ParamStore params(m, Precision::kFp32);
+  params.init(11);
+  auto model = Model::create(&params, 1, Recompute::kNone);
+  const int T = static_cast<int>(m.seq_len);
+  std::vector<int32_t> in(T), tg(T), ds = doc_starts(1, T);
+  for (int i = 0; i < T; ++i) {
+    in[i] = static_cast<int32_t>(random_bits(5, 1, i) % m.vocab_size);
+    tg[i] = static_cast<int32_t>(random_bits(5, 2, i) % m.vocab_size);
   }
-  return std::sqrt(d / std::max(n, 1e-300));
+  std::vector<float> a(T), b(T);
+  model->forward(in.data(), tg.data(), a.data(), ds.data());
+  for (int i = 0; i < 7; ++i) in[i] = (in[i] + 1) % static_cast<int32_t>(m.vocab_size);
+  model->forward(in.data(), tg.data(), b.data(), ds.data());
+  for (int i = 0; i < 7; ++i) EXPECT_NE(a[i], b[i]) << i;
+  for (int i = 7; i < T; ++i) EXPECT_EQ(a[i], b[i]) << i;
+}
+
+TEST(Model, LlamaAccumulationAndHeadChunksAgree) {
+  const ModelConfig m = small_llama();
+  ModelRun whole = run_model(Precision::kFp32, Recompute::kNone, 4, 4, 0, m);
+  ModelRun accum = run_model(Precision::kFp32, Recompute::kNone, 4, 2, 0, m);
+  ModelRun chunked = run_model(Precision::kFp32, Recompute::kNone, 4, 4, 7, m);
+  for (size_t t = 0; t < whole.grads.size(); ++t) {
+    EXPECT_LT(rel_diff(accum.grads[t], whole.grads[t]), 1e-5) << t;
+    EXPECT_LT(rel_diff(chunked.grads[t], whole.grads[t]), 1e-5) << t;
+  }
 }
 
 TEST(Model, AccumulationAndHeadChunksAgree) {

@@ -136,5 +136,55 @@ TEST(Params, InitValuesAreTheWholeTensorsValuesForAnySliceAndRange) {
   }
 }
 
+// Llama's tensors: no position table or norm biases, no biases with model.bias false, an LM head
+// when untied, SwiGLU's gate and up rows; grouped-query q, k, v split by heads over TP ranks.
+TEST(Params, LlamaTensorsAndGroupedQueryTpSlices) {
+  ModelConfig m;
+  m.arch = Arch::kLlama;
+  m.vocab_size = 64;
+  m.d_model = 24;
+  m.n_layers = 2;
+  m.n_heads = 6;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 40;
+  m.seq_len = 8;
+  m.tie_embeddings = false;
+  m.bias = false;
+  ParamStore whole(m, Precision::kFp32);
+  EXPECT_EQ(whole.wpe(), -1);
+  EXPECT_EQ(whole.lnf_b(), -1);
+  EXPECT_NE(whole.lm_head(), whole.wte());
+  EXPECT_EQ(whole.find("blocks.0.attn.qkv.bias"), -1);
+  EXPECT_EQ(whole.find("blocks.0.ln1.bias"), -1);
+  const int qkv = whole.find("blocks.0.attn.qkv.weight");
+  ASSERT_GE(qkv, 0);
+  const int64_t hs = 4;
+  EXPECT_EQ(whole.tensors()[qkv].shape, (std::vector<int64_t>{(6 + 2 * 2) * hs, 24}));
+  EXPECT_EQ(whole.tensors()[whole.find("blocks.0.mlp.fc.weight")].shape,
+            (std::vector<int64_t>{80, 24}));
+  EXPECT_EQ(whole.tensors()[whole.find("blocks.0.mlp.proj.weight")].shape,
+            (std::vector<int64_t>{24, 40}));
+  // Per block: ln1 24, qkv 40x24, proj 24x24, ln2 24, fc 80x24, proj 24x40; wte and lm_head.
+  EXPECT_EQ(whole.num_params(), size_t(2 * (24 + 960 + 576 + 24 + 1920 + 960) + 2 * 64 * 24 + 24));
+  // tp 2: each rank holds 3 query heads, 1 key and 1 value head - rows [q 12 | k 4 | v 4].
+  const ParamTensor& t = whole.tensors()[qkv];
+  std::vector<float> w(t.numel), back(t.numel, -1.0f);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
+  for (int rank = 0; rank < 2; ++rank) {
+    ParamStore part(m, Precision::kFp32, false, nullptr, TpShard{rank, 2}, false);
+    const ParamTensor& pt = part.tensors()[qkv];
+    ASSERT_EQ(pt.shape, (std::vector<int64_t>{20, 24}));
+    std::vector<float> slice(pt.numel);
+    copy_to_shard(pt, {rank, 2}, w.data(), slice.data());
+    const size_t C = 24;
+    auto whole_row = [&](size_t local_row) { return slice[local_row * C] / C; };
+    EXPECT_EQ(whole_row(0), rank * 12);           // q heads 3r .. 3r+2
+    EXPECT_EQ(whole_row(12), 24 + rank * 4);      // k head r
+    EXPECT_EQ(whole_row(16), 24 + 8 + rank * 4);  // v head r
+    copy_from_shard(pt, {rank, 2}, slice.data(), back.data());
+  }
+  EXPECT_EQ(back, w);
+}
+
 }  // namespace
 }  // namespace kiln::engine

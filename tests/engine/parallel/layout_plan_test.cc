@@ -36,6 +36,29 @@ TEST(Plan, UnitSizesAreTheParamStoreLayout) {
   }
 }
 
+// The llama layout (no wpe or norm biases, fused GQA qkv, SwiGLU gate+up, lm_head; and the
+// variants with biases / tied embeddings), whole and on each of 2 tensor-parallel ranks.
+TEST(Plan, LlamaUnitSizesAreTheParamStoreLayout) {
+  std::vector<std::string> llama = kSmall;
+  for (const char* s :
+       {"model.arch=llama", "model.n_kv_heads=2", "model.ffn_hidden=136", "model.doc_mask=false"}) {
+    llama.push_back(s);
+  }
+  for (const char* variant : {"model.bias=false", "model.bias=true", "model.tie_embeddings=true"}) {
+    auto sets = llama;
+    sets.push_back(variant);
+    TrainConfig c = config(sets);
+    for (int tp : {1, 2}) {
+      ParamStore store(c.model, Precision::kFp32, false, nullptr, TpShard{0, tp}, false);
+      const auto units = unit_numels(c.model, tp);
+      ASSERT_EQ(units.size(), store.units().size());
+      for (size_t u = 0; u < units.size(); ++u) {
+        EXPECT_EQ(units[u], store.units()[u].numel) << variant << " tp " << tp << " unit " << u;
+      }
+    }
+  }
+}
+
 TEST(Plan, OneRankModelStatesAndActivationsAreWhatTheEngineAllocates) {
   for (const char* prec : {"fp32", "bf16"}) {
     auto sets = kSmall;

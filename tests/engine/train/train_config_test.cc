@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace kiln::engine {
 namespace {
@@ -56,6 +57,53 @@ TEST(TrainConfig, SetsAndErrorsNameTheKey) {
   auto c = load_train_config("", {"schedule.type=cosin"});
   EXPECT_NE(parse_train_config(*c).status().to_string().find("did you mean 'cosine'"),
             std::string::npos);
+}
+
+// model.arch and the Llama keys: arch defaults (auto), and each bad value refused naming its key.
+TEST(TrainConfig, LlamaKeys) {
+  auto gpt = parse_train_config(*load_train_config("", {}));
+  ASSERT_TRUE(gpt.is_ok());
+  EXPECT_EQ(gpt->model.arch, Arch::kGpt2);
+  EXPECT_TRUE(gpt->model.tie_embeddings && gpt->model.bias && !gpt->model.doc_mask);
+  EXPECT_EQ(gpt->model.kv_heads(), gpt->model.n_heads);
+  EXPECT_EQ(gpt->model.ffn(), 4 * gpt->model.d_model);
+
+  auto cfg = load_train_config("", {"model.arch=llama", "model.d_model=2048", "model.n_heads=32",
+                                    "model.n_kv_heads=8", "data.manifest=some/manifest.json"});
+  auto llama = parse_train_config(*cfg);
+  ASSERT_TRUE(llama.is_ok()) << llama.status().to_string();
+  const ModelConfig& m = llama->model;
+  EXPECT_EQ(m.arch, Arch::kLlama);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_FALSE(m.bias);
+  EXPECT_TRUE(m.doc_mask);
+  EXPECT_EQ(m.kv_heads(), 8);
+  EXPECT_EQ(m.ffn(), 5632);  // 2/3 of 4 x 2048 = 5461.3, rounded up to 256 (Llama's rule)
+  EXPECT_EQ(m.qkv_width(), (32 + 2 * 8) * 64);
+  EXPECT_EQ(llama_ffn_hidden(4096), 11008);  // Llama 2 7B's width
+
+  struct Bad {
+    std::vector<std::string> sets;
+    const char* key;
+  } bads[] = {
+      {{"model.arch=mamba"}, "model.arch"},
+      {{"model.arch=llama", "model.n_kv_heads=3", "model.doc_mask=false"}, "model.n_kv_heads"},
+      {{"model.arch=llama", "model.n_kv_heads=8", "model.doc_mask=false"}, "model.n_kv_heads"},
+      {{"model.arch=llama", "model.d_model=36", "model.doc_mask=false"}, "model.n_heads"},  // hs 9
+      {{"model.arch=llama"}, "model.doc_mask"},     // synthetic data has no document starts
+      {{"model.doc_mask=true"}, "model.doc_mask"},  // gpt2: not implemented
+      {{"model.bias=maybe"}, "model.bias"},
+      {{"model.arch=llama", "model.rope_theta=0", "model.doc_mask=false"}, "model.rope_theta"},
+      {{"model.norm_eps=1e-6"}, "model.norm_eps"},  // gpt2's LayerNorm eps is fixed
+  };
+  for (const auto& b : bads) {
+    auto c = load_train_config("", b.sets);
+    ASSERT_TRUE(c.is_ok()) << b.key;
+    auto t = parse_train_config(*c);
+    ASSERT_FALSE(t.is_ok()) << b.key;
+    EXPECT_EQ(t.status().code(), StatusCode::kConfig) << b.key;
+    EXPECT_EQ(t.status().key(), b.key) << t.status().to_string();
+  }
 }
 
 }  // namespace
