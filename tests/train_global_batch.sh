@@ -9,8 +9,10 @@
 #   train_global_batch.sh CHECK KILN SOURCE_DIR WORK_DIR MPIEXEC
 #   (CHECK: equivalence | resume | mixset | epoch)
 source "$(dirname "$0")/mpi_train_common.sh"
-"$SRC/tools/default_corpus" corpus >/dev/null
-"$KILN" prep --input corpus --output data --threads 2 >/dev/null 2>prep.log
+if [ "$CHECK" != epoch ]; then  # epoch prepares a smaller corpus of its own
+  "$SRC/tools/default_corpus" corpus >/dev/null
+  "$KILN" prep --input corpus --output data --threads 2 >/dev/null 2>prep.log
+fi
 GB=(--config "$SRC/configs/train/tiny.yaml" --set data.manifest=data --set run.threads=1
     --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.seq_len=32
     --set schedule.warmup_steps=2 --set schedule.total_steps=20 --set checkpoint.at_end=false)
@@ -39,9 +41,9 @@ print("%s vs %s, steps %d..%d: max relative loss difference %.2e" %
 assert worst < 1e-5, "losses differ"
 PY
 }
-domains() {  # the dataset's domains, most tokens first
-  /usr/bin/python3 -c 'import json; d = json.load(open("data/manifest.json"))["domains"]
-print(" ".join(sorted(d, key=lambda k: (-d[k]["tokens"], k))))'
+domains() {  # domains [DATA]: the dataset's domains, most tokens first (DATA: default data)
+  /usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1] + "/manifest.json"))["domains"]
+print(" ".join(sorted(d, key=lambda k: (-d[k]["tokens"], k))))' "${1:-data}"
 }
 weights() {  # weights RUN FIRST_STEP LAST_STEP JSON: the metrics' domain_weights of those steps
   /usr/bin/python3 - "$@" <<'PY'
@@ -120,15 +122,20 @@ case "$CHECK" in
     same_position whole cut 20
     ;;
   epoch)
-    # Resume 2 -> 4 across an epoch end: EPOCH_SETTINGS make one domain's epoch end, in some
-    # partition, between step 10 and step 20 (checked from the loader states in the step-10 and
-    # step-20 checkpoints: a partition's cursor in a later epoch).
-    read -r _ _ SMALL <<<"$(domains)"
-    EP=(--set data.mixture="{$SMALL: 1}" --set model.seq_len=EPOCH_SEQ_LEN)
-    run 2 whole 20 --set data.micro_batch=4 "${EP[@]}" --set checkpoint.every_steps=10
-    run 2 cut 10 --set data.micro_batch=4 "${EP[@]}" --set checkpoint.at_end=true
-    run 4 cut 20 --set data.micro_batch=2 "${EP[@]}" --set checkpoint.at_end=true --resume
-    /usr/bin/python3 - "$(data_state whole 10)" "$(data_state whole 20)" <<'PY'
+    # Resume 2 -> 4 across an epoch end. The corpus is the default corpus cut to about 1.5 MB
+    # (tools/default_corpus --max-mb 1: 15-21 documents and 60-100 k tokens per domain), so that
+    # with the global batch of 8 rows (8 partitions: 2-3 documents per partition and domain) and
+    # weights 3:1 on the smallest and the largest domain, some partition finishes its block of the
+    # smallest domain's epoch 0 between step 10 and step 20. The sequence length that does so is
+    # found with `kiln stream` (the same loader, the run's seed 1234), since the corpus depends on
+    # what the machine has installed; the training runs' own loader states in the step-10 and
+    # step-20 checkpoints then confirm the epoch end (a partition's cursor in a later epoch).
+    "$SRC/tools/default_corpus" small --max-mb 1 >/dev/null
+    "$KILN" prep --input small --output sdata --threads 2 >/dev/null 2>sprep.log
+    read -r BIG _ <<<"$(domains sdata)"
+    SMALL=$(domains sdata | awk '{print $NF}')
+    epochs() {  # epochs STATE_FILE_A STATE_FILE_B: the partition:domain pairs in a later epoch in B
+      /usr/bin/python3 - "$@" <<'PY'
 import json, sys
 def epochs(text):  # (partition, domain) -> the epoch its next sequence starts in
     out = {}
@@ -136,11 +143,29 @@ def epochs(text):  # (partition, domain) -> the epoch its next sequence starts i
         for d, cur in c["domains"].items():
             out[(c["partition"], d)] = cur["pending"][0][0] if cur["pending"] else cur["next_epoch"]
     return out
-a, b = epochs(sys.argv[1]), epochs(sys.argv[2])
-ended = sorted(k for k in b if b[k] > a.get(k, 0))
-print("epoch ends between step 10 and step 20 (partition, domain):", ended)
-assert ended, "no partition started a new epoch between step 10 and step 20: not the test meant"
+a, b = epochs(open(sys.argv[1]).read()), epochs(open(sys.argv[2]).read())
+print(" ".join("%d:%s" % k for k in sorted(k for k in b if b[k] > a.get(k, 0))))
 PY
+    }
+    T=
+    for t in 128 96 160 64 192 256; do
+      for n in 10 20; do
+        "$KILN" stream sdata --world 1 --global-batch 8 --seq-len "$t" --steps "$n" --seed 1234 \
+          --weights "$SMALL=0.75,$BIG=0.25" --state-out "stream$n.json" >/dev/null
+      done
+      if [ -n "$(epochs stream10.json stream20.json)" ]; then T=$t; break; fi
+    done
+    [ -n "$T" ] || { echo "no sequence length makes an epoch of $SMALL end between step 10 and 20"; exit 1; }
+    echo "seq_len $T: $SMALL 0.75, $BIG 0.25"
+    EP=(--set data.manifest=sdata --set model.seq_len="$T" --set data.mixture="{$SMALL: 0.75, $BIG: 0.25}")
+    run 2 whole 20 --set data.micro_batch=4 "${EP[@]}" --set checkpoint.every_steps=10
+    run 2 cut 10 --set data.micro_batch=4 "${EP[@]}" --set checkpoint.at_end=true
+    run 4 cut 20 --set data.micro_batch=2 "${EP[@]}" --set checkpoint.at_end=true --resume
+    data_state whole 10 >whole10.json
+    data_state whole 20 >whole20.json
+    ended=$(epochs whole10.json whole20.json)
+    echo "epoch ends between step 10 and step 20 (partition:domain): ${ended:-none}"
+    [ -n "$ended" ] || { echo "no partition started a new epoch between step 10 and 20"; exit 1; }
     compare whole cut 11
     same_position whole cut 20
     ;;
