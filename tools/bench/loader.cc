@@ -14,7 +14,8 @@
 //   bench_loader rss DIR [--prefetch P] [--workers N]
 //       one epoch; prints the peak resident set size (VmHWM) so runs over datasets of different
 //       sizes (separate processes) show memory is bounded by the settings, not the dataset.
-//   bench_loader drain DIR [--workers N] [--seq-len T] [--micro-batch B] [--prefetch P] [--passes P]
+//   bench_loader drain DIR [--workers N] [--seq-len T] [--micro-batch B] [--prefetch P] [--passes
+//   P]
 //       the loader alone (seed 7) for `passes` epochs' worth of tokens, timed from after open to
 //       the last batch; prints one JSON line {"steps", "tokens", "wall_s", "cpu_s"}: the C++
 //       side of tools/bench/loader_python, which reads the same shards through the Python module.
@@ -170,9 +171,11 @@ int make(const std::string& dir, double megabytes, uint64_t samples_per_shard) {
     disk += sh.bytes;
     tokens += sh.tokens;
   }
-  std::printf("made %s: %zu shards (at most %llu samples each), %.1f MB on disk, %.1f M tokens, in %.1f s\n", dir.c_str(),
-              m.shards.size(), static_cast<unsigned long long>(samples_per_shard), disk / 1e6,
-              tokens / 1e6, now_s() - t0);
+  std::printf(
+      "made %s: %zu shards (at most %llu samples each), %.1f MB on disk, %.1f M tokens, in %.1f "
+      "s\n",
+      dir.c_str(), m.shards.size(), static_cast<unsigned long long>(samples_per_shard), disk / 1e6,
+      tokens / 1e6, now_s() - t0);
   return 0;
 }
 
@@ -203,7 +206,8 @@ Args parse(int argc, char** argv, int first) {
     else if (k == "--step-ms") a.step_ms = std::atof(next().c_str());
     else if (k == "--steps") a.steps = std::atoll(next().c_str());
     else if (k == "--passes") a.passes = std::atof(next().c_str());
-    else if (k == "--global-batch") a.global_batch = std::atoll(next().c_str());
+    else if (k == "--global-batch")
+      a.global_batch = std::atoll(next().c_str());
     else die("unknown flag " + k);
   }
   return a;
@@ -411,13 +415,15 @@ int ranks(const std::string& dir, const Args& a) {
   value(restored->next_batch());
   const double restore_ms = (now_s() - r0) * 1e3;
   std::printf(
-      "{\"world\": %d, \"rank\": %d, \"global_batch\": %lld, \"micro_batch\": %lld, \"steps\": %lld, "
+      "{\"world\": %d, \"rank\": %d, \"global_batch\": %lld, \"micro_batch\": %lld, \"steps\": "
+      "%lld, "
       "\"tokens\": %llu, \"tar_bytes\": %llu, \"shards_read\": %llu, \"wall_s\": %.6f, "
       "\"cpu_s\": %.6f, \"first_ms\": %.3f, \"restore_step\": %lld, \"restore_ms\": %.3f}\n",
       world, rank, static_cast<long long>(a.global_batch), static_cast<long long>(ra.micro_batch),
       static_cast<long long>(steps), static_cast<unsigned long long>(st.tokens),
-      static_cast<unsigned long long>(st.tar_bytes), static_cast<unsigned long long>(st.shards_read),
-      wall, cpu, first_ms, static_cast<long long>(deep.step), restore_ms);
+      static_cast<unsigned long long>(st.tar_bytes),
+      static_cast<unsigned long long>(st.shards_read), wall, cpu, first_ms,
+      static_cast<long long>(deep.step), restore_ms);
   return 0;
 }
 
@@ -454,7 +460,8 @@ int main(int argc, char** argv) {
   kiln::bench::print_machine();  // CPU model and the ISA paths this run takes
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "make" && (argc == 4 || argc == 5)) {
-    return make(argv[2], std::atof(argv[3]), argc == 5 ? std::strtoull(argv[4], nullptr, 10) : 10000);
+    return make(argv[2], std::atof(argv[3]),
+                argc == 5 ? std::strtoull(argv[4], nullptr, 10) : 10000);
   }
   if (mode == "ranks" && argc >= 3) return ranks(argv[2], parse(argc, argv, 3));
   if (mode == "run" && argc >= 3) return run(argv[2], parse(argc, argv, 3));
