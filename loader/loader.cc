@@ -623,9 +623,19 @@ class LoaderImpl final : public Loader {
   // per epoch, and a neighbour may run an epoch ahead).
   static constexpr size_t kMaxParked = 4;
 
-  // Whether stream D has planned a unit at or after (epoch, position pos). mu_ held.
+  // Whether stream D will never plan a unit starting at (epoch, position pos) from scratch: it
+  // has planned one at or after it, or (nothing planned since open / restore) its cursor starts
+  // after it or inside that document. mu_ held.
   static bool planned_past(const DomainRt& D, uint64_t epoch, uint64_t pos) {
-    return D.planned_any && (D.last_epoch > epoch || (D.last_epoch == epoch && D.last_end > pos));
+    if (D.planned_any) {
+      return D.last_epoch > epoch || (D.last_epoch == epoch && D.last_end > pos);
+    }
+    for (const auto& iv : D.initial.pending) {
+      if (iv.begin >= iv.end) continue;
+      return iv.epoch > epoch ||
+             (iv.epoch == epoch && (iv.begin > pos || (iv.begin == pos && iv.skip_tokens > 0)));
+    }
+    return D.initial.next_epoch > epoch;
   }
 
   // Takes the parked decode of exactly u's plan, if any, into u; drops parked parts the stream
