@@ -11,8 +11,75 @@
 
 namespace kiln::loader::detail {
 
+namespace {
+
+// A unit being filled from the shard: its members' .tokens.npy and keys, in visiting order.
+struct Fill {
+  Unit* unit;
+  std::vector<std::string> npy, keys;
+};
+
+// Widens the members' tokens into unit->tokens (eos after each document, the first skip_tokens
+// of the first one dropped). A kData / kConfig naming the member, without the shard.
+Status pack(const Manifest& manifest, const DecodeOptions& options, Fill& f) {
+  Unit* unit = f.unit;
+  const UnitPlan& plan = unit->plan;
+  const uint64_t vocab = manifest.tokenizer.vocab_size;
+  std::vector<NpyView> views(f.npy.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < f.npy.size(); ++i) {
+    auto v = npy_parse(f.npy[i]);
+    if (!v) return std::move(v).take_status().prefixed("member '" + f.keys[i] + ".tokens.npy'");
+    views[i] = *v;
+    total += v->size + 1;
+  }
+  if (!views.empty() && plan.skip_tokens >= views[0].size + 1) {
+    return Status::config("the loader state's position (" + std::to_string(plan.skip_tokens) +
+                          " tokens into '" + f.keys[0] +
+                          "') is past that document's end; the data changed?");
+  }
+  // (A recycled buffer keeps its old size: resize() then only zero-fills the growth.)
+  unit->tokens.resize(total - (views.empty() ? 0 : plan.skip_tokens));
+  unit->doc_start.resize(views.size() + 1);
+  uint32_t* out = unit->tokens.data();
+  uint64_t at = 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    const NpyView& v = views[i];
+    unit->doc_start[i] = at;
+    const uint64_t from = i == 0 ? std::min<uint64_t>(plan.skip_tokens, v.size) : 0;
+    uint32_t max_id = 0;
+    if (v.dtype == NpyDtype::kU16) {
+      const auto* p = reinterpret_cast<const unsigned char*>(v.data);
+      for (uint64_t t = from; t < v.size; ++t) {
+        const uint32_t id =
+            static_cast<uint32_t>(p[2 * t]) | (static_cast<uint32_t>(p[2 * t + 1]) << 8);
+        max_id = std::max(max_id, id);
+        out[at++] = id;
+      }
+    } else {
+      const auto* p = reinterpret_cast<const unsigned char*>(v.data);
+      for (uint64_t t = from; t < v.size; ++t) {
+        uint32_t id;
+        std::memcpy(&id, p + 4 * t, 4);  // little-endian host (x86-64, aarch64)
+        max_id = std::max(max_id, id);
+        out[at++] = id;
+      }
+    }
+    if (vocab > 0 && v.size > from && max_id >= vocab) {
+      return Status::data("member '" + f.keys[i] + ".tokens.npy' holds token id " +
+                          std::to_string(max_id) + " >= vocab_size " + std::to_string(vocab));
+    }
+    out[at++] = options.eos;
+  }
+  unit->doc_start[views.size()] = at;
+  KILN_CHECK(at == unit->tokens.size());
+  return Status::ok();
+}
+
+}  // namespace
+
 void decode_unit(const Manifest& manifest, const DecodeOptions& options,
-                 const std::atomic<bool>& abort, Unit* unit) {
+                 const std::atomic<bool>& abort, Unit* unit, const std::vector<Unit*>& siblings) {
   const UnitPlan& plan = unit->plan;
   const ManifestShard& sh = manifest.shards[plan.shard];
   std::string path = manifest.shard_path(sh);
@@ -29,11 +96,26 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
   auto reader = ShardReader::open(path, Manifest::reader_options(sh, options.verify_checksums));
   if (!reader) return fail(std::move(reader).take_status());
 
-  std::vector<int32_t> slot_of(sh.samples, -1);
-  for (size_t i = 0; i < plan.members.size(); ++i) slot_of[plan.members[i]] = static_cast<int32_t>(i);
-  std::vector<std::string> npy(plan.members.size());
-  std::vector<std::string> keys(plan.members.size());
-  if (options.sample_ids) unit->ids.assign(plan.members.size(), std::string());
+  // Which unit and slot each tar-order sample goes to (-1: none). Siblings (other streams' parts
+  // of the same shard and epoch) are disjoint from the unit and from each other.
+  std::vector<Fill> fills;
+  fills.push_back({unit, {}, {}});
+  for (Unit* u : siblings) {
+    KILN_CHECK(u->plan.shard == plan.shard, "a sibling unit of another shard");
+    fills.push_back({u, {}, {}});
+  }
+  std::vector<std::pair<int32_t, int32_t>> slot_of(sh.samples, {-1, -1});
+  for (size_t f = 0; f < fills.size(); ++f) {
+    const UnitPlan& fp = fills[f].unit->plan;
+    fills[f].npy.resize(fp.members.size());
+    fills[f].keys.resize(fp.members.size());
+    if (options.sample_ids) fills[f].unit->ids.assign(fp.members.size(), std::string());
+    for (size_t i = 0; i < fp.members.size(); ++i) {
+      KILN_CHECK(fp.members[i] < sh.samples && slot_of[fp.members[i]].first < 0,
+                 "overlapping units of one shard");
+      slot_of[fp.members[i]] = {static_cast<int32_t>(f), static_cast<int32_t>(i)};
+    }
+  }
   ShardSample sample;
   uint64_t index = 0;
   while (true) {
@@ -48,11 +130,12 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
       return fail(Status::data("holds more samples than the manifest's " +
                                std::to_string(sh.samples)));
     }
-    const int32_t slot = slot_of[index++];
-    if (slot < 0) continue;
-    keys[slot] = sample.key;
+    const auto [f, slot] = slot_of[index++];
+    if (f < 0) continue;
+    Fill& fill = fills[f];
+    fill.keys[slot] = sample.key;
     for (auto& m : sample.members) {
-      if (m.ext == "tokens.npy") npy[slot] = std::move(m.data);
+      if (m.ext == "tokens.npy") fill.npy[slot] = std::move(m.data);
     }
     if (!sample.find("tokens.npy")) {
       return fail(Status::data("member '" + sample.key + ".tokens.npy' is missing"));
@@ -70,7 +153,7 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
           return fail(Status::data("member '" + sample.key +
                                    ".json': no \"id\" (string or number)"));
         }
-        unit->ids[slot] = it->dump();
+        fill.unit->ids[slot] = it->dump();
       } catch (const nlohmann::json::exception& e) {
         return fail(Status::data("member '" + sample.key + ".json' is not valid JSON: " +
                                  e.what()));
@@ -82,57 +165,13 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
     return fail(Status::data("holds " + std::to_string(index) + " samples, the manifest says " +
                              std::to_string(sh.samples)));
   }
-  // Pack: widen to uint32, append eos after every document.
-  const uint64_t vocab = manifest.tokenizer.vocab_size;
-  std::vector<NpyView> views(npy.size());
-  uint64_t total = 0;
-  for (size_t i = 0; i < npy.size(); ++i) {
-    auto v = npy_parse(npy[i]);
-    if (!v) {
-      return fail(std::move(v).take_status().prefixed("member '" + keys[i] + ".tokens.npy'"));
-    }
-    views[i] = *v;
-    total += v->size + 1;
+  if (Status st = pack(manifest, options, fills[0]); !st.is_ok()) return fail(std::move(st));
+  // A sibling that does not pack keeps its status; the loader drops it (its stream decodes the
+  // shard itself later and meets the error there).
+  for (size_t f = 1; f < fills.size(); ++f) {
+    if (Status st = pack(manifest, options, fills[f]); !st.is_ok())
+      fills[f].unit->status = std::move(st);
   }
-  if (!views.empty() && plan.skip_tokens >= views[0].size + 1) {
-    return fail(Status::config("the loader state's position (" +
-                               std::to_string(plan.skip_tokens) + " tokens into '" + keys[0] +
-                               "') is past that document's end; the data changed?"));
-  }
-  // (A recycled buffer keeps its old size: resize() then only zero-fills the growth.)
-  unit->tokens.resize(total - (views.empty() ? 0 : plan.skip_tokens));
-  unit->doc_start.resize(views.size() + 1);
-  uint32_t* out = unit->tokens.data();
-  uint64_t at = 0;
-  for (size_t i = 0; i < views.size(); ++i) {
-    const NpyView& v = views[i];
-    unit->doc_start[i] = at;
-    const uint64_t from = i == 0 ? std::min<uint64_t>(plan.skip_tokens, v.size) : 0;
-    uint32_t max_id = 0;
-    if (v.dtype == NpyDtype::kU16) {
-      const auto* p = reinterpret_cast<const unsigned char*>(v.data);
-      for (uint64_t t = from; t < v.size; ++t) {
-        const uint32_t id = static_cast<uint32_t>(p[2 * t]) | (static_cast<uint32_t>(p[2 * t + 1]) << 8);
-        max_id = std::max(max_id, id);
-        out[at++] = id;
-      }
-    } else {
-      const auto* p = reinterpret_cast<const unsigned char*>(v.data);
-      for (uint64_t t = from; t < v.size; ++t) {
-        uint32_t id;
-        std::memcpy(&id, p + 4 * t, 4);  // little-endian host (x86-64, aarch64)
-        max_id = std::max(max_id, id);
-        out[at++] = id;
-      }
-    }
-    if (vocab > 0 && v.size > from && max_id >= vocab) {
-      return fail(Status::data("member '" + keys[i] + ".tokens.npy' holds token id " +
-                               std::to_string(max_id) + " >= vocab_size " + std::to_string(vocab)));
-    }
-    out[at++] = options.eos;
-  }
-  unit->doc_start[views.size()] = at;
-  KILN_CHECK(at == unit->tokens.size());
 }
 
 }  // namespace kiln::loader::detail

@@ -41,8 +41,11 @@ struct DecodeOptions {
 
 // Fills unit->tokens / doc_start / ids / tar_bytes from unit->plan, or sets unit->status.
 // unit->tokens may hold a recycled buffer (its capacity is reused). When `abort` becomes true the
-// decode stops early with a kInternal "loader stopped".
+// decode stops early with a kInternal "loader stopped". `siblings`: units of other streams in the
+// same shard (disjoint members) filled from the same read (tar_bytes stays 0 for them); one that
+// fails gets its own status, and unit's status is set when the read itself fails.
 void decode_unit(const Manifest& manifest, const DecodeOptions& options,
-                 const std::atomic<bool>& abort, Unit* unit);
+                 const std::atomic<bool>& abort, Unit* unit,
+                 const std::vector<Unit*>& siblings = {});
 
 }  // namespace kiln::loader::detail

@@ -66,6 +66,12 @@ struct DomainRt {
   uint64_t consumer_seqs = 0, packer_seqs = 0;
   uint64_t packer_head = 0;  // highest unit seq the in-progress batch asked for
   bool starving = false;     // the packer waits for a unit not planned yet
+  // The last unit planned: (epoch, end position); nothing planned before it is asked for again.
+  bool planned_any = false;
+  uint64_t last_epoch = 0, last_end = 0;
+  // Parts of shards decoded for this stream by another hosted stream's read of the same shard
+  // (the shard at the boundary of two adjacent partitions' blocks), until this stream plans them.
+  std::vector<std::shared_ptr<Unit>> parked;
   uint64_t planned_end() const { return front_seq + units.size(); }
 };
 
@@ -515,6 +521,9 @@ class LoaderImpl final : public Loader {
     D.consumer_seqs = D.packer_seqs = start.sequences;
     D.packer_head = 0;
     D.starving = false;
+    D.planned_any = false;
+    D.last_epoch = D.last_end = 0;
+    D.parked.clear();
   }
 
   DomainCursor consumer_cursor(size_t d) const {
@@ -610,6 +619,97 @@ class LoaderImpl final : public Loader {
     return static_cast<int64_t>(D.planned_end()) - static_cast<int64_t>(current) - 1;
   }
 
+  // Shard parts parked for one stream at most (a stream needs at most the two ends of its block
+  // per epoch, and a neighbour may run an epoch ahead).
+  static constexpr size_t kMaxParked = 4;
+
+  // Whether stream D will never plan a unit starting at (epoch, position pos) from scratch: it
+  // has planned one at or after it, or (nothing planned since open / restore) its cursor starts
+  // after it or inside that document. mu_ held.
+  static bool planned_past(const DomainRt& D, uint64_t epoch, uint64_t pos) {
+    if (D.planned_any) {
+      return D.last_epoch > epoch || (D.last_epoch == epoch && D.last_end > pos);
+    }
+    for (const auto& iv : D.initial.pending) {
+      if (iv.begin >= iv.end) continue;
+      return iv.epoch > epoch ||
+             (iv.epoch == epoch && (iv.begin > pos || (iv.begin == pos && iv.skip_tokens > 0)));
+    }
+    return D.initial.next_epoch > epoch;
+  }
+
+  // Takes the parked decode of exactly u's plan, if any, into u; drops parked parts the stream
+  // has gone past (plans come in increasing (epoch, position) order). mu_ held.
+  static bool adopt_parked(DomainRt& D, Unit* u) {
+    const loader::detail::UnitPlan& p = u->plan;
+    bool adopted = false;
+    for (auto it = D.parked.begin(); it != D.parked.end();) {
+      Unit& q = **it;
+      const loader::detail::UnitPlan& qp = q.plan;
+      if (!adopted && p.skip_tokens == 0 && qp.epoch == p.epoch && qp.shard == p.shard &&
+          qp.pos_begin == p.pos_begin && qp.pos_end == p.pos_end) {
+        u->tokens = std::move(q.tokens);
+        u->doc_start = std::move(q.doc_start);
+        u->ids = std::move(q.ids);
+        adopted = true;
+        it = D.parked.erase(it);
+      } else if (qp.epoch < p.epoch || (qp.epoch == p.epoch && qp.pos_begin < p.pos_end)) {
+        it = D.parked.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return adopted;
+  }
+
+  // The parts of `plan`'s shard (same epoch) that the rank's other streams of the same domain
+  // read in their regular blocks and have not planned yet: decoded with `plan`'s unit from one
+  // read, so two adjacent partitions of this rank do not both decompress the shard between their
+  // blocks. Returns (stream, unit to fill). mu_ held.
+  std::vector<std::pair<size_t, std::shared_ptr<Unit>>> sibling_units(
+      size_t d, const loader::detail::UnitPlan& plan) {
+    std::vector<std::pair<size_t, std::shared_ptr<Unit>>> out;
+    const size_t D = names_.size();
+    const int64_t k = hosted();
+    if (k <= 1) return out;
+    const DomainInfo& info = domains_[d]->info;
+    std::unique_ptr<loader::detail::EpochOrder> order;
+    size_t shard_k = 0;
+    std::vector<uint32_t> members;
+    for (int64_t h = 0; h < k; ++h) {
+      const size_t j = static_cast<size_t>(h) * D + d % D;
+      if (j == d) continue;
+      const loader::detail::Block b =
+          loader::detail::rank_block(info.samples, static_cast<uint64_t>(P_),
+                                     static_cast<uint64_t>(first_partition() + h), plan.epoch);
+      if (!order) {
+        order = std::make_unique<loader::detail::EpochOrder>(seed_, info.name, plan.epoch,
+                                                             info.shard_ids, info.shard_samples);
+        shard_k = order->shard_at(plan.pos_begin);
+        members = order->members(shard_k);
+      }
+      const uint64_t s0 = order->shard_start(shard_k);
+      const uint64_t lo = std::max(b.begin, s0), hi = std::min(b.end, order->shard_end(shard_k));
+      const DomainRt& J = *domains_[j];
+      if (lo >= hi || planned_past(J, plan.epoch, lo) || J.parked.size() >= kMaxParked) continue;
+      // After a repartition a stream's pending intervals may cross other blocks: never the same
+      // samples twice in one read.
+      if (lo < plan.pos_end && plan.pos_begin < hi) continue;
+      const bool parked = std::any_of(J.parked.begin(), J.parked.end(), [&](const auto& q) {
+        return q->plan.epoch == plan.epoch && q->plan.shard == plan.shard;
+      });
+      if (parked) continue;
+      auto u = std::make_shared<Unit>();
+      u->plan.epoch = plan.epoch;
+      u->plan.shard = plan.shard;
+      u->plan.pos_begin = lo;
+      u->plan.pos_end = hi;
+      u->plan.members.assign(members.begin() + (lo - s0), members.begin() + (hi - s0));
+      out.emplace_back(j, std::move(u));
+    }
+    return out;
+  }
+
   void worker_main() {
     std::unique_lock lk(mu_);
     while (true) {
@@ -620,10 +720,20 @@ class LoaderImpl final : public Loader {
       auto unit = std::make_shared<Unit>();
       unit->plan = D.planner->next();
       D.units.push_back(unit);
+      D.planned_any = true;
+      D.last_epoch = unit->plan.epoch;
+      D.last_end = unit->plan.pos_end;
       if (D.starving && D.planned_end() > std::max(D.packer.unit, D.packer_head)) {
         D.starving = false;
       }
+      if (adopt_parked(D, unit.get())) {
+        unit->ready = true;
+        cv_.notify_all();
+        continue;
+      }
       const bool known_bad = bad_shards_.count(unit->plan.shard) > 0;
+      std::vector<std::pair<size_t, std::shared_ptr<Unit>>> siblings;
+      if (!known_bad) siblings = sibling_units(static_cast<size_t>(d), unit->plan);
       if (!token_pool_.empty()) {
         unit->tokens = std::move(token_pool_.back());
         token_pool_.pop_back();
@@ -632,9 +742,20 @@ class LoaderImpl final : public Loader {
       if (known_bad) {
         unit->skipped = true;
       } else {
-        loader::detail::decode_unit(manifest_, decode_options_, abort_decode_, unit.get());
+        std::vector<Unit*> sib;
+        for (auto& [j, u] : siblings) sib.push_back(u.get());
+        loader::detail::decode_unit(manifest_, decode_options_, abort_decode_, unit.get(), sib);
       }
       lk.lock();
+      if (unit->status.is_ok()) {
+        for (auto& [j, u] : siblings) {
+          DomainRt& J = *domains_[j];
+          if (u->status.is_ok() && !planned_past(J, u->plan.epoch, u->plan.pos_begin) &&
+              J.parked.size() < kMaxParked) {
+            J.parked.push_back(std::move(u));
+          }
+        }
+      }
       if (!unit->status.is_ok() && options_.skip_bad_shards && !known_bad) {
         const auto& sh = manifest_.shards[unit->plan.shard];
         KILN_LOG_WARN("loader: skipping bad shard {} (skip_bad_shards): {}", sh.path,

@@ -46,9 +46,10 @@ if(KILN_HAVE_MPI)
   endforeach()
 endif()
 # The same global batch at any data-parallel size on `kiln prep` data (tests/train_global_batch.sh):
-# DP 1/2/4, accumulation and DP x TP ZeRO-3 against one process; resume 2 -> 4 and 4 -> 1 ranks.
+# DP 1/2/4, accumulation and DP x TP ZeRO-3 against one process; resume 2 -> 4 and 4 -> 1 ranks;
+# resume 2 -> 4 with a `kiln mix set` in between (mixset) and across an epoch end (epoch).
 if(KILN_HAVE_MPI)
-  foreach(check equivalence resume)
+  foreach(check equivalence resume mixset epoch)
     add_test(NAME train_global_batch_${check}
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_global_batch.sh ${check} $<TARGET_FILE:kiln>
                      ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_global_batch

@@ -395,5 +395,44 @@ TEST(LoaderResume, RestoreDeepIntoAnEpochReadsOnlyWhatItNeeds) {
   EXPECT_LE((*r)->stats().shards_read, 4u);
 }
 
+TEST(LoaderGlobalBatch, HostedPartitionsShareTheReadOfAShard) {
+  // One domain of 2 shards x 100 samples, 8 partitions: blocks of 25 samples, 4 in each shard.
+  // One rank hosting all 8 decodes each shard once for them; 8 ranks, one partition each, decode
+  // one shard each (the same rows either way: LoaderGlobalBatch.TheSameRows...).
+  DatasetSpec spec;
+  spec.domains = {{"d", 200, 100, 10, 30}};
+  auto ds = testing::make_dataset(testing::test_tmpdir("shared-read"), spec);
+  ASSERT_TRUE(ds.is_ok());
+  auto reads = [&](int world, int rank, int64_t steps, std::vector<std::vector<uint64_t>>* rows) {
+    LoaderOptions o;
+    o.seq_len = 31;
+    o.micro_batch = 8 / world;
+    o.global_batch = 8;
+    o.dp_world = world;
+    o.dp_rank = rank;
+    o.seed = 5;
+    o.workers = 1;
+    o.prefetch_depth = 1;
+    auto l = Loader::open(ds->manifest, o);
+    EXPECT_TRUE(l.is_ok());
+    for (int64_t i = 0; i < steps; ++i) {
+      auto b = (*l)->next_batch();
+      EXPECT_TRUE(b.is_ok());
+      if (b.is_ok()) rows->push_back(flat(*b));
+    }
+    return (*l)->stats().shards_read;
+  };
+  std::vector<std::vector<uint64_t>> one, eight;
+  // The first step needs every partition's first unit: 2 shards (+ at most 2 units read ahead).
+  EXPECT_LE(reads(1, 0, 1, &one), 4u);
+  uint64_t separate = 0;
+  for (int r = 0; r < 8; ++r) separate += reads(8, r, 1, &eight);
+  EXPECT_GE(separate, 8u);
+  // Over about three epochs (each partition takes 16 sequences of its 25 samples per epoch):
+  // about 2 reads per epoch, not 8.
+  one.clear();
+  EXPECT_LE(reads(1, 0, 48, &one), 2u * 4 + 2);
+}
+
 }  // namespace
 }  // namespace kiln::loader

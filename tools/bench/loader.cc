@@ -1,8 +1,9 @@
 // Loader throughput, restore latency, memory and consumer wait (see tools/bench/loader, which
 // builds this, generates the datasets and runs the modes below).
 //
-//   bench_loader make DIR MB            writes a ~MB MB (uncompressed tar) two-domain dataset
-//                                       (web 70%, code 30%) of .tar.zst shards + manifest.json
+//   bench_loader make DIR MB [S]        writes a ~MB MB (uncompressed tar) two-domain dataset
+//                                       (web 70%, code 30%) of .tar.zst shards + manifest.json,
+//                                       at most S samples per shard (default 10000, kiln prep's)
 //   bench_loader run DIR [--workers N] [--seq-len T] [--micro-batch B] [--passes P]
 //       1. `zstd -d -c` over every shard (page cache warm), timed: the peer, in tar bytes/s.
 //       2. the loader for one epoch's worth of tokens (workers N, packing into seq_len+1):
@@ -13,10 +14,17 @@
 //   bench_loader rss DIR [--prefetch P] [--workers N]
 //       one epoch; prints the peak resident set size (VmHWM) so runs over datasets of different
 //       sizes (separate processes) show memory is bounded by the settings, not the dataset.
-//   bench_loader drain DIR [--workers N] [--seq-len T] [--micro-batch B] [--prefetch P] [--passes P]
+//   bench_loader drain DIR [--workers N] [--seq-len T] [--micro-batch B] [--prefetch P] [--passes
+//   P]
 //       the loader alone (seed 7) for `passes` epochs' worth of tokens, timed from after open to
 //       the last batch; prints one JSON line {"steps", "tokens", "wall_s", "cpu_s"}: the C++
 //       side of tools/bench/loader_python, which reads the same shards through the Python module.
+//   mpirun -np W bench_loader ranks DIR --global-batch G [--workers N] [--seq-len T] [--passes P]
+//       each rank: micro-batch G / W, the global batches that cover the dataset's tokens `passes`
+//       times; prints one JSON line {"world", "rank", "tokens" (delivered, incl. eos), "tar_bytes"
+//       (decompressed), "cpu_s" (the whole process), "wall_s", "first_ms" (open to first batch),
+//       "restore_ms" (a fresh loader: open + restore the state saved after 90% of the steps +
+//       first batch)}; tools/bench/loader turns them into per-rank read cost and tokens/CPU-s.
 //   bench_loader train-metrics RUN/metrics.jsonl
 //       the loader's wait in a real `kiln train` run: sum of loader_wait_ms over sum of step_ms
 //       (and without step 1, whose wait includes opening the dataset), next to tokens_per_s.
@@ -96,7 +104,7 @@ void check(const Status& st) {
 // ---- make ----------------------------------------------------------------------------------
 // Documents of Zipf-distributed pseudo-words (text compresses ~3x with zstd -3, like prose);
 // one token per word (vocabulary 8192, eos 0), lengths log-uniform in [300, 12000] bytes.
-int make(const std::string& dir, double megabytes) {
+int make(const std::string& dir, double megabytes, uint64_t samples_per_shard) {
   constexpr int kWords = 8191;
   std::vector<std::string> words(kWords);
   SplitMix64 rng(12345);
@@ -127,7 +135,8 @@ int make(const std::string& dir, double megabytes) {
     o.dir = dir + "/shards/" + d.name;
     o.prefix = d.name;
     o.compression = ShardCompression::kZstd;
-    o.max_samples = 10000;             // kiln prep's defaults
+    o.max_samples = samples_per_shard;  // kiln prep's default: 10000
+
     o.max_tar_bytes = 256ull << 20;
     fs::create_directories(o.dir);
     RollingShardWriter w(o);
@@ -162,8 +171,11 @@ int make(const std::string& dir, double megabytes) {
     disk += sh.bytes;
     tokens += sh.tokens;
   }
-  std::printf("made %s: %zu shards, %.1f MB on disk, %.1f M tokens, in %.1f s\n", dir.c_str(),
-              m.shards.size(), disk / 1e6, tokens / 1e6, now_s() - t0);
+  std::printf(
+      "made %s: %zu shards (at most %llu samples each), %.1f MB on disk, %.1f M tokens, in %.1f "
+      "s\n",
+      dir.c_str(), m.shards.size(), static_cast<unsigned long long>(samples_per_shard), disk / 1e6,
+      tokens / 1e6, now_s() - t0);
   return 0;
 }
 
@@ -176,6 +188,7 @@ struct Args {
   double step_ms = 0;
   int64_t steps = 0;
   double passes = 1.0;
+  int64_t global_batch = 0;
 };
 
 Args parse(int argc, char** argv, int first) {
@@ -193,6 +206,8 @@ Args parse(int argc, char** argv, int first) {
     else if (k == "--step-ms") a.step_ms = std::atof(next().c_str());
     else if (k == "--steps") a.steps = std::atoll(next().c_str());
     else if (k == "--passes") a.passes = std::atof(next().c_str());
+    else if (k == "--global-batch")
+      a.global_batch = std::atoll(next().c_str());
     else die("unknown flag " + k);
   }
   return a;
@@ -355,6 +370,63 @@ int drain(const std::string& dir, const Args& a) {
   return 0;
 }
 
+// ---- ranks ---------------------------------------------------------------------------------
+// One data-parallel rank of an `mpirun -np W` job (OMPI_COMM_WORLD_RANK / _SIZE or PMI_RANK /
+// PMI_SIZE; 0 of 1 without mpirun). Only the loader's own options are used (dp_rank, dp_world,
+// micro_batch = G / W), so this file builds against the loader before the global-batch work too
+// (tools/bench/loader --before), where the same options mean "W physical partitions".
+int ranks(const std::string& dir, const Args& a) {
+  auto env_int = [](const char* name, const char* other, int fallback) {
+    const char* v = std::getenv(name);
+    if (!v) v = std::getenv(other);
+    return v ? std::atoi(v) : fallback;
+  };
+  const int rank = env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0);
+  const int world = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1);
+  if (a.global_batch <= 0 || a.global_batch % world != 0) {
+    die("ranks needs --global-batch G, a multiple of the world size " + std::to_string(world));
+  }
+  const Manifest m = value(read_manifest(dir));
+  Args ra = a;
+  ra.micro_batch = a.global_batch / world;
+  loader::LoaderOptions o = loader_options(ra);
+  o.dp_rank = rank;
+  o.dp_world = world;
+  Args ga = a;  // steps of G rows that cover the dataset's tokens `passes` times
+  ga.micro_batch = a.global_batch;
+  const int64_t steps = epoch_steps(m, ga);
+  const int64_t deep_at = steps * 9 / 10;
+  const double t0 = now_s(), cpu0 = cpu_s();
+  auto loader = value(Loader::open(m, o));
+  double first_ms = 0;
+  loader::LoaderState deep;
+  for (int64_t i = 0; i < steps; ++i) {
+    value(loader->next_batch());
+    if (i == 0) first_ms = (now_s() - t0) * 1e3;
+    if (i + 1 == deep_at) deep = loader->state();
+  }
+  const double wall = now_s() - t0, cpu = cpu_s() - cpu0;
+  const loader::LoaderStats st = loader->stats();
+  loader.reset();
+  // A deep resume: a fresh loader restores the state saved after 90% of the steps.
+  const double r0 = now_s();
+  auto restored = value(Loader::open(m, o));
+  check(restored->restore(deep));
+  value(restored->next_batch());
+  const double restore_ms = (now_s() - r0) * 1e3;
+  std::printf(
+      "{\"world\": %d, \"rank\": %d, \"global_batch\": %lld, \"micro_batch\": %lld, \"steps\": "
+      "%lld, "
+      "\"tokens\": %llu, \"tar_bytes\": %llu, \"shards_read\": %llu, \"wall_s\": %.6f, "
+      "\"cpu_s\": %.6f, \"first_ms\": %.3f, \"restore_step\": %lld, \"restore_ms\": %.3f}\n",
+      world, rank, static_cast<long long>(a.global_batch), static_cast<long long>(ra.micro_batch),
+      static_cast<long long>(steps), static_cast<unsigned long long>(st.tokens),
+      static_cast<unsigned long long>(st.tar_bytes),
+      static_cast<unsigned long long>(st.shards_read), wall, cpu, first_ms,
+      static_cast<long long>(deep.step), restore_ms);
+  return 0;
+}
+
 int train_metrics(const std::string& path) {
   std::ifstream f(path);
   if (!f) die("cannot read " + path);
@@ -387,7 +459,11 @@ int train_metrics(const std::string& path) {
 int main(int argc, char** argv) {
   kiln::bench::print_machine();  // CPU model and the ISA paths this run takes
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "make" && argc == 4) return make(argv[2], std::atof(argv[3]));
+  if (mode == "make" && (argc == 4 || argc == 5)) {
+    return make(argv[2], std::atof(argv[3]),
+                argc == 5 ? std::strtoull(argv[4], nullptr, 10) : 10000);
+  }
+  if (mode == "ranks" && argc >= 3) return ranks(argv[2], parse(argc, argv, 3));
   if (mode == "run" && argc >= 3) return run(argv[2], parse(argc, argv, 3));
   if (mode == "rss" && argc >= 3) return rss(argv[2], parse(argc, argv, 3));
   if (mode == "drain" && argc >= 3) return drain(argv[2], parse(argc, argv, 3));
