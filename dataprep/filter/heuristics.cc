@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <span>
 
 #include "common/hash.h"
 #include "dataprep/filter/params.h"
@@ -650,8 +651,9 @@ bool is_sentence_end(char32_t c) {
 
 // Sentences of a line (replaces NLTK's punkt): a sentence ends at a run of . ! ? (or the CJK
 // full stops 。！？) followed by white space or the end of the line; the CJK ones end a sentence
-// anywhere. Counts the non-blank pieces.
-uint64_t count_sentences(const CodePoints& t, Span line) {
+// anywhere. Counts the non-blank pieces. (t: code points, or the bytes of an ASCII text.)
+template <typename Ch>
+uint64_t count_sentences(const Ch* t, Span line) {
   uint64_t n = 0;
   bool content = false;
   for (uint32_t i = line.begin; i < line.end; ++i) {
@@ -686,9 +688,25 @@ inline char lower_char(char32_t c) {
   return c < 128 ? static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c)
                  : (c == 0x212A ? 'k' : '\x80');
 }
-void lower_for_match(std::u32string_view t, std::string* out) {
+template <typename Ch>
+void lower_for_match(std::span<const Ch> t, std::string* out) {
   out->resize(t.size());
   for (size_t i = 0; i < t.size(); ++i) (*out)[i] = lower_char(t[i]);
+}
+
+template <typename Ch>
+bool span_ends_with(const Ch* t, Span s, std::u32string_view suffix) {
+  if (s.size() < suffix.size()) return false;
+  for (size_t k = 0; k < suffix.size(); ++k)
+    if (char32_t{t[s.end - suffix.size() + k]} != suffix[k]) return false;
+  return true;
+}
+template <typename Ch>
+bool span_starts_with(const Ch* t, Span s, std::u32string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t k = 0; k < prefix.size(); ++k)
+    if (char32_t{t[s.begin + k]} != prefix[k]) return false;
+  return true;
 }
 
 class C4 final : public Filter {
@@ -701,35 +719,47 @@ class C4 final : public Filter {
 
   bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool* edited,
              FilterAnnotations*) const override {
+    // An ASCII text is its own code points: c4 runs on its bytes, without decoding it (the
+    // same code as on code points; tests/dataprep/filter_text_test.cc compares the two).
+    if (take_ascii_path(*text))
+      return run(reinterpret_cast<const unsigned char*>(text->data()),
+                 static_cast<uint32_t>(text->size()), nullptr, text, d, edited);
+    const DocumentView& v = document_view(*text);
+    return run(v.cp.data(), static_cast<uint32_t>(v.cp.size()), v.byte_at.data(), text, d, edited);
+  }
+
+  // c4 over t[0, size): code points with their byte offsets byte_at (and the end's), or the
+  // bytes of an ASCII text (byte_at null: byte offsets are code point offsets).
+  template <typename Ch>
+  bool run(const Ch* t, uint32_t size, const uint32_t* byte_at, std::string* text, FilterDrop* d,
+           bool* edited) const {
     static const std::string_view kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
                                                "uses cookies", "use of cookies", "use cookies"};
     Scratch& s = scratch();
-    const DocumentView& v = document_view(*text);
-    const auto& t = v.cp;
+    auto byte_of = [&](uint32_t i) { return byte_at ? byte_at[i] : i; };
     if (split_paragraph) {
-      split_lines(t, whole(t), &s.lines);
+      split_lines_of(t, {0, size}, &s.lines);
     } else {
       // One "line" per sentence of the whole text.
       s.lines.clear();
-      Span all = whole(t);
       uint32_t start = 0;
-      for (uint32_t i = 0; i < all.end; ++i) {
+      for (uint32_t i = 0; i < size; ++i) {
         if (!is_sentence_end(t[i])) continue;
         uint32_t j = i;
-        while (j < all.end && is_sentence_end(t[j])) ++j;
-        if (j == all.end || is_space(t[j]) || t[i] >= 0x3000) {
+        while (j < size && is_sentence_end(t[j])) ++j;
+        if (j == size || is_space(t[j]) || t[i] >= 0x3000) {
           s.lines.push_back({start, j});
           start = j;
         }
         i = j - 1;
       }
-      if (start < all.end) s.lines.push_back({start, all.end});
+      if (start < size) s.lines.push_back({start, size});
     }
     uint64_t sentences = 0;
     s.out.clear();
     bool first = true;
     for (Span raw : s.lines) {
-      Span line = strip(t, raw);
+      Span line = strip_of(t, raw);
       // A line whose end no citation can change (it does not end in ']') and that lacks the
       // terminal punctuation is dropped whatever else it holds.
       if (filter_no_terminal_punct && line.size() > 0 && t[line.end - 1] != ']') {
@@ -737,7 +767,7 @@ class C4 final : public Filter {
         const bool ok = c == '.' || c == '?' || c == '!' || c == '"' || c == '\'' ||
                         c == U'\u3002' || c == U'\uFF01' || c == U'\uFF1F' || c == U'\u300D' ||
                         c == U'\u300F';
-        if (!ok || ends_with(t, line, U"...")) {
+        if (!ok || span_ends_with(t, line, U"...")) {
           // (the max_word_length rule would drop it too: same result either way)
           continue;
         }
@@ -760,13 +790,13 @@ class C4 final : public Filter {
           continue;
         }
         ++token;
-        token_cjk += is_cjk(t[i]);
+        if constexpr (sizeof(Ch) > 1) token_cjk += is_cjk(t[i]);
         bracket |= t[i] == '[';
       }
       if (max_word_length >= 0 && longest > max_word_length) continue;
       // Citations ([1], [edit], [citation needed]) removed: the kept line is the code points
       // that remain (copied only when the line has a '[').
-      thread_local CodePoints cv;
+      thread_local std::vector<Ch> cv;
       cv.clear();
       const bool copied = remove_citations && bracket;
       if (copied) {
@@ -779,11 +809,11 @@ class C4 final : public Filter {
               continue;
             }
             const Span rest{i, line.end};
-            if (starts_with(t, rest, U"[edit]")) {
+            if (span_starts_with(t, rest, U"[edit]")) {
               i += 6;
               continue;
             }
-            if (starts_with(t, rest, U"[citation needed]")) {
+            if (span_starts_with(t, rest, U"[citation needed]")) {
               i += 17;
               continue;
             }
@@ -792,9 +822,9 @@ class C4 final : public Filter {
         }
       }
       // The line after citations: cv, or (nothing to remove) the line itself.
-      const CodePoints& lt = copied ? cv : t;
+      const Ch* lt = copied ? cv.data() : t;
       const Span cs = copied ? Span{0, static_cast<uint32_t>(cv.size())} : line;
-      const std::u32string_view lv(lt.data() + cs.begin, cs.size());
+      const std::span<const Ch> lv(lt + cs.begin, cs.size());
       if (filter_no_terminal_punct) {
         bool ok = false;
         if (!lv.empty()) {
@@ -802,7 +832,7 @@ class C4 final : public Filter {
           ok = c == '.' || c == '?' || c == '!' || c == '"' || c == '\'' || c == U'\u3002' ||
                c == U'\uFF01' || c == U'\uFF1F' || c == U'\u300D' || c == U'\u300F';
         }
-        if (!ok || ends_with(lt, cs, U"...")) continue;
+        if (!ok || span_ends_with(lt, cs, U"...")) continue;
       }
       if (n_words < min_words_per_line) continue;
       if (copied) lower_for_match(lv, &s.lower);
@@ -821,7 +851,9 @@ class C4 final : public Filter {
       if (!first) s.out.push_back('\n');
       first = false;
       if (cs.size() == line.size())  // nothing removed: the line's own bytes
-        s.out.append(*text, v.byte_at[line.begin], v.byte_at[line.end] - v.byte_at[line.begin]);
+        s.out.append(*text, byte_of(line.begin), byte_of(line.end) - byte_of(line.begin));
+      else if constexpr (sizeof(Ch) == 1)
+        s.out.append(reinterpret_cast<const char*>(lv.data()), lv.size());
       else
         for (char32_t c : lv) append_utf8(c, &s.out);
     }

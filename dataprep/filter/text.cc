@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 
 #include "common/hash.h"
@@ -167,28 +168,27 @@ void append_utf8(char32_t c, std::string* out) {
 }
 
 void split_lines(const CodePoints& t, Span range, std::vector<Span>* out) {
-  out->clear();
-  uint32_t start = range.begin, i = range.begin;
-  while (i < range.end) {
-    // Most code points are neither a control character nor >= U+0085: skipped eight at a time
-    // (a loop the compiler turns into vector compares), then one at a time.
-    while (i + 8 <= range.end) {
-      uint32_t special = 0;
-      for (uint32_t k = 0; k < 8; ++k) special |= t[i + k] - 0x1Fu >= 0x85u - 0x1Fu;
-      if (special) break;
-      i += 8;
-    }
-    while (i < range.end && t[i] - 0x1Fu < 0x85u - 0x1Fu) ++i;
-    if (i >= range.end) break;
-    if (is_line_break(t[i])) {
-      out->push_back({start, i});
-      if (t[i] == '\r' && i + 1 < range.end && t[i + 1] == '\n') ++i;
-      start = ++i;
-    } else {
-      ++i;
-    }
+  split_lines_of(t.data(), range, out);
+}
+
+namespace {
+std::atomic<bool> g_ascii_paths{true};
+}  // namespace
+void set_ascii_paths(bool on) { g_ascii_paths.store(on, std::memory_order_relaxed); }
+bool ascii_paths() { return g_ascii_paths.load(std::memory_order_relaxed); }
+
+bool is_ascii(std::string_view text) {
+  const char* p = text.data();
+  size_t n = text.size();
+  uint64_t any = 0;
+  for (; n >= 32; p += 32, n -= 32) {
+    uint64_t w[4];
+    std::memcpy(w, p, 32);
+    any |= w[0] | w[1] | w[2] | w[3];
+    if (any & 0x8080808080808080ull) return false;
   }
-  if (start < range.end) out->push_back({start, range.end});
+  for (; n > 0; ++p, --n) any |= static_cast<uint8_t>(*p);
+  return (any & 0x8080808080808080ull) == 0;
 }
 
 void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out) {
@@ -223,11 +223,7 @@ void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
   out->push_back({start, range.end});
 }
 
-Span strip(const CodePoints& t, Span s) {
-  while (s.begin < s.end && is_space(t[s.begin])) ++s.begin;
-  while (s.end > s.begin && is_space(t[s.end - 1])) --s.end;
-  return s;
-}
+Span strip(const CodePoints& t, Span s) { return strip_of(t.data(), s); }
 
 void split_whitespace(const CodePoints& t, Span s, std::vector<Span>* out) {
   uint32_t i = s.begin;

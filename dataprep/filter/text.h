@@ -97,6 +97,47 @@ const DocumentView& document_view_words(std::string_view text);  // decoded, wit
 
 // str.splitlines(): spans of the lines, without their breaks ("\r\n" is one break).
 void split_lines(const CodePoints& t, Span range, std::vector<Span>* out);
+// The same over any code unit array: char32_t code points, or the bytes of an ASCII-only text
+// (where a byte is a code point and byte offsets are code point offsets).
+template <typename Ch>
+void split_lines_of(const Ch* t, Span range, std::vector<Span>* out) {
+  out->clear();
+  uint32_t start = range.begin, i = range.begin;
+  while (i < range.end) {
+    // Most code points are neither a control character nor >= U+0085: skipped eight at a time
+    // (a loop the compiler turns into vector compares), then one at a time.
+    while (i + 8 <= range.end) {
+      uint32_t special = 0;
+      for (uint32_t k = 0; k < 8; ++k) special |= char32_t{t[i + k]} - 0x1Fu >= 0x85u - 0x1Fu;
+      if (special) break;
+      i += 8;
+    }
+    while (i < range.end && char32_t{t[i]} - 0x1Fu < 0x85u - 0x1Fu) ++i;
+    if (i >= range.end) break;
+    if (is_line_break(t[i])) {
+      out->push_back({start, i});
+      if (t[i] == '\r' && i + 1 < range.end && t[i + 1] == '\n') ++i;
+      start = ++i;
+    } else {
+      ++i;
+    }
+  }
+  if (start < range.end) out->push_back({start, range.end});
+}
+// str.strip() of a span of any code unit array (as split_lines_of).
+template <typename Ch>
+Span strip_of(const Ch* t, Span s) {
+  while (s.begin < s.end && is_space(t[s.begin])) ++s.begin;
+  while (s.end > s.begin && is_space(t[s.end - 1])) --s.end;
+  return s;
+}
+// Whether text is all ASCII (every byte < 0x80): then its bytes are its code points. Filters
+// with a byte-level path take it for such texts; set_ascii_paths(false) turns those paths off
+// (the general code point path runs on every text), so tests can compare the two.
+bool is_ascii(std::string_view text);
+void set_ascii_paths(bool on);
+bool ascii_paths();
+inline bool take_ascii_path(std::string_view text) { return ascii_paths() && is_ascii(text); }
 // str.split(sep) for a single character sep (the empty parts included).
 void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out);
 // re.split(sep + "{k,}") for a character sep and k >= 1: runs of at least k seps separate parts.
