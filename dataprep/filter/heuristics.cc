@@ -225,19 +225,26 @@ inline void load_head(std::string_view text, uint32_t at, uint32_t size, uint64_
   }
 }
 
-// The longest m-gram in code points, joined with spaces (an upper bound of any m-gram's length).
-uint64_t longest_gram(const Ngrams& g, size_t n, size_t m) {
-  uint32_t longest = 0;
-  for (size_t i = 0; i + m <= n; ++i) longest = std::max(longest, g.cp_off[i + m] - g.cp_off[i]);
-  return longest + (m - 1);
+// An upper bound of count x length (code points, joined with spaces) of any rm-gram, from the
+// counts of the (m-1)-grams (m <= rm) in g->gram / g->count: an rm-gram occurs at most as often
+// as the (m-1)-gram it starts with, so the most common rm-gram's count x length is at most the
+// largest (count of the (m-1)-gram at i) x (length of the rm-gram at i) over the starts i. (A
+// position whose (m-1)-gram was not counted, kNone, holds one that occurs once.)
+uint64_t gram_bound(const Ngrams& g, size_t n, size_t rm) {
+  uint64_t bound = 0;
+  for (size_t i = 0; i + rm <= n; ++i) {
+    const uint32_t id = g.gram[i];
+    const uint64_t c = id == kNone ? 1 : g.count[id];
+    bound = std::max(bound, c * (g.cp_off[i + rm] - g.cp_off[i] + (rm - 1)));
+  }
+  return bound;
 }
 
 // Counter(m-grams).most_common(1) for m = 1..max_m (<= the number of words), into
 // g->best_count[m] and g->best_first[m] (its first position): the highest count, and of those
 // the n-gram seen first (Counter keeps insertion order). Exact: ids, not hashes, identify
 // n-grams. `rules` are the top n-gram rules (m, fraction) and len the text's length: a level
-// none of the rules from it on can reach is not counted (best_count 0 there): an m-gram occurs
-// at most as often as the most common (m-1)-gram, and is at most the longest m-gram long.
+// none of the rules from it on can reach is not counted (best_count 0 there; gram_bound).
 void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
                      const std::vector<std::pair<size_t, double>>& rules, double len, Ngrams* g) {
   const auto& words = v.words;
@@ -295,8 +302,7 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
   for (size_t m = 2; m <= max_m && best_count > 1; ++m) {
     bool reachable = false;
     for (const auto& [rm, frac] : rules)
-      if (rm >= m && rm <= n &&
-          static_cast<double>(longest_gram(*g, n, rm)) * best_count / len > frac) {
+      if (rm >= m && rm <= n && static_cast<double>(gram_bound(*g, n, rm)) / len > frac) {
         reachable = true;
         break;
       }
@@ -779,19 +785,45 @@ class C4 final : public Filter {
       bool bracket = false;
       s.lower.resize(line.size());
       char* low_out = s.lower.data();
-      for (uint32_t i = line.begin; i <= line.end; ++i) {
-        if (i < line.end) low_out[i - line.begin] = lower_char(t[i]);
-        if (i == line.end || is_space(t[i])) {
-          if (token > 0) {
-            n_words += std::max<int64_t>(1, token_cjk);
-            longest = std::max(longest, token);
+      if constexpr (sizeof(Ch) == 1) {
+        // (ASCII bytes: no CJK; simple loops the compiler vectorises. Words are the starts of
+        // non-space runs; the longest token matters only on a line longer than the limit.)
+        const Ch* p = t + line.begin;
+        const uint32_t size = line.size();
+        auto space = [](uint8_t c) {
+          return static_cast<uint8_t>(c - 9) < 5 || static_cast<uint8_t>(c - 0x1C) < 5;
+        };
+        for (uint32_t k = 0; k < size; ++k)
+          low_out[k] = static_cast<char>(p[k] + (static_cast<uint8_t>(p[k] - 'A') < 26 ? 32 : 0));
+        uint32_t starts = size > 0 && !space(p[0]);
+        for (uint32_t k = 1; k < size; ++k) starts += space(p[k - 1]) & !space(p[k]);
+        n_words = starts;
+        bracket = size > 0 && std::memchr(p, '[', size) != nullptr;
+        if (max_word_length >= 0 && size > max_word_length) {
+          for (uint32_t k = 0; k <= size; ++k) {
+            if (k == size || space(p[k])) {
+              longest = std::max(longest, token);
+              token = 0;
+            } else {
+              ++token;
+            }
           }
-          token = token_cjk = 0;
-          continue;
         }
-        ++token;
-        if constexpr (sizeof(Ch) > 1) token_cjk += is_cjk(t[i]);
-        bracket |= t[i] == '[';
+      } else {
+        for (uint32_t i = line.begin; i <= line.end; ++i) {
+          if (i < line.end) low_out[i - line.begin] = lower_char(t[i]);
+          if (i == line.end || is_space(t[i])) {
+            if (token > 0) {
+              n_words += std::max<int64_t>(1, token_cjk);
+              longest = std::max(longest, token);
+            }
+            token = token_cjk = 0;
+            continue;
+          }
+          ++token;
+          token_cjk += is_cjk(t[i]);
+          bracket |= t[i] == '[';
+        }
       }
       if (max_word_length >= 0 && longest > max_word_length) continue;
       // Citations ([1], [edit], [citation needed]) removed: the kept line is the code points

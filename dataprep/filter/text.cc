@@ -191,14 +191,29 @@ bool is_ascii(std::string_view text) {
   return (any & 0x8080808080808080ull) == 0;
 }
 
+namespace {
+// The first i in [i, end) with t[i] == sep, or end: eight code points compared at a time (a
+// loop the compiler turns into vector compares), then one at a time.
+inline uint32_t find_code_point(const char32_t* t, uint32_t i, uint32_t end, char32_t sep) {
+  while (i + 8 <= end) {
+    uint32_t hit = 0;
+    for (uint32_t k = 0; k < 8; ++k) hit |= t[i + k] == sep;
+    if (hit) break;
+    i += 8;
+  }
+  while (i < end && t[i] != sep) ++i;
+  return i;
+}
+}  // namespace
+
 void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out) {
   out->clear();
   uint32_t start = range.begin;
-  for (uint32_t i = range.begin; i < range.end; ++i) {
-    if (t[i] == sep) {
-      out->push_back({start, i});
-      start = i + 1;
-    }
+  for (uint32_t i = range.begin;; ++i) {
+    i = find_code_point(t.data(), i, range.end, sep);
+    if (i >= range.end) break;
+    out->push_back({start, i});
+    start = i + 1;
   }
   out->push_back({start, range.end});
 }
@@ -208,10 +223,8 @@ void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
   out->clear();
   uint32_t start = range.begin, i = range.begin;
   while (i < range.end) {
-    if (t[i] != sep) {
-      ++i;
-      continue;
-    }
+    i = find_code_point(t.data(), i, range.end, sep);
+    if (i >= range.end) break;
     uint32_t j = i;
     while (j < range.end && t[j] == sep) ++j;
     if (j - i >= k) {

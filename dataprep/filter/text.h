@@ -106,6 +106,17 @@ void split_lines_of(const Ch* t, Span range, std::vector<Span>* out) {
   while (i < range.end) {
     // Most code points are neither a control character nor >= U+0085: skipped eight at a time
     // (a loop the compiler turns into vector compares), then one at a time.
+    if constexpr (sizeof(Ch) == 1) {
+      // (bytes of ASCII text: sixteen at a time, and only the breaks themselves stop the skip)
+      while (i + 16 <= range.end) {
+        uint32_t brk = 0;
+        for (uint32_t k = 0; k < 16; ++k)
+          brk |= static_cast<uint8_t>(t[i + k] - 0x0A) < 4 ||
+                 static_cast<uint8_t>(t[i + k] - 0x1C) < 3;
+        if (brk) break;
+        i += 16;
+      }
+    }
     while (i + 8 <= range.end) {
       uint32_t special = 0;
       for (uint32_t k = 0; k < 8; ++k) special |= char32_t{t[i + k]} - 0x1Fu >= 0x85u - 0x1Fu;

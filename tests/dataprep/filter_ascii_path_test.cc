@@ -22,17 +22,56 @@ std::string random_line(std::mt19937_64& rng, bool allow_non_ascii) {
   static const char* kProse[] = {"the",  "of",      "and",   "to",       "with",  "that",
                                  "have", "be",      "river", "mountain", "data",  "people",
                                  "town", "through", "north", "winter",   "built", "was"};
-  static const char* kNoise[] = {
-      "Home",     "About",      "Contact", "cookies", "Privacy", "policy", "Terms",
-      "of use",   "uses",       "JavaScript", "lorem", "ipsum", "Lorem Ipsum", "{",
-      "}",        "[1]",        "[12]",    "[edit]",  "[citation needed]", "[x]", "#tag",
-      "...",      "-",          "*",       "ABC",     "e.g.",    "Mr.",    "!",
-      "?",        "'",          "\"",      "(see",    "this)",   "x",      "a-b",
-      "well,",    "end.",       "ok!",     "why?",    "use cookies", "cookie policy",
-      "use of cookies", "www.example.com", "info@example.org", "10.0.0.1", "8.8.8.8",
-      "192.168.1.1", "supercalifragilisticexpialidociousandthenalittlemorethanthat"};
-  static const char* kNonAscii[] = {"\u00e9t\u00e9", "\u4e2d\u6587\u3002", "\u2026",
-                                    "\u2022",        "\u212a",             "caf\u00e9."};
+  static const char* kNoise[] = {"Home",
+                                 "About",
+                                 "Contact",
+                                 "cookies",
+                                 "Privacy",
+                                 "policy",
+                                 "Terms",
+                                 "of use",
+                                 "uses",
+                                 "JavaScript",
+                                 "lorem",
+                                 "ipsum",
+                                 "Lorem Ipsum",
+                                 "{",
+                                 "}",
+                                 "[1]",
+                                 "[12]",
+                                 "[edit]",
+                                 "[citation needed]",
+                                 "[x]",
+                                 "#tag",
+                                 "...",
+                                 "-",
+                                 "*",
+                                 "ABC",
+                                 "e.g.",
+                                 "Mr.",
+                                 "!",
+                                 "?",
+                                 "'",
+                                 "\"",
+                                 "(see",
+                                 "this)",
+                                 "x",
+                                 "a-b",
+                                 "well,",
+                                 "end.",
+                                 "ok!",
+                                 "why?",
+                                 "use cookies",
+                                 "cookie policy",
+                                 "use of cookies",
+                                 "www.example.com",
+                                 "info@example.org",
+                                 "10.0.0.1",
+                                 "8.8.8.8",
+                                 "192.168.1.1",
+                                 "supercalifragilisticexpialidociousandthenalittlemorethanthat"};
+  static const char* kNonAscii[] = {"\u00e9t\u00e9", "\u4e2d\u6587\u3002", "\u2026", "\u2022",
+                                    "\u212a",        "caf\u00e9."};
   static const char* kSpace[] = {" ", " ", " ", "  ", "\t", "\x0b", "\x1c", "\x1f"};
   std::uniform_int_distribution<int> n_words(0, 18);
   std::string line;
@@ -52,8 +91,8 @@ std::string random_line(std::mt19937_64& rng, bool allow_non_ascii) {
 }
 
 std::string random_document(std::mt19937_64& rng, bool allow_non_ascii) {
-  static const char* kBreak[] = {"\n", "\n", "\n", "\n\n", "\n\n\n", "\r\n", "\r", "\x0c",
-                                 "\x1d", "\x1e", "\n \n"};
+  static const char* kBreak[] = {"\n", "\n",   "\n",   "\n\n", "\n\n\n", "\r\n",
+                                 "\r", "\x0c", "\x1d", "\x1e", "\n \n"};
   std::vector<std::string> lines;
   const int n = static_cast<int>(rng() % 60);
   for (int i = 0; i < n; ++i) {
