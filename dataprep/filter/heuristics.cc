@@ -225,26 +225,19 @@ inline void load_head(std::string_view text, uint32_t at, uint32_t size, uint64_
   }
 }
 
-// An upper bound of count x length (code points, joined with spaces) of any rm-gram, from the
-// counts of the (m-1)-grams (m <= rm) in g->gram / g->count: an rm-gram occurs at most as often
-// as the (m-1)-gram it starts with, so the most common rm-gram's count x length is at most the
-// largest (count of the (m-1)-gram at i) x (length of the rm-gram at i) over the starts i. (A
-// position whose (m-1)-gram was not counted, kNone, holds one that occurs once.)
-uint64_t gram_bound(const Ngrams& g, size_t n, size_t rm) {
-  uint64_t bound = 0;
-  for (size_t i = 0; i + rm <= n; ++i) {
-    const uint32_t id = g.gram[i];
-    const uint64_t c = id == kNone ? 1 : g.count[id];
-    bound = std::max(bound, c * (g.cp_off[i + rm] - g.cp_off[i] + (rm - 1)));
-  }
-  return bound;
+// The longest m-gram in code points, joined with spaces (an upper bound of any m-gram's length).
+uint64_t longest_gram(const Ngrams& g, size_t n, size_t m) {
+  uint32_t longest = 0;
+  for (size_t i = 0; i + m <= n; ++i) longest = std::max(longest, g.cp_off[i + m] - g.cp_off[i]);
+  return longest + (m - 1);
 }
 
 // Counter(m-grams).most_common(1) for m = 1..max_m (<= the number of words), into
 // g->best_count[m] and g->best_first[m] (its first position): the highest count, and of those
 // the n-gram seen first (Counter keeps insertion order). Exact: ids, not hashes, identify
 // n-grams. `rules` are the top n-gram rules (m, fraction) and len the text's length: a level
-// none of the rules from it on can reach is not counted (best_count 0 there; gram_bound).
+// none of the rules from it on can reach is not counted (best_count 0 there): an m-gram occurs
+// at most as often as the most common (m-1)-gram, and is at most the longest m-gram long.
 void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
                      const std::vector<std::pair<size_t, double>>& rules, double len, Ngrams* g) {
   const auto& words = v.words;
@@ -302,7 +295,8 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
   for (size_t m = 2; m <= max_m && best_count > 1; ++m) {
     bool reachable = false;
     for (const auto& [rm, frac] : rules)
-      if (rm >= m && rm <= n && static_cast<double>(gram_bound(*g, n, rm)) / len > frac) {
+      if (rm >= m && rm <= n &&
+          static_cast<double>(longest_gram(*g, n, rm)) * best_count / len > frac) {
         reachable = true;
         break;
       }
@@ -514,7 +508,11 @@ class GopherQuality final : public Filter {
       if (r > *max_symbol_word_ratio)
         return drop(d, "ellipsis_word_ratio", r, ">", *max_symbol_word_ratio);
     }
-    split_lines(t, all, &s.lines);
+    // (an ASCII text's lines are found on its bytes: the same spans, as a byte is a code point)
+    if (take_ascii_path(*text))
+      split_lines_of(reinterpret_cast<const unsigned char*>(text->data()), all, &s.lines);
+    else
+      split_lines(t, all, &s.lines);
     if (!s.lines.empty()) {
       if (max_bullet_lines_ratio) {
         uint64_t n = 0;

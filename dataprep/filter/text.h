@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -103,20 +104,25 @@ template <typename Ch>
 void split_lines_of(const Ch* t, Span range, std::vector<Span>* out) {
   out->clear();
   uint32_t start = range.begin, i = range.begin;
+  if constexpr (sizeof(Ch) == 1) {
+    // Bytes of ASCII text: when '\n' is the only break there (one vectorised pass says), the
+    // lines are found with memchr.
+    uint32_t other = 0;
+    for (uint32_t k = range.begin; k < range.end; ++k)
+      other |= static_cast<uint8_t>(t[k] - 0x0B) < 3 || static_cast<uint8_t>(t[k] - 0x1C) < 3;
+    if (!other) {
+      while (const void* p = std::memchr(t + start, '\n', range.end - start)) {
+        const uint32_t at = static_cast<uint32_t>(static_cast<const Ch*>(p) - t);
+        out->push_back({start, at});
+        start = at + 1;
+      }
+      if (start < range.end) out->push_back({start, range.end});
+      return;
+    }
+  }
   while (i < range.end) {
     // Most code points are neither a control character nor >= U+0085: skipped eight at a time
     // (a loop the compiler turns into vector compares), then one at a time.
-    if constexpr (sizeof(Ch) == 1) {
-      // (bytes of ASCII text: sixteen at a time, and only the breaks themselves stop the skip)
-      while (i + 16 <= range.end) {
-        uint32_t brk = 0;
-        for (uint32_t k = 0; k < 16; ++k)
-          brk |= static_cast<uint8_t>(t[i + k] - 0x0A) < 4 ||
-                 static_cast<uint8_t>(t[i + k] - 0x1C) < 3;
-        if (brk) break;
-        i += 16;
-      }
-    }
     while (i + 8 <= range.end) {
       uint32_t special = 0;
       for (uint32_t k = 0; k < 8; ++k) special |= char32_t{t[i + k]} - 0x1Fu >= 0x85u - 0x1Fu;
