@@ -197,6 +197,7 @@ struct Ngrams {
   std::vector<uint32_t> byte_off;  // byte offset of word i in `cat`
   std::vector<char> cat;           // the words' UTF-8 bytes, concatenated (and slack)
   std::vector<uint8_t> live;       // a duplicated n-gram may start here
+  std::vector<uint32_t> slot;      // per start: its 16-byte key's slot in `table`
   std::vector<std::pair<size_t, double>> rules;
 };
 Ngrams& ngrams() {
@@ -385,14 +386,15 @@ void mark_repeatable_starts(std::string_view text, const DocumentView& v, size_t
     ++keyed;
   }
   g->table.reset(keyed);
+  g->slot.resize(starts);
   for (size_t i = 0; i < starts; ++i) {
     if (i + kAhead < starts && g->keys[i + kAhead]) g->table.prefetch(g->keys[i + kAhead]);
-    if (g->keys[i]) g->table.count(g->keys[i], 0);
+    if (g->keys[i]) g->slot[i] = static_cast<uint32_t>(g->table.count(g->keys[i], 0));
   }
   g->live.assign(n + 1, 0);
+  // (a start without a key has fewer than K bytes after it: its n-grams are all shorter)
   for (size_t i = 0; i < starts; ++i)
-    g->live[i] = g->byte_off[i + min_m] - g->byte_off[i] < K ||
-                 g->table.count_at(g->table.find(g->keys[i])) > 1;
+    g->live[i] = g->byte_off[i + min_m] - g->byte_off[i] < K || g->table.count_at(g->slot[i]) > 1;
 }
 
 // datatrove's duplicated n-gram count for n-grams of m words: scanning the starts in order, an
@@ -579,14 +581,22 @@ class GopherRepetition final : public Filter {
     const double len = static_cast<double>(t.size());
     if (t.empty()) return true;
     // Paragraphs: re.split(r"\n{2,}", text.strip()); lines: re.split(r"\n+", text).
-    split_on_runs(t, strip(t, whole(t)), U'\n', 2, &s.parts);
+    // (an ASCII text is split on its bytes: the same spans)
+    const bool ascii = take_ascii_path(*text);
+    if (ascii)
+      split_on_runs_ascii(*text, strip(t, whole(t)), '\n', 2, &s.parts);
+    else
+      split_on_runs(t, strip(t, whole(t)), U'\n', 2, &s.parts);
     auto [para_dups, para_chars] = find_duplicates(*text, v, s.parts, &s.table);
     if (dup_para_frac && static_cast<double>(para_dups) / s.parts.size() > *dup_para_frac)
       return drop(d, "dup_para_frac", static_cast<double>(para_dups) / s.parts.size(), ">",
                   *dup_para_frac);
     if (dup_para_char_frac && para_chars / len > *dup_para_char_frac)
       return drop(d, "dup_para_char_frac", para_chars / len, ">", *dup_para_char_frac);
-    split_on_runs(t, whole(t), U'\n', 1, &s.parts);
+    if (ascii)
+      split_on_runs_ascii(*text, whole(t), '\n', 1, &s.parts);
+    else
+      split_on_runs(t, whole(t), U'\n', 1, &s.parts);
     auto [line_dups, line_chars] = find_duplicates(*text, v, s.parts, &s.table);
     if (dup_line_frac && static_cast<double>(line_dups) / s.parts.size() > *dup_line_frac)
       return drop(d, "dup_line_frac", static_cast<double>(line_dups) / s.parts.size(), ">",
@@ -923,7 +933,10 @@ class FineWeb final : public Filter {
     Scratch& s = scratch();
     const DocumentView& v = document_view(*text);
     const auto& t = v.cp;
-    split_on(t, whole(t), U'\n', &s.parts);
+    if (take_ascii_path(*text))
+      split_on_ascii(*text, whole(t), '\n', &s.parts);
+    else
+      split_on(t, whole(t), U'\n', &s.parts);
     s.lines.clear();
     for (const Span& l : s.parts)
       if (strip(t, l).size() > 0) s.lines.push_back(l);

@@ -206,24 +206,28 @@ inline uint32_t find_code_point(const char32_t* t, uint32_t i, uint32_t end, cha
 }
 }  // namespace
 
-void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out) {
+namespace {
+// split_on / split_on_runs over t[range) with next(i) = the first separator at or after i (or
+// range.end).
+template <typename Ch, typename Next>
+void split_on_of(const Ch* t, Span range, Ch sep, Next next, std::vector<Span>* out) {
   out->clear();
   uint32_t start = range.begin;
   for (uint32_t i = range.begin;; ++i) {
-    i = find_code_point(t.data(), i, range.end, sep);
+    i = next(i);
     if (i >= range.end) break;
     out->push_back({start, i});
     start = i + 1;
   }
   out->push_back({start, range.end});
 }
-
-void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
-                   std::vector<Span>* out) {
+template <typename Ch, typename Next>
+void split_on_runs_of(const Ch* t, Span range, Ch sep, uint32_t k, Next next,
+                      std::vector<Span>* out) {
   out->clear();
   uint32_t start = range.begin, i = range.begin;
   while (i < range.end) {
-    i = find_code_point(t.data(), i, range.end, sep);
+    i = next(i);
     if (i >= range.end) break;
     uint32_t j = i;
     while (j < range.end && t[j] == sep) ++j;
@@ -234,6 +238,34 @@ void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
     i = j;
   }
   out->push_back({start, range.end});
+}
+auto code_point_finder(const CodePoints& t, Span range, char32_t sep) {
+  return [&t, range, sep](uint32_t i) { return find_code_point(t.data(), i, range.end, sep); };
+}
+auto byte_finder(std::string_view text, Span range, char sep) {
+  return [text, range, sep](uint32_t i) {
+    const void* p = std::memchr(text.data() + i, sep, range.end - i);
+    return p ? static_cast<uint32_t>(static_cast<const char*>(p) - text.data()) : range.end;
+  };
+}
+}  // namespace
+
+void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out) {
+  split_on_of(t.data(), range, sep, code_point_finder(t, range, sep), out);
+}
+
+void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
+                   std::vector<Span>* out) {
+  split_on_runs_of(t.data(), range, sep, k, code_point_finder(t, range, sep), out);
+}
+
+void split_on_ascii(std::string_view text, Span range, char sep, std::vector<Span>* out) {
+  split_on_of(text.data(), range, sep, byte_finder(text, range, sep), out);
+}
+
+void split_on_runs_ascii(std::string_view text, Span range, char sep, uint32_t k,
+                         std::vector<Span>* out) {
+  split_on_runs_of(text.data(), range, sep, k, byte_finder(text, range, sep), out);
 }
 
 Span strip(const CodePoints& t, Span s) { return strip_of(t.data(), s); }

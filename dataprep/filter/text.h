@@ -160,6 +160,11 @@ void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* 
 // re.split(sep + "{k,}") for a character sep and k >= 1: runs of at least k seps separate parts.
 void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
                    std::vector<Span>* out);
+// split_on and split_on_runs on the bytes of an ASCII text (is_ascii; sep < 0x80), where byte
+// offsets are code point offsets: the same spans, the separators found with memchr.
+void split_on_ascii(std::string_view text, Span range, char sep, std::vector<Span>* out);
+void split_on_runs_ascii(std::string_view text, Span range, char sep, uint32_t k,
+                         std::vector<Span>* out);
 // str.strip() of a span.
 Span strip(const CodePoints& t, Span s);
 // str.split() (white-space separated tokens) of a span, appended.
