@@ -76,6 +76,15 @@ void decode_utf8(std::string_view text, CodePoints* out, Offsets* byte_at) {
   const auto* end = p + text.size();
   char32_t* o = out->data();
   uint32_t* b = byte_at ? byte_at->data() : nullptr;
+  if (ascii_paths() && is_ascii(text)) {
+    // All ASCII: a byte is a code point at its own offset (two loops the compiler vectorises).
+    const uint32_t n = static_cast<uint32_t>(text.size());
+    for (uint32_t i = 0; i < n; ++i) o[i] = p[i];
+    if (b) {
+      for (uint32_t i = 0; i <= n; ++i) b[i] = i;
+    }
+    return;
+  }
   while (p < end) {
     // Eight ASCII bytes at a time (no per-byte branch); a chunk with any other byte goes on
     // byte by byte.
