@@ -147,12 +147,22 @@ const DocumentView& document_view(std::string_view text) {
   return v;
 }
 
+namespace {
+template <typename Ch>
+void split_words_of(const Ch* t, Span s, std::vector<Span>* out);
+}  // namespace
+
 const DocumentView& document_view_words(std::string_view text) {
   document_view(text);
   DocumentView& v = view();
   if (!v.have_words) {
     v.words.clear();
-    split_words(v.cp, {0, static_cast<uint32_t>(v.cp.size())}, &v.words);
+    // (an ASCII text's words are found on its bytes: the same spans)
+    if (take_ascii_path(text))
+      split_words_of(reinterpret_cast<const unsigned char*>(text.data()),
+                     {0, static_cast<uint32_t>(text.size())}, &v.words);
+    else
+      split_words(v.cp, {0, static_cast<uint32_t>(v.cp.size())}, &v.words);
     v.have_words = true;
   }
   return v;
@@ -294,7 +304,8 @@ void split_whitespace(const CodePoints& t, Span s, std::vector<Span>* out) {
 namespace {
 
 // A run of non-space, non-CJK code points: leading and trailing punctuation runs split off.
-void push_piece(const CodePoints& t, uint32_t b, uint32_t e, std::vector<Span>* out) {
+template <typename Ch>
+void push_piece(const Ch* t, uint32_t b, uint32_t e, std::vector<Span>* out) {
   if (b >= e) return;
   uint32_t lb = b;
   while (lb < e && is_punct(t[lb])) ++lb;
@@ -309,16 +320,20 @@ void push_piece(const CodePoints& t, uint32_t b, uint32_t e, std::vector<Span>* 
   if (te < e) out->push_back({te, e});
 }
 
-}  // namespace
-
-void split_words(const CodePoints& t, Span s, std::vector<Span>* out) {
+// split_words over code points, or over the bytes of an ASCII text (no CJK there).
+template <typename Ch>
+void split_words_of(const Ch* t, Span s, std::vector<Span>* out) {
   uint32_t i = s.begin;
   while (i < s.end) {
     while (i < s.end && is_space(t[i])) ++i;
     if (i >= s.end) break;
     uint32_t j = i;
     bool high = false;  // (a code point that may be CJK)
-    while (j < s.end && !is_space(t[j])) high |= t[j++] >= 0x3040;
+    if constexpr (sizeof(Ch) == 1) {
+      while (j < s.end && !is_space(t[j])) ++j;
+    } else {
+      while (j < s.end && !is_space(t[j])) high |= t[j++] >= 0x3040;
+    }
     // token [i, j): CJK characters are words of their own, the runs between them pieces.
     uint32_t piece = i;
     if (high) {
@@ -333,6 +348,12 @@ void split_words(const CodePoints& t, Span s, std::vector<Span>* out) {
     push_piece(t, piece, j, out);
     i = j;
   }
+}
+
+}  // namespace
+
+void split_words(const CodePoints& t, Span s, std::vector<Span>* out) {
+  split_words_of(t.data(), s, out);
 }
 
 bool span_equals(const CodePoints& t, Span s, std::u32string_view word) {
