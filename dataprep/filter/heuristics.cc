@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <span>
 
 #include "common/hash.h"
 #include "dataprep/filter/params.h"
@@ -196,6 +197,7 @@ struct Ngrams {
   std::vector<uint32_t> byte_off;  // byte offset of word i in `cat`
   std::vector<char> cat;           // the words' UTF-8 bytes, concatenated (and slack)
   std::vector<uint8_t> live;       // a duplicated n-gram may start here
+  std::vector<uint32_t> slot;      // per start: its 16-byte key's slot in `table`
   std::vector<std::pair<size_t, double>> rules;
 };
 Ngrams& ngrams() {
@@ -384,14 +386,15 @@ void mark_repeatable_starts(std::string_view text, const DocumentView& v, size_t
     ++keyed;
   }
   g->table.reset(keyed);
+  g->slot.resize(starts);
   for (size_t i = 0; i < starts; ++i) {
     if (i + kAhead < starts && g->keys[i + kAhead]) g->table.prefetch(g->keys[i + kAhead]);
-    if (g->keys[i]) g->table.count(g->keys[i], 0);
+    if (g->keys[i]) g->slot[i] = static_cast<uint32_t>(g->table.count(g->keys[i], 0));
   }
   g->live.assign(n + 1, 0);
+  // (a start without a key has fewer than K bytes after it: its n-grams are all shorter)
   for (size_t i = 0; i < starts; ++i)
-    g->live[i] = g->byte_off[i + min_m] - g->byte_off[i] < K ||
-                 g->table.count_at(g->table.find(g->keys[i])) > 1;
+    g->live[i] = g->byte_off[i + min_m] - g->byte_off[i] < K || g->table.count_at(g->slot[i]) > 1;
 }
 
 // datatrove's duplicated n-gram count for n-grams of m words: scanning the starts in order, an
@@ -507,7 +510,11 @@ class GopherQuality final : public Filter {
       if (r > *max_symbol_word_ratio)
         return drop(d, "ellipsis_word_ratio", r, ">", *max_symbol_word_ratio);
     }
-    split_lines(t, all, &s.lines);
+    // (an ASCII text's lines are found on its bytes: the same spans, as a byte is a code point)
+    if (take_ascii_path(*text))
+      split_lines_of(reinterpret_cast<const unsigned char*>(text->data()), all, &s.lines);
+    else
+      split_lines(t, all, &s.lines);
     if (!s.lines.empty()) {
       if (max_bullet_lines_ratio) {
         uint64_t n = 0;
@@ -574,14 +581,22 @@ class GopherRepetition final : public Filter {
     const double len = static_cast<double>(t.size());
     if (t.empty()) return true;
     // Paragraphs: re.split(r"\n{2,}", text.strip()); lines: re.split(r"\n+", text).
-    split_on_runs(t, strip(t, whole(t)), U'\n', 2, &s.parts);
+    // (an ASCII text is split on its bytes: the same spans)
+    const bool ascii = take_ascii_path(*text);
+    if (ascii)
+      split_on_runs_ascii(*text, strip(t, whole(t)), '\n', 2, &s.parts);
+    else
+      split_on_runs(t, strip(t, whole(t)), U'\n', 2, &s.parts);
     auto [para_dups, para_chars] = find_duplicates(*text, v, s.parts, &s.table);
     if (dup_para_frac && static_cast<double>(para_dups) / s.parts.size() > *dup_para_frac)
       return drop(d, "dup_para_frac", static_cast<double>(para_dups) / s.parts.size(), ">",
                   *dup_para_frac);
     if (dup_para_char_frac && para_chars / len > *dup_para_char_frac)
       return drop(d, "dup_para_char_frac", para_chars / len, ">", *dup_para_char_frac);
-    split_on_runs(t, whole(t), U'\n', 1, &s.parts);
+    if (ascii)
+      split_on_runs_ascii(*text, whole(t), '\n', 1, &s.parts);
+    else
+      split_on_runs(t, whole(t), U'\n', 1, &s.parts);
     auto [line_dups, line_chars] = find_duplicates(*text, v, s.parts, &s.table);
     if (dup_line_frac && static_cast<double>(line_dups) / s.parts.size() > *dup_line_frac)
       return drop(d, "dup_line_frac", static_cast<double>(line_dups) / s.parts.size(), ">",
@@ -650,8 +665,9 @@ bool is_sentence_end(char32_t c) {
 
 // Sentences of a line (replaces NLTK's punkt): a sentence ends at a run of . ! ? (or the CJK
 // full stops 。！？) followed by white space or the end of the line; the CJK ones end a sentence
-// anywhere. Counts the non-blank pieces.
-uint64_t count_sentences(const CodePoints& t, Span line) {
+// anywhere. Counts the non-blank pieces. (t: code points, or the bytes of an ASCII text.)
+template <typename Ch>
+uint64_t count_sentences(const Ch* t, Span line) {
   uint64_t n = 0;
   bool content = false;
   for (uint32_t i = line.begin; i < line.end; ++i) {
@@ -686,9 +702,25 @@ inline char lower_char(char32_t c) {
   return c < 128 ? static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c)
                  : (c == 0x212A ? 'k' : '\x80');
 }
-void lower_for_match(std::u32string_view t, std::string* out) {
+template <typename Ch>
+void lower_for_match(std::span<const Ch> t, std::string* out) {
   out->resize(t.size());
   for (size_t i = 0; i < t.size(); ++i) (*out)[i] = lower_char(t[i]);
+}
+
+template <typename Ch>
+bool span_ends_with(const Ch* t, Span s, std::u32string_view suffix) {
+  if (s.size() < suffix.size()) return false;
+  for (size_t k = 0; k < suffix.size(); ++k)
+    if (char32_t{t[s.end - suffix.size() + k]} != suffix[k]) return false;
+  return true;
+}
+template <typename Ch>
+bool span_starts_with(const Ch* t, Span s, std::u32string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t k = 0; k < prefix.size(); ++k)
+    if (char32_t{t[s.begin + k]} != prefix[k]) return false;
+  return true;
 }
 
 class C4 final : public Filter {
@@ -701,35 +733,47 @@ class C4 final : public Filter {
 
   bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool* edited,
              FilterAnnotations*) const override {
+    // An ASCII text is its own code points: c4 runs on its bytes, without decoding it (the
+    // same code as on code points; tests/dataprep/filter_text_test.cc compares the two).
+    if (take_ascii_path(*text))
+      return run(reinterpret_cast<const unsigned char*>(text->data()),
+                 static_cast<uint32_t>(text->size()), nullptr, text, d, edited);
+    const DocumentView& v = document_view(*text);
+    return run(v.cp.data(), static_cast<uint32_t>(v.cp.size()), v.byte_at.data(), text, d, edited);
+  }
+
+  // c4 over t[0, size): code points with their byte offsets byte_at (and the end's), or the
+  // bytes of an ASCII text (byte_at null: byte offsets are code point offsets).
+  template <typename Ch>
+  bool run(const Ch* t, uint32_t size, const uint32_t* byte_at, std::string* text, FilterDrop* d,
+           bool* edited) const {
     static const std::string_view kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
                                                "uses cookies", "use of cookies", "use cookies"};
     Scratch& s = scratch();
-    const DocumentView& v = document_view(*text);
-    const auto& t = v.cp;
+    auto byte_of = [&](uint32_t i) { return byte_at ? byte_at[i] : i; };
     if (split_paragraph) {
-      split_lines(t, whole(t), &s.lines);
+      split_lines_of(t, {0, size}, &s.lines);
     } else {
       // One "line" per sentence of the whole text.
       s.lines.clear();
-      Span all = whole(t);
       uint32_t start = 0;
-      for (uint32_t i = 0; i < all.end; ++i) {
+      for (uint32_t i = 0; i < size; ++i) {
         if (!is_sentence_end(t[i])) continue;
         uint32_t j = i;
-        while (j < all.end && is_sentence_end(t[j])) ++j;
-        if (j == all.end || is_space(t[j]) || t[i] >= 0x3000) {
+        while (j < size && is_sentence_end(t[j])) ++j;
+        if (j == size || is_space(t[j]) || t[i] >= 0x3000) {
           s.lines.push_back({start, j});
           start = j;
         }
         i = j - 1;
       }
-      if (start < all.end) s.lines.push_back({start, all.end});
+      if (start < size) s.lines.push_back({start, size});
     }
     uint64_t sentences = 0;
     s.out.clear();
     bool first = true;
     for (Span raw : s.lines) {
-      Span line = strip(t, raw);
+      Span line = strip_of(t, raw);
       // A line whose end no citation can change (it does not end in ']') and that lacks the
       // terminal punctuation is dropped whatever else it holds.
       if (filter_no_terminal_punct && line.size() > 0 && t[line.end - 1] != ']') {
@@ -737,7 +781,7 @@ class C4 final : public Filter {
         const bool ok = c == '.' || c == '?' || c == '!' || c == '"' || c == '\'' ||
                         c == U'\u3002' || c == U'\uFF01' || c == U'\uFF1F' || c == U'\u300D' ||
                         c == U'\u300F';
-        if (!ok || ends_with(t, line, U"...")) {
+        if (!ok || span_ends_with(t, line, U"...")) {
           // (the max_word_length rule would drop it too: same result either way)
           continue;
         }
@@ -749,24 +793,50 @@ class C4 final : public Filter {
       bool bracket = false;
       s.lower.resize(line.size());
       char* low_out = s.lower.data();
-      for (uint32_t i = line.begin; i <= line.end; ++i) {
-        if (i < line.end) low_out[i - line.begin] = lower_char(t[i]);
-        if (i == line.end || is_space(t[i])) {
-          if (token > 0) {
-            n_words += std::max<int64_t>(1, token_cjk);
-            longest = std::max(longest, token);
+      if constexpr (sizeof(Ch) == 1) {
+        // (ASCII bytes: no CJK; simple loops the compiler vectorises. Words are the starts of
+        // non-space runs; the longest token matters only on a line longer than the limit.)
+        const Ch* p = t + line.begin;
+        const uint32_t size = line.size();
+        auto space = [](uint8_t c) {
+          return static_cast<uint8_t>(c - 9) < 5 || static_cast<uint8_t>(c - 0x1C) < 5;
+        };
+        for (uint32_t k = 0; k < size; ++k)
+          low_out[k] = static_cast<char>(p[k] + (static_cast<uint8_t>(p[k] - 'A') < 26 ? 32 : 0));
+        uint32_t starts = size > 0 && !space(p[0]);
+        for (uint32_t k = 1; k < size; ++k) starts += space(p[k - 1]) & !space(p[k]);
+        n_words = starts;
+        bracket = size > 0 && std::memchr(p, '[', size) != nullptr;
+        if (max_word_length >= 0 && size > max_word_length) {
+          for (uint32_t k = 0; k <= size; ++k) {
+            if (k == size || space(p[k])) {
+              longest = std::max(longest, token);
+              token = 0;
+            } else {
+              ++token;
+            }
           }
-          token = token_cjk = 0;
-          continue;
         }
-        ++token;
-        token_cjk += is_cjk(t[i]);
-        bracket |= t[i] == '[';
+      } else {
+        for (uint32_t i = line.begin; i <= line.end; ++i) {
+          if (i < line.end) low_out[i - line.begin] = lower_char(t[i]);
+          if (i == line.end || is_space(t[i])) {
+            if (token > 0) {
+              n_words += std::max<int64_t>(1, token_cjk);
+              longest = std::max(longest, token);
+            }
+            token = token_cjk = 0;
+            continue;
+          }
+          ++token;
+          token_cjk += is_cjk(t[i]);
+          bracket |= t[i] == '[';
+        }
       }
       if (max_word_length >= 0 && longest > max_word_length) continue;
       // Citations ([1], [edit], [citation needed]) removed: the kept line is the code points
       // that remain (copied only when the line has a '[').
-      thread_local CodePoints cv;
+      thread_local std::vector<Ch> cv;
       cv.clear();
       const bool copied = remove_citations && bracket;
       if (copied) {
@@ -779,11 +849,11 @@ class C4 final : public Filter {
               continue;
             }
             const Span rest{i, line.end};
-            if (starts_with(t, rest, U"[edit]")) {
+            if (span_starts_with(t, rest, U"[edit]")) {
               i += 6;
               continue;
             }
-            if (starts_with(t, rest, U"[citation needed]")) {
+            if (span_starts_with(t, rest, U"[citation needed]")) {
               i += 17;
               continue;
             }
@@ -792,9 +862,9 @@ class C4 final : public Filter {
         }
       }
       // The line after citations: cv, or (nothing to remove) the line itself.
-      const CodePoints& lt = copied ? cv : t;
+      const Ch* lt = copied ? cv.data() : t;
       const Span cs = copied ? Span{0, static_cast<uint32_t>(cv.size())} : line;
-      const std::u32string_view lv(lt.data() + cs.begin, cs.size());
+      const std::span<const Ch> lv(lt + cs.begin, cs.size());
       if (filter_no_terminal_punct) {
         bool ok = false;
         if (!lv.empty()) {
@@ -802,7 +872,7 @@ class C4 final : public Filter {
           ok = c == '.' || c == '?' || c == '!' || c == '"' || c == '\'' || c == U'\u3002' ||
                c == U'\uFF01' || c == U'\uFF1F' || c == U'\u300D' || c == U'\u300F';
         }
-        if (!ok || ends_with(lt, cs, U"...")) continue;
+        if (!ok || span_ends_with(lt, cs, U"...")) continue;
       }
       if (n_words < min_words_per_line) continue;
       if (copied) lower_for_match(lv, &s.lower);
@@ -821,7 +891,9 @@ class C4 final : public Filter {
       if (!first) s.out.push_back('\n');
       first = false;
       if (cs.size() == line.size())  // nothing removed: the line's own bytes
-        s.out.append(*text, v.byte_at[line.begin], v.byte_at[line.end] - v.byte_at[line.begin]);
+        s.out.append(*text, byte_of(line.begin), byte_of(line.end) - byte_of(line.begin));
+      else if constexpr (sizeof(Ch) == 1)
+        s.out.append(reinterpret_cast<const char*>(lv.data()), lv.size());
       else
         for (char32_t c : lv) append_utf8(c, &s.out);
     }
@@ -861,7 +933,10 @@ class FineWeb final : public Filter {
     Scratch& s = scratch();
     const DocumentView& v = document_view(*text);
     const auto& t = v.cp;
-    split_on(t, whole(t), U'\n', &s.parts);
+    if (take_ascii_path(*text))
+      split_on_ascii(*text, whole(t), '\n', &s.parts);
+    else
+      split_on(t, whole(t), U'\n', &s.parts);
     s.lines.clear();
     for (const Span& l : s.parts)
       if (strip(t, l).size() > 0) s.lines.push_back(l);

@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 
 #include "common/hash.h"
@@ -75,6 +76,15 @@ void decode_utf8(std::string_view text, CodePoints* out, Offsets* byte_at) {
   const auto* end = p + text.size();
   char32_t* o = out->data();
   uint32_t* b = byte_at ? byte_at->data() : nullptr;
+  if (ascii_paths() && is_ascii(text)) {
+    // All ASCII: a byte is a code point at its own offset (two loops the compiler vectorises).
+    const uint32_t n = static_cast<uint32_t>(text.size());
+    for (uint32_t i = 0; i < n; ++i) o[i] = p[i];
+    if (b) {
+      for (uint32_t i = 0; i <= n; ++i) b[i] = i;
+    }
+    return;
+  }
   while (p < end) {
     // Eight ASCII bytes at a time (no per-byte branch); a chunk with any other byte goes on
     // byte by byte.
@@ -137,12 +147,22 @@ const DocumentView& document_view(std::string_view text) {
   return v;
 }
 
+namespace {
+template <typename Ch>
+void split_words_of(const Ch* t, Span s, std::vector<Span>* out);
+}  // namespace
+
 const DocumentView& document_view_words(std::string_view text) {
   document_view(text);
   DocumentView& v = view();
   if (!v.have_words) {
     v.words.clear();
-    split_words(v.cp, {0, static_cast<uint32_t>(v.cp.size())}, &v.words);
+    // (an ASCII text's words are found on its bytes: the same spans)
+    if (take_ascii_path(text))
+      split_words_of(reinterpret_cast<const unsigned char*>(text.data()),
+                     {0, static_cast<uint32_t>(text.size())}, &v.words);
+    else
+      split_words(v.cp, {0, static_cast<uint32_t>(v.cp.size())}, &v.words);
     v.have_words = true;
   }
   return v;
@@ -167,51 +187,67 @@ void append_utf8(char32_t c, std::string* out) {
 }
 
 void split_lines(const CodePoints& t, Span range, std::vector<Span>* out) {
-  out->clear();
-  uint32_t start = range.begin, i = range.begin;
-  while (i < range.end) {
-    // Most code points are neither a control character nor >= U+0085: skipped eight at a time
-    // (a loop the compiler turns into vector compares), then one at a time.
-    while (i + 8 <= range.end) {
-      uint32_t special = 0;
-      for (uint32_t k = 0; k < 8; ++k) special |= t[i + k] - 0x1Fu >= 0x85u - 0x1Fu;
-      if (special) break;
-      i += 8;
-    }
-    while (i < range.end && t[i] - 0x1Fu < 0x85u - 0x1Fu) ++i;
-    if (i >= range.end) break;
-    if (is_line_break(t[i])) {
-      out->push_back({start, i});
-      if (t[i] == '\r' && i + 1 < range.end && t[i + 1] == '\n') ++i;
-      start = ++i;
-    } else {
-      ++i;
-    }
-  }
-  if (start < range.end) out->push_back({start, range.end});
+  split_lines_of(t.data(), range, out);
 }
 
-void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out) {
+namespace {
+std::atomic<bool> g_ascii_paths{true};
+}  // namespace
+void set_ascii_paths(bool on) { g_ascii_paths.store(on, std::memory_order_relaxed); }
+bool ascii_paths() { return g_ascii_paths.load(std::memory_order_relaxed); }
+
+bool is_ascii(std::string_view text) {
+  const char* p = text.data();
+  size_t n = text.size();
+  uint64_t any = 0;
+  for (; n >= 32; p += 32, n -= 32) {
+    uint64_t w[4];
+    std::memcpy(w, p, 32);
+    any |= w[0] | w[1] | w[2] | w[3];
+    if (any & 0x8080808080808080ull) return false;
+  }
+  for (; n > 0; ++p, --n) any |= static_cast<uint8_t>(*p);
+  return (any & 0x8080808080808080ull) == 0;
+}
+
+namespace {
+// The first i in [i, end) with t[i] == sep, or end: eight code points compared at a time (a
+// loop the compiler turns into vector compares), then one at a time.
+inline uint32_t find_code_point(const char32_t* t, uint32_t i, uint32_t end, char32_t sep) {
+  while (i + 8 <= end) {
+    uint32_t hit = 0;
+    for (uint32_t k = 0; k < 8; ++k) hit |= t[i + k] == sep;
+    if (hit) break;
+    i += 8;
+  }
+  while (i < end && t[i] != sep) ++i;
+  return i;
+}
+}  // namespace
+
+namespace {
+// split_on / split_on_runs over t[range) with next(i) = the first separator at or after i (or
+// range.end).
+template <typename Ch, typename Next>
+void split_on_of(const Ch* t, Span range, Ch sep, Next next, std::vector<Span>* out) {
   out->clear();
   uint32_t start = range.begin;
-  for (uint32_t i = range.begin; i < range.end; ++i) {
-    if (t[i] == sep) {
-      out->push_back({start, i});
-      start = i + 1;
-    }
+  for (uint32_t i = range.begin;; ++i) {
+    i = next(i);
+    if (i >= range.end) break;
+    out->push_back({start, i});
+    start = i + 1;
   }
   out->push_back({start, range.end});
 }
-
-void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
-                   std::vector<Span>* out) {
+template <typename Ch, typename Next>
+void split_on_runs_of(const Ch* t, Span range, Ch sep, uint32_t k, Next next,
+                      std::vector<Span>* out) {
   out->clear();
   uint32_t start = range.begin, i = range.begin;
   while (i < range.end) {
-    if (t[i] != sep) {
-      ++i;
-      continue;
-    }
+    i = next(i);
+    if (i >= range.end) break;
     uint32_t j = i;
     while (j < range.end && t[j] == sep) ++j;
     if (j - i >= k) {
@@ -222,12 +258,36 @@ void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
   }
   out->push_back({start, range.end});
 }
-
-Span strip(const CodePoints& t, Span s) {
-  while (s.begin < s.end && is_space(t[s.begin])) ++s.begin;
-  while (s.end > s.begin && is_space(t[s.end - 1])) --s.end;
-  return s;
+auto code_point_finder(const CodePoints& t, Span range, char32_t sep) {
+  return [&t, range, sep](uint32_t i) { return find_code_point(t.data(), i, range.end, sep); };
 }
+auto byte_finder(std::string_view text, Span range, char sep) {
+  return [text, range, sep](uint32_t i) {
+    const void* p = std::memchr(text.data() + i, sep, range.end - i);
+    return p ? static_cast<uint32_t>(static_cast<const char*>(p) - text.data()) : range.end;
+  };
+}
+}  // namespace
+
+void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out) {
+  split_on_of(t.data(), range, sep, code_point_finder(t, range, sep), out);
+}
+
+void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
+                   std::vector<Span>* out) {
+  split_on_runs_of(t.data(), range, sep, k, code_point_finder(t, range, sep), out);
+}
+
+void split_on_ascii(std::string_view text, Span range, char sep, std::vector<Span>* out) {
+  split_on_of(text.data(), range, sep, byte_finder(text, range, sep), out);
+}
+
+void split_on_runs_ascii(std::string_view text, Span range, char sep, uint32_t k,
+                         std::vector<Span>* out) {
+  split_on_runs_of(text.data(), range, sep, k, byte_finder(text, range, sep), out);
+}
+
+Span strip(const CodePoints& t, Span s) { return strip_of(t.data(), s); }
 
 void split_whitespace(const CodePoints& t, Span s, std::vector<Span>* out) {
   uint32_t i = s.begin;
@@ -244,7 +304,8 @@ void split_whitespace(const CodePoints& t, Span s, std::vector<Span>* out) {
 namespace {
 
 // A run of non-space, non-CJK code points: leading and trailing punctuation runs split off.
-void push_piece(const CodePoints& t, uint32_t b, uint32_t e, std::vector<Span>* out) {
+template <typename Ch>
+void push_piece(const Ch* t, uint32_t b, uint32_t e, std::vector<Span>* out) {
   if (b >= e) return;
   uint32_t lb = b;
   while (lb < e && is_punct(t[lb])) ++lb;
@@ -259,16 +320,20 @@ void push_piece(const CodePoints& t, uint32_t b, uint32_t e, std::vector<Span>* 
   if (te < e) out->push_back({te, e});
 }
 
-}  // namespace
-
-void split_words(const CodePoints& t, Span s, std::vector<Span>* out) {
+// split_words over code points, or over the bytes of an ASCII text (no CJK there).
+template <typename Ch>
+void split_words_of(const Ch* t, Span s, std::vector<Span>* out) {
   uint32_t i = s.begin;
   while (i < s.end) {
     while (i < s.end && is_space(t[i])) ++i;
     if (i >= s.end) break;
     uint32_t j = i;
     bool high = false;  // (a code point that may be CJK)
-    while (j < s.end && !is_space(t[j])) high |= t[j++] >= 0x3040;
+    if constexpr (sizeof(Ch) == 1) {
+      while (j < s.end && !is_space(t[j])) ++j;
+    } else {
+      while (j < s.end && !is_space(t[j])) high |= t[j++] >= 0x3040;
+    }
     // token [i, j): CJK characters are words of their own, the runs between them pieces.
     uint32_t piece = i;
     if (high) {
@@ -283,6 +348,12 @@ void split_words(const CodePoints& t, Span s, std::vector<Span>* out) {
     push_piece(t, piece, j, out);
     i = j;
   }
+}
+
+}  // namespace
+
+void split_words(const CodePoints& t, Span s, std::vector<Span>* out) {
+  split_words_of(t.data(), s, out);
 }
 
 bool span_equals(const CodePoints& t, Span s, std::u32string_view word) {

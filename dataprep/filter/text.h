@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -97,11 +98,73 @@ const DocumentView& document_view_words(std::string_view text);  // decoded, wit
 
 // str.splitlines(): spans of the lines, without their breaks ("\r\n" is one break).
 void split_lines(const CodePoints& t, Span range, std::vector<Span>* out);
+// The same over any code unit array: char32_t code points, or the bytes of an ASCII-only text
+// (where a byte is a code point and byte offsets are code point offsets).
+template <typename Ch>
+void split_lines_of(const Ch* t, Span range, std::vector<Span>* out) {
+  out->clear();
+  uint32_t start = range.begin, i = range.begin;
+  if constexpr (sizeof(Ch) == 1) {
+    // Bytes of ASCII text: when '\n' is the only break there (one vectorised pass says), the
+    // lines are found with memchr.
+    uint32_t other = 0;
+    for (uint32_t k = range.begin; k < range.end; ++k)
+      other |= static_cast<uint8_t>(t[k] - 0x0B) < 3 || static_cast<uint8_t>(t[k] - 0x1C) < 3;
+    if (!other) {
+      while (const void* p = std::memchr(t + start, '\n', range.end - start)) {
+        const uint32_t at = static_cast<uint32_t>(static_cast<const Ch*>(p) - t);
+        out->push_back({start, at});
+        start = at + 1;
+      }
+      if (start < range.end) out->push_back({start, range.end});
+      return;
+    }
+  }
+  while (i < range.end) {
+    // Most code points are neither a control character nor >= U+0085: skipped eight at a time
+    // (a loop the compiler turns into vector compares), then one at a time.
+    while (i + 8 <= range.end) {
+      uint32_t special = 0;
+      for (uint32_t k = 0; k < 8; ++k) special |= char32_t{t[i + k]} - 0x1Fu >= 0x85u - 0x1Fu;
+      if (special) break;
+      i += 8;
+    }
+    while (i < range.end && char32_t{t[i]} - 0x1Fu < 0x85u - 0x1Fu) ++i;
+    if (i >= range.end) break;
+    if (is_line_break(t[i])) {
+      out->push_back({start, i});
+      if (t[i] == '\r' && i + 1 < range.end && t[i + 1] == '\n') ++i;
+      start = ++i;
+    } else {
+      ++i;
+    }
+  }
+  if (start < range.end) out->push_back({start, range.end});
+}
+// str.strip() of a span of any code unit array (as split_lines_of).
+template <typename Ch>
+Span strip_of(const Ch* t, Span s) {
+  while (s.begin < s.end && is_space(t[s.begin])) ++s.begin;
+  while (s.end > s.begin && is_space(t[s.end - 1])) --s.end;
+  return s;
+}
+// Whether text is all ASCII (every byte < 0x80): then its bytes are its code points. Filters
+// with a byte-level path take it for such texts; set_ascii_paths(false) turns those paths off
+// (the general code point path runs on every text), so tests can compare the two.
+bool is_ascii(std::string_view text);
+void set_ascii_paths(bool on);
+bool ascii_paths();
+inline bool take_ascii_path(std::string_view text) { return ascii_paths() && is_ascii(text); }
 // str.split(sep) for a single character sep (the empty parts included).
 void split_on(const CodePoints& t, Span range, char32_t sep, std::vector<Span>* out);
 // re.split(sep + "{k,}") for a character sep and k >= 1: runs of at least k seps separate parts.
 void split_on_runs(const CodePoints& t, Span range, char32_t sep, uint32_t k,
                    std::vector<Span>* out);
+// split_on and split_on_runs on the bytes of an ASCII text (is_ascii; sep < 0x80), where byte
+// offsets are code point offsets: the same spans, the separators found with memchr.
+void split_on_ascii(std::string_view text, Span range, char sep, std::vector<Span>* out);
+void split_on_runs_ascii(std::string_view text, Span range, char sep, uint32_t k,
+                         std::vector<Span>* out);
 // str.strip() of a span.
 Span strip(const CodePoints& t, Span s);
 // str.split() (white-space separated tokens) of a span, appended.
