@@ -54,6 +54,18 @@ struct HfNameRule {
 // kNotFound when the table has no rule for it.
 Result<std::string> hf_tensor_name(const std::string& kiln_name, bool* transpose);
 
+// One Hugging Face tensor that holds all or part of a Kiln tensor: Kiln's elements
+// [first, first + numel) in row-major order (a block of whole rows), stored under `name` with
+// `shape` (transposed when `transpose`: GPT-2's Conv1D). GPT-2 maps every tensor to one; Llama
+// stores Kiln's fused attn.qkv as q_proj, k_proj, v_proj and mlp.fc as gate_proj, up_proj.
+struct HfPart {
+  std::string name;
+  bool transpose = false;
+  size_t first = 0, numel = 0;
+  std::vector<int64_t> shape;
+};
+Result<std::vector<HfPart>> hf_tensor_parts(const ModelConfig& m, const ParamTensor& t);
+
 // What config.json says beside the model's shape.
 struct HfModelInfo {
   int64_t bos_id = -1, eos_id = -1;  // -1: none

@@ -29,13 +29,21 @@
 
 namespace kiln::engine {
 
+// RoPE (rotate-half) of the q and k heads of n rows of a fused qkv ((NH + 2 NKV) hs wide) at
+// positions p0 .. p0 + n - 1: the arithmetic of the rope_forward operator (kernels/ops.h; angles
+// in fp64 from theta as a float, rounded to fp32), which takes positions from a document-start
+// layout (pos = t - doc_start[b,t], 0 <= doc_start <= t) and so cannot be told a cache position.
+// Used for tokens after the prompt; tested equal to the operator at the same positions.
+void rope_rows(float* qkv, int n, int p0, double theta, int NH, int NKV, int hs);
+
 class GptInference {
  public:
   // Reads every tensor of `w` (w.source) into host memory.
   static Result<std::unique_ptr<GptInference>> load(ModelWeights& w);
   const ModelConfig& model() const { return m_; }
 
-  // Keys and values of the positions run so far (per layer, (len, C) each).
+  // Keys (rotated, llama) and values of the positions run so far (per layer, (len, n_kv_heads
+  // head_dim) each).
   struct Cache {
     std::vector<std::vector<float>> k, v;
     int64_t len = 0;
@@ -56,10 +64,11 @@ class GptInference {
   // when given, else causal attention among the n tokens).
   void hidden(const int32_t* tokens, int n, Cache* cache, float* out);
   const float* t(int index) const { return w_[static_cast<size_t>(index)].data(); }
+  const float* tb(int index) const { return index < 0 ? nullptr : t(index); }  // a bias or none
   ModelConfig m_;
   std::vector<std::vector<float>> w_;  // per ParamStore tensor, whole
   std::vector<BlockTensors> blocks_;
-  int wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
+  int wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;  // head_: wte_ when tied
   // Activations, grown to the largest n seen.
   std::vector<float> x_, x2_, ln_, qkv_, att_, lse_, proj_, fc_, gelu_;
 };
