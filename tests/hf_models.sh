@@ -71,7 +71,7 @@ SMALL=(--config "$SRC/configs/train/tiny.yaml" --set model.vocab_size=96 --set m
        --set model.n_layers=2 --set model.n_heads=4 --set model.seq_len=16 --set run.threads=1
        --set schedule.warmup_steps=1 --set schedule.total_steps=4 --set data.micro_batch=4)
 LLAMA=(--set model.arch=llama --set model.n_kv_heads=2 --set model.ffn_hidden=48
-       --set model.tie_embeddings=false --set model.bias=false)
+       --set model.tie_embeddings=false --set model.bias=false --set model.doc_mask=false)
 [ "$ARCH" = llama ] && SMALL+=("${LLAMA[@]}")
 LLAMA_PY="$SRC/tests/python/hf_llama.py"
 
