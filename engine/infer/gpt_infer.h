@@ -1,17 +1,19 @@
-// Inference with a trained GPT-2: the forward pass with a KV cache (`kiln generate`), token
-// log-likelihoods (`kiln eval`), and sampling. Token ids in and out; text is the caller's
+// Inference with a trained GPT-2 or Llama: the forward pass with a KV cache (`kiln generate`),
+// token log-likelihoods (`kiln eval`), and sampling. Token ids in and out; text is the caller's
 // (tools/kiln/cmd_generate.cc, cmd_eval.cc tokenize).
 //
 // The weights are read once from any source (engine/checkpoint/hf.h ModelWeights: a checkpoint
 // of any layout, a consolidated file, a Hugging Face directory) into one fp32 host copy, one
 // tensor at a time (no optimizer state, no gradients). The forward is made of Kiln's CPU kernels
-// (kernels/ops.h: encoder, layernorm, matmul, GELU, residual, attention, cross-entropy), the same
-// operators training runs; only attention over the cache is its own loop here (one query row
-// against the cached keys and values, the arithmetic of attention_forward's online softmax
-// without the blocking): prefilling a prompt runs attention_forward itself. A cached forward of
-// tokens one at a time gives the logits of the full forward within fp32 round-off (tested:
-// tests/engine/infer/gpt_infer_test.cc), so greedy decoding with the cache equals argmax of the
-// full forward at every step.
+// (kernels/ops.h: encoder, layernorm / rmsnorm, matmul, GELU / SwiGLU, residual, attention /
+// grouped-query attention, RoPE, cross-entropy), the same operators training runs; only
+// attention over the cache is its own loop here (one query row against the cached keys and
+// values, query head h reading key/value head h / (NH / NKV), the arithmetic of the attention
+// operators' softmax without the blocking), and so is RoPE for positions after the prompt
+// (rope_rows below): prefilling a prompt runs the operators themselves. No document mask. A cached
+// forward of tokens one at a time gives the logits of the full forward within fp32 round-off
+// (tested: tests/engine/infer/gpt_infer_test.cc), so greedy decoding with the cache equals argmax
+// of the full forward at every step.
 //
 // CPU only: generation on a GPU is not built (the CUDA operators exist but this path runs the
 // host kernels). Not thread-safe; the kernels use the process's oneTBB threads.
