@@ -144,6 +144,55 @@ def cmd_make(a):
     json.dump(cfg, open(os.path.join(a.dir, "config.json"), "w"), indent=2)
 
 
+def cmd_make_streamed(a):
+    """The same names and config as make, written tensor by tensor in 64 MiB chunks from numpy's
+    generator (norm gains 1): a model of billions of parameters without holding it in memory
+    (tools/bench/hf_models llama1b)."""
+    C, L, V, F, H, K = a.hidden, a.layers, a.vocab, a.ffn, a.heads, a.kv_heads
+    hd = C // H
+    shapes = {"model.embed_tokens.weight": (V, C)}
+    for l in range(L):
+        p = f"model.layers.{l}."
+        shapes.update({p + "input_layernorm.weight": (C,),
+                       p + "self_attn.q_proj.weight": (H * hd, C),
+                       p + "self_attn.k_proj.weight": (K * hd, C),
+                       p + "self_attn.v_proj.weight": (K * hd, C),
+                       p + "self_attn.o_proj.weight": (C, H * hd),
+                       p + "post_attention_layernorm.weight": (C,),
+                       p + "mlp.gate_proj.weight": (F, C), p + "mlp.up_proj.weight": (F, C),
+                       p + "mlp.down_proj.weight": (C, F)})
+    shapes["model.norm.weight"] = (C,)
+    if not a.tied:
+        shapes["lm_head.weight"] = (V, C)
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for n, sh in shapes.items():
+        b = 4 * int(np.prod(sh))
+        header[n] = {"dtype": "F32", "shape": list(sh), "data_offsets": [off, off + b]}
+        off += b
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    os.makedirs(a.dir, exist_ok=True)
+    rng = np.random.default_rng(a.seed)
+    with open(os.path.join(a.dir, "model.safetensors"), "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for n, sh in shapes.items():
+            total = int(np.prod(sh))
+            for at in range(0, total, 1 << 24):
+                k = min(1 << 24, total - at)
+                if len(sh) == 1:
+                    f.write(np.ones(k, dtype=np.float32).tobytes())
+                else:
+                    f.write((rng.standard_normal(k, dtype=np.float32) * np.float32(a.std)).tobytes())
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V,
+           "hidden_size": C, "intermediate_size": F, "num_hidden_layers": L,
+           "num_attention_heads": H, "num_key_value_heads": K, "hidden_act": "silu",
+           "max_position_embeddings": a.positions, "rms_norm_eps": 1e-5,
+           "rope_theta": a.rope_theta, "rope_scaling": None, "attention_bias": False,
+           "mlp_bias": False, "tie_word_embeddings": a.tied, "torch_dtype": "float32"}
+    json.dump(cfg, open(os.path.join(a.dir, "config.json"), "w"), indent=2)
+
+
 def cmd_logits(a):
     cfg, sd = load_dir(a.dir)
     with torch.no_grad():
@@ -183,6 +232,8 @@ def main():
         p.add_argument("--" + k, type=int, default=d)
     p.add_argument("--std", type=float, default=0.3)
     p.add_argument("--tied", action="store_true")
+    p.add_argument("--stream", action="store_true", help="write chunk by chunk (numpy generator)")
+    p.add_argument("--rope-theta", type=float, default=10000.0)
     p = sub.add_parser("logits")
     p.add_argument("dir"); p.add_argument("--ids", required=True); p.add_argument("-o", required=True)
     p = sub.add_parser("loss")
@@ -191,6 +242,8 @@ def main():
     p.add_argument("dir"); p.add_argument("--ids", required=True); p.add_argument("--n", type=int, default=8)
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.cmd == "make" and a.stream:
+        return cmd_make_streamed(a)
     {"make": cmd_make, "logits": cmd_logits, "loss": cmd_loss, "greedy": cmd_greedy}[a.cmd](a)
 
 
