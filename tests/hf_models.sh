@@ -278,8 +278,9 @@ PY
   g_pt=$($PY "$LLAMA_PY" greedy hf --ids "$PROMPT" --n 4)
   g_run=$("$KILN" generate run --prompt-ids "$PROMPT" --temperature 0 --max-tokens 4 --ids --no-stop)
   g_hf=$("$KILN" generate hf --prompt-ids "$PROMPT" --temperature 0 --max-tokens 4 --ids --no-stop)
-  echo "llama greedy: PyTorch [$g_pt] Kiln run [$g_run] export [$g_hf]"
-  [ "$g_pt" = "$g_run" ] && [ "$g_run" = "$g_hf" ] || fail "greedy generations differ"
+  g_cons=$("$KILN" generate cons.safetensors --prompt-ids "$PROMPT" --temperature 0 --max-tokens 4 --ids --no-stop)
+  echo "llama greedy: PyTorch [$g_pt] Kiln run [$g_run] export [$g_hf] consolidated file [$g_cons]"
+  [ "$g_pt" = "$g_run" ] && [ "$g_run" = "$g_hf" ] && [ "$g_hf" = "$g_cons" ] || fail "greedy generations differ"
 
   # Round trip: export -> import (init_from, lr 0) -> export: the same bytes.
   "$KILN" train --quiet "${SMALL[@]}" "${LLAMA[@]}" --set run.dir=back --set run.steps=1 \
