@@ -5,7 +5,7 @@
 add_executable(hf_loss_dump ${CMAKE_CURRENT_LIST_DIR}/engine/infer/hf_loss_dump.cc)
 target_compile_options(hf_loss_dump PRIVATE ${KILN_WARNINGS})
 target_link_libraries(hf_loss_dump PRIVATE kiln_engine kiln_loader kiln_kernels kiln_comm kiln_common)
-foreach(check torch e2e)
+foreach(check torch torch_llama e2e)
   add_test(NAME hf_models_${check}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/hf_models.sh ${check} $<TARGET_FILE:kiln>
                    ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/hf_models none
@@ -13,9 +13,16 @@ foreach(check torch e2e)
   set_tests_properties(hf_models_${check} PROPERTIES LABELS "e2e;parity" TIMEOUT 600)
 endforeach()
 if(KILN_HAVE_MPI)
-  add_test(NAME hf_models_mpi
-           COMMAND ${CMAKE_CURRENT_LIST_DIR}/hf_models.sh mpi $<TARGET_FILE:kiln>
-                   ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/hf_models ${MPIEXEC_EXECUTABLE}
-                   $<TARGET_FILE:hf_loss_dump>)
-  set_tests_properties(hf_models_mpi PROPERTIES LABELS "mpi;e2e" TIMEOUT 600)
+  # The same check per architecture (llama: GQA, untied head, no biases).
+  foreach(arch gpt2 llama)
+    set(name hf_models_mpi)
+    if(NOT arch STREQUAL "gpt2")
+      set(name hf_models_mpi_${arch})
+    endif()
+    add_test(NAME ${name}
+             COMMAND ${CMAKE_CURRENT_LIST_DIR}/hf_models.sh mpi $<TARGET_FILE:kiln>
+                     ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/hf_models ${MPIEXEC_EXECUTABLE}
+                     $<TARGET_FILE:hf_loss_dump> ${arch})
+    set_tests_properties(${name} PROPERTIES LABELS "mpi;e2e" TIMEOUT 600)
+  endforeach()
 endif()

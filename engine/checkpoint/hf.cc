@@ -49,6 +49,40 @@ constexpr const char* kGpt2TiedHead = "lm_head.weight";
 
 constexpr double kLayerNormEps = 1e-5;  // kernels/ops.h layernorm_forward
 
+// Llama (transformers' LlamaForCausalLM state dict). Linear weights are (out, in) as in Kiln, so
+// nothing is transposed; Kiln's fused tensors are Hugging Face's separate ones stacked by rows:
+// attn.qkv is q_proj, k_proj, v_proj (n_heads, n_kv_heads, n_kv_heads head_dim rows, already in
+// the rotate-half order transformers' RoPE uses, so no permutation), mlp.fc is gate_proj then
+// up_proj (ffn rows each). Biases (model.bias: attention_bias and mlp_bias) follow their weights.
+// lm_head.weight is stored when the head is untied.
+struct HfLlamaRule {
+  const char* kiln;
+  const char* hf[3];  // one name, or the row blocks of a fused tensor in order
+};
+constexpr HfLlamaRule kLlamaNames[] = {
+    {"wte", {"model.embed_tokens.weight"}},
+    {"blocks.#.ln1.weight", {"model.layers.#.input_layernorm.weight"}},
+    {"blocks.#.attn.qkv.weight",
+     {"model.layers.#.self_attn.q_proj.weight", "model.layers.#.self_attn.k_proj.weight",
+      "model.layers.#.self_attn.v_proj.weight"}},
+    {"blocks.#.attn.qkv.bias",
+     {"model.layers.#.self_attn.q_proj.bias", "model.layers.#.self_attn.k_proj.bias",
+      "model.layers.#.self_attn.v_proj.bias"}},
+    {"blocks.#.attn.proj.weight", {"model.layers.#.self_attn.o_proj.weight"}},
+    {"blocks.#.attn.proj.bias", {"model.layers.#.self_attn.o_proj.bias"}},
+    {"blocks.#.ln2.weight", {"model.layers.#.post_attention_layernorm.weight"}},
+    {"blocks.#.mlp.fc.weight",
+     {"model.layers.#.mlp.gate_proj.weight", "model.layers.#.mlp.up_proj.weight"}},
+    {"blocks.#.mlp.fc.bias",
+     {"model.layers.#.mlp.gate_proj.bias", "model.layers.#.mlp.up_proj.bias"}},
+    {"blocks.#.mlp.proj.weight", {"model.layers.#.mlp.down_proj.weight"}},
+    {"blocks.#.mlp.proj.bias", {"model.layers.#.mlp.down_proj.bias"}},
+    {"ln_f.weight", {"model.norm.weight"}},
+    {"lm_head.weight", {"lm_head.weight"}},
+};
+// LlamaModel files (no LM head) name the base model without "model.".
+constexpr const char* kLlamaPrefix = "model.";
+
 // "blocks.3.attn.qkv.weight" matched against "blocks.#.attn.qkv.weight": the layer, or -1.
 bool match_rule(const std::string& name, const char* pattern, std::string* layer) {
   const std::string p(pattern);
@@ -85,6 +119,46 @@ const char* torch_dtype_name(const std::string& st_dtype) {
 
 }  // namespace
 
+Result<std::vector<HfPart>> hf_tensor_parts(const ModelConfig& m, const ParamTensor& t) {
+  std::vector<HfPart> parts;
+  // The whole tensor's elements (t may be a tensor-parallel slice: numel is the slice's).
+  size_t whole = 1;
+  for (int64_t d : t.global_shape) whole *= static_cast<size_t>(d);
+  if (!m.llama()) {
+    HfPart p;
+    KILN_ASSIGN_OR_RETURN(p.name, hf_tensor_name(t.name, &p.transpose));
+    p.first = 0;
+    p.numel = whole;
+    p.shape = hf_shape(t, p.transpose);
+    parts.push_back(std::move(p));
+    return parts;
+  }
+  for (const HfLlamaRule& r : kLlamaNames) {
+    std::string layer;
+    if (!match_rule(t.name, r.kiln, &layer)) continue;
+    const int n = r.hf[2] ? 3 : r.hf[1] ? 2 : 1;
+    const int64_t hd = m.head_dim();
+    std::vector<int64_t> rows = {t.global_shape[0]};
+    if (n == 3) rows = {m.n_heads * hd, m.kv_heads() * hd, m.kv_heads() * hd};
+    if (n == 2) rows = {m.ffn(), m.ffn()};
+    const size_t width = whole / static_cast<size_t>(t.global_shape[0]);
+    size_t at = 0;
+    for (int i = 0; i < n; ++i) {
+      HfPart p;
+      p.name = fill_rule(r.hf[i], layer);
+      p.first = at;
+      p.numel = static_cast<size_t>(rows[static_cast<size_t>(i)]) * width;
+      p.shape = t.global_shape;
+      p.shape[0] = rows[static_cast<size_t>(i)];
+      at += p.numel;
+      parts.push_back(std::move(p));
+    }
+    KILN_CHECK(at == whole, "hf_tensor_parts: row blocks do not cover " + t.name);
+    return parts;
+  }
+  return Status::not_found("no Hugging Face name for Kiln tensor " + t.name);
+}
+
 Result<std::string> hf_tensor_name(const std::string& kiln_name, bool* transpose) {
   for (const HfNameRule& r : kGpt2Names) {
     std::string layer;
@@ -119,10 +193,10 @@ Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info) {
     return refuse("model_type", "missing: Kiln reads model_type \"gpt2\"");
   }
   const std::string type = j.at("model_type").get<std::string>();
-  if (type != "gpt2") {
+  if (type != "gpt2" && type != "llama") {
     return refuse("model_type", "\"" + type +
                                     "\" is not an architecture Kiln can represent (supported: "
-                                    "\"gpt2\")");
+                                    "\"gpt2\", \"llama\")");
   }
   ModelConfig m;
   auto integer = [&](const char* field, int64_t* out, bool required, int64_t fallback) -> Status {
@@ -139,6 +213,108 @@ Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info) {
     if (*out <= 0) return refuse(field, "must be positive, found " + shown(field));
     return Status::ok();
   };
+  auto fill_info = [&](const ModelConfig& mm) {
+    if (!info) return;
+    HfModelInfo out;
+    auto id = [&](const char* field) -> int64_t {
+      if (!j.contains(field) || !j.at(field).is_number_integer()) return -1;
+      const int64_t v = j.at(field).get<int64_t>();
+      return v >= 0 && v < mm.vocab_size ? v : -1;
+    };
+    out.bos_id = id("bos_token_id");
+    out.eos_id = id("eos_token_id");
+    if (j.contains("torch_dtype") && j.at("torch_dtype").is_string()) {
+      out.torch_dtype = j.at("torch_dtype").get<std::string>();
+    }
+    *info = out;
+  };
+  // Fields that name a feature Kiln's models lack: refused when present and not off.
+  auto absent = [&](const char* field) -> Status {
+    if (!j.contains(field)) return Status::ok();
+    const auto& v = j.at(field);
+    const bool off = v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
+                     (v.is_number() && v.get<double>() == 0);
+    if (off) return Status::ok();
+    return refuse(field, shown(field) + ": not part of a model Kiln can represent");
+  };
+  if (type == "llama") {
+    m.arch = Arch::kLlama;
+    KILN_RETURN_IF_ERROR(integer("vocab_size", &m.vocab_size, true, 0));
+    KILN_RETURN_IF_ERROR(integer("hidden_size", &m.d_model, true, 0));
+    KILN_RETURN_IF_ERROR(integer("num_hidden_layers", &m.n_layers, true, 0));
+    KILN_RETURN_IF_ERROR(integer("num_attention_heads", &m.n_heads, true, 0));
+    KILN_RETURN_IF_ERROR(integer("num_key_value_heads", &m.n_kv_heads, false, m.n_heads));
+    KILN_RETURN_IF_ERROR(integer("intermediate_size", &m.ffn_hidden, true, 0));
+    KILN_RETURN_IF_ERROR(integer("max_position_embeddings", &m.seq_len, false, 2048));
+    if (m.d_model % m.n_heads != 0) {
+      return refuse("num_attention_heads", "num_attention_heads " + std::to_string(m.n_heads) +
+                                               " does not divide hidden_size " +
+                                               std::to_string(m.d_model));
+    }
+    if (m.n_heads % m.n_kv_heads != 0) {
+      return refuse("num_key_value_heads", "num_key_value_heads " + std::to_string(m.n_kv_heads) +
+                                               " does not divide num_attention_heads " +
+                                               std::to_string(m.n_heads));
+    }
+    if (j.contains("head_dim") && !j.at("head_dim").is_null()) {
+      int64_t hd = 0;
+      KILN_RETURN_IF_ERROR(integer("head_dim", &hd, false, 0));
+      if (hd != m.d_model / m.n_heads) {
+        return refuse("head_dim", shown("head_dim") +
+                                      ": Kiln's head width is hidden_size / num_attention_heads (" +
+                                      std::to_string(m.d_model / m.n_heads) + ")");
+      }
+    }
+    if (j.contains("hidden_act") && j.at("hidden_act") != "silu") {
+      return refuse("hidden_act", shown("hidden_act") + ": Kiln's SwiGLU uses SiLU (\"silu\")");
+    }
+    auto number = [&](const char* field, double fallback, double* out) -> Status {
+      if (!j.contains(field) || j.at(field).is_null()) {
+        *out = fallback;
+        return Status::ok();
+      }
+      if (!j.at(field).is_number() || !(j.at(field).get<double>() > 0) ||
+          !std::isfinite(j.at(field).get<double>())) {
+        return refuse(field, "must be a positive number, found " + shown(field));
+      }
+      *out = j.at(field).get<double>();
+      return Status::ok();
+    };
+    double eps = 0;
+    KILN_RETURN_IF_ERROR(number("rope_theta", 10000.0, &m.rope_theta));
+    KILN_RETURN_IF_ERROR(number("rms_norm_eps", 1e-6, &eps));
+    m.norm_eps = static_cast<float>(eps);
+    auto boolean = [&](const char* field, bool fallback, bool* out) -> Status {
+      if (!j.contains(field) || j.at(field).is_null()) {
+        *out = fallback;
+        return Status::ok();
+      }
+      if (!j.at(field).is_boolean())
+        return refuse(field, "must be true or false, found " + shown(field));
+      *out = j.at(field).get<bool>();
+      return Status::ok();
+    };
+    bool attn_bias = false, mlp_bias = false;
+    KILN_RETURN_IF_ERROR(boolean("tie_word_embeddings", false, &m.tie_embeddings));
+    KILN_RETURN_IF_ERROR(boolean("attention_bias", false, &attn_bias));
+    KILN_RETURN_IF_ERROR(boolean("mlp_bias", false, &mlp_bias));
+    if (attn_bias != mlp_bias) {
+      return refuse(attn_bias ? "attention_bias" : "mlp_bias",
+                    std::string("attention_bias ") + (attn_bias ? "true" : "false") +
+                        " with mlp_bias " + (mlp_bias ? "true" : "false") +
+                        ": Kiln's model.bias gives every linear layer a bias or none");
+    }
+    m.bias = attn_bias;
+    for (const char* f :
+         {"rope_scaling", "sliding_window", "use_sliding_window", "num_experts",
+          "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "n_routed_experts",
+          "layer_types", "no_rope_layers", "attn_logit_softcapping", "final_logit_softcapping",
+          "qk_layernorm", "use_qk_norm"}) {
+      KILN_RETURN_IF_ERROR(absent(f));
+    }
+    fill_info(m);
+    return m;
+  }
   KILN_RETURN_IF_ERROR(integer("vocab_size", &m.vocab_size, true, 0));
   KILN_RETURN_IF_ERROR(integer("n_embd", &m.d_model, true, 0));
   KILN_RETURN_IF_ERROR(integer("n_layer", &m.n_layers, true, 0));
@@ -189,20 +365,7 @@ Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info) {
       return refuse(f, shown(f) + ": not part of a model Kiln can represent");
     }
   }
-  if (info) {
-    HfModelInfo out;
-    auto id = [&](const char* field) -> int64_t {
-      if (!j.contains(field) || !j.at(field).is_number_integer()) return -1;
-      const int64_t v = j.at(field).get<int64_t>();
-      return v >= 0 && v < m.vocab_size ? v : -1;
-    };
-    out.bos_id = id("bos_token_id");
-    out.eos_id = id("eos_token_id");
-    if (j.contains("torch_dtype") && j.at("torch_dtype").is_string()) {
-      out.torch_dtype = j.at("torch_dtype").get<std::string>();
-    }
-    *info = out;
-  }
+  fill_info(m);
   return m;
 }
 
@@ -217,8 +380,9 @@ struct HfSource::Impl {
     std::string name, dtype;
     std::vector<int64_t> shape;  // as stored
     bool transpose = false;
+    size_t first = 0, numel = 0;  // the Kiln tensor's elements it holds
   };
-  std::vector<Where> where;  // per ParamStore tensor
+  std::vector<std::vector<Where>> where;  // per ParamStore tensor: its Hugging Face parts
   uint64_t bytes_read = 0;
   std::vector<char> raw;
   std::vector<float> block;
@@ -246,23 +410,42 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
   const std::string config_path = (fs::path(dir) / "config.json").string();
   KILN_ASSIGN_OR_RETURN(ModelConfig hf, read_hf_config(dir));
   const ModelConfig& m = params.model();
-  const std::pair<const char*, std::pair<int64_t, int64_t>> fields[] = {
-      {"vocab_size", {hf.vocab_size, m.vocab_size}},
-      {"n_embd", {hf.d_model, m.d_model}},
-      {"n_layer", {hf.n_layers, m.n_layers}},
-      {"n_head", {hf.n_heads, m.n_heads}},
-      {"n_positions", {hf.seq_len, m.seq_len}}};
-  const char* kiln_keys[] = {"model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads",
-                             "model.seq_len"};
-  for (size_t i = 0; i < 5; ++i) {
-    if (fields[i].second.first != fields[i].second.second) {
-      return Status::config(std::string(fields[i].first) + " is " +
-                            std::to_string(fields[i].second.first) + " but " + kiln_keys[i] +
-                            " is " + std::to_string(fields[i].second.second) + " (" + key + " " +
-                            dir + "; set --set " + kiln_keys[i] + "=" +
-                            std::to_string(fields[i].second.first) + ")")
+  // config.json's field, Kiln's key, and both values as text.
+  struct Field {
+    const char* hf;
+    const char* kiln;
+    std::string theirs, ours;
+  };
+  auto txt = [](auto v) { return fmt::format("{}", v); };
+  std::vector<Field> fields;
+  if (hf.arch != m.arch) {
+    fields.push_back({"model_type", "model.arch", arch_name(hf.arch), arch_name(m.arch)});
+  } else if (!m.llama()) {
+    fields = {{"vocab_size", "model.vocab_size", txt(hf.vocab_size), txt(m.vocab_size)},
+              {"n_embd", "model.d_model", txt(hf.d_model), txt(m.d_model)},
+              {"n_layer", "model.n_layers", txt(hf.n_layers), txt(m.n_layers)},
+              {"n_head", "model.n_heads", txt(hf.n_heads), txt(m.n_heads)},
+              {"n_positions", "model.seq_len", txt(hf.seq_len), txt(m.seq_len)}};
+  } else {  // (no position table: max_position_embeddings need not be model.seq_len)
+    fields = {{"vocab_size", "model.vocab_size", txt(hf.vocab_size), txt(m.vocab_size)},
+              {"hidden_size", "model.d_model", txt(hf.d_model), txt(m.d_model)},
+              {"num_hidden_layers", "model.n_layers", txt(hf.n_layers), txt(m.n_layers)},
+              {"num_attention_heads", "model.n_heads", txt(hf.n_heads), txt(m.n_heads)},
+              {"num_key_value_heads", "model.n_kv_heads", txt(hf.kv_heads()), txt(m.kv_heads())},
+              {"intermediate_size", "model.ffn_hidden", txt(hf.ffn()), txt(m.ffn())},
+              {"rope_theta", "model.rope_theta", txt(hf.rope_theta), txt(m.rope_theta)},
+              {"rms_norm_eps", "model.norm_eps", txt(hf.norm_eps), txt(m.norm_eps)},
+              {"tie_word_embeddings", "model.tie_embeddings", txt(hf.tie_embeddings),
+               txt(m.tie_embeddings)},
+              {"attention_bias", "model.bias", txt(hf.bias), txt(m.bias)}};
+  }
+  for (const Field& f : fields) {
+    if (f.theirs != f.ours) {
+      return Status::config(std::string(f.hf) + " is " + f.theirs + " but " + f.kiln + " is " +
+                            f.ours + " (" + key + " " + dir + "; set --set " + f.kiln + "=" +
+                            f.theirs + ")")
           .with_file(config_path)
-          .with_key(fields[i].first);
+          .with_key(f.hf);
     }
   }
   std::unique_ptr<HfSource> src(new HfSource());
@@ -312,63 +495,75 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
     KILN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::read_header((root / file).string()));
     im.files.emplace(file, std::move(f));
   }
-  // Every Kiln tensor's Hugging Face tensor, with or without the "transformer." prefix.
+  // Every Kiln tensor's Hugging Face tensors, with or without the base model's prefix
+  // ("transformer." for GPT-2, "model." for Llama).
+  const char* prefix = m.llama() ? kLlamaPrefix : kGpt2Prefix;
   std::map<std::string, bool> used;
   for (const auto& [name, file] : weight_map) used[name] = false;
   for (const ParamTensor& t : params.tensors()) {
-    bool transpose = false;
-    KILN_ASSIGN_OR_RETURN(std::string name, hf_tensor_name(t.name, &transpose));
-    std::string found = weight_map.count(name) ? name : "";
-    if (found.empty() && name.rfind(kGpt2Prefix, 0) == 0) {
-      const std::string bare = name.substr(std::strlen(kGpt2Prefix));
-      if (weight_map.count(bare)) found = bare;
+    KILN_ASSIGN_OR_RETURN(std::vector<HfPart> parts, hf_tensor_parts(m, t));
+    std::vector<Impl::Where> ws;
+    for (const HfPart& part : parts) {
+      const std::string& name = part.name;
+      std::string found = weight_map.count(name) ? name : "";
+      if (found.empty() && name.rfind(prefix, 0) == 0) {
+        const std::string bare = name.substr(std::strlen(prefix));
+        if (weight_map.count(bare)) found = bare;
+      }
+      if (found.empty()) {
+        return Status::data("missing tensor " + name + " (Kiln's " + t.name + ")")
+            .with_file(index_path.string().size() && fs::exists(index_path, ec)
+                           ? index_path.string()
+                           : (root / "model.safetensors").string())
+            .with_key(name);
+      }
+      used[found] = true;
+      Impl::Where w;
+      w.file = &im.files.at(weight_map.at(found));
+      w.name = found;
+      w.transpose = part.transpose;
+      w.first = part.first;
+      w.numel = part.numel;
+      KILN_ASSIGN_OR_RETURN(auto info, w.file->info(found));
+      w.dtype = info.first;
+      w.shape = info.second;
+      const std::vector<int64_t>& want = part.shape;
+      if (w.dtype != "F32" && w.dtype != "BF16" && w.dtype != "F16") {
+        return Status::data("dtype " + w.dtype + " (Kiln reads F32, BF16, F16)")
+            .with_file(w.file->path())
+            .with_key(found);
+      }
+      if (w.shape != want) {
+        std::string sa = "[", sb = "[";
+        for (size_t i = 0; i < w.shape.size(); ++i)
+          sa += (i ? ", " : "") + std::to_string(w.shape[i]);
+        for (size_t i = 0; i < want.size(); ++i) sb += (i ? ", " : "") + std::to_string(want[i]);
+        return Status::data("shape " + sa + "] disagrees with config.json (d_model " +
+                            std::to_string(m.d_model) + ", vocab_size " +
+                            std::to_string(m.vocab_size) + ", heads " + std::to_string(m.n_heads) +
+                            "/" + std::to_string(m.kv_heads()) + ", ffn " +
+                            std::to_string(m.ffn()) + "): expected " + sb + "]")
+            .with_file(w.file->path())
+            .with_key(found);
+      }
+      ws.push_back(std::move(w));
     }
-    if (found.empty()) {
-      return Status::data("missing tensor " + name + " (Kiln's " + t.name + ")")
-          .with_file(index_path.string().size() && fs::exists(index_path, ec)
-                         ? index_path.string()
-                         : (root / "model.safetensors").string())
-          .with_key(name);
-    }
-    used[found] = true;
-    Impl::Where w;
-    w.file = &im.files.at(weight_map.at(found));
-    w.name = found;
-    w.transpose = transpose;
-    KILN_ASSIGN_OR_RETURN(auto info, w.file->info(found));
-    w.dtype = info.first;
-    w.shape = info.second;
-    const std::vector<int64_t> want = hf_shape(t, transpose);
-    if (w.dtype != "F32" && w.dtype != "BF16" && w.dtype != "F16") {
-      return Status::data("dtype " + w.dtype + " (Kiln reads F32, BF16, F16)")
-          .with_file(w.file->path())
-          .with_key(found);
-    }
-    if (w.shape != want) {
-      std::string a = "[", b = "[";
-      for (size_t i = 0; i < w.shape.size(); ++i) a += (i ? ", " : "") + std::to_string(w.shape[i]);
-      for (size_t i = 0; i < want.size(); ++i) b += (i ? ", " : "") + std::to_string(want[i]);
-      return Status::data("shape " + a + "] disagrees with config.json (n_embd " +
-                          std::to_string(m.d_model) + ", vocab_size " +
-                          std::to_string(m.vocab_size) + ", n_positions " +
-                          std::to_string(m.seq_len) + "): expected " + b + "]")
-          .with_file(w.file->path())
-          .with_key(found);
-    }
-    im.where.push_back(std::move(w));
+    im.where.push_back(std::move(ws));
   }
   // What is left: the attention masks GPT-2 files carry as buffers ("h.N.attn.bias",
   // "h.N.attn.masked_bias"), and an LM head that must equal wte (tied); anything else is a tensor
   // Kiln's model has no place for.
   for (const auto& [name, was_used] : used) {
     if (was_used) continue;
+    // (and the RoPE frequencies older Llama files carry: "layers.N.self_attn.rotary_emb.inv_freq").
     const bool mask =
-        name.size() > 10 && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"));
+        name.size() > 10 && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+                             name.ends_with(".rotary_emb.inv_freq"));
     if (mask) continue;
     const std::string file = (root / weight_map.at(name)).string();
     if (name == kGpt2TiedHead) {
       // Compare with wte in chunks: an untied head is not representable.
-      const Impl::Where& wte = im.where[static_cast<size_t>(params.wte())];
+      const Impl::Where& wte = im.where[static_cast<size_t>(params.wte())].front();
       const SafetensorsFile& hf = im.files.at(weight_map.at(name));
       KILN_ASSIGN_OR_RETURN(auto info, hf.info(name));
       if (info.second != wte.shape) {
@@ -401,7 +596,8 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
       }
       continue;
     }
-    return Status::data("tensor " + name + " is not part of a GPT-2 model Kiln can represent")
+    return Status::data("tensor " + name + " is not part of a " + arch_name(m.arch) +
+                        " model Kiln can represent")
         .with_file(file)
         .with_key(name);
   }
@@ -462,15 +658,21 @@ Status HfSource::read(int unit, ParamField f, size_t begin, size_t n, float* dst
     const size_t a = std::max(begin, pt.offset), b = std::min(end, pt.offset + pt.numel);
     if (a >= b) continue;
     const size_t la = a - pt.offset, lb = b - pt.offset;  // this rank's slice elements
-    const Impl::Where& w = im.where[static_cast<size_t>(ti)];
+    const std::vector<Impl::Where>& ws = im.where[static_cast<size_t>(ti)];
     Status st = Status::ok();
+    // This rank's runs of whole-tensor elements (a tensor-parallel slice of a fused q/k/v takes
+    // rows of each block), each cut where one Hugging Face part ends and the next begins.
     for_each_slice_run(pt, params.tp_shard(), [&](size_t whole, size_t local, size_t count) {
       const size_t lo = std::max(local, la), hi = std::min(local + count, lb);
       if (lo >= hi || !st.is_ok()) return;
-      float* out = dst + (a - begin) + (lo - la);
-      const size_t from = whole + (lo - local);
-      st = w.transpose ? im.read_transposed(w, pt, from, hi - lo, out)
-                       : im.read_whole(w, from, hi - lo, out);
+      const size_t from = whole + (lo - local), to = from + (hi - lo);
+      for (const Impl::Where& w : ws) {
+        const size_t x = std::max(from, w.first), y = std::min(to, w.first + w.numel);
+        if (x >= y || !st.is_ok()) continue;
+        float* out = dst + (a - begin) + (lo - la) + (x - from);
+        st = w.transpose ? im.read_transposed(w, pt, x, y - x, out)
+                         : im.read_whole(w, x - w.first, y - x, out);
+      }
     });
     if (!st.is_ok()) return std::move(st).with_key(im.key);
   }
@@ -571,6 +773,20 @@ Result<ModelWeights> open_model_weights(const std::string& path_in) {
       w.model.n_layers = json_integer_at<int64_t>(j, "n_layers");
       w.model.n_heads = json_integer_at<int64_t>(j, "n_heads");
       w.model.seq_len = json_integer_at<int64_t>(j, "seq_len");
+      if (j.contains("arch")) {  // checkpoint.cc's model_json: the architecture's options
+        const std::string arch = j.at("arch").get<std::string>();
+        if (arch != "gpt2" && arch != "llama") {
+          return Status::data("model.arch '" + arch + "' is not gpt2 or llama")
+              .with_file(path.string());
+        }
+        w.model.arch = arch == "llama" ? Arch::kLlama : Arch::kGpt2;
+        w.model.n_kv_heads = json_integer_at<int64_t>(j, "n_kv_heads");
+        w.model.ffn_hidden = json_integer_at<int64_t>(j, "ffn_hidden");
+        w.model.rope_theta = j.at("rope_theta").get<double>();
+        w.model.norm_eps = j.at("norm_eps").get<float>();
+        w.model.tie_embeddings = j.at("tie_embeddings").get<bool>();
+        w.model.bias = j.at("bias").get<bool>();
+      }
     } catch (const std::exception& e) {
       return Status::data(std::string("malformed \"model\" metadata: ") + e.what())
           .with_file(path.string());
@@ -617,9 +833,46 @@ struct OutTensor {
   int kiln = 0;
   std::string name;
   bool transpose = false;
+  size_t first = 0, numel = 0;  // the Kiln tensor's elements it holds
   std::vector<int64_t> shape;
   uint64_t bytes = 0;
 };
+
+nlohmann::ordered_json llama_config(const ModelConfig& m, const std::string& torch_dtype,
+                                    int64_t eos) {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["vocab_size"] = m.vocab_size;
+  j["hidden_size"] = m.d_model;
+  j["intermediate_size"] = m.ffn();
+  j["num_hidden_layers"] = m.n_layers;
+  j["num_attention_heads"] = m.n_heads;
+  j["num_key_value_heads"] = m.kv_heads();
+  j["head_dim"] = m.head_dim();
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = m.seq_len;
+  j["initializer_range"] = std::stod(fmt::format("{}", m.init_std));
+  // The float Kiln computes with, printed shortest (1e-05, not 9.99999974737875e-06).
+  j["rms_norm_eps"] = std::stod(fmt::format("{}", m.norm_eps));
+  j["rope_theta"] = m.rope_theta;
+  j["rope_scaling"] = nullptr;
+  j["attention_bias"] = m.bias;
+  j["mlp_bias"] = m.bias;
+  j["attention_dropout"] = 0.0;
+  j["pretraining_tp"] = 1;
+  j["tie_word_embeddings"] = m.tie_embeddings;
+  j["use_cache"] = true;
+  if (eos >= 0) {
+    j["bos_token_id"] = eos;
+    j["eos_token_id"] = eos;
+  } else {
+    j["bos_token_id"] = nullptr;
+    j["eos_token_id"] = nullptr;
+  }
+  j["torch_dtype"] = torch_dtype;
+  return j;
+}
 
 nlohmann::ordered_json gpt2_config(const ModelConfig& m, const std::string& torch_dtype,
                                    int64_t eos) {
@@ -684,12 +937,18 @@ Status export_hf(const std::string& source, const HfExportOptions& o, HfExportRe
   std::vector<OutTensor> tensors;
   for (size_t i = 0; i < w.layout->tensors().size(); ++i) {
     const ParamTensor& t = w.layout->tensors()[i];
-    OutTensor ot;
-    ot.kiln = static_cast<int>(i);
-    KILN_ASSIGN_OR_RETURN(ot.name, hf_tensor_name(t.name, &ot.transpose));
-    ot.shape = hf_shape(t, ot.transpose);
-    ot.bytes = t.numel * es;
-    tensors.push_back(std::move(ot));
+    KILN_ASSIGN_OR_RETURN(std::vector<HfPart> parts, hf_tensor_parts(w.model, t));
+    for (HfPart& p : parts) {
+      OutTensor ot;
+      ot.kiln = static_cast<int>(i);
+      ot.name = std::move(p.name);
+      ot.transpose = p.transpose;
+      ot.first = p.first;
+      ot.numel = p.numel;
+      ot.shape = std::move(p.shape);
+      ot.bytes = p.numel * es;
+      tensors.push_back(std::move(ot));
+    }
   }
   std::vector<std::vector<size_t>> shards(1);
   uint64_t in_shard = 0, total = 0;
@@ -736,11 +995,11 @@ Status export_hf(const std::string& source, const HfExportOptions& o, HfExportRe
       const OutTensor& ot = tensors[i];
       const ParamTensor& t = w.layout->tensors()[static_cast<size_t>(ot.kiln)];
       weight_map[ot.name] = file;
-      if (!ot.transpose) {  // the same layout: in chunks
-        for (size_t at = 0; at < t.numel; at += kStateChunk) {
-          const size_t k = std::min(kStateChunk, t.numel - at);
+      if (!ot.transpose) {  // the same layout (or a block of its rows): in chunks
+        for (size_t at = 0; at < ot.numel; at += kStateChunk) {
+          const size_t k = std::min(kStateChunk, ot.numel - at);
           buf.resize(k);
-          KILN_RETURN_IF_ERROR(read_tensor(w, ot.kiln, at, k, buf.data()));
+          KILN_RETURN_IF_ERROR(read_tensor(w, ot.kiln, ot.first + at, k, buf.data()));
           KILN_RETURN_IF_ERROR(emit(buf.data(), k));
         }
         continue;
@@ -765,8 +1024,12 @@ Status export_hf(const std::string& source, const HfExportOptions& o, HfExportRe
         write_file_atomic((tmp / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
   }
   const std::string torch_dtype = torch_dtype_name(st_dtype);
-  KILN_RETURN_IF_ERROR(write_file_atomic(
-      (tmp / "config.json").string(), gpt2_config(w.model, torch_dtype, w.eos_id).dump(2) + "\n"));
+  KILN_RETURN_IF_ERROR(
+      write_file_atomic((tmp / "config.json").string(),
+                        (w.model.llama() ? llama_config(w.model, torch_dtype, w.eos_id)
+                                         : gpt2_config(w.model, torch_dtype, w.eos_id))
+                                .dump(2) +
+                            "\n"));
   nlohmann::ordered_json gen;
   gen["bos_token_id"] = w.eos_id >= 0 ? nlohmann::ordered_json(w.eos_id) : nullptr;
   gen["eos_token_id"] = w.eos_id >= 0 ? nlohmann::ordered_json(w.eos_id) : nullptr;

@@ -17,7 +17,10 @@
 // new table and its config fields. GPT-2 (transformers' GPT2LMHeadModel): every linear layer is a
 // Conv1D whose weight is [in, out], the transpose of Kiln's (out, in); c_attn is Kiln's fused
 // qkv (q, k, v blocks of n_embd rows, heads in order inside each); the LM head is tied to wte and
-// not stored. GELU is the tanh approximation ("gelu_new"), LayerNorm eps 1e-5.
+// not stored. GELU is the tanh approximation ("gelu_new"), LayerNorm eps 1e-5. Llama
+// (transformers' LlamaForCausalLM, kLlamaNames): (out, in) weights as Kiln's, nothing transposed;
+// Kiln's fused attn.qkv is q_proj, k_proj, v_proj stacked by rows (unequal under grouped-query
+// attention, already in rotate-half order) and mlp.fc is gate_proj, up_proj (HfPart below).
 //
 // Export streams: one tensor (or one chunk of a tensor) at a time is read from the checkpoint
 // (any layout: CheckpointReader reads the byte ranges of the shard files that hold it) and
@@ -54,6 +57,18 @@ struct HfNameRule {
 // kNotFound when the table has no rule for it.
 Result<std::string> hf_tensor_name(const std::string& kiln_name, bool* transpose);
 
+// One Hugging Face tensor that holds all or part of a Kiln tensor: Kiln's elements
+// [first, first + numel) in row-major order (a block of whole rows), stored under `name` with
+// `shape` (transposed when `transpose`: GPT-2's Conv1D). GPT-2 maps every tensor to one; Llama
+// stores Kiln's fused attn.qkv as q_proj, k_proj, v_proj and mlp.fc as gate_proj, up_proj.
+struct HfPart {
+  std::string name;
+  bool transpose = false;
+  size_t first = 0, numel = 0;
+  std::vector<int64_t> shape;
+};
+Result<std::vector<HfPart>> hf_tensor_parts(const ModelConfig& m, const ParamTensor& t);
+
 // What config.json says beside the model's shape.
 struct HfModelInfo {
   int64_t bos_id = -1, eos_id = -1;  // -1: none
@@ -62,8 +77,10 @@ struct HfModelInfo {
 
 // The model shape of a Hugging Face directory's config.json, checked field by field against what
 // Kiln's GPT-2 represents (model_type, activation_function, layer_norm_epsilon, n_inner,
-// tie_word_embeddings, cross-attention, attention scaling variants): a kConfig error naming the
-// file and the field otherwise. *info (optional) receives the ids and dtype.
+// tie_word_embeddings, cross-attention, attention scaling variants) or its Llama (hidden_act,
+// head_dim, num_key_value_heads, attention_bias = mlp_bias; rope_scaling, sliding windows, MoE
+// fields refused): a kConfig error naming the file and the field otherwise. *info (optional)
+// receives the ids and dtype.
 Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info = nullptr);
 
 // True when `path` is a directory holding config.json (a Hugging Face model directory).

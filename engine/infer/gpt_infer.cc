@@ -23,32 +23,59 @@ Result<std::unique_ptr<GptInference>> GptInference::load(ModelWeights& w) {
   g->wpe_ = layout.wpe();
   g->lnf_w_ = layout.lnf_w();
   g->lnf_b_ = layout.lnf_b();
+  g->head_ = layout.lm_head();
   return g;
 }
 
 GptInference::Cache GptInference::new_cache() const {
   Cache c;
-  const size_t per = static_cast<size_t>(m_.seq_len * m_.d_model);
+  const size_t per = static_cast<size_t>(m_.seq_len * m_.kv_heads() * m_.head_dim());
   c.k.assign(static_cast<size_t>(m_.n_layers), std::vector<float>(per));
   c.v.assign(static_cast<size_t>(m_.n_layers), std::vector<float>(per));
   return c;
 }
 
+void rope_rows(float* qkv, int n, int p0, double theta, int NH, int NKV, int hs) {
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * hs;
+  const int half = hs / 2;
+  // The operator takes theta as a float.
+  const double th = static_cast<double>(static_cast<float>(theta));
+  std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+  for (int r = 0; r < n; ++r) {
+    const int pos = p0 + r;
+    for (int i = 0; i < half; ++i) {
+      const double a = static_cast<double>(pos) * std::pow(th, -2.0 * i / hs);
+      cs[static_cast<size_t>(i)] = static_cast<float>(std::cos(a));
+      sn[static_cast<size_t>(i)] = static_cast<float>(std::sin(a));
+    }
+    for (int h = 0; h < NH + NKV; ++h) {
+      float* x = qkv + static_cast<size_t>(r) * W + static_cast<size_t>(h) * hs;
+      for (int i = 0; i < half; ++i) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * cs[static_cast<size_t>(i)] - b * sn[static_cast<size_t>(i)];
+        x[i + half] = b * cs[static_cast<size_t>(i)] + a * sn[static_cast<size_t>(i)];
+      }
+    }
+  }
+}
+
 namespace {
 
-// out (C) = softmax(q k_j^T / sqrt(hs) for j <= last) v per head: one query against the cached
-// keys and values of positions [0, last].
-void cached_attention(float* out, const float* q, const float* K, const float* V, int last, int C,
-                      int NH, std::vector<float>* scores) {
-  const int hs = C / NH;
+// out (NH hs) = softmax(q k_j^T / sqrt(hs) for j <= last) v per head: one query against the
+// cached keys and values of positions [0, last] (rows of NKV hs; query head h reads key/value
+// head h / (NH / NKV)).
+void cached_attention(float* out, const float* q, const float* K, const float* V, int last, int NH,
+                      int NKV, int hs, std::vector<float>* scores) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t KW = static_cast<size_t>(NKV) * hs;
   scores->resize(static_cast<size_t>(last) + 1);
   float* s = scores->data();
   for (int h = 0; h < NH; ++h) {
+    const size_t g = static_cast<size_t>(h / (NH / NKV)) * hs;
     const float* qh = q + static_cast<size_t>(h) * hs;
     float mx = -HUGE_VALF;
     for (int j = 0; j <= last; ++j) {
-      const float* kj = K + static_cast<size_t>(j) * C + static_cast<size_t>(h) * hs;
+      const float* kj = K + static_cast<size_t>(j) * KW + g;
       float d = 0.0f;
       for (int e = 0; e < hs; ++e) d += qh[e] * scale * kj[e];
       s[j] = d;
@@ -62,7 +89,7 @@ void cached_attention(float* out, const float* q, const float* K, const float* V
     float* o = out + static_cast<size_t>(h) * hs;
     std::fill(o, o + hs, 0.0f);
     for (int j = 0; j <= last; ++j) {
-      const float* vj = V + static_cast<size_t>(j) * C + static_cast<size_t>(h) * hs;
+      const float* vj = V + static_cast<size_t>(j) * KW + g;
       for (int e = 0; e < hs; ++e) o[e] += s[j] * vj[e];
     }
     const float inv = 1.0f / sum;
@@ -74,55 +101,85 @@ void cached_attention(float* out, const float* q, const float* K, const float* V
 
 void GptInference::hidden(const int32_t* tokens, int n, Cache* cache, float* out) {
   const int C = static_cast<int>(m_.d_model), NH = static_cast<int>(m_.n_heads);
+  const int NKV = static_cast<int>(m_.kv_heads()), hs = static_cast<int>(m_.head_dim());
+  const int QKV = static_cast<int>(m_.qkv_width()), KW = NKV * hs;
+  const int F = static_cast<int>(m_.ffn()), FC = m_.llama() ? 2 * F : F;
+  const bool llama = m_.llama();
   const int p0 = cache ? static_cast<int>(cache->len) : 0;
   KILN_CHECK(n > 0 && p0 + n <= m_.seq_len, "GptInference: positions past seq_len");
-  const size_t nc = static_cast<size_t>(n) * C;
+  const size_t nc = static_cast<size_t>(n) * C, nn = static_cast<size_t>(n);
   for (auto* b : {&x_, &x2_, &ln_, &att_, &proj_}) b->resize(nc);
-  qkv_.resize(3 * nc);
-  fc_.resize(4 * nc);
-  gelu_.resize(4 * nc);
+  qkv_.resize(nn * QKV);
+  fc_.resize(nn * FC);
+  gelu_.resize(nn * F);
   lse_.resize(static_cast<size_t>(NH) * n);
-  cpu::encoder_forward(x_.data(), tokens, t(wte_), t(wpe_) + static_cast<size_t>(p0) * C, 1, n, C);
+  cpu::encoder_forward(x_.data(), tokens, t(wte_),
+                       llama ? nullptr : t(wpe_) + static_cast<size_t>(p0) * C, 1, n, C);
+  const float eps = m_.norm_eps;
+  // Norm: LayerNorm (gpt2) or RMSNorm (llama).
+  auto norm = [&](float* y, const float* x, int w, int b) {
+    if (llama) {
+      cpu::rmsnorm_forward(y, nullptr, x, t(w), eps, 1, n, C);
+    } else {
+      cpu::layernorm_forward(y, nullptr, nullptr, x, t(w), t(b), 1, n, C);
+    }
+  };
   std::vector<float> scores;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const BlockTensors& b = blocks_[l];
-    cpu::layernorm_forward(ln_.data(), nullptr, nullptr, x_.data(), t(b.ln1_w), t(b.ln1_b), 1, n,
-                           C);
-    cpu::matmul_forward(qkv_.data(), ln_.data(), t(b.qkv_w), t(b.qkv_b), 1, n, C, 3 * C);
+    norm(ln_.data(), x_.data(), b.ln1_w, b.ln1_b);
+    cpu::matmul_forward(qkv_.data(), ln_.data(), t(b.qkv_w), tb(b.qkv_b), 1, n, C, QKV);
+    if (llama) {  // rotate q and k at their positions before k is cached
+      if (p0 == 0) {
+        cpu::rope_forward(qkv_.data(), nullptr, static_cast<float>(m_.rope_theta), 1, n, NH, NKV,
+                          hs);
+      } else {
+        rope_rows(qkv_.data(), n, p0, m_.rope_theta, NH, NKV, hs);
+      }
+    }
     if (cache) {
       for (int i = 0; i < n; ++i) {
-        const float* row = qkv_.data() + static_cast<size_t>(i) * 3 * C;
-        std::copy(row + C, row + 2 * C, cache->k[l].data() + static_cast<size_t>(p0 + i) * C);
-        std::copy(row + 2 * C, row + 3 * C, cache->v[l].data() + static_cast<size_t>(p0 + i) * C);
+        const float* row = qkv_.data() + static_cast<size_t>(i) * QKV;
+        const size_t at = static_cast<size_t>(p0 + i) * KW;
+        std::copy(row + NH * hs, row + NH * hs + KW, cache->k[l].data() + at);
+        std::copy(row + NH * hs + KW, row + NH * hs + 2 * KW, cache->v[l].data() + at);
       }
     }
     if (p0 == 0) {  // the prompt (or a full forward): the training kernel
-      cpu::attention_forward(att_.data(), lse_.data(), qkv_.data(), 1, n, C, NH);
+      if (llama) {
+        cpu::attention_gqa_forward(att_.data(), lse_.data(), qkv_.data(), nullptr, 1, n, NH, NKV,
+                                   hs);
+      } else {
+        cpu::attention_forward(att_.data(), lse_.data(), qkv_.data(), 1, n, C, NH);
+      }
     } else {
       for (int i = 0; i < n; ++i) {
         cached_attention(att_.data() + static_cast<size_t>(i) * C,
-                         qkv_.data() + static_cast<size_t>(i) * 3 * C, cache->k[l].data(),
-                         cache->v[l].data(), p0 + i, C, NH, &scores);
+                         qkv_.data() + static_cast<size_t>(i) * QKV, cache->k[l].data(),
+                         cache->v[l].data(), p0 + i, NH, NKV, hs, &scores);
       }
     }
-    cpu::matmul_forward(proj_.data(), att_.data(), t(b.attn_proj_w), t(b.attn_proj_b), 1, n, C, C);
+    cpu::matmul_forward(proj_.data(), att_.data(), t(b.attn_proj_w), tb(b.attn_proj_b), 1, n, C, C);
     cpu::residual_forward(x2_.data(), x_.data(), proj_.data(), nc);
-    cpu::layernorm_forward(ln_.data(), nullptr, nullptr, x2_.data(), t(b.ln2_w), t(b.ln2_b), 1, n,
-                           C);
-    cpu::matmul_forward(fc_.data(), ln_.data(), t(b.fc_w), t(b.fc_b), 1, n, C, 4 * C);
-    cpu::gelu_forward(gelu_.data(), fc_.data(), 4 * nc);
-    cpu::matmul_forward(proj_.data(), gelu_.data(), t(b.fc_proj_w), t(b.fc_proj_b), 1, n, 4 * C, C);
+    norm(ln_.data(), x2_.data(), b.ln2_w, b.ln2_b);
+    cpu::matmul_forward(fc_.data(), ln_.data(), t(b.fc_w), tb(b.fc_b), 1, n, C, FC);
+    if (llama) {
+      cpu::swiglu_forward(gelu_.data(), fc_.data(), nn, F);
+    } else {
+      cpu::gelu_forward(gelu_.data(), fc_.data(), nn * F);
+    }
+    cpu::matmul_forward(proj_.data(), gelu_.data(), t(b.fc_proj_w), tb(b.fc_proj_b), 1, n, F, C);
     cpu::residual_forward(x_.data(), x2_.data(), proj_.data(), nc);
   }
   if (cache) cache->len += n;
-  cpu::layernorm_forward(out, nullptr, nullptr, x_.data(), t(lnf_w_), t(lnf_b_), 1, n, C);
+  norm(out, x_.data(), lnf_w_, lnf_b_);
 }
 
 void GptInference::step(const int32_t* tokens, int n, Cache* cache, float* logits) {
   const int C = static_cast<int>(m_.d_model), V = static_cast<int>(m_.vocab_size);
   std::vector<float> h(static_cast<size_t>(n) * C);
   hidden(tokens, n, cache, h.data());
-  cpu::matmul_forward(logits, h.data() + static_cast<size_t>(n - 1) * C, t(wte_), nullptr, 1, 1, C,
+  cpu::matmul_forward(logits, h.data() + static_cast<size_t>(n - 1) * C, t(head_), nullptr, 1, 1, C,
                       V);
 }
 
@@ -130,7 +187,7 @@ void GptInference::forward_full(const int32_t* tokens, int n, float* logits) {
   const int C = static_cast<int>(m_.d_model), V = static_cast<int>(m_.vocab_size);
   std::vector<float> h(static_cast<size_t>(n) * C);
   hidden(tokens, n, nullptr, h.data());
-  cpu::matmul_forward(logits, h.data(), t(wte_), nullptr, 1, n, C, V);
+  cpu::matmul_forward(logits, h.data(), t(head_), nullptr, 1, n, C, V);
 }
 
 void GptInference::token_nll(const int32_t* tokens, int n, float* nll) {
@@ -144,7 +201,7 @@ void GptInference::token_nll(const int32_t* tokens, int n, float* nll) {
   std::vector<float> logits(static_cast<size_t>(std::min(chunk, rows)) * V);
   for (int r0 = 0; r0 < rows; r0 += chunk) {
     const int k = std::min(chunk, rows - r0);
-    cpu::matmul_forward(logits.data(), h.data() + static_cast<size_t>(r0) * C, t(wte_), nullptr, 1,
+    cpu::matmul_forward(logits.data(), h.data() + static_cast<size_t>(r0) * C, t(head_), nullptr, 1,
                         k, C, V);
     cpu::crossentropy_forward_backward<float>(nullptr, nll + r0, logits.data(), tokens + r0 + 1,
                                               1.0f, k, V, V);

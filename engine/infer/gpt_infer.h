@@ -1,17 +1,19 @@
-// Inference with a trained GPT-2: the forward pass with a KV cache (`kiln generate`), token
-// log-likelihoods (`kiln eval`), and sampling. Token ids in and out; text is the caller's
+// Inference with a trained GPT-2 or Llama: the forward pass with a KV cache (`kiln generate`),
+// token log-likelihoods (`kiln eval`), and sampling. Token ids in and out; text is the caller's
 // (tools/kiln/cmd_generate.cc, cmd_eval.cc tokenize).
 //
 // The weights are read once from any source (engine/checkpoint/hf.h ModelWeights: a checkpoint
 // of any layout, a consolidated file, a Hugging Face directory) into one fp32 host copy, one
 // tensor at a time (no optimizer state, no gradients). The forward is made of Kiln's CPU kernels
-// (kernels/ops.h: encoder, layernorm, matmul, GELU, residual, attention, cross-entropy), the same
-// operators training runs; only attention over the cache is its own loop here (one query row
-// against the cached keys and values, the arithmetic of attention_forward's online softmax
-// without the blocking): prefilling a prompt runs attention_forward itself. A cached forward of
-// tokens one at a time gives the logits of the full forward within fp32 round-off (tested:
-// tests/engine/infer/gpt_infer_test.cc), so greedy decoding with the cache equals argmax of the
-// full forward at every step.
+// (kernels/ops.h: encoder, layernorm / rmsnorm, matmul, GELU / SwiGLU, residual, attention /
+// grouped-query attention, RoPE, cross-entropy), the same operators training runs; only
+// attention over the cache is its own loop here (one query row against the cached keys and
+// values, query head h reading key/value head h / (NH / NKV), the arithmetic of the attention
+// operators' softmax without the blocking), and so is RoPE for positions after the prompt
+// (rope_rows below): prefilling a prompt runs the operators themselves. No document mask. A cached
+// forward of tokens one at a time gives the logits of the full forward within fp32 round-off
+// (tested: tests/engine/infer/gpt_infer_test.cc), so greedy decoding with the cache equals argmax
+// of the full forward at every step.
 //
 // CPU only: generation on a GPU is not built (the CUDA operators exist but this path runs the
 // host kernels). Not thread-safe; the kernels use the process's oneTBB threads.
@@ -29,13 +31,21 @@
 
 namespace kiln::engine {
 
+// RoPE (rotate-half) of the q and k heads of n rows of a fused qkv ((NH + 2 NKV) hs wide) at
+// positions p0 .. p0 + n - 1: the arithmetic of the rope_forward operator (kernels/ops.h; angles
+// in fp64 from theta as a float, rounded to fp32), which takes positions from a document-start
+// layout (pos = t - doc_start[b,t], 0 <= doc_start <= t) and so cannot be told a cache position.
+// Used for tokens after the prompt; tested equal to the operator at the same positions.
+void rope_rows(float* qkv, int n, int p0, double theta, int NH, int NKV, int hs);
+
 class GptInference {
  public:
   // Reads every tensor of `w` (w.source) into host memory.
   static Result<std::unique_ptr<GptInference>> load(ModelWeights& w);
   const ModelConfig& model() const { return m_; }
 
-  // Keys and values of the positions run so far (per layer, (len, C) each).
+  // Keys (rotated, llama) and values of the positions run so far (per layer, (len, n_kv_heads
+  // head_dim) each).
   struct Cache {
     std::vector<std::vector<float>> k, v;
     int64_t len = 0;
@@ -56,10 +66,11 @@ class GptInference {
   // when given, else causal attention among the n tokens).
   void hidden(const int32_t* tokens, int n, Cache* cache, float* out);
   const float* t(int index) const { return w_[static_cast<size_t>(index)].data(); }
+  const float* tb(int index) const { return index < 0 ? nullptr : t(index); }  // a bias or none
   ModelConfig m_;
   std::vector<std::vector<float>> w_;  // per ParamStore tensor, whole
   std::vector<BlockTensors> blocks_;
-  int wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
+  int wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;  // head_: wte_ when tied
   // Activations, grown to the largest n seen.
   std::vector<float> x_, x2_, ln_, qkv_, att_, lse_, proj_, fc_, gelu_;
 };

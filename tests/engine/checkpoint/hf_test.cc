@@ -44,11 +44,25 @@ struct Fixture {
 };
 
 // A checkpoint (P = 1) of an initialised model with a distinct value in every element.
-Fixture make_checkpoint(const std::string& name) {
+// A llama of grouped-query attention (4 query heads, 2 key/value heads), SwiGLU 48 wide, an
+// untied head, with biases (attention_bias and mlp_bias) so that every row block is exercised.
+ModelConfig llama_model() {
+  ModelConfig m = model();
+  m.arch = Arch::kLlama;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 48;
+  m.tie_embeddings = false;
+  m.bias = true;
+  m.norm_eps = 1e-6f;
+  m.rope_theta = 500000.0;
+  return m;
+}
+
+Fixture make_checkpoint(const std::string& name, const ModelConfig& mc = model()) {
   Fixture f;
   f.root = test::temp_dir("hf", name);
   f.run = f.root + "/run";
-  f.whole = std::make_unique<ParamStore>(model(), Precision::kFp32);
+  f.whole = std::make_unique<ParamStore>(mc, Precision::kFp32);
   f.whole->init(77);
   for (size_t i = 0; i < f.whole->tensors().size(); ++i) {  // biases and gains too
     float* p = f.whole->master(static_cast<int>(i));
@@ -62,8 +76,9 @@ Fixture make_checkpoint(const std::string& name) {
 }
 
 // Imports `dir` into a store of TP slice `tp` and returns it.
-std::unique_ptr<ParamStore> import(const std::string& dir, TpShard tp = {}) {
-  auto p = std::make_unique<ParamStore>(model(), Precision::kFp32, false, nullptr, tp);
+std::unique_ptr<ParamStore> import(const std::string& dir, TpShard tp = {},
+                                   const ModelConfig& mc = model()) {
+  auto p = std::make_unique<ParamStore>(mc, Precision::kFp32, false, nullptr, tp);
   auto src = HfSource::open(dir, *p, "model.init_from");
   EXPECT_TRUE(src.is_ok()) << src.status().to_string();
   if (!src.is_ok()) return nullptr;
@@ -152,6 +167,90 @@ TEST(HfExport, RoundTripIsExactOnOneRankAndOnTensorParallelSlices) {
   EXPECT_EQ(export_hf(f.step, o).code(), StatusCode::kUsage);
   o.overwrite = true;
   EXPECT_TRUE(export_hf(f.step, o).is_ok());
+  fs::remove_all(f.root);
+}
+
+// Llama: q/k/v and gate/up are row blocks of Kiln's fused tensors under transformers' names, the
+// config is LlamaForCausalLM's, and import gives back every element on one rank and on each
+// tensor-parallel slice (a slice of the fused qkv takes unequal parts of q, k and v), from one
+// file and from shards cut small (an index).
+TEST(HfExport, LlamaRoundTripIsExactOnOneRankAndOnTensorParallelSlices) {
+  const ModelConfig mc = llama_model();
+  Fixture f = make_checkpoint("llama", mc);
+  for (uint64_t limit : {uint64_t{5} << 30, uint64_t{6000}}) {
+    HfExportOptions o;
+    o.output = f.root + "/hf" + std::to_string(limit);
+    o.max_shard_bytes = limit;
+    HfExportReport rep;
+    ASSERT_TRUE(export_hf(f.step, o, &rep).is_ok());
+    auto cfg = nlohmann::json::parse(*read_file(o.output + "/config.json"));
+    EXPECT_EQ(cfg["model_type"], "llama");
+    EXPECT_EQ(cfg["architectures"][0], "LlamaForCausalLM");
+    EXPECT_EQ(cfg["hidden_size"], 32);
+    EXPECT_EQ(cfg["intermediate_size"], 48);
+    EXPECT_EQ(cfg["num_attention_heads"], 4);
+    EXPECT_EQ(cfg["num_key_value_heads"], 2);
+    EXPECT_EQ(cfg["num_hidden_layers"], 2);
+    EXPECT_EQ(cfg["hidden_act"], "silu");
+    EXPECT_EQ(cfg["rms_norm_eps"], 1e-6);
+    EXPECT_EQ(cfg["rope_theta"], 500000.0);
+    EXPECT_EQ(cfg["tie_word_embeddings"], false);
+    EXPECT_EQ(cfg["attention_bias"], true);
+    EXPECT_EQ(cfg["mlp_bias"], true);
+    EXPECT_TRUE(cfg["rope_scaling"].is_null());
+    if (limit == 6000) {
+      EXPECT_GT(rep.files, 2u);
+      EXPECT_TRUE(fs::exists(o.output + "/model.safetensors.index.json"));
+    } else {
+      EXPECT_EQ(rep.files, 1u);
+      auto file = SafetensorsFile::read(o.output + "/model.safetensors");
+      ASSERT_TRUE(file.is_ok());
+      const BlockTensors& b = f.whole->block(1);
+      const float* qkv = f.whole->master(b.qkv_w);
+      const float* fc = f.whole->master(b.fc_w);
+      struct Want {
+        const char* name;
+        std::vector<int64_t> shape;
+        const float* from;
+      } wants[] = {
+          {"model.layers.1.self_attn.q_proj.weight", {32, 32}, qkv},
+          {"model.layers.1.self_attn.k_proj.weight", {16, 32}, qkv + 32 * 32},
+          {"model.layers.1.self_attn.v_proj.weight", {16, 32}, qkv + 48 * 32},
+          {"model.layers.1.mlp.gate_proj.weight", {48, 32}, fc},
+          {"model.layers.1.mlp.up_proj.weight", {48, 32}, fc + 48 * 32},
+          {"model.layers.1.self_attn.v_proj.bias", {16}, f.whole->master(b.qkv_b) + 48},
+          {"lm_head.weight", {96, 32}, f.whole->master(f.whole->lm_head())},
+      };
+      for (const Want& w : wants) {
+        auto v = file->view(w.name);
+        ASSERT_TRUE(v.is_ok()) << w.name;
+        EXPECT_EQ(v->shape, w.shape) << w.name;
+        size_t n = 1;
+        for (int64_t d : w.shape) n *= static_cast<size_t>(d);
+        EXPECT_EQ(0, std::memcmp(v->data, w.from, n * 4)) << w.name;
+      }
+      EXPECT_FALSE(file->has("model.layers.0.self_attn.qkv.weight"));
+    }
+    auto one = import(o.output, {}, mc);
+    ASSERT_TRUE(one);
+    expect_same_weights(*f.whole, *one);
+    for (int r = 0; r < 2; ++r) {
+      auto slice = import(o.output, TpShard{r, 2}, mc);
+      ASSERT_TRUE(slice);
+      expect_same_weights(*f.whole, *slice, TpShard{r, 2});
+    }
+    // Read back as a model directory: the shape Kiln trained.
+    auto back = read_hf_config(o.output);
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(model_shape_json(*back), model_shape_json(mc));
+  }
+  // A llama directory does not import into a GPT-2 (the architecture is named).
+  auto p = std::make_unique<ParamStore>(model(), Precision::kFp32, false, nullptr, TpShard{});
+  auto src =
+      HfSource::open(f.root + "/hf" + std::to_string(uint64_t{5} << 30), *p, "model.init_from");
+  ASSERT_FALSE(src.is_ok());
+  EXPECT_NE(src.status().to_string().find("model.arch"), std::string::npos)
+      << src.status().to_string();
   fs::remove_all(f.root);
 }
 

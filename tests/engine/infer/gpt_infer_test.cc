@@ -12,10 +12,12 @@
 #include <filesystem>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/infer/eval_tasks.h"
 #include "engine/model/model.h"
+#include "kernels/ops.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kiln::engine {
@@ -23,8 +25,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-ModelConfig model() {
+// llama: grouped-query attention (4 query heads, 2 key/value heads), RoPE, RMSNorm, SwiGLU, an
+// untied head, no biases.
+ModelConfig model(bool llama = false) {
   ModelConfig m;
+  if (llama) {
+    m.arch = Arch::kLlama;
+    m.n_kv_heads = 2;
+    m.ffn_hidden = 48;
+    m.tie_embeddings = false;
+    m.bias = false;
+  }
   m.vocab_size = 96;
   m.d_model = 32;
   m.n_layers = 2;
@@ -41,10 +52,10 @@ struct Loaded {
   std::unique_ptr<GptInference> infer;
 };
 
-Loaded load(const std::string& name) {
+Loaded load(const std::string& name, bool llama = false) {
   Loaded l;
-  l.root = test::temp_dir("infer", name);
-  l.whole = std::make_unique<ParamStore>(model(), Precision::kFp32);
+  l.root = test::temp_dir("infer", name + (llama ? "_llama" : ""));
+  l.whole = std::make_unique<ParamStore>(model(llama), Precision::kFp32);
   l.whole->init(5);
   TrainerState st;
   EXPECT_TRUE(save_checkpoint(l.root, *l.whole, st, "# test\n", 0).is_ok());
@@ -64,8 +75,8 @@ std::vector<int32_t> tokens(int n, int seed) {
   return t;
 }
 
-TEST(GptInference, CachedStepsGiveTheFullForwardsLogits) {
-  Loaded l = load("cache");
+void cached_steps(bool llama) {
+  Loaded l = load("cache", llama);
   const int V = 96, T = 24;
   const std::vector<int32_t> seq = tokens(T, 1);
   std::vector<float> full(static_cast<size_t>(T) * V), step(V);
@@ -93,8 +104,8 @@ TEST(GptInference, CachedStepsGiveTheFullForwardsLogits) {
   fs::remove_all(l.root);
 }
 
-TEST(GptInference, GreedyWithTheCacheIsArgmaxOfTheFullForwardAtEachStep) {
-  Loaded l = load("greedy");
+void greedy_steps(bool llama) {
+  Loaded l = load("greedy", llama);
   const int V = 96;
   GenerateOptions o;
   o.max_tokens = 20;
@@ -140,8 +151,8 @@ TEST(GptInference, GreedyWithTheCacheIsArgmaxOfTheFullForwardAtEachStep) {
   fs::remove_all(l.root);
 }
 
-TEST(GptInference, TokenLossesEqualTheTrainingForwards) {
-  Loaded l = load("losses");
+void token_losses(bool llama) {
+  Loaded l = load("losses", llama);
   const int T = 24;
   const std::vector<int32_t> seq = tokens(T + 1, 3);
   std::vector<float> nll(T);
@@ -158,6 +169,44 @@ TEST(GptInference, TokenLossesEqualTheTrainingForwards) {
   EXPECT_EQ(n, static_cast<int64_t>(longer.size()));
   EXPECT_GT(total, 0);
   fs::remove_all(l.root);
+}
+
+TEST(GptInference, CachedStepsGiveTheFullForwardsLogits) { cached_steps(false); }
+TEST(GptInference, GreedyWithTheCacheIsArgmaxOfTheFullForwardAtEachStep) { greedy_steps(false); }
+TEST(GptInference, TokenLossesEqualTheTrainingForwards) { token_losses(false); }
+// Llama: RoPE at the cache position (rope_rows), GQA over the cache, RMSNorm, SwiGLU, the
+// untied head.
+TEST(GptInference, LlamaCachedStepsGiveTheFullForwardsLogits) { cached_steps(true); }
+TEST(GptInference, LlamaGreedyWithTheCacheIsArgmaxOfTheFullForwardAtEachStep) {
+  greedy_steps(true);
+}
+TEST(GptInference, LlamaTokenLossesEqualTheTrainingForwards) { token_losses(true); }
+
+// The decode step's rotation is the rope_forward operator's at the same positions within fp32
+// round-off (a row rotated at position p alone equals row p of the operator over positions
+// 0..T-1; values of magnitude up to 2), for
+// multi-head, grouped-query and multi-query layouts and a large theta.
+TEST(GptInference, RopeRowsEqualTheOperatorAtTheSamePositions) {
+  for (auto [NH, NKV, hs, theta] : {std::tuple{4, 4, 8, 10000.0}, std::tuple{4, 2, 16, 500000.0},
+                                    std::tuple{6, 1, 4, 10000.0}}) {
+    const int T = 37, W = (NH + 2 * NKV) * hs;
+    std::vector<float> qkv(static_cast<size_t>(T) * W);
+    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = std::sin(0.37f * i + 0.1f) * 2.0f;
+    std::vector<float> op = qkv;
+    cpu::rope_forward(op.data(), nullptr, static_cast<float>(theta), 1, T, NH, NKV, hs);
+    // One row at a time at its position, and a block of rows from position 30.
+    std::vector<float> rows = qkv;
+    for (int t = 0; t < 30; ++t)
+      rope_rows(rows.data() + static_cast<size_t>(t) * W, 1, t, theta, NH, NKV, hs);
+    rope_rows(rows.data() + static_cast<size_t>(30) * W, T - 30, 30, theta, NH, NKV, hs);
+    // (The same fp64 angles rounded to fp32; the rotation's two products may be fused into one
+    // rounding differently by the compiler: within an ulp or two of the operands' scale.)
+    double worst = 0;
+    for (size_t i = 0; i < qkv.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(op[i] - rows[i])));
+    EXPECT_LE(worst, 2.5e-7) << NH << "/" << NKV << " hs " << hs;
+    EXPECT_NE(op, qkv);  // it rotated something
+  }
 }
 
 TEST(Sampler, SeededDeterministicAndTheSettingsHold) {
