@@ -82,7 +82,8 @@ void GptInference::hidden(const int32_t* tokens, int n, Cache* cache, float* out
   fc_.resize(4 * nc);
   gelu_.resize(4 * nc);
   lse_.resize(static_cast<size_t>(NH) * n);
-  cpu::encoder_forward(x_.data(), tokens, t(wte_), t(wpe_) + static_cast<size_t>(p0) * C, 1, n, C);
+  cpu::encoder_forward(x_.data(), tokens, nullptr, t(wte_), t(wpe_) + static_cast<size_t>(p0) * C,
+                       1, n, C);
   std::vector<float> scores;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const BlockTensors& b = blocks_[l];
