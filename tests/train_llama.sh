@@ -92,7 +92,7 @@ PY
   ;;
 gpt2_doc_mask)
   GT=(--config "$SRC/configs/train/tiny.yaml" --set data.manifest=data --set model.d_model=64
-      --set model.n_layers=2 --set model.seq_len=64 --set schedule.warmup_steps=5
+      --set model.n_layers=2 --set model.seq_len=512 --set schedule.warmup_steps=5
       --set checkpoint.at_end=false --set run.steps=10 --set schedule.total_steps=10)
   "$KILN" train --quiet "${GT[@]}" --set run.threads=2 --set run.dir=one --set data.micro_batch=4 \
     --set model.doc_mask=true >one.log 2>&1
