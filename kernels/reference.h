@@ -18,25 +18,28 @@
 namespace kiln::ref {
 
 template <typename R>
-void encoder_forward(R* out, const int32_t* tokens, const R* wte, const R* wpe, int B, int T,
-                     int C) {
+void encoder_forward(R* out, const int32_t* tokens, const int32_t* doc_start, const R* wte,
+                     const R* wpe, int B, int T, int C) {
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const R* a = wte + static_cast<size_t>(tokens[b * T + t]) * C;
-      const R* p = wpe + static_cast<size_t>(t) * C;
+      const int pos = t - (doc_start ? doc_start[b * T + t] : 0);
+      const R* p = wpe + static_cast<size_t>(pos) * C;
       R* o = out + (static_cast<size_t>(b) * T + t) * C;
       for (int c = 0; c < C; ++c) o[c] = a[c] + p[c];
     }
 }
 
 template <typename R>
-void encoder_backward(R* dwte, R* dwpe, const R* dout, const int32_t* tokens, int B, int T, int C) {
+void encoder_backward(R* dwte, R* dwpe, const R* dout, const int32_t* tokens,
+                      const int32_t* doc_start, int B, int T, int C) {
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const R* d = dout + (static_cast<size_t>(b) * T + t) * C;
+      const int pos = t - (doc_start ? doc_start[b * T + t] : 0);
       for (int c = 0; c < C; ++c) {
         if (dwte) dwte[static_cast<size_t>(tokens[b * T + t]) * C + c] += d[c];
-        if (dwpe) dwpe[static_cast<size_t>(t) * C + c] += d[c];
+        if (dwpe) dwpe[static_cast<size_t>(pos) * C + c] += d[c];
       }
     }
 }

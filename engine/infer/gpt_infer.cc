@@ -113,7 +113,7 @@ void GptInference::hidden(const int32_t* tokens, int n, Cache* cache, float* out
   fc_.resize(nn * FC);
   gelu_.resize(nn * F);
   lse_.resize(static_cast<size_t>(NH) * n);
-  cpu::encoder_forward(x_.data(), tokens, t(wte_),
+  cpu::encoder_forward(x_.data(), tokens, nullptr, t(wte_),
                        llama ? nullptr : t(wpe_) + static_cast<size_t>(p0) * C, 1, n, C);
   const float eps = m_.norm_eps;
   // Norm: LayerNorm (gpt2) or RMSNorm (llama).

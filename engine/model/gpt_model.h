@@ -324,10 +324,10 @@ class GptModel final : public Model {
   void forward_blocks(const int32_t* inputs) {
     acquire(embed_unit_, false);
     if (tp_) {
-      tp_->embedding_forward<K>(*rt_, x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(),
-                                C());
-    } else {  // (no wpe with rotary positions)
-      K::encoder_forward(x_[0].data(), inputs, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
+      tp_->embedding_forward<K>(*rt_, x_[0].data(), inputs, doc_, w(p_->wte()), w(p_->wpe()), B(),
+                                Tn(), C());
+    } else {  // (no wpe with rotary positions; positions restart at document starts with doc_)
+      K::encoder_forward(x_[0].data(), inputs, doc_, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
     }
     release(embed_unit_);
     const bool fused = fuse_next_layernorm();
@@ -436,10 +436,10 @@ class GptModel final : public Model {
     }
     if (!tied()) acquire(embed_unit_, true);  // (tied: the head acquired it for its gradient)
     if (tp_) {
-      tp_->embedding_backward<K>(*rt_, g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(),
-                                 C());
+      tp_->embedding_backward<K>(*rt_, g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, doc_, B(),
+                                 Tn(), C());
     } else {
-      K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, B(), Tn(), C());
+      K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, doc_, B(), Tn(), C());
     }
     if (!tied()) release(embed_unit_);
     gradients_ready(embed_unit_);

@@ -77,15 +77,16 @@ class TensorParallel {
   const T* row_bias(const T* bias) const {
     return rank() == 0 ? bias : nullptr;
   }
-  // Vocabulary-parallel embedding: out (B, T, C) = wte[token] + wpe[t], summed over the group.
+  // Vocabulary-parallel embedding: out (B, T, C) = wte[token] + wpe[t - doc_start[b,t]], summed
+  // over the group (doc_start nullable: kernels/operators.inc encoder_forward).
   template <class K, typename T>
-  void embedding_forward(Runtime& rt, T* out, const int32_t* tokens, const T* wte_local,
-                         const T* wpe, int B, int T_, int C);
+  void embedding_forward(Runtime& rt, T* out, const int32_t* tokens, const int32_t* doc_start,
+                         const T* wte_local, const T* wpe, int B, int T_, int C);
   // Accumulates this rank's wte rows and the (replicated) wpe gradient from dout (identical on
   // every rank).
   template <class K, typename T>
   void embedding_backward(Runtime& rt, float* dwte_local, float* dwpe, const T* dout,
-                          const int32_t* tokens, int B, int T_, int C);
+                          const int32_t* tokens, const int32_t* doc_start, int B, int T_, int C);
   // Vocabulary-parallel softmax cross-entropy of n rows of this rank's logits (n, V/tp): losses
   // (every rank the same), and with dlogits (may alias logits) dloss * (softmax - onehot).
   // K: the kernel backend type (kiln::CpuBackend / kiln::CudaBackend) whose
@@ -132,7 +133,8 @@ void TensorParallel::allreduce(Runtime& rt, T* x, size_t n) {
 
 template <class K, typename T>
 void TensorParallel::embedding_forward(Runtime& rt, T* out, const int32_t* tokens,
-                                       const T* wte_local, const T* wpe, int B, int T_, int C) {
+                                       const int32_t* doc_start, const T* wte_local, const T* wpe,
+                                       int B, int T_, int C) {
   const size_t n = static_cast<size_t>(B) * T_ * C;
   float* w = nullptr;
   if constexpr (std::is_same_v<T, float>) {
@@ -141,7 +143,7 @@ void TensorParallel::embedding_forward(Runtime& rt, T* out, const int32_t* token
     w = device_wide(rt, n);
   }
   // This rank's rows (zero for the others' tokens), the position embedding on rank 0 only.
-  K::tp_embedding_forward(w, tokens, wte_local, rank() == 0 ? wpe : nullptr, B, T_, C,
+  K::tp_embedding_forward(w, tokens, doc_start, wte_local, rank() == 0 ? wpe : nullptr, B, T_, C,
                           static_cast<int>(rank() * vocab_local()),
                           static_cast<int>(vocab_local()));
   device_sum(w, n);
@@ -150,11 +152,12 @@ void TensorParallel::embedding_forward(Runtime& rt, T* out, const int32_t* token
 
 template <class K, typename T>
 void TensorParallel::embedding_backward(Runtime&, float* dwte_local, float* dwpe, const T* dout,
-                                        const int32_t* tokens, int B, int T_, int C) {
+                                        const int32_t* tokens, const int32_t* doc_start, int B,
+                                        int T_, int C) {
   K::tp_embedding_backward_wte(dwte_local, dout, tokens, B, T_, C,
                                static_cast<int>(rank() * vocab_local()),
                                static_cast<int>(vocab_local()));
-  K::encoder_backward(static_cast<float*>(nullptr), dwpe, dout, tokens, B, T_, C);
+  K::encoder_backward(static_cast<float*>(nullptr), dwpe, dout, tokens, doc_start, B, T_, C);
 }
 
 // In the header so that each kernel backend's model (engine/model/gpt_model.h) instantiates it.

@@ -316,11 +316,6 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   if (!m.llama() && m.norm_eps != 1e-5f) {
     return bad("model.norm_eps", "applies to model.arch: llama (GPT-2's LayerNorm uses 1e-5)");
   }
-  if (!m.llama() && m.doc_mask) {
-    return bad("model.doc_mask",
-               "is implemented for model.arch: llama (GPT-2's learned positions do not restart "
-               "at document starts yet)");
-  }
   KILN_RETURN_IF_ERROR(check_model_shape(m));
   KILN_RETURN_IF_ERROR(read_enum<InitScheme>(
       cfg, "model.init", {{"gpt2", InitScheme::kGpt2}, {"deepnet", InitScheme::kDeepNet}},

@@ -16,13 +16,13 @@ using namespace detail;
 
 namespace {
 template <typename T>
-__global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe,
-                                       int BT, int T_, int C) {
+__global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const int32_t* doc_start,
+                                       const T* wte, const T* wpe, int BT, int T_, int C) {
   const size_t n = size_t(BT) * C;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t r = i / C;
     const int c = int(i % C);
-    const int t = int(r % T_);
+    const int t = int(r % T_) - (doc_start ? doc_start[r] : 0);
     st(out + i, ld(wte + size_t(tokens[r]) * C + c) + (wpe ? ld(wpe + size_t(t) * C + c) : 0.0f));
   }
 }
@@ -88,25 +88,50 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const T* dout, int B, i
     dwpe[i] += acc;
   }
 }
+
+// With document starts (model.doc_mask): thread (p, c) adds the rows whose position
+// t - doc_start[b,t] is p, in increasing row order (the CPU's order, so fp32 is bit-identical).
+template <typename T>
+__global__ void encoder_backward_wpe_doc_kernel(float* dwpe, const T* dout,
+                                                const int32_t* doc_start, int B, int T_, int C) {
+  const size_t n = size_t(T_) * C;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const int p = int(i / C);
+    const int c = int(i % C);
+    float acc = dwpe[i];
+    for (int b = 0; b < B; ++b)
+      for (int t = p; t < T_; ++t) {
+        const size_t r = size_t(b) * T_ + t;
+        if (t - doc_start[r] == p) acc += ld(dout + r * C + c);
+      }
+    dwpe[i] = acc;
+  }
+}
 }  // namespace
 
 template <typename T>
-void encoder_forward(T* out, const int32_t* tokens, const Same<T>* wte, const Same<T>* wpe, int B,
-                     int T_, int C) {
+void encoder_forward(T* out, const int32_t* tokens, const int32_t* doc_start, const Same<T>* wte,
+                     const Same<T>* wpe, int B, int T_, int C) {
   KILN_CUDA_TIMED(kElementwise);
   const size_t n = size_t(B) * T_ * C;
   if (n == 0) return;
-  encoder_forward_kernel<<<grid_for(n, 256), 256, 0, stream()>>>(out, tokens, wte, wpe, B * T_, T_, C);
+  encoder_forward_kernel<<<grid_for(n, 256), 256, 0, stream()>>>(out, tokens, doc_start, wte, wpe,
+                                                                 B * T_, T_, C);
   KILN_CUDA_LAUNCHED();
 }
 
 template <typename T>
-void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_,
-                      int C) {
+void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens,
+                      const int32_t* doc_start, int B, int T_, int C) {
   KILN_CUDA_TIMED(kElementwise);
   if (size_t(B) * T_ * C == 0) return;
   if (dwte) encoder_backward_wte(dwte, dout, tokens, B * T_, C);
-  if (dwpe) {
+  if (dwpe && doc_start) {
+    encoder_backward_wpe_doc_kernel<<<grid_for(size_t(T_) * C, 256), 256, 0, stream()>>>(
+        dwpe, dout, doc_start, B, T_, C);
+    KILN_CUDA_LAUNCHED();
+  } else if (dwpe) {
     encoder_backward_wpe_kernel<<<grid_for(size_t(T_) * C, 256), 256, 0, stream()>>>(dwpe, dout, B, T_, C);
     KILN_CUDA_LAUNCHED();
   }
@@ -120,11 +145,13 @@ void tp_embedding_backward_wte(float* dwte_local, const T* dout, const int32_t* 
   encoder_backward_wte(dwte_local, dout, tokens, B * T_, C, v0, V_local);
 }
 
-#define KILN_INSTANTIATE(T)                                                                     \
-  template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int);     \
-  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int);  \
-  template void tp_embedding_backward_wte<T>(float*, const T*, const int32_t*, int, int, int,  \
-                                             int, int);
+#define KILN_INSTANTIATE(T)                                                                        \
+  template void encoder_forward<T>(T*, const int32_t*, const int32_t*, const T*, const T*, int,    \
+                                   int, int);                                                      \
+  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, const int32_t*, int, \
+                                    int, int);                                                     \
+  template void tp_embedding_backward_wte<T>(float*, const T*, const int32_t*, int, int, int, int, \
+                                             int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

@@ -11,8 +11,9 @@ using namespace detail;
 namespace {
 
 template <typename T>
-__global__ void tp_embedding_forward_kernel(float* out, const int32_t* tokens, const T* wte,
-                                            const T* wpe, int BT, int T_, int C, int v0, int Vl) {
+__global__ void tp_embedding_forward_kernel(float* out, const int32_t* tokens,
+                                            const int32_t* doc_start, const T* wte, const T* wpe,
+                                            int BT, int T_, int C, int v0, int Vl) {
   const size_t n = size_t(BT) * C;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
@@ -20,7 +21,7 @@ __global__ void tp_embedding_forward_kernel(float* out, const int32_t* tokens, c
     const int c = int(i % C);
     const int local = tokens[r] - v0;
     float v = (local >= 0 && local < Vl) ? ld(wte + size_t(local) * C + c) : 0.0f;
-    if (wpe) v += ld(wpe + size_t(r % T_) * C + c);
+    if (wpe) v += ld(wpe + (r % T_ - (doc_start ? doc_start[r] : 0)) * C + c);
     out[i] = v;
   }
 }
@@ -28,19 +29,20 @@ __global__ void tp_embedding_forward_kernel(float* out, const int32_t* tokens, c
 }  // namespace
 
 template <typename T>
-void tp_embedding_forward(float* out, const int32_t* tokens, const T* wte_local, const T* wpe,
-                          int B, int T_, int C, int v0, int V_local) {
+void tp_embedding_forward(float* out, const int32_t* tokens, const int32_t* doc_start,
+                          const T* wte_local, const T* wpe, int B, int T_, int C, int v0,
+                          int V_local) {
   KILN_CUDA_TIMED(kElementwise);
   const size_t n = size_t(B) * T_ * C;
   if (n == 0) return;
   tp_embedding_forward_kernel<<<grid_for(n, 256), 256, 0, stream()>>>(
-      out, tokens, wte_local, wpe, B * T_, T_, C, v0, V_local);
+      out, tokens, doc_start, wte_local, wpe, B * T_, T_, C, v0, V_local);
   KILN_CUDA_LAUNCHED();
 }
 
-#define KILN_INSTANTIATE(T)                                                                 \
-  template void tp_embedding_forward<T>(float*, const int32_t*, const T*, const T*, int, int, \
-                                        int, int, int);
+#define KILN_INSTANTIATE(T)                                                               \
+  template void tp_embedding_forward<T>(float*, const int32_t*, const int32_t*, const T*, \
+                                        const T*, int, int, int, int, int);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)
 KILN_INSTANTIATE(fp16)

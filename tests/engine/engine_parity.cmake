@@ -9,6 +9,13 @@ add_test(NAME engine_parity
                  --dump $<TARGET_FILE:engine_parity_dump>
                  --work ${CMAKE_CURRENT_BINARY_DIR}/engine_parity)
 set_tests_properties(engine_parity PROPERTIES LABELS "parity" TIMEOUT 600)
+# GPT-2 with model.doc_mask: a packed batch whose learned positions and attention restart at each
+# document start, and its packed rows against each document computed alone.
+add_test(NAME engine_parity_doc_mask
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/engine_parity.py
+                 --dump $<TARGET_FILE:engine_parity_dump> --arch gpt2-doc_mask
+                 --work ${CMAKE_CURRENT_BINARY_DIR}/engine_parity_doc_mask)
+set_tests_properties(engine_parity_doc_mask PROPERTIES LABELS "parity" TIMEOUT 600)
 # The same for model.arch: llama (grouped-query attention, untied embeddings, no biases, packed
 # documents with model.doc_mask), and the packed rows against each document computed alone.
 add_test(NAME llama_parity

@@ -1,10 +1,11 @@
 // Dumps one engine training setup for the PyTorch parity tests (tests/python/engine_parity.py,
 // tests/python/llama_parity.py):
-//   engine_parity_dump OUT_DIR PRECISION [gpt2|llama]
+//   engine_parity_dump OUT_DIR PRECISION [gpt2|gpt2-doc_mask|llama]
 // writes OUT_DIR/<precision>/{params,batch,grads,steps}.safetensors:
 //   params   the fp32 master weights the model starts from (names as engine/model/params.h)
-//   batch    inputs, targets (I32, B x T); llama: doc_start (I32, B x T), packed documents with
-//            model.doc_mask on (and GQA: n_kv_heads 2 of 4 heads, untied embeddings, no biases)
+//   batch    inputs, targets (I32, B x T); llama and gpt2-doc_mask: doc_start (I32, B x T),
+//            packed documents with model.doc_mask on (llama also GQA: n_kv_heads 2 of 4 heads,
+//            untied embeddings, no biases)
 //   grads    the fp32 gradient of the mean loss for every parameter (unscaled) and per-token losses
 //   steps    the loss and global grad norm of each of 10 AdamW steps with clipping on that batch
 // Hyper-parameters travel in the metadata. Exit code 0 on success.
@@ -27,11 +28,13 @@ using namespace kiln::engine;
 
 int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) {
-    std::fprintf(stderr, "usage: engine_parity_dump OUT_DIR fp32|bf16|fp16 [gpt2|llama]\n");
+    std::fprintf(stderr,
+                 "usage: engine_parity_dump OUT_DIR fp32|bf16|fp16 [gpt2|gpt2-doc_mask|llama]\n");
     return 2;
   }
-  const bool llama = argc == 4 && std::string(argv[3]) == "llama";
-  if (argc == 4 && !llama && std::string(argv[3]) != "gpt2") {
+  const std::string arch = argc == 4 ? argv[3] : "gpt2";
+  const bool llama = arch == "llama";
+  if (!llama && arch != "gpt2" && arch != "gpt2-doc_mask") {
     std::fprintf(stderr, "unknown architecture %s\n", argv[3]);
     return 2;
   }
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
     m.bias = false;
     m.doc_mask = true;
   }
+  if (arch == "gpt2-doc_mask") m.doc_mask = true;  // learned positions restart at document starts
   const int B = 3, T = 24;
   const uint64_t seed = 7;
   ParamStore params(m, prec);
@@ -114,8 +118,8 @@ int main(int argc, char** argv) {
     inputs[i] = static_cast<int32_t>(random_bits(seed, 1, i) % m.vocab_size);
     targets[i] = static_cast<int32_t>(random_bits(seed, 2, i) % m.vocab_size);
   }
-  // Documents (llama): row 0 starts ones at 5 and 13, row 1 is one document, row 2 has a one-token
-  // document at 0 and one that starts at the last position.
+  // Documents (model.doc_mask): row 0 starts ones at 5 and 13, row 1 is one document, row 2 has a
+  // one-token document at 0 and one that starts at the last position.
   const std::vector<std::vector<int32_t>> starts = {{0, 5, 13}, {0}, {0, 1, 23}};
   std::vector<int32_t> doc_start;
   for (int b = 0; b < B; ++b) {

@@ -348,17 +348,36 @@ TEST(KernelsCuda, ElementwiseAndEmbedding) {
   auto tokens = randint(B * T, 0, V, 5);
   auto wte = to_t<float>(randn(V * C, 6)), wpe = to_t<float>(randn(T * C, 7));
   auto dout = to_t<float>(randn(B * T * C, 8));
-  std::vector<float> out(B * T * C), dwte(V * C), dwpe(T * C);
-  cpu::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
-  Dev<int32_t> gtok(tokens);
-  Dev<float> gwte(wte), gwpe(wpe), gdout(dout), gout(out.size()), gdwte(dwte.size()),
-      gdwpe(dwpe.size());
-  cuda::encoder_forward(gout.get(), gtok.get(), gwte.get(), gwpe.get(), B, T, C);
-  cuda::encoder_backward(gdwte.get(), gdwpe.get(), gdout.get(), gtok.get(), B, T, C);
-  EXPECT_TRUE(bits_equal(gout.host(), out));
-  EXPECT_TRUE(bits_equal(gdwte.host(), dwte));  // same order of additions as the CPU
-  EXPECT_TRUE(bits_equal(gdwpe.host(), dwpe));
+  // Without and with document starts (model.doc_mask: positions restart at 0, 5, 9 and 0, 12).
+  std::vector<int32_t> starts(B * T);
+  for (int t = 0; t < T; ++t) {
+    starts[t] = t < 5 ? 0 : t < 9 ? 5 : 9;
+    starts[T + t] = t < 12 ? 0 : 12;
+  }
+  Dev<int32_t> gtok(tokens), gstarts(starts);
+  for (bool masked : {false, true}) {
+    SCOPED_TRACE(masked ? "doc_start" : "no doc_start");
+    const int32_t* ds = masked ? starts.data() : nullptr;
+    const int32_t* gds = masked ? gstarts.get() : nullptr;
+    std::vector<float> out(B * T * C), dwte(V * C), dwpe(T * C);
+    cpu::encoder_forward(out.data(), tokens.data(), ds, wte.data(), wpe.data(), B, T, C);
+    cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), ds, B, T, C);
+    Dev<float> gwte(wte), gwpe(wpe), gdout(dout), gout(out.size()), gdwte(dwte.size()),
+        gdwpe(dwpe.size());
+    cuda::encoder_forward(gout.get(), gtok.get(), gds, gwte.get(), gwpe.get(), B, T, C);
+    cuda::encoder_backward(gdwte.get(), gdwpe.get(), gdout.get(), gtok.get(), gds, B, T, C);
+    EXPECT_TRUE(bits_equal(gout.host(), out));
+    EXPECT_TRUE(bits_equal(gdwte.host(), dwte));  // same order of additions as the CPU
+    EXPECT_TRUE(bits_equal(gdwpe.host(), dwpe));  // same order (rows in turn) as the CPU
+    // The vocabulary-parallel forward (two windows, rank 0 adding wpe) sums to the same rows.
+    Dev<float> p0(out.size()), p1(out.size());
+    cuda::tp_embedding_forward(p0.get(), gtok.get(), gds, gwte.get(), gwpe.get(), B, T, C, 0, 4);
+    cuda::tp_embedding_forward<float>(p1.get(), gtok.get(), gds, gwte.get() + 4 * C, nullptr, B, T,
+                                      C, 4, V - 4);
+    auto a = p0.host(), b = p1.host();
+    for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+    EXPECT_TRUE(bits_equal(a, out));
+  }
 }
 
 // The vocabulary-parallel embedding's gradient (kernels/ops.h: encoder.cu's token-sorted
@@ -370,7 +389,7 @@ TEST(KernelsCuda, TpEmbeddingGradientWindowsAreTheWholeGradientsRows) {
   auto tokens = randint(B * T, 0, V, 15);
   auto dout = to_t<float>(randn(B * T * C, 16));
   std::vector<float> dwte(V * C), dwpe(T * C);
-  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), nullptr, B, T, C);
   Dev<int32_t> gtok(tokens);
   Dev<float> gdout(dout);
   for (auto [v0, Vl] : {std::pair{0, 5}, std::pair{5, 7}, std::pair{0, 12}}) {

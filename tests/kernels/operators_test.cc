@@ -139,9 +139,13 @@ TEST(KernelsOperators, MultiTensorAdamWIsAdamWPerTensor) {
 
 // tp ranks each hold V/tp rows of wte; the parts (rank 0 adds wpe) sum to the embedding, and the
 // rows' gradients together are encoder_backward's.
+// With doc_start (model.doc_mask) the position rows restart at each document start.
 template <typename T>
-void tp_embedding_parts_add_up(int tp) {
+void tp_embedding_parts_add_up(int tp, bool masked) {
+  SCOPED_TRACE(::testing::Message() << "tp " << tp << " masked " << masked);
   const int B = 2, T_ = 6, C = 16, V = 24, Vl = V / tp;
+  const std::vector<int32_t> starts = {0, 0, 2, 2, 2, 5, 0, 1, 1, 1, 1, 1};
+  const int32_t* ds = masked ? starts.data() : nullptr;
   const auto tokens = randint(size_t(B) * T_, 0, V, 11);
   const auto wte = to_t<T>(randn(size_t(V) * C, 12)), wpe = to_t<T>(randn(size_t(T_) * C, 13));
   const size_t n = size_t(B) * T_ * C;
@@ -150,27 +154,29 @@ void tp_embedding_parts_add_up(int tp) {
   const auto dout = to_t<T>(randn(n, 14));
   for (int r = 0; r < tp; ++r) {
     const T* local = wte.data() + size_t(r) * Vl * C;
-    CpuBackend::tp_embedding_forward(part.data(), tokens.data(), local,
+    CpuBackend::tp_embedding_forward(part.data(), tokens.data(), ds, local,
                                      r == 0 ? wpe.data() : nullptr, B, T_, C, r * Vl, Vl);
     for (size_t i = 0; i < n; ++i) sum[i] += part[i];
     CpuBackend::tp_embedding_backward_wte(dwte_parts.data() + size_t(r) * Vl * C, dout.data(),
                                           tokens.data(), B, T_, C, r * Vl, Vl);
   }
   std::vector<float> full(n);
-  CpuBackend::encoder_forward(full.data(), tokens.data(),
+  CpuBackend::encoder_forward(full.data(), tokens.data(), ds,
                               testing::to_t<float>(testing::to_d(wte)).data(),
                               testing::to_t<float>(testing::to_d(wpe)).data(), B, T_, C);
   EXPECT_TRUE(same_bits(sum, full));  // each element is one wte value + one wpe value
   std::vector<float> dwte(size_t(V) * C, 0.0f);
   CpuBackend::encoder_backward(dwte.data(), static_cast<float*>(nullptr), dout.data(),
-                               tokens.data(), B, T_, C);
+                               tokens.data(), ds, B, T_, C);
   EXPECT_TRUE(same_bits(dwte_parts, dwte));
 }
 
 TEST(KernelsOperators, TpEmbeddingPartsAddUpToTheEmbedding) {
   for (int tp : {1, 2, 4}) {
-    tp_embedding_parts_add_up<float>(tp);
-    tp_embedding_parts_add_up<bf16>(tp);
+    for (bool masked : {false, true}) {
+      tp_embedding_parts_add_up<float>(tp, masked);
+      tp_embedding_parts_add_up<bf16>(tp, masked);
+    }
   }
 }
 

@@ -115,14 +115,23 @@ class Gpt:
         self.Q = make_round(prec)
         self.W = make_weight_round(prec)
 
-    def loss(self, inputs, targets, scale=1.0):
+    def loss(self, inputs, targets, scale=1.0, doc_start=None):
+        """doc_start (B, T) or None: model.doc_mask - token t of row b attends to keys
+        doc_start[b,t] .. t only and its learned position is t - doc_start[b,t]."""
         Q, W, p, c = self.Q, self.W, self.p, self.cfg
         B, T = inputs.shape
         C, NH, L = c["d_model"], c["n_heads"], c["n_layers"]
         hs = C // NH
         w = {k: W(v) for k, v in p.items()}
-        x = Q(w["wte"][inputs] + w["wpe"][:T].unsqueeze(0))
-        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        if doc_start is None:
+            x = Q(w["wte"][inputs] + w["wpe"][:T].unsqueeze(0))
+            mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        else:
+            t = torch.arange(T)
+            x = Q(w["wte"][inputs] + w["wpe"][t.unsqueeze(0) - doc_start])
+            # (B, 1, T, T): key j is hidden from query i when j > i or j < doc_start[b, i]
+            mask = ((t.view(1, 1, T) > t.view(1, T, 1)) |
+                    (t.view(1, 1, T) < doc_start.unsqueeze(2))).unsqueeze(1)
         for l in range(L):
             b = f"blocks.{l}."
             ln1 = Q(F.layer_norm(x, (C,), w[b + "ln1.weight"], w[b + "ln1.bias"], eps=1e-5))
@@ -163,10 +172,11 @@ def check_precision(work, prec):
     tol = TOL[prec]
     inputs = torch.tensor(batch["inputs"].astype(np.int64))
     targets = torch.tensor(batch["targets"].astype(np.int64))
+    ds = torch.tensor(batch["doc_start"].astype(np.int64)) if "doc_start" in batch else None
     failures = []
 
     model = Gpt(params, cfg, prec)
-    loss, per_token, scaled = model.loss(inputs, targets, scale)
+    loss, per_token, scaled = model.loss(inputs, targets, scale, ds)
     scaled.backward()
     kiln_loss = float(grads["__loss__"][0])
     dl = abs(kiln_loss - float(loss))
@@ -179,8 +189,28 @@ def check_precision(work, prec):
 
     # Reference without low-precision casts, to show how far the precision itself moves things.
     ref32 = Gpt(params, cfg, "fp32")
-    l32, _, s32 = ref32.loss(inputs, targets)
+    l32, per_token32, s32 = ref32.loss(inputs, targets, 1.0, ds)
     s32.backward()
+
+    if ds is not None and prec == "fp32":
+        # The packed rows against each document computed alone (its own row from position 0, no
+        # mask needed): the same per-token losses, in torch and in the engine.
+        worst_t, worst_k, docs = 0.0, 0.0, 0
+        for b in range(inputs.shape[0]):
+            starts = sorted(set(int(s) for s in ds[b]))
+            for i, s0 in enumerate(starts):
+                s1 = starts[i + 1] if i + 1 < len(starts) else inputs.shape[1]
+                with torch.no_grad():
+                    _, alone, _ = ref32.loss(inputs[b:b + 1, s0:s1], targets[b:b + 1, s0:s1])
+                alone = alone[0].numpy()
+                worst_t = max(worst_t, float(np.max(np.abs(per_token32.detach()[b, s0:s1].numpy() - alone))))
+                worst_k = max(worst_k, float(np.max(np.abs(grads["__losses__"][b, s0:s1] - alone))))
+                docs += 1
+        print(f"[{prec}] {docs} packed documents vs each alone: per-token losses |d| torch "
+              f"{worst_t:.2e}, kiln {worst_k:.2e} (tol {10 * tol['loss']:.0e})")
+        if not (worst_t <= 1e-5 and worst_k <= 10 * tol["loss"]):
+            failures.append(f"packed documents differ from each alone by {worst_t:.3e} (torch), "
+                            f"{worst_k:.3e} (kiln)")
 
     worst_rel, worst_max, worst_rel32 = 0.0, 0.0, 0.0
     for name in params:
@@ -212,7 +242,7 @@ def check_precision(work, prec):
     clipped = 0
     for k in range(10):
         opt.zero_grad()
-        l, _, s = model.loss(inputs, targets, scale)
+        l, _, s = model.loss(inputs, targets, scale, ds)
         s.backward()
         for t in model.p.values():
             t.grad /= scale
@@ -238,13 +268,15 @@ def main():
     ap.add_argument("--dump", required=True, help="path of the engine_parity_dump program")
     ap.add_argument("--work", required=True, help="scratch directory")
     ap.add_argument("--precisions", default="fp32,bf16,fp16")
+    ap.add_argument("--arch", default="gpt2", choices=["gpt2", "gpt2-doc_mask"],
+                    help="gpt2-doc_mask: a packed batch with document starts, model.doc_mask on")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
     os.makedirs(args.work, exist_ok=True)
     all_failures = []
     for prec in args.precisions.split(","):
-        r = subprocess.run([args.dump, args.work, prec])
+        r = subprocess.run([args.dump, args.work, prec, args.arch])
         if r.returncode != 0:
             all_failures.append(f"{prec}: engine_parity_dump exited {r.returncode}")
             continue

@@ -212,10 +212,12 @@ void bench_dtype(const Config& cfg, StepTally& step) {
     std::vector<T> out(BT * C);
     std::vector<float> dwte(size_t(V) * C), dwpe(size_t(T_) * C);
     double fwd = time_it([&] {
-      kiln::cpu::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T_, C);
+      kiln::cpu::encoder_forward(out.data(), tokens.data(), nullptr, wte.data(), wpe.data(), B, T_,
+                                 C);
     });
     double bwd = time_it([&] {
-      kiln::cpu::encoder_backward(dwte.data(), dwpe.data(), out.data(), tokens.data(), B, T_, C);
+      kiln::cpu::encoder_backward(dwte.data(), dwpe.data(), out.data(), tokens.data(), nullptr, B,
+                                  T_, C);
     });
     std::printf("%-22s fwd %8.3f ms              bwd %8.3f ms\n", "encoder", fwd * 1e3, bwd * 1e3);
     step.add(fwd + bwd);

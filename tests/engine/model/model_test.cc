@@ -142,6 +142,68 @@ TEST(Model, LlamaDocumentMaskSeparatesDocuments) {
   for (int i = 7; i < T; ++i) EXPECT_EQ(a[i], b[i]) << i;
 }
 
+// GPT-2 with model.doc_mask: a packed row (documents at 0, 7 and 14 of 20) gives each token the
+// loss its document gives alone (its own row from position 0: the learned positions restart),
+// and the gradients are the sum of the documents' gradients. Without the mask the later
+// documents' losses differ, so the comparison can fail.
+TEST(Model, Gpt2PackedRowIsItsDocumentsAlone) {
+  ModelConfig m = small_model();
+  m.doc_mask = true;
+  const int T = static_cast<int>(m.seq_len);
+  ParamStore params(m, Precision::kFp32);
+  params.init(11);
+  std::vector<int32_t> in(T), tg(T), ds = doc_starts(1, T);
+  for (int i = 0; i < T; ++i) {
+    in[i] = static_cast<int32_t>(random_bits(5, 1, i) % m.vocab_size);
+    tg[i] = static_cast<int32_t>(random_bits(5, 2, i) % m.vocab_size);
+  }
+  std::vector<float> packed(T);
+  params.zero_grads();
+  Model::create(&params, 1, Recompute::kNone)
+      ->forward_backward(in.data(), tg.data(), 1.0f, packed.data(), ds.data());
+  std::vector<std::vector<float>> grads, sum;
+  for (size_t i = 0; i < params.tensors().size(); ++i) {
+    const float* g = params.grad(static_cast<int>(i));
+    grads.emplace_back(g, g + params.tensors()[i].numel);
+    sum.emplace_back(params.tensors()[i].numel, 0.0f);
+  }
+  std::vector<float> alone(T);
+  for (int s0 = 0; s0 < T; s0 += 7) {
+    const int n = std::min(7, T - s0);
+    ModelConfig md = m;
+    md.seq_len = n;  // wpe (n, C): the first n rows of the packed model's
+    ParamStore pd(md, Precision::kFp32);
+    ASSERT_EQ(pd.tensors().size(), params.tensors().size());
+    for (size_t i = 0; i < pd.tensors().size(); ++i)
+      std::memcpy(pd.master(static_cast<int>(i)), params.master(static_cast<int>(i)),
+                  pd.tensors()[i].numel * sizeof(float));
+    pd.sync_low_precision();
+    pd.zero_grads();
+    const std::vector<int32_t> zeros(n, 0);
+    Model::create(&pd, 1, Recompute::kNone)
+        ->forward_backward(in.data() + s0, tg.data() + s0, 1.0f, alone.data() + s0, zeros.data());
+    for (size_t i = 0; i < pd.tensors().size(); ++i) {
+      const float* g = pd.grad(static_cast<int>(i));
+      for (size_t k = 0; k < pd.tensors()[i].numel; ++k) sum[i][k] += g[k];
+    }
+  }
+  for (int i = 0; i < T; ++i) EXPECT_NEAR(packed[i], alone[i], 2e-6) << "token " << i;
+  for (size_t i = 0; i < grads.size(); ++i)
+    EXPECT_LT(rel_diff(grads[i], sum[i]), 1e-5) << params.tensors()[i].name;
+
+  // Without the mask, the tokens of the later documents see earlier ones and other positions.
+  m.doc_mask = false;
+  ParamStore plain_params(m, Precision::kFp32);
+  plain_params.init(11);
+  std::vector<float> plain(T);
+  Model::create(&plain_params, 1, Recompute::kNone)
+      ->forward(in.data(), tg.data(), plain.data(), ds.data());
+  for (int i = 0; i < 7; ++i) EXPECT_NEAR(plain[i], alone[i], 2e-6) << "token " << i;
+  double later = 0;
+  for (int i = 7; i < T; ++i) later = std::max(later, double(std::abs(plain[i] - alone[i])));
+  EXPECT_GT(later, 1e-3);
+}
+
 TEST(Model, LlamaAccumulationAndHeadChunksAgree) {
   const ModelConfig m = small_llama();
   ModelRun whole = run_model(Precision::kFp32, Recompute::kNone, 4, 4, 0, m);

@@ -81,6 +81,11 @@ TEST(TrainConfig, LlamaKeys) {
   EXPECT_EQ(m.ffn(), 5632);  // 2/3 of 4 x 2048 = 5461.3, rounded up to 256 (Llama's rule)
   EXPECT_EQ(m.qkv_width(), (32 + 2 * 8) * 64);
   EXPECT_EQ(llama_ffn_hidden(4096), 11008);  // Llama 2 7B's width
+  // GPT-2 takes model.doc_mask too (its learned positions restart at document starts).
+  auto gpt_mask = parse_train_config(
+      *load_train_config("", {"model.doc_mask=true", "data.manifest=some/manifest.json"}));
+  ASSERT_TRUE(gpt_mask.is_ok()) << gpt_mask.status().to_string();
+  EXPECT_TRUE(gpt_mask->model.doc_mask);
 
   struct Bad {
     std::vector<std::string> sets;
@@ -91,7 +96,7 @@ TEST(TrainConfig, LlamaKeys) {
       {{"model.arch=llama", "model.n_kv_heads=8", "model.doc_mask=false"}, "model.n_kv_heads"},
       {{"model.arch=llama", "model.d_model=36", "model.doc_mask=false"}, "model.n_heads"},  // hs 9
       {{"model.arch=llama"}, "model.doc_mask"},     // synthetic data has no document starts
-      {{"model.doc_mask=true"}, "model.doc_mask"},  // gpt2: not implemented
+      {{"model.doc_mask=true"}, "model.doc_mask"},  // gpt2 too: synthetic data has no starts
       {{"model.bias=maybe"}, "model.bias"},
       {{"model.arch=llama", "model.rope_theta=0", "model.doc_mask=false"}, "model.rope_theta"},
       {{"model.norm_eps=1e-6"}, "model.norm_eps"},  // gpt2's LayerNorm eps is fixed
