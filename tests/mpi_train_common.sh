@@ -65,7 +65,9 @@ rank_pid() {  # rank_pid MPIRUN_PID RANK: the pid of RANK among MPIRUN_PID's des
   local kids k
   kids=$(ps -o pid= --ppid "$1" 2>/dev/null || true)
   for k in $kids; do
-    if tr '\0' '\n' </proc/"$k"/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+    # grep without -q reads to the end: with -q it exits at the match, tr can die of SIGPIPE and,
+    # under pipefail, the pipeline fails although the rank matched ("rank 1 not found" flakes).
+    if tr '\0' '\n' </proc/"$k"/environ 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$2" >/dev/null; then
       echo "$k"
       return 0
     fi
