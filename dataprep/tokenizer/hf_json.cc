@@ -380,19 +380,9 @@ std::string Tokenizer::to_json() const {
       "\"trim_offsets\": false, \"use_regex\": true},\n \"decoder\": {\"type\": \"ByteLevel\", "
       "\"add_prefix_space\": true, \"trim_offsets\": true, \"use_regex\": true},\n \"model\": "
       "{\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, \"continuing_subword_prefix\": "
-      "null, \"end_of_word_suffix\": null, \"fuse_unk\": false, \"byte_fallback\": false,\n  "
-      "\"vocab\": {";
-  for (size_t id = 0; id < m.spelled.size(); ++id) {
-    out += id ? ",\n   " : "\n   ";
-    out += json_string(m.spelled[id]) + ": " + std::to_string(id);
-  }
-  out += "},\n  \"merges\": [";
-  const auto& merges = m.model.merges();
-  for (size_t r = 0; r < merges.size(); ++r) {
-    out += r ? ",\n   " : "\n   ";
-    out += json_string(m.spelled[merges[r].left] + " " + m.spelled[merges[r].right]);
-  }
-  out += "]}}\n";
+      "null, \"end_of_word_suffix\": null, \"fuse_unk\": false, \"byte_fallback\": false,\n  ";
+  append_vocab_and_merges(out, *this, "  ");
+  out += "}}\n";
   return out;
 }
 

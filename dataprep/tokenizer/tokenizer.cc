@@ -480,19 +480,27 @@ std::string Tokenizer::to_kiln_v1_json() const {
     first = false;
     out += json_string(m.tokens[id]) + ": " + std::to_string(id);
   }
-  out += "},\n \"vocab\": {";
+  out += "},\n ";
+  append_vocab_and_merges(out, *this, " ");
+  out += "}\n";
+  return out;
+}
+
+void append_vocab_and_merges(std::string& out, const Tokenizer& tok, std::string_view indent) {
+  const auto& m = TokenizerAccess::impl(tok);
+  const std::string entry = ",\n" + std::string(indent) + " ";
+  out += "\"vocab\": {";
   for (size_t id = 0; id < m.spelled.size(); ++id) {
-    out += id ? ",\n  " : "\n  ";
+    out += id ? entry : entry.substr(1);
     out += json_string(m.spelled[id]) + ": " + std::to_string(id);
   }
-  out += "},\n \"merges\": [";
+  out += "},\n" + std::string(indent) + "\"merges\": [";
   const auto& merges = m.model.merges();
   for (size_t r = 0; r < merges.size(); ++r) {
-    out += r ? ",\n  " : "\n  ";
+    out += r ? entry : entry.substr(1);
     out += json_string(m.spelled[merges[r].left] + " " + m.spelled[merges[r].right]);
   }
-  out += "]}\n";
-  return out;
+  out += "]";
 }
 
 const char* Tokenizer::file_name() const {

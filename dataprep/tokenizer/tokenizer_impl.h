@@ -102,6 +102,11 @@ Result<Tokenizer> build_byte_bpe(const std::vector<std::pair<std::string, int64_
                                  PretokenizerSpec pre, const std::string& origin,
                                  const std::string& vocab_field, const std::string& merges_field);
 
+// Appends `"vocab": {...},\n<indent>"merges": [...]` (GPT-2 spellings, one entry a line,
+// indented one space deeper than the keys) to `out`: the shared body of the tokenizer.json and
+// kiln-tokenizer/1 writers.
+void append_vocab_and_merges(std::string& out, const Tokenizer& tok, std::string_view indent);
+
 // kData naming the file and the cap when `count` entries of `what` pass `limit`.
 Status check_limit(uint64_t count, uint64_t limit, const char* what, const char* knob,
                    const std::string& origin);
