@@ -11,7 +11,11 @@ using detail::elem_size;
 using detail::head_rows;
 
 ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precision p,
-                                        Recompute mode, int64_t tp, Device device) {
+                                        Recompute mode, int64_t tp, Device device, PpStage stage,
+                                        int pp_slots) {
+  // TODO(pipeline): the stage's blocks and pp_slots micro-batches (engine/model/model.h).
+  (void)stage;
+  (void)pp_slots;
   const BlockSizes s(m, B, tp);
   const size_t e = elem_size(p);
   const size_t L = static_cast<size_t>(m.n_layers);
@@ -42,8 +46,23 @@ ActivationMemory plan_activation_memory(const ModelConfig& m, int64_t B, Precisi
 }
 
 // The one place the device selects the operators.
+// Pipeline stages: implemented by the stage models (engine/model/gpt_model.h).
+void Model::stage_forward(int, const int32_t*, const int32_t*, float*, const int32_t*, float,
+                          bool) {
+  KILN_CHECK(false, "Model::stage_forward: not a pipeline stage's model");
+}
+void Model::stage_backward(int, const int32_t*, const int32_t*) {
+  KILN_CHECK(false, "Model::stage_backward: not a pipeline stage's model");
+}
+void* Model::stage_input(int) { return nullptr; }
+const void* Model::stage_output(int) { return nullptr; }
+void* Model::stage_output_grad(int) { return nullptr; }
+const void* Model::stage_input_grad(int) { return nullptr; }
+
 std::unique_ptr<Model> Model::create(ParamStore* params, int64_t micro_batch, Recompute mode,
-                                     int64_t head_chunk_rows, TensorParallel* tp) {
+                                     int64_t head_chunk_rows, TensorParallel* tp, int pp_slots) {
+  KILN_CHECK(pp_slots == 1 && params->pp_stage().size == 1,
+             "Model::create: pipeline stages are not implemented yet");
   switch (params->runtime().device()) {
     case Device::kCpu:
       return detail::create_on<CpuBackend>(params, micro_batch, mode, head_chunk_rows, tp);

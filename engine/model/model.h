@@ -46,9 +46,12 @@ struct ActivationMemory {
 
 // What a model of this shape allocates for one micro-batch of `micro_batch` sequences (on one of
 // `tp` tensor-parallel ranks) on `device` (its logits chunk differs: engine/model/gpt_model.h).
+// With a pipeline stage: that stage's blocks (and embedding / head), `pp_slots` micro-batches'
+// kept activations in flight (Model::create) and the buffers the stages exchange.
 ActivationMemory plan_activation_memory(const ModelConfig& model, int64_t micro_batch,
                                         Precision precision, Recompute mode, int64_t tp = 1,
-                                        Device device = Device::kCpu);
+                                        Device device = Device::kCpu, PpStage stage = {},
+                                        int pp_slots = 1);
 
 class TensorParallel;
 
@@ -75,8 +78,12 @@ class Model {
   // CPU, <= 1 GiB on a GPU.
   // tp (engine/parallel/tensor_parallel.h, outlives the model): params holds this rank's slices and
   // the layers run Megatron-style; nullptr: one rank holds everything.
+  // pp_slots: with a ParamStore of one pipeline stage (ParamStore::pp_stage(), size > 1), how many
+  // micro-batches' activations the stage keeps at once (the stage_* calls below; the schedule's
+  // in-flight count, engine/parallel/pipeline.h).
   static std::unique_ptr<Model> create(ParamStore* params, int64_t micro_batch, Recompute mode,
-                                       int64_t head_chunk_rows = 0, TensorParallel* tp = nullptr);
+                                       int64_t head_chunk_rows = 0, TensorParallel* tp = nullptr,
+                                       int pp_slots = 1);
   virtual ~Model() = default;
 
   // Pointers (inputs, targets, losses) are in the runtime's memory: host memory on the CPU, device
@@ -93,6 +100,33 @@ class Model {
   // Forward and per-token losses only.
   virtual void forward(const int32_t* inputs, const int32_t* targets, float* losses,
                        const int32_t* doc_start = nullptr) = 0;
+
+  // ---- Pipeline parallelism (engine/parallel/pipeline.h) ----
+  // A model of one stage runs only that stage's blocks, for micro-batches in `slot`s 0 ..
+  // pp_slots - 1 (a slot is free again after its stage_backward). forward_backward() and forward()
+  // are for the whole model only. What stages exchange is (micro_batch, seq_len, d_model) values
+  // of the work dtype (ParamStore::work_dtype()), stage_activation_elems() of them, in the
+  // runtime's memory, at fixed addresses per slot:
+  //   stage_input(slot)        the previous stage's output is received here (not the first stage)
+  //   stage_output(slot)       sent to the next stage after stage_forward (not the last)
+  //   stage_output_grad(slot)  the next stage's input gradient is received here (not the last)
+  //   stage_input_grad(slot)   sent to the previous stage after stage_backward (not the first)
+  // stage_forward: the first stage embeds `inputs`; then the stage's blocks; the last stage runs
+  // the head and the loss on `targets` into `losses` (per token, unscaled) and, with backward,
+  // the head's backward with dloss (as forward_backward). stage_backward: the blocks' backward
+  // from the slot's output gradient (the last stage: from its head's), and on the first stage
+  // the embedding's, ACCUMULATING parameter gradients. inputs / doc_start are the slot's
+  // micro-batch, on every stage (doc_start: the attention mask and rotary positions; inputs:
+  // the first stage's embedding; targets and losses: the last stage's).
+  virtual void stage_forward(int slot, const int32_t* inputs, const int32_t* targets, float* losses,
+                             const int32_t* doc_start, float dloss, bool backward);
+  virtual void stage_backward(int slot, const int32_t* inputs, const int32_t* doc_start);
+  virtual void* stage_input(int slot);
+  virtual const void* stage_output(int slot);
+  virtual void* stage_output_grad(int slot);
+  virtual const void* stage_input_grad(int slot);
+  size_t stage_activation_elems() const;
+  virtual int pp_slots() const { return 1; }
 
   virtual ActivationMemory activation_memory() const = 0;
   virtual int64_t micro_batch() const = 0;

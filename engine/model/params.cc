@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/hash.h"
 #include "common/tsan.h"
@@ -16,13 +17,18 @@ size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
 ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases,
-                       Runtime* runtime, TpShard tp, bool allocate)
+                       Runtime* runtime, TpShard tp, bool allocate, PpStage pp)
     : runtime_(runtime ? runtime : &host_runtime()),
       model_(model),
       precision_(precision),
       decay_norms_and_biases_(decay_norms_and_biases),
-      tp_(tp) {
+      tp_(tp),
+      pp_(pp) {
   KILN_CHECK(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "ParamStore: bad TpShard");
+  if (pp_.end_block < 0) pp_.end_block = model.n_layers;
+  KILN_CHECK(pp_.size >= 1 && pp_.rank >= 0 && pp_.rank < pp_.size && pp_.first_block >= 0 &&
+                 pp_.first_block < pp_.end_block && pp_.end_block <= model.n_layers,
+             "ParamStore: bad PpStage");
   const int64_t V = model.vocab_size, C = model.d_model, T = model.seq_len;
   const int64_t hs = model.head_dim(), NH = model.n_heads, NKV = model.kv_heads();
   const int64_t F = model.ffn();
@@ -68,10 +74,18 @@ ParamStore::ParamStore(const ModelConfig& model, Precision precision, bool decay
   lm_head_ =
       model.tie_embeddings ? wte_ : add(uf, "lm_head.weight", {V, C}, TensorRole::kMatrix, 0);
 
+  // The stage's units: its blocks, the embeddings on the first stage (and on the last when the
+  // head is tied to them), the final unit on the last.
+  held_.assign(units_.size(), false);
+  held_[0] = pp_.first() || (pp_.last() && model.tie_embeddings);
+  for (int64_t l = pp_.first_block; l < pp_.end_block; ++l)
+    held_[static_cast<size_t>(1 + l)] = true;
+  held_.back() = pp_.last();
   const bool low = precision != Precision::kFp32;
-  for (auto& u : units_) {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    ParamUnit& u = units_[i];
     u.numel = round_up(u.numel, 64);
-    if (!allocate) continue;
+    if (!allocate || !held_[i]) continue;
     u.master.reset(runtime_, u.numel, u.name + ".master");
     u.grad.reset(runtime_, u.numel, u.name + ".grad");
     u.m.reset(runtime_, u.numel, u.name + ".exp_avg");
@@ -263,6 +277,7 @@ Status ParamStore::fill(StateSource& src) {
   std::vector<float> staging;
   for (size_t i = 0; i < units_.size(); ++i) {
     ParamUnit& u = units_[i];
+    if (!held_[i]) continue;
     KILN_CHECK(!u.master.empty(), "ParamStore::fill: the store has no buffers");
     const int ui = static_cast<int>(i);
     KILN_RETURN_IF_ERROR(
@@ -284,8 +299,11 @@ Status ParamStore::fill(StateSource& src) {
 
 void ParamStore::sync_low_precision() {
   if (precision_ == Precision::kFp32) return;
-  for (auto& u : units_)
-    runtime_->cast_from_fp32(u.lp.data(), work_dtype(), u.master.data(), u.numel);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    ParamUnit& u = units_[i];
+    if (held_[i] && !u.lp.empty())
+      runtime_->cast_from_fp32(u.lp.data(), work_dtype(), u.master.data(), u.numel);
+  }
 }
 
 void ParamStore::zero_grads() {
@@ -388,6 +406,58 @@ void copy_from_shard(const ParamTensor& t, TpShard shard, const float* slice, fl
   for_each_run(t, shard, [&](size_t w, size_t l, size_t n) {
     std::copy(slice + l, slice + l + n, whole + w);
   });
+}
+
+}  // namespace kiln::engine
+
+namespace kiln::engine {
+
+std::vector<int64_t> pp_stage_split(const ModelConfig& m, int64_t pp,
+                                    const std::vector<int64_t>& layers) {
+  const int64_t L = m.n_layers;
+  KILN_CHECK(pp >= 1 && pp <= L, "pp_stage_split: every stage needs a block");
+  std::vector<int64_t> bounds{0};
+  if (!layers.empty()) {
+    KILN_CHECK(static_cast<int64_t>(layers.size()) == pp, "pp_stage_split: pp entries expected");
+    for (int64_t n : layers) bounds.push_back(bounds.back() + n);
+    KILN_CHECK(bounds.back() == L, "pp_stage_split: the entries must sum to n_layers");
+    return bounds;
+  }
+  // Forward FLOPs per token: a block's four matrix products and its attention (causal: half of
+  // the T x T scores, for QK^T and AV), the LM head's product on the last stage.
+  const double C = static_cast<double>(m.d_model), T = static_cast<double>(m.seq_len);
+  const double CA = static_cast<double>(m.n_heads * m.head_dim());
+  const double F = static_cast<double>(m.ffn()), FC = m.llama() ? 2 * F : F;
+  const double block =
+      2 * (C * static_cast<double>(m.qkv_width()) + CA * C + C * FC + F * C) + 2 * T * CA;
+  const double head = 2 * C * static_cast<double>(m.vocab_size);
+  // best[s][l]: the smallest costliest-stage cost of blocks [0, l) in s stages; the last stage
+  // (s = pp) also carries the head. O(pp L^2), L is at most a few hundred.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(static_cast<size_t>(pp + 1),
+                                        std::vector<double>(static_cast<size_t>(L + 1), inf));
+  std::vector<std::vector<int64_t>> cut(best.size(), std::vector<int64_t>(best[0].size(), 0));
+  best[0][0] = 0;
+  for (int64_t s = 1; s <= pp; ++s) {
+    for (int64_t l = s; l <= L - (pp - s); ++l) {
+      for (int64_t k = s - 1; k < l; ++k) {  // stage s holds blocks [k, l)
+        const double stage = static_cast<double>(l - k) * block + (s == pp ? head : 0.0);
+        const double cost = std::max(best[s - 1][k], stage);
+        if (cost < best[s][l]) {  // strict: the earliest cut wins ties (deterministic)
+          best[s][l] = cost;
+          cut[s][l] = k;
+        }
+      }
+    }
+  }
+  bounds.assign(static_cast<size_t>(pp + 1), L);
+  for (int64_t s = pp; s >= 1; --s) bounds[s - 1] = cut[s][bounds[s]];
+  return bounds;
+}
+
+PpStage pp_stage(const ModelConfig& m, int rank, int size, const std::vector<int64_t>& layers) {
+  const std::vector<int64_t> b = pp_stage_split(m, size, layers);
+  return PpStage{rank, size, b[static_cast<size_t>(rank)], b[static_cast<size_t>(rank) + 1]};
 }
 
 }  // namespace kiln::engine

@@ -50,6 +50,27 @@ struct TpShard {
   int size = 1;
 };
 
+// This rank's place in pipeline parallelism (engine/parallel/pipeline.h): stage rank of size holds
+// blocks [first_block, end_block), the embeddings when it is the first stage (and the last too
+// when the LM head is tied to them), the final norm and LM head when it is the last.
+struct PpStage {
+  int rank = 0;
+  int size = 1;
+  int64_t first_block = 0;
+  int64_t end_block = -1;  // -1: to the last block
+  bool first() const { return rank == 0; }
+  bool last() const { return rank == size - 1; }
+};
+
+// The block boundaries of `pp` stages (pp + 1 values, 0 ... n_layers): `layers` (blocks per stage)
+// when given, else contiguous runs of at least one block each that minimise the costliest stage's
+// forward FLOPs per token, the LM head counting on the last stage (the embedding lookup costs
+// next to nothing). Deterministic.
+std::vector<int64_t> pp_stage_split(const ModelConfig& m, int64_t pp,
+                                    const std::vector<int64_t>& layers = {});
+// Stage `rank` of `size` from pp_stage_split.
+PpStage pp_stage(const ModelConfig& m, int rank, int size, const std::vector<int64_t>& layers = {});
+
 struct ParamTensor {
   std::string name;
   std::vector<int64_t> shape;         // this rank's (the global shape split by TpShard)
@@ -140,8 +161,10 @@ class ParamStore {
   // allocate false: the layout only (tensors, units and their lengths), no buffer (ZeRO builds
   // the ones a rank keeps, engine/parallel/zero.h; a checkpoint reader uses another TP rank's
   // layout).
+  // pp: the pipeline stage this store is for; units of other stages keep their layout (tensors,
+  // lengths) but never get buffers, and every loop over buffers skips them (holds()).
   ParamStore(const ModelConfig& model, Precision precision, bool decay_norms_and_biases = false,
-             Runtime* runtime = nullptr, TpShard tp = {}, bool allocate = true);
+             Runtime* runtime = nullptr, TpShard tp = {}, bool allocate = true, PpStage pp = {});
 
   // GPT-2 or DeepNet-style initialisation of the master weights (zeroes grads and moments, then
   // refreshes the low-precision copy): fill(InitSource(*this, seed)).
@@ -160,6 +183,9 @@ class ParamStore {
   Runtime& runtime() const { return *runtime_; }
   const ModelConfig& model() const { return model_; }
   TpShard tp_shard() const { return tp_; }
+  PpStage pp_stage() const { return pp_; }
+  // Whether unit `unit` belongs to this store's pipeline stage (always without pipelining).
+  bool holds(int unit) const { return held_[static_cast<size_t>(unit)]; }
   Precision precision() const { return precision_; }
   DType work_dtype() const;
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
@@ -221,6 +247,8 @@ class ParamStore {
   Precision precision_;
   bool decay_norms_and_biases_;
   TpShard tp_;
+  PpStage pp_;
+  std::vector<bool> held_;  // per unit: holds()
   std::vector<ParamTensor> tensors_;
   std::vector<ParamUnit> units_;
   std::vector<BlockTensors> blocks_;

@@ -1,5 +1,7 @@
 #include "engine/train/train_config.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 
 #include "common/text.h"
@@ -30,6 +32,9 @@ parallel:
   zero_stage: 0
   prefetch: 1
   hierarchical: false   # data-parallel all-reduce inside each machine first, then across
+  pp: 1                 # pipeline stages (rank order: tp innermost, then pp, then dp)
+  pp_schedule: 1f1b     # 1f1b | gpipe
+  pp_layers: []         # blocks per stage, e.g. [5, 6, 6, 5]; empty: balanced by cost
   collective_timeout_s: 600   # a collective waiting longer stops every rank, naming who is missing (0: off)
 precision: fp32         # fp32 | bf16 | fp16
 loss_scale:
@@ -140,6 +145,8 @@ const char* precision_name(Precision p) {
   }
   return "?";
 }
+
+const char* pp_schedule_name(PpSchedule s) { return s == PpSchedule::kGPipe ? "gpipe" : "1f1b"; }
 
 const char* spike_action_name(SpikeAction a) {
   switch (a) {
@@ -329,6 +336,42 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
   KILN_ASSIGN_OR_RETURN(c.parallel.hierarchical, cfg.get<bool>("parallel.hierarchical"));
   KILN_RETURN_IF_ERROR(
       read_real(cfg, "parallel.collective_timeout_s", 0.0, 1e7, &c.parallel.collective_timeout_s));
+  KILN_RETURN_IF_ERROR(read_int(cfg, "parallel.pp", 1, 1 << 12, &c.parallel.pp));
+  KILN_RETURN_IF_ERROR(read_enum<PpSchedule>(
+      cfg, "parallel.pp_schedule", {{"1f1b", PpSchedule::k1F1B}, {"gpipe", PpSchedule::kGPipe}},
+      &c.parallel.pp_schedule));
+  {
+    YAML::Node layers = cfg.node("parallel.pp_layers");
+    if (layers.IsDefined() && !layers.IsNull()) {
+      if (!layers.IsSequence()) return bad("parallel.pp_layers", "expected a list of block counts");
+      int64_t total = 0;
+      for (const auto& n : layers) {
+        int64_t v = 0;
+        try {
+          v = n.as<int64_t>();
+        } catch (const YAML::Exception&) {
+          return bad("parallel.pp_layers", "expected whole numbers of blocks");
+        }
+        if (v < 1) return bad("parallel.pp_layers", "every stage needs at least one block");
+        total += v;
+        c.parallel.pp_layers.push_back(v);
+      }
+      if (!c.parallel.pp_layers.empty()) {
+        if (static_cast<int64_t>(c.parallel.pp_layers.size()) != c.parallel.pp) {
+          return bad("parallel.pp_layers", fmt::format("has {} entries for parallel.pp {}",
+                                                       c.parallel.pp_layers.size(), c.parallel.pp));
+        }
+        if (total != m.n_layers) {
+          return bad("parallel.pp_layers",
+                     fmt::format("sums to {} blocks, model.n_layers is {}", total, m.n_layers));
+        }
+      }
+    }
+  }
+  if (c.parallel.pp > m.n_layers) {
+    return bad("parallel.pp", fmt::format("{} stages for {} blocks (each stage needs a block)",
+                                          c.parallel.pp, m.n_layers));
+  }
   // precision + loss scale
   KILN_RETURN_IF_ERROR(read_enum<Precision>(
       cfg, "precision",

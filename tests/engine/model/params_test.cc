@@ -186,5 +186,57 @@ TEST(Params, LlamaTensorsAndGroupedQueryTpSlices) {
   EXPECT_EQ(back, w);
 }
 
+// Pipeline stages: a split by hand is taken as it is; the balanced split gives every stage a
+// block, puts fewer blocks on the last stage when the LM head is costly, and is the same for equal
+// blocks whatever the order of evaluation; a stage's store holds exactly its units.
+TEST(Params, PipelineStageSplitAndHeldUnits) {
+  ModelConfig m = small_model();
+  m.n_layers = 8;
+  EXPECT_EQ(pp_stage_split(m, 2, {3, 5}), (std::vector<int64_t>{0, 3, 8}));
+  EXPECT_EQ(pp_stage_split(m, 1), (std::vector<int64_t>{0, 8}));
+  EXPECT_EQ(pp_stage_split(m, 8), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8}));
+  // A tiny vocabulary: the head costs less than a block, so the blocks split evenly.
+  EXPECT_EQ(pp_stage_split(m, 2), (std::vector<int64_t>{0, 4, 8}));
+  EXPECT_EQ(pp_stage_split(m, 4), (std::vector<int64_t>{0, 2, 4, 6, 8}));
+  // GPT-2's vocabulary at d_model 32: the head costs several blocks, the last stage gets fewer.
+  m.vocab_size = 50257;
+  const std::vector<int64_t> b = pp_stage_split(m, 2);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_GT(b[1], 4);
+  EXPECT_LT(b[1], 8);
+
+  m = small_model();
+  m.n_layers = 4;
+  for (int r = 0; r < 2; ++r) {
+    const PpStage st = pp_stage(m, r, 2);
+    ParamStore p(m, Precision::kBf16, false, nullptr, {}, true, st);
+    const auto& u = p.units();
+    ASSERT_EQ(u.size(), 6u);  // embed, 4 blocks, final
+    EXPECT_EQ(p.holds(0), true) << "tied head: the embeddings on both ends";
+    EXPECT_EQ(p.holds(1), r == 0);
+    EXPECT_EQ(p.holds(2), r == 0);
+    EXPECT_EQ(p.holds(3), r == 1);
+    EXPECT_EQ(p.holds(5), r == 1);
+    for (size_t i = 0; i < u.size(); ++i) {
+      EXPECT_GT(u[i].numel, 0u);
+      EXPECT_EQ(u[i].master.empty(), !p.holds(static_cast<int>(i))) << u[i].name;
+      EXPECT_EQ(u[i].lp.empty(), !p.holds(static_cast<int>(i))) << u[i].name;
+    }
+    p.init(7);  // only the held units; the same values as the whole model's
+    ParamStore whole(m, Precision::kBf16);
+    whole.init(7);
+    for (size_t i = 0; i < u.size(); ++i) {
+      if (!p.holds(static_cast<int>(i))) continue;
+      std::vector<float> a(u[i].numel), w(u[i].numel);
+      std::memcpy(a.data(), u[i].master.data(), a.size() * 4);
+      std::memcpy(w.data(), whole.units()[i].master.data(), w.size() * 4);
+      EXPECT_EQ(a, w) << u[i].name;
+    }
+  }
+  m.tie_embeddings = false;
+  ParamStore last(m, Precision::kFp32, false, nullptr, {}, true, pp_stage(m, 1, 2));
+  EXPECT_FALSE(last.holds(0)) << "untied: the embeddings on the first stage only";
+}
+
 }  // namespace
 }  // namespace kiln::engine

@@ -45,7 +45,9 @@ TEST(TrainConfig, SetsAndErrorsNameTheKey) {
               {"schedule.type=cosin", "schedule.type"},
               {"data.mixture.web=-1", "data.mixture.web"},
               {"loss_scale.hysteresis=0", "loss_scale.hysteresis"},
-              {"optimizer.lr=-1", "optimizer.lr"}};
+              {"optimizer.lr=-1", "optimizer.lr"},
+              {"parallel.pp=0", "parallel.pp"},
+              {"parallel.pp_schedule=zb", "parallel.pp_schedule"}};
   for (const auto& b : bads) {
     auto c = load_train_config("", {b.set});
     ASSERT_TRUE(c.is_ok()) << b.set;
@@ -57,6 +59,38 @@ TEST(TrainConfig, SetsAndErrorsNameTheKey) {
   auto c = load_train_config("", {"schedule.type=cosin"});
   EXPECT_NE(parse_train_config(*c).status().to_string().find("did you mean 'cosine'"),
             std::string::npos);
+}
+
+// Pipeline keys: the schedule, a split by hand that must cover the blocks, one block per stage at
+// least.
+TEST(TrainConfig, PipelineKeys) {
+  auto ok = load_train_config("", {"model.n_layers=4", "parallel.pp=2",
+                                   "parallel.pp_schedule=gpipe", "parallel.pp_layers=[1, 3]"});
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  auto t = parse_train_config(*ok);
+  ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+  EXPECT_EQ(t->parallel.pp, 2);
+  EXPECT_EQ(t->parallel.pp_schedule, PpSchedule::kGPipe);
+  EXPECT_EQ(t->parallel.pp_layers, (std::vector<int64_t>{1, 3}));
+  auto dflt = parse_train_config(*load_train_config("", {}));
+  ASSERT_TRUE(dflt.is_ok());
+  EXPECT_EQ(dflt->parallel.pp, 1);
+  EXPECT_EQ(dflt->parallel.pp_schedule, PpSchedule::k1F1B);
+  EXPECT_TRUE(dflt->parallel.pp_layers.empty());
+  for (std::vector<std::string> sets :
+       {std::vector<std::string>{"model.n_layers=4", "parallel.pp=2", "parallel.pp_layers=[1, 2]"},
+        {"model.n_layers=4", "parallel.pp=2", "parallel.pp_layers=[4]"},
+        {"model.n_layers=4", "parallel.pp=2", "parallel.pp_layers=[0, 4]"},
+        {"model.n_layers=4", "parallel.pp=2", "parallel.pp_layers=[a, 4]"}}) {
+    auto c = load_train_config("", sets);
+    ASSERT_TRUE(c.is_ok());
+    auto bad = parse_train_config(*c);
+    ASSERT_FALSE(bad.is_ok()) << sets.back();
+    EXPECT_EQ(bad.status().key(), "parallel.pp_layers") << bad.status().to_string();
+  }
+  auto many = parse_train_config(*load_train_config("", {"model.n_layers=2", "parallel.pp=3"}));
+  ASSERT_FALSE(many.is_ok());
+  EXPECT_EQ(many.status().key(), "parallel.pp");
 }
 
 // model.arch and the Llama keys: arch defaults (auto), and each bad value refused naming its key.
