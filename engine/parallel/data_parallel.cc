@@ -81,6 +81,18 @@ Status DataParallel::open_device_groups(const TrainConfig& config) {
     tp_data_ = std::move(t).value();
     tp_data_->set_name(topo_.tp->name());
   }
+  if (topo_.pp_size > 1) {  // pipeline: activations and their gradients between the stages
+    auto p = comm::make_nccl_group(*topo_.pp, cuda_device_, nullptr);
+    if (!p.is_ok()) return cuda_group_error(world.rank(), local, name, cuda_device_, p.status());
+    pp_data_ = std::move(p).value();
+    pp_data_->set_name(topo_.pp->name());
+  }
+  if (topo_.embed) {  // the tied embedding's gradients between the first and last stage
+    auto e = comm::make_nccl_group(*topo_.embed, cuda_device_, nullptr);
+    if (!e.is_ok()) return cuda_group_error(world.rank(), local, name, cuda_device_, e.status());
+    embed_data_ = std::move(e).value();
+    embed_data_->set_name(topo_.embed->name());
+  }
   if (config.parallel.hierarchical) {
     KILN_LOG_INFO(
         "parallel.hierarchical applies to the host groups; on cuda NCCL chooses its own "
@@ -105,6 +117,7 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
   comm::TopologyOptions o;
   o.tp = static_cast<int>(config.parallel.tp);
   o.hierarchical = config.parallel.hierarchical;
+  o.pp = static_cast<int>(config.parallel.pp);
   KILN_ASSIGN_OR_RETURN(comm::Topology t, comm::make_topology(world, o));
   KILN_CHECK(layout_trainable(Layout{t.tp_size, t.dp_size, config.parallel.zero_stage,
                                      config.activation_checkpointing}),
@@ -141,7 +154,8 @@ Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer
   // With tensor parallelism: this TP rank's slices, sharded over its data-parallel group.
   KILN_ASSIGN_OR_RETURN(
       zero_, ZeroOptimizer::create(params, source, data_dp(), optimizer, static_cast<int>(stage_),
-                                   static_cast<int>(prefetch_), topo_.tp.get(), topo_.dp.get()));
+                                   static_cast<int>(prefetch_), topo_.tp.get(), topo_.dp.get(),
+                                   topo_.pp_size > 1 ? topo_.pp.get() : nullptr));
   const uint64_t kept = params.state_bytes(), shards = zero_->shard_bytes();
   // master, gradients, two moments (fp32) and the bf16/fp16 copy of every padded element.
   const uint64_t unsharded =
@@ -167,15 +181,29 @@ Status DataParallel::sum(int64_t* values, size_t n) {
   return topo_.dp->allreduce(values, n, comm::DType::kInt64, comm::ReduceOp::kSum);
 }
 
+Status DataParallel::sum_world(int64_t* values, size_t n) {
+  return topo_.world->allreduce(values, n, comm::DType::kInt64, comm::ReduceOp::kSum);
+}
+
 Status DataParallel::reduce_gradients(ParamStore& params) {
   if (topo_.dp_size == 1) return Status::ok();
-  for (auto& u : params.units()) {
+  for (size_t i = 0; i < params.units().size(); ++i) {
+    if (!params.holds(static_cast<int>(i))) continue;  // another pipeline stage's
+    ParamUnit& u = params.units()[i];
     KILN_RETURN_IF_ERROR(
         data_dp()
             .allreduce(u.grad.data(), u.numel, comm::DType::kFloat32, comm::ReduceOp::kSum)
             .prefixed("gradient all-reduce of " + u.name));
   }
   return Status::ok();
+}
+
+Status DataParallel::sum_tied_embedding(ParamStore& params) {
+  comm::ProcessGroup* e = data_embed();
+  if (!e || !params.model().tie_embeddings || !params.holds(0)) return Status::ok();
+  ParamUnit& u = params.units()[0];
+  return e->allreduce(u.grad.data(), u.numel, comm::DType::kFloat32, comm::ReduceOp::kSum)
+      .prefixed("tied embedding gradient sum between the first and last pipeline stage");
 }
 
 Status DataParallel::agree(Status local) { return comm::agree(*topo_.world, std::move(local)); }
@@ -197,6 +225,8 @@ std::map<std::string, uint64_t> DataParallel::comm_bytes() const {
   std::vector<const comm::ProcessGroup*> groups = topo_.groups();
   if (dp_data_) groups.push_back(dp_data_.get());  // its bytes add to the host group's name
   if (tp_data_) groups.push_back(tp_data_.get());
+  if (pp_data_) groups.push_back(pp_data_.get());
+  if (embed_data_) groups.push_back(embed_data_.get());
   for (const comm::ProcessGroup* g : groups) {
     for (const auto& [op, c] : g->counters()) {
       if (c.bytes) out[g->name() + "." + op] += c.bytes;

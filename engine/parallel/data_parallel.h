@@ -10,9 +10,10 @@
 // decisions it makes alone (the live mixture file) are broadcast. A failure on one rank becomes
 // an error on every rank that names it (agree()), so no rank hangs in a collective.
 //
-// Implemented: ZeRO stages 0-3 (engine/parallel/zero.h) and tensor parallelism
-// (engine/parallel/tensor_parallel.h, over tp_group()), alone or together (ZeRO shards each TP
-// rank's slices over its DP group).
+// Implemented: ZeRO stages 0-3 (engine/parallel/zero.h), tensor parallelism
+// (engine/parallel/tensor_parallel.h, over tp_group()) and pipeline parallelism
+// (engine/parallel/pipeline.h, over pp_group(); with ZeRO 0-1 only), together in any combination
+// (ZeRO shards each TP rank's slices of its stage's units over its DP group).
 //
 // Two kinds of groups, chosen once here: the host groups (MPI under mpirun) carry every value the
 // host holds (losses, token and per-domain counts, the gradient norm's scalars, the control file,
@@ -84,7 +85,10 @@ class DataParallel {
   // In-place sums over the data-parallel ranks.
   Status sum(double* values, size_t n);
   Status sum(int64_t* values, size_t n);
-  // Sums every unit's fp32 gradients over the data-parallel ranks (ZeRO-0).
+  // In-place sum over every rank (a decision every rank must take: the stop signals).
+  Status sum_world(int64_t* values, size_t n);
+  // Sums every unit's fp32 gradients over the data-parallel ranks (ZeRO-0): the units this
+  // rank's pipeline stage holds (all of them without a pipeline).
   Status reduce_gradients(ParamStore& params);
   // Everyone gets an error if anyone failed (the message names the failing rank).
   Status agree(Status local);
@@ -96,6 +100,22 @@ class DataParallel {
   Result<std::vector<std::string>> gather_world(const std::string& mine);
   int tp_rank() const { return topo_.tp_rank; }
   int tp_size() const { return topo_.tp_size; }
+
+  // Pipeline parallelism (engine/parallel/pipeline.h; parallel.pp, comm/topology.h): this rank's
+  // stage and the stage count; the stages of its pipeline over host memory (pp_group()) and over
+  // the model's memory (data_pp(): the NCCL twin with device: cuda under mpirun); the first and
+  // last stage's pair for the tied embedding's gradients (nullptr on middle stages and with one
+  // stage), likewise twice.
+  int pp_rank() const { return topo_.pp_rank; }
+  int pp_size() const { return topo_.pp_size; }
+  comm::ProcessGroup& pp_group() { return *topo_.pp; }
+  comm::ProcessGroup& data_pp() { return pp_data_ ? *pp_data_ : *topo_.pp; }
+  comm::ProcessGroup* embed_group() { return topo_.embed.get(); }
+  comm::ProcessGroup* data_embed() { return embed_data_ ? embed_data_.get() : topo_.embed.get(); }
+  // Sums every held unit's fp32 gradients of the tied embedding (unit 0) over the embed pair
+  // (the first stage's embedding gradient plus the last stage's LM-head gradient: both copies
+  // then take the same update). Nothing without a pipeline or on middle stages.
+  Status sum_tied_embedding(ParamStore& params);
 
   // True when this rank keeps only shards of its model states (ZeRO-1/2/3 with more than one
   // data-parallel rank): its ParamStore is then made without buffers (allocate = false).
@@ -124,8 +144,10 @@ class DataParallel {
   // device: cuda under mpirun: binds this rank to its GPU and opens the NCCL data group.
   Status open_device_groups(const TrainConfig& config);
   comm::Topology topo_;
-  std::unique_ptr<comm::ProcessGroup> dp_data_;  // NCCL, with device: cuda under mpirun
-  std::unique_ptr<comm::ProcessGroup> tp_data_;  // NCCL, with device: cuda and parallel.tp > 1
+  std::unique_ptr<comm::ProcessGroup> dp_data_;     // NCCL, with device: cuda under mpirun
+  std::unique_ptr<comm::ProcessGroup> tp_data_;     // NCCL, with device: cuda and parallel.tp > 1
+  std::unique_ptr<comm::ProcessGroup> pp_data_;     // NCCL, with device: cuda and parallel.pp > 1
+  std::unique_ptr<comm::ProcessGroup> embed_data_;  // NCCL, where embed_group() is
   int cuda_device_ = -1;
   int64_t stage_ = 0;
   int64_t prefetch_ = 1;

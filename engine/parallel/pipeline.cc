@@ -160,10 +160,9 @@ Result<PpTiming> PipelineExecutor::train(const std::vector<PpMicroBatch>& micro_
     Status st = w->wait();
     timing.wait_ms += ms_since(w0);
     w.reset();
-    return std::move(st).prefixed(fmt::format("pipeline stage {} of {}: {} of micro-batch {} {} stage {}", stage_,
-                                              stages_, what, mb,
-                                              std::string(what).rfind("send", 0) == 0 ? "to" : "from",
-                                              peer));
+    return std::move(st).prefixed(
+        fmt::format("pipeline stage {} of {}: {} of micro-batch {} {} stage {}", stage_, stages_,
+                    what, mb, std::string(what).rfind("send", 0) == 0 ? "to" : "from", peer));
   };
   Status failed = Status::ok();
   // NCCL launches the operations posted since its last wait together, one launch after another

@@ -22,10 +22,11 @@
 // the first slots, else after the backward that frees the slot; on NCCL just before their wait
 // (PpPosting). They are waited for just before the compute that reads them; sends are posted just
 // after the compute that wrote them and waited for only before the slot's buffer is written again
-// (and at the end of the step). So messages travel while the stage computes. pipeline_test.cc simulates every stage of every (p, m, schedule) with rendezvous
-// semantics (a send completes only once its receive is posted: MPI's large messages) and with
-// NCCL's (the operations posted since the last wait are launched together and launches run one
-// after another) and checks that every stage finishes.
+// (and at the end of the step). So messages travel while the stage computes. pipeline_test.cc
+// simulates every stage of every (p, m, schedule) with rendezvous semantics (a send completes only
+// once its receive is posted: MPI's large messages) and with NCCL's (the operations posted since
+// the last wait are launched together and launches run one after another) and checks that every
+// stage finishes.
 //
 // PipelineExecutor carries out a plan on a Model of one stage over the pp group: host memory
 // (MPI) on the CPU, device memory (the pp group's NCCL twin, engine/parallel/data_parallel.h) on
@@ -47,13 +48,13 @@ namespace kiln::engine {
 enum class PpOp : uint8_t {
   kPostRecvActivation,  // irecv the previous stage's output of mb into stage_input(slot)
   kWaitRecvActivation,
-  kForward,  // stage_forward(slot, mb's tokens)
+  kForward,             // stage_forward(slot, mb's tokens)
   kPostSendActivation,  // isend stage_output(slot) to the next stage
   kWaitSendActivation,
   kPostRecvGrad,  // irecv the next stage's input gradient of mb into stage_output_grad(slot)
   kWaitRecvGrad,
-  kBackward,         // stage_backward(slot, mb's tokens)
-  kPostSendGrad,     // isend stage_input_grad(slot) to the previous stage
+  kBackward,      // stage_backward(slot, mb's tokens)
+  kPostSendGrad,  // isend stage_input_grad(slot) to the previous stage
   kWaitSendGrad,
 };
 const char* pp_op_name(PpOp op);
@@ -107,8 +108,7 @@ class PipelineExecutor {
   // will run. pp: the stages (group rank = stage), carrying the model's memory. Both outlive
   // this object. message_bytes: what the stages exchange per micro-batch (the model's
   // stage_activation_elems() values of the work dtype).
-  PipelineExecutor(Model& model, comm::ProcessGroup& pp, PpSchedule schedule,
-                   size_t message_bytes);
+  PipelineExecutor(Model& model, comm::ProcessGroup& pp, PpSchedule schedule, size_t message_bytes);
 
   // One training step's micro-batches through the pipeline: every stage calls it with the same
   // number of micro-batches. Parameter gradients accumulate (as forward_backward); the last

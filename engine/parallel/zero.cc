@@ -11,27 +11,31 @@ namespace kiln::engine {
 
 ZeroOptimizer::ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp,
                              const OptimizerConfig& config, int stage, int prefetch,
-                             comm::ProcessGroup* tp, comm::ProcessGroup* dp_host)
+                             comm::ProcessGroup* tp, comm::ProcessGroup* dp_host,
+                             comm::ProcessGroup* pp)
     : params_(params),
       rt_(params.runtime()),
       dp_(dp),
       dp_host_(dp_host ? *dp_host : dp),
       tp_(tp && tp->size() > 1 ? tp : nullptr),
+      pp_(pp && pp->size() > 1 ? pp : nullptr),
       config_(config),
       stage_(stage),
       prefetch_(prefetch) {
   KILN_CHECK(stage >= 1 && stage <= 3, "ZeroOptimizer: stage 1, 2 or 3");
+  KILN_CHECK(!pp_ || stage == 1, "ZeroOptimizer: pipeline stages with ZeRO-1 only");
   KILN_CHECK(dp_host_.size() == dp.size() && dp_host_.rank() == dp.rank(),
              "ZeroOptimizer: the host group has other ranks than the data-parallel group");
 }
 
 Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::create(
     ParamStore& params, StateSource& source, comm::ProcessGroup& dp, const OptimizerConfig& config,
-    int stage, int prefetch, comm::ProcessGroup* tp, comm::ProcessGroup* dp_host) {
+    int stage, int prefetch, comm::ProcessGroup* tp, comm::ProcessGroup* dp_host,
+    comm::ProcessGroup* pp) {
   KILN_CHECK(params.state_bytes() == 0,
              "ZeroOptimizer::create: the ParamStore must be made without buffers");
   std::unique_ptr<ZeroOptimizer> z(
-      new ZeroOptimizer(params, dp, config, stage, prefetch, tp, dp_host));
+      new ZeroOptimizer(params, dp, config, stage, prefetch, tp, dp_host, pp));
   KILN_RETURN_IF_ERROR(z->build(source));
   return z;
 }
@@ -39,8 +43,13 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::create(
 Status ZeroOptimizer::build(StateSource& source) {
   const int n = dp_.size(), r = dp_.rank();
   const bool low = params_.precision() != Precision::kFp32;
-  for (ParamUnit& u : params_.units()) {
+  for (size_t i = 0; i < params_.units().size(); ++i) {
+    ParamUnit& u = params_.units()[i];
     Shard s;
+    if (!held(i)) {  // another pipeline stage's unit: no shard (size 0)
+      shards_.push_back(std::move(s));
+      continue;
+    }
     s.numel = u.numel;
     s.size = shard_numel(u.numel, n);
     s.begin = s.size * r;
@@ -86,6 +95,7 @@ Status ZeroOptimizer::load(StateSource& source) {
   auto& units = params_.units();
   for (size_t i = 0; i < units.size(); ++i) {
     const int ui = static_cast<int>(i);
+    if (!held(i)) continue;
     ParamUnit& u = units[i];
     Shard& s = shards_[i];
     KILN_CHECK(s.weights != Weights::kInFlight && !pending_.work,
@@ -317,6 +327,7 @@ Status ZeroOptimizer::reduce_scatter_gradients() {
   const int n = dp_.size();
   auto& units = params_.units();
   for (size_t i = 0; i < units.size(); ++i) {
+    if (!held(i)) continue;
     Shard& s = shards_[i];
     const float* send = units[i].grad.data();
     if (s.size * n != s.numel) {  // the last shard runs past the unit: send a padded copy
@@ -349,6 +360,7 @@ Result<StepStats> ZeroOptimizer::inspect(double loss_scale) {
   double ss = 0;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const Shard& s = shards_[i];
+    if (!counted(i)) continue;
     if (!tp_) {  // the whole shard (padding is zero)
       const float* g = s.grad.data();
       ss += rt.sum_squares(&g, &s.size, 1);
@@ -368,6 +380,10 @@ Result<StepStats> ZeroOptimizer::inspect(double loss_scale) {
     KILN_RETURN_IF_ERROR(tp_->allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum)
                              .prefixed("gradient norm over the tensor-parallel group"));
   }
+  if (pp_) {
+    KILN_RETURN_IF_ERROR(pp_->allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum)
+                             .prefixed("gradient norm over the pipeline stages"));
+  }
   StepStats st;
   st.grad_norm = std::sqrt(ss) / loss_scale;
   st.finite = std::isfinite(st.grad_norm);
@@ -380,6 +396,7 @@ Result<NonFinite> ZeroOptimizer::find_nonfinite() {
   std::vector<int64_t> counts(shards_.size(), 0);
   std::vector<float> host;
   for (size_t i = 0; i < shards_.size(); ++i) {
+    if (!counted(i)) continue;
     host.resize(shards_[i].size);  // after an overflow only: a copy is fine
     rt_.copy_to_host(host.data(), shards_[i].grad.data(), host.size() * sizeof(float));
     const float* g = host.data();
@@ -397,6 +414,10 @@ Result<NonFinite> ZeroOptimizer::find_nonfinite() {
   if (tp_) {
     KILN_RETURN_IF_ERROR(
         tp_->allreduce(counts.data(), counts.size(), comm::DType::kInt64, comm::ReduceOp::kSum));
+  }
+  if (pp_) {
+    KILN_RETURN_IF_ERROR(
+        pp_->allreduce(counts.data(), counts.size(), comm::DType::kInt64, comm::ReduceOp::kSum));
   }
   NonFinite r;
   for (size_t i = counts.size(); i-- > 0;) {  // backward order, as engine/stability/monitor.h
@@ -428,6 +449,7 @@ Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats
   // Every unit's shard ranges in one call: the CUDA backend updates them in one launch.
   std::vector<AdamWTensor> batch;
   for (size_t i = 0; i < units.size(); ++i) {
+    if (!held(i)) continue;
     Shard& s = shards_[i];
     ParamUnit& u = units[i];
     // Stages 1-2 update the full master buffer in place (their own shard of it); stage 3 its
@@ -455,6 +477,7 @@ Status ZeroOptimizer::apply(double lr, double loss_scale, const StepStats& stats
   if (stage_ == 3) return Status::ok();  // the next forward gathers them
   // Every rank gets the updated working weights.
   for (size_t i = 0; i < units.size(); ++i) {
+    if (!held(i)) continue;
     const Shard& s = shards_[i];
     ParamUnit& u = units[i];
     if (prec == Precision::kFp32) {
@@ -471,6 +494,7 @@ std::vector<TensorView> ZeroOptimizer::checkpoint_partition(
   std::vector<TensorView> out;
   const auto& units = params_.units();
   for (size_t i = 0; i < units.size(); ++i) {
+    if (!held(i)) continue;  // another pipeline stage writes it
     const Shard& s = shards_[i];
     const ParamUnit& u = units[i];
     const std::vector<int64_t> shape{static_cast<int64_t>(s.size)};

@@ -27,6 +27,11 @@
 // replicated tensors (norms, wpe, row-parallel biases: the same on every TP rank) on TP rank 0
 // only; an inf/NaN anywhere still reaches every rank, so the overflow decision is one.
 //
+// With pipeline parallelism (engine/parallel/pipeline.h; stage 1 only) the ParamStore holds one
+// stage's units: only those are sharded (the others have no shard, no buffer, no checkpoint
+// entry), and the norm and the inf/NaN count add the stages' sums over `pp`, counting the tied
+// embedding (held by the first and last stage, identical) on the first stage only.
+//
 // Checkpoints are per rank (engine/checkpoint/checkpoint.h): each rank writes its shards of the
 // master weights and moments (checkpoint_partition()); on resume create() reads the rank's shard of
 // any checkpoint's partitions in byte ranges (CheckpointReader), so a checkpoint of any
@@ -68,12 +73,10 @@ class ZeroOptimizer final : public UnitHooks {
   // units gathered ahead (stage 3). tp: the tensor-parallel group over host memory (nullptr or
   // one rank: none). dp_host: the data-parallel ranks over host memory (nullptr: dp itself, when
   // dp carries host memory). Both must outlive this object.
-  static Result<std::unique_ptr<ZeroOptimizer>> create(ParamStore& params, StateSource& source,
-                                                       comm::ProcessGroup& dp,
-                                                       const OptimizerConfig& config, int stage,
-                                                       int prefetch,
-                                                       comm::ProcessGroup* tp = nullptr,
-                                                       comm::ProcessGroup* dp_host = nullptr);
+  static Result<std::unique_ptr<ZeroOptimizer>> create(
+      ParamStore& params, StateSource& source, comm::ProcessGroup& dp,
+      const OptimizerConfig& config, int stage, int prefetch, comm::ProcessGroup* tp = nullptr,
+      comm::ProcessGroup* dp_host = nullptr, comm::ProcessGroup* pp = nullptr);
   ~ZeroOptimizer() override;
 
   int stage() const { return stage_; }
@@ -119,7 +122,13 @@ class ZeroOptimizer final : public UnitHooks {
 
  private:
   ZeroOptimizer(ParamStore& params, comm::ProcessGroup& dp, const OptimizerConfig& config,
-                int stage, int prefetch, comm::ProcessGroup* tp, comm::ProcessGroup* dp_host);
+                int stage, int prefetch, comm::ProcessGroup* tp, comm::ProcessGroup* dp_host,
+                comm::ProcessGroup* pp);
+  // Whether this rank's stage holds unit i (pipeline parallelism; always without).
+  bool held(size_t i) const { return params_.holds(static_cast<int>(i)); }
+  // Whether the norm and the inf/NaN count take unit i here: held, and the tied embedding once
+  // (the first stage's; the last stage's copy is identical).
+  bool counted(size_t i) const { return held(i) && !(i == 0 && pp_ && pp_->rank() > 0); }
   // Allocates the shards and the full buffers the stage keeps, then load()s them.
   Status build(StateSource& source);
   Status load(StateSource& source);
@@ -164,6 +173,7 @@ class ZeroOptimizer final : public UnitHooks {
   comm::ProcessGroup& dp_;       // carries be_'s memory
   comm::ProcessGroup& dp_host_;  // the same ranks over host memory (scalars)
   comm::ProcessGroup* tp_;       // nullptr without tensor parallelism
+  comm::ProcessGroup* pp_;       // the pipeline's stages (host memory); nullptr without
   OptimizerConfig config_;
   int stage_;
   int prefetch_;

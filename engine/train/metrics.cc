@@ -44,6 +44,7 @@ std::string step_record_json(const StepRecord& r) {
     for (const auto& [k, v] : r.comm_bytes) cb[k] = v;
     j["comm_bytes"] = cb;
   }
+  if (r.pp_bubble) j["pp_bubble"] = *r.pp_bubble;
   if (r.mfu) j["mfu"] = *r.mfu;
   if (r.device_memory_peak_mib) j["device_memory_peak_mib"] = *r.device_memory_peak_mib;
   if (!r.val_loss.empty()) {

@@ -41,6 +41,10 @@ struct StepRecord {
   std::map<std::string, uint64_t> comm_bytes;
   double comm_ms = 0;  // wall time of the step's loss/gradient reductions (multi-rank only;
                        // ZeRO-2/3: + waits for collectives started in forward/backward)
+  // Pipeline parallelism (parallel.pp > 1): the measured bubble, the time the stages of rank 0's
+  // pipeline waited for their neighbours' messages over the time they spent in the pipeline
+  // (summed over the stages; engine/parallel/pipeline.h PpTiming).
+  std::optional<double> pp_bubble;
   // On a GPU (engine/train/mfu.h): model FLOPs utilisation against the device's dense bf16 peak
   // (unset when the device is not in the table) and the device memory in use at its highest so far.
   std::optional<double> mfu;

@@ -595,6 +595,24 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
     c.device = *d;
   }
   if (c.schedule.total_steps == 0) c.schedule.total_steps = c.run.steps;
+  // Pipeline parallelism (engine/parallel/pipeline.h): what does not combine with it.
+  if (c.parallel.pp > 1 && c.parallel.zero_stage >= 2) {
+    return bad(
+        "parallel.zero_stage",
+        fmt::format("ZeRO-{} with parallel.pp {}: ZeRO-2/3 reduce (and ZeRO-3 gathers) every "
+                    "unit once per micro-batch, which a pipeline's interleaved micro-batches "
+                    "would multiply by the micro-batch count (DeepSpeed refuses it too); use "
+                    "parallel.zero_stage 1 (the optimizer states sharded, gradients reduced "
+                    "once per step) or 0",
+                    c.parallel.zero_stage, c.parallel.pp));
+  }
+  if (c.parallel.pp > 1 && c.eval.every_steps > 0) {
+    return bad("eval.every_steps",
+               fmt::format("evaluation (val_loss, eval.tasks) does not run through a pipeline: "
+                           "set eval.every_steps: 0 with parallel.pp {} (evaluate a checkpoint "
+                           "with `kiln eval` instead)",
+                           c.parallel.pp));
+  }
   return c;
 }
 

@@ -23,6 +23,7 @@
 #include "engine/checkpoint/hf.h"
 #include "engine/model/schedule.h"
 #include "engine/parallel/data_parallel.h"
+#include "engine/parallel/pipeline.h"
 #include "engine/parallel/tensor_parallel.h"
 #include "engine/stability/decision.h"
 #include "engine/stability/rollback.h"
@@ -87,8 +88,19 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   KILN_RETURN_IF_ERROR(t->build_model_states(runtime));
   t->optimizer_ = std::make_unique<AdamW>(config.optimizer);
   t->scaler_ = LossScaler(config.loss_scale, config.precision == Precision::kFp16);
+  // Pipeline parallelism: this stage's model keeps the schedule's micro-batches in flight, and
+  // the executor runs the step's micro-batches through the stages.
+  const int pp = t->dp_->pp_size();
+  const int accum = static_cast<int>(config.data.grad_accum);
+  const int pp_slots =
+      pp > 1 ? pp_in_flight(config.parallel.pp_schedule, t->dp_->pp_rank(), pp, accum) : 1;
   t->model_ = Model::create(t->params_.get(), config.data.micro_batch,
-                            config.activation_checkpointing, 0, t->tp_.get());
+                            config.activation_checkpointing, 0, t->tp_.get(), pp_slots);
+  if (pp > 1) {
+    t->pipeline_ = std::make_unique<PipelineExecutor>(
+        *t->model_, t->dp_->data_pp(), config.parallel.pp_schedule,
+        t->model_->stage_activation_elems() * dtype_size(t->params_->work_dtype()));
+  }
   t->batches_ = std::make_unique<StepBatches>(t->data_.get(), runtime, config.data.micro_batch,
                                               config.model.seq_len, config.model.vocab_size,
                                               config.data.prefetch_next_step);
@@ -183,11 +195,37 @@ void Trainer::log_run_summary(Runtime& runtime) {
   KILN_LOG_INFO("data: {}", data_->describe());
   if (dp_->world_size() > 1) {
     KILN_LOG_INFO(
-        "distributed: {} ranks ({}), data-parallel {}, tensor-parallel {}, ZeRO stage "
-        "{}{}; global batch {} sequences",
-        dp_->world_size(), dp_->backend(), dp_->size(), config.parallel.tp,
+        "distributed: {} ranks ({}), data-parallel {}, tensor-parallel {}, pipeline {}, ZeRO "
+        "stage {}{}; global batch {} sequences",
+        dp_->world_size(), dp_->backend(), dp_->size(), config.parallel.tp, dp_->pp_size(),
         config.parallel.zero_stage, config.parallel.hierarchical ? ", hierarchical all-reduce" : "",
         config.data.micro_batch * config.data.grad_accum * dp_->size());
+  }
+  if (dp_->pp_size() > 1) {
+    const int p = dp_->pp_size();
+    const int m = static_cast<int>(config.data.grad_accum);
+    const std::vector<int64_t> bounds = pp_stage_split(config.model, p, config.parallel.pp_layers);
+    std::string split;
+    for (int s = 0; s < p; ++s) {
+      split += fmt::format(
+          "{}stage {}: blocks {}..{}{}{}", s ? "; " : "", s, bounds[s], bounds[s + 1] - 1,
+          s == 0 ? " + embeddings" : "",
+          s == p - 1 ? (config.model.tie_embeddings ? " + final norm, head (tied embeddings)"
+                                                    : " + final norm, head")
+                     : "");
+    }
+    KILN_LOG_INFO(
+        "pipeline: {} stages, schedule {}, {} micro-batches per step; bubble (p-1)/(m+p-1) = "
+        "{:.3f}; this rank: stage {} ({} micro-batches in flight); {}",
+        p, pp_schedule_name(config.parallel.pp_schedule), m, pp_bubble_fraction(p, m),
+        dp_->pp_rank(), model_->pp_slots(), split);
+    if (m < p) {
+      KILN_LOG_WARN(
+          "pipeline: data.grad_accum {} (micro-batches per step) is below parallel.pp {}: "
+          "stages idle {:.0f}% of the step (bubble); raise data.grad_accum to at least {} "
+          "(4x for a bubble under 20%)",
+          m, p, 100.0 * pp_bubble_fraction(p, m), p);
+    }
   }
   if (!runtime.product_name().empty()) {  // an accelerator
     if (peak_flops_) {
@@ -244,9 +282,13 @@ Status Trainer::build_model_states(Runtime* runtime) {
   const DeviceMemory before = runtime->memory();
   const auto t0 = std::chrono::steady_clock::now();
   // ZeRO: a rank keeps only shards of its model states, so its store starts without buffers.
-  params_ = std::make_unique<ParamStore>(config.model, config.precision,
-                                         config.optimizer.decay_norms_and_biases, runtime,
-                                         tp_ ? tp_->shard() : TpShard{}, !dp_->shards_states());
+  // Pipeline parallelism: the store allocates only this stage's units (ParamStore::holds).
+  const PpStage stage = dp_->pp_size() > 1 ? pp_stage(config.model, dp_->pp_rank(), dp_->pp_size(),
+                                                      config.parallel.pp_layers)
+                                           : PpStage{};
+  params_ = std::make_unique<ParamStore>(
+      config.model, config.precision, config.optimizer.decay_norms_and_biases, runtime,
+      tp_ ? tp_->shard() : TpShard{}, !dp_->shards_states(), stage);
   std::unique_ptr<StateSource> source;
   std::string from = "the initialisation (run.seed " + std::to_string(config.run.seed) + ")";
   if (options_.resume) {
@@ -548,14 +590,26 @@ Status Trainer::forward_backward(const StepInput& in, StepRecord* rec) {
   if (rec->step < config_.run.steps && !mix_due(config_.mixing, mix_->state(), rec->step)) {
     batches_->prefetch(static_cast<size_t>(config_.data.grad_accum));
   }
-  for (size_t bi = 0; bi < batches.size(); ++bi) {
-    const DeviceBatches::Tokens tok = staged.at(bi);
-    model_->forward_backward(tok.inputs, tok.targets, dloss, staged.losses(bi), tok.doc_start);
+  PpTiming pp_timing;
+  if (pipeline_) {
+    // Every stage of the pipeline has the same micro-batches (the first embeds the inputs, the
+    // last scores the targets, every stage masks by doc_start).
+    std::vector<PpMicroBatch> mbs;
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      const DeviceBatches::Tokens tok = staged.at(bi);
+      mbs.push_back({tok.inputs, tok.targets, staged.losses(bi), tok.doc_start});
+    }
+    KILN_ASSIGN_OR_RETURN(pp_timing, pipeline_->train(mbs, dloss));
+  } else {
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      const DeviceBatches::Tokens tok = staged.at(bi);
+      model_->forward_backward(tok.inputs, tok.targets, dloss, staged.losses(bi), tok.doc_start);
+    }
   }
   // The step's one wait for the device: every micro-batch's per-token losses, one copy (pinned).
   const float* step_losses = staged.host_losses(batches.size());
   const std::vector<std::string>& domains = data_->domains();
-  const StepLoss local = sum_step_loss(
+  StepLoss local = sum_step_loss(
       batches, step_losses, static_cast<size_t>(config_.data.micro_batch * config_.model.seq_len),
       domains.size());
   // Sums over the data-parallel ranks: loss, then per domain the loss and the target count.
@@ -564,6 +618,23 @@ Status Trainer::forward_backward(const StepInput& in, StepRecord* rec) {
   sums.insert(sums.end(), local.domain_sum.begin(), local.domain_sum.end());
   for (int64_t c : local.domain_targets) sums.push_back(static_cast<double>(c));
   const auto c0 = std::chrono::steady_clock::now();
+  if (pipeline_) {
+    // The losses exist on the last stage only: summed over the pipeline with zeros elsewhere
+    // (exact: x + 0 is x), so every stage logs and decides the same; with the stages' waits and
+    // times for the measured bubble.
+    if (!pipeline_->last()) std::fill(sums.begin(), sums.end(), 0.0);
+    sums.push_back(pp_timing.wait_ms);
+    sums.push_back(pp_timing.total_ms);
+    KILN_RETURN_IF_ERROR(
+        dp_->pp_group()
+            .allreduce(sums.data(), sums.size(), comm::DType::kFloat64, comm::ReduceOp::kSum)
+            .prefixed("step loss over the pipeline stages"));
+    const double total = sums.back();
+    sums.pop_back();
+    const double waited = sums.back();
+    sums.pop_back();
+    rec->pp_bubble = total > 0 ? waited / total : 0.0;
+  }
   KILN_RETURN_IF_ERROR(dp_->sum(sums.data(), sums.size()));
   rec->loss = sums[0] / std::max<int64_t>(1, in.valid);
   for (size_t d = 0; d < domains.size(); ++d) {
@@ -571,10 +642,16 @@ Status Trainer::forward_backward(const StepInput& in, StepRecord* rec) {
     if (targets > 0) rec->domain_loss[domains[d]] = sums[1 + d] / targets;
   }
   if (faults_->overflow(rec->step, dp_->world_rank(), dp_->world_size())) {
-    // ZeRO-2/3 reduced the gradients during backward: the shard gets it.
-    float* g = zero && zero->stage() >= 2 ? zero->shard_grad(0) : params_->grad(0);
+    // ZeRO-2/3 reduced the gradients during backward: the shard gets it. A pipeline stage: its
+    // first tensor (the last stage may not hold the embeddings).
+    int t = 0;
+    while (!params_->holds(params_->tensors()[static_cast<size_t>(t)].unit)) ++t;
+    float* g = zero && zero->stage() >= 2 ? zero->shard_grad(0) : params_->grad(t);
     params_->runtime().fill(g, std::numeric_limits<float>::infinity(), 1);
   }
+  // The tied embedding: the first stage's embedding gradient plus the last stage's head gradient
+  // on both (before the data-parallel reduction: both copies then take the same update).
+  KILN_RETURN_IF_ERROR(dp_->sum_tied_embedding(*params_));
   if (zero) {
     KILN_RETURN_IF_ERROR(zero->reduce_scatter_gradients());
   } else {
@@ -595,7 +672,7 @@ Result<StepStats> Trainer::inspect_gradients(const StepInput& in, StepRecord* re
       rec->step, learning_rate(config_.schedule, config_.optimizer.lr, state_.step));
   // Per-layer statistics and clipping read whole gradients: not with ZeRO's sharded ones (yet).
   if (layer_stats_due(rec->step)) rec->grad_norm_layers = unit_grad_norms(*params_, in.scale);
-  if (!zero) {
+  if (!zero && !pipeline_) {  // whole units on every rank only (not ZeRO's shards, not stages)
     rec->layers_clipped =
         clip_units(*params_, in.scale, sc.layer_clip_max_norm, sc.layer_clip_factor, &layer_norms_);
   }
@@ -607,6 +684,8 @@ Result<StepStats> Trainer::inspect_gradients(const StepInput& in, StepRecord* re
   StepStats stats;
   if (zero) {
     KILN_ASSIGN_OR_RETURN(stats, zero->inspect(in.scale));
+  } else if (pipeline_) {
+    KILN_ASSIGN_OR_RETURN(stats, inspect_pipeline(in.scale));
   } else if (tp_) {  // the norm over every rank's slices, one overflow decision
     stats = tp_->inspect(*optimizer_, *params_, in.scale);
   } else {
@@ -621,7 +700,7 @@ Result<StepStats> Trainer::inspect_gradients(const StepInput& in, StepRecord* re
 
 bool Trainer::layer_stats_due(int64_t step) const {
   const int64_t every = config_.stability.layer_stats_every;
-  return !dp_->zero() && every > 0 && step % every == 0;
+  return !dp_->zero() && !pipeline_ && every > 0 && step % every == 0;
 }
 
 // The stability decision (engine/stability/decision.h) carried out: the optimizer's update, a
@@ -702,6 +781,8 @@ Status Trainer::update(const StepInput& in, const StepStats& stats, StepRecord* 
   if (ZeroOptimizer* zero = dp_->zero()) {
     KILN_RETURN_IF_ERROR(zero->apply(rec->lr, in.scale, stats, optimizer_->updates() + 1));
     optimizer_->set_updates(optimizer_->updates() + 1);
+  } else if (pipeline_) {
+    apply_pipeline(rec->lr, in.scale, stats);
   } else {
     optimizer_->apply(*params_, rec->lr, in.scale, stats);
   }
@@ -715,8 +796,10 @@ Status Trainer::skip_overflow(const StepInput& in, StepRecord* rec) {
   rec->skip_reason = "overflow";
   ZeroOptimizer* zero = dp_->zero();
   NonFinite nf;
-  if (zero && zero->stage() >= 2) {  // the full gradients are gone: count in the shards
+  if (zero && (zero->stage() >= 2 || pipeline_)) {  // the full gradients are gone: the shards
     KILN_ASSIGN_OR_RETURN(nf, zero->find_nonfinite());
+  } else if (pipeline_) {
+    KILN_ASSIGN_OR_RETURN(nf, find_nonfinite_pipeline());
   } else {
     nf = find_nonfinite(*params_);
   }
@@ -953,6 +1036,89 @@ Status Trainer::save() {
   return Status::ok();
 }
 
+// ---- pipeline parallelism without ZeRO (parallel.pp > 1, ZeRO-0) ----
+
+// Whether gradient norms and inf/NaN counts take tensor t on this rank: its stage holds it, the
+// tied embedding once (on the first stage; the last holds an identical copy), replicated tensors
+// of tensor parallelism on TP rank 0 (as TensorParallel::inspect).
+static bool counted_here(const ParamStore& params, int t, bool last_stage, int tp_rank) {
+  const ParamTensor& pt = params.tensors()[static_cast<size_t>(t)];
+  if (!params.holds(pt.unit)) return false;
+  if (pt.unit == 0 && last_stage && !params.pp_stage().first()) return false;
+  return pt.split_dim >= 0 || tp_rank == 0;
+}
+
+Result<StepStats> Trainer::inspect_pipeline(double loss_scale) {
+  std::vector<const float*> ptrs;
+  std::vector<size_t> sizes;
+  const bool last = pipeline_->last();
+  for (size_t i = 0; i < params_->tensors().size(); ++i) {
+    const int t = static_cast<int>(i);
+    if (!counted_here(*params_, t, last, dp_->tp_rank())) continue;
+    ptrs.push_back(params_->grad(t));
+    sizes.push_back(params_->tensors()[i].numel);
+  }
+  double ss =
+      params_->runtime().sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()));
+  // inf/NaN anywhere makes the sum inf/NaN on every rank: one overflow decision.
+  if (dp_->tp_size() > 1) {
+    KILN_RETURN_IF_ERROR(dp_->tp_group()
+                             .allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum)
+                             .prefixed("gradient norm over the tensor-parallel group"));
+  }
+  KILN_RETURN_IF_ERROR(dp_->pp_group()
+                           .allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum)
+                           .prefixed("gradient norm over the pipeline stages"));
+  return optimizer_->stats_from_sum_squares(ss, loss_scale);
+}
+
+void Trainer::apply_pipeline(double lr, double loss_scale, const StepStats& stats) {
+  KILN_CHECK(stats.finite, "apply_pipeline with non-finite gradients");
+  const int64_t update = optimizer_->updates() + 1;
+  const AdamWParams hp = adamw_params(config_.optimizer, lr, loss_scale, stats, update);
+  // As AdamW::apply, over the tensors of this stage's units.
+  const auto& tensors = params_->tensors();
+  std::vector<AdamWTensor> batch;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int t = static_cast<int>(i);
+    if (!params_->holds(tensors[i].unit)) continue;
+    AdamWTensor& a = batch.emplace_back();
+    a.params = params_->master(t);
+    a.m = params_->exp_avg(t);
+    a.v = params_->exp_avg_sq(t);
+    a.grads = params_->grad(t);
+    a.params_lp = params_->work_bytes(t);
+    a.n = tensors[i].numel;
+    a.weight_decay = tensors[i].decay ? config_.optimizer.weight_decay : 0.0f;
+  }
+  params_->runtime().adamw_update_multi(batch.data(), static_cast<int>(batch.size()), hp,
+                                        params_->work_dtype());
+  optimizer_->set_updates(update);
+}
+
+Result<NonFinite> Trainer::find_nonfinite_pipeline() {
+  const auto& units = params_->units();
+  std::vector<int64_t> counts(units.size(), 0);
+  std::vector<float> host;
+  const bool last = pipeline_->last();
+  for (size_t i = 0; i < params_->tensors().size(); ++i) {
+    const int t = static_cast<int>(i);
+    if (!counted_here(*params_, t, last, 0)) continue;  // every TP rank its own slices
+    const ParamTensor& pt = params_->tensors()[i];
+    host.resize(pt.numel);  // after an overflow only: a copy is fine
+    params_->runtime().copy_to_host(host.data(), params_->grad(t), pt.numel * sizeof(float));
+    for (float v : host) counts[static_cast<size_t>(pt.unit)] += !std::isfinite(v);
+  }
+  KILN_RETURN_IF_ERROR(dp_->pp_group().allreduce(counts.data(), counts.size(), comm::DType::kInt64,
+                                                 comm::ReduceOp::kSum));
+  NonFinite r;
+  for (size_t i = counts.size(); i-- > 0;) {  // backward order, as engine/stability/monitor.h
+    if (counts[i] > 0 && r.first_unit.empty()) r.first_unit = units[i].name;
+    r.count += counts[i];
+  }
+  return r;
+}
+
 Status Trainer::run() {
   StopSignals stop_signals("training after the current step");
 
@@ -979,8 +1145,9 @@ Status Trainer::run() {
     // SIGUSR1): finish the step, checkpoint, exit 0 so a requeued job resumes from it.
     int64_t sig_any = StopSignals::requested();
     if (dp_->world_size() > 1) {
+      // Over the world: a signal to one stage or TP rank must stop its peers too.
       int64_t v[1] = {sig_any};
-      KILN_RETURN_IF_ERROR(dp_->sum(v, 1));
+      KILN_RETURN_IF_ERROR(dp_->sum_world(v, 1));
       sig_any = v[0] ? (StopSignals::requested() ? StopSignals::requested() : SIGTERM) : 0;
     }
     if (int sig = static_cast<int>(sig_any)) {

@@ -53,6 +53,7 @@ struct TrainOptions {
 
 class DataParallel;
 class TensorParallel;
+class PipelineExecutor;
 
 class Trainer {
  public:
@@ -116,13 +117,19 @@ class Trainer {
   void log_run_summary(Runtime& runtime);
   Status restore_resumed_state();
   Status write_sharded_checkpoint(const CheckpointLayout& layout, Status* written);
+  // Pipeline parallelism (parallel.pp > 1): the global norm over the stages' units, the AdamW
+  // update and the inf/NaN count of this stage's units (ZeRO-0; ZeRO-1 does these itself).
+  Result<StepStats> inspect_pipeline(double loss_scale);
+  void apply_pipeline(double lr, double loss_scale, const StepStats& stats);
+  Result<NonFinite> find_nonfinite_pipeline();
   void print_progress(const StepRecord& r);
 
   TrainConfig config_;
   std::string config_yaml_;
   TrainOptions options_;
   std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<TensorParallel> tp_;  // parallel.tp > 1 only
+  std::unique_ptr<TensorParallel> tp_;          // parallel.tp > 1 only
+  std::unique_ptr<PipelineExecutor> pipeline_;  // parallel.pp > 1 only
   std::map<std::string, uint64_t> comm_seen_;
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<Model> model_;

@@ -50,8 +50,8 @@ TEST(Pipeline, ComputeOrderInvariants) {
         for (int s = 0; s < p; ++s) {
           const auto order = pp_compute_order(sched, s, p, m);
           const int k = pp_in_flight(sched, s, p, m);
-          const std::string where = fmt::format("{} p {} s {} m {}", pp_schedule_name(sched), p,
-                                                s, m);
+          const std::string where =
+              fmt::format("{} p {} s {} m {}", pp_schedule_name(sched), p, s, m);
           ASSERT_EQ(order.size(), static_cast<size_t>(2 * m)) << where;
           std::vector<int> fwd(m, 0), bwd(m, 0);
           std::map<int, int> slot_owner;
@@ -93,91 +93,91 @@ TEST(Pipeline, PlanMessagesPerStage) {
     for (int p = 1; p <= 5; ++p) {
       for (int m = 1; m <= 9; ++m) {
         for (int s = 0; s < p; ++s) {
-         for (PpPosting posting : {PpPosting::kEager, PpPosting::kPaired}) {
-          const auto plan = pp_plan(sched, s, p, m, posting);
-          const int k = pp_in_flight(sched, s, p, m);
-          const bool first = s == 0, last = s == p - 1;
-          const std::string where = fmt::format("{} p {} s {} m {}", pp_schedule_name(sched), p,
-                                                s, m);
-          // Compute actions in the same order as pp_compute_order.
-          std::vector<PpAction> compute;
-          for (const PpAction& a : plan)
-            if (a.op == PpOp::kForward || a.op == PpOp::kBackward) compute.push_back(a);
-          ASSERT_EQ(compute, pp_compute_order(sched, s, p, m)) << where;
-          // State per (kind, mb): 0 nothing, 1 posted, 2 waited.
-          std::map<std::pair<int, int>, int> state;
-          std::map<PpOp, int> last_posted_mb;
-          std::set<int> backwarded, forwarded;
-          auto kind = [](PpOp op) {
-            switch (op) {
-              case PpOp::kPostRecvActivation:
-              case PpOp::kWaitRecvActivation:
-                return 0;
-              case PpOp::kPostSendActivation:
-              case PpOp::kWaitSendActivation:
-                return 1;
-              case PpOp::kPostRecvGrad:
-              case PpOp::kWaitRecvGrad:
-                return 2;
-              default:
-                return 3;
-            }
-          };
-          for (const PpAction& a : plan) {
-            const auto key = std::make_pair(kind(a.op), a.mb);
-            switch (a.op) {
-              case PpOp::kPostRecvActivation:
-                ASSERT_FALSE(first) << where;
-                ASSERT_TRUE(a.mb < k || backwarded.count(a.mb - k)) << where << " slot busy";
-                [[fallthrough]];
-              case PpOp::kPostSendActivation:
-              case PpOp::kPostRecvGrad:
-              case PpOp::kPostSendGrad: {
-                if (a.op == PpOp::kPostSendActivation || a.op == PpOp::kPostRecvGrad)
-                  ASSERT_FALSE(last) << where;
-                if (a.op == PpOp::kPostSendGrad) ASSERT_FALSE(first) << where;
-                if (a.op == PpOp::kPostSendGrad) {
-                  ASSERT_EQ((state[{4, a.mb}]), 0) << where;
-                  state[{4, a.mb}] = 1;
-                } else {
-                  ASSERT_EQ(state[key], 0) << where << " posted twice";
-                  state[key] = 1;
-                }
-                auto it = last_posted_mb.find(a.op);
-                if (it != last_posted_mb.end()) ASSERT_LT(it->second, a.mb) << where;
-                last_posted_mb[a.op] = a.mb;
-                break;
+          for (PpPosting posting : {PpPosting::kEager, PpPosting::kPaired}) {
+            const auto plan = pp_plan(sched, s, p, m, posting);
+            const int k = pp_in_flight(sched, s, p, m);
+            const bool first = s == 0, last = s == p - 1;
+            const std::string where =
+                fmt::format("{} p {} s {} m {}", pp_schedule_name(sched), p, s, m);
+            // Compute actions in the same order as pp_compute_order.
+            std::vector<PpAction> compute;
+            for (const PpAction& a : plan)
+              if (a.op == PpOp::kForward || a.op == PpOp::kBackward) compute.push_back(a);
+            ASSERT_EQ(compute, pp_compute_order(sched, s, p, m)) << where;
+            // State per (kind, mb): 0 nothing, 1 posted, 2 waited.
+            std::map<std::pair<int, int>, int> state;
+            std::map<PpOp, int> last_posted_mb;
+            std::set<int> backwarded, forwarded;
+            auto kind = [](PpOp op) {
+              switch (op) {
+                case PpOp::kPostRecvActivation:
+                case PpOp::kWaitRecvActivation:
+                  return 0;
+                case PpOp::kPostSendActivation:
+                case PpOp::kWaitSendActivation:
+                  return 1;
+                case PpOp::kPostRecvGrad:
+                case PpOp::kWaitRecvGrad:
+                  return 2;
+                default:
+                  return 3;
               }
-              case PpOp::kWaitSendGrad:
-                ASSERT_EQ((state[{4, a.mb}]), 1) << where;
-                state[{4, a.mb}] = 2;
-                break;
-              case PpOp::kWaitRecvActivation:
-              case PpOp::kWaitSendActivation:
-              case PpOp::kWaitRecvGrad:
-                ASSERT_EQ(state[key], 1) << where << " " << pp_op_name(a.op) << " " << a.mb;
-                state[key] = 2;
-                break;
-              case PpOp::kForward:
-                if (!first) ASSERT_EQ((state[{0, a.mb}]), 2) << where;
-                // The slot's output buffer: its last send done.
-                if (!last && a.mb >= k) ASSERT_EQ((state[{1, a.mb - k}]), 2) << where;
-                forwarded.insert(a.mb);
-                break;
-              case PpOp::kBackward:
-                if (!last) ASSERT_EQ((state[{2, a.mb}]), 2) << where;
-                if (!first && a.mb >= k) ASSERT_EQ((state[{4, a.mb - k}]), 2) << where;
-                backwarded.insert(a.mb);
-                break;
+            };
+            for (const PpAction& a : plan) {
+              const auto key = std::make_pair(kind(a.op), a.mb);
+              switch (a.op) {
+                case PpOp::kPostRecvActivation:
+                  ASSERT_FALSE(first) << where;
+                  ASSERT_TRUE(a.mb < k || backwarded.count(a.mb - k)) << where << " slot busy";
+                  [[fallthrough]];
+                case PpOp::kPostSendActivation:
+                case PpOp::kPostRecvGrad:
+                case PpOp::kPostSendGrad: {
+                  if (a.op == PpOp::kPostSendActivation || a.op == PpOp::kPostRecvGrad)
+                    ASSERT_FALSE(last) << where;
+                  if (a.op == PpOp::kPostSendGrad) ASSERT_FALSE(first) << where;
+                  if (a.op == PpOp::kPostSendGrad) {
+                    ASSERT_EQ((state[{4, a.mb}]), 0) << where;
+                    state[{4, a.mb}] = 1;
+                  } else {
+                    ASSERT_EQ(state[key], 0) << where << " posted twice";
+                    state[key] = 1;
+                  }
+                  auto it = last_posted_mb.find(a.op);
+                  if (it != last_posted_mb.end()) ASSERT_LT(it->second, a.mb) << where;
+                  last_posted_mb[a.op] = a.mb;
+                  break;
+                }
+                case PpOp::kWaitSendGrad:
+                  ASSERT_EQ((state[{4, a.mb}]), 1) << where;
+                  state[{4, a.mb}] = 2;
+                  break;
+                case PpOp::kWaitRecvActivation:
+                case PpOp::kWaitSendActivation:
+                case PpOp::kWaitRecvGrad:
+                  ASSERT_EQ(state[key], 1) << where << " " << pp_op_name(a.op) << " " << a.mb;
+                  state[key] = 2;
+                  break;
+                case PpOp::kForward:
+                  if (!first) ASSERT_EQ((state[{0, a.mb}]), 2) << where;
+                  // The slot's output buffer: its last send done.
+                  if (!last && a.mb >= k) ASSERT_EQ((state[{1, a.mb - k}]), 2) << where;
+                  forwarded.insert(a.mb);
+                  break;
+                case PpOp::kBackward:
+                  if (!last) ASSERT_EQ((state[{2, a.mb}]), 2) << where;
+                  if (!first && a.mb >= k) ASSERT_EQ((state[{4, a.mb - k}]), 2) << where;
+                  backwarded.insert(a.mb);
+                  break;
+              }
+            }
+            for (int mb = 0; mb < m; ++mb) {
+              EXPECT_EQ((state[{0, mb}]), first ? 0 : 2) << where << " mb " << mb;
+              EXPECT_EQ((state[{1, mb}]), last ? 0 : 2) << where << " mb " << mb;
+              EXPECT_EQ((state[{2, mb}]), last ? 0 : 2) << where << " mb " << mb;
+              EXPECT_EQ((state[{4, mb}]), first ? 0 : 2) << where << " mb " << mb;
             }
           }
-          for (int mb = 0; mb < m; ++mb) {
-            EXPECT_EQ((state[{0, mb}]), first ? 0 : 2) << where << " mb " << mb;
-            EXPECT_EQ((state[{1, mb}]), last ? 0 : 2) << where << " mb " << mb;
-            EXPECT_EQ((state[{2, mb}]), last ? 0 : 2) << where << " mb " << mb;
-            EXPECT_EQ((state[{4, mb}]), first ? 0 : 2) << where << " mb " << mb;
-          }
-         }
         }
       }
     }
@@ -206,9 +206,9 @@ struct Sim {
     std::vector<PpAction> plan;
     size_t pc = 0;
     std::vector<Op> ops;
-    std::vector<std::vector<size_t>> launches;  // kNccl: op indices per launch
-    size_t pending_from = 0;                    // ops not launched yet start here
-    size_t running = 0;                         // the launch now running (kNccl)
+    std::vector<std::vector<size_t>> launches;            // kNccl: op indices per launch
+    size_t pending_from = 0;                              // ops not launched yet start here
+    size_t running = 0;                                   // the launch now running (kNccl)
     std::map<std::tuple<bool, int, int>, size_t> by_key;  // (send, dir, mb) -> op
   };
   std::vector<Rank> ranks;
@@ -322,6 +322,35 @@ struct Sim {
   }
 };
 
+// Runs every stage's plan together; "" when every stage finished, else what went wrong.
+std::string run_all_stages(Semantics sem, PpPosting posting, PpSchedule sched, int p, int m) {
+  Sim sim;
+  sim.sem = sem;
+  sim.ranks.resize(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s)
+    sim.ranks[static_cast<size_t>(s)].plan = pp_plan(sched, s, p, m, posting);
+  std::string error;
+  // Round-robin, each stage as far as it can go, until nobody moves.
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < p; ++s) {
+      auto& r = sim.ranks[static_cast<size_t>(s)];
+      while (r.pc < r.plan.size() && sim.step(s, &error)) moved = true;
+      if (!error.empty()) return fmt::format("stage {}: {}", s, error);
+    }
+  }
+  for (int s = 0; s < p; ++s) {
+    const auto& r = sim.ranks[static_cast<size_t>(s)];
+    if (r.pc != r.plan.size()) {
+      return fmt::format("stage {} blocked at {} {}", s, pp_op_name(r.plan[r.pc].op),
+                         r.plan[r.pc].mb);
+    }
+    for (const auto& op : r.ops)
+      if (!op.matched) return fmt::format("stage {}: a message never matched", s);
+  }
+  return "";
+}
+
 TEST(Pipeline, AllStagesTogetherFinish) {
   // The executor's choice (eager on MPI, paired on NCCL) and paired on MPI too.
   for (auto [sem, posting] : {std::pair{Semantics::kMpi, PpPosting::kEager},
@@ -330,36 +359,17 @@ TEST(Pipeline, AllStagesTogetherFinish) {
     for (PpSchedule sched : {PpSchedule::k1F1B, PpSchedule::kGPipe}) {
       for (int p = 2; p <= 6; ++p) {
         for (int m = 1; m <= 12; ++m) {
-          const std::string where = fmt::format(
-              "{} {} {} p {} m {}", sem == Semantics::kMpi ? "mpi" : "nccl",
-              posting == PpPosting::kEager ? "eager" : "paired", pp_schedule_name(sched), p, m);
-          Sim sim;
-          sim.sem = sem;
-          sim.ranks.resize(static_cast<size_t>(p));
-          for (int s = 0; s < p; ++s) {
-            sim.ranks[static_cast<size_t>(s)].plan = pp_plan(sched, s, p, m, posting);
-          }
-          std::string error;
-          // Round-robin, each stage as far as it can go, until nobody moves.
-          for (bool moved = true; moved;) {
-            moved = false;
-            for (int s = 0; s < p; ++s) {
-              auto& r = sim.ranks[static_cast<size_t>(s)];
-              while (r.pc < r.plan.size() && sim.step(s, &error)) moved = true;
-              ASSERT_TRUE(error.empty()) << where << ": stage " << s << ": " << error;
-            }
-          }
-          for (int s = 0; s < p; ++s) {
-            const auto& r = sim.ranks[static_cast<size_t>(s)];
-            ASSERT_EQ(r.pc, r.plan.size())
-                << where << ": stage " << s << " blocked at "
-                << pp_op_name(r.plan[r.pc].op) << " " << r.plan[r.pc].mb;
-            for (const auto& op : r.ops) EXPECT_TRUE(op.matched) << where;
-          }
+          EXPECT_EQ(run_all_stages(sem, posting, sched, p, m), "")
+              << (sem == Semantics::kMpi ? "mpi " : "nccl ")
+              << (posting == PpPosting::kEager ? "eager " : "paired ") << pp_schedule_name(sched)
+              << " p " << p << " m " << m;
         }
       }
     }
   }
+  // The simulation finds deadlocks: early receives on NCCL tie neighbouring stages' launches
+  // into a cycle (why the executor pairs them there).
+  EXPECT_NE(run_all_stages(Semantics::kNccl, PpPosting::kEager, PpSchedule::k1F1B, 3, 4), "");
 }
 
 }  // namespace

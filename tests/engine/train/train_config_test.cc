@@ -64,8 +64,9 @@ TEST(TrainConfig, SetsAndErrorsNameTheKey) {
 // Pipeline keys: the schedule, a split by hand that must cover the blocks, one block per stage at
 // least.
 TEST(TrainConfig, PipelineKeys) {
-  auto ok = load_train_config("", {"model.n_layers=4", "parallel.pp=2",
-                                   "parallel.pp_schedule=gpipe", "parallel.pp_layers=[1, 3]"});
+  auto ok =
+      load_train_config("", {"model.n_layers=4", "parallel.pp=2", "parallel.pp_schedule=gpipe",
+                             "parallel.pp_layers=[1, 3]", "eval.every_steps=0"});
   ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
   auto t = parse_train_config(*ok);
   ASSERT_TRUE(t.is_ok()) << t.status().to_string();
@@ -91,6 +92,23 @@ TEST(TrainConfig, PipelineKeys) {
   auto many = parse_train_config(*load_train_config("", {"model.n_layers=2", "parallel.pp=3"}));
   ASSERT_FALSE(many.is_ok());
   EXPECT_EQ(many.status().key(), "parallel.pp");
+  // ZeRO-2/3 reduce per micro-batch: refused with a pipeline, saying why; ZeRO-1 is fine.
+  for (const char* z : {"parallel.zero_stage=2", "parallel.zero_stage=3"}) {
+    auto r = parse_train_config(
+        *load_train_config("", {"model.n_layers=4", "parallel.pp=2", "eval.every_steps=0", z}));
+    ASSERT_FALSE(r.is_ok()) << z;
+    EXPECT_EQ(r.status().key(), "parallel.zero_stage");
+    EXPECT_NE(r.status().message().find("per micro-batch"), std::string::npos)
+        << r.status().to_string();
+  }
+  EXPECT_TRUE(
+      parse_train_config(*load_train_config("", {"model.n_layers=4", "parallel.pp=2",
+                                                 "eval.every_steps=0", "parallel.zero_stage=1"}))
+          .is_ok());
+  // Evaluation does not run through a pipeline: refused naming eval.every_steps.
+  auto ev = parse_train_config(*load_train_config("", {"model.n_layers=4", "parallel.pp=2"}));
+  ASSERT_FALSE(ev.is_ok());
+  EXPECT_EQ(ev.status().key(), "eval.every_steps");
 }
 
 // model.arch and the Llama keys: arch defaults (auto), and each bad value refused naming its key.

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Pipeline-parallel `kiln train` under mpirun (ctest train_pp_*): one check per invocation.
+#   train_pp.sh CHECK KILN_BINARY SOURCE_DIR WORK_DIR MPIEXEC
+# CHECK:
+#   equivalence  a 4-block model, fp32, 10 steps, the same data, seed and global batch (8
+#                sequences: one process mb 2 x grad_accum 4): PP=2 and PP=4 (1F1B), PP=2 GPipe,
+#                PP=2 x TP=2, PP=2 x DP=2 ZeRO-1, PP=2 x TP=2 x DP=2 (8 ranks, oversubscribed)
+#                against one process: losses and gradient norms within 1e-5 relative, final
+#                parameters (the consolidated checkpoints) within 1e-5; GPipe's losses equal
+#                1F1B's bit for bit; every metrics line has pp_bubble in [0, 1); the run summary
+#                prints the formula's bubble; an overflow injected on the last rank only is
+#                skipped by every stage at the same step.
+#   llama        model.arch llama with model.doc_mask on `kiln prep` data of the default corpus:
+#                PP=2 (untied embeddings) against one process, losses within 1e-5.
+#   refuse       ZeRO-2 and ZeRO-3 with parallel.pp 2 (exit 2 naming parallel.zero_stage and
+#                why), pp * tp not dividing the world (exit 2 naming parallel.pp), evaluation with
+#                pp (exit 2 naming eval.every_steps); grad_accum below pp only warns (bubble).
+#   fail         a stage that dies (kill -9 of rank 1 of a PP=2 run): mpirun stops every rank and
+#                names it; a stage that stalls (KILN_TEST_STALL, world rank 1 sleeps 120 s at step
+#                3) with parallel.collective_timeout_s 2: the job stops itself long before, and
+#                rank 0's message names the point-to-point operation, the pp group and rank 1.
+source "$(dirname "$0")/mpi_train_common.sh"
+# 4 blocks (PP=4 needs one per stage); the global batch is 8 sequences everywhere.
+MODEL+=(--set model.n_layers=4 --set eval.every_steps=0)
+CK=(--set checkpoint.every_steps=0 --set checkpoint.at_end=true)
+
+case "$CHECK" in
+equivalence)
+  train 1 2 one 10 "${CK[@]}" --set data.grad_accum=4 2>one.log
+  train 2 2 pp2 10 "${CK[@]}" --set data.grad_accum=4 --set parallel.pp=2 2>pp2.log
+  train 2 2 pp2g 10 "${CK[@]}" --set data.grad_accum=4 --set parallel.pp=2 \
+    --set parallel.pp_schedule=gpipe 2>pp2g.log
+  train 4 2 pp4 10 "${CK[@]}" --set data.grad_accum=4 --set parallel.pp=4 2>pp4.log
+  train 4 2 pp2tp2 10 "${CK[@]}" --set data.grad_accum=4 --set parallel.pp=2 --set parallel.tp=2 \
+    2>pp2tp2.log
+  train 4 2 pp2dp2 10 "${CK[@]}" --set data.grad_accum=2 --set parallel.pp=2 \
+    --set parallel.zero_stage=1 2>pp2dp2.log
+  train 8 2 pp2tp2dp2 10 "${CK[@]}" --set data.grad_accum=2 --set parallel.pp=2 \
+    --set parallel.tp=2 2>pp2tp2dp2.log
+  # fp16 with an overflow on the last rank only (a stage of its own): every stage skips step 3.
+  train 1 2 one16 6 --set checkpoint.at_end=false --set data.grad_accum=4 --set precision=fp16 \
+    --set stability.inject_overflow_at=[3] 2>one16.log
+  train 2 2 pp216 6 --set checkpoint.at_end=false --set data.grad_accum=4 --set precision=fp16 \
+    --set stability.inject_overflow_at=[3] --set parallel.pp=2 2>pp216.log
+  grep -q "pipeline: 2 stages, schedule 1f1b, 4 micro-batches per step; bubble (p-1)/(m+p-1) = 0.200" pp2.log ||
+    { echo "no bubble line in the PP=2 log"; cat pp2.log; exit 1; }
+  grep -q "pipeline: 4 stages, schedule 1f1b, 4 micro-batches per step; bubble (p-1)/(m+p-1) = 0.429" pp4.log ||
+    { echo "no bubble line in the PP=4 log"; cat pp4.log; exit 1; }
+  for run in one pp2 pp2g pp4 pp2tp2 pp2dp2 pp2tp2dp2; do
+    ck=$run/checkpoints/$(cat $run/checkpoints/latest)
+    "$KILN" checkpoint consolidate "$ck" -o $run.safetensors >/dev/null
+  done
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+from train_compare import *
+
+for label, run in (("PP=2 vs one process", "pp2"), ("PP=4 vs one process", "pp4"),
+                   ("PP=2 GPipe vs one process", "pp2g"), ("PP=2 x TP=2 vs one process", "pp2tp2"),
+                   ("PP=2 x DP=2 ZeRO-1 vs one process", "pp2dp2"),
+                   ("PP=2 x TP=2 x DP=2 vs one process", "pp2tp2dp2")):
+    compare(label, "one", run, grad_norm=True, fell=True)
+a, b = losses("pp2"), losses("pp2g")
+print(f"GPipe vs 1F1B at PP=2: {'bit-identical' if a == b else 'DIFFERENT'} losses")
+check("GPipe and 1F1B identical", a == b)
+for run in ("pp2", "pp2g", "pp4", "pp2tp2", "pp2dp2", "pp2tp2dp2"):
+    bub = [r.get("pp_bubble") for r in metrics(run)]
+    print(f"{run}: measured pp_bubble per step {['%.3f' % x for x in bub if x is not None]}")
+    check(f"{run} pp_bubble on every step in [0, 1)",
+          all(x is not None and 0 <= x < 1 for x in bub))
+check("one process has no pp_bubble", all("pp_bubble" not in r for r in metrics("one")))
+compare("PP=2 fp16 vs one process", "one16", "pp216", tol=1e-4, params=False)
+skips = [r["step"] for r in metrics("pp216") if r["skipped"]]
+print(f"PP=2 fp16: steps skipped for the overflow on the last rank: {skips} (want [3])")
+check("fp16 overflow skip", skips == [3] and metrics("pp216")[2]["skip_reason"] == "overflow")
+finish()
+PY
+  ;;
+llama)
+  "$SRC/tools/default_corpus" corpus >/dev/null
+  "$KILN" prep --input corpus --output data --threads 2 >/dev/null 2>prep.log
+  L=(--set data.manifest=data --set model.arch=llama --set model.n_heads=4 --set model.n_kv_heads=2
+     --set model.ffn_hidden=96 --set model.doc_mask=true --set model.seq_len=32
+     --set model.vocab_size=8192 --set data.grad_accum=4 "${CK[@]}")
+  train 1 2 one 10 "${L[@]}" 2>one.log
+  train 2 2 pp2 10 "${L[@]}" --set parallel.pp=2 2>pp2.log
+  grep -q "document-masked attention" pp2.log || { echo "doc_mask not on"; cat pp2.log; exit 1; }
+  for run in one pp2; do
+    "$KILN" checkpoint consolidate $run/checkpoints/$(cat $run/checkpoints/latest) \
+      -o $run.safetensors >/dev/null
+  done
+  PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
+from train_compare import *
+compare("llama doc_mask PP=2 vs one process", "one", "pp2", grad_norm=True, fell=True)
+finish()
+PY
+  ;;
+refuse)
+  refused() {  # refused NAME NP KEY PATTERN [flags]: exit 2 naming KEY, the message matching PATTERN
+    local name=$1 np=$2 key=$3 pattern=$4
+    shift 4
+    set +e
+    train "$np" 2 "$name" 2 "$@" >"$name.out" 2>&1
+    local rc=$?
+    set -e
+    [ "$rc" = 2 ] && grep -q "$key" "$name.out" && grep -qE "$pattern" "$name.out" ||
+      { echo "refuse ($name): exit $rc, want 2 naming $key (/$pattern/)"; cat "$name.out"; exit 1; }
+    echo "refuse ($name): exit 2: $(grep -m1 "$key" "$name.out")"
+  }
+  refused z2 2 parallel.zero_stage "ZeRO-2/3 reduce" --set parallel.pp=2 --set parallel.zero_stage=2
+  refused z3 4 parallel.zero_stage "once per micro-batch" --set parallel.pp=2 --set parallel.zero_stage=3
+  refused ndiv 4 parallel.pp "" --set parallel.pp=3
+  refused ev 2 eval.every_steps "does not run through a pipeline" --set parallel.pp=2 \
+    --set eval.every_steps=5
+  # Fewer micro-batches than stages trains (a warning on the bubble).
+  train 2 2 few 2 --set parallel.pp=2 --set data.grad_accum=1 --set checkpoint.at_end=false \
+    2>few.log
+  grep -q "data.grad_accum 1 (micro-batches per step) is below parallel.pp 2" few.log ||
+    { echo "refuse: no bubble warning for grad_accum < pp"; cat few.log; exit 1; }
+  [ "$(wc -l <few/metrics.jsonl)" = 2 ] || { echo "refuse: grad_accum 1 at pp 2 did not train"; exit 1; }
+  ;;
+fail)
+  # A stage that dies.
+  set +e
+  train 2 2 kill 1000000 --set parallel.pp=2 --set data.grad_accum=2 \
+    --set checkpoint.at_end=false >kill.out 2>&1 &
+  MPIRUN=$!
+  for _ in $(seq 1 600); do
+    [ -s kill/metrics.jsonl ] && [ "$(wc -l <kill/metrics.jsonl)" -ge 3 ] && break
+    sleep 0.1
+  done
+  RANK1=$(rank_pid "$MPIRUN" 1 || true)
+  [ -n "$RANK1" ] || { echo "fail: rank 1 not found"; cat kill.out; kill "$MPIRUN"; exit 1; }
+  kill -9 "$RANK1"
+  for _ in $(seq 1 300); do kill -0 "$MPIRUN" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$MPIRUN" 2>/dev/null; then echo "fail: mpirun still running 30 s after stage 1 died"; kill -9 "$MPIRUN"; exit 1; fi
+  wait "$MPIRUN"
+  RC=$?
+  set -e
+  [ "$RC" != 0 ] || { echo "fail: mpirun exited 0 after a stage was killed"; exit 1; }
+  grep -q "rank 1" kill.out || { echo "fail: the message does not name rank 1"; cat kill.out; exit 1; }
+  echo "fail: stage 1 (rank 1) killed: exit $RC; $(grep -m1 "rank 1" kill.out)"
+  # A stage that stalls: its neighbour's receive times out naming it.
+  set +e
+  KILN_TEST_STALL=1:3:120 timeout 90 "$MPI" -np 2 --oversubscribe "$KILN" train --quiet \
+    "${MODEL[@]}" --set data.micro_batch=2 --set data.grad_accum=2 --set run.dir=stall \
+    --set run.steps=6 --set parallel.pp=2 --set checkpoint.at_end=false \
+    --set parallel.collective_timeout_s=2 >stall.log 2>&1
+  RC=$?
+  set -e
+  [ "$RC" != 0 ] && [ "$RC" != 124 ] ||
+    { echo "fail (stall): exit $RC (124: the job hung until the outer timeout)"; cat stall.log; exit 1; }
+  grep -E "rank 0: .*(recv|send).*group pp" stall.log | head -3 | sed 's/^/  /'
+  grep -qE "rank 0: .*(recv|send).*group pp" stall.log && grep -q "rank 1" stall.log ||
+    { echo "fail (stall): rank 0's message does not name the pp message and rank 1"; cat stall.log; exit 1; }
+  echo "fail: stage 1 stalled at step 3: exit $RC"
+  ;;
+*)
+  echo "unknown check $CHECK"
+  exit 2
+  ;;
+esac
