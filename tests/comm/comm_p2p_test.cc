@@ -205,6 +205,7 @@ TEST(CommP2p, BadPeerTagOrSizeIsAnErrorNamingIt) {
   ProcessGroup& g = world();
   const int n = g.size(), me = g.rank();
   char buf[16] = {};
+  g.reset_counters();
   Status st = g.send(buf, 4, n, 0);
   EXPECT_EQ(st.code(), StatusCode::kInternal);
   EXPECT_NE(st.message().find("send to rank " + std::to_string(n) + " (tag 0) on group world"),
@@ -279,7 +280,6 @@ TEST(CommP2p, WatchdogRecordsOutstandingMessagesWithTheirPeer) {
   const std::string before = detail::watchdog_answer(key);
   const std::string collectives = before.substr(0, before.find('\n'));
   char buf[8] = {};
-  auto r = g.irecv(buf, 8, prev, 1);
   // Asked by `next`: the last line is this rank's sends to it and receives from it.
   auto counts = [&](const std::string& answer) {
     std::pair<unsigned long, unsigned long> c{0, 0};
@@ -289,6 +289,7 @@ TEST(CommP2p, WatchdogRecordsOutstandingMessagesWithTheirPeer) {
     return c;
   };
   const auto c0 = counts(detail::watchdog_answer(key + "\n" + std::to_string(next)));
+  auto r = g.irecv(buf, 8, prev, 1);
   const std::string during = detail::watchdog_answer(key + "\n" + std::to_string(prev));
   EXPECT_NE(during.find("at step 2; in recv #"), std::string::npos) << during;
   const std::string from =
