@@ -148,8 +148,9 @@ fail)
   set -e
   [ "$RC" != 0 ] && [ "$RC" != 124 ] ||
     { echo "fail (stall): exit $RC (124: the job hung until the outer timeout)"; cat stall.log; exit 1; }
-  grep -E "rank 0: .*(recv|send).*group pp" stall.log | head -3 | sed 's/^/  /'
-  grep -qE "rank 0: .*(recv|send).*group pp" stall.log && grep -q "rank 1" stall.log ||
+  P2P="rank 0: point-to-point timeout: (recv|send) #[0-9]+ (from|to) rank 1 \(world rank 1\) on group pp"
+  grep -E "point-to-point timeout|peer rank" stall.log | head -4 | sed 's/^/  /'
+  grep -qE "$P2P" stall.log ||
     { echo "fail (stall): rank 0's message does not name the pp message and rank 1"; cat stall.log; exit 1; }
   echo "fail: stage 1 stalled at step 3: exit $RC"
   ;;

@@ -91,6 +91,12 @@ std::vector<PpAction> pp_plan(PpSchedule schedule, int stage, int stages, int mi
         emit(PpOp::kWaitSendActivation, mb - k);
         send_act_waited[static_cast<size_t>(mb - k)] = true;
       }
+      // The slot's input-gradient buffer too: the last stage's forward runs the head's backward,
+      // which writes it (the model's gradient runs in place there).
+      if (!first && mb >= k) {
+        emit(PpOp::kWaitSendGrad, mb - k);
+        send_grad_waited[static_cast<size_t>(mb - k)] = true;
+      }
       emit(PpOp::kForward, mb);
       if (!last) {
         emit(PpOp::kPostSendActivation, mb);
@@ -100,10 +106,6 @@ std::vector<PpAction> pp_plan(PpSchedule schedule, int stage, int stages, int mi
       if (!last) {
         if (!eager) emit(PpOp::kPostRecvGrad, mb);
         emit(PpOp::kWaitRecvGrad, mb);
-      }
-      if (!first && mb >= k) {  // the slot's input-gradient buffer is about to be written again
-        emit(PpOp::kWaitSendGrad, mb - k);
-        send_grad_waited[static_cast<size_t>(mb - k)] = true;
       }
       emit(PpOp::kBackward, mb);
       if (!first) {
