@@ -21,8 +21,10 @@
 // as soon as their buffer (the slot's stage_input / stage_output_grad) is free - at the start for
 // the first slots, else after the backward that frees the slot; on NCCL just before their wait
 // (PpPosting). They are waited for just before the compute that reads them; sends are posted just
-// after the compute that wrote them and waited for only before the slot's buffer is written again
-// (and at the end of the step). So messages travel while the stage computes. pipeline_test.cc
+// after the compute that wrote them and waited for only before the slot's buffers are written
+// again - both before the slot's next forward, as the last stage's forward runs the head's
+// backward into the input-gradient buffer - and at the end of the step. So messages travel while
+// the stage computes. pipeline_test.cc
 // simulates every stage of every (p, m, schedule) with rendezvous semantics (a send completes only
 // once its receive is posted: MPI's large messages) and with NCCL's (the operations posted since
 // the last wait are launched together and launches run one after another) and checks that every
