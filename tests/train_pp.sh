@@ -4,7 +4,7 @@
 # CHECK:
 #   equivalence  a 4-block model, fp32, 10 steps, the same data, seed and global batch (8
 #                sequences: one process mb 2 x grad_accum 4): PP=2 and PP=4 (1F1B), PP=2 GPipe,
-#                PP=2 x TP=2, PP=2 x DP=2 ZeRO-1, PP=2 x TP=2 x DP=2 (8 ranks, oversubscribed)
+#                PP=2 with full activation checkpointing, PP=2 x TP=2, PP=2 x DP=2 ZeRO-1, PP=2 x TP=2 x DP=2 (8 ranks, oversubscribed)
 #                against one process: losses and gradient norms within 1e-5 relative, final
 #                parameters (the consolidated checkpoints) within 1e-5; GPipe's losses equal
 #                1F1B's bit for bit; every metrics line has pp_bubble in [0, 1); the run summary
@@ -32,6 +32,9 @@ equivalence)
   train 2 2 pp2g 10 "${CK[@]}" --set data.grad_accum=4 --set parallel.pp=2 \
     --set parallel.pp_schedule=gpipe 2>pp2g.log
   train 4 2 pp4 10 "${CK[@]}" --set data.grad_accum=4 --set parallel.pp=4 2>pp4.log
+  # Activation checkpointing per stage (each stage's model recomputes its own blocks).
+  train 2 2 pp2f 10 "${CK[@]}" --set data.grad_accum=4 --set parallel.pp=2 \
+    --set activation_checkpointing=full 2>pp2f.log
   train 4 2 pp2tp2 10 "${CK[@]}" --set data.grad_accum=4 --set parallel.pp=2 --set parallel.tp=2 \
     2>pp2tp2.log
   train 4 2 pp2dp2 10 "${CK[@]}" --set data.grad_accum=2 --set parallel.pp=2 \
@@ -47,7 +50,7 @@ equivalence)
     { echo "no bubble line in the PP=2 log"; cat pp2.log; exit 1; }
   grep -q "pipeline: 4 stages, schedule 1f1b, 4 micro-batches per step; bubble (p-1)/(m+p-1) = 0.429" pp4.log ||
     { echo "no bubble line in the PP=4 log"; cat pp4.log; exit 1; }
-  for run in one pp2 pp2g pp4 pp2tp2 pp2dp2 pp2tp2dp2; do
+  for run in one pp2 pp2g pp2f pp4 pp2tp2 pp2dp2 pp2tp2dp2; do
     ck=$run/checkpoints/$(cat $run/checkpoints/latest)
     "$KILN" checkpoint consolidate "$ck" -o $run.safetensors >/dev/null
   done
@@ -55,7 +58,9 @@ equivalence)
 from train_compare import *
 
 for label, run in (("PP=2 vs one process", "pp2"), ("PP=4 vs one process", "pp4"),
-                   ("PP=2 GPipe vs one process", "pp2g"), ("PP=2 x TP=2 vs one process", "pp2tp2"),
+                   ("PP=2 GPipe vs one process", "pp2g"),
+                   ("PP=2 full activation checkpointing vs one process", "pp2f"),
+                   ("PP=2 x TP=2 vs one process", "pp2tp2"),
                    ("PP=2 x DP=2 ZeRO-1 vs one process", "pp2dp2"),
                    ("PP=2 x TP=2 x DP=2 vs one process", "pp2tp2dp2")):
     compare(label, "one", run, grad_norm=True, fell=True)
