@@ -710,6 +710,19 @@ std::string run_tokenizer(const fs::path& step_dir, int64_t* eos_id) {
   }
 }
 
+// The step directory's config.yaml `device` (the device the run trained on), "" when absent.
+std::string run_device(const fs::path& step_dir) {
+  std::error_code ec;
+  const fs::path cfg = step_dir / "config.yaml";
+  if (!fs::exists(cfg, ec)) return "";
+  try {
+    const YAML::Node d = YAML::LoadFile(cfg.string())["device"];
+    return d && d.IsScalar() ? d.as<std::string>() : "";
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 }  // namespace
 
 Result<ModelWeights> open_model_weights(const std::string& path_in) {
@@ -735,6 +748,7 @@ Result<ModelWeights> open_model_weights(const std::string& path_in) {
     w.source = std::move(reader);
     w.kind = "checkpoint";
     w.tokenizer = run_tokenizer(path, &w.eos_id);
+    w.device = run_device(path);
     return w;
   }
   if (is_hf_dir(path.string())) {

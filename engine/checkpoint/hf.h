@@ -118,6 +118,7 @@ struct ModelWeights {
   int64_t step = -1;                       // -1 when unknown
   std::string tokenizer;                   // a tokenizer file found beside it, or ""
   int64_t eos_id = -1;                     // the tokenizer's / config.json's, -1 unknown
+  std::string device;                      // the run's config.yaml `device` ("" when none)
 };
 Result<ModelWeights> open_model_weights(const std::string& path);
 
