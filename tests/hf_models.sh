@@ -319,6 +319,10 @@ write_safetensors("bad/model.safetensors", t, {"format": "pt"})
 PY
   expect_refusal 3 "bad/model.safetensors model.layers.1.self_attn.v_proj.weight missing" \
     "$KILN" generate bad --prompt-ids "1 2"
+  # Meta's original release (interleaved RoPE rows): refused, pointing at HF's converter.
+  mkdir -p meta && echo '{"dim": 64, "n_layers": 2, "n_heads": 4}' >meta/params.json && : >meta/consolidated.00.pth
+  expect_refusal 2 "meta/params.json convert_llama_weights_to_hf.py interleaved" \
+    "$KILN" checkpoint export meta --format hf -o meta_out
   echo "llama: what Kiln cannot represent is refused naming file and field"
   ;;
 mpi)

@@ -822,6 +822,18 @@ Result<ModelWeights> open_model_weights(const std::string& path_in) {
     w.kind = "consolidated";
     return w;
   }
+  // Meta's original Llama release (params.json + consolidated.NN.pth): its q and k rows pair
+  // adjacent elements for RoPE (interleaved); Hugging Face's converter permutes them into the
+  // rotate-half order every HF Llama directory has (docs/MODELS.md "Interleaved RoPE").
+  if (fs::is_directory(path, ec) &&
+      (fs::exists(path / "params.json", ec) || fs::exists(path / "consolidated.00.pth", ec))) {
+    return Status::usage(
+               "Meta's original Llama layout (params.json, consolidated.*.pth) is not read: "
+               "convert it with transformers' convert_llama_weights_to_hf.py (which permutes the "
+               "q/k rows from Meta's interleaved RoPE pairs to Hugging Face's rotate-half order) "
+               "and give the directory it writes")
+        .with_file((path / "params.json").string());
+  }
   return Status::usage(path_in +
                        " is neither a checkpoint (RUN or RUN/checkpoints/step-NNNNNNNN), a "
                        "consolidated safetensors file, nor a Hugging Face directory (config.json)");
