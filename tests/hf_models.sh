@@ -323,6 +323,8 @@ PY
   mkdir -p meta && echo '{"dim": 64, "n_layers": 2, "n_heads": 4}' >meta/params.json && : >meta/consolidated.00.pth
   expect_refusal 2 "meta/params.json convert_llama_weights_to_hf.py interleaved" \
     "$KILN" checkpoint export meta --format hf -o meta_out
+  expect_refusal 2 "model.init_from meta/params.json convert_llama_weights_to_hf.py" "$KILN" train --quiet \
+    "${SMALL[@]}" "${LLAMA[@]}" --set run.dir=r6 --set run.steps=1 --set model.init_from=meta
   echo "llama: what Kiln cannot represent is refused naming file and field"
   ;;
 mpi)
