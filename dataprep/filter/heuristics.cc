@@ -92,7 +92,7 @@ class KeyTable {
 struct Scratch {
   std::vector<Span> lines, parts;
   KeyTable table;
-  std::string out, lower;
+  std::string out, lower, doclow;
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -810,6 +810,29 @@ class C4 final : public Filter {
       }
       if (start < size) s.lines.push_back({start, size});
     }
+    // The whole text lower-cased once (lower_char of every unit, so a line's lowered form is its
+    // slice), and which phrases occur in it at all: a phrase the text lacks is in no line (only a
+    // line whose citations were removed is new text: it is checked for every phrase).
+    s.doclow.resize(size);
+    char* low_out = s.doclow.data();
+    if constexpr (sizeof(Ch) == 1) {
+      for (uint32_t k = 0; k < size; ++k)
+        low_out[k] = static_cast<char>(t[k] + (static_cast<uint8_t>(t[k] - 'A') < 26 ? 32 : 0));
+    } else {
+      for (uint32_t k = 0; k < size; ++k) low_out[k] = lower_char(t[k]);
+    }
+    const std::string_view doclow(s.doclow);
+    auto in_text = [&](std::string_view phrase) {
+      return memmem(doclow.data(), doclow.size(), phrase.data(), phrase.size()) != nullptr;
+    };
+    const bool text_lorem = filter_lorem_ipsum && in_text("lorem ipsum");
+    const bool text_javascript = filter_javascript && in_text("javascript");
+    const bool text_curly = filter_curly_bracket && in_text("{");
+    bool text_policy[std::size(kPolicy)] = {};
+    bool text_any_policy = false;
+    if (filter_policy)
+      for (size_t k = 0; k < std::size(kPolicy); ++k)
+        text_any_policy |= text_policy[k] = in_text(kPolicy[k]);
     uint64_t sentences = 0;
     s.out.clear();
     bool first = true;
@@ -829,11 +852,8 @@ class C4 final : public Filter {
       }
       // One pass over the line: words (white-space tokens; a token with CJK characters counts
       // one word per character), the longest token, and whether a citation may be there.
-      // (the line lower-cased for the phrase checks on the way: s.lower)
       int64_t n_words = 0, longest = 0, token = 0, token_cjk = 0;
       bool bracket = false;
-      s.lower.resize(line.size());
-      char* low_out = s.lower.data();
       if constexpr (sizeof(Ch) == 1) {
         // (ASCII bytes: no CJK; simple loops the compiler vectorises. Words are the starts of
         // non-space runs; the longest token matters only on a line longer than the limit.)
@@ -842,8 +862,6 @@ class C4 final : public Filter {
         auto space = [](uint8_t c) {
           return static_cast<uint8_t>(c - 9) < 5 || static_cast<uint8_t>(c - 0x1C) < 5;
         };
-        for (uint32_t k = 0; k < size; ++k)
-          low_out[k] = static_cast<char>(p[k] + (static_cast<uint8_t>(p[k] - 'A') < 26 ? 32 : 0));
         uint32_t starts = size > 0 && !space(p[0]);
         for (uint32_t k = 1; k < size; ++k) starts += space(p[k - 1]) & !space(p[k]);
         n_words = starts;
@@ -860,7 +878,6 @@ class C4 final : public Filter {
         }
       } else {
         for (uint32_t i = line.begin; i <= line.end; ++i) {
-          if (i < line.end) low_out[i - line.begin] = lower_char(t[i]);
           if (i == line.end || is_space(t[i])) {
             if (token > 0) {
               n_words += std::max<int64_t>(1, token_cjk);
@@ -916,16 +933,22 @@ class C4 final : public Filter {
         if (!ok || span_ends_with(lt, cs, U"...")) continue;
       }
       if (n_words < min_words_per_line) continue;
+      // `phrase in line.lower()`, for the phrases the text holds (every phrase on a new line).
       if (copied) lower_for_match(lv, &s.lower);
-      const std::string_view low(s.lower);
-      if (filter_lorem_ipsum && low.find("lorem ipsum") != std::string_view::npos)
+      const std::string_view low =
+          copied ? std::string_view(s.lower) : doclow.substr(line.begin, line.size());
+      auto in_line = [&](bool in_text, std::string_view phrase) {
+        return (copied || in_text) && low.find(phrase) != std::string_view::npos;
+      };
+      if (filter_lorem_ipsum && in_line(text_lorem, "lorem ipsum"))
         return drop(d, "lorem_ipsum", 1, "==", 1);
-      if (filter_javascript && low.find("javascript") != std::string_view::npos) continue;
-      if (filter_curly_bracket && low.find('{') != std::string_view::npos)
+      if (filter_javascript && in_line(text_javascript, "javascript")) continue;
+      if (filter_curly_bracket && in_line(text_curly, "{"))
         return drop(d, "curly_bracket", 1, "==", 1);
-      if (filter_policy) {
+      if (filter_policy && (copied || text_any_policy)) {
         bool policy = false;
-        for (std::string_view p : kPolicy) policy = policy || low.find(p) != std::string_view::npos;
+        for (size_t k = 0; k < std::size(kPolicy) && !policy; ++k)
+          policy = in_line(text_policy[k], kPolicy[k]);
         if (policy) continue;
       }
       if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(lt, cs) : 1;
