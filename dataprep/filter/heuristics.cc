@@ -92,7 +92,7 @@ class KeyTable {
 struct Scratch {
   std::vector<Span> lines, parts;
   KeyTable table;
-  std::string out, lower, doclow;
+  std::string out, lower;
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -749,6 +749,37 @@ void lower_for_match(std::span<const Ch> t, std::string* out) {
   for (size_t i = 0; i < t.size(); ++i) (*out)[i] = lower_char(t[i]);
 }
 
+// Bit c & 31 for each character c of s: a line holds a phrase only if its bits include the
+// phrase's (a cheap test before the search; characters sharing a bit only make it pass more).
+constexpr uint32_t letter_bits(std::string_view s) {
+  uint32_t bits = 0;
+  for (char c : s) bits |= uint32_t{1} << (c & 31);
+  return bits;
+}
+// Whether low holds phrase (a phrase of the c4 rules): found by memchr of its rarest character
+// in English text ('{', j, k, v, f, p; anchor_of) and compared around each hit.
+constexpr size_t anchor_of(std::string_view phrase) {
+  for (char a : {'{', 'j', 'k', 'v', 'f', 'p'})
+    if (phrase.find(a) != std::string_view::npos) return phrase.find(a);
+  return 0;
+}
+inline bool contains(std::string_view low, std::string_view phrase) {
+  const size_t anchor = anchor_of(phrase);
+  const char a = phrase[anchor];
+  for (size_t from = anchor; from < low.size();) {
+    const void* p = std::memchr(low.data() + from, a, low.size() - from);
+    if (!p) return false;
+    const size_t at = static_cast<const char*>(p) - low.data();
+    if (at - anchor + phrase.size() <= low.size() &&
+        std::memcmp(low.data() + at - anchor, phrase.data(), phrase.size()) == 0)
+      return true;
+    from = at + 1;
+  }
+  return false;
+}
+constexpr uint32_t kLoremBits = letter_bits("lorem ipsum"),
+                   kJavascriptBits = letter_bits("javascript"), kCurlyBits = letter_bits("{");
+
 template <typename Ch>
 bool span_ends_with(const Ch* t, Span s, std::u32string_view suffix) {
   if (s.size() < suffix.size()) return false;
@@ -788,8 +819,12 @@ class C4 final : public Filter {
   template <typename Ch>
   bool run(const Ch* t, uint32_t size, const uint32_t* byte_at, std::string* text, FilterDrop* d,
            bool* edited) const {
-    static const std::string_view kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
-                                               "uses cookies", "use of cookies", "use cookies"};
+    static constexpr std::string_view kPolicy[] = {"terms of use",   "privacy policy",
+                                                   "cookie policy",  "uses cookies",
+                                                   "use of cookies", "use cookies"};
+    static constexpr uint32_t kPolicyBits[] = {letter_bits(kPolicy[0]), letter_bits(kPolicy[1]),
+                                               letter_bits(kPolicy[2]), letter_bits(kPolicy[3]),
+                                               letter_bits(kPolicy[4]), letter_bits(kPolicy[5])};
     Scratch& s = scratch();
     auto byte_of = [&](uint32_t i) { return byte_at ? byte_at[i] : i; };
     if (split_paragraph) {
@@ -810,29 +845,6 @@ class C4 final : public Filter {
       }
       if (start < size) s.lines.push_back({start, size});
     }
-    // The whole text lower-cased once (lower_char of every unit, so a line's lowered form is its
-    // slice), and which phrases occur in it at all: a phrase the text lacks is in no line (only a
-    // line whose citations were removed is new text: it is checked for every phrase).
-    s.doclow.resize(size);
-    char* low_out = s.doclow.data();
-    if constexpr (sizeof(Ch) == 1) {
-      for (uint32_t k = 0; k < size; ++k)
-        low_out[k] = static_cast<char>(t[k] + (static_cast<uint8_t>(t[k] - 'A') < 26 ? 32 : 0));
-    } else {
-      for (uint32_t k = 0; k < size; ++k) low_out[k] = lower_char(t[k]);
-    }
-    const std::string_view doclow(s.doclow);
-    auto in_text = [&](std::string_view phrase) {
-      return memmem(doclow.data(), doclow.size(), phrase.data(), phrase.size()) != nullptr;
-    };
-    const bool text_lorem = filter_lorem_ipsum && in_text("lorem ipsum");
-    const bool text_javascript = filter_javascript && in_text("javascript");
-    const bool text_curly = filter_curly_bracket && in_text("{");
-    bool text_policy[std::size(kPolicy)] = {};
-    bool text_any_policy = false;
-    if (filter_policy)
-      for (size_t k = 0; k < std::size(kPolicy); ++k)
-        text_any_policy |= text_policy[k] = in_text(kPolicy[k]);
     uint64_t sentences = 0;
     s.out.clear();
     bool first = true;
@@ -852,8 +864,12 @@ class C4 final : public Filter {
       }
       // One pass over the line: words (white-space tokens; a token with CJK characters counts
       // one word per character), the longest token, and whether a citation may be there.
+      // (the line lower-cased for the phrase checks on the way: s.lower)
       int64_t n_words = 0, longest = 0, token = 0, token_cjk = 0;
       bool bracket = false;
+      uint32_t letters = 0;  // bit c & 31 for every lower-cased c of the line (letter_bits)
+      s.lower.resize(line.size());
+      char* low_out = s.lower.data();
       if constexpr (sizeof(Ch) == 1) {
         // (ASCII bytes: no CJK; simple loops the compiler vectorises. Words are the starts of
         // non-space runs; the longest token matters only on a line longer than the limit.)
@@ -862,6 +878,9 @@ class C4 final : public Filter {
         auto space = [](uint8_t c) {
           return static_cast<uint8_t>(c - 9) < 5 || static_cast<uint8_t>(c - 0x1C) < 5;
         };
+        for (uint32_t k = 0; k < size; ++k)
+          low_out[k] = static_cast<char>(p[k] + (static_cast<uint8_t>(p[k] - 'A') < 26 ? 32 : 0));
+        for (uint32_t k = 0; k < size; ++k) letters |= uint32_t{1} << (low_out[k] & 31);
         uint32_t starts = size > 0 && !space(p[0]);
         for (uint32_t k = 1; k < size; ++k) starts += space(p[k - 1]) & !space(p[k]);
         n_words = starts;
@@ -878,6 +897,10 @@ class C4 final : public Filter {
         }
       } else {
         for (uint32_t i = line.begin; i <= line.end; ++i) {
+          if (i < line.end) {
+            low_out[i - line.begin] = lower_char(t[i]);
+            letters |= uint32_t{1} << (low_out[i - line.begin] & 31);
+          }
           if (i == line.end || is_space(t[i])) {
             if (token > 0) {
               n_words += std::max<int64_t>(1, token_cjk);
@@ -933,22 +956,23 @@ class C4 final : public Filter {
         if (!ok || span_ends_with(lt, cs, U"...")) continue;
       }
       if (n_words < min_words_per_line) continue;
-      // `phrase in line.lower()`, for the phrases the text holds (every phrase on a new line).
-      if (copied) lower_for_match(lv, &s.lower);
-      const std::string_view low =
-          copied ? std::string_view(s.lower) : doclow.substr(line.begin, line.size());
-      auto in_line = [&](bool in_text, std::string_view phrase) {
-        return (copied || in_text) && low.find(phrase) != std::string_view::npos;
+      if (copied) {
+        lower_for_match(lv, &s.lower);
+        letters = letter_bits(s.lower);
+      }
+      const std::string_view low(s.lower);
+      // `phrase in line.lower()`, searched only where the line has all the phrase's characters.
+      auto has = [&](std::string_view phrase, uint32_t bits) {
+        return (letters & bits) == bits && contains(low, phrase);
       };
-      if (filter_lorem_ipsum && in_line(text_lorem, "lorem ipsum"))
+      if (filter_lorem_ipsum && has("lorem ipsum", kLoremBits))
         return drop(d, "lorem_ipsum", 1, "==", 1);
-      if (filter_javascript && in_line(text_javascript, "javascript")) continue;
-      if (filter_curly_bracket && in_line(text_curly, "{"))
-        return drop(d, "curly_bracket", 1, "==", 1);
-      if (filter_policy && (copied || text_any_policy)) {
+      if (filter_javascript && has("javascript", kJavascriptBits)) continue;
+      if (filter_curly_bracket && has("{", kCurlyBits)) return drop(d, "curly_bracket", 1, "==", 1);
+      if (filter_policy) {
         bool policy = false;
         for (size_t k = 0; k < std::size(kPolicy) && !policy; ++k)
-          policy = in_line(text_policy[k], kPolicy[k]);
+          policy = has(kPolicy[k], kPolicyBits[k]);
         if (policy) continue;
       }
       if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(lt, cs) : 1;
