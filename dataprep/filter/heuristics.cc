@@ -1021,7 +1021,8 @@ class FineWeb final : public Filter {
     Scratch& s = scratch();
     const DocumentView& v = document_view(*text);
     const auto& t = v.cp;
-    if (take_ascii_path(*text))
+    const bool ascii = take_ascii_path(*text);
+    if (ascii)
       split_on_ascii(*text, whole(t), '\n', &s.parts);
     else
       split_on(t, whole(t), U'\n', &s.parts);
@@ -1037,9 +1038,11 @@ class FineWeb final : public Filter {
           ++punct;
           break;
         }
-      // Line length in columns: a CJK character is two (a 30-column line holds 15 of them).
-      uint64_t cols = 0;
-      for (uint32_t i = l.begin; i < l.end; ++i) cols += is_cjk(t[i]) ? 2 : 1;
+      // Line length in columns: a CJK character is two (a 30-column line holds 15 of them; an
+      // ASCII text has none).
+      uint64_t cols = l.size();
+      if (!ascii)
+        for (uint32_t i = l.begin; i < l.end; ++i) cols += is_cjk(t[i]);
       short_lines += static_cast<int64_t>(cols) <= short_line_length;
     }
     double r = punct / n_lines;

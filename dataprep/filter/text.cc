@@ -108,6 +108,22 @@ void decode_utf8(std::string_view text, CodePoints* out, Offsets* byte_at) {
       continue;
     }
     if (b) *b++ = static_cast<uint32_t>(p - begin);
+    // Valid two- and three-byte sequences decoded here (not overlong, no surrogate: what
+    // utf8proc_iterate accepts); anything else by utf8proc_iterate.
+    const uint8_t c0 = p[0];
+    if (c0 >= 0xC2 && c0 <= 0xDF && end - p >= 2 && (p[1] & 0xC0) == 0x80) {
+      *o++ = static_cast<char32_t>((c0 & 0x1F) << 6 | (p[1] & 0x3F));
+      p += 2;
+      continue;
+    }
+    if ((c0 & 0xF0) == 0xE0 && end - p >= 3 && (p[1] & 0xC0) == 0x80 && (p[2] & 0xC0) == 0x80) {
+      const char32_t cp = (c0 & 0x0F) << 12 | (p[1] & 0x3F) << 6 | (p[2] & 0x3F);
+      if (cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) {
+        *o++ = cp;
+        p += 3;
+        continue;
+      }
+    }
     utf8proc_int32_t cp = 0;
     utf8proc_ssize_t n = utf8proc_iterate(p, end - p, &cp);
     if (n <= 0) {
