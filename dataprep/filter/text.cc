@@ -2,9 +2,13 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common/hash.h"
 
@@ -166,6 +170,7 @@ const DocumentView& document_view(std::string_view text) {
 namespace {
 template <typename Ch>
 void split_words_of(const Ch* t, Span s, std::vector<Span>* out);
+void split_words_ascii(const unsigned char* t, Span s, std::vector<Span>* out);
 }  // namespace
 
 const DocumentView& document_view_words(std::string_view text) {
@@ -175,8 +180,8 @@ const DocumentView& document_view_words(std::string_view text) {
     v.words.clear();
     // (an ASCII text's words are found on its bytes: the same spans)
     if (take_ascii_path(text))
-      split_words_of(reinterpret_cast<const unsigned char*>(text.data()),
-                     {0, static_cast<uint32_t>(text.size())}, &v.words);
+      split_words_ascii(reinterpret_cast<const unsigned char*>(text.data()),
+                        {0, static_cast<uint32_t>(text.size())}, &v.words);
     else
       split_words(v.cp, {0, static_cast<uint32_t>(v.cp.size())}, &v.words);
     v.have_words = true;
@@ -364,6 +369,64 @@ void split_words_of(const Ch* t, Span s, std::vector<Span>* out) {
     push_piece(t, piece, j, out);
     i = j;
   }
+}
+
+// The white-space bytes (is_space: 9-13 and 0x1C-0x20) among t[0, 64), as bit k for byte k
+// (t must have 64 readable bytes).
+inline uint64_t space_bits64(const unsigned char* t) {
+#if defined(__SSE2__)
+  uint64_t bits = 0;
+  for (int q = 0; q < 4; ++q) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * q));
+    // x in [lo, hi] <=> min(x - lo, hi - lo) == x - lo (unsigned bytes)
+    const __m128i a = _mm_sub_epi8(x, _mm_set1_epi8(9));
+    const __m128i b = _mm_sub_epi8(x, _mm_set1_epi8(0x1C));
+    const __m128i in_a = _mm_cmpeq_epi8(_mm_min_epu8(a, _mm_set1_epi8(4)), a);
+    const __m128i in_b = _mm_cmpeq_epi8(_mm_min_epu8(b, _mm_set1_epi8(4)), b);
+    bits |=
+        static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(_mm_or_si128(in_a, in_b))))
+        << (16 * q);
+  }
+  return bits;
+#else
+  uint64_t bits = 0;
+  for (int k = 0; k < 64; ++k) bits |= static_cast<uint64_t>(is_space(t[k])) << k;
+  return bits;
+#endif
+}
+
+// split_words_of on the bytes of an ASCII text: the white-space runs found 64 bytes at a time
+// (bit masks), each token between them split by push_piece. The same spans.
+void split_words_ascii(const unsigned char* t, Span s, std::vector<Span>* out) {
+  alignas(16) unsigned char tail[64];
+  bool in_token = false;
+  uint32_t token_begin = 0;
+  for (uint32_t base = s.begin; base < s.end; base += 64) {
+    const uint32_t n = std::min<uint32_t>(64, s.end - base);
+    uint64_t space;
+    if (n == 64) {
+      space = space_bits64(t + base);
+    } else {  // (the last block: bytes past the end count as white space)
+      std::memset(tail, ' ', sizeof tail);
+      std::memcpy(tail, t + base, n);
+      space = space_bits64(tail);
+    }
+    // Bits where the byte's kind (space or not) differs from the previous byte's: token starts
+    // and ends, alternately.
+    const uint64_t prev = space << 1 | (in_token ? 0 : 1);
+    uint64_t edges = space ^ prev;
+    while (edges) {
+      const uint32_t at = base + static_cast<uint32_t>(__builtin_ctzll(edges));
+      edges &= edges - 1;
+      if (!in_token) {
+        token_begin = at;
+      } else {
+        push_piece(t, token_begin, at, out);
+      }
+      in_token = !in_token;
+    }
+  }
+  if (in_token) push_piece(t, token_begin, s.end, out);  // (a token that ends the last full block)
 }
 
 }  // namespace
