@@ -206,6 +206,7 @@ struct Ngrams {
   std::vector<uint32_t> live;      // the starts where a duplicated n-gram may start (ascending)
   std::vector<uint32_t> slot;      // per start: its 16-byte key's slot in `table`
   std::vector<std::pair<size_t, double>> rules;
+  std::vector<uint64_t> longest;  // per top n-gram rule: longest_gram, once computed
 };
 Ngrams& ngrams() {
   thread_local Ngrams g;
@@ -303,14 +304,15 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
   g->gram.assign(g->word_id.begin(), g->word_id.end());
   // Level m from level m - 1: the m-gram at i is (the (m-1)-gram at i, the word at i + m - 1),
   // and it can repeat only if the (m-1)-grams at i and at i + 1 both repeat.
+  g->longest.assign(rules.size(), UINT64_MAX);  // (longest_gram per rule, once)
   for (size_t m = 2; m <= max_m && best_count > 1; ++m) {
     bool reachable = false;
-    for (const auto& [rm, frac] : rules)
-      if (rm >= m && rm <= n &&
-          static_cast<double>(longest_gram(*g, n, rm)) * best_count / len > frac) {
-        reachable = true;
-        break;
-      }
+    for (size_t r = 0; r < rules.size() && !reachable; ++r) {
+      const auto& [rm, frac] = rules[r];
+      if (rm < m || rm > n) continue;
+      if (g->longest[r] == UINT64_MAX) g->longest[r] = longest_gram(*g, n, rm);
+      reachable = static_cast<double>(g->longest[r]) * best_count / len > frac;
+    }
     if (!reachable) {
       std::fill(g->best_count.begin() + m, g->best_count.end(), 0);
       break;
@@ -749,13 +751,6 @@ void lower_for_match(std::span<const Ch> t, std::string* out) {
   for (size_t i = 0; i < t.size(); ++i) (*out)[i] = lower_char(t[i]);
 }
 
-// Bit c & 31 for each character c of s: a line holds a phrase only if its bits include the
-// phrase's (a cheap test before the search; characters sharing a bit only make it pass more).
-constexpr uint32_t letter_bits(std::string_view s) {
-  uint32_t bits = 0;
-  for (char c : s) bits |= uint32_t{1} << (c & 31);
-  return bits;
-}
 // Whether low holds phrase (a phrase of the c4 rules): found by memchr of its rarest character
 // in English text ('{', j, k, v, f, p; anchor_of) and compared around each hit.
 constexpr size_t anchor_of(std::string_view phrase) {
@@ -777,8 +772,6 @@ inline bool contains(std::string_view low, std::string_view phrase) {
   }
   return false;
 }
-constexpr uint32_t kLoremBits = letter_bits("lorem ipsum"),
-                   kJavascriptBits = letter_bits("javascript"), kCurlyBits = letter_bits("{");
 
 template <typename Ch>
 bool span_ends_with(const Ch* t, Span s, std::u32string_view suffix) {
@@ -822,9 +815,7 @@ class C4 final : public Filter {
     static constexpr std::string_view kPolicy[] = {"terms of use",   "privacy policy",
                                                    "cookie policy",  "uses cookies",
                                                    "use of cookies", "use cookies"};
-    static constexpr uint32_t kPolicyBits[] = {letter_bits(kPolicy[0]), letter_bits(kPolicy[1]),
-                                               letter_bits(kPolicy[2]), letter_bits(kPolicy[3]),
-                                               letter_bits(kPolicy[4]), letter_bits(kPolicy[5])};
+
     Scratch& s = scratch();
     auto byte_of = [&](uint32_t i) { return byte_at ? byte_at[i] : i; };
     if (split_paragraph) {
@@ -867,7 +858,6 @@ class C4 final : public Filter {
       // (the line lower-cased for the phrase checks on the way: s.lower)
       int64_t n_words = 0, longest = 0, token = 0, token_cjk = 0;
       bool bracket = false;
-      uint32_t letters = 0;  // bit c & 31 for every lower-cased c of the line (letter_bits)
       s.lower.resize(line.size());
       char* low_out = s.lower.data();
       if constexpr (sizeof(Ch) == 1) {
@@ -880,7 +870,6 @@ class C4 final : public Filter {
         };
         for (uint32_t k = 0; k < size; ++k)
           low_out[k] = static_cast<char>(p[k] + (static_cast<uint8_t>(p[k] - 'A') < 26 ? 32 : 0));
-        for (uint32_t k = 0; k < size; ++k) letters |= uint32_t{1} << (low_out[k] & 31);
         uint32_t starts = size > 0 && !space(p[0]);
         for (uint32_t k = 1; k < size; ++k) starts += space(p[k - 1]) & !space(p[k]);
         n_words = starts;
@@ -897,10 +886,7 @@ class C4 final : public Filter {
         }
       } else {
         for (uint32_t i = line.begin; i <= line.end; ++i) {
-          if (i < line.end) {
-            low_out[i - line.begin] = lower_char(t[i]);
-            letters |= uint32_t{1} << (low_out[i - line.begin] & 31);
-          }
+          if (i < line.end) low_out[i - line.begin] = lower_char(t[i]);
           if (i == line.end || is_space(t[i])) {
             if (token > 0) {
               n_words += std::max<int64_t>(1, token_cjk);
@@ -956,23 +942,16 @@ class C4 final : public Filter {
         if (!ok || span_ends_with(lt, cs, U"...")) continue;
       }
       if (n_words < min_words_per_line) continue;
-      if (copied) {
-        lower_for_match(lv, &s.lower);
-        letters = letter_bits(s.lower);
-      }
+      if (copied) lower_for_match(lv, &s.lower);
       const std::string_view low(s.lower);
-      // `phrase in line.lower()`, searched only where the line has all the phrase's characters.
-      auto has = [&](std::string_view phrase, uint32_t bits) {
-        return (letters & bits) == bits && contains(low, phrase);
-      };
-      if (filter_lorem_ipsum && has("lorem ipsum", kLoremBits))
-        return drop(d, "lorem_ipsum", 1, "==", 1);
-      if (filter_javascript && has("javascript", kJavascriptBits)) continue;
-      if (filter_curly_bracket && has("{", kCurlyBits)) return drop(d, "curly_bracket", 1, "==", 1);
+      // `phrase in line.lower()`
+      auto has = [&](std::string_view phrase) { return contains(low, phrase); };
+      if (filter_lorem_ipsum && has("lorem ipsum")) return drop(d, "lorem_ipsum", 1, "==", 1);
+      if (filter_javascript && has("javascript")) continue;
+      if (filter_curly_bracket && has("{")) return drop(d, "curly_bracket", 1, "==", 1);
       if (filter_policy) {
         bool policy = false;
-        for (size_t k = 0; k < std::size(kPolicy) && !policy; ++k)
-          policy = has(kPolicy[k], kPolicyBits[k]);
+        for (size_t k = 0; k < std::size(kPolicy) && !policy; ++k) policy = has(kPolicy[k]);
         if (policy) continue;
       }
       if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(lt, cs) : 1;

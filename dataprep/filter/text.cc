@@ -326,7 +326,8 @@ namespace {
 
 // A run of non-space, non-CJK code points: leading and trailing punctuation runs split off.
 template <typename Ch>
-void push_piece(const Ch* t, uint32_t b, uint32_t e, std::vector<Span>* out) {
+[[gnu::always_inline]] inline void push_piece(const Ch* t, uint32_t b, uint32_t e,
+                                              std::vector<Span>* out) {
   if (b >= e) return;
   uint32_t lb = b;
   while (lb < e && is_punct(t[lb])) ++lb;
