@@ -950,8 +950,10 @@ class C4 final : public Filter {
       if (filter_javascript && has("javascript")) continue;
       if (filter_curly_bracket && has("{")) return drop(d, "curly_bracket", 1, "==", 1);
       if (filter_policy) {
-        bool policy = false;
-        for (size_t k = 0; k < std::size(kPolicy) && !policy; ++k) policy = has(kPolicy[k]);
+        // (the last four all hold "cookie": searched only if the line has a 'k')
+        bool policy = has(kPolicy[0]) || has(kPolicy[1]);
+        if (!policy && low.find('k') != std::string_view::npos)
+          for (size_t k = 2; k < std::size(kPolicy) && !policy; ++k) policy = has(kPolicy[k]);
         if (policy) continue;
       }
       if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(lt, cs) : 1;
