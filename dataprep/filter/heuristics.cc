@@ -487,7 +487,8 @@ class GopherQuality final : public Filter {
     uint64_t non_symbol = 0, len_sum = 0, len_words = 0, alpha_words = 0, cjk_words = 0;
     for (const Span& w : words) {
       bool alpha = false, symbol = true;
-      for (uint32_t i = w.begin; i < w.end; ++i) {
+      // (once a letter and a non-punctuation character are seen, the rest cannot change either)
+      for (uint32_t i = w.begin; i < w.end && !(alpha && !symbol); ++i) {
         alpha |= is_alpha(t[i]);
         symbol &= is_punct(t[i]);
       }
