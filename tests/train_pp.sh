@@ -127,7 +127,7 @@ fail)
   # A stage that dies.
   set +e
   train 2 2 kill 1000000 --set parallel.pp=2 --set data.grad_accum=2 \
-    --set checkpoint.at_end=false >kill.out 2>&1 &
+    --set checkpoint.at_end=false --set checkpoint.every_steps=0 >kill.out 2>&1 &
   MPIRUN=$!
   for _ in $(seq 1 600); do
     [ -s kill/metrics.jsonl ] && [ "$(wc -l <kill/metrics.jsonl)" -ge 3 ] && break
@@ -148,7 +148,7 @@ fail)
   set +e
   KILN_TEST_STALL=1:3:120 timeout 90 "$MPI" -np 2 --oversubscribe "$KILN" train --quiet \
     "${MODEL[@]}" --set data.micro_batch=2 --set data.grad_accum=2 --set run.dir=stall \
-    --set run.steps=6 --set parallel.pp=2 --set checkpoint.at_end=false \
+    --set run.steps=6 --set parallel.pp=2 --set checkpoint.at_end=false --set checkpoint.every_steps=0 \
     --set parallel.collective_timeout_s=2 >stall.log 2>&1
   RC=$?
   set -e
