@@ -2,14 +2,16 @@
 # Checkpoints of pipeline-parallel training under mpirun (ctest train_pp_checkpoint_*): one check
 # per invocation.
 #   train_pp_checkpoint.sh CHECK KILN_BINARY SOURCE_DIR WORK_DIR MPIEXEC [gpt2|llama]
-# The test model has 4 blocks (PP=4: one each) and 2 micro-batches per step (the pipeline's).
+# The test model has 4 blocks (PP=4: one each), 4 micro-batches per step (the pipeline's) and no
+# evaluation (which does not run through a pipeline).
 # CHECK:
 #   resume       a PP=2 run (2 ranks) stopped at step 5 resumes on PP=2 bit for bit, and on one
 #                process (PP=1) and on PP=4 (4 ranks) with the losses of steps 6-10 within 1e-5
 #                relative of the uninterrupted PP=2 run's; a one-process checkpoint resumes on
 #                PP=2 the same way. A PP=2 x DP=2 ZeRO-1 checkpoint (4 ranks) resumes on
 #                PP=1 x TP=2 and on PP=4 (another PP, TP and DP size at once) within 1e-5 of its
-#                uninterrupted run. The checkpoints hold the stages' files as meta.json lists
+#                uninterrupted run. The first resumed step's loss is bit-identical on PP=2, one
+#                process and PP=4. The checkpoints hold the stages' files as meta.json lists
 #                them (pp, pp_stages), and a resume on another PP size logs how it read them.
 #   consolidate  `kiln checkpoint consolidate` of the PP=2 run's step-10 checkpoint equals the
 #                one-process run's at step 10 within 1e-5 (two trainings of the same weights) and
@@ -17,7 +19,7 @@
 #                again (lr 0, one more step); `kiln checkpoint export --format hf` of the two
 #                writes the same model.safetensors and config.json.
 source "$(dirname "$0")/mpi_train_common.sh"
-MODEL+=(--set model.n_layers=4 --set data.grad_accum=2)
+MODEL+=(--set model.n_layers=4 --set data.grad_accum=4 --set eval.every_steps=0)
 PP2=(--set parallel.pp=2)
 PP4=(--set parallel.pp=4)
 CK=(--set checkpoint.every_steps=5)
@@ -33,7 +35,7 @@ resume)
   train 4 4 a4 10 --resume "${PP4[@]}" 2>>a4.log  # PP=2 checkpoint on PP=4
   train 1 4 b 5 "${CK[@]}" 2>b.log
   train 2 4 b 10 --resume "${PP2[@]}" 2>>b.log    # one-process checkpoint on PP=2
-  grep -q "written by 2 pipeline stage(s), read into stage 3 of 4" a4.log ||
+  grep -qF "written by 2 pipeline stage(s), read into stage 0 of 4 (blocks [0, 1))" a4.log ||
     { echo "no pipeline reshard line in the PP=4 resume's log"; cat a4.log; exit 1; }
   # PP=2 x DP=2 ZeRO-1 (4 files: 2 stages x 2 partitions) at step 5, resumed on PP=1 x TP=2
   # (DP=1) and on PP=4 (DP=1); reference: the uninterrupted PP=2 x DP=2 ZeRO-1 run.
@@ -55,6 +57,10 @@ for name, ref, run, tol in (("PP=2 -> PP=2", "ref", "a", 0.0),
                             ("PP=2 x DP=2 ZeRO-1 -> PP=1 x TP=2", "zref", "ztp", 1e-5),
                             ("PP=2 x DP=2 ZeRO-1 -> PP=4", "zref", "z4", 1e-5)):
     compare(f"resume {name}", ref, run, tol=tol, steps=range(6, 11), params=False)
+# The first resumed step's loss is the loaded weights' forward pass: the same bits whichever
+# pipeline split read the PP=2 checkpoint (the state itself, apart from later steps' sums).
+for run in ("a1", "a4"):
+    compare(f"step 6 after resuming PP=2 on {run}", "a", run, tol=0.0, steps=[6], params=False)
 
 def stage_files(run, step, dp):
     ck = f"{run}/checkpoints/step-{step:08d}"
