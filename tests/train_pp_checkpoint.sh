@@ -10,7 +10,8 @@
 #                relative of the uninterrupted PP=2 run's; a one-process checkpoint resumes on
 #                PP=2 the same way. A PP=2 x DP=2 ZeRO-1 checkpoint (4 ranks) resumes on
 #                PP=1 x TP=2 and on PP=4 (another PP, TP and DP size at once) within 1e-5 of its
-#                uninterrupted run. The first resumed step's loss is bit-identical on PP=2, one
+#                uninterrupted run, and a PP=2 x TP=2 one (the replicated tensors checked per
+#                stage) on PP=4. The first resumed step's loss is bit-identical on PP=2, one
 #                process and PP=4. The checkpoints hold the stages' files as meta.json lists
 #                them (pp, pp_stages), and a resume on another PP size logs how it read them.
 #   consolidate  `kiln checkpoint consolidate` of the PP=2 run's step-10 checkpoint equals the
@@ -46,6 +47,14 @@ resume)
   cp -r z z4
   train 2 4 ztp 10 --resume --set parallel.tp=2 2>>ztp.log
   train 4 4 z4 10 --resume "${PP4[@]}" 2>>z4.log
+  # PP=2 x TP=2 (4 files: 2 stages x 2 TP ranks; the replicated tensors checked per stage) at
+  # step 5, resumed on PP=4 without TP.
+  T=("${PP2[@]}" --set parallel.tp=2)
+  train 4 4 tref 10 "${T[@]}" 2>tref.log
+  train 4 4 t 5 "${CK[@]}" "${T[@]}" 2>t.log
+  grep -q "replicated tensors identical on 2 tensor-parallel ranks" t.log ||
+    { echo "no replicated-tensor check in the PP=2 x TP=2 log"; cat t.log; exit 1; }
+  train 4 4 t 10 --resume "${PP4[@]}" 2>>t.log
   PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
 import json, os
 from train_compare import *
@@ -55,20 +64,21 @@ for name, ref, run, tol in (("PP=2 -> PP=2", "ref", "a", 0.0),
                             ("PP=2 -> PP=4", "ref", "a4", 1e-5),
                             ("one process -> PP=2", "ref", "b", 1e-5),
                             ("PP=2 x DP=2 ZeRO-1 -> PP=1 x TP=2", "zref", "ztp", 1e-5),
-                            ("PP=2 x DP=2 ZeRO-1 -> PP=4", "zref", "z4", 1e-5)):
+                            ("PP=2 x DP=2 ZeRO-1 -> PP=4", "zref", "z4", 1e-5),
+                            ("PP=2 x TP=2 -> PP=4", "tref", "t", 1e-5)):
     compare(f"resume {name}", ref, run, tol=tol, steps=range(6, 11), params=False)
 # The first resumed step's loss is the loaded weights' forward pass: the same bits whichever
 # pipeline split read the PP=2 checkpoint (the state itself, apart from later steps' sums).
 for run in ("a1", "a4"):
     compare(f"step 6 after resuming PP=2 on {run}", "a", run, tol=0.0, steps=[6], params=False)
 
-def stage_files(run, step, dp):
+def stage_files(run, step, dp, tp=1):
     ck = f"{run}/checkpoints/step-{step:08d}"
     meta = json.load(open(f"{ck}/meta.json"))
     state = json.load(open(f"{ck}/state.json"))
     files = sorted(f for f in os.listdir(ck) if f.endswith(".safetensors"))
-    want = [f"shard-pp{s:05d}-of-00002-tp00000-of-00001-dp{r:05d}-of-{dp:05d}.safetensors"
-            for s in range(2) for r in range(dp)]
+    want = [f"shard-pp{s:05d}-of-00002-tp{t:05d}-of-{tp:05d}-dp{r:05d}-of-{dp:05d}.safetensors"
+            for s in range(2) for t in range(tp) for r in range(dp)]
     stages = meta["pp_stages"]
     blocks = [b for st in stages for b in range(st["blocks"][0], st["blocks"][1])]
     print(f"{run} step {step}: {files}; stages {[st['blocks'] for st in stages]}, "
@@ -87,6 +97,7 @@ def stage_files(run, step, dp):
 
 stage_files("a", 5, 1)
 stage_files("z", 5, 2)
+stage_files("t", 5, 1, 2)
 finish()
 PY
   ;;
