@@ -23,8 +23,14 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "kiln-checkpoint/2";
+// Format 2 with pipeline stages (pp > 1): per-stage files, meta.json's pp / pp_stages. Only
+// pipelined checkpoints carry it, so an older Kiln refuses them by their format instead of
+// failing to find the files it expects; without pipelining the format stays 2.
+constexpr const char* kFormatPp = "kiln-checkpoint/2.1";
 // Format 1 (before meta.json): the same files as a P = 1 checkpoint of format 2.
 constexpr const char* kFormat1 = "kiln-checkpoint/1";
+
+const char* format_of(const CheckpointLayout& l) { return l.pp > 1 ? kFormatPp : kFormat; }
 
 // The model's shape; a GPT-2 of the default options keeps the five keys it always had.
 nlohmann::json model_json(const ModelConfig& m) {
@@ -70,10 +76,32 @@ Result<std::string> begin_checkpoint(const std::string& run_dir, int64_t step) {
   return tmp_dir.string();
 }
 
+int64_t checkpoint_unit_stage(const CheckpointLayout& l, int64_t n_layers, int unit) {
+  if (l.pp <= 1) return 0;
+  KILN_CHECK(static_cast<int64_t>(l.pp_bounds.size()) == l.pp + 1,
+             "checkpoint_unit_stage: pp + 1 stage bounds expected");
+  if (unit <= 0) return 0;               // embed
+  if (unit > n_layers) return l.pp - 1;  // final
+  const int64_t block = unit - 1;
+  const auto it = std::upper_bound(l.pp_bounds.begin(), l.pp_bounds.end(), block);
+  return std::clamp<int64_t>(it - l.pp_bounds.begin() - 1, 0, l.pp - 1);
+}
+
+bool checkpoint_owns(const ParamStore& params, int unit) {
+  if (!params.holds(unit)) return false;
+  return unit != 0 || params.pp_stage().first();  // the first stage's embeddings are written
+}
+
 std::string partition_file_name(int64_t index, int64_t partitions, int64_t tp_rank,
-                                int64_t tp_parts) {
-  char buf[96];
-  if (tp_parts <= 1) {
+                                int64_t tp_parts, int64_t pp_stage, int64_t pp_stages) {
+  char buf[128];
+  if (pp_stages > 1) {
+    std::snprintf(buf, sizeof buf,
+                  "shard-pp%05lld-of-%05lld-tp%05lld-of-%05lld-dp%05lld-of-%05lld.safetensors",
+                  static_cast<long long>(pp_stage), static_cast<long long>(pp_stages),
+                  static_cast<long long>(tp_rank), static_cast<long long>(tp_parts),
+                  static_cast<long long>(index), static_cast<long long>(partitions));
+  } else if (tp_parts <= 1) {
     std::snprintf(buf, sizeof buf, "shard-%05lld-of-%05lld.safetensors",
                   static_cast<long long>(index), static_cast<long long>(partitions));
   } else {
@@ -87,14 +115,19 @@ std::string partition_file_name(int64_t index, int64_t partitions, int64_t tp_ra
 Result<uint64_t> write_checkpoint_partition(const std::string& tmp_dir, int64_t index,
                                             int64_t partitions,
                                             const std::vector<TensorView>& tensors, int64_t tp_rank,
-                                            int64_t tp_parts) {
-  const std::string path =
-      (fs::path(tmp_dir) / partition_file_name(index, partitions, tp_rank, tp_parts)).string();
-  std::map<std::string, std::string> meta = {{"format", kFormat},
+                                            int64_t tp_parts, int64_t pp_stage, int64_t pp_stages) {
+  const std::string path = (fs::path(tmp_dir) / partition_file_name(index, partitions, tp_rank,
+                                                                    tp_parts, pp_stage, pp_stages))
+                               .string();
+  std::map<std::string, std::string> meta = {{"format", pp_stages > 1 ? kFormatPp : kFormat},
                                              {"partition", std::to_string(index)},
                                              {"partitions", std::to_string(partitions)},
                                              {"tp_rank", std::to_string(tp_rank)},
                                              {"tp_partitions", std::to_string(tp_parts)}};
+  if (pp_stages > 1) {
+    meta["pp_stage"] = std::to_string(pp_stage);
+    meta["pp_stages"] = std::to_string(pp_stages);
+  }
   KILN_RETURN_IF_ERROR(write_safetensors(path, tensors, meta));
   return xxh3_file(path);
 }
@@ -103,7 +136,9 @@ std::vector<TensorView> unit_partition(const ParamStore& params,
                                        std::deque<std::vector<float>>* scratch) {
   std::vector<TensorView> out;
   Runtime& rt = params.runtime();
-  for (const ParamUnit& u : params.units()) {
+  for (size_t i = 0; i < params.units().size(); ++i) {
+    if (!checkpoint_owns(params, static_cast<int>(i))) continue;
+    const ParamUnit& u = params.units()[i];
     const size_t S = shard_numel(u.numel, 1);
     KILN_CHECK(S == u.numel, "unit_partition: units are padded to 64 elements");
     const std::vector<int64_t> shape{static_cast<int64_t>(S)};
@@ -121,12 +156,31 @@ std::vector<TensorView> unit_partition(const ParamStore& params,
   return out;
 }
 
+std::vector<TensorView> owned_views(const ParamStore& params, std::vector<TensorView> views) {
+  std::map<std::string, bool> owned;  // unit name -> written by this stage
+  for (size_t i = 0; i < params.units().size(); ++i)
+    owned[params.units()[i].name] = checkpoint_owns(params, static_cast<int>(i));
+  std::vector<TensorView> out;
+  for (TensorView& v : views) {
+    // "<unit>.master" / "<unit>.exp_avg" / "<unit>.exp_avg_sq" (the field has no dot inside).
+    const size_t dot = v.name.rfind('.');
+    auto it = dot == std::string::npos ? owned.end() : owned.find(v.name.substr(0, dot));
+    KILN_CHECK(it != owned.end(), "owned_views: a view of no unit: " + v.name);
+    if (it->second) out.push_back(std::move(v));
+  }
+  return out;
+}
+
 uint64_t replicated_digest(const ParamStore& params, int64_t index, int64_t partitions,
                            const std::vector<TensorView>& views) {
   std::vector<uint64_t> parts;
   const auto& units = params.units();
-  KILN_CHECK(views.size() == 3 * units.size(), "replicated_digest: 3 views per unit");
+  size_t owned = 0;
+  for (size_t i = 0; i < units.size(); ++i) owned += checkpoint_owns(params, static_cast<int>(i));
+  KILN_CHECK(views.size() == 3 * owned, "replicated_digest: 3 views per owned unit");
+  size_t v = 0;  // the unit's first view
   for (size_t i = 0; i < units.size(); ++i) {
+    if (!checkpoint_owns(params, static_cast<int>(i))) continue;
     const size_t S = shard_numel(units[i].numel, partitions);
     const size_t begin = S * static_cast<size_t>(index);
     for (int t : units[i].tensors) {
@@ -135,32 +189,37 @@ uint64_t replicated_digest(const ParamStore& params, int64_t index, int64_t part
       const size_t a = std::max(pt.offset, begin), b = std::min(pt.offset + pt.numel, begin + S);
       if (a >= b) continue;
       for (size_t k = 0; k < 3; ++k) {
-        const auto* base = static_cast<const float*>(views[3 * i + k].data);
+        const auto* base = static_cast<const float*>(views[v + k].data);
         parts.push_back(xxh3_64(base + (a - begin), (b - a) * sizeof(float)));
       }
     }
+    v += 3;
   }
   return xxh3_64(parts.data(), parts.size() * sizeof(uint64_t));
 }
 
 namespace {
 
-// The tensor files of a layout (TP rank major, then data-parallel partition); only TP rank
-// tp_rank's when tp_rank >= 0.
-std::vector<std::string> tensor_files(const CheckpointLayout& l, int64_t tp_rank = -1) {
+// The tensor files of a layout (pipeline stage major, then TP rank, then data-parallel
+// partition); only TP rank tp_rank's when tp_rank >= 0, only stage pp_stage's when pp_stage >= 0.
+std::vector<std::string> tensor_files(const CheckpointLayout& l, int64_t tp_rank = -1,
+                                      int64_t pp_stage = -1) {
   if (!l.sharded()) return {"model.safetensors", "optimizer.safetensors"};
   std::vector<std::string> out;
-  for (int64_t t = 0; t < l.tp_partitions; ++t) {
-    if (tp_rank >= 0 && t != tp_rank) continue;
-    for (int64_t r = 0; r < l.partitions; ++r)
-      out.push_back(partition_file_name(r, l.partitions, t, l.tp_partitions));
+  for (int64_t s = 0; s < l.pp; ++s) {
+    if (pp_stage >= 0 && s != pp_stage) continue;
+    for (int64_t t = 0; t < l.tp_partitions; ++t) {
+      if (tp_rank >= 0 && t != tp_rank) continue;
+      for (int64_t r = 0; r < l.partitions; ++r)
+        out.push_back(partition_file_name(r, l.partitions, t, l.tp_partitions, s, l.pp));
+    }
   }
   return out;
 }
 
 nlohmann::ordered_json meta_json(const ParamStore& params, const CheckpointLayout& l) {
   nlohmann::ordered_json j;
-  j["format"] = kFormat;
+  j["format"] = format_of(l);
   j["world"] = l.world;
   j["dp"] = l.dp;
   j["tp"] = l.tp;
@@ -168,18 +227,45 @@ nlohmann::ordered_json meta_json(const ParamStore& params, const CheckpointLayou
   j["precision"] = precision_name(params.precision());
   j["partitions"] = l.partitions;
   j["tp_partitions"] = l.tp_partitions;
-  j["split"] = !l.sharded()
-                   ? "none: model.safetensors / optimizer.safetensors per tensor"
+  j["split"] = !l.sharded() ? "none: model.safetensors / optimizer.safetensors per tensor"
+               : l.pp > 1
+                   ? "pp then tp then dp-flat: file (s, t, r) holds, of the units of pipeline "
+                     "stage s (pp_stages), tensor-parallel rank t's (every tensor's tp_split "
+                     "slice, shape as listed) and of each unit the elements [r*S, r*S+S), S = "
+                     "partition_numel, zero past its end"
                    : "tp then dp-flat: file (t, r) holds tensor-parallel rank t's units (every "
                      "tensor's tp_split slice, shape as listed) and of each unit the elements "
                      "[r*S, r*S+S), S = partition_numel, zero past its end";
   j["files"] = tensor_files(l);
+  const int64_t L = params.model().n_layers;
+  if (l.pp > 1) {
+    // Pipeline stages: each one's blocks [first, end), the units it wrote and its files.
+    j["pp"] = l.pp;
+    nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+    for (int64_t s = 0; s < l.pp; ++s) {
+      nlohmann::ordered_json names = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < params.units().size(); ++i) {
+        if (checkpoint_unit_stage(l, L, static_cast<int>(i)) == s)
+          names.push_back(params.units()[i].name);
+      }
+      stages.push_back(
+          {{"stage", s},
+           {"blocks",
+            {l.pp_bounds[static_cast<size_t>(s)], l.pp_bounds[static_cast<size_t>(s) + 1]}},
+           {"units", names},
+           {"files", tensor_files(l, -1, s)}});
+    }
+    j["pp_stages"] = stages;
+  }
   nlohmann::ordered_json units = nlohmann::ordered_json::array();
-  for (const auto& u : params.units()) {
-    units.push_back(
-        {{"name", u.name},
-         {"numel", u.numel},
-         {"partition_numel", l.sharded() ? shard_numel(u.numel, l.partitions) : u.numel}});
+  for (size_t i = 0; i < params.units().size(); ++i) {
+    const ParamUnit& u = params.units()[i];
+    nlohmann::ordered_json e = {
+        {"name", u.name},
+        {"numel", u.numel},
+        {"partition_numel", l.sharded() ? shard_numel(u.numel, l.partitions) : u.numel}};
+    if (l.pp > 1) e["stage"] = checkpoint_unit_stage(l, L, static_cast<int>(i));
+    units.push_back(std::move(e));
   }
   j["units"] = units;
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
@@ -216,10 +302,17 @@ Status finish_checkpoint(const std::string& run_dir, const std::string& tmp_dir_
   const fs::path tmp_dir(tmp_dir_text);
   const std::vector<std::string> files = tensor_files(layout);
   KILN_CHECK(files.size() == hashes.size(), "finish_checkpoint: one checksum per tensor file");
+  if (layout.pp > 1) {
+    const auto& b = layout.pp_bounds;
+    bool ok = static_cast<int64_t>(b.size()) == layout.pp + 1 && b.front() == 0 &&
+              b.back() == params.model().n_layers;
+    for (size_t s = 0; ok && s + 1 < b.size(); ++s) ok = b[s] < b[s + 1];
+    KILN_CHECK(ok, "finish_checkpoint: pp_bounds must be pp + 1 rising values, 0 ... n_layers");
+  }
   std::error_code ec;
 
   nlohmann::json j;
-  j["format"] = kFormat;
+  j["format"] = format_of(layout);
   j["step"] = state.step;
   j["adam_updates"] = state.adam_updates;
   j["tokens"] = state.tokens;
@@ -269,8 +362,11 @@ Status finish_checkpoint(const std::string& run_dir, const std::string& tmp_dir_
 Status save_checkpoint(const std::string& run_dir, const ParamStore& params,
                        const TrainerState& state, const std::string& config_yaml, int64_t keep_last,
                        const CheckpointLayout& layout_in) {
+  KILN_CHECK(params.pp_stage().size == 1, "save_checkpoint: a whole model's store expected");
   CheckpointLayout layout = layout_in;
   layout.partitions = 1;
+  layout.pp = 1;
+  layout.pp_bounds.clear();
   KILN_ASSIGN_OR_RETURN(std::string tmp, begin_checkpoint(run_dir, state.step));
   const fs::path tmp_dir(tmp);
   std::vector<TensorView> model, optim;
@@ -327,7 +423,7 @@ Result<nlohmann::json> read_state_json(const fs::path& dir) {
   KILN_ASSIGN_OR_RETURN(std::string text, read_file(state_path));
   try {
     nlohmann::json j = parse_untrusted_json_or_throw(text);
-    if (j.at("format") != kFormat && j.at("format") != kFormat1) {
+    if (j.at("format") != kFormat && j.at("format") != kFormatPp && j.at("format") != kFormat1) {
       return Status::data("unknown checkpoint format " + json_shown(j.at("format")))
           .with_file(state_path);
     }
@@ -462,6 +558,9 @@ struct CheckpointReader::Impl {
   // Source TP ranks' layouts (no buffers), made when first needed.
   std::vector<std::unique_ptr<ParamStore>> sources;
   std::vector<bool> source_read;
+  // Per unit: the writer's pipeline stage whose files hold it (all 0 without pipelining).
+  std::vector<int64_t> unit_stage;
+  std::vector<bool> stage_read;                 // per source stage: read from
   std::map<std::string, SafetensorsFile> open;  // header-only, checksum verified
   uint64_t bytes_read = 0;
 
@@ -525,6 +624,13 @@ Result<const ParamStore*> CheckpointReader::Impl::source(int64_t t) {
                                 std::to_string(units[i].numel) + " elements)")
                 .with_file(meta_path);
           }
+          // Pipeline stages: the unit is in the files of the stage its blocks say.
+          if (lay.pp > 1 && mu[i].at("stage") != unit_stage[i]) {
+            return Status::data("meta.json unit " + json_shown(mu[i]) + " names stage " +
+                                json_shown(mu[i].at("stage")) + ", pp_stages put " + units[i].name +
+                                " on stage " + std::to_string(unit_stage[i]))
+                .with_file(meta_path);
+          }
         }
         // And each tensor where this layout puts it: with other tensor order or alignment inside
         // a unit (another Kiln version) the unit sizes can agree while the flat reads would land
@@ -581,12 +687,15 @@ Status CheckpointReader::Impl::read_source(int64_t t, int ti, ParamField f, size
   const ParamUnit& u = src->units()[static_cast<size_t>(pt.unit)];
   const size_t S = shard_numel(u.numel, lay.partitions);
   const std::vector<int64_t> shape{static_cast<int64_t>(S)};
+  // Pipeline stages: the files of the stage that wrote the unit.
+  const int64_t stage = unit_stage[static_cast<size_t>(pt.unit)];
+  stage_read[static_cast<size_t>(stage)] = true;
   size_t x = pt.offset + first;
   while (count > 0) {
     const size_t p = x / S, off = x % S, k = std::min(count, S - off);
-    KILN_ASSIGN_OR_RETURN(
-        const SafetensorsFile* file,
-        file(partition_file_name(static_cast<int64_t>(p), lay.partitions, t, lay.tp_partitions)));
+    KILN_ASSIGN_OR_RETURN(const SafetensorsFile* file,
+                          file(partition_file_name(static_cast<int64_t>(p), lay.partitions, t,
+                                                   lay.tp_partitions, stage, lay.pp)));
     KILN_RETURN_IF_ERROR(file->read_range(u.name + suffix, "F32", shape, off, k, out));
     x += k;
     out += k;
@@ -678,16 +787,39 @@ int64_t CheckpointReader::tp_sources_read() const {
   return n;
 }
 
+int64_t CheckpointReader::pp_sources_read() const {
+  if (impl_->lay.pp <= 1) return impl_->bytes_read > 0 ? 1 : 0;
+  int64_t n = 0;
+  for (bool b : impl_->stage_read) n += b;
+  return n;
+}
+
 uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
 
-void CheckpointReader::log_tp_reshard() const {
+void CheckpointReader::log_reshard() const {
   const Impl& im = *impl_;
-  if (!im.consolidated.empty() || im.lay.tp_partitions == im.mine.size) return;
-  KILN_LOG_INFO(
-      "checkpoint {}: written with tensor-parallel size {}, resharded to {} (read this "
-      "rank's slices from the files of the {} TP rank(s) that hold them, in byte "
-      "ranges)",
-      im.dir.filename().string(), im.lay.tp_partitions, im.mine.size, tp_sources_read());
+  if (!im.consolidated.empty()) return;
+  if (im.lay.tp_partitions != im.mine.size) {
+    KILN_LOG_INFO(
+        "checkpoint {}: written with tensor-parallel size {}, resharded to {} (read this "
+        "rank's slices from the files of the {} TP rank(s) that hold them, in byte "
+        "ranges)",
+        im.dir.filename().string(), im.lay.tp_partitions, im.mine.size, tp_sources_read());
+  }
+  const PpStage mine = im.params->pp_stage();
+  const int64_t L = im.params->model().n_layers;
+  const int64_t end = mine.end_block < 0 ? L : mine.end_block;
+  const bool same_split =
+      im.lay.pp == mine.size &&
+      (mine.size == 1 || (im.lay.pp_bounds[static_cast<size_t>(mine.rank)] == mine.first_block &&
+                          im.lay.pp_bounds[static_cast<size_t>(mine.rank) + 1] == end));
+  if (!same_split) {
+    KILN_LOG_INFO(
+        "checkpoint {}: written by {} pipeline stage(s), read into stage {} of {} (blocks "
+        "[{}, {})) from the files of the {} stage(s) that hold its units",
+        im.dir.filename().string(), im.lay.pp, mine.rank, mine.size, mine.first_block, end,
+        pp_sources_read());
+  }
 }
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::string& dir_text,
@@ -710,7 +842,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
           .with_file(state_path);
     }
     KILN_RETURN_IF_ERROR(parse_trainer_state(j, state).with_file(state_path));
-    if (j.at("format") == kFormat) {
+    if (j.at("format") == kFormat || j.at("format") == kFormatPp) {
       const std::string meta_path = (dir / "meta.json").string();
       KILN_ASSIGN_OR_RETURN(std::string mtext, read_file(meta_path));
       try {
@@ -722,10 +854,46 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
         lay.partitions = json_integer_at<int64_t>(im.meta, "partitions");
         lay.tp_partitions =
             json_integer_or(im.meta, "tp_partitions", int64_t{1});  // absent before TP shards
+        lay.pp = json_integer_or(im.meta, "pp", int64_t{1});        // absent before pipelining
+        if (lay.pp > 1) {
+          // Every stage's blocks: contiguous runs of at least one block, 0 ... n_layers.
+          const int64_t L = params.model().n_layers;
+          if (lay.pp > L) {
+            return Status::data("meta.json: pp " + std::to_string(lay.pp) + " stages for " +
+                                std::to_string(L) + " blocks")
+                .with_file(meta_path);
+          }
+          const auto& st = im.meta.at("pp_stages");
+          if (!st.is_array() || static_cast<int64_t>(st.size()) != lay.pp) {
+            return Status::data("meta.json: pp_stages must list pp (" + std::to_string(lay.pp) +
+                                ") stages")
+                .with_file(meta_path);
+          }
+          lay.pp_bounds = {0};
+          for (const auto& e : st) {
+            const std::vector<int64_t> b = json_integers<int64_t>(e.at("blocks"), "blocks");
+            const int64_t first = b.size() == 2 ? b[0] : -1, end = b.size() == 2 ? b[1] : -1;
+            if (first != lay.pp_bounds.back() || end <= first || end > L) {
+              return Status::data("meta.json: pp_stages entry " + json_shown(e) +
+                                  ": blocks must be [first, end) following the stage before (" +
+                                  std::to_string(lay.pp_bounds.back()) + "), within " +
+                                  std::to_string(L) + " blocks")
+                  .with_file(meta_path);
+            }
+            lay.pp_bounds.push_back(end);
+          }
+          if (lay.pp_bounds.back() != L) {
+            return Status::data("meta.json: pp_stages cover blocks [0, " +
+                                std::to_string(lay.pp_bounds.back()) + "), the model has " +
+                                std::to_string(L))
+                .with_file(meta_path);
+          }
+        }
       } catch (const nlohmann::json::exception& e) {
         return Status::data(std::string("malformed meta.json: ") + e.what()).with_file(meta_path);
       }
       if (lay.partitions < 1) return Status::data("meta.json: partitions < 1").with_file(meta_path);
+      if (lay.pp < 1) return Status::data("meta.json: pp < 1").with_file(meta_path);
     }
     if (lay.tp_partitions < 1) {
       return Status::data("meta.json: tp_partitions < 1").with_file((dir / "meta.json").string());
@@ -742,6 +910,11 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
   } catch (const nlohmann::json::exception& e) {
     return Status::data(std::string("malformed state.json: ") + e.what()).with_file(state_path);
   }
+  for (size_t i = 0; i < params.units().size(); ++i) {
+    im.unit_stage.push_back(
+        checkpoint_unit_stage(lay, params.model().n_layers, static_cast<int>(i)));
+  }
+  im.stage_read.assign(static_cast<size_t>(lay.pp), false);
   if (layout) *layout = lay;
   return reader;
 }
@@ -778,8 +951,11 @@ Status load_checkpoint(const std::string& dir_text, ParamStore* params, TrainerS
   KILN_ASSIGN_OR_RETURN(auto reader, CheckpointReader::open(dir_text, *params, state, &lay));
   if (layout) *layout = lay;
   KILN_RETURN_IF_ERROR(params->fill(*reader));
-  if (stats) stats->reshard_sources = reader->tp_sources_read();
-  reader->log_tp_reshard();
+  if (stats) {
+    stats->reshard_sources = reader->tp_sources_read();
+    stats->pp_sources = reader->pp_sources_read();
+  }
+  reader->log_reshard();
   return Status::ok();
 }
 

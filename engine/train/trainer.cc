@@ -328,7 +328,7 @@ Status Trainer::build_model_states(Runtime* runtime) {
   Runtime& rt = *runtime;
   // ZeRO: each rank computes or reads only its shards (and the full buffers its stage keeps).
   KILN_RETURN_IF_ERROR(dp_->agree(dp_->attach(*params_, config.optimizer, *source)));
-  if (auto* reader = dynamic_cast<CheckpointReader*>(source.get())) reader->log_tp_reshard();
+  if (auto* reader = dynamic_cast<CheckpointReader*>(source.get())) reader->log_reshard();
   const DeviceMemory after = rt.memory();
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -911,12 +911,17 @@ void Trainer::print_progress(const StepRecord& r) {
   std::fflush(stdout);
 }
 
-// Sharded states (ZeRO, or tensor parallelism): every rank that holds states of its own writes
-// its file into the directory rank 0 prepares, and rank 0 checks the replicated tensors' digests
-// and completes the checkpoint. *written: rank 0's state so far in, the checkpoint's result out.
-Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout, Status* written) {
+// Sharded states (ZeRO, tensor or pipeline parallelism): every rank that holds states of its own
+// writes its file into the directory rank 0 prepares - with pipelining, the units its stage owns
+// (checkpoint_owns) in its stage's files - and rank 0, once every rank's checksum has arrived,
+// checks the replicated tensors' digests and completes the checkpoint. *written: rank 0's state
+// so far in, the checkpoint's result out.
+Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout_in, Status* written) {
   ZeroOptimizer* zero = dp_->zero();
-  const int64_t tp = layout.tp_partitions;
+  CheckpointLayout layout = layout_in;
+  const int64_t tp = layout.tp_partitions, pp = layout.pp, P = layout.partitions;
+  const PpStage stage = params_->pp_stage();
+  const int64_t end_block = stage.end_block < 0 ? config_.model.n_layers : stage.end_block;
   std::string tmp;
   if (dp_->is_root() && written->is_ok()) {
     auto begun = begin_checkpoint(config_.run.dir, state_.step);
@@ -929,17 +934,21 @@ Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout, Status*
   KILN_RETURN_IF_ERROR(dp_->broadcast(&tmp));
   const bool writer = zero || dp_->rank() == 0;
   const int64_t index = zero ? dp_->rank() : 0;
-  std::string mine;  // "<file XXH3>:<replicated tensors' digest>" (writers)
+  // "<stage> <first block> <end block> <tp rank> <partition> <file XXH3> <replicated tensors'
+  // digest>" (writers; every rank of every stage takes part in the gather).
+  std::string mine;
   Status local = Status::ok();
   if (writer) {
     std::deque<std::vector<float>> scratch;
     const std::vector<TensorView> views =
-        zero ? zero->checkpoint_partition(&scratch) : unit_partition(*params_, &scratch);
+        zero ? owned_views(*params_, zero->checkpoint_partition(&scratch))
+             : unit_partition(*params_, &scratch);
     auto hash =
-        write_checkpoint_partition(tmp, index, layout.partitions, views, dp_->tp_rank(), tp);
+        write_checkpoint_partition(tmp, index, P, views, dp_->tp_rank(), tp, stage.rank, pp);
     if (hash.is_ok()) {
-      mine =
-          hex64(*hash) + ":" + hex64(replicated_digest(*params_, index, layout.partitions, views));
+      mine = fmt::format("{} {} {} {} {} {} {}", stage.rank, stage.first_block, end_block,
+                         dp_->tp_rank(), index, hex64(*hash),
+                         hex64(replicated_digest(*params_, index, P, views)));
     } else {
       local = hash.status();
     }
@@ -948,31 +957,60 @@ Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout, Status*
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> got, dp_->gather_world(mine));
   *written = Status::ok();
   if (dp_->is_root()) {
-    // World rank w is TP rank w % tp of data-parallel rank w / tp (comm/topology.h); the files
-    // are listed TP rank first.
-    std::vector<uint64_t> h(static_cast<size_t>(layout.tp_partitions * layout.partitions), 0);
-    std::vector<std::string> digest(h.size());
-    for (size_t w = 0; w < got.size(); ++w) {
+    // The files are listed stage first, then TP rank, then partition (tensor_files).
+    const size_t files = static_cast<size_t>(pp * tp * P);
+    std::vector<uint64_t> h(files, 0);
+    std::vector<std::string> digest(files);
+    std::vector<bool> have(files, false);
+    layout.pp_bounds.assign(pp > 1 ? static_cast<size_t>(pp + 1) : 0, -1);
+    // (A bad report sets *written: every rank still meets rank 0 in save()'s agreement.)
+    for (size_t w = 0; w < got.size() && written->is_ok(); ++w) {
       if (got[w].empty()) continue;
-      const int64_t t = static_cast<int64_t>(w) % tp, r = static_cast<int64_t>(w) / tp;
-      const size_t at = static_cast<size_t>(t * layout.partitions + (zero ? r : 0));
-      const size_t colon = got[w].find(':');
-      auto v = parse_hex64(got[w].substr(0, colon));
-      if (!v.is_ok()) return v.status();
+      std::istringstream in(got[w]);
+      int64_t s = -1, first = -1, end = -1, t = -1, r = -1;
+      std::string hash_hex, dig;
+      in >> s >> first >> end >> t >> r >> hash_hex >> dig;
+      auto v = parse_hex64(hash_hex);
+      if (!in || s < 0 || s >= pp || t < 0 || t >= tp || r < 0 || r >= P || !v.is_ok()) {
+        *written = Status::internal("checkpoint: rank " + std::to_string(w) +
+                                    " reported an unreadable file: " + got[w]);
+        break;
+      }
+      const size_t at = static_cast<size_t>((s * tp + t) * P + r);
       h[at] = *v;
-      digest[at] = got[w].substr(colon + 1);
+      digest[at] = dig;
+      have[at] = true;
+      for (auto [i, b] : {std::pair{s, first}, std::pair{s + 1, end}}) {
+        if (pp <= 1) break;
+        int64_t& slot = layout.pp_bounds[static_cast<size_t>(i)];
+        if (slot >= 0 && slot != b) {
+          *written = Status::internal(
+              fmt::format("checkpoint: pipeline stages disagree on block boundary {} ({} and {}): "
+                          "checkpoint not written",
+                          i, slot, b));
+        }
+        slot = b;
+      }
+    }
+    for (size_t f = 0; f < files && written->is_ok(); ++f) {
+      if (!have[f]) {
+        *written = Status::internal("checkpoint: no rank wrote file " + std::to_string(f) + " of " +
+                                    std::to_string(files) + ": checkpoint not written");
+      }
     }
     // The replicated parameters (norms, wpe, row-parallel biases) live by being bit-identical
-    // on every TP rank: each partition's digest must agree across the TP ranks.
-    for (int64_t t = 1; t < tp && written->is_ok(); ++t) {
-      for (int64_t r = 0; r < layout.partitions; ++r) {
-        if (digest[static_cast<size_t>(t * layout.partitions + r)] !=
-            digest[static_cast<size_t>(r)]) {
-          *written = Status::internal(fmt::format(
-              "replicated parameters differ between tensor-parallel ranks 0 and {} (partition "
-              "{}): checkpoint not written",
-              t, r));
-          break;
+    // on every TP rank: each partition's digest must agree across the TP ranks of its stage.
+    for (int64_t s = 0; s < pp && written->is_ok(); ++s) {
+      for (int64_t t = 1; t < tp && written->is_ok(); ++t) {
+        for (int64_t r = 0; r < P; ++r) {
+          if (digest[static_cast<size_t>((s * tp + t) * P + r)] !=
+              digest[static_cast<size_t>(s * tp * P + r)]) {
+            *written = Status::internal(fmt::format(
+                "replicated parameters differ between tensor-parallel ranks 0 and {} (partition "
+                "{}{}): checkpoint not written",
+                t, r, pp > 1 ? fmt::format(", pipeline stage {}", s) : std::string()));
+            break;
+          }
         }
       }
     }
@@ -1020,6 +1058,8 @@ Status Trainer::save() {
   layout.zero_stage = config_.parallel.zero_stage;
   layout.partitions = zero ? dp_->size() : 1;
   layout.tp_partitions = tp;
+  // Pipeline stages: each writes the units it owns (the stage bounds are gathered from them).
+  layout.pp = params_->pp_stage().size;
   if (layout.sharded()) {
     KILN_RETURN_IF_ERROR(write_sharded_checkpoint(layout, &written));
   } else if (dp_->is_root() && written.is_ok()) {
@@ -1028,7 +1068,7 @@ Status Trainer::save() {
   }
   KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
   last_saved_step_ = state_.step;
-  const int64_t files = layout.sharded() ? layout.partitions * layout.tp_partitions : 0;
+  const int64_t files = layout.sharded() ? layout.partitions * layout.tp_partitions * layout.pp : 0;
   KILN_LOG_INFO(
       "checkpoint {} written ({:.0f} ms{})", checkpoint_dir_name(state_.step),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),

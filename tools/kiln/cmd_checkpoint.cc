@@ -26,7 +26,8 @@ struct ConsolidateArgs {
 
 // One file with every parameter of a complete checkpoint, loadable by one process (safetensors,
 // fp32): the checkpoint is loaded as a resume would (checksums verified, per-rank partitions of
-// any data-parallel size reassembled) and its master weights written per tensor.
+// any data-parallel size, TP slices and pipeline stages' units reassembled) and its master
+// weights written per tensor.
 Status run_consolidate(const ConsolidateArgs& a) {
   const fs::path dir(a.dir);
   std::error_code ec;
@@ -51,11 +52,13 @@ Status run_consolidate(const ConsolidateArgs& a) {
   meta["step"] = std::to_string(state.step);
   meta["model"] = engine::model_shape_json(shape.first);
   KILN_RETURN_IF_ERROR(engine::write_safetensors(a.output, views, meta));
-  const long long files = layout.sharded() ? layout.partitions * layout.tp_partitions : 2;
-  std::printf("%s: %zu tensors from %s (step %s, %lld file%s: dp %lld, tp %lld, ZeRO-%lld)\n",
+  const long long files =
+      layout.sharded() ? layout.partitions * layout.tp_partitions * layout.pp : 2;
+  std::printf("%s: %zu tensors from %s (step %s, %lld file%s: dp %lld, tp %lld, ZeRO-%lld%s)\n",
               a.output.c_str(), views.size(), a.dir.c_str(), meta["step"].c_str(), files,
               files == 1 ? "" : "s", static_cast<long long>(layout.dp),
-              static_cast<long long>(layout.tp), static_cast<long long>(layout.zero_stage));
+              static_cast<long long>(layout.tp), static_cast<long long>(layout.zero_stage),
+              layout.pp > 1 ? (", pp " + std::to_string(layout.pp)).c_str() : "");
   return Status::ok();
 }
 
