@@ -244,6 +244,117 @@ std::unique_ptr<Work> ProcessGroup::ibarrier() {
   return watched(id, do_ibarrier());
 }
 
+// ---- point-to-point ----------------------------------------------------------------------------
+
+namespace {
+// MPI guarantees tags up to 32767 (MPI_TAG_UB may be larger; portable code stays below).
+constexpr int kMaxTag = 32767;
+}  // namespace
+
+Status ProcessGroup::check_p2p(const char* op, int peer, int tag) const {
+  if (peer < 0 || peer >= size())
+    return Status::internal(fmt_p2p(op, peer, tag) + ": peer rank " + std::to_string(peer) +
+                            " is not in the group (" + std::to_string(size()) + " ranks)");
+  if (tag < 0 || tag > kMaxTag)
+    return Status::internal(fmt_p2p(op, peer, tag) + ": tag must be 0.." + std::to_string(kMaxTag));
+  return Status::ok();
+}
+
+std::string ProcessGroup::fmt_p2p(const char* op, int peer, int tag) const {
+  return std::string(op) + (std::strcmp(op, "send") == 0 ? " to" : " from") + " rank " +
+         std::to_string(peer) + " (tag " + std::to_string(tag) + ") on group " + name_;
+}
+
+uint64_t ProcessGroup::begin_p2p(const char* op, int peer) {
+  const bool sending = std::strcmp(op, "send") == 0;
+  const uint64_t seq = ++(sending ? sends_to_ : recvs_from_)[peer];
+  return detail::watch_begin_p2p(*this, op, peer, seq);
+}
+
+std::unique_ptr<Work> ProcessGroup::isend(const void* data, size_t bytes, int peer, int tag) {
+  Status st = check_p2p("send", peer, tag);
+  if (!st.is_ok()) return completed_work(std::move(st));
+  if (peer != rank()) count("send", bytes);
+  const uint64_t id = begin_p2p("send", peer);
+  return watched(id, do_isend(data, bytes, peer, tag));
+}
+
+std::unique_ptr<Work> ProcessGroup::irecv(void* data, size_t bytes, int peer, int tag) {
+  Status st = check_p2p("recv", peer, tag);
+  if (!st.is_ok()) return completed_work(std::move(st));
+  if (peer != rank()) count("recv", bytes);
+  const uint64_t id = begin_p2p("recv", peer);
+  return watched(id, do_irecv(data, bytes, peer, tag));
+}
+
+Status ProcessGroup::send(const void* data, size_t bytes, int peer, int tag) {
+  return isend(data, bytes, peer, tag)->wait();
+}
+
+Status ProcessGroup::recv(void* data, size_t bytes, int peer, int tag) {
+  return irecv(data, bytes, peer, tag)->wait();
+}
+
+std::unique_ptr<Work> ProcessGroup::do_isend(const void*, size_t, int peer, int tag) {
+  return completed_work(Status::unimplemented(fmt_p2p("send", peer, tag) + ": the " + backend() +
+                                              " backend has no point-to-point"));
+}
+
+std::unique_ptr<Work> ProcessGroup::do_irecv(void*, size_t, int peer, int tag) {
+  return completed_work(Status::unimplemented(fmt_p2p("recv", peer, tag) + ": the " + backend() +
+                                              " backend has no point-to-point"));
+}
+
+class ProcessGroup::SelfRecv final : public Work {
+ public:
+  SelfRecv(ProcessGroup& g, void* data, size_t bytes, int tag)
+      : g_(g), data_(data), bytes_(bytes), tag_(tag) {}
+  Status wait() override {
+    if (!test())
+      return Status::internal(g_.fmt_p2p("recv", g_.rank(), tag_) +
+                              ": nothing was sent to itself with this tag (a rank sends to "
+                              "itself before it waits for the message)");
+    return status_;
+  }
+  bool test() override {
+    if (done_) return true;
+    auto it = g_.self_box_.find(tag_);
+    if (it == g_.self_box_.end() || it->second.empty()) return false;
+    std::vector<char> msg = std::move(it->second.front());
+    it->second.erase(it->second.begin());
+    if (it->second.empty()) g_.self_box_.erase(it);
+    if (msg.size() != bytes_) {
+      status_ = Status::internal(g_.fmt_p2p("recv", g_.rank(), tag_) + ": receives " +
+                                 std::to_string(bytes_) + " bytes, the message has " +
+                                 std::to_string(msg.size()));
+    } else if (bytes_) {
+      std::memcpy(data_, msg.data(), bytes_);
+    }
+    done_ = true;
+    return true;
+  }
+
+ private:
+  ProcessGroup& g_;
+  void* data_;
+  size_t bytes_;
+  int tag_;
+  Status status_;
+  bool done_ = false;
+};
+
+std::unique_ptr<Work> ProcessGroup::self_isend(const void* data, size_t bytes, int tag) {
+  const char* p = static_cast<const char*>(data);
+  self_box_[tag].emplace_back(p, p + bytes);
+  return completed_work(Status::ok());
+}
+
+std::unique_ptr<Work> ProcessGroup::self_irecv(void* data, size_t bytes, int tag) {
+  auto w = std::make_unique<SelfRecv>(*this, data, bytes, tag);
+  (void)w->test();  // already sent: complete now
+  return w;
+}
+
 Result<std::unique_ptr<ProcessGroup>> ProcessGroup::split(int color, int key, std::string name) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> g, do_split(color, key));
   g->set_name(name.empty() ? name_ + ".split" : std::move(name));
@@ -313,6 +424,13 @@ class LocalGroup final : public ProcessGroup {
   }
   Result<std::unique_ptr<ProcessGroup>> do_split(int, int) override {
     return std::unique_ptr<ProcessGroup>(new LocalGroup());
+  }
+  // The only peer is itself (checked by the front end).
+  std::unique_ptr<Work> do_isend(const void* data, size_t bytes, int, int tag) override {
+    return self_isend(data, bytes, tag);
+  }
+  std::unique_ptr<Work> do_irecv(void* data, size_t bytes, int, int tag) override {
+    return self_irecv(data, bytes, tag);
   }
 
  private:

@@ -18,8 +18,9 @@
 //   and max are exact anyway.
 // - Blocking calls return when this rank's buffers may be reused. The i*() calls start the same
 //   collective and return a Work handle; the buffers belong to the collective until wait()
-//   returns. A handle destroyed without wait() waits in its destructor. Handles of one group
-//   complete in the order they were started; start them in the same order on every rank.
+//   returns. A handle destroyed without wait() waits in its destructor. Collectives' handles of
+//   one group complete in the order they were started; start them in the same order on every
+//   rank. (Point-to-point handles complete independently: below.)
 // - Byte counters: every call adds to counters() under its collective's name. "bytes" is the
 //   data volume as the ZeRO paper counts it: all_reduce 2x the buffer (a reduce-scatter plus an
 //   all-gather), all_gather the gathered (full) buffer, reduce_scatter the input (full) buffer,
@@ -33,6 +34,24 @@
 // - A collective that does not complete within the watchdog's timeout (comm/watchdog.h) stops
 //   every rank with a message naming this rank, the collective, the group and the ranks that had
 //   not arrived.
+//
+// Point-to-point messages (send / recv / isend / irecv; pipeline stages):
+// - Not collective: only the two ranks take part. Messages from one rank to another with the same
+//   tag arrive in the order they were sent; a recv must give exactly the size of the send it
+//   matches (a different size is an error naming the peer, tag and sizes where the backend can
+//   tell: MPI, local). Size 0 is a message too (it must be received). Tags are 0..32767; the
+//   NCCL backend ignores them (its messages between two ranks match in posting order).
+// - Blocking send() may wait until the peer posts its receive (MPI's rules: a ring of blocking
+//   sends can deadlock); exchanges in both directions at once use isend/irecv, posted before
+//   waiting on either (1F1B: isend to the next stage and irecv from the previous one, then wait).
+// - Sending to yourself: MPI and local groups copy (the message waits in a mailbox until its
+//   recv); NCCL groups refuse it.
+// - Counted as "send" (bytes sent) and "recv" (bytes received) in the group's counters (not
+//   messages to itself: nothing crosses a link). They do not advance the collectives' numbering
+//   (so collectives keep the same #N on every rank of the group).
+// - Watched like collectives: a send or recv outstanding longer than the watchdog's timeout stops
+//   every rank with a message naming the operation, its number between the two ranks, the group
+//   and the peer rank (group and world), and what the peer is doing.
 #pragma once
 
 #include <cstddef>
@@ -68,7 +87,7 @@ struct CollectiveCount {
   uint64_t bytes = 0;
 };
 // By collective name: "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier",
-// "gather", "all_to_all".
+// "gather", "all_to_all"; point-to-point: "send", "recv".
 using CommCounters = std::map<std::string, CollectiveCount>;
 
 // An asynchronous collective in flight.
@@ -83,9 +102,11 @@ class Work {
 // A handle that is already complete with `status`.
 std::unique_ptr<Work> completed_work(Status status);
 
+class ProcessGroup;
 namespace detail {
 struct GroupWatch;
-}
+uint64_t watch_begin_p2p(ProcessGroup& g, const char* op, int peer, uint64_t seq);
+}  // namespace detail
 
 class ProcessGroup {
  public:
@@ -133,6 +154,14 @@ class ProcessGroup {
   std::unique_ptr<Work> ibcast(void* data, size_t bytes, int root);
   std::unique_ptr<Work> ibarrier();
 
+  // Point-to-point (see the header comment): `bytes` bytes to / from group rank `peer`. The
+  // buffers belong to the operation until it completes (blocking: on return; i*(): wait()).
+  // An invalid peer or tag is Status::internal naming it.
+  Status send(const void* data, size_t bytes, int peer, int tag = 0);
+  Status recv(void* data, size_t bytes, int peer, int tag = 0);
+  std::unique_ptr<Work> isend(const void* data, size_t bytes, int peer, int tag = 0);
+  std::unique_ptr<Work> irecv(void* data, size_t bytes, int peer, int tag = 0);
+
   // Ranks with the same color form a new group, ordered by (key, old rank), named `name`.
   Result<std::unique_ptr<ProcessGroup>> split(int color, int key, std::string name = "");
   // Ends every process of the group at once with `code` (use when ranks can no longer agree).
@@ -174,13 +203,28 @@ class ProcessGroup {
                                                    size_t recv_count, DType dtype, ReduceOp op);
   virtual std::unique_ptr<Work> do_ibcast(void* data, size_t bytes, int root);
   virtual std::unique_ptr<Work> do_ibarrier();
+  // Point-to-point (peer and tag checked; peer may be rank()). The defaults say the backend has
+  // none; blocking send / recv are isend / irecv and wait().
+  virtual std::unique_ptr<Work> do_isend(const void* data, size_t bytes, int peer, int tag);
+  virtual std::unique_ptr<Work> do_irecv(void* data, size_t bytes, int peer, int tag);
+
+  // Messages to itself for host-memory backends: a copy waits in a mailbox (per tag, in order)
+  // until a recv takes it; a recv posted first completes when the send comes (its wait() before
+  // that is an error: only this thread could send it).
+  std::unique_ptr<Work> self_isend(const void* data, size_t bytes, int tag);
+  std::unique_ptr<Work> self_irecv(void* data, size_t bytes, int tag);
 
   void count(const char* collective, uint64_t bytes);
+  // "send to rank 1 (tag 0) on group pp": for messages.
+  std::string fmt_p2p(const char* op, int peer, int tag) const;
 
  private:
   friend uint64_t detail::watch_begin(ProcessGroup& g, const char* collective, uint64_t seq);
+  friend uint64_t detail::watch_begin_p2p(ProcessGroup& g, const char* op, int peer, uint64_t seq);
   // The collective's watch: begin() on construction, end() on destruction (blocking calls).
   class Watch;
+  // A recv from itself, complete once the mailbox holds its message.
+  class SelfRecv;
   // Counts the collective (its number on this group) and starts watching it.
   uint64_t begin(const char* collective);
   // An asynchronous collective's handle, watched until it completes.
@@ -189,7 +233,13 @@ class ProcessGroup {
   std::string name_ = "group";
   CommCounters counters_;
   std::vector<int> world_ranks_;
+  // Starts watching a point-to-point operation (its number between this rank and the peer).
+  uint64_t begin_p2p(const char* op, int peer);
+  Status check_p2p(const char* op, int peer, int tag) const;
+
   uint64_t seq_ = 0;                          // collectives started on this group
+  std::map<int, uint64_t> sends_to_, recvs_from_;           // point-to-point started, by peer
+  std::map<int, std::vector<std::vector<char>>> self_box_;  // messages to itself, by tag
   detail::GroupWatch* watch_ = nullptr;       // the watchdog's record of this group (not owned)
 };
 

@@ -139,6 +139,60 @@ class MpiWork final : public Work {
   bool done_ = false;
 };
 
+// A point-to-point message: one request per chunk of at most kMaxChunk bytes (the same split on
+// both sides, so chunk i matches chunk i: MPI keeps messages of one source and tag in order).
+class P2pWork final : public Work {
+ public:
+  ~P2pWork() override { (void)wait(); }
+  Status wait() override {
+    if (!done_)
+      finish(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), statuses_for_wait()));
+    return status_;
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    const int rc =
+        MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, statuses_for_wait());
+    if (rc != MPI_SUCCESS || flag) finish(rc);
+    return done_;
+  }
+
+  std::vector<MPI_Request> reqs;
+  std::vector<size_t> expect;  // recv: each chunk's size (checked against what arrived)
+  std::string what;            // "recv from rank 1 (tag 0) on group pp"
+
+ private:
+  MPI_Status* statuses_for_wait() {
+    statuses_.resize(reqs.size());
+    return statuses_.data();
+  }
+  void finish(int rc) {
+    done_ = true;
+    if (rc != MPI_SUCCESS) {
+      // MPI_ERR_IN_STATUS: the failing request's own code.
+      if (rc == MPI_ERR_IN_STATUS)
+        for (const MPI_Status& st : statuses_)
+          if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) rc = st.MPI_ERROR;
+      status_ = mpi_status(rc, what.c_str());
+      return;
+    }
+    for (size_t i = 0; i < expect.size(); ++i) {
+      int got = 0;
+      MPI_Get_count(&statuses_[i], MPI_BYTE, &got);
+      if (static_cast<size_t>(got) != expect[i]) {
+        status_ = Status::internal("MPI " + what + ": received " + std::to_string(got) +
+                                   " bytes where " + std::to_string(expect[i]) +
+                                   " were expected (the send and the recv differ in size)");
+        return;
+      }
+    }
+  }
+  std::vector<MPI_Status> statuses_;
+  Status status_;
+  bool done_ = false;
+};
+
 // Element range [begin, end) of rank r's block when `count` elements are split over n ranks.
 struct Blocks {
   size_t count, per;
@@ -267,6 +321,11 @@ class MpiGroup final : public ProcessGroup {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    // Point-to-point messages travel on a communicator of their own (collective, like the
+    // group's creation): the large collectives' own sends and receives (tags 0, 1, ...) can never
+    // match a user's message.
+    MPI_Comm_dup(comm_, &p2p_);
+    MPI_Comm_set_errhandler(p2p_, MPI_ERRORS_RETURN);
     // The members' world ranks (a local translation, no communication): the watchdog's messages.
     MPI_Group mine, all;
     MPI_Comm_group(comm_, &mine);
@@ -281,6 +340,7 @@ class MpiGroup final : public ProcessGroup {
   ~MpiGroup() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&p2p_);
     if (owned_ && !finalized) MPI_Comm_free(&comm_);
   }
 
@@ -493,6 +553,55 @@ class MpiGroup final : public ProcessGroup {
     return std::unique_ptr<ProcessGroup>(new MpiGroup(sub, true));
   }
 
+  // ---- point-to-point ----
+  std::unique_ptr<Work> do_isend(const void* data, size_t bytes, int peer, int tag) override {
+    if (peer == rank_) return self_isend(data, bytes, tag);
+    auto w = std::make_unique<P2pWork>();
+    w->what = fmt_p2p("send", peer, tag);
+    const char* p = static_cast<const char*>(data);
+    size_t at = 0;
+    do {  // (a message of 0 bytes is one empty chunk: it must still be matched)
+      const int n = static_cast<int>(std::min(kMaxChunk, bytes - at));
+      MPI_Request& req = w->reqs.emplace_back(MPI_REQUEST_NULL);
+      Status st =
+          mpi_status(MPI_Isend(p + at, n, MPI_BYTE, peer, tag, p2p_, &req), w->what.c_str());
+      if (!st.is_ok()) {
+        w->reqs.pop_back();
+        (void)w->wait();  // the chunks already posted
+        return completed_work(std::move(st));
+      }
+      at += n;
+    } while (at < bytes);
+    return w;
+  }
+
+  std::unique_ptr<Work> do_irecv(void* data, size_t bytes, int peer, int tag) override {
+    if (peer == rank_) return self_irecv(data, bytes, tag);
+    auto w = std::make_unique<P2pWork>();
+    w->what = fmt_p2p("recv", peer, tag);
+    char* p = static_cast<char*>(data);
+    size_t at = 0;
+    do {
+      const int n = static_cast<int>(std::min(kMaxChunk, bytes - at));
+      MPI_Request& req = w->reqs.emplace_back(MPI_REQUEST_NULL);
+      Status st =
+          mpi_status(MPI_Irecv(p + at, n, MPI_BYTE, peer, tag, p2p_, &req), w->what.c_str());
+      if (!st.is_ok()) {
+        w->reqs.pop_back();
+        w->expect.clear();
+        for (MPI_Request& q : w->reqs) {
+          MPI_Cancel(&q);
+          MPI_Wait(&q, MPI_STATUS_IGNORE);
+        }
+        w->reqs.clear();
+        return completed_work(std::move(st));
+      }
+      w->expect.push_back(n);
+      at += n;
+    } while (at < bytes);
+    return w;
+  }
+
   // ---- asynchronous ----
   std::unique_ptr<Work> do_iallreduce(void* data, size_t count, DType dtype,
                                       ReduceOp op) override {
@@ -620,6 +729,7 @@ class MpiGroup final : public ProcessGroup {
   }
 
   MPI_Comm comm_;
+  MPI_Comm p2p_ = MPI_COMM_NULL;  // point-to-point messages (a duplicate of comm_)
   bool owned_;
   int rank_ = 0;
   int size_ = 1;

@@ -3,16 +3,17 @@
 // make_nccl_group is first called. The module's entry points are the extern "C" functions at the
 // end (named apart from comm/nccl.h's: a module's calls to a name the executable also defines go
 // to the executable's).
-#include "comm/nccl.h"
-#include "common/cuda_module.h"
-
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "comm/nccl.h"
+#include "common/cuda_module.h"
 
 namespace kiln::comm {
 namespace {
@@ -79,6 +80,38 @@ class NcclWork final : public Work {
   bool done_ = false;
 };
 
+// One launch of point-to-point operations (one ncclGroupStart / ncclGroupEnd): the event recorded
+// after it, shared by the handles of the operations in it.
+struct P2pLaunch {
+  explicit P2pLaunch(int device) : device(device) {}
+  ~P2pLaunch() {
+    if (event) cudaEventDestroy(event);
+  }
+  int device;
+  bool launched = false;
+  cudaEvent_t event = nullptr;
+  Status status;  // of the launch itself
+};
+
+class NcclGroup;
+
+// An isend / irecv: launched with the others posted since the last launch when it is first waited
+// for or tested (NcclGroup::launch_p2p), complete when the launch's event has fired.
+class NcclP2pWork final : public Work {
+ public:
+  NcclP2pWork(NcclGroup& g, std::shared_ptr<P2pLaunch> launch)
+      : g_(g), launch_(std::move(launch)) {}
+  ~NcclP2pWork() override { (void)wait(); }
+  Status wait() override;
+  bool test() override;
+
+ private:
+  NcclGroup& g_;
+  std::shared_ptr<P2pLaunch> launch_;
+  Status status_;
+  bool done_ = false;
+};
+
 // Collectives run on the group's own stream, each ordered after the work queued on `follow` (the
 // compute stream) when it is issued: an event recorded there, waited for by the group's stream.
 class NcclGroup final : public ProcessGroup {
@@ -92,6 +125,7 @@ class NcclGroup final : public ProcessGroup {
   ~NcclGroup() override {
     cudaSetDevice(device_);
     if (cancelled_) return;  // the process is being ended (the watchdog)
+    (void)launch_p2p();      // (handles must not outlive the group; their transfers still run)
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
     cudaEventDestroy(ready_);
@@ -242,6 +276,19 @@ class NcclGroup final : public ProcessGroup {
     return st.is_ok() ? record() : completed_work(std::move(st));
   }
 
+  // Point-to-point: NCCL's ncclSend / ncclRecv on the group's stream block that stream until the
+  // peer's matching call runs, so two ranks each sending to the other first would deadlock if
+  // every call were issued alone. Instead the operations posted one after another are queued and
+  // issued together in one ncclGroupStart / ncclGroupEnd (NCCL then progresses them all at
+  // once) when one of their handles is first waited for or tested, or before the group's next
+  // collective. Tags are not sent: messages between two ranks match in posting order.
+  std::unique_ptr<Work> do_isend(const void* data, size_t bytes, int peer, int tag) override {
+    return post_p2p(true, const_cast<void*>(data), bytes, peer, tag);
+  }
+  std::unique_ptr<Work> do_irecv(void* data, size_t bytes, int peer, int tag) override {
+    return post_p2p(false, data, bytes, peer, tag);
+  }
+
  public:
   // A group over `comm` with a new stream and event, following `follow`.
   static Result<std::unique_ptr<ProcessGroup>> wrap(ncclComm_t comm, int device,
@@ -258,12 +305,66 @@ class NcclGroup final : public ProcessGroup {
     return std::unique_ptr<ProcessGroup>(new NcclGroup(comm, device, s, e, follow));
   }
 
+  // Issues the queued point-to-point operations (see do_isend) as one NCCL group call.
+  Status launch_p2p() {
+    if (pending_.empty()) return Status::ok();
+    std::vector<PendingP2p> ops = std::move(pending_);
+    pending_.clear();
+    std::shared_ptr<P2pLaunch> launch = std::move(launch_);
+    launch_.reset();
+    launch->launched = true;
+    Status st = follow_compute();
+    if (st.is_ok()) st = nccl_check(ncclGroupStart(), "group start");
+    if (st.is_ok()) {
+      for (const PendingP2p& op : ops) {
+        if (op.bytes == 0) continue;  // (both sides skip it: sizes must match)
+        Status one =
+            op.send
+                ? nccl_check(ncclSend(op.data, op.bytes, ncclChar, op.peer, comm_, stream_), "send")
+                : nccl_check(ncclRecv(op.data, op.bytes, ncclChar, op.peer, comm_, stream_),
+                             "recv");
+        if (!one.is_ok() && st.is_ok()) st = std::move(one);
+      }
+      Status end = nccl_check(ncclGroupEnd(), "group end");
+      if (st.is_ok()) st = std::move(end);
+    }
+    if (st.is_ok())
+      st = cuda_status(cudaEventCreateWithFlags(&launch->event, cudaEventDisableTiming),
+                       "event create");
+    if (st.is_ok()) st = cuda_status(cudaEventRecord(launch->event, stream_), "event record");
+    launch->status = std::move(st);
+    return launch->status;
+  }
+
  private:
+  struct PendingP2p {
+    bool send;
+    void* data;
+    size_t bytes;
+    int peer;
+  };
+
+  std::unique_ptr<Work> post_p2p(bool send, void* data, size_t bytes, int peer, int tag) {
+    if (peer == rank_) {
+      return completed_work(Status::internal(fmt_p2p(send ? "send" : "recv", peer, tag) +
+                                             ": the nccl backend cannot send to itself"));
+    }
+    if (!launch_) launch_ = std::make_shared<P2pLaunch>(device_);
+    pending_.push_back(PendingP2p{send, data, bytes, peer});
+    return std::make_unique<NcclP2pWork>(*this, launch_);
+  }
+
   // The group's stream waits for the work queued on the compute stream so far (the buffers a
   // collective reads were written there; the ones it writes may still be read there).
-  Status order() {
+  Status follow_compute() {
     KILN_RETURN_IF_ERROR(cuda_status(cudaEventRecord(ready_, follow_), "event record"));
     return cuda_status(cudaStreamWaitEvent(stream_, ready_, 0), "stream wait");
+  }
+  // Before a collective: the queued point-to-point operations first (the same order on the
+  // stream as they were posted), then the compute stream's work.
+  Status order() {
+    KILN_RETURN_IF_ERROR(launch_p2p());
+    return follow_compute();
   }
   Status enqueue_bcast(void* data, size_t bytes, int root) {
     return nccl_check(ncclBroadcast(data, data, bytes, ncclChar, root, comm_, stream_),
@@ -292,7 +393,32 @@ class NcclGroup final : public ProcessGroup {
   int rank_ = 0, size_ = 1;
   void* scratch_ = nullptr;
   std::atomic<bool> cancelled_{false};
+  std::vector<PendingP2p> pending_;    // posted, not yet issued
+  std::shared_ptr<P2pLaunch> launch_;  // the launch they will be issued in
 };
+
+Status NcclP2pWork::wait() {
+  if (done_) return status_;
+  if (!launch_->launched) (void)g_.launch_p2p();
+  status_ = launch_->status;
+  if (status_.is_ok()) {
+    cudaSetDevice(launch_->device);
+    status_ = cuda_status(cudaEventSynchronize(launch_->event), "event synchronize");
+  }
+  done_ = true;
+  return status_;
+}
+
+bool NcclP2pWork::test() {
+  if (done_) return true;
+  if (!launch_->launched) (void)g_.launch_p2p();
+  if (!launch_->status.is_ok()) return (void)wait(), true;
+  cudaError_t rc = cudaEventQuery(launch_->event);
+  if (rc == cudaErrorNotReady) return false;
+  status_ = cuda_status(rc, "event query");
+  done_ = true;
+  return true;
+}
 
 Result<std::unique_ptr<ProcessGroup>> make_group(ProcessGroup& bootstrap, int device,
                                                  void* stream) {

@@ -47,6 +47,12 @@ class HierarchicalGroup final : public ProcessGroup {
   Result<std::unique_ptr<ProcessGroup>> do_split(int color, int key) override {
     return flat_->split(color, key);
   }
+  std::unique_ptr<Work> do_isend(const void* data, size_t bytes, int peer, int tag) override {
+    return flat_->isend(data, bytes, peer, tag);
+  }
+  std::unique_ptr<Work> do_irecv(void* data, size_t bytes, int peer, int tag) override {
+    return flat_->irecv(data, bytes, peer, tag);
+  }
 
   // Intra-node reduce-scatter, inter-node all-reduce of this rank's shard, intra-node all-gather.
   Status do_allreduce(void* data, size_t count, DType dtype, ReduceOp op) override {
@@ -78,6 +84,8 @@ std::vector<const ProcessGroup*> Topology::groups() const {
     if (const ProcessGroup* g = inter_node_group(*dp)) out.push_back(g);
   }
   if (tp) out.push_back(tp.get());
+  if (pp && pp_size > 1) out.push_back(pp.get());
+  if (embed) out.push_back(embed.get());
   return out;
 }
 
@@ -125,25 +133,61 @@ Result<Topology> make_topology(ProcessGroup& world, const TopologyOptions& o) {
                           std::to_string(W) + " ranks of this job (data-parallel size is world / tp)")
         .with_key("parallel.tp");
   }
+  if (o.pp < 1 || W % (o.tp * o.pp) != 0) {
+    return Status::config("parallel.pp " + std::to_string(o.pp) + " times parallel.tp " +
+                          std::to_string(o.tp) + " does not divide the " + std::to_string(W) +
+                          " ranks of this job (data-parallel size is world / (tp * pp))")
+        .with_key("parallel.pp");
+  }
   Topology t;
   t.world = &world;
   const int r = world.rank();
-  t.tp_size = o.tp;
-  t.dp_size = W / o.tp;
-  t.tp_rank = r % o.tp;
-  t.dp_rank = r / o.tp;
-  KILN_ASSIGN_OR_RETURN(t.tp, world.split(r / o.tp, r, "tp"));
-  KILN_ASSIGN_OR_RETURN(t.dp, world.split(r % o.tp, r, "dp"));
+  const int tp = o.tp, pp = o.pp;
+  t.tp_size = tp;
+  t.pp_size = pp;
+  t.dp_size = W / (tp * pp);
+  t.tp_rank = r % tp;
+  t.pp_rank = (r / tp) % pp;
+  t.dp_rank = r / (tp * pp);
+  // Every rank takes part in every split, in this order. Colors: the coordinates the group's
+  // members share, numbered densely; keys: the world rank, so members are ordered by the
+  // coordinate that varies (tp_rank, pp_rank or dp_rank: it grows with the world rank).
+  KILN_ASSIGN_OR_RETURN(t.tp, world.split(t.dp_rank * pp + t.pp_rank, r, "tp"));
+  KILN_ASSIGN_OR_RETURN(t.pp, world.split(t.dp_rank * tp + t.tp_rank, r, "pp"));
+  KILN_ASSIGN_OR_RETURN(t.dp, world.split(t.pp_rank * tp + t.tp_rank, r, "dp"));
+  if (pp > 1) {
+    // First and last stage of one pipeline (same dp_rank and tp_rank): a group of two. Every
+    // rank calls split; a middle stage gets a group of its own (a color no pair uses), which is
+    // dropped: embed is nullptr there.
+    const bool end_stage = t.pp_rank == 0 || t.pp_rank == pp - 1;
+    const int pairs = t.dp_size * tp;
+    const int color = end_stage ? t.dp_rank * tp + t.tp_rank : pairs + r;
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> embed, world.split(color, r, "embed"));
+    if (end_stage) t.embed = std::move(embed);
+  }
   if (o.hierarchical) {
-    // DP ranks per node: the node's ranks divided among its TP groups.
+    // DP ranks per node. Nodes hold `node` consecutive world ranks, a DP group's members are
+    // tp * pp apart: a node holds node / (tp * pp) of them when tp * pp divides the node size
+    // (pipelines inside a machine), exactly one when the node size divides tp * pp (pipeline
+    // stages on different machines, the usual 3D layout: the intra-node part is then a group of
+    // one and the all-reduce crosses the network as the flat one does).
     const int node = o.node_size > 0 ? o.node_size : node_size_from_env(W);
-    if (node % o.tp != 0) {
-      return Status::config("parallel.tp " + std::to_string(o.tp) +
+    if (node % tp != 0) {
+      return Status::config("parallel.tp " + std::to_string(tp) +
                             " does not divide the node size " + std::to_string(node) +
                             ": a tensor-parallel group must stay inside one machine")
           .with_key("parallel.tp");
     }
-    const int per_node = std::min(node / o.tp, t.dp_size);
+    const int span = tp * pp;
+    if (node % span != 0 && span % node != 0) {
+      return Status::config("parallel.pp " + std::to_string(pp) + ": tp * pp = " +
+                            std::to_string(span) + " and the node size " + std::to_string(node) +
+                            " do not divide one another, so the data-parallel groups are spread "
+                            "unevenly over machines (hierarchical all-reduce needs the same "
+                            "number of DP ranks on each)")
+          .with_key("parallel.pp");
+    }
+    const int per_node = std::min(node % span == 0 ? node / span : 1, t.dp_size);
     KILN_ASSIGN_OR_RETURN(t.dp, make_hierarchical_group(std::move(t.dp), per_node));
   }
   return t;

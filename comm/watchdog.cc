@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -42,6 +43,8 @@ struct GroupWatch {
   int rank = 0, size = 1;
   std::vector<int> world_ranks;
   uint64_t started = 0;  // the number of the last collective started on the group
+  // Point-to-point operations started, by peer (group rank): the number of the last one.
+  std::map<int, uint64_t> sends_to, recvs_from;
   uint64_t used = 0;     // when it was last used (of several groups with one key, the newest answers)
 };
 
@@ -54,10 +57,21 @@ using detail::GroupWatch;
 struct Op {
   GroupWatch* group;
   ProcessGroup* pg;  // alive while the collective is outstanding
-  const char* collective;
-  uint64_t seq;
+  const char* collective;  // or "send" / "recv"
+  uint64_t seq;            // point-to-point: the number between this rank and `peer`
   Clock::time_point start;
+  int peer = -1;  // point-to-point: the other rank (group rank); -1: a collective
 };
+
+// "recv #3 from rank 0 (world rank 4)" / "all_reduce #42".
+std::string describe(const std::string& what, uint64_t seq, int peer, const GroupWatch& g) {
+  std::string out = fmt::format("{} #{}", what, seq);
+  if (peer < 0) return out;
+  out += fmt::format(" {} rank {}", what == "send" ? "to" : "from", peer);
+  if (peer < static_cast<int>(g.world_ranks.size()))
+    out += fmt::format(" (world rank {})", g.world_ranks[peer]);
+  return out;
+}
 
 struct Registry {
   std::mutex mu;
@@ -76,6 +90,7 @@ struct Registry {
   const GroupWatch* last_group = nullptr;
   const char* last_collective = nullptr;
   uint64_t last_seq = 0;
+  int last_peer = -1;
   Clock::time_point last_end = Clock::now();
 };
 
@@ -95,12 +110,14 @@ std::string activity(const Registry& r) {
   std::string out = r.context.empty() ? std::string() : "at " + r.context + "; ";
   if (!r.ops.empty()) {
     const Op& op = r.ops.begin()->second;
-    out += fmt::format("in {} #{} on {} for {:.1f} s", op.collective, op.seq, op.group->name,
-                       seconds_since(op.start));
+    out +=
+        fmt::format("in {} on {} for {:.1f} s", describe(op.collective, op.seq, op.peer, *op.group),
+                    op.group->name, seconds_since(op.start));
     if (r.ops.size() > 1) out += fmt::format(" ({} collectives outstanding)", r.ops.size());
   } else if (r.last_group != nullptr) {
-    out += fmt::format("in no collective for {:.1f} s (the last one it completed: {} #{} on {})",
-                       seconds_since(r.last_end), r.last_collective, r.last_seq,
+    out += fmt::format("in no collective for {:.1f} s (the last one it completed: {} on {})",
+                       seconds_since(r.last_end),
+                       describe(r.last_collective, r.last_seq, r.last_peer, *r.last_group),
                        r.last_group->name);
   } else {
     out += fmt::format("in no collective for {:.1f} s (none completed since the watchdog started)",
@@ -109,11 +126,26 @@ std::string activity(const Registry& r) {
   return out;
 }
 
-std::string answer_locked(Registry& r, const std::string& key) {
+// The question is a group key, optionally followed by "\n<asker's group rank>" (a point-to-point
+// timeout): the answer is "<collectives started>\n<activity>", and then for a point-to-point
+// question "\n<sends started to the asker> <recvs started from it>".
+std::string answer_locked(Registry& r, const std::string& question) {
+  const size_t nl = question.find('\n');
+  const std::string key = question.substr(0, nl);
   const GroupWatch* g = nullptr;
   for (const auto& w : r.groups)
     if (w->key == key && (g == nullptr || w->used > g->used)) g = w.get();
-  return std::to_string(g ? g->started : 0) + "\n" + activity(r);
+  std::string out = std::to_string(g ? g->started : 0) + "\n" + activity(r);
+  if (nl != std::string::npos) {
+    const int asker = std::atoi(question.c_str() + nl + 1);
+    uint64_t sent = 0, received = 0;
+    if (g) {
+      if (auto it = g->sends_to.find(asker); it != g->sends_to.end()) sent = it->second;
+      if (auto it = g->recvs_from.find(asker); it != g->recvs_from.end()) received = it->second;
+    }
+    out += "\n" + std::to_string(sent) + " " + std::to_string(received);
+  }
+  return out;
 }
 
 std::string answer(const std::string& key) {
@@ -121,6 +153,10 @@ std::string answer(const std::string& key) {
   std::lock_guard<std::mutex> lk(r.mu);
   return answer_locked(r, key);
 }
+
+constexpr double kGrace = 5.0;  // how long the other ranks' watchdog threads have to answer
+void report_peer(int me, const Op& op, const GroupWatch& g, detail::WatchdogLink* link);
+void report_collective(int me, const Op& op, const GroupWatch& g, detail::WatchdogLink* link);
 
 // The oldest collective has waited past the timeout: report and end the job. Called by the
 // watchdog thread with `lk` held; does not return.
@@ -135,11 +171,83 @@ std::string answer(const std::string& key) {
   detail::WatchdogLink* link = r.link.get();
   lk.unlock();
 
-  KILN_LOG_ERROR("rank {}: collective timeout: {} #{} on group {} ({}, rank {} of {}) has not "
-                 "completed after {:.1f} s ({} {}){}",
-                 me, op.collective, op.seq, g.name, g.backend, g.rank, g.size, waited, setting,
-                 timeout,
-                 context.empty() ? "" : "; this rank is at " + context);
+  if (op.peer >= 0) {
+    KILN_LOG_ERROR(
+        "rank {}: point-to-point timeout: {} on group {} ({}, rank {} of {}) has not "
+        "completed after {:.1f} s ({} {}){}",
+        me, describe(op.collective, op.seq, op.peer, g), g.name, g.backend, g.rank, g.size, waited,
+        setting, timeout, context.empty() ? "" : "; this rank is at " + context);
+    report_peer(me, op, g, link);
+  } else {
+    KILN_LOG_ERROR(
+        "rank {}: collective timeout: {} #{} on group {} ({}, rank {} of {}) has not "
+        "completed after {:.1f} s ({} {}){}",
+        me, op.collective, op.seq, g.name, g.backend, g.rank, g.size, waited, setting, timeout,
+        context.empty() ? "" : "; this rank is at " + context);
+    report_collective(me, op, g, link);
+  }
+  KILN_LOG_ERROR("rank {}: stopping every rank", me);
+  spdlog::default_logger()->flush();
+  std::fflush(stderr);
+  // If the abort below does not end this process, this does.
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+    std::_Exit(1);
+  }).detach();
+  for (ProcessGroup* pg : outstanding)
+    if (pg != r.world) pg->cancel();
+  r.world->abort(1);
+  std::_Exit(1);
+}
+
+// A send / recv timed out: what the peer is doing, and whether it has posted its side.
+void report_peer(int me, const Op& op, const GroupWatch& g, detail::WatchdogLink* link) {
+  const bool known = op.peer < static_cast<int>(g.world_ranks.size());
+  const std::string who =
+      known ? fmt::format("peer rank {} (world rank {})", op.peer, g.world_ranks[op.peer])
+            : fmt::format("peer rank {}", op.peer);
+  if (link == nullptr || !known) {
+    KILN_LOG_ERROR("rank {}: {} of {} could not be asked what it is doing ({})", me, who, g.name,
+                   link == nullptr ? "MPI without MPI_THREAD_MULTIPLE" : "members unknown");
+    return;
+  }
+  const int peer_world = g.world_ranks[op.peer];
+  if (peer_world == me) {
+    KILN_LOG_ERROR("rank {}: the peer is this rank itself (a message to itself never matched)", me);
+    return;
+  }
+  const auto answers =
+      link->ask({peer_world}, g.key + "\n" + std::to_string(g.rank), kGrace, answer);
+  if (!answers[0]) {
+    KILN_LOG_ERROR(
+        "rank {}: {} did not answer within {:.0f} s (its process or machine is not "
+        "responding)",
+        me, who, kGrace);
+    return;
+  }
+  // "<collectives>\n<activity>\n<sends to me> <recvs from me>"
+  const std::string& a = *answers[0];
+  const size_t nl1 = a.find('\n');
+  const size_t nl2 = nl1 == std::string::npos ? std::string::npos : a.rfind('\n');
+  const std::string what = nl1 == std::string::npos
+                               ? a
+                               : a.substr(nl1 + 1, nl2 == nl1 ? std::string::npos : nl2 - nl1 - 1);
+  uint64_t sent = 0, received = 0;
+  if (nl2 != std::string::npos && nl2 != nl1)
+    (void)std::sscanf(a.c_str() + nl2 + 1, "%" SCNu64 " %" SCNu64, &sent, &received);
+  const bool recv = std::string(op.collective) == "recv";
+  const uint64_t theirs = recv ? sent : received;
+  KILN_LOG_ERROR(
+      "rank {}: {} on {} has started {} {} {} this rank (this is {} #{}): {}{}", me, who, g.name,
+      theirs, recv ? "sends" : "recvs", recv ? "to" : "from", op.collective, op.seq,
+      theirs < op.seq
+          ? (recv ? "it has not sent this message; " : "it has not posted the matching recv; ")
+          : "",
+      what);
+}
+
+// A collective timed out: which ranks of its group have not arrived.
+void report_collective(int me, const Op& op, const GroupWatch& g, detail::WatchdogLink* link) {
   std::vector<int> peers;
   for (int w : g.world_ranks)
     if (w != me) peers.push_back(w);
@@ -149,7 +257,6 @@ std::string answer(const std::string& key) {
                    me, g.name,
                    link == nullptr ? "MPI without MPI_THREAD_MULTIPLE" : "members unknown");
   } else if (!peers.empty()) {
-    constexpr double kGrace = 5.0;
     const auto answers = link->ask(peers, g.key, kGrace, answer);
     std::string missing, arrived;
     for (size_t i = 0; i < peers.size(); ++i) {
@@ -178,18 +285,6 @@ std::string answer(const std::string& key) {
                    me, op.collective, op.seq, g.name, missing.empty() ? "none" : missing,
                    arrived.empty() ? "none" : arrived);
   }
-  KILN_LOG_ERROR("rank {}: stopping every rank", me);
-  spdlog::default_logger()->flush();
-  std::fflush(stderr);
-  // If the abort below does not end this process, this does.
-  std::thread([] {
-    std::this_thread::sleep_for(std::chrono::seconds(20));
-    std::_Exit(1);
-  }).detach();
-  for (ProcessGroup* pg : outstanding)
-    if (pg != r.world) pg->cancel();
-  r.world->abort(1);
-  std::_Exit(1);
 }
 
 void run() {
@@ -278,13 +373,11 @@ void set_watchdog_context(const std::string& context) {
 
 namespace detail {
 
-uint64_t watch_begin(ProcessGroup& g, const char* collective, uint64_t seq) {
-  if (!g_on.load(std::memory_order_acquire)) return 0;
-  Registry& r = reg();
-  std::lock_guard<std::mutex> lk(r.mu);
-  if (!r.running || r.stopping) return 0;
-  GroupWatch* w = g.watch_;
-  if (w == nullptr) {
+// The watchdog's record of g (r.mu held), created on first use.
+GroupWatch* group_watch(Registry& r, ProcessGroup& g, GroupWatch*& slot, uint64_t started,
+                        const std::map<int, uint64_t>& sends_to,
+                        const std::map<int, uint64_t>& recvs_from) {
+  if (slot == nullptr) {
     auto owned = std::make_unique<GroupWatch>();
     owned->name = g.name();
     owned->backend = g.backend();
@@ -292,14 +385,37 @@ uint64_t watch_begin(ProcessGroup& g, const char* collective, uint64_t seq) {
     owned->rank = g.rank();
     owned->size = g.size();
     owned->world_ranks = g.world_ranks();
-    w = owned.get();
+    owned->started = started;
+    owned->sends_to = sends_to;
+    owned->recvs_from = recvs_from;
+    slot = owned.get();
     r.groups.push_back(std::move(owned));
-    g.watch_ = w;
   }
+  slot->used = ++r.uses;
+  return slot;
+}
+
+uint64_t watch_begin(ProcessGroup& g, const char* collective, uint64_t seq) {
+  if (!g_on.load(std::memory_order_acquire)) return 0;
+  Registry& r = reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (!r.running || r.stopping) return 0;
+  GroupWatch* w = group_watch(r, g, g.watch_, seq, g.sends_to_, g.recvs_from_);
   w->started = seq;
-  w->used = ++r.uses;
   const uint64_t id = r.next_id++;
   r.ops.emplace(id, Op{w, &g, collective, seq, Clock::now()});
+  return id;
+}
+
+uint64_t watch_begin_p2p(ProcessGroup& g, const char* op, int peer, uint64_t seq) {
+  if (!g_on.load(std::memory_order_acquire)) return 0;
+  Registry& r = reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (!r.running || r.stopping) return 0;
+  GroupWatch* w = group_watch(r, g, g.watch_, g.seq_, g.sends_to_, g.recvs_from_);
+  (std::string(op) == "send" ? w->sends_to : w->recvs_from)[peer] = seq;
+  const uint64_t id = r.next_id++;
+  r.ops.emplace(id, Op{w, &g, op, seq, Clock::now(), peer});
   return id;
 }
 
@@ -311,6 +427,7 @@ void watch_end(uint64_t id) {
   r.last_group = it->second.group;
   r.last_collective = it->second.collective;
   r.last_seq = it->second.seq;
+  r.last_peer = it->second.peer;
   r.last_end = Clock::now();
   r.ops.erase(it);
 }

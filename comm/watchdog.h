@@ -16,6 +16,15 @@
 //      (MPI_Abort on the world), with a fallback _Exit if that does not return.
 // The exit code is 1. Without MPI_THREAD_MULTIPLE the message says the peers could not be asked.
 //
+// Point-to-point messages (ProcessGroup::send / recv / isend / irecv) are watched the same way,
+// from the call until the handle completes; one outstanding too long is reported as a
+// "point-to-point timeout" naming the operation, its number between the two ranks ("recv #3":
+// the third recv this rank posted from that peer on that group), the group and the peer (group
+// and world rank); only the peer is asked, and it answers what it is doing and how many messages
+// it has started towards this rank, so "it has not sent this message" (a dead or stalled pipeline
+// stage) is told apart from a message that was sent but not matched. Point-to-point messages do
+// not advance the collectives' numbers.
+//
 // Cost when running: a mutex, a clock read and a small map insert per collective, and the
 // thread's wake-ups (each a non-blocking MPI_Test); no extra collectives. When not started
 // (one process, or timeout 0) only a per-group counter is incremented.
@@ -76,7 +85,9 @@ class WatchdogLink {
 uint64_t watch_begin(ProcessGroup& g, const char* collective, uint64_t seq);
 void watch_end(uint64_t id);
 
-// What a rank answers when asked about group `key` (tests): "<collectives started>\n<activity>".
+// What a rank answers when asked about group `key` (tests): "<collectives started>\n<activity>";
+// asked "<key>\n<asker's group rank>" (point-to-point), a third line "<sends started to the asker>
+// <recvs started from it>".
 std::string watchdog_answer(const std::string& key);
 
 }  // namespace detail

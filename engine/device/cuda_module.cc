@@ -133,7 +133,7 @@ extern "C" kiln::Result<kiln::engine::Runtime*> kiln_cuda_open_runtime() {
 
 extern "C" std::unique_ptr<kiln::engine::Model> kiln_cuda_create_model(
     kiln::engine::ParamStore* params, int64_t micro_batch, kiln::engine::Recompute mode,
-    int64_t head_chunk_rows, kiln::engine::TensorParallel* tp) {
+    int64_t head_chunk_rows, kiln::engine::TensorParallel* tp, int pp_slots) {
   return kiln::engine::detail::create_on<kiln::CudaBackend>(params, micro_batch, mode,
-                                                            head_chunk_rows, tp);
+                                                            head_chunk_rows, tp, pp_slots);
 }

@@ -4,6 +4,17 @@
 // instantiates it for the CPU kernels, engine/device/cuda_module.cc (in libkiln_cuda.so) for the
 // CUDA ones, so the CUDA kernels are only linked into the CUDA module. Everyone else uses
 // engine/model/model.h.
+//
+// One code path for the whole model and a pipeline stage (ParamStore::pp_stage()): the whole
+// model is the stage that is both first and last, with one slot. A stage runs its blocks
+// [first_block, end_block) ("local" block l is global block first_block + l); the first stage
+// embeds, the last runs the final norm, the head and the loss. Buffers:
+//   per slot   block inputs x[0 .. nb] (x[0]: stage_input on a later stage, x[nb]: stage_output
+//              on an earlier one), the kept block buffers (rest: none and selective, sel: none),
+//              the received output gradient (not the last stage) and the input gradient backward
+//              runs on in place (not the first stage; on the last the head writes it)
+//   shared     the recomputed buffers, the final norm's output (last stage), the working
+//              gradients, the logits chunk; d(x) of the whole model (dres_)
 #pragma once
 
 #include <algorithm>
@@ -58,7 +69,8 @@ inline size_t elem_size(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 template <class K, typename T>
 class GptModel final : public Model {
  public:
-  GptModel(ParamStore* params, int64_t B, Recompute mode, int64_t head_chunk, TensorParallel* tp)
+  GptModel(ParamStore* params, int64_t B, Recompute mode, int64_t head_chunk, TensorParallel* tp,
+           int slots)
       : p_(params),
         rt_(&params->runtime()),
         m_(params->model()),
@@ -66,16 +78,22 @@ class GptModel final : public Model {
         mode_(mode),
         tp_(tp),
         ntp_(tp ? tp->size() : 1),
-        s_(m_, B, ntp_) {
+        s_(m_, B, ntp_),
+        pp_(params->pp_stage()),
+        nb_(static_cast<size_t>(pp_.end_block - pp_.first_block)),
+        slots_(slots) {
     KILN_CHECK(params->tp_shard().size == ntp_, "Model: the ParamStore is split for another tp");
-    const size_t L = static_cast<size_t>(m_.n_layers);
+    KILN_CHECK(slots >= 1 && (pp_.size > 1 || slots == 1),
+               "Model: pp_slots must be 1 without pipelining, at least 1 with it");
+    stage_elems_ = s_.btc;
+    const size_t S = static_cast<size_t>(slots);
     const size_t e = sizeof(T);
     head_rows_ = head_rows(m_, B, e, head_chunk, static_cast<size_t>(V()), rt_->device());
-    x_.resize(L + 1);
+    x_.resize(S * (nb_ + 1));
     for (auto& x : x_) x.reset(rt_, s_.btc);
-    // Kept-or-recomputed block buffers: one set per block, or one shared set.
-    const size_t rest_sets = mode == Recompute::kFull ? 1 : L;
-    const size_t sel_sets = mode == Recompute::kNone ? L : 1;
+    // Kept-or-recomputed block buffers: one set per block and slot, or one shared set.
+    const size_t rest_sets = mode == Recompute::kFull ? 1 : S * nb_;
+    const size_t sel_sets = mode == Recompute::kNone ? S * nb_ : 1;
     rest_.resize(rest_sets);
     for (auto& r : rest_) {
       r.ln1.reset(rt_, s_.btc);
@@ -91,47 +109,109 @@ class GptModel final : public Model {
       r.gelu.reset(rt_, s_.btf);
       r.lse.reset(rt_, s_.lse);
     }
-    lnf_.reset(rt_, s_.btc);
-    lnf_stats_.reset(rt_, 2 * s_.bt);
+    // The gradients stages exchange, per slot: received (not the last stage) and sent (not the
+    // first).
+    if (!pp_.last()) {
+      gout_.resize(S);
+      for (auto& d : gout_) d.reset(rt_, s_.btc);
+    }
+    if (!pp_.first()) {
+      din_.resize(S);
+      for (auto& d : din_) d.reset(rt_, s_.btc);
+    }
+    if (pp_.last()) {
+      lnf_.reset(rt_, s_.btc);
+      lnf_stats_.reset(rt_, 2 * s_.bt);
+    }
     proj_.reset(rt_, s_.btc);
-    dres_.reset(rt_, s_.btc);
-    dlnf_.reset(rt_, s_.btc);
+    if (whole()) dres_.reset(rt_, s_.btc);
+    if (pp_.last()) dlnf_.reset(rt_, s_.btc);
     dbtc1_.reset(rt_, s_.btc);
     dbtc2_.reset(rt_, s_.btc);
     dqkv_.reset(rt_, s_.btqkv);
     dfch_.reset(rt_, s_.btfc);
     if (!fused_gelu()) dgelu_.reset(rt_, s_.btf);
-    logits_.reset(rt_, head_rows_ * static_cast<size_t>(V()));
-    mem_ = plan_activation_memory(m_, B, params->precision(), mode, ntp_, rt_->device());
-    mem_.working_bytes += logits_.bytes();
-    mem_.working_bytes -= head_rows(m_, B, e, 0, V(), rt_->device()) * static_cast<size_t>(V()) * e;
+    if (pp_.last()) logits_.reset(rt_, head_rows_ * static_cast<size_t>(V()));
+    mem_ =
+        plan_activation_memory(m_, B, params->precision(), mode, ntp_, rt_->device(), pp_, slots);
+    if (pp_.last()) {  // the plan's logits chunk is the default one
+      mem_.working_bytes += logits_.bytes();
+      mem_.working_bytes -=
+          head_rows(m_, B, e, 0, V(), rt_->device()) * static_cast<size_t>(V()) * e;
+    }
+    forwarded_.assign(S, false);
+    head_backward_.assign(S, false);
     embed_unit_ = unit_of(p_->wte());
     final_unit_ = unit_of(p_->lnf_w());
     head_unit_ = unit_of(p_->lm_head());
-    for (size_t l = 0; l < L; ++l)
-      block_units_.push_back(unit_of(p_->block(static_cast<int>(l)).ln1_w));
+    for (size_t l = 0; l < nb_; ++l) block_units_.push_back(unit_of(p_->block(global(l)).ln1_w));
   }
 
   void forward_backward(const int32_t* inputs, const int32_t* targets, float dloss, float* losses,
                         const int32_t* doc_start) override {
-    doc_ = m_.doc_mask ? doc_start : nullptr;
-    KILN_CHECK(!m_.doc_mask || doc_start, "Model: model.doc_mask without document starts");
+    KILN_CHECK(whole(), "Model::forward_backward: a pipeline stage's model runs stage_forward");
+    set_doc(doc_start);
     begin_pass(true);
-    forward_blocks(inputs);
-    head(targets, losses, dloss, /*backward=*/true);
-    backward_blocks(inputs);
+    forward_blocks(0, inputs);
+    head(0, targets, losses, dloss, /*backward=*/true);
+    backward_blocks(0, inputs);
     if (hooks_) hooks_->end_pass();
   }
 
   void forward(const int32_t* inputs, const int32_t* targets, float* losses,
                const int32_t* doc_start) override {
-    doc_ = m_.doc_mask ? doc_start : nullptr;
-    KILN_CHECK(!m_.doc_mask || doc_start, "Model: model.doc_mask without document starts");
+    KILN_CHECK(whole(), "Model::forward: a pipeline stage's model runs stage_forward");
+    set_doc(doc_start);
     begin_pass(false);
-    forward_blocks(inputs);
-    head(targets, losses, 0.0f, /*backward=*/false);
+    forward_blocks(0, inputs);
+    head(0, targets, losses, 0.0f, /*backward=*/false);
     if (hooks_) hooks_->end_pass();
   }
+
+  // Pipeline stages (model.h). The same passes as forward_backward, split at the head on the last
+  // stage and run on the slot's buffers; the whole model may run them too (slot 0).
+  void stage_forward(int slot, const int32_t* inputs, const int32_t* targets, float* losses,
+                     const int32_t* doc_start, float dloss, bool backward) override {
+    check_stage_call(slot, "stage_forward");
+    set_doc(doc_start);
+    forward_blocks(slot, inputs);
+    if (pp_.last()) head(slot, targets, losses, dloss, backward);
+    forwarded_[slot] = true;
+    head_backward_[slot] = backward;
+  }
+
+  void stage_backward(int slot, const int32_t* inputs, const int32_t* doc_start) override {
+    check_stage_call(slot, "stage_backward");
+    KILN_CHECK(forwarded_[slot], "Model::stage_backward: slot " + std::to_string(slot) +
+                                     " has no stage_forward to go back from");
+    KILN_CHECK(!pp_.last() || head_backward_[slot],
+               "Model::stage_backward: the last stage's stage_forward of slot " +
+                   std::to_string(slot) + " ran without backward (no head gradient)");
+    set_doc(doc_start);
+    if (!pp_.first() && !pp_.last())  // the received gradient stays as it came; the sent one
+      rt_->copy(din_[slot].data(), gout_[slot].data(), s_.btc * sizeof(T));  // is computed
+    backward_blocks(slot, inputs);
+    forwarded_[slot] = false;
+    head_backward_[slot] = false;
+  }
+
+  void* stage_input(int slot) override {
+    check_slot(slot);
+    return pp_.first() ? nullptr : xs(slot, 0);
+  }
+  const void* stage_output(int slot) override {
+    check_slot(slot);
+    return pp_.last() ? nullptr : xs(slot, nb_);
+  }
+  void* stage_output_grad(int slot) override {
+    check_slot(slot);
+    return pp_.last() ? nullptr : gout_[static_cast<size_t>(slot)].data();
+  }
+  const void* stage_input_grad(int slot) override {
+    check_slot(slot);
+    return pp_.first() ? nullptr : din_[static_cast<size_t>(slot)].data();
+  }
+  int pp_slots() const override { return slots_; }
 
   ActivationMemory activation_memory() const override { return mem_; }
   int64_t micro_batch() const override { return B_; }
@@ -157,9 +237,37 @@ class GptModel final : public Model {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
   };
 
-  Acts acts(size_t l) {
-    RestBuffers& r = rest_[rest_.size() == 1 ? 0 : l];
-    SelBuffers& s = sel_[sel_.size() == 1 ? 0 : l];
+  // The whole model: the one stage, first and last.
+  bool whole() const { return pp_.size == 1; }
+  int global(size_t l) const { return static_cast<int>(pp_.first_block + static_cast<int64_t>(l)); }
+  // Block input l (0 .. nb_; nb_: the stage's output) of `slot`.
+  T* xs(int slot, size_t l) { return x_[static_cast<size_t>(slot) * (nb_ + 1) + l].data(); }
+  // The gradient backward runs on in place: d(x[nb_]) on entry, d(x[0]) on exit.
+  T* dgrad(int slot) {
+    if (whole()) return dres_.data();
+    // The first stage sends nothing back: in place on the received gradient.
+    if (pp_.first()) return gout_[static_cast<size_t>(slot)].data();
+    return din_[static_cast<size_t>(slot)].data();
+  }
+  void check_slot(int slot) const {
+    KILN_CHECK(slot >= 0 && slot < slots_,
+               "Model: slot " + std::to_string(slot) + " not in 0.." + std::to_string(slots_ - 1));
+  }
+  void check_stage_call(int slot, const char* what) const {
+    check_slot(slot);
+    KILN_CHECK(hooks_ == nullptr, std::string("Model::") + what +
+                                      ": unit hooks (ZeRO-2/3) are not used with pipelining");
+  }
+  void set_doc(const int32_t* doc_start) {
+    doc_ = m_.doc_mask ? doc_start : nullptr;
+    KILN_CHECK(!m_.doc_mask || doc_start, "Model: model.doc_mask without document starts");
+  }
+
+  // Local block l's buffers for `slot` (the shared set where they are recomputed).
+  Acts acts(int slot, size_t l) {
+    const size_t kept = static_cast<size_t>(slot) * nb_ + l;
+    RestBuffers& r = rest_[mode_ == Recompute::kFull ? 0 : kept];
+    SelBuffers& s = sel_[mode_ == Recompute::kNone ? kept : 0];
     float* st = r.stats.data();
     return Acts{r.ln1.data(), r.qkv.data(),   s.atty.data(),  r.res2.data(),
                 r.ln2.data(), r.fch.data(),   s.gelu.data(),  st,
@@ -276,12 +384,13 @@ class GptModel final : public Model {
     K::residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, B(), Tn(), C());
   }
 
-  // Block l from x_[l]; writes x_[l+1] unless `recompute` (which stops after the GELU).
-  // ln1_done: the previous block's last residual already wrote this block's ln1 (forward_blocks).
-  void block_forward(size_t l, bool recompute, bool ln1_done = false) {
-    const BlockTensors& bt = p_->block(static_cast<int>(l));
-    Acts a = acts(l);
-    const T* x = x_[l].data();
+  // Local block l from xs(slot, l); writes xs(slot, l+1) unless `recompute` (which stops after the
+  // GELU). ln1_done: the previous block's last residual already wrote this block's ln1
+  // (forward_blocks).
+  void block_forward(int slot, size_t l, bool recompute, bool ln1_done = false) {
+    const BlockTensors& bt = p_->block(global(l));
+    Acts a = acts(slot, l);
+    const T* x = this->xs(slot, l);
     if (!ln1_done) norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, bt.ln1_w, bt.ln1_b);
     K::matmul_forward(a.qkv, a.ln1, w(bt.qkv_w), w(bt.qkv_b), B(), Tn(), C(), QKV());
     if (m_.llama()) K::rope_forward(a.qkv, doc_, rope_theta(), B(), Tn(), NH(), NKV(), HS());
@@ -306,46 +415,55 @@ class GptModel final : public Model {
     K::matmul_forward(proj_.data(), a.gelu, w(bt.fc_proj_w), row_bias(bt.fc_proj_b), B(), Tn(), F(),
                       C());
     tp_sum(proj_);
-    if (!fuse_next_layernorm()) {
-      K::residual_forward(x_[l + 1].data(), a.res2, proj_.data(), s_.btc);
-    } else if (l + 2 < x_.size()) {  // x_{l+1} and block l+1's ln1 in one pass
-      const BlockTensors& next = p_->block(static_cast<int>(l + 1));
+    T* out = this->xs(slot, l + 1);
+    // (The stage's last block before another stage: the next norm is there.)
+    if (!fuse_next_layernorm() || (l + 1 == nb_ && !pp_.last())) {
+      K::residual_forward(out, a.res2, proj_.data(), s_.btc);
+    } else if (l + 1 < nb_) {  // x_{l+1} and block l+1's ln1 in one pass
+      const BlockTensors& next = p_->block(global(l + 1));
       Acts n =
-          acts(l + 1);  // (with full recomputation the same buffers: block l is done with them)
-      residual_layernorm(x_[l + 1].data(), n.ln1, n.ln1_mean, n.ln1_rstd, a.res2, proj_.data(),
-                         w(next.ln1_w), w(next.ln1_b));
+          acts(slot,
+               l + 1);  // (with full recomputation the same buffers: block l is done with them)
+      residual_layernorm(out, n.ln1, n.ln1_mean, n.ln1_rstd, a.res2, proj_.data(), w(next.ln1_w),
+                         w(next.ln1_b));
     } else {  // x_L and ln_f
-      residual_layernorm(x_[l + 1].data(), lnf_.data(), lnf_stats_.data(),
-                         lnf_stats_.data() + s_.bt, a.res2, proj_.data(), w(p_->lnf_w()),
-                         w(p_->lnf_b()));
+      residual_layernorm(out, lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt, a.res2,
+                         proj_.data(), w(p_->lnf_w()), w(p_->lnf_b()));
     }
   }
 
-  void forward_blocks(const int32_t* inputs) {
-    acquire(embed_unit_, false);
-    if (tp_) {
-      tp_->embedding_forward<K>(*rt_, x_[0].data(), inputs, doc_, w(p_->wte()), w(p_->wpe()), B(),
-                                Tn(), C());
-    } else {  // (no wpe with rotary positions; positions restart at document starts with doc_)
-      K::encoder_forward(x_[0].data(), inputs, doc_, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
+  // The first stage's embedding, the stage's blocks, the last stage's final norm.
+  void forward_blocks(int slot, const int32_t* inputs) {
+    if (pp_.first()) {
+      acquire(embed_unit_, false);
+      T* x0 = xs(slot, 0);
+      if (tp_) {
+        tp_->embedding_forward<K>(*rt_, x0, inputs, doc_, w(p_->wte()), w(p_->wpe()), B(), Tn(),
+                                  C());
+      } else {  // (no wpe with rotary positions; positions restart at document starts with doc_)
+        K::encoder_forward(x0, inputs, doc_, w(p_->wte()), w(p_->wpe()), B(), Tn(), C());
+      }
+      release(embed_unit_);
     }
-    release(embed_unit_);
     const bool fused = fuse_next_layernorm();
-    for (size_t l = 0; l < x_.size() - 1; ++l) {
+    for (size_t l = 0; l < nb_; ++l) {
       acquire(block_units_[l], false);
-      block_forward(l, false, /*ln1_done=*/fused && l > 0);
+      block_forward(slot, l, false, /*ln1_done=*/fused && l > 0);
       release(block_units_[l]);
     }
+    if (!pp_.last()) return;
     acquire(final_unit_, false);
-    if (!fused || x_.size() == 1) {
-      norm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt, x_.back().data(),
+    if (!fused || nb_ == 0) {
+      norm_forward(lnf_.data(), lnf_stats_.data(), lnf_stats_.data() + s_.bt, xs(slot, nb_),
                    p_->lnf_w(), p_->lnf_b());
     }
     release(final_unit_);
   }
 
-  // LM head + cross-entropy in row chunks; with backward, also dlnf and dwte, then d(x_L).
-  void head(const int32_t* targets, float* losses, float dloss, bool backward) {
+  // LM head + cross-entropy in row chunks; with backward, also dlnf and dwte, then d(x_L) into
+  // dgrad(slot). The head's weight is this store's wte (tied; on the last stage its own copy of
+  // the embedding unit, whose gradient the pipeline sums with the first stage's) or lm_head.
+  void head(int slot, const int32_t* targets, float* losses, float dloss, bool backward) {
     const int V = this->V();
     const size_t bt = s_.bt;
     // The head's weight: wte (tied, in the embedding unit) or lm_head (in the final unit, which
@@ -376,34 +494,37 @@ class GptModel final : public Model {
       return;
     }
     tp_sum(dlnf_);
-    zero(dres_);
-    norm_backward(dres_.data(), dlnf_.data(), x_.back().data(), p_->lnf_w(), p_->lnf_b(),
-                  lnf_stats_.data(), lnf_stats_.data() + s_.bt);
+    T* dres = dgrad(slot);
+    rt_->fill_zero(dres, s_.btc * sizeof(T));
+    norm_backward(dres, dlnf_.data(), xs(slot, nb_), p_->lnf_w(), p_->lnf_b(), lnf_stats_.data(),
+                  lnf_stats_.data() + s_.bt);
     release(final_unit_);
     gradients_ready(final_unit_);
   }
 
-  // dres_ holds d(x_L) on entry and d(x_0) on exit; parameter gradients accumulate.
-  void backward_blocks(const int32_t* inputs) {
-    for (size_t l = x_.size() - 1; l-- > 0;) {
-      const BlockTensors& bt = p_->block(static_cast<int>(l));
+  // dgrad(slot) holds d(x[nb_]) on entry and d(x[0]) on exit; parameter gradients accumulate
+  // (the embedding's on the first stage).
+  void backward_blocks(int slot, const int32_t* inputs) {
+    T* dres = dgrad(slot);
+    for (size_t l = nb_; l-- > 0;) {
+      const BlockTensors& bt = p_->block(global(l));
       acquire(block_units_[l], true);
       if (mode_ == Recompute::kFull) {
-        block_forward(l, true);
+        block_forward(slot, l, true);
       }
-      Acts a = acts(l);
+      Acts a = acts(slot, l);
       if (mode_ == Recompute::kSelective) {
         attention(a.atty, a.lse, a.qkv);
         mlp_act(a.gelu, a.fch);
       }
-      const T* x = x_[l].data();
+      const T* x = this->xs(slot, l);
       // MLP: res3 = res2 + proj(act(fc(ln2(res2)))), act GELU or SwiGLU.
       if (fused_gelu()) {  // the GELU's derivative in the GEMM's epilogue (CUDA)
-        K::matmul_dgelu_backward(dfch_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres_.data(),
-                                 a.gelu, w(bt.fc_proj_w), a.fch, B(), Tn(), F(), C());
+        K::matmul_dgelu_backward(dfch_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres, a.gelu,
+                                 w(bt.fc_proj_w), a.fch, B(), Tn(), F(), C());
       } else {
         zero(dgelu_);
-        K::matmul_backward(dgelu_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres_.data(), a.gelu,
+        K::matmul_backward(dgelu_.data(), g(bt.fc_proj_w), g(bt.fc_proj_b), dres, a.gelu,
                            w(bt.fc_proj_w), B(), Tn(), F(), C());
         zero(dfch_);
         if (m_.llama()) {
@@ -416,11 +537,10 @@ class GptModel final : public Model {
       K::matmul_backward(dbtc1_.data(), g(bt.fc_w), g(bt.fc_b), dfch_.data(), a.ln2, w(bt.fc_w),
                          B(), Tn(), C(), FC());
       tp_sum(dbtc1_);
-      norm_backward(dres_.data(), dbtc1_.data(), a.res2, bt.ln2_w, bt.ln2_b, a.ln2_mean,
-                    a.ln2_rstd);
+      norm_backward(dres, dbtc1_.data(), a.res2, bt.ln2_w, bt.ln2_b, a.ln2_mean, a.ln2_rstd);
       // Attention: res2 = x + proj(attn(rope(qkv(ln1(x))))).
       zero(dbtc1_);
-      K::matmul_backward(dbtc1_.data(), g(bt.attn_proj_w), g(bt.attn_proj_b), dres_.data(), a.atty,
+      K::matmul_backward(dbtc1_.data(), g(bt.attn_proj_w), g(bt.attn_proj_b), dres, a.atty,
                          w(bt.attn_proj_w), B(), Tn(), CA(), C());
       zero(dqkv_);
       attention_grad(dqkv_.data(), dbtc1_.data(), a.qkv, a.atty, a.lse);
@@ -430,16 +550,17 @@ class GptModel final : public Model {
       K::matmul_backward(dbtc2_.data(), g(bt.qkv_w), g(bt.qkv_b), dqkv_.data(), a.ln1, w(bt.qkv_w),
                          B(), Tn(), C(), QKV());
       tp_sum(dbtc2_);
-      norm_backward(dres_.data(), dbtc2_.data(), x, bt.ln1_w, bt.ln1_b, a.ln1_mean, a.ln1_rstd);
+      norm_backward(dres, dbtc2_.data(), x, bt.ln1_w, bt.ln1_b, a.ln1_mean, a.ln1_rstd);
       release(block_units_[l]);
       gradients_ready(block_units_[l]);
     }
+    if (!pp_.first()) return;
     if (!tied()) acquire(embed_unit_, true);  // (tied: the head acquired it for its gradient)
     if (tp_) {
-      tp_->embedding_backward<K>(*rt_, g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, doc_, B(),
-                                 Tn(), C());
+      tp_->embedding_backward<K>(*rt_, g(p_->wte()), g(p_->wpe()), dres, inputs, doc_, B(), Tn(),
+                                 C());
     } else {
-      K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres_.data(), inputs, doc_, B(), Tn(), C());
+      K::encoder_backward(g(p_->wte()), g(p_->wpe()), dres, inputs, doc_, B(), Tn(), C());
     }
     if (!tied()) release(embed_unit_);
     gradients_ready(embed_unit_);
@@ -460,13 +581,19 @@ class GptModel final : public Model {
   TensorParallel* tp_;  // nullptr without tensor parallelism
   int64_t ntp_;
   BlockSizes s_;
+  PpStage pp_;  // the whole model: one stage of all blocks
+  size_t nb_;   // the stage's blocks
+  int slots_;   // micro-batches in flight (pp_slots)
   size_t head_rows_ = 0;
-  std::vector<DeviceArray<T>> x_;
-  std::vector<RestBuffers> rest_;
-  std::vector<SelBuffers> sel_;
+  std::vector<DeviceArray<T>> x_;     // slot-major: xs(slot, l)
+  std::vector<RestBuffers> rest_;     // slot-major per local block, or one shared set (full)
+  std::vector<SelBuffers> sel_;       // slot-major per local block (none), or one shared set
+  std::vector<DeviceArray<T>> gout_;  // per slot: stage_output_grad (not the last stage)
+  std::vector<DeviceArray<T>> din_;   // per slot: stage_input_grad (not the first stage)
   DeviceArray<T> lnf_, proj_, dres_, dlnf_, dbtc1_, dbtc2_, dqkv_, dfch_, dgelu_, logits_;
   DeviceArray<float> lnf_stats_;
   ActivationMemory mem_;
+  std::vector<bool> forwarded_, head_backward_;  // per slot: stage_forward ran (with backward)
   int embed_unit_ = 0, final_unit_ = 0, head_unit_ = 0;
   const int32_t* doc_ = nullptr;  // this pass's document starts (B, T), nullptr without the mask
   std::vector<int> block_units_;
@@ -475,14 +602,17 @@ class GptModel final : public Model {
 // The model for kernel backend K in the ParamStore's precision.
 template <class K>
 std::unique_ptr<Model> create_on(ParamStore* params, int64_t micro_batch, Recompute mode,
-                                 int64_t head_chunk_rows, TensorParallel* tp) {
+                                 int64_t head_chunk_rows, TensorParallel* tp, int pp_slots) {
   switch (params->precision()) {
     case Precision::kFp32:
-      return std::make_unique<GptModel<K, float>>(params, micro_batch, mode, head_chunk_rows, tp);
+      return std::make_unique<GptModel<K, float>>(params, micro_batch, mode, head_chunk_rows, tp,
+                                                  pp_slots);
     case Precision::kBf16:
-      return std::make_unique<GptModel<K, bf16>>(params, micro_batch, mode, head_chunk_rows, tp);
+      return std::make_unique<GptModel<K, bf16>>(params, micro_batch, mode, head_chunk_rows, tp,
+                                                 pp_slots);
     case Precision::kFp16:
-      return std::make_unique<GptModel<K, fp16>>(params, micro_batch, mode, head_chunk_rows, tp);
+      return std::make_unique<GptModel<K, fp16>>(params, micro_batch, mode, head_chunk_rows, tp,
+                                                 pp_slots);
   }
   return nullptr;
 }

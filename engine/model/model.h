@@ -137,6 +137,7 @@ class Model {
 
  protected:
   UnitHooks* hooks_ = nullptr;
+  size_t stage_elems_ = 0;  // stage_activation_elems()
 };
 
 }  // namespace kiln::engine
