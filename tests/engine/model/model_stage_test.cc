@@ -61,7 +61,7 @@ Batch make_batch(const ModelConfig& m) {
     b.in[i] = static_cast<int32_t>(random_bits(7, 1, i) % m.vocab_size);
     b.tg[i] = static_cast<int32_t>(random_bits(7, 2, i) % m.vocab_size);
   }
-  b.tg[3] = -1;  // an ignored target
+  b.tg[3] = -1;                         // an ignored target
   for (size_t r = 0; r < n / b.T; ++r)  // documents every 6 tokens, shifted by the row
     for (int t = 0; t < b.T; ++t)
       b.ds[r * b.T + t] = int32_t(t < int(r % 5) ? 0 : (t - int(r % 5)) / 6 * 6 + int(r % 5));
@@ -120,13 +120,12 @@ Result stages(const ModelConfig& m, Precision p, Recompute r, const Batch& b, in
   std::vector<std::deque<Op>> ops(size_t(P), std::deque<Op>{});
   std::vector<int> slots;
   for (int s = 0; s < P; ++s) {
-    stores.push_back(std::make_unique<ParamStore>(m, p, false, nullptr, TpShard{}, true,
-                                                  pp_stage(m, s, P)));
+    stores.push_back(
+        std::make_unique<ParamStore>(m, p, false, nullptr, TpShard{}, true, pp_stage(m, s, P)));
     stores.back()->init(11);
     stores.back()->zero_grads();
     // GPipe: every micro-batch in flight; 1F1B: at most P - s on stage s.
-    slots.push_back(schedule == Schedule::kGpipe ? kMicroBatches
-                                                 : std::min(P - s, kMicroBatches));
+    slots.push_back(schedule == Schedule::kGpipe ? kMicroBatches : std::min(P - s, kMicroBatches));
     models.push_back(Model::create(stores.back().get(), kMicro, r, 0, nullptr, slots.back()));
     EXPECT_EQ(models.back()->pp_slots(), slots.back());
     std::deque<Op>& q = ops[size_t(s)];
@@ -150,7 +149,8 @@ Result stages(const ModelConfig& m, Precision p, Recompute r, const Batch& b, in
   std::map<std::pair<int, int>, std::vector<char>> acts, grads;
   Result out;
   out.losses.assign(b.in.size(), -1.0f);
-  std::vector<std::vector<int>> in_flight(static_cast<size_t>(P));  // per stage, per slot: micro-batch or -1
+  std::vector<std::vector<int>> in_flight(
+      static_cast<size_t>(P));  // per stage, per slot: micro-batch or -1
   for (int s = 0; s < P; ++s) in_flight[size_t(s)].assign(size_t(slots[size_t(s)]), -1);
   for (bool progress = true; progress;) {
     progress = false;
@@ -176,7 +176,8 @@ Result stages(const ModelConfig& m, Precision p, Recompute r, const Batch& b, in
       } else {
         if (s < P - 1 && !grads.count({s + 1, op.k})) continue;
         EXPECT_EQ(held, op.k);
-        if (s < P - 1) std::memcpy(model.stage_output_grad(slot), grads[{s + 1, op.k}].data(), bytes);
+        if (s < P - 1)
+          std::memcpy(model.stage_output_grad(slot), grads[{s + 1, op.k}].data(), bytes);
         model.stage_backward(slot, b.inputs(op.k), b.doc_start(op.k));
         held = -1;
         if (s > 0) {
@@ -239,8 +240,8 @@ void expect_same(const ModelConfig& m, const Result& whole, const Result& piped,
       EXPECT_LT(rel_diff(piped.grads[t], whole.grads[t]), 1e-6) << what << " " << name;
       continue;
     }
-    EXPECT_EQ(0, std::memcmp(whole.grads[t].data(), piped.grads[t].data(),
-                             whole.grads[t].size() * 4))
+    EXPECT_EQ(0,
+              std::memcmp(whole.grads[t].data(), piped.grads[t].data(), whole.grads[t].size() * 4))
         << what << ": " << name << " differs (rel " << rel_diff(piped.grads[t], whole.grads[t])
         << ")";
   }
@@ -330,12 +331,11 @@ TEST(ModelStageDeathTest, MisusedSlotsStop) {
   std::vector<float> losses(size_t(kMicro) * b.T);
   model->stage_forward(0, b.inputs(0), b.targets(0), losses.data(), nullptr, 1.0f, false);
   EXPECT_DEATH(model->stage_backward(0, b.inputs(0), nullptr), "without backward");
-  EXPECT_DEATH(model->stage_forward(2, b.inputs(0), b.targets(0), losses.data(), nullptr, 1.0f,
-                                    true),
-               "slot 2 not in 0..1");
   EXPECT_DEATH(
-      model->forward_backward(b.inputs(0), b.targets(0), 1.0f, losses.data(), nullptr),
-      "stage_forward");
+      model->stage_forward(2, b.inputs(0), b.targets(0), losses.data(), nullptr, 1.0f, true),
+      "slot 2 not in 0..1");
+  EXPECT_DEATH(model->forward_backward(b.inputs(0), b.targets(0), 1.0f, losses.data(), nullptr),
+               "stage_forward");
   ParamStore whole(m, Precision::kFp32);
   EXPECT_DEATH(Model::create(&whole, kMicro, Recompute::kNone, 0, nullptr, 2), "pp_slots");
 }
@@ -352,10 +352,9 @@ TEST(ModelStage, PlanIsWhatTheStageAllocates) {
             for (int slots : {1, 3}) {
               if (P == 1 && slots > 1) continue;
               const PpStage stage = pp_stage(m, s, P);
-              SCOPED_TRACE(::testing::Message()
-                           << arch_name(m.arch) << " " << precision_name(p) << " "
-                           << recompute_name(r) << " stage " << s << "/" << P << " slots "
-                           << slots);
+              SCOPED_TRACE(::testing::Message() << arch_name(m.arch) << " " << precision_name(p)
+                                                << " " << recompute_name(r) << " stage " << s << "/"
+                                                << P << " slots " << slots);
               ParamStore params(m, p, false, nullptr, TpShard{}, true, stage);
               const size_t before = host.memory().in_use;
               auto model = Model::create(&params, 3, r, 0, nullptr, slots);

@@ -396,6 +396,24 @@ TEST(PlanPipeline, InFlightMicroBatchesAndTheBubble) {
   }
 }
 
+// Issue 32's property on paper: under 1F1B a rank's activations are bounded by the stage count
+// (the first stage keeps pp micro-batches, however many the step has), under GPipe they grow
+// with the micro-batches.
+TEST(PlanPipeline, OneFOneBActivationsAreBoundedByTheStageCount) {
+  auto at = [](int64_t pp, int64_t m, PpSchedule sched) {
+    auto sets = pipeline_model(false);
+    sets.push_back("model.n_layers=8");
+    sets.push_back("data.grad_accum=" + std::to_string(m));
+    const LayoutPlan p = plan_layout(config(sets), Layout{1, 1, 0, Recompute::kNone, pp, sched});
+    return p.stages[0].memory.activations;
+  };
+  for (int64_t pp : {2, 4}) {
+    EXPECT_EQ(at(pp, pp, PpSchedule::k1F1B), at(pp, 4 * pp, PpSchedule::k1F1B)) << pp;
+    EXPECT_LT(at(pp, pp, PpSchedule::kGPipe), at(pp, 4 * pp, PpSchedule::kGPipe)) << pp;
+    EXPECT_EQ(at(pp, pp, PpSchedule::kGPipe), at(pp, pp, PpSchedule::k1F1B)) << pp;
+  }
+}
+
 // The time model: compute is the costliest stage's FLOPs (the stages' FLOPs add up to the whole
 // model's) at efficiency x peak, over m + pp - 1 slots; collectives on their links.
 TEST(PlanPipeline, StepTimeIsTheBubbleTimesTheCostliestStage) {
