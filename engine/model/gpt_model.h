@@ -188,8 +188,10 @@ class GptModel final : public Model {
                "Model::stage_backward: the last stage's stage_forward of slot " +
                    std::to_string(slot) + " ran without backward (no head gradient)");
     set_doc(doc_start);
-    if (!pp_.first() && !pp_.last())  // the received gradient stays as it came; the sent one
-      rt_->copy(din_[slot].data(), gout_[slot].data(), s_.btc * sizeof(T));  // is computed
+    // A middle stage computes the gradient it sends in its own buffer, from a copy of the one
+    // it received (the first stage works in place on the received one; the last on its head's).
+    if (!pp_.first() && !pp_.last())
+      rt_->copy(din_[slot].data(), gout_[slot].data(), s_.btc * sizeof(T));
     backward_blocks(slot, inputs);
     forwarded_[slot] = false;
     head_backward_[slot] = false;

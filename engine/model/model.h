@@ -47,7 +47,10 @@ struct ActivationMemory {
 // What a model of this shape allocates for one micro-batch of `micro_batch` sequences (on one of
 // `tp` tensor-parallel ranks) on `device` (its logits chunk differs: engine/model/gpt_model.h).
 // With a pipeline stage: that stage's blocks (and embedding / head), `pp_slots` micro-batches'
-// kept activations in flight (Model::create) and the buffers the stages exchange.
+// kept activations in flight (Model::create) and the buffers the stages exchange. Exactly what
+// Model::create allocates with the default head chunk: kept_bytes is pp_slots x (the slot's
+// block inputs and outputs, kept block buffers and exchanged gradients) + the last stage's final
+// norm output; recompute_bytes and working_bytes are shared by the slots (docs/TRAINING.md).
 ActivationMemory plan_activation_memory(const ModelConfig& model, int64_t micro_batch,
                                         Precision precision, Recompute mode, int64_t tp = 1,
                                         Device device = Device::kCpu, PpStage stage = {},
@@ -118,6 +121,14 @@ class Model {
   // the embedding's, ACCUMULATING parameter gradients. inputs / doc_start are the slot's
   // micro-batch, on every stage (doc_start: the attention mask and rotary positions; inputs:
   // the first stage's embedding; targets and losses: the last stage's).
+  // Buffer lifetimes per slot (calls queue work on a GPU: these are stream orders): stage_input is
+  // read until the slot's stage_backward (block 0's backward reads it), stage_output is written
+  // by the slot's next stage_forward, stage_output_grad is read by (and on the first stage
+  // overwritten in) the slot's stage_backward, stage_input_grad is written by the last stage's
+  // stage_forward with backward and by stage_backward. stage_backward needs a stage_forward of
+  // the slot before it (with backward on the last stage); a stage_forward without backward
+  // (evaluation) leaves the slot free. Unit hooks (ZeRO-2/3) are refused here. A whole model
+  // (pp size 1, pp_slots 1) may run them too, with slot 0: forward_backward split in two.
   virtual void stage_forward(int slot, const int32_t* inputs, const int32_t* targets, float* losses,
                              const int32_t* doc_start, float dloss, bool backward);
   virtual void stage_backward(int slot, const int32_t* inputs, const int32_t* doc_start);

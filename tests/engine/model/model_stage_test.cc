@@ -15,6 +15,7 @@
 #include "engine/model/model.h"
 #include "engine/model/params.h"
 #include "engine/model/rng.h"
+#include "engine/parallel/tensor_parallel.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kiln::engine {
@@ -78,11 +79,11 @@ struct Result {
 };
 
 Result whole_model(const ModelConfig& m, Precision p, Recompute r, const Batch& b,
-                   bool through_stage_calls = false) {
+                   bool through_stage_calls = false, TensorParallel* tp = nullptr) {
   ParamStore params(m, p);
   params.init(11);
   params.zero_grads();
-  auto model = Model::create(&params, kMicro, r);
+  auto model = Model::create(&params, kMicro, r, 0, tp);
   Result out;
   out.losses.resize(b.in.size());
   for (int k = 0; k < kMicroBatches; ++k) {
@@ -108,9 +109,11 @@ enum class Schedule { kGpipe, k1F1B };
 // stages take turns, each running its next operation once its input has arrived (a forward: the
 // previous stage's output; a backward: the next stage's input gradient), which is the order
 // mpirun's ranks would run. Messages are copies of the sent buffers taken right after the call,
-// written into the receiving slot's buffer just before the receiving call.
+// written into the receiving slot's buffer just before the receiving call. layers: the blocks per
+// stage (empty: pp_stage_split's choice).
 Result stages(const ModelConfig& m, Precision p, Recompute r, const Batch& b, int P,
-              Schedule schedule) {
+              Schedule schedule, const std::vector<int64_t>& layers = {},
+              TensorParallel* tp = nullptr) {
   struct Op {
     bool forward;
     int k;
@@ -120,13 +123,22 @@ Result stages(const ModelConfig& m, Precision p, Recompute r, const Batch& b, in
   std::vector<std::deque<Op>> ops(size_t(P), std::deque<Op>{});
   std::vector<int> slots;
   for (int s = 0; s < P; ++s) {
+<<<<<<< HEAD
     stores.push_back(
         std::make_unique<ParamStore>(m, p, false, nullptr, TpShard{}, true, pp_stage(m, s, P)));
+=======
+    stores.push_back(std::make_unique<ParamStore>(m, p, false, nullptr, TpShard{}, true,
+                                                  pp_stage(m, s, P, layers)));
+>>>>>>> main
     stores.back()->init(11);
     stores.back()->zero_grads();
     // GPipe: every micro-batch in flight; 1F1B: at most P - s on stage s.
     slots.push_back(schedule == Schedule::kGpipe ? kMicroBatches : std::min(P - s, kMicroBatches));
+<<<<<<< HEAD
     models.push_back(Model::create(stores.back().get(), kMicro, r, 0, nullptr, slots.back()));
+=======
+    models.push_back(Model::create(stores.back().get(), kMicro, r, 0, tp, slots.back()));
+>>>>>>> main
     EXPECT_EQ(models.back()->pp_slots(), slots.back());
     std::deque<Op>& q = ops[size_t(s)];
     if (schedule == Schedule::kGpipe) {
@@ -247,18 +259,27 @@ void expect_same(const ModelConfig& m, const Result& whole, const Result& piped,
   }
 }
 
-void stages_match_whole(const ModelConfig& m, std::vector<int> pps, std::vector<Precision> precs) {
+// splits: blocks per stage (an empty entry of n: pp_stage_split's choice for n stages).
+struct Split {
+  int pp;
+  std::vector<int64_t> layers;
+};
+
+void stages_match_whole(const ModelConfig& m, const std::vector<Split>& splits,
+                        std::vector<Precision> precs) {
   const Batch b = make_batch(m);
   for (Precision p : precs) {
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       const Result whole = whole_model(m, p, r, b);
-      for (int P : pps) {
+      for (const Split& split : splits) {
+        std::string layers;
+        for (int64_t n : split.layers) layers += " " + std::to_string(n);
         for (Schedule sc : {Schedule::k1F1B, Schedule::kGpipe}) {
           const std::string what = std::string(precision_name(p)) + " " + recompute_name(r) +
-                                   " pp=" + std::to_string(P) +
+                                   " pp=" + std::to_string(split.pp) + layers +
                                    (sc == Schedule::kGpipe ? " gpipe" : " 1f1b");
           SCOPED_TRACE(what);
-          expect_same(m, whole, stages(m, p, r, b, P, sc), what);
+          expect_same(m, whole, stages(m, p, r, b, split.pp, sc, split.layers), what);
         }
       }
     }
@@ -266,16 +287,39 @@ void stages_match_whole(const ModelConfig& m, std::vector<int> pps, std::vector<
 }
 
 TEST(ModelStage, Gpt2TiedStagesMatchWholeModel) {
-  stages_match_whole(gpt2(), {2, 3}, {Precision::kFp32, Precision::kBf16, Precision::kFp16});
+  stages_match_whole(gpt2(), {{2, {}}, {2, {1, 2}}, {3, {}}},
+                     {Precision::kFp32, Precision::kBf16, Precision::kFp16});
 }
 
 TEST(ModelStage, LlamaStagesMatchWholeModel) {
-  stages_match_whole(llama(), {2, 3}, {Precision::kFp32, Precision::kBf16, Precision::kFp16});
+  stages_match_whole(llama(), {{2, {}}, {2, {1, 2}}, {3, {}}},
+                     {Precision::kFp32, Precision::kBf16, Precision::kFp16});
 }
 
 TEST(ModelStage, FourBlocksOnFourStages) {
-  stages_match_whole(gpt2(4), {4}, {Precision::kFp32});
-  stages_match_whole(llama(4), {4}, {Precision::kFp32, Precision::kBf16});
+  stages_match_whole(gpt2(4), {{4, {}}}, {Precision::kFp32});
+  stages_match_whole(llama(4), {{4, {}}}, {Precision::kFp32, Precision::kBf16});
+}
+
+// The stages' tensor-parallel code path (Megatron-style layers, the vocabulary-parallel embedding
+// and cross-entropy) on a group of one rank: the same as the whole model's. (TP = 2 x PP = 2 runs
+// under mpirun: the pipeline's tests.)
+TEST(ModelStage, TensorParallelPathOnOneRank) {
+  auto group = comm::make_local_group();
+  for (const ModelConfig& m : {gpt2(), llama()}) {
+    TrainConfig c;
+    c.model = m;
+    auto tp = TensorParallel::create(c, *group);
+    ASSERT_TRUE(tp.is_ok()) << tp.status().to_string();
+    const Batch b = make_batch(m);
+    for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+      const Result whole = whole_model(m, Precision::kBf16, r, b, false, tp->get());
+      for (Schedule sc : {Schedule::k1F1B, Schedule::kGpipe}) {
+        expect_same(m, whole, stages(m, Precision::kBf16, r, b, 3, sc, {}, tp->get()),
+                    std::string(arch_name(m.arch)) + " tp");
+      }
+    }
+  }
 }
 
 // The whole model run through the stage calls (slot 0) is forward_backward.
