@@ -123,22 +123,13 @@ Result stages(const ModelConfig& m, Precision p, Recompute r, const Batch& b, in
   std::vector<std::deque<Op>> ops(size_t(P), std::deque<Op>{});
   std::vector<int> slots;
   for (int s = 0; s < P; ++s) {
-<<<<<<< HEAD
-    stores.push_back(
-        std::make_unique<ParamStore>(m, p, false, nullptr, TpShard{}, true, pp_stage(m, s, P)));
-=======
     stores.push_back(std::make_unique<ParamStore>(m, p, false, nullptr, TpShard{}, true,
                                                   pp_stage(m, s, P, layers)));
->>>>>>> main
     stores.back()->init(11);
     stores.back()->zero_grads();
     // GPipe: every micro-batch in flight; 1F1B: at most P - s on stage s.
     slots.push_back(schedule == Schedule::kGpipe ? kMicroBatches : std::min(P - s, kMicroBatches));
-<<<<<<< HEAD
-    models.push_back(Model::create(stores.back().get(), kMicro, r, 0, nullptr, slots.back()));
-=======
     models.push_back(Model::create(stores.back().get(), kMicro, r, 0, tp, slots.back()));
->>>>>>> main
     EXPECT_EQ(models.back()->pp_slots(), slots.back());
     std::deque<Op>& q = ops[size_t(s)];
     if (schedule == Schedule::kGpipe) {
