@@ -203,6 +203,21 @@ Status run_plan(const PlanArgs& a) {
         "inside one machine (node: yes) and that this version trains (train: yes)\n",
         flags.c_str(), static_cast<long long>(a.world),
         engine::describe_layout(*best, a.per_node, budget).c_str());
+    if (l.pp > 1) {
+      std::printf("  its stages (per rank):\n");
+      for (const auto& st : best->stages) {
+        std::string comm;
+        for (const auto& [k, v] : st.comm_bytes)
+          comm += (comm.empty() ? "" : ", ") + k + " " + gib(v);
+        std::printf(
+            "    stage %d: blocks %lld-%lld, %d micro-batch%s in flight: model states %s, "
+            "activations %s, buffers %s, total %s; per step %s\n",
+            st.stage.rank, static_cast<long long>(st.stage.first_block),
+            static_cast<long long>(st.stage.end_block - 1), st.slots, st.slots == 1 ? "" : "es",
+            gib(st.memory.model_states()).c_str(), gib(st.memory.activations).c_str(),
+            gib(st.memory.buffers).c_str(), gib(st.memory.total()).c_str(), comm.c_str());
+      }
+    }
   } else {
     std::printf("\nno trainable layout fits %s with its tensor-parallel groups inside machines of "
                 "%lld ranks: add ranks, or use a smaller micro_batch or model\n",
