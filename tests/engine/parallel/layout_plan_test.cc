@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "engine/device/runtime.h"
 #include "engine/model/model.h"
 #include "engine/model/params.h"
 #include "engine/train/train_config.h"
@@ -411,6 +412,44 @@ TEST(PlanPipeline, OneFOneBActivationsAreBoundedByTheStageCount) {
     EXPECT_EQ(at(pp, pp, PpSchedule::k1F1B), at(pp, 4 * pp, PpSchedule::k1F1B)) << pp;
     EXPECT_LT(at(pp, pp, PpSchedule::kGPipe), at(pp, 4 * pp, PpSchedule::kGPipe)) << pp;
     EXPECT_EQ(at(pp, pp, PpSchedule::kGPipe), at(pp, pp, PpSchedule::k1F1B)) << pp;
+  }
+}
+
+// Measured in one process: every stage of a PP=2 and PP=4 layout at m = 4 and 8 allocates
+// through the runtime (its ParamStore, then its Model with the schedule's in-flight slots)
+// exactly the plan's model states + activations for that stage; under 1F1B the first stage's
+// allocation is the same at m = 4 and 8.
+TEST(PlanPipeline, EachStageAllocatesWhatThePlanSays) {
+  Runtime& host = host_runtime();
+  for (PpSchedule sched : {PpSchedule::k1F1B, PpSchedule::kGPipe}) {
+    for (int64_t pp : {2, 4}) {
+      size_t first_at_4 = 0;
+      for (int64_t m : {4, 8}) {
+        auto sets = pipeline_model(true);
+        sets.push_back("model.n_layers=8");
+        sets.push_back("data.grad_accum=" + std::to_string(m));
+        const TrainConfig c = config(sets);
+        const LayoutPlan p = plan_layout(c, Layout{1, 1, 0, Recompute::kSelective, pp, sched});
+        for (const StagePlan& st : p.stages) {
+          SCOPED_TRACE(::testing::Message() << pp_schedule_name(sched) << " pp " << pp << " m " << m
+                                            << " stage " << st.stage.rank);
+          const size_t before = host.memory().in_use;
+          ParamStore params(c.model, c.precision, false, nullptr, TpShard{}, true, st.stage);
+          auto model = Model::create(&params, c.data.micro_batch, Recompute::kSelective, 0, nullptr,
+                                     st.slots);
+          const size_t allocated = host.memory().in_use - before;
+          EXPECT_EQ(allocated, st.memory.model_states() + st.memory.activations);
+          if (st.stage.first() && m == 4) first_at_4 = allocated;
+          if (st.stage.first() && m == 8) {
+            if (sched == PpSchedule::k1F1B) {
+              EXPECT_EQ(allocated, first_at_4);
+            } else {
+              EXPECT_GT(allocated, first_at_4);
+            }
+          }
+        }
+      }
+    }
   }
 }
 
