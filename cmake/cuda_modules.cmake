@@ -1,7 +1,8 @@
 # The CUDA modules (common/cuda_module.h), built beside the kiln executable when CMake found the
 # CUDA toolkit (and NCCL):
 #   libkiln_cuda.so  engine/device/cuda_module.cc + the CUDA kernels (kiln_kernels_cuda): the CUDA
-#                    backend and model; links cuBLAS/cuBLASLt (the CUDA runtime statically)
+#                    backend and model, and inference on the GPU (engine/infer/gpt_infer_cuda.cc,
+#                    infer_kernels.cu); links cuBLAS/cuBLASLt (the CUDA runtime statically)
 #   libkiln_nccl.so  comm/nccl_group.cc: the NCCL process group; links NCCL
 # Each carries its own copy of the Kiln code it calls (linked with --no-undefined, so it loads
 # into any Kiln executable); at run time those calls bind to the executable's exported copies
@@ -19,7 +20,8 @@ function(kiln_cuda_module name)
 endfunction()
 
 if(TARGET kiln_kernels_cuda)
-  add_library(kiln_cuda MODULE ${CMAKE_SOURCE_DIR}/engine/device/cuda_module.cc)
+  add_library(kiln_cuda MODULE ${CMAKE_SOURCE_DIR}/engine/device/cuda_module.cc
+              ${CMAKE_SOURCE_DIR}/engine/infer/gpt_infer_cuda.cc ${CMAKE_SOURCE_DIR}/engine/infer/infer_kernels.cu)
   target_link_libraries(kiln_cuda PRIVATE kiln_kernels_cuda kiln_engine kiln_comm kiln_kernels kiln_common)
   kiln_cuda_module(kiln_cuda)
 endif()

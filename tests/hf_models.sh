@@ -35,6 +35,11 @@
 #             of the consolidated file's fused ones; export -> import -> export is byte-identical;
 #             what Kiln cannot represent (rope_scaling, attention_bias, head_dim, ...) is refused
 #             naming the file and the field.
+#   gpu       `kiln generate` and `kiln eval` on the GPU (--device cuda) against the CPU, on `kiln
+#             prep` data of the default corpus: a trained gpt2 and a llama (multi-query) generate
+#             the same greedy tokens on both devices (and on the GPU without the cache), and eval
+#             --data / --jsonl / --tasks give the same losses (1e-5 relative) and accuracies. Exit
+#             77 (a skip) where no GPU is usable; e2e checks that refusal itself.
 #   ARCH (optional 7th argument, mpi only): gpt2 (default) or llama (GQA, untied, no biases).
 set -euo pipefail
 CHECK=$1
@@ -314,6 +319,12 @@ write_safetensors("bad/model.safetensors", t, {"format": "pt"})
 PY
   expect_refusal 3 "bad/model.safetensors model.layers.1.self_attn.v_proj.weight missing" \
     "$KILN" generate bad --prompt-ids "1 2"
+  # Meta's original release (interleaved RoPE rows): refused, pointing at HF's converter.
+  mkdir -p meta && echo '{"dim": 64, "n_layers": 2, "n_heads": 4}' >meta/params.json && : >meta/consolidated.00.pth
+  expect_refusal 2 "meta/params.json convert_llama_weights_to_hf.py interleaved" \
+    "$KILN" checkpoint export meta --format hf -o meta_out
+  expect_refusal 2 "model.init_from meta/params.json convert_llama_weights_to_hf.py" "$KILN" train --quiet \
+    "${SMALL[@]}" "${LLAMA[@]}" --set run.dir=r6 --set run.steps=1 --set model.init_from=meta
   echo "llama: what Kiln cannot represent is refused naming file and field"
   ;;
 mpi)
@@ -421,6 +432,75 @@ PY
   [ -f plots/tasks.png ] || fail "tools/plot drew no tasks.png"
   echo '{"context": "x", "choices": ["a", "b"], "label": 5}' >bad_task.jsonl
   expect_refusal 3 "bad_task.jsonl:1 label" "$KILN" eval run --tasks bad_task.jsonl
+  # --device: an unknown name, and cuda where no GPU is usable, exit 2 naming the flag; the
+  # default is the device of the run's config.yaml (a copy of the step directory that says cuda).
+  expect_refusal 2 "--device tpu" "$KILN" generate run --prompt-ids "1 2" --device tpu
+  expect_refusal 2 "--device tpu" "$KILN" eval run --tasks tasks.jsonl --device tpu
+  if ! "$KILN" generate run --prompt-ids "1 2" --max-tokens 1 --device cuda >/dev/null 2>cuda.err; then
+    expect_refusal 2 "--device cuda 'cuda': device: cpu" "$KILN" generate run --prompt-ids "1 2" --device cuda
+    expect_refusal 2 "--device cuda 'cuda':" "$KILN" eval run --tasks tasks.jsonl --device cuda
+    step=$(ls -d run/checkpoints/step-* | tail -n 1)
+    cp -r "$step" on_cuda
+    sed -i 's/^device: cpu$/device: cuda/' on_cuda/config.yaml
+    grep -q '^device: cuda$' on_cuda/config.yaml || fail "no 'device: cpu' line in $step/config.yaml"
+    expect_refusal 2 "--device cuda config.yaml --device cpu" "$KILN" generate on_cuda --prompt-ids "1 2"
+    [ "$("$KILN" generate on_cuda --prompt-ids "1 2" --max-tokens 2 --ids --no-stop --device cpu | wc -w)" = 2 ] ||
+      fail "--device cpu does not override the run's device"
+    echo "--device cuda without a GPU: refused (exit 2) naming --device"
+  fi
+  ;;
+gpu)
+  # Skip where no GPU is usable (the probe's error says so; a one-step model on synthetic data);
+  # any other failure is a failure.
+  "$KILN" train --quiet "${SMALL[@]}" --set run.dir=probe --set run.steps=1 --set 'data.manifest=""' \
+    >probe.log 2>&1 || { cat probe.log; fail "kiln train (probe)"; }
+  if ! "$KILN" generate probe --prompt-ids 1 --max-tokens 1 --device cuda >/dev/null 2>probe.err; then
+    if grep -q "no usable GPU\|built without CUDA\|no CUDA device" probe.err; then
+      echo "SKIP: no GPU: $(head -n 1 probe.err)"
+      exit 77
+    fi
+    cat probe.err
+    fail "kiln generate --device cuda failed"
+  fi
+  printf '%s\n' '{"context": "The capital of France is", "choices": [" Paris", " a banana", " blue"], "label": 0}' \
+    '{"context": "Two plus two equals", "choices": [" four", " the sea"], "label": 0}' \
+    '{"context": "def f(x):\n    return ", "choices": ["x + 1", "the end of the story"], "label": 0}' >tasks.jsonl
+  printf '%s\n' '{"text": "The cat sat on the mat.", "domain": "prose"}' \
+    '{"text": "def add(a, b):\n    return a + b\n", "domain": "code"}' >texts.jsonl
+  "$SRC/tools/default_corpus" corpus >/dev/null
+  "$KILN" prep --input corpus --output data --threads 2 --set split.val_fraction=0.05 >/dev/null 2>prep.log ||
+    { cat prep.log; fail "kiln prep"; }
+  for arch in gpt2 llama; do
+    more=()
+    [ "$arch" = llama ] && more=(--set model.arch=llama --set model.n_kv_heads=1 --set model.ffn_hidden=96
+                                 --set model.tie_embeddings=false --set model.bias=false)
+    "$KILN" train --quiet --config "$SRC/configs/train/tiny.yaml" --set data.manifest=data \
+      --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=2 --set model.seq_len=64 \
+      --set run.dir=$arch --set run.steps=30 --set run.threads=2 "${more[@]}" >$arch.log 2>&1 ||
+      { cat $arch.log; fail "kiln train ($arch)"; }
+    G=(--prompt "The history of" --temperature 0 --max-tokens 40 --ids --no-stop)
+    cpu=$("$KILN" generate $arch "${G[@]}" --device cpu)
+    gpu=$("$KILN" generate $arch "${G[@]}" --device cuda)
+    gpu_nc=$("$KILN" generate $arch "${G[@]}" --device cuda --no-cache)
+    [ "$cpu" = "$gpu" ] || fail "$arch: greedy tokens on the GPU [$gpu] are not the CPU's [$cpu]"
+    [ "$gpu" = "$gpu_nc" ] || fail "$arch: the GPU's cache changes its greedy tokens [$gpu_nc]"
+    echo "$arch greedy, CPU = GPU = GPU without the cache: $gpu"
+    for dev in cpu cuda; do
+      "$KILN" eval $arch --data data --jsonl texts.jsonl --tasks tasks.jsonl --max-docs 10 --json \
+        --device $dev >eval_$arch.$dev.json
+    done
+    $PY - "eval_$arch.cpu.json" "eval_$arch.cuda.json" <<'PY'
+import json, sys
+c, g = (json.load(open(p)) for p in sys.argv[1:3])
+assert set(c["domains"]) == set(g["domains"]), (c["domains"], g["domains"])
+for d in list(c["domains"]) + ["total"]:
+    a, b = (x["total"] if d == "total" else x["domains"][d] for x in (c, g))
+    assert a["tokens"] == b["tokens"] and a["bytes"] == b["bytes"], (d, a, b)
+    assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (d, a["loss"], b["loss"])
+assert c["tasks"] == g["tasks"], (c["tasks"], g["tasks"])
+print(sys.argv[1], "CPU vs GPU: total loss", c["total"]["loss"], g["total"]["loss"], "tasks", g["tasks"])
+PY
+  done
   ;;
 *)
   fail "unknown check $CHECK"

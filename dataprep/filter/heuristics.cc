@@ -19,68 +19,72 @@
 #include <optional>
 #include <span>
 
-#include "common/hash.h"
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "dataprep/filter/params.h"
 #include "dataprep/filter/text.h"
 
 namespace kiln::prep::filter {
 namespace {
 
-// Open-addressing set / counter over 64-bit keys (0 is mapped to 1), reused per thread.
+// XXH3-64 compiled into this file (the same function as kiln::xxh3_64, without the call into
+// the shared library: most keys here are a few dozen bytes).
+inline uint64_t xxh3(const void* data, size_t size, uint64_t seed) {
+  return XXH3_64bits_withSeed(data, size, seed);
+}
+
+// Open-addressing set / counter over 64-bit keys, reused per thread. A slot is in use when its
+// stamp is the table's current generation, so reset() clears nothing (a new generation frees
+// every slot at once); a slot holds its key, stamp and count together (one cache line per probe).
 class KeyTable {
  public:
   void reset(size_t n) {
     size_t cap = 16;
     while (cap < 2 * n + 2) cap <<= 1;
-    if (keys_.size() < cap) {
-      keys_.assign(cap, 0);
-      counts_.assign(cap, 0);
-      firsts_.assign(cap, 0);
-    } else {
-      std::fill(keys_.begin(), keys_.begin() + cap, 0);
+    if (slots_.size() < cap) slots_.resize(cap, Slot{0, 0, 0});
+    if (++gen_ == 0) {  // (wrapped: every stamp is stale again)
+      for (Slot& s : slots_) s.gen = 0;
+      gen_ = 1;
     }
     mask_ = cap - 1;
     shift_ = 64 - __builtin_ctzll(cap);
   }
   // Inserts; returns true when the key was already present.
   bool insert(uint64_t key) {
-    size_t i = slot(key);
-    if (keys_[i] != 0) return true;
-    keys_[i] = fix(key);
+    Slot& s = slots_[slot(key)];
+    if (s.gen == gen_) return true;
+    s = {key, gen_, 0};
     return false;
   }
-  // The slot of a key that is present.
-  size_t find(uint64_t key) const { return slot(key); }
   // Counts; returns the slot.
-  size_t count(uint64_t key, uint32_t first) {
-    size_t i = slot(key);
-    if (keys_[i] == 0) {
-      keys_[i] = fix(key);
-      counts_[i] = 0;
-      firsts_[i] = first;
-    }
-    ++counts_[i];
+  size_t count(uint64_t key) {
+    const size_t i = slot(key);
+    Slot& s = slots_[i];
+    if (s.gen != gen_) s = {key, gen_, 0};
+    ++s.count;
     return i;
   }
   // Starts loading the slot a later insert or count of this key will probe.
-  void prefetch(uint64_t key) const { __builtin_prefetch(keys_.data() + home(fix(key))); }
-  uint32_t count_at(size_t i) const { return counts_[i]; }
-  uint32_t first_at(size_t i) const { return firsts_[i]; }
+  void prefetch(uint64_t key) const { __builtin_prefetch(slots_.data() + home(key)); }
+  uint32_t count_at(size_t i) const { return slots_[i].count; }
 
  private:
-  static uint64_t fix(uint64_t k) { return k == 0 ? 1 : k; }
+  struct Slot {
+    uint64_t key;
+    uint32_t gen, count;
+  };
   // Fibonacci hashing: the top bits of the product depend on every bit of the key.
   size_t home(uint64_t key) const {
     return static_cast<size_t>(((key ^ (key >> 32)) * 0x9E3779B97F4A7C15ull) >> shift_);
   }
   size_t slot(uint64_t key) const {
-    key = fix(key);
     size_t i = home(key);
-    while (keys_[i] != 0 && keys_[i] != key) i = (i + 1) & mask_;
+    while (slots_[i].gen == gen_ && slots_[i].key != key) i = (i + 1) & mask_;
     return i;
   }
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> counts_, firsts_;
+  std::vector<Slot> slots_;
+  uint32_t gen_ = 0;
   size_t mask_ = 0;
   int shift_ = 60;
 };
@@ -123,7 +127,7 @@ std::pair<uint64_t, uint64_t> find_duplicates(std::string_view text, const Docum
   for (const Span& p : parts) {
     const uint32_t b = v.byte_at[p.begin], e = v.byte_at[p.end];
     uint64_t key =
-        xxh3_64(text.data() + b, e - b, 0x6c696e6573ull) ^ (static_cast<uint64_t>(p.size()) << 40);
+        xxh3(text.data() + b, e - b, 0x6c696e6573ull) ^ (static_cast<uint64_t>(p.size()) << 40);
     if (table->insert(key)) {
       ++dup;
       chars += p.size();
@@ -139,17 +143,16 @@ constexpr size_t kAhead = 12;  // table slots prefetched this many positions ahe
 
 // Dense ids (0, 1, 2, ... in order of first appearance) for 64-bit keys; same(id) confirms that
 // a key found in the table is the item being interned (words compare their bytes; n-gram keys
-// are exact, so they need no confirmation). Reused per thread.
+// are exact, so they need no confirmation). Reused per thread; generation stamps as KeyTable.
 class IdTable {
  public:
   void reset(size_t n) {
     size_t cap = 16;
     while (cap < 2 * n + 2) cap <<= 1;
-    if (ids_.size() < cap) {
-      keys_.resize(cap);
-      ids_.assign(cap, kNone);
-    } else {
-      std::fill(ids_.begin(), ids_.begin() + cap, kNone);
+    if (slots_.size() < cap) slots_.resize(cap, Slot{0, 0, 0});
+    if (++gen_ == 0) {
+      for (Slot& s : slots_) s.gen = 0;
+      gen_ = 1;
     }
     mask_ = cap - 1;
     shift_ = 64 - __builtin_ctzll(cap);
@@ -159,25 +162,28 @@ class IdTable {
   uint32_t intern(uint64_t key, Same same) {
     size_t i = home(key);
     for (;;) {
-      const uint32_t id = ids_[i];
-      if (id == kNone) {
-        keys_[i] = key;
-        ids_[i] = size_;
+      Slot& s = slots_[i];
+      if (s.gen != gen_) {
+        s = {key, size_, gen_};
         return size_++;
       }
-      if (keys_[i] == key && same(id)) return id;
+      if (s.key == key && same(s.id)) return s.id;
       i = (i + 1) & mask_;
     }
   }
-  void prefetch(uint64_t key) const { __builtin_prefetch(ids_.data() + home(key)); }
+  void prefetch(uint64_t key) const { __builtin_prefetch(slots_.data() + home(key)); }
   uint32_t size() const { return size_; }
 
  private:
+  struct Slot {
+    uint64_t key;
+    uint32_t id, gen;
+  };
   size_t home(uint64_t key) const {
     return static_cast<size_t>(((key ^ (key >> 29)) * 0x9E3779B97F4A7C15ull) >> shift_);
   }
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> ids_;
+  std::vector<Slot> slots_;
+  uint32_t gen_ = 0;
   size_t mask_ = 0;
   int shift_ = 60;
   uint32_t size_ = 0;
@@ -191,14 +197,16 @@ struct Ngrams {
   std::vector<uint32_t> gram, next;  // per position: the id of the m-gram there, or kNone
   std::vector<uint32_t> count, next_count, first;  // per id of the current level
   std::vector<uint32_t> word_at, word_size;        // per word id: its bytes in the text
+  std::vector<uint64_t> word_head;                 // per word id: its first 16 bytes
   std::vector<uint64_t> head;                      // per position: its word's first 16 bytes
   std::vector<uint32_t> best_count, best_first;    // per n-gram length m: the most common one
   std::vector<uint32_t> cp_off;    // code point offset of word i in the words' concatenation
   std::vector<uint32_t> byte_off;  // byte offset of word i in `cat`
   std::vector<char> cat;           // the words' UTF-8 bytes, concatenated (and slack)
-  std::vector<uint8_t> live;       // a duplicated n-gram may start here
+  std::vector<uint32_t> live;      // the starts where a duplicated n-gram may start (ascending)
   std::vector<uint32_t> slot;      // per start: its 16-byte key's slot in `table`
   std::vector<std::pair<size_t, double>> rules;
+  std::vector<uint64_t> longest;  // per top n-gram rule: longest_gram, once computed
 };
 Ngrams& ngrams() {
   thread_local Ngrams g;
@@ -255,7 +263,7 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
     load_head(text, b, e - b, h);
     uint64_t k = (h[0] ^ 0x9E3779B97F4A7C15ull) * 0xC2B2AE3D27D4EB4Full;
     k ^= ((h[1] << 31 | h[1] >> 33) ^ (k >> 29) ^ (uint64_t{e - b} << 56)) * 0x165667B19E3779F9ull;
-    if (e - b > 16) k ^= xxh3_64(text.data() + b + 16, e - b - 16, 0x776f7264ull);
+    if (e - b > 16) k ^= xxh3(text.data() + b + 16, e - b - 16, 0x776f7264ull);
     g->keys[i] = k;
   }
   g->ids.reset(n);
@@ -264,6 +272,7 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
   g->first.resize(n);
   g->word_at.resize(n);
   g->word_size.resize(n);
+  g->word_head.resize(2 * n);
   uint32_t best_count = 1, best_first = 0;
   for (size_t i = 0; i < n; ++i) {
     if (i + kAhead < n) g->ids.prefetch(g->keys[i + kAhead]);
@@ -271,14 +280,16 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
     const uint64_t* h = &g->head[2 * i];
     const uint32_t before = g->ids.size();
     const uint32_t id = g->ids.intern(g->keys[i], [&](uint32_t id) {
-      const uint32_t f = g->first[id];
-      return g->word_size[id] == size && g->head[2 * f] == h[0] && g->head[2 * f + 1] == h[1] &&
+      return g->word_size[id] == size && g->word_head[2 * id] == h[0] &&
+             g->word_head[2 * id + 1] == h[1] &&
              (size <= 16 ||
               std::memcmp(text.data() + g->word_at[id] + 16, text.data() + b + 16, size - 16) == 0);
     });
     if (id == before) {
       g->word_at[id] = b;
       g->word_size[id] = size;
+      g->word_head[2 * id] = h[0];
+      g->word_head[2 * id + 1] = h[1];
       g->first[id] = static_cast<uint32_t>(i);
     }
     g->word_id[i] = id;
@@ -293,14 +304,15 @@ void count_top_grams(std::string_view text, const DocumentView& v, size_t max_m,
   g->gram.assign(g->word_id.begin(), g->word_id.end());
   // Level m from level m - 1: the m-gram at i is (the (m-1)-gram at i, the word at i + m - 1),
   // and it can repeat only if the (m-1)-grams at i and at i + 1 both repeat.
+  g->longest.assign(rules.size(), UINT64_MAX);  // (longest_gram per rule, once)
   for (size_t m = 2; m <= max_m && best_count > 1; ++m) {
     bool reachable = false;
-    for (const auto& [rm, frac] : rules)
-      if (rm >= m && rm <= n &&
-          static_cast<double>(longest_gram(*g, n, rm)) * best_count / len > frac) {
-        reachable = true;
-        break;
-      }
+    for (size_t r = 0; r < rules.size() && !reachable; ++r) {
+      const auto& [rm, frac] = rules[r];
+      if (rm < m || rm > n) continue;
+      if (g->longest[r] == UINT64_MAX) g->longest[r] = longest_gram(*g, n, rm);
+      reachable = static_cast<double>(g->longest[r]) * best_count / len > frac;
+    }
     if (!reachable) {
       std::fill(g->best_count.begin() + m, g->best_count.end(), 0);
       break;
@@ -389,12 +401,13 @@ void mark_repeatable_starts(std::string_view text, const DocumentView& v, size_t
   g->slot.resize(starts);
   for (size_t i = 0; i < starts; ++i) {
     if (i + kAhead < starts && g->keys[i + kAhead]) g->table.prefetch(g->keys[i + kAhead]);
-    if (g->keys[i]) g->slot[i] = static_cast<uint32_t>(g->table.count(g->keys[i], 0));
+    if (g->keys[i]) g->slot[i] = static_cast<uint32_t>(g->table.count(g->keys[i]));
   }
-  g->live.assign(n + 1, 0);
+  g->live.clear();
   // (a start without a key has fewer than K bytes after it: its n-grams are all shorter)
   for (size_t i = 0; i < starts; ++i)
-    g->live[i] = g->byte_off[i + min_m] - g->byte_off[i] < K || g->table.count_at(g->slot[i]) > 1;
+    if (g->byte_off[i + min_m] - g->byte_off[i] < K || g->table.count_at(g->slot[i]) > 1)
+      g->live.push_back(static_cast<uint32_t>(i));
 }
 
 // datatrove's duplicated n-gram count for n-grams of m words: scanning the starts in order, an
@@ -402,33 +415,33 @@ void mark_repeatable_starts(std::string_view text, const DocumentView& v, size_t
 // Returns 0 without the scan when the n-grams that may repeat cover no more than frac * len
 // code points (the repeated n-grams it counts do not overlap, so they cannot exceed that).
 uint64_t duplicated_chars(size_t m, size_t grams, double frac, double len, Ngrams* g) {
+  // (only the live starts, g->live, can add: the others are neither counted nor inserted)
+  const std::vector<uint32_t>& live = g->live;
   uint64_t cover = 0;
   uint32_t covered_to = 0;
-  for (size_t i = 0; i < grams; ++i) {
-    if (!g->live[i]) continue;
+  size_t count = 0;  // the live starts below `grams`
+  for (; count < live.size() && live[count] < grams; ++count) {
+    const uint32_t i = live[count];
     const uint32_t b = std::max(g->cp_off[i], covered_to), e = g->cp_off[i + m];
     if (e > b) cover += e - b;
     covered_to = std::max(covered_to, e);
   }
   if (!(cover / len > frac)) return 0;
-  size_t live = 0;
-  g->keys.resize(grams);
-  for (size_t i = 0; i < grams; ++i) {
-    if (!g->live[i]) continue;
-    const uint32_t b = g->byte_off[i], e = g->byte_off[i + m];
-    g->keys[i] = xxh3_64(g->cat.data() + b, e - b, 0x6e6772616d73ull);
-    ++live;
+  g->keys.resize(count);
+  for (size_t k = 0; k < count; ++k) {
+    const uint32_t b = g->byte_off[live[k]], e = g->byte_off[live[k] + m];
+    g->keys[k] = xxh3(g->cat.data() + b, e - b, 0x6e6772616d73ull);
   }
-  g->table.reset(live);
+  g->table.reset(count);
   uint64_t repeated = 0;
-  size_t i = 0;
-  while (i < grams) {
-    if (i + kAhead < grams && g->live[i + kAhead]) g->table.prefetch(g->keys[i + kAhead]);
-    if (g->live[i] && g->table.insert(g->keys[i])) {
+  uint32_t next = 0;  // a repeated n-gram makes the scan jump past it
+  for (size_t k = 0; k < count; ++k) {
+    if (k + kAhead < count) g->table.prefetch(g->keys[k + kAhead]);
+    const uint32_t i = live[k];
+    if (i < next) continue;
+    if (g->table.insert(g->keys[k])) {
       repeated += g->cp_off[i + m] - g->cp_off[i];
-      i += m;
-    } else {
-      ++i;
+      next = static_cast<uint32_t>(i + m);
     }
   }
   return repeated;
@@ -474,7 +487,8 @@ class GopherQuality final : public Filter {
     uint64_t non_symbol = 0, len_sum = 0, len_words = 0, alpha_words = 0, cjk_words = 0;
     for (const Span& w : words) {
       bool alpha = false, symbol = true;
-      for (uint32_t i = w.begin; i < w.end; ++i) {
+      // (once a letter and a non-punctuation character are seen, the rest cannot change either)
+      for (uint32_t i = w.begin; i < w.end && !(alpha && !symbol); ++i) {
         alpha |= is_alpha(t[i]);
         symbol &= is_punct(t[i]);
       }
@@ -666,30 +680,60 @@ bool is_sentence_end(char32_t c) {
 // Sentences of a line (replaces NLTK's punkt): a sentence ends at a run of . ! ? (or the CJK
 // full stops 。！？) followed by white space or the end of the line; the CJK ones end a sentence
 // anywhere. Counts the non-blank pieces. (t: code points, or the bytes of an ASCII text.)
+// The first i in [i, end) where t[i] is a sentence end (is_sentence_end), or end: eight units
+// tested at a time (bytes with 64-bit word tricks; code points in a loop the compiler turns
+// into vector compares), then one at a time.
+inline uint32_t next_sentence_end(const unsigned char* t, uint32_t i, uint32_t end) {
+  constexpr uint64_t kOnes = 0x0101010101010101ull, kHigh = 0x8080808080808080ull;
+  auto has = [](uint64_t w, uint8_t c) {
+    const uint64_t y = w ^ (kOnes * c);
+    return (y - kOnes) & ~y & kHigh;
+  };
+  for (; i + 8 <= end; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, t + i, 8);
+    if (has(w, '.') | has(w, '!') | has(w, '?')) break;
+  }
+  while (i < end && t[i] != '.' && t[i] != '!' && t[i] != '?') ++i;
+  return i;
+}
+inline uint32_t next_sentence_end(const char32_t* t, uint32_t i, uint32_t end) {
+  for (; i + 8 <= end; i += 8) {
+    uint32_t hit = 0;
+    for (uint32_t k = 0; k < 8; ++k) {
+      const char32_t c = t[i + k];
+      hit |= (c == '.') | (c == '!') | (c == '?') | (c == U'\u3002') | (c == U'\uFF01') |
+             (c == U'\uFF1F');
+    }
+    if (hit) break;
+  }
+  while (i < end && !is_sentence_end(t[i])) ++i;
+  return i;
+}
+
 template <typename Ch>
 uint64_t count_sentences(const Ch* t, Span line) {
   uint64_t n = 0;
-  bool content = false;
-  for (uint32_t i = line.begin; i < line.end; ++i) {
-    const char32_t c = t[i];
-    if (c < 128 && c != '.' && c != '!' && c != '?') {  // (the common case)
-      content |= (detail::kAsciiClass[c] & detail::kSpace) == 0;
-      continue;
+  bool content = false;  // a non-space character since the last sentence end
+  uint32_t i = line.begin;
+  const uint32_t end = line.end;
+  while (i < end) {
+    if (!content) {  // (white space until the next character that is not a sentence end)
+      while (i < end && !is_sentence_end(t[i]) && is_space(t[i])) ++i;
+      if (i < end && !is_sentence_end(t[i])) content = true;
     }
-    if (is_sentence_end(c)) {
-      uint32_t j = i;
-      bool cjk = false;
-      while (j < line.end && is_sentence_end(t[j])) cjk |= t[j++] >= 0x3000;
-      if (cjk || j == line.end || is_space(t[j])) {
-        if (content) ++n;
-        content = false;
-      } else {
-        content = true;
-      }
-      i = j - 1;
-    } else if (!is_space(c)) {
+    i = next_sentence_end(t, i, end);
+    if (i >= end) break;
+    uint32_t j = i;
+    bool cjk = false;
+    while (j < end && is_sentence_end(t[j])) cjk |= t[j++] >= 0x3000;
+    if (cjk || j == end || is_space(t[j])) {
+      if (content) ++n;
+      content = false;
+    } else {
       content = true;
     }
+    i = j;
   }
   return n + (content ? 1 : 0);
 }
@@ -706,6 +750,28 @@ template <typename Ch>
 void lower_for_match(std::span<const Ch> t, std::string* out) {
   out->resize(t.size());
   for (size_t i = 0; i < t.size(); ++i) (*out)[i] = lower_char(t[i]);
+}
+
+// Whether low holds phrase (a phrase of the c4 rules): found by memchr of its rarest character
+// in English text ('{', j, k, v, f, p; anchor_of) and compared around each hit.
+constexpr size_t anchor_of(std::string_view phrase) {
+  for (char a : {'{', 'j', 'k', 'v', 'f', 'p'})
+    if (phrase.find(a) != std::string_view::npos) return phrase.find(a);
+  return 0;
+}
+inline bool contains(std::string_view low, std::string_view phrase) {
+  const size_t anchor = anchor_of(phrase);
+  const char a = phrase[anchor];
+  for (size_t from = anchor; from < low.size();) {
+    const void* p = std::memchr(low.data() + from, a, low.size() - from);
+    if (!p) return false;
+    const size_t at = static_cast<const char*>(p) - low.data();
+    if (at - anchor + phrase.size() <= low.size() &&
+        std::memcmp(low.data() + at - anchor, phrase.data(), phrase.size()) == 0)
+      return true;
+    from = at + 1;
+  }
+  return false;
 }
 
 template <typename Ch>
@@ -747,8 +813,10 @@ class C4 final : public Filter {
   template <typename Ch>
   bool run(const Ch* t, uint32_t size, const uint32_t* byte_at, std::string* text, FilterDrop* d,
            bool* edited) const {
-    static const std::string_view kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
-                                               "uses cookies", "use of cookies", "use cookies"};
+    static constexpr std::string_view kPolicy[] = {"terms of use",   "privacy policy",
+                                                   "cookie policy",  "uses cookies",
+                                                   "use of cookies", "use cookies"};
+
     Scratch& s = scratch();
     auto byte_of = [&](uint32_t i) { return byte_at ? byte_at[i] : i; };
     if (split_paragraph) {
@@ -877,14 +945,16 @@ class C4 final : public Filter {
       if (n_words < min_words_per_line) continue;
       if (copied) lower_for_match(lv, &s.lower);
       const std::string_view low(s.lower);
-      if (filter_lorem_ipsum && low.find("lorem ipsum") != std::string_view::npos)
-        return drop(d, "lorem_ipsum", 1, "==", 1);
-      if (filter_javascript && low.find("javascript") != std::string_view::npos) continue;
-      if (filter_curly_bracket && low.find('{') != std::string_view::npos)
-        return drop(d, "curly_bracket", 1, "==", 1);
+      // `phrase in line.lower()`
+      auto has = [&](std::string_view phrase) { return contains(low, phrase); };
+      if (filter_lorem_ipsum && has("lorem ipsum")) return drop(d, "lorem_ipsum", 1, "==", 1);
+      if (filter_javascript && has("javascript")) continue;
+      if (filter_curly_bracket && has("{")) return drop(d, "curly_bracket", 1, "==", 1);
       if (filter_policy) {
-        bool policy = false;
-        for (std::string_view p : kPolicy) policy = policy || low.find(p) != std::string_view::npos;
+        // (the last four all hold "cookie": searched only if the line has a 'k')
+        bool policy = has(kPolicy[0]) || has(kPolicy[1]);
+        if (!policy && low.find('k') != std::string_view::npos)
+          for (size_t k = 2; k < std::size(kPolicy) && !policy; ++k) policy = has(kPolicy[k]);
         if (policy) continue;
       }
       if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(lt, cs) : 1;
@@ -933,7 +1003,8 @@ class FineWeb final : public Filter {
     Scratch& s = scratch();
     const DocumentView& v = document_view(*text);
     const auto& t = v.cp;
-    if (take_ascii_path(*text))
+    const bool ascii = take_ascii_path(*text);
+    if (ascii)
       split_on_ascii(*text, whole(t), '\n', &s.parts);
     else
       split_on(t, whole(t), U'\n', &s.parts);
@@ -949,9 +1020,11 @@ class FineWeb final : public Filter {
           ++punct;
           break;
         }
-      // Line length in columns: a CJK character is two (a 30-column line holds 15 of them).
-      uint64_t cols = 0;
-      for (uint32_t i = l.begin; i < l.end; ++i) cols += is_cjk(t[i]) ? 2 : 1;
+      // Line length in columns: a CJK character is two (a 30-column line holds 15 of them; an
+      // ASCII text has none).
+      uint64_t cols = l.size();
+      if (!ascii)
+        for (uint32_t i = l.begin; i < l.end; ++i) cols += is_cjk(t[i]);
       short_lines += static_cast<int64_t>(cols) <= short_line_length;
     }
     double r = punct / n_lines;

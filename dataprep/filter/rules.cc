@@ -3,8 +3,10 @@
 #include <re2/re2.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -108,6 +110,52 @@ bool has_digit_dot_digit(std::string_view s) {
   return false;
 }
 
+// The characters kEmailPattern consumes: its local part's, '.', '@' and the domain's.
+bool email_char(char c) {
+  static const auto table = [] {
+    std::array<bool, 256> t{};
+    for (int c = 0; c < 256; ++c)
+      t[c] = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+             std::strchr("!#$%&'*+/=?^_`{|}~-.@", c) != nullptr;
+    t[0] = false;
+    return t;
+  }();
+  return table[static_cast<uint8_t>(c)];
+}
+// The next run of email_char around an '@' at or after `from` (an e-mail address lies inside one).
+bool email_window(std::string_view s, size_t from, size_t* b, size_t* e) {
+  const size_t at = s.find('@', from);
+  if (at == std::string_view::npos) return false;
+  size_t l = at, r = at + 1;
+  while (l > from && email_char(s[l - 1])) --l;
+  while (r < s.size() && email_char(s[r])) ++r;
+  *b = l;
+  *e = r;
+  return true;
+}
+// The next run of digits and dots with a digit-dot-digit at or after `from` (kIpPattern consumes
+// only digits and dots).
+bool ip_window(std::string_view s, size_t from, size_t* b, size_t* e) {
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  for (size_t at = s.find('.', from + 1); at != std::string_view::npos && at + 1 < s.size();
+       at = s.find('.', at + 1)) {
+    if (!(digit(s[at - 1]) && digit(s[at + 1]))) continue;
+    size_t l = at, r = at;
+    while (l > from && (digit(s[l - 1]) || s[l - 1] == '.')) --l;
+    while (r < s.size() && (digit(s[r]) || s[r] == '.')) ++r;
+    *b = l;
+    *e = r;
+    return true;
+  }
+  return false;
+}
+bool whole_window(std::string_view s, size_t from, size_t* b, size_t* e) {
+  if (from > 0) return false;
+  *b = 0;
+  *e = s.size();
+  return true;
+}
+
 class Pii final : public Filter {
  public:
   bool emails = true, ips = true, phones = false, only_public_ips = true;
@@ -117,30 +165,39 @@ class Pii final : public Filter {
   std::unique_ptr<RE2> email_re, ip_re, phone_re;
   bool rewrites() const override { return true; }
 
-  // Replaces every match of re (accepted by keep_match) in *text; returns whether it changed.
-  template <typename Accept>
-  static bool replace_all(const RE2& re, const std::string& with, Accept accept,
+  // Replaces every match of re (accepted by accept) in *text; returns whether it changed.
+  // `window(text, from, &b, &e)` gives the next part [b, e) of the text at or after `from` that
+  // can hold a match (false: none): the regex runs only there. RE2 matches a window with the
+  // whole text as context (\b sees the characters around it), and every match of the patterns
+  // lies inside one window (the characters a pattern consumes form the windows' runs), so the
+  // matches are the same as a search of the whole text.
+  template <typename Accept, typename Window>
+  static bool replace_all(const RE2& re, const std::string& with, Accept accept, Window window,
                           std::string* text) {
     thread_local std::string out;
     out.clear();
     re2::StringPiece in(*text);
     re2::StringPiece m;
-    size_t at = 0;
+    size_t at = 0, from = 0, wb = 0, we = 0;
     bool changed = false;
-    while (at <= text->size() && re.Match(in, at, text->size(), RE2::UNANCHORED, &m, 1)) {
-      const size_t b = m.data() - text->data(), e = b + m.size();
-      if (m.empty()) {  // (the patterns cannot match empty; guard anyway)
-        at = b + 1;
-        continue;
+    while (from <= text->size() && window(std::string_view(*text), from, &wb, &we)) {
+      size_t search = std::max(wb, from);
+      while (search <= we && re.Match(in, search, we, RE2::UNANCHORED, &m, 1)) {
+        const size_t b = m.data() - text->data(), e = b + m.size();
+        if (m.empty()) {  // (the patterns cannot match empty; guard anyway)
+          search = b + 1;
+          continue;
+        }
+        out.append(*text, at, b - at);
+        if (accept(std::string_view(m.data(), m.size()))) {
+          out += with;
+          changed = true;
+        } else {
+          out.append(m.data(), m.size());
+        }
+        at = search = e;
       }
-      out.append(*text, at, b - at);
-      if (accept(std::string_view(m.data(), m.size()))) {
-        out += with;
-        changed = true;
-      } else {
-        out.append(m.data(), m.size());
-      }
-      at = e;
+      from = we + 1;
     }
     if (!changed) return false;
     out.append(*text, at, std::string::npos);
@@ -153,10 +210,10 @@ class Pii final : public Filter {
     bool changed = false;
     auto any = [](std::string_view) { return true; };
     if (emails && text->find('@') != std::string::npos)
-      changed |= replace_all(*email_re, email_replacement, any, text);
+      changed |= replace_all(*email_re, email_replacement, any, email_window, text);
     if (ips && has_digit_dot_digit(*text)) {
       if (only_public_ips)
-        changed |= replace_all(*ip_re, ip_replacement, public_ipv4, text);
+        changed |= replace_all(*ip_re, ip_replacement, public_ipv4, ip_window, text);
       else
         changed |= replace_all(
             *ip_re, ip_replacement,
@@ -179,9 +236,9 @@ class Pii final : public Filter {
               }
               return parts == 4;
             },
-            text);
+            ip_window, text);
     }
-    if (phones) changed |= replace_all(*phone_re, phone_replacement, any, text);
+    if (phones) changed |= replace_all(*phone_re, phone_replacement, any, whole_window, text);
     *edited = changed;
     return true;
   }

@@ -2,9 +2,13 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common/hash.h"
 
@@ -108,6 +112,22 @@ void decode_utf8(std::string_view text, CodePoints* out, Offsets* byte_at) {
       continue;
     }
     if (b) *b++ = static_cast<uint32_t>(p - begin);
+    // Valid two- and three-byte sequences decoded here (not overlong, no surrogate: what
+    // utf8proc_iterate accepts); anything else by utf8proc_iterate.
+    const uint8_t c0 = p[0];
+    if (c0 >= 0xC2 && c0 <= 0xDF && end - p >= 2 && (p[1] & 0xC0) == 0x80) {
+      *o++ = static_cast<char32_t>((c0 & 0x1F) << 6 | (p[1] & 0x3F));
+      p += 2;
+      continue;
+    }
+    if ((c0 & 0xF0) == 0xE0 && end - p >= 3 && (p[1] & 0xC0) == 0x80 && (p[2] & 0xC0) == 0x80) {
+      const char32_t cp = (c0 & 0x0F) << 12 | (p[1] & 0x3F) << 6 | (p[2] & 0x3F);
+      if (cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) {
+        *o++ = cp;
+        p += 3;
+        continue;
+      }
+    }
     utf8proc_int32_t cp = 0;
     utf8proc_ssize_t n = utf8proc_iterate(p, end - p, &cp);
     if (n <= 0) {
@@ -150,6 +170,7 @@ const DocumentView& document_view(std::string_view text) {
 namespace {
 template <typename Ch>
 void split_words_of(const Ch* t, Span s, std::vector<Span>* out);
+void split_words_ascii(const unsigned char* t, Span s, std::vector<Span>* out);
 }  // namespace
 
 const DocumentView& document_view_words(std::string_view text) {
@@ -159,8 +180,8 @@ const DocumentView& document_view_words(std::string_view text) {
     v.words.clear();
     // (an ASCII text's words are found on its bytes: the same spans)
     if (take_ascii_path(text))
-      split_words_of(reinterpret_cast<const unsigned char*>(text.data()),
-                     {0, static_cast<uint32_t>(text.size())}, &v.words);
+      split_words_ascii(reinterpret_cast<const unsigned char*>(text.data()),
+                        {0, static_cast<uint32_t>(text.size())}, &v.words);
     else
       split_words(v.cp, {0, static_cast<uint32_t>(v.cp.size())}, &v.words);
     v.have_words = true;
@@ -305,7 +326,8 @@ namespace {
 
 // A run of non-space, non-CJK code points: leading and trailing punctuation runs split off.
 template <typename Ch>
-void push_piece(const Ch* t, uint32_t b, uint32_t e, std::vector<Span>* out) {
+[[gnu::always_inline]] inline void push_piece(const Ch* t, uint32_t b, uint32_t e,
+                                              std::vector<Span>* out) {
   if (b >= e) return;
   uint32_t lb = b;
   while (lb < e && is_punct(t[lb])) ++lb;
@@ -348,6 +370,64 @@ void split_words_of(const Ch* t, Span s, std::vector<Span>* out) {
     push_piece(t, piece, j, out);
     i = j;
   }
+}
+
+// The white-space bytes (is_space: 9-13 and 0x1C-0x20) among t[0, 64), as bit k for byte k
+// (t must have 64 readable bytes).
+inline uint64_t space_bits64(const unsigned char* t) {
+#if defined(__SSE2__)
+  uint64_t bits = 0;
+  for (int q = 0; q < 4; ++q) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * q));
+    // x in [lo, hi] <=> min(x - lo, hi - lo) == x - lo (unsigned bytes)
+    const __m128i a = _mm_sub_epi8(x, _mm_set1_epi8(9));
+    const __m128i b = _mm_sub_epi8(x, _mm_set1_epi8(0x1C));
+    const __m128i in_a = _mm_cmpeq_epi8(_mm_min_epu8(a, _mm_set1_epi8(4)), a);
+    const __m128i in_b = _mm_cmpeq_epi8(_mm_min_epu8(b, _mm_set1_epi8(4)), b);
+    bits |=
+        static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(_mm_or_si128(in_a, in_b))))
+        << (16 * q);
+  }
+  return bits;
+#else
+  uint64_t bits = 0;
+  for (int k = 0; k < 64; ++k) bits |= static_cast<uint64_t>(is_space(t[k])) << k;
+  return bits;
+#endif
+}
+
+// split_words_of on the bytes of an ASCII text: the white-space runs found 64 bytes at a time
+// (bit masks), each token between them split by push_piece. The same spans.
+void split_words_ascii(const unsigned char* t, Span s, std::vector<Span>* out) {
+  alignas(16) unsigned char tail[64];
+  bool in_token = false;
+  uint32_t token_begin = 0;
+  for (uint32_t base = s.begin; base < s.end; base += 64) {
+    const uint32_t n = std::min<uint32_t>(64, s.end - base);
+    uint64_t space;
+    if (n == 64) {
+      space = space_bits64(t + base);
+    } else {  // (the last block: bytes past the end count as white space)
+      std::memset(tail, ' ', sizeof tail);
+      std::memcpy(tail, t + base, n);
+      space = space_bits64(tail);
+    }
+    // Bits where the byte's kind (space or not) differs from the previous byte's: token starts
+    // and ends, alternately.
+    const uint64_t prev = space << 1 | (in_token ? 0 : 1);
+    uint64_t edges = space ^ prev;
+    while (edges) {
+      const uint32_t at = base + static_cast<uint32_t>(__builtin_ctzll(edges));
+      edges &= edges - 1;
+      if (!in_token) {
+        token_begin = at;
+      } else {
+        push_piece(t, token_begin, at, out);
+      }
+      in_token = !in_token;
+    }
+  }
+  if (in_token) push_piece(t, token_begin, s.end, out);  // (a token that ends the last full block)
 }
 
 }  // namespace

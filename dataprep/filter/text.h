@@ -8,6 +8,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <string>
 #include <string_view>
 #include <utility>
@@ -120,16 +123,33 @@ void split_lines_of(const Ch* t, Span range, std::vector<Span>* out) {
       return;
     }
   }
+  // A code point that may be a break: a control character up to U+001E, U+0085, U+2028 or
+  // U+2029 (every is_line_break is one).
+  auto special = [](char32_t c) { return (c <= 0x1E) | (c == 0x85) | ((c | 1) == 0x2029); };
   while (i < range.end) {
-    // Most code points are neither a control character nor >= U+0085: skipped eight at a time
-    // (a loop the compiler turns into vector compares), then one at a time.
+    // Most code points are not special: skipped eight at a time (a loop the compiler turns into
+    // vector compares), then one at a time.
+#if defined(__SSE2__)
+    if constexpr (sizeof(Ch) == 4) {
+      const __m128i k1e = _mm_set1_epi32(0x1F), k85 = _mm_set1_epi32(0x85),
+                    k2029 = _mm_set1_epi32(0x2029), one = _mm_set1_epi32(1);
+      auto special4 = [&](const Ch* p) {  // (code points are < 2^31: signed compares are right)
+        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        return _mm_or_si128(_mm_or_si128(_mm_cmplt_epi32(c, k1e), _mm_cmpeq_epi32(c, k85)),
+                            _mm_cmpeq_epi32(_mm_or_si128(c, one), k2029));
+      };
+      while (i + 8 <= range.end &&
+             _mm_movemask_epi8(_mm_or_si128(special4(t + i), special4(t + i + 4))) == 0)
+        i += 8;
+    }
+#endif
     while (i + 8 <= range.end) {
-      uint32_t special = 0;
-      for (uint32_t k = 0; k < 8; ++k) special |= char32_t{t[i + k]} - 0x1Fu >= 0x85u - 0x1Fu;
-      if (special) break;
+      uint32_t any = 0;
+      for (uint32_t k = 0; k < 8; ++k) any |= special(t[i + k]);
+      if (any) break;
       i += 8;
     }
-    while (i < range.end && char32_t{t[i]} - 0x1Fu < 0x85u - 0x1Fu) ++i;
+    while (i < range.end && !special(t[i])) ++i;
     if (i >= range.end) break;
     if (is_line_break(t[i])) {
       out->push_back({start, i});

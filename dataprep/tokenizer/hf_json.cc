@@ -261,7 +261,7 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
   // Added tokens: special ones are text of their own (never found in documents); the others are
   // found in the text before pre-tokenisation, as Hugging Face does.
   std::unordered_set<int64_t> literal_ids, special_ids;
-  std::vector<std::pair<std::string, uint32_t>> inline_tokens;
+  std::array<std::vector<InlineToken>, 2> inline_tokens;
   std::unordered_map<std::string, int64_t> special_by_text;
   if (auto at = root.find("added_tokens"); at != root.end() && !at->is_null()) {
     if (!at->is_array()) return r.fail("added_tokens", "not an array");
@@ -276,11 +276,6 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
       const int64_t id = a["id"].get<int64_t>();
       const std::string content = a["content"].get<std::string>();
       const bool special = flag(a, "special", false);
-      if (!special)
-        for (const char* k : {"single_word", "lstrip", "rstrip"})
-          if (flag(a, k, false))
-            return r.fail(field + "." + k,
-                          std::string(k) + " on a non-special added token is not supported");
       if (auto [it, fresh] = added_ids.emplace(id, content); !fresh)
         return r.fail(field + ".id", "id " + std::to_string(id) + " is used twice");
       auto in_vocab = vocab_ids.find(content);
@@ -298,8 +293,15 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
       if (special) {
         special_ids.insert(id);
         special_by_text.emplace(content, id);
-      } else {
-        inline_tokens.emplace_back(content, uint32_t(id));
+      } else {  // normalized: Hugging Face's default is !special
+        InlineToken t;
+        t.id = uint32_t(id);
+        t.lstrip = flag(a, "lstrip", false);
+        t.rstrip = flag(a, "rstrip", false);
+        t.single_word = flag(a, "single_word", false);
+        const int pass = flag(a, "normalized", true) ? 1 : 0;
+        t.text = content;
+        inline_tokens[static_cast<size_t>(pass)].push_back(std::move(t));
       }
     }
   }
@@ -330,14 +332,21 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
     for (size_t id = 0; id < impl.tokens.size(); ++id)
       if (!literal_ids.count(int64_t(id))) impl.whole_words.emplace(impl.tokens[id], uint32_t(id));
   }
-  if (!inline_tokens.empty()) {
-    impl.inline_tokens = std::move(inline_tokens);
-    for (uint32_t k = 0; k < impl.inline_tokens.size(); ++k)
-      impl.inline_by_byte[static_cast<unsigned char>(impl.inline_tokens[k].first[0])].push_back(k);
-    for (auto& list : impl.inline_by_byte)
-      std::stable_sort(list.begin(), list.end(), [&](uint32_t a, uint32_t b) {
-        return impl.inline_tokens[a].first.size() > impl.inline_tokens[b].first.size();
+  // normalized tokens are matched as the normaliser writes them.
+  if (nfc)
+    for (auto& t : inline_tokens[1]) t.text = nfc_normalize(t.text);
+  for (size_t pass = 0; pass < 2; ++pass) {
+    impl.inline_tokens[pass] = std::move(inline_tokens[pass]);
+    const auto& list = impl.inline_tokens[pass];
+    auto& by_byte = impl.inline_by_byte[pass];
+    for (uint32_t k = 0; k < list.size(); ++k)
+      by_byte[static_cast<unsigned char>(list[k].text[0])].push_back(k);
+    for (auto& l : by_byte)
+      std::stable_sort(l.begin(), l.end(), [&](uint32_t a, uint32_t b) {
+        return list[a].text.size() > list[b].text.size();
       });
+  }
+  if (!impl.inline_tokens[0].empty() || !impl.inline_tokens[1].empty()) {
     impl.has_inline = true;
   }
   return tok;

@@ -210,6 +210,119 @@ void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<uint32_t
   encode_pieces(s, out);
 }
 
+void Tokenizer::Impl::encode_normalized(std::string_view text, std::vector<uint32_t>* out) const {
+  if (text.empty()) return;
+  if (!prefix_space || text[0] == ' ') return encode_pieces(text, out);
+  encode_pieces(" " + std::string(text), out);
+}
+
+namespace {
+
+// The code point that ends / starts text (valid UTF-8 assumed; -1 when empty).
+int32_t last_code_point(std::string_view text) {
+  if (text.empty()) return -1;
+  size_t i = text.size() - 1;
+  while (i > 0 && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80) --i;
+  utf8proc_int32_t c = -1;
+  utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + i),
+                   static_cast<utf8proc_ssize_t>(text.size() - i), &c);
+  return c;
+}
+int32_t first_code_point(std::string_view text, size_t* len = nullptr) {
+  if (text.empty()) return -1;
+  utf8proc_int32_t c = -1;
+  const utf8proc_ssize_t n =
+      utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                       static_cast<utf8proc_ssize_t>(text.size()), &c);
+  if (len) *len = n > 0 ? static_cast<size_t>(n) : 1;
+  return c;
+}
+
+// Unicode's White_Space property (Rust regex \s).
+bool is_white_space(int32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
+}
+
+// Rust regex \w: Alphabetic, marks, decimal digits, connector punctuation, Join_Control.
+// Alphabetic is taken as the letters, Nl and the Other_Alphabetic symbols (circled and squared
+// Latin letters); its other Other_Alphabetic code points are marks.
+bool is_word_char(int32_t c) {
+  if (c < 0) return false;
+  if (c < 0x80)
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  if (c == 0x200C || c == 0x200D) return true;
+  if ((c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) ||
+      (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189))
+    return true;
+  switch (utf8proc_category(c)) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_PC:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+template <class Gap>
+void Tokenizer::Impl::split_added(std::string_view text, int pass, std::vector<uint32_t>* out,
+                                  const Gap& gap) const {
+  const auto& tokens = inline_tokens[static_cast<size_t>(pass)];
+  const auto& by_byte = inline_by_byte[static_cast<size_t>(pass)];
+  size_t start_offset = 0;  // the end of the last match taken (stripped whitespace included)
+  size_t i = 0;             // where the next match is looked for: after the last match found
+  while (i < text.size()) {
+    const InlineToken* found = nullptr;
+    for (uint32_t k : by_byte[static_cast<unsigned char>(text[i])]) {
+      if (text.compare(i, tokens[k].text.size(), tokens[k].text) == 0) {
+        found = &tokens[k];
+        break;
+      }
+    }
+    if (!found) {
+      ++i;
+      continue;
+    }
+    size_t start = i, stop = i + found->text.size();
+    i = stop;
+    if (found->single_word && (is_word_char(last_code_point(text.substr(0, start))) ||
+                               is_word_char(first_code_point(text.substr(stop)))))
+      continue;
+    if (found->lstrip) {
+      size_t s = start;
+      while (s > start_offset) {
+        size_t b = s - 1;
+        while (b > 0 && (static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) --b;
+        if (!is_white_space(first_code_point(text.substr(b, s - b)))) break;
+        s = b;
+      }
+      start = s;
+    }
+    if (found->rstrip) {
+      size_t len = 0;
+      while (stop < text.size() && is_white_space(first_code_point(text.substr(stop), &len)))
+        stop += len;
+    }
+    start = std::max(start, start_offset);  // (a match inside the last one's stripped spaces)
+    if (start_offset < start) gap(text.substr(start_offset, start - start_offset));
+    out->push_back(found->id);
+    start_offset = stop;
+  }
+  if (start_offset < text.size()) gap(text.substr(start_offset));
+}
+
 void Tokenizer::Impl::encode(std::string_view text, std::vector<uint32_t>* out) const {
   if (sp) {
     // A failure of the library here would be an internal error: it encodes any bytes.
@@ -218,27 +331,13 @@ void Tokenizer::Impl::encode(std::string_view text, std::vector<uint32_t>* out) 
     return;
   }
   if (!has_inline) return encode_segment(text, out);
-  // Non-special added tokens are cut out first (leftmost, then longest), as Hugging Face does.
-  size_t seg = 0;
-  for (size_t i = 0; i < text.size();) {
-    const std::pair<std::string, uint32_t>* found = nullptr;
-    for (uint32_t k : inline_by_byte[static_cast<unsigned char>(text[i])]) {
-      const std::string& t = inline_tokens[k].first;
-      if (text.compare(i, t.size(), t) == 0) {
-        found = &inline_tokens[k];
-        break;
-      }
-    }
-    if (!found) {
-      ++i;
-      continue;
-    }
-    encode_segment(text.substr(seg, i - seg), out);
-    out->push_back(found->second);
-    i += found->first.size();
-    seg = i;
-  }
-  encode_segment(text.substr(seg), out);
+  // Added tokens are cut out first, as Hugging Face does: those matched in the raw text, then in
+  // each piece between them, normalised, those matched in normalised text.
+  split_added(text, 0, out, [&](std::string_view raw) {
+    if (inline_tokens[1].empty()) return encode_segment(raw, out);
+    const std::string norm = nfc ? nfc_normalize(raw) : std::string(raw);
+    split_added(norm, 1, out, [&](std::string_view piece) { encode_normalized(piece, out); });
+  });
 }
 
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}

@@ -50,6 +50,13 @@ class WordCache {
 // Which file a tokenizer came from (what save() writes back).
 enum class TokenizerSource { kKiln, kGpt2Pair, kHuggingFace, kSentencePiece };
 
+// A non-special added token of a tokenizer.json (Tokenizer::Impl::inline_tokens).
+struct InlineToken {
+  std::string text;
+  uint32_t id = 0;
+  bool lstrip = false, rstrip = false, single_word = false;
+};
+
 struct Tokenizer::Impl {
   TokenizerSource source = TokenizerSource::kKiln;
   PretokenizerSpec pre;
@@ -65,10 +72,15 @@ struct Tokenizer::Impl {
   bool prefix_space = false;   // ByteLevel add_prefix_space: " " before each segment
   bool ignore_merges = false;  // BPE ignore_merges: a word in the vocabulary is one token
   std::unordered_map<std::string, uint32_t> whole_words;  // ignore_merges: bytes -> id
-  // Non-special added tokens (text, id), found in the text before pre-tokenisation (the leftmost,
-  // then the longest); indices into inline_tokens by first byte, longest first.
-  std::vector<std::pair<std::string, uint32_t>> inline_tokens;
-  std::array<std::vector<uint32_t>, 256> inline_by_byte;
+  // Non-special added tokens, found in the text before pre-tokenisation as Hugging Face's
+  // AddedVocabulary does (leftmost, then longest; the match iteration of its find_matches):
+  // first those with normalized false in the raw text ([0]), then those with normalized true in
+  // the normalised text between the first matches ([1]; their text normalised too). lstrip /
+  // rstrip take the whitespace (Unicode White_Space) before / after a match into the token;
+  // single_word drops a match with a word character (Rust regex \w) right before or after it.
+  std::array<std::vector<InlineToken>, 2> inline_tokens;
+  // Indices into inline_tokens[pass] by first byte, longest first.
+  std::array<std::array<std::vector<uint32_t>, 256>, 2> inline_by_byte;
   bool has_inline = false;
 
   // SentencePiece model (encode / decode go through the library); its serialized bytes.
@@ -81,6 +93,12 @@ struct Tokenizer::Impl {
 
   void encode(std::string_view text, std::vector<uint32_t>* out) const;
   void encode_segment(std::string_view text, std::vector<uint32_t>* out) const;
+  // encode_segment of text that is already normalised.
+  void encode_normalized(std::string_view text, std::vector<uint32_t>* out) const;
+  // The added tokens of pass 0/1 in text: gap(piece) for the text between matches, the id of each.
+  template <class Gap>
+  void split_added(std::string_view text, int pass, std::vector<uint32_t>* out,
+                   const Gap& gap) const;
   void encode_pieces(std::string_view text, std::vector<uint32_t>* out) const;
   void encode_sentencepiece(std::string_view text, std::vector<uint32_t>* out) const;
 };

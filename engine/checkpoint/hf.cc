@@ -170,9 +170,35 @@ Result<std::string> hf_tensor_name(const std::string& kiln_name, bool* transpose
   return Status::not_found("no Hugging Face name for Kiln tensor " + kiln_name);
 }
 
+namespace {
+
+// Meta's original Llama release (params.json + consolidated.NN.pth, no config.json).
+bool is_meta_layout(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && !fs::exists(dir / "config.json", ec) &&
+         (fs::exists(dir / "params.json", ec) || fs::exists(dir / "consolidated.00.pth", ec));
+}
+
+}  // namespace
+
+Status refuse_meta_layout(const std::string& dir, const std::string& key) {
+  if (!is_meta_layout(dir)) return Status::ok();
+  // Its q and k rows pair adjacent elements for RoPE (interleaved); Hugging Face's converter
+  // permutes them into the rotate-half order every HF Llama directory has (docs/MODELS.md
+  // "Interleaved RoPE").
+  return Status::usage(
+             (key.empty() ? "" : key + ": ") +
+             "Meta's original Llama layout (params.json, consolidated.*.pth) is not read: convert "
+             "it with transformers' convert_llama_weights_to_hf.py (which permutes the q/k rows "
+             "from Meta's interleaved RoPE pairs to Hugging Face's rotate-half order) and give "
+             "the directory it writes")
+      .with_file((fs::path(dir) / "params.json").string());
+}
+
 bool is_hf_dir(const std::string& path) {
   std::error_code ec;
-  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+  return (fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec)) ||
+         is_meta_layout(path);
 }
 
 Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info) {
@@ -407,6 +433,7 @@ uint64_t HfSource::bytes_read() const { return impl_->bytes_read; }
 
 Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const ParamStore& params,
                                                  const std::string& key) {
+  KILN_RETURN_IF_ERROR(refuse_meta_layout(dir, key));
   const std::string config_path = (fs::path(dir) / "config.json").string();
   KILN_ASSIGN_OR_RETURN(ModelConfig hf, read_hf_config(dir));
   const ModelConfig& m = params.model();
@@ -710,6 +737,19 @@ std::string run_tokenizer(const fs::path& step_dir, int64_t* eos_id) {
   }
 }
 
+// The step directory's config.yaml `device` (the device the run trained on), "" when absent.
+std::string run_device(const fs::path& step_dir) {
+  std::error_code ec;
+  const fs::path cfg = step_dir / "config.yaml";
+  if (!fs::exists(cfg, ec)) return "";
+  try {
+    const YAML::Node d = YAML::LoadFile(cfg.string())["device"];
+    return d && d.IsScalar() ? d.as<std::string>() : "";
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 }  // namespace
 
 Result<ModelWeights> open_model_weights(const std::string& path_in) {
@@ -735,9 +775,11 @@ Result<ModelWeights> open_model_weights(const std::string& path_in) {
     w.source = std::move(reader);
     w.kind = "checkpoint";
     w.tokenizer = run_tokenizer(path, &w.eos_id);
+    w.device = run_device(path);
     return w;
   }
   if (is_hf_dir(path.string())) {
+    KILN_RETURN_IF_ERROR(refuse_meta_layout(path.string(), ""));
     HfModelInfo info;
     KILN_ASSIGN_OR_RETURN(w.model, read_hf_config(path.string(), &info));
     KILN_RETURN_IF_ERROR(check_model_shape(w.model).with_file((path / "config.json").string()));

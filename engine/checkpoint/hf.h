@@ -83,8 +83,14 @@ struct HfModelInfo {
 // receives the ids and dtype.
 Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info = nullptr);
 
-// True when `path` is a directory holding config.json (a Hugging Face model directory).
+// True when `path` is a directory holding config.json (a Hugging Face model directory), or
+// Meta's original Llama layout (params.json / consolidated.00.pth, no config.json), which
+// HfSource::open then refuses (refuse_meta_layout): model.init_from's user gets that message.
 bool is_hf_dir(const std::string& path);
+// A usage error naming dir/params.json (prefixed with `key` when given) when `dir` is Meta's
+// original Llama layout: interleaved RoPE rows, to be converted with transformers'
+// convert_llama_weights_to_hf.py first (docs/MODELS.md "Interleaved RoPE"); ok otherwise.
+Status refuse_meta_layout(const std::string& dir, const std::string& key);
 
 // A Hugging Face directory opened for reading Kiln model states in ranges (the master weights;
 // moments zero). Not thread-safe.
@@ -118,6 +124,7 @@ struct ModelWeights {
   int64_t step = -1;                       // -1 when unknown
   std::string tokenizer;                   // a tokenizer file found beside it, or ""
   int64_t eos_id = -1;                     // the tokenizer's / config.json's, -1 unknown
+  std::string device;                      // the run's config.yaml `device` ("" when none)
 };
 Result<ModelWeights> open_model_weights(const std::string& path);
 

@@ -5,34 +5,20 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/cuda_module.h"
+#include "engine/infer/gpt_infer_impl.h"
 #include "kernels/ops.h"
 
 namespace kiln::engine {
 
-Result<std::unique_ptr<GptInference>> GptInference::load(ModelWeights& w) {
-  std::unique_ptr<GptInference> g(new GptInference());
-  g->m_ = w.model;
-  const ParamStore& layout = *w.layout;
-  g->w_.resize(layout.tensors().size());
-  for (size_t i = 0; i < layout.tensors().size(); ++i) {
-    g->w_[i].resize(layout.tensors()[i].numel);
-    KILN_RETURN_IF_ERROR(read_tensor(w, static_cast<int>(i), 0, g->w_[i].size(), g->w_[i].data()));
-  }
-  for (int l = 0; l < w.model.n_layers; ++l) g->blocks_.push_back(layout.block(l));
-  g->wte_ = layout.wte();
-  g->wpe_ = layout.wpe();
-  g->lnf_w_ = layout.lnf_w();
-  g->lnf_b_ = layout.lnf_b();
-  g->head_ = layout.lm_head();
-  return g;
-}
-
-GptInference::Cache GptInference::new_cache() const {
-  Cache c;
-  const size_t per = static_cast<size_t>(m_.seq_len * m_.kv_heads() * m_.head_dim());
-  c.k.assign(static_cast<size_t>(m_.n_layers), std::vector<float>(per));
-  c.v.assign(static_cast<size_t>(m_.n_layers), std::vector<float>(per));
-  return c;
+Result<std::unique_ptr<GptInference>> GptInference::load(ModelWeights& w, Device device) {
+  KILN_ASSIGN_OR_RETURN(Runtime * rt, runtime_for(device));
+  if (device == Device::kCpu) return detail::GptInferenceOn<CpuBackend>::load(w, rt);
+  // The CUDA instantiation is in the module (gpt_infer_cuda.cc), loaded by runtime_for.
+  auto load = cuda_module_symbol(CudaModule::kCuda, "kiln_cuda_load_inference");
+  if (!load.is_ok()) return cuda_unusable(load.status().message());
+  using LoadFn = Result<std::unique_ptr<GptInference>> (*)(ModelWeights*, Runtime*);
+  return reinterpret_cast<LoadFn>(*load)(&w, rt);
 }
 
 void rope_rows(float* qkv, int n, int p0, double theta, int NH, int NKV, int hs) {
@@ -59,154 +45,47 @@ void rope_rows(float* qkv, int n, int p0, double theta, int NH, int NKV, int hs)
   }
 }
 
-namespace {
+namespace infer {
 
-// out (NH hs) = softmax(q k_j^T / sqrt(hs) for j <= last) v per head: one query against the
-// cached keys and values of positions [0, last] (rows of NKV hs; query head h reads key/value
-// head h / (NH / NKV)).
-void cached_attention(float* out, const float* q, const float* K, const float* V, int last, int NH,
-                      int NKV, int hs, std::vector<float>* scores) {
+void cached_attention_cpu(float* out, const float* rows, float* scores, int p0, int n, int NH,
+                          int NKV, int hs) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const size_t KW = static_cast<size_t>(NKV) * hs;
-  scores->resize(static_cast<size_t>(last) + 1);
-  float* s = scores->data();
-  for (int h = 0; h < NH; ++h) {
-    const size_t g = static_cast<size_t>(h / (NH / NKV)) * hs;
-    const float* qh = q + static_cast<size_t>(h) * hs;
-    float mx = -HUGE_VALF;
-    for (int j = 0; j <= last; ++j) {
-      const float* kj = K + static_cast<size_t>(j) * KW + g;
-      float d = 0.0f;
-      for (int e = 0; e < hs; ++e) d += qh[e] * scale * kj[e];
-      s[j] = d;
-      mx = std::max(mx, d);
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * hs;
+  const float* K = rows + static_cast<size_t>(NH) * hs;
+  const float* V = rows + static_cast<size_t>(NH + NKV) * hs;
+  for (int i = 0; i < n; ++i) {
+    const int last = p0 + i;
+    const float* q = rows + static_cast<size_t>(last) * W;
+    for (int h = 0; h < NH; ++h) {
+      const size_t g = static_cast<size_t>(h / (NH / NKV)) * hs;
+      const float* qh = q + static_cast<size_t>(h) * hs;
+      float* s = scores + (static_cast<size_t>(i) * NH + h) * static_cast<size_t>(p0 + n);
+      float mx = -HUGE_VALF;
+      for (int j = 0; j <= last; ++j) {
+        const float* kj = K + static_cast<size_t>(j) * W + g;
+        float d = 0.0f;
+        for (int e = 0; e < hs; ++e) d += qh[e] * scale * kj[e];
+        s[j] = d;
+        mx = std::max(mx, d);
+      }
+      float sum = 0.0f;
+      for (int j = 0; j <= last; ++j) {
+        s[j] = std::exp(s[j] - mx);
+        sum += s[j];
+      }
+      float* o = out + (static_cast<size_t>(i) * NH + h) * hs;
+      std::fill(o, o + hs, 0.0f);
+      for (int j = 0; j <= last; ++j) {
+        const float* vj = V + static_cast<size_t>(j) * W + g;
+        for (int e = 0; e < hs; ++e) o[e] += s[j] * vj[e];
+      }
+      const float inv = 1.0f / sum;
+      for (int e = 0; e < hs; ++e) o[e] *= inv;
     }
-    float sum = 0.0f;
-    for (int j = 0; j <= last; ++j) {
-      s[j] = std::exp(s[j] - mx);
-      sum += s[j];
-    }
-    float* o = out + static_cast<size_t>(h) * hs;
-    std::fill(o, o + hs, 0.0f);
-    for (int j = 0; j <= last; ++j) {
-      const float* vj = V + static_cast<size_t>(j) * KW + g;
-      for (int e = 0; e < hs; ++e) o[e] += s[j] * vj[e];
-    }
-    const float inv = 1.0f / sum;
-    for (int e = 0; e < hs; ++e) o[e] *= inv;
   }
 }
 
-}  // namespace
-
-void GptInference::hidden(const int32_t* tokens, int n, Cache* cache, float* out) {
-  const int C = static_cast<int>(m_.d_model), NH = static_cast<int>(m_.n_heads);
-  const int NKV = static_cast<int>(m_.kv_heads()), hs = static_cast<int>(m_.head_dim());
-  const int QKV = static_cast<int>(m_.qkv_width()), KW = NKV * hs;
-  const int F = static_cast<int>(m_.ffn()), FC = m_.llama() ? 2 * F : F;
-  const bool llama = m_.llama();
-  const int p0 = cache ? static_cast<int>(cache->len) : 0;
-  KILN_CHECK(n > 0 && p0 + n <= m_.seq_len, "GptInference: positions past seq_len");
-  const size_t nc = static_cast<size_t>(n) * C, nn = static_cast<size_t>(n);
-  for (auto* b : {&x_, &x2_, &ln_, &att_, &proj_}) b->resize(nc);
-  qkv_.resize(nn * QKV);
-  fc_.resize(nn * FC);
-  gelu_.resize(nn * F);
-  lse_.resize(static_cast<size_t>(NH) * n);
-  cpu::encoder_forward(x_.data(), tokens, nullptr, t(wte_),
-                       llama ? nullptr : t(wpe_) + static_cast<size_t>(p0) * C, 1, n, C);
-  const float eps = m_.norm_eps;
-  // Norm: LayerNorm (gpt2) or RMSNorm (llama).
-  auto norm = [&](float* y, const float* x, int w, int b) {
-    if (llama) {
-      cpu::rmsnorm_forward(y, nullptr, x, t(w), eps, 1, n, C);
-    } else {
-      cpu::layernorm_forward(y, nullptr, nullptr, x, t(w), t(b), 1, n, C);
-    }
-  };
-  std::vector<float> scores;
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    const BlockTensors& b = blocks_[l];
-    norm(ln_.data(), x_.data(), b.ln1_w, b.ln1_b);
-    cpu::matmul_forward(qkv_.data(), ln_.data(), t(b.qkv_w), tb(b.qkv_b), 1, n, C, QKV);
-    if (llama) {  // rotate q and k at their positions before k is cached
-      if (p0 == 0) {
-        cpu::rope_forward(qkv_.data(), nullptr, static_cast<float>(m_.rope_theta), 1, n, NH, NKV,
-                          hs);
-      } else {
-        rope_rows(qkv_.data(), n, p0, m_.rope_theta, NH, NKV, hs);
-      }
-    }
-    if (cache) {
-      for (int i = 0; i < n; ++i) {
-        const float* row = qkv_.data() + static_cast<size_t>(i) * QKV;
-        const size_t at = static_cast<size_t>(p0 + i) * KW;
-        std::copy(row + NH * hs, row + NH * hs + KW, cache->k[l].data() + at);
-        std::copy(row + NH * hs + KW, row + NH * hs + 2 * KW, cache->v[l].data() + at);
-      }
-    }
-    if (p0 == 0) {  // the prompt (or a full forward): the training kernel
-      if (llama) {
-        cpu::attention_gqa_forward(att_.data(), lse_.data(), qkv_.data(), nullptr, 1, n, NH, NKV,
-                                   hs);
-      } else {
-        cpu::attention_forward(att_.data(), lse_.data(), qkv_.data(), 1, n, C, NH);
-      }
-    } else {
-      for (int i = 0; i < n; ++i) {
-        cached_attention(att_.data() + static_cast<size_t>(i) * C,
-                         qkv_.data() + static_cast<size_t>(i) * QKV, cache->k[l].data(),
-                         cache->v[l].data(), p0 + i, NH, NKV, hs, &scores);
-      }
-    }
-    cpu::matmul_forward(proj_.data(), att_.data(), t(b.attn_proj_w), tb(b.attn_proj_b), 1, n, C, C);
-    cpu::residual_forward(x2_.data(), x_.data(), proj_.data(), nc);
-    norm(ln_.data(), x2_.data(), b.ln2_w, b.ln2_b);
-    cpu::matmul_forward(fc_.data(), ln_.data(), t(b.fc_w), tb(b.fc_b), 1, n, C, FC);
-    if (llama) {
-      cpu::swiglu_forward(gelu_.data(), fc_.data(), nn, F);
-    } else {
-      cpu::gelu_forward(gelu_.data(), fc_.data(), nn * F);
-    }
-    cpu::matmul_forward(proj_.data(), gelu_.data(), t(b.fc_proj_w), tb(b.fc_proj_b), 1, n, F, C);
-    cpu::residual_forward(x_.data(), x2_.data(), proj_.data(), nc);
-  }
-  if (cache) cache->len += n;
-  norm(out, x_.data(), lnf_w_, lnf_b_);
-}
-
-void GptInference::step(const int32_t* tokens, int n, Cache* cache, float* logits) {
-  const int C = static_cast<int>(m_.d_model), V = static_cast<int>(m_.vocab_size);
-  std::vector<float> h(static_cast<size_t>(n) * C);
-  hidden(tokens, n, cache, h.data());
-  cpu::matmul_forward(logits, h.data() + static_cast<size_t>(n - 1) * C, t(head_), nullptr, 1, 1, C,
-                      V);
-}
-
-void GptInference::forward_full(const int32_t* tokens, int n, float* logits) {
-  const int C = static_cast<int>(m_.d_model), V = static_cast<int>(m_.vocab_size);
-  std::vector<float> h(static_cast<size_t>(n) * C);
-  hidden(tokens, n, nullptr, h.data());
-  cpu::matmul_forward(logits, h.data(), t(head_), nullptr, 1, n, C, V);
-}
-
-void GptInference::token_nll(const int32_t* tokens, int n, float* nll) {
-  if (n < 2) return;
-  const int C = static_cast<int>(m_.d_model), V = static_cast<int>(m_.vocab_size);
-  const int rows = n - 1;
-  std::vector<float> h(static_cast<size_t>(rows) * C);
-  hidden(tokens, rows, nullptr, h.data());
-  // The LM head and the cross-entropy in chunks of rows (about 8 MiB of logits each).
-  const int chunk = std::max(1, static_cast<int>((size_t{8} << 20) / (sizeof(float) * V)));
-  std::vector<float> logits(static_cast<size_t>(std::min(chunk, rows)) * V);
-  for (int r0 = 0; r0 < rows; r0 += chunk) {
-    const int k = std::min(chunk, rows - r0);
-    cpu::matmul_forward(logits.data(), h.data() + static_cast<size_t>(r0) * C, t(head_), nullptr, 1,
-                        k, C, V);
-    cpu::crossentropy_forward_backward<float>(nullptr, nll + r0, logits.data(), tokens + r0 + 1,
-                                              1.0f, k, V, V);
-  }
-}
+}  // namespace infer
 
 // ---- sampling ---------------------------------------------------------------------------------
 

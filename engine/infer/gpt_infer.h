@@ -3,20 +3,23 @@
 // (tools/kiln/cmd_generate.cc, cmd_eval.cc tokenize).
 //
 // The weights are read once from any source (engine/checkpoint/hf.h ModelWeights: a checkpoint
-// of any layout, a consolidated file, a Hugging Face directory) into one fp32 host copy, one
-// tensor at a time (no optimizer state, no gradients). The forward is made of Kiln's CPU kernels
-// (kernels/ops.h: encoder, layernorm / rmsnorm, matmul, GELU / SwiGLU, residual, attention /
-// grouped-query attention, RoPE, cross-entropy), the same operators training runs; only
-// attention over the cache is its own loop here (one query row against the cached keys and
-// values, query head h reading key/value head h / (NH / NKV), the arithmetic of the attention
-// operators' softmax without the blocking), and so is RoPE for positions after the prompt
-// (rope_rows below): prefilling a prompt runs the operators themselves. No document mask. A cached
+// of any layout, a consolidated file, a Hugging Face directory) into one fp32 copy in the
+// device's memory, one tensor at a time (no optimizer state, no gradients). The forward is one
+// template over the kernel backend (engine/infer/gpt_infer_impl.h; kernels/ops.h kiln::CpuBackend
+// / kiln::CudaBackend): encoder, layernorm / rmsnorm, matmul, GELU / SwiGLU, residual, attention
+// / grouped-query attention, RoPE, cross-entropy, the same operators training runs. Two pieces
+// are this file's own, per backend (engine/infer/infer_kernels.h): attention of query rows
+// against the cache (query head h reading key/value head h / (NH / NKV), the arithmetic of the
+// attention operators' softmax without the blocking) and RoPE at positions after the prompt
+// (rope_rows below); prefilling a prompt runs the operators themselves. No document mask. A cached
 // forward of tokens one at a time gives the logits of the full forward within fp32 round-off
 // (tested: tests/engine/infer/gpt_infer_test.cc), so greedy decoding with the cache equals argmax
 // of the full forward at every step.
 //
-// CPU only: generation on a GPU is not built (the CUDA operators exist but this path runs the
-// host kernels). Not thread-safe; the kernels use the process's oneTBB threads.
+// Devices: cpu (host memory, the CPU kernels on the process's oneTBB threads) and cuda (device
+// memory, the CUDA kernels; the CUDA instantiation lives in the module libkiln_cuda.so,
+// engine/infer/gpt_infer_cuda.cc, loaded on first use). Logits come back to the host each step
+// (V floats) for sampling there. Not thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -28,51 +31,46 @@
 
 #include "common/status.h"
 #include "engine/checkpoint/hf.h"
+#include "engine/device/runtime.h"
 
 namespace kiln::engine {
 
-// RoPE (rotate-half) of the q and k heads of n rows of a fused qkv ((NH + 2 NKV) hs wide) at
-// positions p0 .. p0 + n - 1: the arithmetic of the rope_forward operator (kernels/ops.h; angles
-// in fp64 from theta as a float, rounded to fp32), which takes positions from a document-start
-// layout (pos = t - doc_start[b,t], 0 <= doc_start <= t) and so cannot be told a cache position.
-// Used for tokens after the prompt; tested equal to the operator at the same positions.
+// RoPE (rotate-half) of the q and k heads of n rows of a fused qkv ((NH + 2 NKV) hs wide, host
+// memory) at positions p0 .. p0 + n - 1: the arithmetic of the rope_forward operator
+// (kernels/ops.h; angles in fp64 from theta as a float, rounded to fp32), which takes positions
+// from a document-start layout (pos = t - doc_start[b,t], 0 <= doc_start <= t) and so cannot be
+// told a cache position. Used for tokens after the prompt; tested equal to the operator at the
+// same positions. (The CUDA twin: engine/infer/infer_kernels.h.)
 void rope_rows(float* qkv, int n, int p0, double theta, int NH, int NKV, int hs);
 
 class GptInference {
  public:
-  // Reads every tensor of `w` (w.source) into host memory.
-  static Result<std::unique_ptr<GptInference>> load(ModelWeights& w);
+  // Reads every tensor of `w` (w.source) into the memory of `device`. cuda where no GPU is
+  // usable (or the build has no CUDA): kUnimplemented naming the key `device` and why.
+  static Result<std::unique_ptr<GptInference>> load(ModelWeights& w, Device device = Device::kCpu);
+  virtual ~GptInference() = default;
   const ModelConfig& model() const { return m_; }
+  virtual Device device() const = 0;
 
-  // Keys (rotated, llama) and values of the positions run so far (per layer, (len, n_kv_heads
-  // head_dim) each).
+  // The fused q|k|v rows of the positions run so far (per layer, (seq_len, (NH + 2 NKV) hs), q
+  // and k rotated for llama), in the device's memory: the keys and values attention reads.
   struct Cache {
-    std::vector<std::vector<float>> k, v;
+    std::vector<DeviceArray<float>> rows;
     int64_t len = 0;
   };
-  Cache new_cache() const;
-  // Runs tokens[0, n) at positions cache->len .. cache->len + n - 1 (at most seq_len in all),
-  // appending their keys and values; logits (V) of the last of them into `logits`.
-  void step(const int32_t* tokens, int n, Cache* cache, float* logits);
-  // The full forward of tokens[0, n) (n <= seq_len) without a cache: logits (n, V).
-  void forward_full(const int32_t* tokens, int n, float* logits);
-  // nll[i] = -log p(tokens[i + 1] | tokens[0..i]) for i in [0, n - 1) (natural log), by a full
-  // forward (n <= seq_len + 1); the logits are made in chunks of rows.
-  void token_nll(const int32_t* tokens, int n, float* nll);
+  virtual Cache new_cache() = 0;
+  // Runs tokens[0, n) (host) at positions cache->len .. cache->len + n - 1 (at most seq_len in
+  // all), appending their rows; logits (V, host) of the last of them into `logits`.
+  virtual void step(const int32_t* tokens, int n, Cache* cache, float* logits) = 0;
+  // The full forward of tokens[0, n) (n <= seq_len) without a cache: logits (n, V, host).
+  virtual void forward_full(const int32_t* tokens, int n, float* logits) = 0;
+  // nll[i] = -log p(tokens[i + 1] | tokens[0..i]) for i in [0, n - 1) (natural log, host), by a
+  // full forward (n <= seq_len + 1); the logits are made in chunks of rows.
+  virtual void token_nll(const int32_t* tokens, int n, float* nll) = 0;
 
- private:
+ protected:
   GptInference() = default;
-  // The final LayerNorm's output (n, C) of tokens at positions p0.. (attention over `cache`
-  // when given, else causal attention among the n tokens).
-  void hidden(const int32_t* tokens, int n, Cache* cache, float* out);
-  const float* t(int index) const { return w_[static_cast<size_t>(index)].data(); }
-  const float* tb(int index) const { return index < 0 ? nullptr : t(index); }  // a bias or none
   ModelConfig m_;
-  std::vector<std::vector<float>> w_;  // per ParamStore tensor, whole
-  std::vector<BlockTensors> blocks_;
-  int wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;  // head_: wte_ when tied
-  // Activations, grown to the largest n seen.
-  std::vector<float> x_, x2_, ln_, qkv_, att_, lse_, proj_, fc_, gelu_;
 };
 
 // How the next token is chosen from the logits, in Hugging Face's order: repetition penalty

@@ -106,5 +106,36 @@ TEST(FilterText, FastPathsMatchPlainDefinitionsOnMixedText) {
   EXPECT_GT(with_other, 1000);
 }
 
+// An ASCII text's words are split on its bytes 64 at a time (white-space bit masks): the same
+// spans as split_words on its code points, for every length around the 64-byte blocks, tokens
+// across block edges, and every white-space and punctuation byte.
+TEST(FilterText, AsciiWordSplitMatchesCodePoints) {
+  std::mt19937_64 rng(64);
+  const std::string pool =
+      std::string(" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f") + "!\".,;:-_()[]{}#aZ09x'";
+  int checked = 0;
+  for (int it = 0; it < 20000; ++it) {
+    std::string s;
+    const size_t n = it < 400 ? static_cast<size_t>(it) : rng() % 300;
+    for (size_t k = 0; k < n; ++k)
+      s += rng() % 4 ? pool[rng() % pool.size()] : static_cast<char>(rng() % 128);
+    set_ascii_paths(true);
+    reset_document_view();
+    const std::vector<Span> fast = document_view_words(s).words;
+    set_ascii_paths(false);
+    reset_document_view();
+    const std::vector<Span> plain = document_view_words(s).words;
+    set_ascii_paths(true);
+    reset_document_view();
+    ASSERT_EQ(fast.size(), plain.size()) << n << ": " << s;
+    for (size_t k = 0; k < fast.size(); ++k) {
+      ASSERT_EQ(fast[k].begin, plain[k].begin) << s;
+      ASSERT_EQ(fast[k].end, plain[k].end) << s;
+    }
+    checked += !plain.empty();
+  }
+  EXPECT_GT(checked, 19000);
+}
+
 }  // namespace
 }  // namespace kiln::prep::filter

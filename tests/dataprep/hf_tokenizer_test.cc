@@ -25,6 +25,7 @@
 #include "dataprep/tokenizer/pretokenize.h"
 #include "dataprep/tokenizer/regex_split.h"
 #include "dataprep/tokenizer/tokenizer.h"
+#include "dataprep/tokenizer/tokenizer_impl.h"  // nfc_normalize
 #include "tests/test_paths.h"
 
 namespace kiln::prep {
@@ -339,6 +340,54 @@ TEST(HfTokenizerJson, OlderKilnFileStillReads) {
   EXPECT_EQ(back.to_json(), tok.to_json());  // and is written as tokenizer.json
   EXPECT_EQ(regex_spec(kLlama3).kind, PretokenizerKind::kRegex);
   EXPECT_EQ(trained(regex_spec(kLlama3)).to_kiln_v1_json(), "");  // no older form for a regex
+}
+
+// Added tokens' flags as Hugging Face's AddedVocabulary applies them (its own unit tests' cases):
+// single_word drops a match beside a word character (letters, digits, _, marks; not punctuation),
+// lstrip / rstrip take the Unicode whitespace before / after a match into the token, and tokens
+// with normalized false are matched in the raw text before those with normalized true are
+// matched in the NFC text between them. (Equal ids to Hugging Face's own library on documents
+// that exercise every flag: tests/python/tokenizer_hf_parity.py, variant added_flags.)
+TEST(HfTokenizerJson, AddedTokenFlagsAsHuggingFace) {
+  const Tokenizer& plain = trained(PretokenizerSpec{});
+  json t = json::parse(plain.to_json());
+  const uint32_t n = uint32_t(plain.vocab_size());
+  uint32_t next = n;
+  auto add = [&](const std::string& content, json flags) {
+    json a = {{"id", next++},    {"content", content}, {"special", false},  {"single_word", false},
+              {"lstrip", false}, {"rstrip", false},    {"normalized", true}};
+    a.update(flags);
+    t["added_tokens"].push_back(a);
+  };
+  add("<mask>", {{"single_word", true}});                                    // n
+  add("<sp>", {{"lstrip", true}, {"rstrip", true}, {"normalized", false}});  // n + 1
+  add("Cafe\u0301", json::object());                                         // n + 2
+  add("e\u0301", {{"normalized", false}});                                   // n + 3
+  t["normalizer"] = {{"type", "NFC"}};
+  const Tokenizer tok = load_text(t.dump());
+  // The text between added tokens, as the plain tokenizer encodes it (NFC applied).
+  auto plain_ids = [&](const std::string& text) { return plain.encode(nfc_normalize(text)); };
+  auto cat = [](std::initializer_list<std::vector<uint32_t>> parts) {
+    std::vector<uint32_t> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  // single_word: at the start, between spaces and at the end, not after "A" or before "ony";
+  // punctuation and a dash are not word characters, a combining mark is.
+  EXPECT_EQ(tok.encode("<mask> My name <mask> A<mask> <mask>ony <mask>"),
+            cat({{n}, plain_ids(" My name "), {n}, plain_ids(" A<mask> <mask>ony "), {n}}));
+  EXPECT_EQ(tok.encode("<mask>, <mask>- \u25cc\u0330<mask>"),
+            cat({{n}, plain_ids(", "), {n}, plain_ids("- \u25cc\u0330<mask>")}));
+  // lstrip / rstrip: spaces, tabs and U+2000 go into the token.
+  EXPECT_EQ(tok.encode("Hi <sp> there\t<sp>\t<sp>\u2000"),
+            cat({plain_ids("Hi"), {n + 1}, plain_ids("there"), {n + 1, n + 1}}));
+  // normalized true: the token's NFC form in the NFC text (composed or not); normalized false
+  // ("e" + U+0301, raw) is matched first, in the raw text only: it takes the decomposed "e" of
+  // "Cafe\u0301" before that token can be seen.
+  EXPECT_EQ(tok.encode("Caf\u00e9 x"), cat({{n + 2}, plain_ids(" x")}));
+  EXPECT_EQ(tok.encode("Cafe\u0301 x"), cat({plain_ids("Caf"), {n + 3}, plain_ids(" x")}));
+  EXPECT_EQ(tok.encode("\u00e9"), plain_ids("\u00e9"));
+  EXPECT_EQ(*tok.decode(tok.encode("Hi <sp> there")), "Hi<sp>there");  // the spaces are gone
 }
 
 TEST(HfTokenizerJson, AddedTokensIgnoreMergesNfcPrefixSpace) {

@@ -13,7 +13,11 @@ all of those. For each tokenizer.json:
    token;
 4. Mistral-Nemo style: (2) with Tekken's regex;
 5. GPT-2: tests/data/gpt2 as a tokenizer.json (ByteLevel pre-tokenizer, merges as pairs);
-6. the same with add_prefix_space (decoding gives the text with a space in front).
+6. the same with add_prefix_space (decoding gives the text with a space in front);
+7. Llama-3 style with an NFC normalizer and non-special added tokens carrying Hugging Face's flags
+   (lstrip, rstrip, single_word, normalized true and false; ASCII, accented, CJK), on documents
+   that exercise them (whitespace runs, word characters and marks beside a token, composed and
+   decomposed text); decoding gives the text less the stripped whitespace, as Hugging Face's.
 
 every document's ids are equal (documents holding a special token's text apart: Hugging Face
 makes it the special id, Kiln keeps it text, checked), Hugging Face decodes Kiln's ids to the document, and
@@ -151,6 +155,32 @@ def qwen2(t):
 
 
 variant("qwen2", qwen2)
+
+
+# Added tokens with Hugging Face's flags (lstrip, rstrip, single_word, normalized) under an NFC
+# normalizer: whitespace taken into the token, matches beside word characters dropped, tokens
+# matched in the raw text (normalized false) before those matched in the normalised text.
+FLAGGED = [("<mask>", dict(lstrip=True, single_word=True, normalized=False)),
+           ("[SEP]", dict(rstrip=True, normalized=False)),
+           ("ony", dict(single_word=True, normalized=True)),
+           ("<tab>", dict(lstrip=True, rstrip=True, single_word=True, normalized=True)),
+           ("Cafe\u0301", dict(normalized=True)),
+           ("e\u0301x", dict(normalized=False)),
+           ("<m", dict(normalized=True)),
+           ("日本", dict(single_word=True, normalized=False))]
+
+
+def added_flags(t):
+    t["normalizer"] = {"type": "NFC"}
+    n = len(t["model"]["vocab"])
+    for k, (content, flags) in enumerate(FLAGGED):
+        a = {"id": n + k, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": True, "special": False}
+        a.update(flags)
+        t["added_tokens"].append(a)
+
+
+variant("added_flags", added_flags)
 variant("nemo", lambda t: t["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex=NEMO))
 gpt2 = os.path.join(src, "tests", "data", "gpt2")
 vocab = json.load(open(os.path.join(gpt2, "vocab.json"), encoding="utf-8"))
@@ -176,10 +206,15 @@ tokenizers["gpt2_prefix"] = os.path.join(work, "gpt2_prefix", "tokenizer.json")
 json.dump(t, open(tokenizers["gpt2_prefix"], "w", encoding="utf-8"), ensure_ascii=False)
 # Documents that hold the added token, for the Qwen2 style.
 extra_docs = ["call <tool_call>{\"name\": 1}<tool_call> done", "<tool_call><tool_call>x"]
+flag_docs = ["Hi <mask> there\t<mask>\t<mask>\u2000 end", "x<mask>y [SEP]   next [SEP]\n\nz [SEP]",
+             "<mask>, <mask>- \u25cc\u0330<mask> Anthony ony ony_ ony1 (ony) \u24b6ony ony",
+             "a <tab> b\t<tab>\tc a<tab>b <tab>", "  <mask>  [SEP]", "[SEP]<mask> [SEP] <mask>",
+             "Caf\u00e9 Cafe\u0301 cafe\u0301 e\u0301x ex \u00e9x <mask <m<mask>",
+             "日本語 日本 中日本 日本_ 日本。", "ony\u00a0ony\u3000<tab>\u3000ony", "\u0301ony ony\u0301"]
 
 # ---- compare ---------------------------------------------------------------------------------
 for name, path in tokenizers.items():
-    these = docs + (extra_docs if name == "qwen2" else [])
+    these = docs + (extra_docs if name == "qwen2" else []) + (flag_docs if name == "added_flags" else [])
     dpath = os.path.join(work, name, "docs.jsonl")
     with open(dpath, "w", encoding="utf-8") as f:
         for d in these:
@@ -212,6 +247,20 @@ for name, path in tokenizers.items():
     # With an NFC normalizer, decomposed text comes back composed; with add_prefix_space, with a
     # space in front.
     wants = [unicodedata.normalize("NFC", d) if name == "qwen2" else d for d in these]
+    if name == "added_flags":
+        # Every flag document but the last holds an added token (the last: "ony" beside combining
+        # marks, word characters, so single_word drops both).
+        held = [any(i >= len(tj["model"]["vocab"]) for i in kiln_ids[len(docs) + k])
+                for k in range(len(flag_docs))]
+        check(held == [True] * (len(flag_docs) - 1) + [False], "added_flags: added tokens where expected %s" % held)
+        # Stripped whitespace is gone: Kiln decodes as Hugging Face does, but where Hugging Face
+        # runs a non-ASCII added token's text through the ByteLevel decoder (mojibake: Kiln gives
+        # the text): those documents are left out of the decode checks.
+        mangled = {a["id"] for a in tj["added_tokens"] if not a["content"].isascii()}
+        keep = [i for i in range(len(these)) if not set(kiln_ids[i]) & mangled]
+        check(len(keep) < len(these), "added_flags: some documents hold a non-ASCII added token")
+        these, hf, kiln_ids = [these[i] for i in keep], [hf[i] for i in keep], [kiln_ids[i] for i in keep]
+        wants = [h["decoded"] for h in hf]
     if name == "gpt2_prefix":
         wants = [" " + d if d and not d.startswith(" ") else d for d in these]
     undec = [i for i in range(len(these)) if hf[i]["decoded"] != wants[i] and i not in with_special]

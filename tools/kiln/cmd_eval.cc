@@ -30,6 +30,7 @@ struct EvalArgs {
   int64_t max_docs = 0;
   bool json = false;
   int threads = 0;
+  std::string device;  // "": the run's config.yaml device, else cpu
 };
 
 using Losses = std::map<std::string, engine::TextLoss>;
@@ -148,7 +149,7 @@ Status run_eval(const EvalArgs& a) {
     KILN_ASSIGN_OR_RETURN(auto ex, engine::read_mc_tasks(f));
     tasks.emplace_back(fs::path(f).stem().string(), std::move(ex));
   }
-  KILN_ASSIGN_OR_RETURN(auto model, engine::GptInference::load(w));
+  KILN_ASSIGN_OR_RETURN(auto model, load_inference(w, a.device));
   Losses losses;
   if (!a.data.empty()) KILN_RETURN_IF_ERROR(eval_dataset(a, *model, bos, &losses));
   if (!a.jsonl.empty()) KILN_RETURN_IF_ERROR(eval_jsonl(a, *model, *tok, bos, &losses));
@@ -242,6 +243,8 @@ RunFn add_eval_command(CLI::App& root) {
   app->add_flag("--json", a->json, "print one JSON object");
   app->add_option("--threads", a->threads, "host threads for the kernels (0: all cores)")
       ->default_val(0);
+  app->add_option("--device", a->device,
+                  "cpu | cuda (default: the device in the run's config.yaml, else cpu)");
   return [a] { return run_eval(*a); };
 }
 

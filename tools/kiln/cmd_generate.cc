@@ -32,6 +32,7 @@ struct GenerateArgs {
   bool stats = false;
   std::string logits;
   int threads = 0;
+  std::string device;  // "": the run's config.yaml device, else cpu
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -121,7 +122,7 @@ Status run_generate(GenerateArgs& a) {
   } else {
     a.gen.eos_id = tok && tok->eos_id() >= 0 ? tok->eos_id() : w.eos_id;
   }
-  KILN_ASSIGN_OR_RETURN(auto model, engine::GptInference::load(w));
+  KILN_ASSIGN_OR_RETURN(auto model, load_inference(w, a.device));
   if (!a.logits.empty()) {  // the full forward's logits of the (first) prompt
     const auto& p = prompts[0];
     if (static_cast<int64_t>(p.size()) > w.model.seq_len) {
@@ -178,7 +179,7 @@ RunFn add_generate_command(CLI::App& root) {
   CLI::App* app = root.add_subcommand(
       "generate",
       "generate text from a model (a checkpoint of any layout, a run directory, a consolidated "
-      "file or a Hugging Face directory) with a KV cache on the CPU, streamed to stdout");
+      "file or a Hugging Face directory) with a KV cache on the CPU or a GPU, streamed to stdout");
   app->add_option("MODEL", a->model,
                   "RUN, RUN/checkpoints/step-NNNNNNNN, a consolidated .safetensors or an HF "
                   "directory")
@@ -209,6 +210,8 @@ RunFn add_generate_command(CLI::App& root) {
                   "tokens x vocab)");
   app->add_option("--threads", a->threads, "host threads for the kernels (0: all cores)")
       ->default_val(0);
+  app->add_option("--device", a->device,
+                  "cpu | cuda (default: the device in the run's config.yaml, else cpu)");
   return [a] { return run_generate(*a); };
 }
 

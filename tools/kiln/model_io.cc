@@ -21,6 +21,24 @@ Result<prep::Tokenizer> model_tokenizer(const engine::ModelWeights& w,
   return tok;
 }
 
+Result<std::unique_ptr<engine::GptInference>> load_inference(engine::ModelWeights& w,
+                                                             const std::string& flag) {
+  const bool from_run = flag.empty() && !w.device.empty();
+  const std::string name = !flag.empty() ? flag : from_run ? w.device : "cpu";
+  const std::string where =
+      from_run ? " (the device of the run's config.yaml; --device cpu overrides it)" : "";
+  auto device = engine::parse_device(name, "--device");
+  if (!device.is_ok()) {
+    return Status::usage("--device '" + name + "' is not one of cpu | cuda" + where)
+        .with_key("--device");
+  }
+  auto model = engine::GptInference::load(w, *device);
+  if (!model.is_ok() && model.status().key() == "device") {
+    return Status(model.status()).with_key("--device").prefixed("--device " + name + where);
+  }
+  return model;
+}
+
 Status write_hf_tokenizer_files(const std::string& dir, const engine::ModelWeights& w,
                                 const std::string& flag_path) {
   auto tok = model_tokenizer(w, flag_path);

@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "dataprep/tokenizer/tokenizer.h"
 #include "engine/checkpoint/hf.h"
+#include "engine/infer/gpt_infer.h"
 
 namespace kiln::cli {
 
@@ -14,6 +15,13 @@ namespace kiln::cli {
 // (ModelWeights::tokenizer). kNotFound (naming --tokenizer) when there is none.
 Result<prep::Tokenizer> model_tokenizer(const engine::ModelWeights& w,
                                         const std::string& flag_path);
+
+// The inference model of `w` on the device `kiln generate` / `kiln eval` run on: --device
+// (`flag`: cpu | cuda) when given, else the run's config.yaml `device` (ModelWeights::device),
+// else cpu. An unknown name, or cuda where no GPU is usable (or the build has no CUDA), is an
+// error naming --device (exit 2) that says why.
+Result<std::unique_ptr<engine::GptInference>> load_inference(engine::ModelWeights& w,
+                                                             const std::string& flag);
 
 // Writes the tokenizer of `w` (or `flag_path`) into an exported directory as Hugging Face
 // tokenizer.json + tokenizer_config.json (a SentencePiece tokenizer: tokenizer.model), through

@@ -2,7 +2,10 @@
 // full forward's logits within fp32 round-off at every step, so greedy decoding with the cache
 // equals argmax of the full forward at each step; the inference forward's token losses equal
 // the training model's (engine/model/model.h Model::forward) on the same weights; sampling is
-// deterministic per seed and its settings do what they say.
+// deterministic per seed and its settings do what they say. On a GPU (GptInferenceCuda: skipped
+// with the reason where none is usable; tools/gpu_check's infer row runs them) the same model on
+// the CUDA backend gives the CPU's logits, token losses, eval numbers and greedy tokens, and its
+// own cache equals its own full forward.
 #include "engine/infer/gpt_infer.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +18,7 @@
 #include <tuple>
 
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/device/runtime.h"
 #include "engine/infer/eval_tasks.h"
 #include "engine/model/model.h"
 #include "kernels/ops.h"
@@ -208,6 +212,127 @@ TEST(GptInference, RopeRowsEqualTheOperatorAtTheSamePositions) {
     EXPECT_NE(op, qkv);  // it rotated something
   }
 }
+
+// ---- the CUDA backend ----------------------------------------------------------------------
+
+// Whether a failed load on cuda means "no GPU here" (a skip) rather than a broken CUDA module (a
+// failure: the module must load wherever it was built).
+bool no_gpu_here(const std::string& msg) {
+  return msg.find(cuda_compiled() ? "no usable GPU" : "built without CUDA") != std::string::npos ||
+         msg.find("no CUDA device") != std::string::npos;
+}
+
+// The model of `w` on the GPU, or nullptr with the reason none is usable in *why.
+std::unique_ptr<GptInference> on_gpu(ModelWeights& w, std::string* why) {
+  auto g = GptInference::load(w, Device::kCuda);
+  if (g.is_ok()) return std::move(g).value();
+  *why = g.status().to_string();
+  EXPECT_TRUE(no_gpu_here(g.status().message())) << "the CUDA module did not load: " << *why;
+  return nullptr;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
+  return m;
+}
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, static_cast<double>(std::abs(a[i] - b[i])));
+  return m;
+}
+
+// Without a GPU (or a build without CUDA), asking for one is refused naming `device` with the
+// reason; with one, the model is on it. (No skip: this holds on every machine.)
+TEST(GptInferenceCuda, CudaIsRefusedNamingDeviceWhereNoGpuIsUsable) {
+  Loaded l = load("cuda_refusal");
+  auto g = GptInference::load(l.weights, Device::kCuda);
+  if (g.is_ok()) {
+    EXPECT_EQ((*g)->device(), Device::kCuda);
+  } else {
+    EXPECT_EQ(g.status().code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(g.status().key(), "device");
+    EXPECT_TRUE(no_gpu_here(g.status().message())) << g.status().to_string();
+  }
+  EXPECT_EQ(l.infer->device(), Device::kCpu);
+  fs::remove_all(l.root);
+}
+
+// fp32 on both devices, no TF32 (kernels/cuda/matmul.cu): the GEMMs and reductions sum in other
+// orders, so logits and losses agree to fp32 round-off of the model's scale, not bit for bit.
+void cuda_equals_cpu(bool llama) {
+  Loaded l = load("cuda_vs_cpu", llama);
+  std::string why;
+  std::unique_ptr<GptInference> gpu = on_gpu(l.weights, &why);
+  if (!gpu) {
+    fs::remove_all(l.root);
+    GTEST_SKIP() << "no GPU: " << why;
+  }
+  const int V = 96, T = 24;
+  GptInference& cpu = *l.infer;
+  // The full forward's logits.
+  const std::vector<int32_t> seq = tokens(T, 5);
+  std::vector<float> lc(static_cast<size_t>(T) * V), lg(lc.size());
+  cpu.forward_full(seq.data(), T, lc.data());
+  gpu->forward_full(seq.data(), T, lg.data());
+  const double scale = std::max(1.0, max_abs(lc));
+  EXPECT_LE(max_diff(lc, lg), 1e-5 * scale) << "logit scale " << scale;
+  // The GPU's cache (its own attention and RoPE kernels) against its own full forward.
+  auto cache = gpu->new_cache();
+  std::vector<float> step(V);
+  double worst = 0;
+  for (int p = 5; p <= T; ++p) {
+    if (p == 5) {
+      gpu->step(seq.data(), 5, &cache, step.data());
+    } else {
+      gpu->step(seq.data() + p - 1, 1, &cache, step.data());
+    }
+    for (int v = 0; v < V; ++v) {
+      worst = std::max(
+          worst, static_cast<double>(std::abs(step[v] - lg[static_cast<size_t>(p - 1) * V + v])));
+    }
+  }
+  EXPECT_EQ(cache.len, T);
+  EXPECT_LE(worst, 1e-5 * scale);
+  // Token losses (kiln eval's numbers) and a sequence's total over windows.
+  const std::vector<int32_t> s1 = tokens(T + 1, 6);
+  std::vector<float> nc(T), ng(T);
+  cpu.token_nll(s1.data(), T + 1, nc.data());
+  gpu->token_nll(s1.data(), T + 1, ng.data());
+  for (int i = 0; i < T; ++i) EXPECT_NEAR(nc[i], ng[i], 2e-5f * std::max(1.0f, nc[i])) << i;
+  const std::vector<int32_t> longer = tokens(3 * T + 5, 7);
+  int64_t n_cpu = 0, n_gpu = 0;
+  const double total_cpu = sequence_nll(cpu, 7, longer, &n_cpu);
+  const double total_gpu = sequence_nll(*gpu, 7, longer, &n_gpu);
+  EXPECT_EQ(n_cpu, n_gpu);
+  EXPECT_NEAR(total_cpu, total_gpu, 1e-5 * total_cpu);
+  // Multiple choice (kiln eval --tasks): the same accuracies.
+  const std::vector<McExample> ex = {
+      {"ab", {"cd", "ef", "gh"}, 0}, {"xyz", {"q", "rs"}, 1}, {"", {"hello", "world"}, 0}};
+  auto encode = [](std::string_view text) {
+    std::vector<int32_t> ids;
+    for (char c : text) ids.push_back(static_cast<int32_t>(static_cast<unsigned char>(c) % 96));
+    return ids;
+  };
+  const McResult mc = score_mc(cpu, ex, encode, 7), mg = score_mc(*gpu, ex, encode, 7);
+  EXPECT_EQ(mc.examples, mg.examples);
+  EXPECT_EQ(mc.acc, mg.acc);
+  EXPECT_EQ(mc.acc_norm, mg.acc_norm);
+  // Greedy generation with the cache: the CPU's tokens.
+  GenerateOptions o;
+  o.max_tokens = 20;
+  o.sampling.temperature = 0;
+  const std::vector<int32_t> prompt = tokens(4, 2);
+  std::vector<int32_t> tc, tg;
+  ASSERT_TRUE(generate(cpu, prompt, o, [&](int32_t t) { tc.push_back(t); }).is_ok());
+  ASSERT_TRUE(generate(*gpu, prompt, o, [&](int32_t t) { tg.push_back(t); }).is_ok());
+  EXPECT_EQ(tc, tg);
+  EXPECT_EQ(tg.size(), 20u);
+  fs::remove_all(l.root);
+}
+
+TEST(GptInferenceCuda, LogitsLossesAndGreedyTokensEqualTheCpus) { cuda_equals_cpu(false); }
+TEST(GptInferenceCuda, LlamaLogitsLossesAndGreedyTokensEqualTheCpus) { cuda_equals_cpu(true); }
 
 TEST(Sampler, SeededDeterministicAndTheSettingsHold) {
   const int V = 8;
