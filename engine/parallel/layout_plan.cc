@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 
+#include "common/text.h"
 #include "engine/model/model.h"
 #include "engine/model/params.h"
 
@@ -21,22 +23,108 @@ struct UnitBuilder {
 
 uint64_t elem_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 
-int recompute_rank(Recompute r) {
-  switch (r) {
-    case Recompute::kNone:
-      return 0;
-    case Recompute::kSelective:
-      return 1;
-    case Recompute::kFull:
-      return 2;
+// Activations on one tensor-parallel rank of a stage keeping `slots` micro-batches:
+// engine/model/model.cc's own plan (the whole model, one micro-batch, without pipelining).
+uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode, const PpStage& stage,
+                          int slots) {
+  if (stage.size == 1) {
+    return plan_activation_memory(c.model, c.data.micro_batch, c.precision, mode, tp, c.device)
+        .total();
   }
-  return 0;
+  return plan_activation_memory(c.model, c.data.micro_batch, c.precision, mode, tp, c.device, stage,
+                                slots)
+      .total();
 }
 
-// Activations of one micro-batch on one tensor-parallel rank: engine/model/model.cc's own plan.
-uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode) {
-  return plan_activation_memory(c.model, c.data.micro_batch, c.precision, mode, tp, c.device)
-      .total();
+// Forward FLOPs per token of one block and of the LM head (pp_stage_split's cost model): a
+// block's four matrix products and its causal attention (half of the T x T scores, for QK^T and
+// AV); the embedding lookup costs next to nothing.
+struct FlopModel {
+  double block = 0, attention = 0, head = 0;
+  explicit FlopModel(const ModelConfig& m) {
+    const double C = static_cast<double>(m.d_model), T = static_cast<double>(m.seq_len);
+    const double CA = static_cast<double>(m.n_heads * m.head_dim());
+    const double F = static_cast<double>(m.ffn()), FC = m.llama() ? 2 * F : F;
+    attention = 2 * T * CA;
+    block = 2 * (C * static_cast<double>(m.qkv_width()) + CA * C + C * FC + F * C) + attention;
+    head = 2 * C * static_cast<double>(m.vocab_size);
+  }
+};
+
+bool crosses(int64_t a, int64_t b, int64_t ranks_per_node) {
+  return ranks_per_node > 0 && a / ranks_per_node != b / ranks_per_node;
+}
+
+// Whether the boundary between stages s and s + 1 of some pipeline crosses machines (rank
+// tp_rank + tp (pp_rank + pp dp_rank), comm/topology.h).
+bool boundary_crosses(const Layout& l, int64_t s, int64_t ranks_per_node) {
+  for (int64_t d = 0; d < l.dp; ++d) {
+    for (int64_t t = 0; t < l.tp; ++t) {
+      const int64_t r = t + l.tp * (s + l.pp * d);
+      if (crosses(r, r + l.tp, ranks_per_node)) return true;
+    }
+  }
+  return false;
+}
+
+// Whether some first and last stage of a pipeline (the tied embedding's pair) are on different
+// machines.
+bool ends_cross(const Layout& l, int64_t ranks_per_node) {
+  for (int64_t d = 0; d < l.dp; ++d) {
+    for (int64_t t = 0; t < l.tp; ++t) {
+      const int64_t r = t + l.tp * l.pp * d;
+      if (crosses(r, r + l.tp * (l.pp - 1), ranks_per_node)) return true;
+    }
+  }
+  return false;
+}
+
+bool dp_crosses(const Layout& l, int64_t ranks_per_node) {
+  // A data-parallel group (ranks tp pp apart) crosses machines once the world does.
+  return ranks_per_node > 0 && l.tp * l.pp * l.dp > ranks_per_node;
+}
+
+// Seconds per step of one stage's collectives by kind, nothing overlapped.
+struct StageSeconds {
+  double tp = 0, dp = 0, pp = 0, embed = 0;
+  double total() const { return tp + dp + pp + embed; }
+};
+
+StageSeconds stage_seconds(const LayoutPlan& p, const StagePlan& st, int64_t ranks_per_node,
+                           const Links& links) {
+  const Layout& l = p.layout;
+  const int64_t world = l.tp * l.pp * l.dp;
+  const double tp_link =
+      tp_within_node(l.tp, world, ranks_per_node) ? links.intra_node : links.inter_node;
+  const double dp_link = dp_crosses(l, ranks_per_node) ? links.inter_node : links.intra_node;
+  auto link_of = [&](bool across) { return across ? links.inter_node : links.intra_node; };
+  StageSeconds s;
+  for (const auto& [name, bytes] : st.comm_bytes) {
+    const double b = static_cast<double>(bytes);
+    if (name.rfind("tp.", 0) == 0) {
+      s.tp += b * static_cast<double>(l.tp - 1) / static_cast<double>(l.tp) / tp_link;
+    } else if (name.rfind("dp.", 0) == 0) {
+      s.dp += b * static_cast<double>(l.dp - 1) / static_cast<double>(l.dp) / dp_link;
+    } else if (name == "embed.all_reduce") {
+      s.embed += b / 2 / link_of(ends_cross(l, ranks_per_node));
+    }
+  }
+  // Sends: the activations forward over boundary s, the gradients backward over boundary s - 1.
+  if (l.pp > 1) {
+    const int64_t k = st.stage.rank;
+    const double half =
+        static_cast<double>(st.comm_bytes.count("pp.send") ? st.comm_bytes.at("pp.send") : 0) /
+        ((st.stage.first() || st.stage.last()) ? 1.0 : 2.0);
+    if (!st.stage.last()) s.pp += half / link_of(boundary_crosses(l, k, ranks_per_node));
+    if (!st.stage.first()) s.pp += half / link_of(boundary_crosses(l, k - 1, ranks_per_node));
+  }
+  return s;
+}
+
+std::string pct(double f) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f%%", 100 * f);
+  return b;
 }
 
 }  // namespace
@@ -44,7 +132,10 @@ uint64_t activation_bytes(const TrainConfig& c, int64_t tp, Recompute mode) {
 bool layout_trainable(const Layout& l) {
   // Every ZeRO stage, alone or with tensor parallelism (engine/parallel/zero.h,
   // engine/parallel/tensor_parallel.h).
-  return l.tp >= 1 && l.dp >= 1 && l.zero_stage >= 0 && l.zero_stage <= 3;
+  // With pipeline stages ZeRO-0/1 (engine/parallel/pipeline.h refuses 2 and 3: their gathers
+  // and per-micro-batch reductions would repeat for every in-flight micro-batch of a stage).
+  return l.tp >= 1 && l.dp >= 1 && l.pp >= 1 && l.zero_stage >= 0 &&
+         l.zero_stage <= (l.pp > 1 ? 1 : 3);
 }
 
 bool tp_within_node(int64_t tp, int64_t world, int64_t ranks_per_node) {
@@ -101,141 +192,306 @@ uint64_t shard_numel(uint64_t numel, int64_t dp) {
   return round_up((numel + dp - 1) / static_cast<uint64_t>(dp), 16);
 }
 
+int pp_slots(PpSchedule schedule, int64_t pp, int64_t stage, int64_t m) {
+  if (pp <= 1) return 1;
+  if (schedule == PpSchedule::kGPipe) return static_cast<int>(m);
+  return static_cast<int>(std::min<int64_t>(m, pp - stage));
+}
+
+double pp_bubble(int64_t pp, int64_t m) {
+  return static_cast<double>(pp - 1) / static_cast<double>(m + pp - 1);
+}
+
 LayoutPlan plan_layout(const TrainConfig& c, const Layout& lay) {
   LayoutPlan p;
   p.layout = lay;
   p.trainable = layout_trainable(lay);
-  const std::vector<uint64_t> units = unit_numels(c.model, lay.tp);
+  const ModelConfig& m = c.model;
+  const std::vector<uint64_t> units = unit_numels(m, lay.tp);
   const uint64_t e = elem_bytes(c.precision);
   const bool low = c.precision != Precision::kFp32;
-  uint64_t full = 0, shard = 0, largest = 0;
-  for (uint64_t n : units) {
-    full += n;
-    shard += lay.dp > 1 ? shard_numel(n, lay.dp) : n;
-    largest = std::max(largest, n);
-  }
-  auto padded_of = [&](uint64_t n) { return lay.dp > 1 ? shard_numel(n, lay.dp) * lay.dp : n; };
-  const uint64_t largest_padded = padded_of(largest);
-  const uint64_t embed_padded = padded_of(units.front());
   const int64_t z = lay.zero_stage;
-  RankMemory& mem = p.memory;
-  mem.params = (z >= 3 ? shard : full) * e;
-  mem.grads = (z >= 2 ? shard : full) * 4;
-  if (z == 1 && lay.dp > 1)
-    mem.grads += shard * 4;  // + the reduced gradient shards (engine/parallel/zero.h)
-  const uint64_t opt_elems = z >= 1 ? shard : full;
-  mem.optimizer = opt_elems * 8 + (low ? opt_elems * 4 : 0);
-  // fp32 below ZeRO-3 keeps its full master weights as the working weights; with ZeRO-1/2 they
-  // are not part of the sharded optimizer state (already counted in params).
-  mem.activations = activation_bytes(c, lay.tp, lay.recompute);
-  // Built in place from ranges (ParamStore::fill, ZeroOptimizer::create): nothing but the
-  // states, and a chunk of fp32 values rounded into the bf16/fp16 working weights (ZeRO-1/2).
-  mem.startup =
-      mem.model_states() +
-      (low && lay.dp > 1 && (z == 1 || z == 2) ? std::min<uint64_t>(kStateChunk, largest) * 4 : 0);
-  if (lay.dp > 1) {
-    // One unit reduced at a time: the reduction's receive scratch (fp32).
-    mem.buffers = largest_padded * 4;
-
-    // ZeRO-2/3 (engine/parallel/zero.h): full gradient buffers exist only during backward: the
-    // embeddings' (written by the LM head and at the end), the unit being written and the one
-    // being reduce-scattered. ZeRO-3 also holds gathered weights: the head's two units (tied
-    // embedding and final norm) or the unit in use, plus parallel.prefetch gathered ahead.
-    if (z >= 2) mem.buffers += (embed_padded + 2 * largest_padded) * 4;
-    if (z >= 3)
-      mem.buffers += (2 + static_cast<uint64_t>(c.parallel.prefetch)) * largest_padded * e;
-  }
-
-  // Communication per optimizer step.
   const uint64_t A = static_cast<uint64_t>(c.data.grad_accum);
-  const uint64_t padded = [&] {
-    uint64_t s = 0;
-    for (uint64_t n : units) s += lay.dp > 1 ? shard_numel(n, lay.dp) * lay.dp : n;
-    return s;
-  }();
-  if (lay.dp > 1) {
-    if (z == 0) {
-      p.comm_bytes["dp.all_reduce"] = 2 * padded * 4;
-    } else if (z == 1) {
-      p.comm_bytes["dp.reduce_scatter"] = padded * 4;
-      p.comm_bytes["dp.all_gather"] = padded * e;
-    } else if (z == 2) {  // the gradients are reduced as each micro-batch's backward finishes them
-      p.comm_bytes["dp.reduce_scatter"] = padded * 4 * A;
-      p.comm_bytes["dp.all_gather"] = padded * e;
-    } else {
-      p.comm_bytes["dp.all_gather"] = 2 * padded * e * A;
-      p.comm_bytes["dp.reduce_scatter"] = padded * 4 * A;
+  p.micro_batches = c.data.grad_accum;
+  p.bubble = lay.pp > 1 ? pp_bubble(lay.pp, c.data.grad_accum) : 0.0;
+  const std::vector<int64_t> bounds = pp_stage_split(
+      m, lay.pp, lay.pp == c.parallel.pp ? c.parallel.pp_layers : std::vector<int64_t>{});
+  const FlopModel flops(m);
+  auto padded_of = [&](uint64_t n) { return lay.dp > 1 ? shard_numel(n, lay.dp) * lay.dp : n; };
+  const uint64_t bt = static_cast<uint64_t>(c.data.micro_batch * m.seq_len);
+  const uint64_t btc = bt * static_cast<uint64_t>(m.d_model);
+
+  for (int64_t s = 0; s < lay.pp; ++s) {
+    StagePlan sp;
+    sp.stage = PpStage{static_cast<int>(s), static_cast<int>(lay.pp), bounds[s], bounds[s + 1]};
+    sp.slots = pp_slots(lay.schedule, lay.pp, s, c.data.grad_accum);
+    const PpStage& st = sp.stage;
+    // The stage's units (ParamStore's held units).
+    std::vector<uint64_t> held;
+    if (st.first() || (st.last() && m.tie_embeddings)) held.push_back(units.front());
+    for (int64_t l = st.first_block; l < st.end_block; ++l) held.push_back(units[1 + l]);
+    if (st.last()) held.push_back(units.back());
+    const bool has_embed = st.first() || (st.last() && m.tie_embeddings);
+
+    uint64_t full = 0, shard = 0, largest = 0, padded = 0;
+    for (uint64_t n : held) {
+      full += n;
+      shard += lay.dp > 1 ? shard_numel(n, lay.dp) : n;
+      largest = std::max(largest, n);
+      padded += padded_of(n);
     }
+    const uint64_t largest_padded = padded_of(largest);
+    RankMemory& mem = sp.memory;
+    mem.params = (z >= 3 ? shard : full) * e;
+    mem.grads = (z >= 2 ? shard : full) * 4;
+    if (z == 1 && lay.dp > 1)
+      mem.grads += shard * 4;  // + the reduced gradient shards (engine/parallel/zero.h)
+    const uint64_t opt_elems = z >= 1 ? shard : full;
+    mem.optimizer = opt_elems * 8 + (low ? opt_elems * 4 : 0);
+    // fp32 below ZeRO-3 keeps its full master weights as the working weights; with ZeRO-1/2 they
+    // are not part of the sharded optimizer state (already counted in params).
+    mem.activations = activation_bytes(c, lay.tp, lay.recompute, st, sp.slots);
+    // Built in place from ranges (ParamStore::fill, ZeroOptimizer::create): nothing but the
+    // states, and a chunk of fp32 values rounded into the bf16/fp16 working weights (ZeRO-1/2).
+    mem.startup = mem.model_states() + (low && lay.dp > 1 && (z == 1 || z == 2)
+                                            ? std::min<uint64_t>(kStateChunk, largest) * 4
+                                            : 0);
+    if (lay.dp > 1) {
+      // One unit reduced at a time: the reduction's receive scratch (fp32).
+      mem.buffers = largest_padded * 4;
+      // ZeRO-2/3 (engine/parallel/zero.h): full gradient buffers exist only during backward:
+      // the embeddings' (written by the LM head and at the end), the unit being written and the
+      // one being reduce-scattered. ZeRO-3 also holds gathered weights: the head's two units
+      // (tied embedding and final norm) or the unit in use, plus parallel.prefetch gathered
+      // ahead. (Only without pipelining: pp > 1 takes ZeRO-0/1.)
+      if (z >= 2) mem.buffers += (padded_of(units.front()) + 2 * largest_padded) * 4;
+      if (z >= 3)
+        mem.buffers += (2 + static_cast<uint64_t>(c.parallel.prefetch)) * largest_padded * e;
+    }
+
+    // Communication per optimizer step.
+    auto& cb = sp.comm_bytes;
+    if (lay.dp > 1) {
+      if (z == 0) {
+        cb["dp.all_reduce"] = 2 * padded * 4;
+      } else if (z == 1) {
+        cb["dp.reduce_scatter"] = padded * 4;
+        cb["dp.all_gather"] = padded * e;
+      } else if (z == 2) {  // the gradients are reduced as each micro-batch's backward ends
+        cb["dp.reduce_scatter"] = padded * 4 * A;
+        cb["dp.all_gather"] = padded * e;
+      } else {
+        cb["dp.all_gather"] = 2 * padded * e * A;
+        cb["dp.reduce_scatter"] = padded * 4 * A;
+      }
+    }
+    const uint64_t nb = static_cast<uint64_t>(st.end_block - st.first_block);
+    if (lay.tp > 1) {
+      // engine/parallel/tensor_parallel.h, per micro-batch: 2 all-reduces per block in forward
+      // (attention out, MLP down) and 2 in backward (the inputs of QKV and MLP up), the embedding
+      // output (first stage) and the head's input gradient (last), fp32 on the wire, 2x as
+      // all-reduces; nb more with full recomputation (attention out is rerun), and the
+      // cross-entropy's row maxima and sums (3 fp32 per row, last stage); per step: the gradient
+      // norm (one fp64).
+      const uint64_t per_act = 2 * btc * 4;
+      const uint64_t n = 4 * nb + (st.first() ? 1 : 0) + (st.last() ? 1 : 0) +
+                         (lay.recompute == Recompute::kFull ? nb : 0);
+      const uint64_t act = n * per_act + (st.last() ? 3 * 2 * bt * 4 : 0);
+      cb["tp.all_reduce"] = act * A + 2 * 8;
+    }
+    if (lay.pp > 1) {
+      // Per micro-batch: the stage's output forward (not the last), its input's gradient
+      // backward (not the first); received likewise.
+      const uint64_t one = btc * e * A;
+      const uint64_t n = (st.last() ? 0 : 1) + (st.first() ? 0 : 1);
+      cb["pp.send"] = n * one;
+      cb["pp.recv"] = n * one;
+      if (m.tie_embeddings && has_embed) cb["embed.all_reduce"] = 2 * units.front() * 4;
+    }
+    // Training FLOPs per token on one rank: forward, backward (twice forward) and recomputation.
+    const double tp = static_cast<double>(lay.tp);
+    const double fwd = (static_cast<double>(nb) * flops.block + (st.last() ? flops.head : 0)) / tp;
+    double redo = 0;
+    if (lay.recompute == Recompute::kFull) redo = static_cast<double>(nb) * flops.block / tp;
+    if (lay.recompute == Recompute::kSelective) {
+      redo = static_cast<double>(nb) * flops.attention / tp;
+    }
+    sp.forward_flops_per_token = 3 * fwd + redo;
+    p.stages.push_back(std::move(sp));
   }
-  if (lay.tp > 1) {
-    const ModelConfig& m = c.model;
-    const uint64_t bt = static_cast<uint64_t>(c.data.micro_batch * m.seq_len);
-    const uint64_t btc = bt * static_cast<uint64_t>(m.d_model);
-    const uint64_t L = static_cast<uint64_t>(m.n_layers);
-    // engine/parallel/tensor_parallel.h, per micro-batch: 2 all-reduces per block in forward
-    // (attention out, MLP down) and 2 in backward (the inputs of QKV and MLP up), the embedding
-    // output and the head's input gradient (fp32 on the wire, 2x as all-reduces), L more with full
-    // recomputation (attention out is rerun), and the cross-entropy's row maxima and sums (3
-    // fp32 per row); per step: the gradient norm (one fp64).
-    const uint64_t per_act = 2 * btc * 4;
-    const uint64_t blocks = 4 * L + 2 + (lay.recompute == Recompute::kFull ? L : 0);
-    const uint64_t act = blocks * per_act + 3 * 2 * bt * 4;
-    p.comm_bytes["tp.all_reduce"] = act * A + 2 * 8;
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    if (p.stages[s].memory.peak() > p.stages[p.worst_stage].memory.peak())
+      p.worst_stage = static_cast<int>(s);
+    for (const auto& [k, v] : p.stages[s].comm_bytes)
+      p.comm_bytes[k] = std::max(p.comm_bytes[k], v);
   }
+  p.memory = p.stages[p.worst_stage].memory;
   return p;
 }
 
 double comm_seconds(const LayoutPlan& p, int64_t ranks_per_node, const Links& links) {
-  const int64_t tp = p.layout.tp, dp = p.layout.dp, world = tp * dp;
-  const bool one_machine = ranks_per_node <= 0 || world <= ranks_per_node;
-  const double tp_link =
-      tp_within_node(tp, world, ranks_per_node) ? links.intra_node : links.inter_node;
-  // A data-parallel group (ranks t, t + tp, ...) crosses machines once the world does.
-  const double dp_link = one_machine ? links.intra_node : links.inter_node;
-  double s = 0;
-  for (const auto& [name, bytes] : p.comm_bytes) {
-    const bool is_tp = name.rfind("tp.", 0) == 0;
-    const double n = static_cast<double>(is_tp ? tp : dp);
-    s += static_cast<double>(bytes) * (n - 1) / n / (is_tp ? tp_link : dp_link);
+  double worst = 0;
+  for (const StagePlan& st : p.stages)
+    worst = std::max(worst, stage_seconds(p, st, ranks_per_node, links).total());
+  return worst;
+}
+
+void estimate_step(const TrainConfig& c, const Hardware& hw, LayoutPlan* p) {
+  const double tokens_mb = static_cast<double>(c.data.micro_batch * c.model.seq_len);
+  const double m = static_cast<double>(p->micro_batches);
+  const double slots = m + static_cast<double>(p->layout.pp - 1);
+  const double rate = hw.peak_flops * hw.efficiency;
+  double slot = 0, compute = 0, after = 0;
+  for (const StagePlan& st : p->stages) {
+    const StageSeconds s = stage_seconds(*p, st, hw.ranks_per_node, hw.links);
+    const double mb = st.forward_flops_per_token * tokens_mb / rate;
+    compute = std::max(compute, mb);
+    slot = std::max(slot, mb + (s.tp + s.pp) / m);
+    after = std::max(after, s.dp + s.embed);
   }
-  return s;
+  p->comm_seconds = comm_seconds(*p, hw.ranks_per_node, hw.links);
+  p->compute_seconds = slots * compute;
+  p->step_seconds = slots * slot + after;
+  p->tokens_per_second =
+      p->step_seconds > 0 ? static_cast<double>(p->layout.dp) * m * tokens_mb / p->step_seconds : 0;
+}
+
+Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world,
+                                             std::optional<uint64_t> budget, const Hardware& hw,
+                                             const PlanFilter& filter) {
+  if (world < 1) return Status::usage("--world must be at least 1");
+  if (hw.ranks_per_node < 0) return Status::usage("--gpus-per-node must be at least 1");
+  if (!(hw.links.intra_node > 0) || !(hw.links.inter_node > 0)) {
+    return Status::usage("link bandwidths must be positive");
+  }
+  if (!(hw.peak_flops > 0)) return Status::usage("--peak-tflops must be positive");
+  if (!(hw.efficiency > 0) || hw.efficiency > 1) {
+    return Status::usage("--compute-efficiency must be in (0, 1]");
+  }
+  if (filter.global_batch && *filter.global_batch < 1) {
+    return Status::usage("--global-batch must be at least 1 sequence");
+  }
+  if (filter.pp && (*filter.pp < 1 || *filter.pp > c.model.n_layers)) {
+    return Status::usage("--pp " + std::to_string(*filter.pp) + ": between 1 and model.n_layers (" +
+                         std::to_string(c.model.n_layers) + ")");
+  }
+  std::vector<LayoutPlan> out;
+  for (int64_t tp = 1; tp <= world; ++tp) {
+    if (world % tp != 0 || c.model.n_heads % tp != 0 || c.model.kv_heads() % tp != 0 ||
+        c.model.ffn() % tp != 0 || (filter.tp && *filter.tp != tp)) {
+      continue;
+    }
+    for (int64_t pp = 1; pp <= std::min(world / tp, c.model.n_layers); ++pp) {
+      if ((world / tp) % pp != 0 || (filter.pp && *filter.pp != pp)) continue;
+      const int64_t dp = world / (tp * pp);
+      TrainConfig cc = c;
+      if (filter.global_batch) {
+        if (*filter.global_batch % (dp * c.data.micro_batch) != 0) continue;
+        cc.data.grad_accum = *filter.global_batch / (dp * c.data.micro_batch);
+      }
+      std::vector<PpSchedule> schedules{PpSchedule::k1F1B};
+      if (pp > 1) {
+        schedules.push_back(PpSchedule::kGPipe);
+        if (filter.schedule) schedules = {*filter.schedule};
+      }
+      for (int64_t z = 0; z <= 3; ++z) {
+        if (dp == 1 && z > 0) continue;  // nothing to shard over
+        if (pp > 1 && z > 1) continue;   // the pipeline takes ZeRO-0/1 (engine/parallel/pipeline.h)
+        for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+          for (PpSchedule sched : schedules) {
+            LayoutPlan p = plan_layout(cc, Layout{tp, dp, z, r, pp, sched});
+            if (budget) p.fits = p.memory.peak() <= *budget;
+            p.within_node = tp_within_node(tp, world, hw.ranks_per_node);
+            estimate_step(cc, hw, &p);
+            out.push_back(std::move(p));
+          }
+        }
+      }
+    }
+  }
+  LayoutPlan* best = nullptr;
+  auto better = [](const LayoutPlan& a, const LayoutPlan& b) {
+    if (a.tokens_per_second != b.tokens_per_second)
+      return a.tokens_per_second > b.tokens_per_second;
+    return a.memory.peak() < b.memory.peak();
+  };
+  for (auto& p : out) {
+    if ((p.fits.has_value() && !*p.fits) || !p.trainable || !p.within_node) continue;
+    if (!best || better(p, *best)) best = &p;
+  }
+  if (best) best->suggested = true;
+  return out;
 }
 
 Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world,
                                              std::optional<uint64_t> budget, int64_t ranks_per_node,
                                              Links links) {
-  if (world < 1) return Status::usage("--world must be at least 1");
-  if (ranks_per_node < 0) return Status::usage("--gpus-per-node must be at least 1");
-  if (!(links.intra_node > 0) || !(links.inter_node > 0)) {
-    return Status::usage("link bandwidths must be positive");
+  Hardware hw;
+  hw.ranks_per_node = ranks_per_node;
+  hw.links = links;
+  return plan_layouts(c, world, budget, hw);
+}
+
+std::string describe_layout(const LayoutPlan& p, int64_t ranks_per_node,
+                            std::optional<uint64_t> budget) {
+  const Layout& l = p.layout;
+  const int64_t world = l.tp * l.pp * l.dp;
+  auto where = [](bool across) { return across ? "across machines" : "inside the machine"; };
+  bool pp_across = false;
+  for (int64_t s = 0; s + 1 < l.pp; ++s)
+    pp_across = pp_across || boundary_crosses(l, s, ranks_per_node);
+  std::string out;
+  auto add = [&](const std::string& s) { out += (out.empty() ? "" : ", ") + s; };
+  if (l.tp > 1)
+    add("TP " + std::to_string(l.tp) + " " + where(!tp_within_node(l.tp, world, ranks_per_node)));
+  if (l.pp > 1) {
+    add("PP " + std::to_string(l.pp) + " " + where(pp_across) + " (" +
+        pp_schedule_name(l.schedule) + ")");
   }
-  std::vector<LayoutPlan> out;
-  for (int64_t tp = 1; tp <= world; ++tp) {
-    if (world % tp != 0 || c.model.n_heads % tp != 0 || c.model.kv_heads() % tp != 0 ||
-        c.model.ffn() % tp != 0) {
-      continue;
-    }
-    const int64_t dp = world / tp;
-    for (int64_t z = 0; z <= 3; ++z) {
-      if (dp == 1 && z > 0) continue;  // nothing to shard over
-      for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-        LayoutPlan p = plan_layout(c, Layout{tp, dp, z, r});
-        if (budget) p.fits = std::max(p.memory.total(), p.memory.startup) <= *budget;
-        p.within_node = tp_within_node(tp, world, ranks_per_node);
-        p.comm_seconds = comm_seconds(p, ranks_per_node, links);
-        out.push_back(std::move(p));
-      }
-    }
+  if (l.dp > 1) {
+    add("DP " + std::to_string(l.dp) +
+        (l.zero_stage ? " with ZeRO-" + std::to_string(l.zero_stage)
+                      : std::string(" without ZeRO")) +
+        (dp_crosses(l, ranks_per_node) ? " across machines" : " inside the machine"));
   }
-  LayoutPlan* best = nullptr;
-  auto key = [](const LayoutPlan& p) {
-    return std::make_tuple(recompute_rank(p.layout.recompute), p.comm_seconds, p.memory.total());
+  if (out.empty()) out = "one rank";
+  if (l.recompute != Recompute::kNone)
+    out += std::string(", ") + recompute_name(l.recompute) + " activation checkpointing";
+  const StagePlan& w = p.stages[p.worst_stage];
+  out += ": ";
+  out += budget ? "fits in " + human_bytes(*budget) : std::string("needs");
+  out += " (" + human_bytes(p.memory.peak()) + " on the worst rank";
+  if (l.pp > 1) {
+    out += ", stage " + std::to_string(w.stage.rank) + " with blocks " +
+           std::to_string(w.stage.first_block) + "-" + std::to_string(w.stage.end_block - 1) +
+           " and " + std::to_string(w.slots) + " micro-batch" + (w.slots == 1 ? "" : "es") +
+           " in flight";
+  }
+  out += ")";
+  if (l.pp > 1) {
+    out +=
+        "; bubble " + pct(p.bubble) + " at " + std::to_string(p.micro_batches) + " micro-batches";
+  }
+  std::string bytes;
+  auto sum_of = [&](const char* prefix) {
+    uint64_t b = 0;
+    for (const auto& [k, v] : p.comm_bytes)
+      if (k.rfind(prefix, 0) == 0 && k != "pp.recv") b += v;
+    return b;
   };
-  for (auto& p : out) {
-    if ((p.fits.has_value() && !*p.fits) || !p.trainable || !p.within_node) continue;
-    if (!best || key(p) < key(*best)) best = &p;
-  }
-  if (best) best->suggested = true;
+  auto addb = [&](const char* label, const char* prefix) {
+    const uint64_t b = sum_of(prefix);
+    if (b) bytes += std::string(bytes.empty() ? "" : ", ") + label + " " + human_bytes(b);
+  };
+  addb("TP", "tp.");
+  addb("PP sends", "pp.");
+  addb("DP", "dp.");
+  addb("tied embedding", "embed.");
+  if (!bytes.empty()) out += "; per rank and step: " + bytes;
+  char tail[160];
+  std::snprintf(tail, sizeof tail, "; about %.3g s per step (%.3g s in collectives), %.4g tokens/s",
+                p.step_seconds, p.comm_seconds, p.tokens_per_second);
+  out += tail;
   return out;
 }
 

@@ -12,13 +12,15 @@
 namespace kiln::engine {
 namespace {
 
-uint64_t peak_of(const RankMemory& m) { return std::max(m.total(), m.startup); }
-
 // The --set flags that turn this run's layout into `to` (only what differs).
 std::string flags_for(const TrainConfig& config, const Layout& to) {
   std::string out;
   auto add = [&](const std::string& f) { out += (out.empty() ? "" : " ") + f; };
   if (to.tp != config.parallel.tp) add(fmt::format("--set parallel.tp={}", to.tp));
+  if (to.pp != config.parallel.pp) add(fmt::format("--set parallel.pp={}", to.pp));
+  if (to.pp > 1 && to.schedule != config.parallel.pp_schedule) {
+    add(fmt::format("--set parallel.pp_schedule={}", pp_schedule_name(to.schedule)));
+  }
   if (to.zero_stage != config.parallel.zero_stage) {
     add(fmt::format("--set parallel.zero_stage={}", to.zero_stage));
   }
@@ -46,7 +48,7 @@ std::vector<std::string> fitting_layouts(const TrainConfig& config, int64_t worl
     if (out.size() == 3) break;
     const std::string flags = flags_for(config, p->layout);
     out.push_back(fmt::format("{} (about {})", flags.empty() ? "as configured" : flags,
-                              human_bytes(peak_of(p->memory))));
+                              human_bytes(p->memory.peak())));
   }
   return out;
 }
@@ -75,22 +77,42 @@ MemoryBudget budget_for(const TrainConfig& config, Runtime& runtime, int ranks_o
   return b;
 }
 
-Status check_memory(const TrainConfig& config, int64_t world, const MemoryBudget& budget) {
+Status check_memory(const TrainConfig& config, int64_t world, const MemoryBudget& budget,
+                    int pp_rank) {
   if (!config.memory.check || !budget.known) return Status::ok();
   const int64_t tp = std::max<int64_t>(1, config.parallel.tp);
-  const Layout layout{tp, std::max<int64_t>(1, world / tp), config.parallel.zero_stage,
-                      config.activation_checkpointing};
-  const RankMemory m = plan_layout(config, layout).memory;
-  const uint64_t need = peak_of(m);
+  const int64_t pp = std::clamp<int64_t>(config.parallel.pp, 1, config.model.n_layers);
+  const Layout layout{tp,
+                      std::max<int64_t>(1, world / (tp * pp)),
+                      config.parallel.zero_stage,
+                      config.activation_checkpointing,
+                      pp,
+                      config.parallel.pp_schedule};
+  const LayoutPlan plan = plan_layout(config, layout);
+  const int stage = pp_rank >= 0 && pp_rank < pp ? pp_rank : plan.worst_stage;
+  const StagePlan& sp = plan.stages[static_cast<size_t>(stage)];
+  const RankMemory& m = sp.memory;
+  const uint64_t need = m.peak();
   const auto usable =
       static_cast<uint64_t>(static_cast<double>(budget.bytes) * (1.0 - config.memory.margin));
   if (need <= usable) return Status::ok();
 
+  const std::string who =
+      pp == 1
+          ? std::string("per rank")
+          : fmt::format(
+                "per rank of pipeline stage {} of {} (blocks {}-{}{}, {} micro-batch{} "
+                "in flight under {})",
+                stage, pp, sp.stage.first_block, sp.stage.end_block - 1,
+                sp.stage.first()  ? ", the embeddings"
+                : sp.stage.last() ? ", the head"
+                                  : "",
+                sp.slots, sp.slots == 1 ? "" : "es", pp_schedule_name(config.parallel.pp_schedule));
   std::string msg = fmt::format(
-      "this run needs about {} per rank (parameters {}, gradients {}, optimizer states {}, "
+      "this run needs about {} {} (parameters {}, gradients {}, optimizer states {}, "
       "activations {}, buffers {}; start-up peak {}), but a rank has {} ({}; {:.0f}% held back, "
       "memory.margin)",
-      human_bytes(need), human_bytes(m.params), human_bytes(m.grads), human_bytes(m.optimizer),
+      human_bytes(need), who, human_bytes(m.params), human_bytes(m.grads), human_bytes(m.optimizer),
       human_bytes(m.activations), human_bytes(m.buffers), human_bytes(m.startup),
       human_bytes(usable), budget.source, 100.0 * config.memory.margin);
   const std::vector<std::string> here = fitting_layouts(config, world, usable);

@@ -6,7 +6,8 @@
 // MemAvailable or the cgroup's limit, shared by the ranks on the machine), on a GPU the device's
 // free memory. Over budget, the run stops before anything large is allocated, with the figures,
 // the budget and where it came from, and the layouts that would fit (a ZeRO stage, activation
-// checkpointing, tensor parallelism, more ranks). Config section `memory`: check (off: no
+// checkpointing, tensor parallelism, pipeline stages, more ranks). Under pipeline parallelism each
+// rank checks its own stage's estimate. Config section `memory`: check (off: no
 // refusal), margin (the share held back for what the estimate leaves out: the loader's buffers,
 // the kernels' scratch, the allocator), budget (a figure instead of the measured one).
 // Pure but for what budget_for() reads; thread-safe.
@@ -33,7 +34,11 @@ MemoryBudget budget_for(const TrainConfig& config, Runtime& runtime, int ranks_o
 
 // ok when the estimated peak of config's layout over world ranks fits budget less the margin,
 // or memory.check is off. Otherwise kConfig naming the key `memory`: the estimate by part, the
-// budget and its source, and what would fit.
-Status check_memory(const TrainConfig& config, int64_t world, const MemoryBudget& budget);
+// budget and its source, and what would fit. With parallel.pp > 1 the estimate is pipeline stage
+// pp_rank's (this rank's: (world rank / tp) % pp, comm/topology.h; its blocks, its embedding or
+// head, the micro-batches its schedule keeps in flight); pp_rank -1: the stage with the largest
+// peak.
+Status check_memory(const TrainConfig& config, int64_t world, const MemoryBudget& budget,
+                    int pp_rank = -1);
 
 }  // namespace kiln::engine

@@ -80,7 +80,11 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // The memory preflight (engine/train/preflight.h), on every rank before its model states exist:
   // a run that cannot fit stops here, all ranks together, instead of at the OOM killer.
   const MemoryBudget budget = budget_for(config, *runtime, comm::ranks_on_this_host(comm::world()));
-  KILN_RETURN_IF_ERROR(t->dp_->agree(check_memory(config, t->dp_->world_size(), budget)));
+  // With pipeline stages each rank checks its own stage (rank order tp, pp, dp: comm/topology.h).
+  const int pp_rank =
+      static_cast<int>((comm::world().rank() / std::max<int64_t>(1, config.parallel.tp)) %
+                       std::max<int64_t>(1, config.parallel.pp));
+  KILN_RETURN_IF_ERROR(t->dp_->agree(check_memory(config, t->dp_->world_size(), budget, pp_rank)));
 
   auto data = open_data_source(config, t->dp_->data_rank());
   KILN_RETURN_IF_ERROR(t->dp_->agree(data.is_ok() ? Status::ok() : data.status()));

@@ -102,10 +102,11 @@ def compare(label, ra, rb, tol=1e-5, steps=None, params=True, grad_norm=False, f
     return worst, adiff
 
 
-def plan_row(path, tp, dp, zero=0, ac="none"):
+def plan_row(path, tp, dp, zero=0, ac="none", pp=1, schedule="1f1b"):
     rows = [p for p in json.load(open(path)) if p["tp"] == tp and p["dp"] == dp
-            and p["zero_stage"] == zero and p["activation_checkpointing"] == ac]
-    check(f"kiln plan {path} has tp {tp} dp {dp} ZeRO-{zero} {ac}", len(rows) == 1)
+            and p["zero_stage"] == zero and p["activation_checkpointing"] == ac
+            and p.get("pp", 1) == pp and (pp == 1 or p["pp_schedule"] == schedule)]
+    check(f"kiln plan {path} has tp {tp} pp {pp} dp {dp} ZeRO-{zero} {ac}", len(rows) == 1)
     return rows[0]
 
 

@@ -1,6 +1,7 @@
 // The `kiln` front end as a user runs it: help everywhere, version, exit codes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -65,11 +66,23 @@ TEST(Cli, PlanPrintsEveryLayoutAndNamesBadFlags) {
                        "/configs/train/tiny.yaml --world 2 --memory-per-device 1GiB --json");
   ASSERT_EQ(json.exit_code, 0) << json.output;
   auto arr = nlohmann::json::parse(json.output);
-  // tp 1 (dp 2: ZeRO 0-3) and tp 2 (dp 1: ZeRO 0), three checkpointing modes each.
-  ASSERT_EQ(arr.size(), 15u);
+  // tp 1 (dp 2: ZeRO 0-3), tp 1 x pp 2 (dp 1: ZeRO 0, schedules 1f1b and gpipe) and tp 2
+  // (dp 1: ZeRO 0), three checkpointing modes each.
+  ASSERT_EQ(arr.size(), 21u);
   int suggested = 0;
   for (const auto& p : arr) {
-    EXPECT_EQ(p["tp"].get<int>() * p["dp"].get<int>(), 2);
+    EXPECT_EQ(p["tp"].get<int>() * p["dp"].get<int>() * p["pp"].get<int>(), 2);
+    ASSERT_EQ(p["stages"].size(), p["pp"].get<size_t>());
+    const int m = p["micro_batches"].get<int>(), pp = p["pp"].get<int>();
+    EXPECT_DOUBLE_EQ(p["bubble"].get<double>(), (pp - 1.0) / (m + pp - 1.0));
+    // The row's memory is its worst stage's.
+    uint64_t worst = 0;
+    for (const auto& st : p["stages"]) {
+      worst = std::max(worst, std::max(st["bytes_per_rank"]["total"].get<uint64_t>(),
+                                       st["bytes_per_rank"]["startup"].get<uint64_t>()));
+    }
+    EXPECT_EQ(worst, std::max(p["bytes_per_rank"]["total"].get<uint64_t>(),
+                              p["bytes_per_rank"]["startup"].get<uint64_t>()));
     const auto& b = p["bytes_per_rank"];
     EXPECT_EQ(b["total"].get<uint64_t>(), b["params"].get<uint64_t>() + b["grads"].get<uint64_t>() +
                                               b["optimizer"].get<uint64_t>() +
@@ -79,6 +92,61 @@ TEST(Cli, PlanPrintsEveryLayoutAndNamesBadFlags) {
     suggested += p["suggested"].get<bool>();
   }
   EXPECT_EQ(suggested, 1);
+}
+
+// Three dimensions as a user asks for them (a 64-block, 15B Llama on 16 GPUs in machines of 8):
+// the JSON's per-stage figures; with a memory budget that only pipelined layouts meet, the table's
+// pp and bubble columns and a pipelined suggestion with its flags and reason; --pp / --schedule /
+// --global-batch filter the rows; bad values exit 2 naming the flag.
+TEST(Cli, PlanSuggestsAPipelineWhenOnlyOneFits) {
+  const std::string cfg = std::string("plan --config ") + kiln::test::source_dir() +
+                          "/configs/train/llama-8b.yaml --set model.n_layers=64 "
+                          "--set model.seq_len=4096 --world 16 ";
+  auto json = run_kiln(cfg + "--memory-per-device 1TiB --global-batch 256 --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  auto peak = [](const nlohmann::json& p) {
+    return std::max(p["bytes_per_rank"]["total"].get<uint64_t>(),
+                    p["bytes_per_rank"]["startup"].get<uint64_t>());
+  };
+  uint64_t flat_min = UINT64_MAX, pipe_min = UINT64_MAX;
+  for (const auto& p : nlohmann::json::parse(json.output)) {
+    EXPECT_EQ(p["micro_batches"].get<int>() * p["dp"].get<int>(), 256);  // micro_batch 1
+    if (p["tp"].get<int>() > 8) continue;  // never suggested: across machines
+    uint64_t& min = p["pp"].get<int>() == 1 ? flat_min : pipe_min;
+    min = std::min(min, peak(p));
+  }
+  ASSERT_LT(pipe_min, flat_min) << "stages hold a share of the model states each";
+  const std::string budget = std::to_string((pipe_min + flat_min) / 2);
+  auto text = run_kiln(cfg + "--memory-per-device " + budget + " --global-batch 256");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find(" pp "), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("bubble"), std::string::npos) << text.output;
+  const size_t at = text.output.find("suggested: --set parallel.tp=");
+  ASSERT_NE(at, std::string::npos) << text.output;
+  const std::string why = text.output.substr(at);
+  EXPECT_EQ(why.find("--set parallel.pp=1 "), std::string::npos) << why;
+  EXPECT_NE(why.find("--set parallel.pp_schedule=1f1b"), std::string::npos) << why;
+  EXPECT_NE(why.find("fits in"), std::string::npos) << why;
+  EXPECT_NE(why.find("micro-batches"), std::string::npos) << why;
+  EXPECT_NE(why.find("in flight"), std::string::npos) << why;
+
+  auto only = run_kiln(cfg + "--pp 4 --schedule gpipe --json");
+  ASSERT_EQ(only.exit_code, 0) << only.output;
+  for (const auto& p : nlohmann::json::parse(only.output)) {
+    EXPECT_EQ(p["pp"].get<int>(), 4);
+    EXPECT_EQ(p["pp_schedule"].get<std::string>(), "gpipe");
+    // GPipe keeps every micro-batch on every stage.
+    for (const auto& st : p["stages"]) EXPECT_EQ(st["in_flight"], p["micro_batches"]);
+  }
+  auto bad = run_kiln(cfg + "--schedule interleaved");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--schedule"), std::string::npos) << bad.output;
+  auto odd = run_kiln(cfg + "--tp 1 --pp 1 --global-batch 3");  // dp 16 does not divide 3
+  EXPECT_EQ(odd.exit_code, 2) << odd.output;
+  EXPECT_NE(odd.output.find("--global-batch"), std::string::npos) << odd.output;
+  auto deep = run_kiln(cfg + "--pp 128");
+  EXPECT_EQ(deep.exit_code, 2) << deep.output;
+  EXPECT_NE(deep.output.find("--pp 128"), std::string::npos) << deep.output;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "engine/device/runtime.h"
 #include "engine/model/model.h"
 #include "engine/model/params.h"
 #include "engine/train/train_config.h"
@@ -138,8 +139,16 @@ TEST(Plan, LayoutsFitsAndTheSuggestion) {
   TrainConfig c = config(kSmall);
   auto all = plan_layouts(c, 4, std::nullopt);
   ASSERT_TRUE(all.is_ok());
-  // tp in {1, 2, 4} (divides 4 and the 4 heads); dp 1 only has stage 0.
-  EXPECT_EQ(all->size(), (4 + 4 + 1) * 3u);
+  // tp in {1, 2, 4} (divides 4 and the 4 heads), pp in {1, 2} (divides 4 / tp, at most the 3
+  // blocks), three checkpointing modes each: tp 1 pp 1 dp 4 ZeRO 0-3; tp 1 pp 2 dp 2 ZeRO 0-1
+  // (the pipeline takes no more) under 2 schedules; tp 2 pp 1 dp 2 ZeRO 0-3; tp 2 pp 2 dp 1
+  // ZeRO-0 under 2 schedules; tp 4 dp 1 ZeRO-0.
+  EXPECT_EQ(all->size(), (4 + 2 * 2 + 4 + 2 + 1) * 3u);
+  PlanFilter flat;
+  flat.pp = 1;
+  auto two_d = plan_layouts(c, 4, std::nullopt, Hardware{}, flat);
+  ASSERT_TRUE(two_d.is_ok());
+  EXPECT_EQ(two_d->size(), (4 + 4 + 1) * 3u);  // the layouts without pipelining
   int suggested = 0;
   for (const auto& p : *all) suggested += p.suggested;
   EXPECT_EQ(suggested, 1);
@@ -157,7 +166,7 @@ TEST(Plan, LayoutsFitsAndTheSuggestion) {
   auto some = plan_layouts(c, 4, (z0 + z3) / 2);
   ASSERT_TRUE(some.is_ok());
   for (const auto& p : *some) {
-    EXPECT_EQ(*p.fits, p.memory.total() <= (z0 + z3) / 2);
+    EXPECT_EQ(*p.fits, p.memory.peak() <= (z0 + z3) / 2);
     if (p.suggested) {
       EXPECT_TRUE(*p.fits);
     }
@@ -182,15 +191,23 @@ TEST(Plan, TensorParallelGroupsStayInsideAMachine) {
       ++suggested;
       EXPECT_LE(p.layout.tp, 2);
     }
-    (p.within_node ? inside : across) = std::min(p.within_node ? inside : across, p.memory.total());
+    if (p.layout.pp == 1) {
+      (p.within_node ? inside : across) =
+          std::min(p.within_node ? inside : across, p.memory.peak());
+    }
   }
   EXPECT_EQ(suggested, 1);
-  // A budget only tp 4 meets (its activations and weights are split 4 ways): nothing is
-  // suggested on 2-rank machines, tp 4 on 8-rank ones.
+  // Without pipelining, a budget only tp 4 meets (its activations and weights are split 4 ways):
+  // nothing is suggested on 2-rank machines, tp 4 on 8-rank ones.
   ASSERT_LT(across, inside);
   const uint64_t budget = (across + inside) / 2;
-  auto small = plan_layouts(c, 8, budget, 2);
-  auto big = plan_layouts(c, 8, budget, 8);
+  PlanFilter flat;
+  flat.pp = 1;
+  Hardware two, eight;
+  two.ranks_per_node = 2;
+  eight.ranks_per_node = 8;
+  auto small = plan_layouts(c, 8, budget, two, flat);
+  auto big = plan_layouts(c, 8, budget, eight, flat);
   ASSERT_TRUE(small.is_ok() && big.is_ok());
   for (const auto& p : *small) EXPECT_FALSE(p.suggested);
   int tp4 = 0;
@@ -229,6 +246,291 @@ TEST(Plan, CommTimeWeighsEachGroupByItsLink) {
   EXPECT_EQ(suggested(Links{300e9, 1e6}).tp, 4);  // the network is the bottleneck
   EXPECT_EQ(suggested(Links{1e6, 300e9}).tp, 1);  // the machine's links are
   EXPECT_FALSE(plan_layouts(c, 16, std::nullopt, 8, Links{0, 1}).is_ok());
+}
+
+// ---- Pipeline parallelism (issue 32) ----
+
+// Five blocks (so stages of 2 and 3 exist), a tied GPT-2 and an untied llama.
+std::vector<std::string> pipeline_model(bool llama) {
+  std::vector<std::string> sets = {"model.vocab_size=1000", "model.d_model=48",
+                                   "model.n_layers=5",      "model.n_heads=4",
+                                   "model.seq_len=24",      "data.micro_batch=3"};
+  if (llama) {
+    for (const char* x : {"model.arch=llama", "model.n_kv_heads=2", "model.ffn_hidden=136",
+                          "model.doc_mask=false", "model.tie_embeddings=false"}) {
+      sets.push_back(x);
+    }
+  }
+  return sets;
+}
+
+// Each stage's model states are what a ParamStore of that stage allocates (its blocks, the
+// embeddings on the first stage - and on the last when the head is tied to them -, the final unit
+// on the last), at tp 1 and 2, fp32 and bf16, with the cost-balanced split and with
+// parallel.pp_layers.
+TEST(PlanPipeline, StageModelStatesAreWhatTheStagesStoreAllocates) {
+  for (bool llama : {false, true}) {
+    for (const char* prec : {"fp32", "bf16"}) {
+      for (int64_t pp : {2, 3}) {
+        auto sets = pipeline_model(llama);
+        sets.push_back(std::string("precision=") + prec);
+        sets.push_back("parallel.pp=" + std::to_string(pp));
+        if (pp == 2) sets.push_back("parallel.pp_layers=[1, 4]");
+        const TrainConfig c = config(sets);
+        for (int64_t tp : {1, 2}) {
+          const LayoutPlan p = plan_layout(c, Layout{tp, 1, 0, Recompute::kNone, pp});
+          ASSERT_EQ(p.stages.size(), static_cast<size_t>(pp));
+          const std::vector<int64_t> bounds = pp_stage_split(c.model, pp, c.parallel.pp_layers);
+          for (int64_t s = 0; s < pp; ++s) {
+            const StagePlan& st = p.stages[s];
+            EXPECT_EQ(st.stage.first_block, bounds[s]);
+            EXPECT_EQ(st.stage.end_block, bounds[s + 1]);
+            ParamStore store(c.model, c.precision, false, nullptr, TpShard{0, static_cast<int>(tp)},
+                             true, st.stage);
+            EXPECT_EQ(st.memory.model_states(), store.state_bytes())
+                << (llama ? "llama " : "gpt2 ") << prec << " pp " << pp << " tp " << tp << " stage "
+                << s;
+            EXPECT_EQ(st.memory.startup, store.state_bytes());
+          }
+          if (pp == 2) EXPECT_EQ(p.stages[0].stage.end_block, 1);  // pp_layers [1, 4]
+        }
+      }
+    }
+  }
+}
+
+// The tied embedding: its copy on the last stage counts in that stage's states, its gradients
+// are all-reduced between the first and last stage; untied, neither. ZeRO-1 shards every stage's
+// own units over dp.
+TEST(PlanPipeline, TiedEmbeddingCopyAndZeroOneShardsTheStage) {
+  const TrainConfig gpt2 = config(pipeline_model(false));
+  const TrainConfig llama = config(pipeline_model(true));
+  const uint64_t embed = unit_numels(gpt2.model).front();
+  const LayoutPlan tied = plan_layout(gpt2, Layout{1, 1, 0, Recompute::kNone, 3});
+  EXPECT_EQ(tied.stages[0].comm_bytes.at("embed.all_reduce"), 2 * embed * 4);
+  EXPECT_EQ(tied.stages[2].comm_bytes.at("embed.all_reduce"), 2 * embed * 4);
+  EXPECT_EQ(tied.stages[1].comm_bytes.count("embed.all_reduce"), 0u);
+  // fp32, ZeRO-0: 16 bytes per element of the units a stage holds.
+  uint64_t last = embed + unit_numels(gpt2.model).back();
+  for (int64_t l = tied.stages[2].stage.first_block; l < 5; ++l)
+    last += unit_numels(gpt2.model)[1 + l];
+  EXPECT_EQ(tied.stages[2].memory.model_states(), 16 * last);
+  const LayoutPlan untied = plan_layout(llama, Layout{1, 1, 0, Recompute::kNone, 3});
+  for (const StagePlan& st : untied.stages) EXPECT_EQ(st.comm_bytes.count("embed.all_reduce"), 0u);
+
+  // ZeRO-1 over dp 4: the optimizer states of a stage are a quarter of its padded units'.
+  const LayoutPlan z1 = plan_layout(gpt2, Layout{1, 4, 1, Recompute::kNone, 2});
+  const std::vector<uint64_t> units = unit_numels(gpt2.model);
+  for (const StagePlan& st : z1.stages) {
+    uint64_t padded = 0;
+    if (st.stage.first() || st.stage.last()) padded += shard_numel(units.front(), 4) * 4;
+    for (int64_t l = st.stage.first_block; l < st.stage.end_block; ++l)
+      padded += shard_numel(units[1 + l], 4) * 4;
+    if (st.stage.last()) padded += shard_numel(units.back(), 4) * 4;
+    EXPECT_EQ(st.memory.optimizer * 4, 8 * padded) << st.stage.rank;
+    EXPECT_EQ(st.comm_bytes.at("dp.reduce_scatter"), padded * 4) << st.stage.rank;
+    EXPECT_EQ(st.comm_bytes.at("dp.all_gather"), padded * 4) << st.stage.rank;
+  }
+  EXPECT_FALSE(layout_trainable(Layout{1, 4, 2, Recompute::kNone, 2}));  // refused with pp
+  EXPECT_TRUE(layout_trainable(Layout{1, 4, 1, Recompute::kNone, 2}));
+}
+
+// The bytes of a pipelined step: each boundary carries m micro-batches' (B, T, C) activations
+// forward and their gradients backward in the work dtype; the stages' TP all-reduces and
+// data-parallel bytes add up to the unpipelined layout's (plus the tied embedding's copy).
+TEST(PlanPipeline, StageBytesAddUpToTheWholeModelsAndTheBoundaries) {
+  for (const char* prec : {"fp32", "bf16"}) {
+    auto sets = pipeline_model(false);
+    sets.push_back(std::string("precision=") + prec);
+    sets.push_back("data.grad_accum=6");
+    const TrainConfig c = config(sets);
+    const uint64_t e = std::string(prec) == "fp32" ? 4 : 2;
+    const uint64_t btc = 3 * 24 * 48, m = 6;
+    for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+      const LayoutPlan flat = plan_layout(c, Layout{2, 2, 0, r, 1});
+      const LayoutPlan pipe = plan_layout(c, Layout{2, 2, 0, r, 3});
+      EXPECT_EQ(pipe.stages[0].comm_bytes.at("pp.send"), m * btc * e);  // activations forward
+      EXPECT_EQ(pipe.stages[1].comm_bytes.at("pp.send"), 2 * m * btc * e);
+      EXPECT_EQ(pipe.stages[1].comm_bytes.at("pp.recv"), 2 * m * btc * e);
+      EXPECT_EQ(pipe.stages[2].comm_bytes.at("pp.send"), m * btc * e);  // gradients backward
+      uint64_t tp = 0, dp = 0;
+      for (const StagePlan& st : pipe.stages) {
+        tp += st.comm_bytes.at("tp.all_reduce") - 16;  // less each stage's gradient norm
+        dp += st.comm_bytes.at("dp.all_reduce");
+      }
+      EXPECT_EQ(tp, flat.comm_bytes.at("tp.all_reduce") - 16) << prec;
+      const uint64_t embed = shard_numel(unit_numels(c.model, 2).front(), 2) * 2;
+      EXPECT_EQ(dp, flat.comm_bytes.at("dp.all_reduce") + 2 * embed * 4) << prec;
+    }
+  }
+}
+
+// In-flight micro-batches: 1F1B keeps min(m, pp - s) on stage s, GPipe all m; the bubble is
+// (pp - 1) / (m + pp - 1); each stage's activations are the model's plan for its blocks and
+// slots.
+TEST(PlanPipeline, InFlightMicroBatchesAndTheBubble) {
+  EXPECT_EQ(pp_slots(PpSchedule::k1F1B, 4, 0, 8), 4);
+  EXPECT_EQ(pp_slots(PpSchedule::k1F1B, 4, 3, 8), 1);
+  EXPECT_EQ(pp_slots(PpSchedule::k1F1B, 4, 0, 2), 2);
+  EXPECT_EQ(pp_slots(PpSchedule::kGPipe, 4, 3, 8), 8);
+  EXPECT_EQ(pp_slots(PpSchedule::kGPipe, 1, 0, 8), 1);
+  EXPECT_DOUBLE_EQ(pp_bubble(4, 8), 3.0 / 11);
+  EXPECT_DOUBLE_EQ(pp_bubble(1, 8), 0.0);
+  for (PpSchedule sched : {PpSchedule::k1F1B, PpSchedule::kGPipe}) {
+    auto sets = pipeline_model(true);
+    sets.push_back("data.grad_accum=8");
+    const TrainConfig c = config(sets);
+    const LayoutPlan p = plan_layout(c, Layout{1, 1, 0, Recompute::kSelective, 4, sched});
+    EXPECT_DOUBLE_EQ(p.bubble, 3.0 / 11);
+    EXPECT_EQ(p.micro_batches, 8);
+    for (const StagePlan& st : p.stages) {
+      EXPECT_EQ(st.slots, sched == PpSchedule::kGPipe ? 8 : 4 - st.stage.rank);
+      EXPECT_EQ(st.memory.activations,
+                plan_activation_memory(c.model, 3, c.precision, Recompute::kSelective, 1, c.device,
+                                       st.stage, st.slots)
+                    .total());
+    }
+    uint64_t worst = 0;
+    for (const StagePlan& st : p.stages) worst = std::max(worst, st.memory.peak());
+    EXPECT_EQ(p.memory.peak(), worst);
+    EXPECT_EQ(p.stages[p.worst_stage].memory.peak(), worst);
+  }
+}
+
+// Issue 32's property on paper: under 1F1B a rank's activations are bounded by the stage count
+// (the first stage keeps pp micro-batches, however many the step has), under GPipe they grow
+// with the micro-batches.
+TEST(PlanPipeline, OneFOneBActivationsAreBoundedByTheStageCount) {
+  auto at = [](int64_t pp, int64_t m, PpSchedule sched) {
+    auto sets = pipeline_model(false);
+    sets.push_back("model.n_layers=8");
+    sets.push_back("data.grad_accum=" + std::to_string(m));
+    const LayoutPlan p = plan_layout(config(sets), Layout{1, 1, 0, Recompute::kNone, pp, sched});
+    return p.stages[0].memory.activations;
+  };
+  for (int64_t pp : {2, 4}) {
+    EXPECT_EQ(at(pp, pp, PpSchedule::k1F1B), at(pp, 4 * pp, PpSchedule::k1F1B)) << pp;
+    EXPECT_LT(at(pp, pp, PpSchedule::kGPipe), at(pp, 4 * pp, PpSchedule::kGPipe)) << pp;
+    EXPECT_EQ(at(pp, pp, PpSchedule::kGPipe), at(pp, pp, PpSchedule::k1F1B)) << pp;
+  }
+}
+
+// Measured in one process: every stage of a PP=2 and PP=4 layout at m = 4 and 8 allocates
+// through the runtime (its ParamStore, then its Model with the schedule's in-flight slots)
+// exactly the plan's model states + activations for that stage; under 1F1B the first stage's
+// allocation is the same at m = 4 and 8.
+TEST(PlanPipeline, EachStageAllocatesWhatThePlanSays) {
+  Runtime& host = host_runtime();
+  for (PpSchedule sched : {PpSchedule::k1F1B, PpSchedule::kGPipe}) {
+    for (int64_t pp : {2, 4}) {
+      size_t first_at_4 = 0;
+      for (int64_t m : {4, 8}) {
+        auto sets = pipeline_model(true);
+        sets.push_back("model.n_layers=8");
+        sets.push_back("data.grad_accum=" + std::to_string(m));
+        const TrainConfig c = config(sets);
+        const LayoutPlan p = plan_layout(c, Layout{1, 1, 0, Recompute::kSelective, pp, sched});
+        for (const StagePlan& st : p.stages) {
+          SCOPED_TRACE(::testing::Message() << pp_schedule_name(sched) << " pp " << pp << " m " << m
+                                            << " stage " << st.stage.rank);
+          const size_t before = host.memory().in_use;
+          ParamStore params(c.model, c.precision, false, nullptr, TpShard{}, true, st.stage);
+          auto model = Model::create(&params, c.data.micro_batch, Recompute::kSelective, 0, nullptr,
+                                     st.slots);
+          const size_t allocated = host.memory().in_use - before;
+          EXPECT_EQ(allocated, st.memory.model_states() + st.memory.activations);
+          if (st.stage.first() && m == 4) first_at_4 = allocated;
+          if (st.stage.first() && m == 8) {
+            if (sched == PpSchedule::k1F1B) {
+              EXPECT_EQ(allocated, first_at_4);
+            } else {
+              EXPECT_GT(allocated, first_at_4);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The time model: compute is the costliest stage's FLOPs (the stages' FLOPs add up to the whole
+// model's) at efficiency x peak, over m + pp - 1 slots; collectives on their links.
+TEST(PlanPipeline, StepTimeIsTheBubbleTimesTheCostliestStage) {
+  auto sets = pipeline_model(true);
+  sets.push_back("data.grad_accum=4");
+  const TrainConfig c = config(sets);
+  Hardware hw;
+  hw.peak_flops = 1e12;
+  hw.efficiency = 0.5;
+  LayoutPlan flat = plan_layout(c, Layout{1, 1, 0, Recompute::kNone, 1});
+  LayoutPlan pipe = plan_layout(c, Layout{1, 1, 0, Recompute::kNone, 2});
+  estimate_step(c, hw, &flat);
+  estimate_step(c, hw, &pipe);
+  const double tokens = 3 * 24;
+  EXPECT_NEAR(pipe.stages[0].forward_flops_per_token + pipe.stages[1].forward_flops_per_token,
+              flat.stages[0].forward_flops_per_token,
+              1e-6 * flat.stages[0].forward_flops_per_token);
+  EXPECT_DOUBLE_EQ(flat.compute_seconds,
+                   4 * flat.stages[0].forward_flops_per_token * tokens / 0.5e12);
+  const double costliest =
+      std::max(pipe.stages[0].forward_flops_per_token, pipe.stages[1].forward_flops_per_token);
+  EXPECT_DOUBLE_EQ(pipe.compute_seconds, (4 + 1) * costliest * tokens / 0.5e12);
+  // One machine, fp32 activations of 3 x 24 x 48 sent each way per micro-batch over 300 GB/s.
+  const double send = 3 * 24 * 48 * 4 / 300e9;
+  EXPECT_NEAR(pipe.step_seconds, (4 + 1) * (costliest * tokens / 0.5e12 + send), 1e-15);
+  EXPECT_DOUBLE_EQ(pipe.tokens_per_second, 4 * tokens / pipe.step_seconds);
+  // Full recomputation adds one forward of the blocks.
+  LayoutPlan full = plan_layout(c, Layout{1, 1, 0, Recompute::kFull, 1});
+  EXPECT_GT(full.stages[0].forward_flops_per_token, flat.stages[0].forward_flops_per_token);
+}
+
+// The suggestion: without pipelining when it fits (no bubble), with stages when only they fit;
+// pipeline boundaries across machines are charged at the network's bandwidth; the reason names
+// the layout.
+TEST(PlanPipeline, SuggestsStagesWhenOnlyTheyFit) {
+  auto sets = pipeline_model(true);
+  sets.push_back("data.grad_accum=8");
+  const TrainConfig c = config(sets);
+  Hardware hw;  // slow arithmetic: this small model's step is compute, not communication
+  hw.ranks_per_node = 2;
+  hw.peak_flops = 1e9;
+  PlanFilter tp1;
+  tp1.tp = 1;
+  auto all = plan_layouts(c, 4, std::nullopt, hw, tp1);
+  ASSERT_TRUE(all.is_ok());
+  uint64_t flat_min = UINT64_MAX, pipe_min = UINT64_MAX;
+  for (const auto& p : *all) {
+    if (p.suggested) EXPECT_EQ(p.layout.pp, 1);
+    (p.layout.pp == 1 ? flat_min : pipe_min) =
+        std::min(p.layout.pp == 1 ? flat_min : pipe_min, p.memory.peak());
+  }
+  ASSERT_LT(pipe_min, flat_min);
+  auto tight = plan_layouts(c, 4, (pipe_min + flat_min) / 2, hw, tp1);
+  ASSERT_TRUE(tight.is_ok());
+  const LayoutPlan* chosen = nullptr;
+  for (const auto& p : *tight) {
+    if (p.suggested) chosen = &p;
+  }
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_TRUE(*chosen->fits);
+  EXPECT_GT(chosen->layout.pp, 1);  // no layout without stages fits, even fully recomputed
+  const std::string why = describe_layout(*chosen, 2, (pipe_min + flat_min) / 2);
+  EXPECT_NE(why.find("fits in"), std::string::npos) << why;
+  EXPECT_NE(why.find("PP " + std::to_string(chosen->layout.pp)), std::string::npos) << why;
+  EXPECT_NE(why.find("bubble"), std::string::npos) << why;
+  // A boundary between machines costs the network's bandwidth: pp 4 on machines of 2 crosses
+  // one, on a machine of 4 none.
+  const LayoutPlan pp4 = plan_layout(c, Layout{1, 1, 0, Recompute::kNone, 4});
+  Links slow{300e9, 1e6};
+  EXPECT_GT(comm_seconds(pp4, 2, slow), 1000 * comm_seconds(pp4, 4, slow));
+  // --global-batch: m = global / (dp x micro_batch) per layout.
+  PlanFilter g;
+  g.global_batch = 24;
+  auto fixed = plan_layouts(c, 4, std::nullopt, hw, g);
+  ASSERT_TRUE(fixed.is_ok());
+  for (const auto& p : *fixed) EXPECT_EQ(p.micro_batches * p.layout.dp * 3, 24);
+  g.global_batch = 0;
+  EXPECT_FALSE(plan_layouts(c, 4, std::nullopt, hw, g).is_ok());
 }
 
 }  // namespace

@@ -97,5 +97,36 @@ TEST(MemoryPreflight, BudgetKeysParse) {
   }
 }
 
+// Pipeline stages (issue 32): each rank checks its own stage. A 1F1B pipeline of 4 keeps 4
+// micro-batches in flight on the first stage and 1 on the last, so a budget between their peaks
+// passes the last stage's ranks and refuses the first's, naming the stage; without a stage the
+// worst one is checked.
+TEST(MemoryPreflight, EachPipelineStageChecksItsOwnEstimate) {
+  TrainConfig c =
+      config_of({"model.vocab_size=512", "model.d_model=64", "model.n_layers=8", "model.n_heads=4",
+                 "model.seq_len=256", "data.micro_batch=4", "data.grad_accum=8", "parallel.pp=4"});
+  c.memory.margin = 0.0;
+  const LayoutPlan plan =
+      plan_layout(c, Layout{1, 1, 0, c.activation_checkpointing, 4, PpSchedule::k1F1B});
+  const uint64_t first = plan.stages[0].memory.peak(), last = plan.stages[3].memory.peak();
+  ASSERT_NE(first, last);
+  const int big = first > last ? 0 : 3, small = 3 - big;
+  const uint64_t between = (first + last) / 2;
+  EXPECT_TRUE(check_memory(c, 4, MemoryBudget{between, "t"}, small).is_ok());
+  const Status st = check_memory(c, 4, MemoryBudget{between, "t"}, big);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("pipeline stage " + std::to_string(big) + " of 4"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("in flight under 1f1b"), std::string::npos) << st.message();
+  EXPECT_FALSE(check_memory(c, 4, MemoryBudget{between, "t"}).is_ok());  // the worst stage
+  EXPECT_TRUE(check_memory(c, 4, MemoryBudget{std::max(first, last), "t"}).is_ok());
+  // Each stage's need is its own: exactly its peak passes, one byte less does not.
+  for (int s = 0; s < 4; ++s) {
+    const uint64_t need = plan.stages[s].memory.peak();
+    EXPECT_TRUE(check_memory(c, 4, MemoryBudget{need, "t"}, s).is_ok()) << s;
+    EXPECT_FALSE(check_memory(c, 4, MemoryBudget{need - 1, "t"}, s).is_ok()) << s;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::engine
