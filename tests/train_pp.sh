@@ -11,14 +11,16 @@
 #                prints the formula's bubble; an overflow injected on the last rank only is
 #                skipped by every stage at the same step.
 #   llama        model.arch llama with model.doc_mask on `kiln prep` data of the default corpus:
-#                PP=2 (untied embeddings) against one process, losses within 1e-5.
+#                PP=2 (untied embeddings) against one process, losses within 1e-5; the validation
+#                loss per domain (eval.every_steps 5, forward through the stages) within 1e-5 on
+#                every rank's metrics (rank 0 is the first stage: it logs the last stage's sums).
 #   rollback     a loss spike (an injected learning-rate burst) rolled back to the last checkpoint
 #                under PP=2 and PP=2 x DP=2 ZeRO-1 as in one process: one rollback each, to the
 #                same step, losses within 1e-5 relative (final parameters within 1e-3: 40 steps
 #                at lr 3e-3, see the check).
 #   refuse       ZeRO-2 and ZeRO-3 with parallel.pp 2 (exit 2 naming parallel.zero_stage and
-#                why), pp * tp not dividing the world (exit 2 naming parallel.pp), evaluation with
-#                pp (exit 2 naming eval.every_steps); grad_accum below pp only warns (bubble).
+#                why), pp * tp not dividing the world (exit 2 naming parallel.pp); grad_accum below
+#                pp only warns (bubble).
 #   fail         a stage that dies (kill -9 of rank 1 of a PP=2 run): mpirun stops every rank and
 #                names it; a stage that stalls (KILN_TEST_STALL, world rank 1 sleeps 120 s at step
 #                3) with parallel.collective_timeout_s 2: the job stops itself long before, and
@@ -86,10 +88,11 @@ PY
   ;;
 llama)
   "$SRC/tools/default_corpus" corpus >/dev/null
-  "$KILN" prep --input corpus --output data --threads 2 >/dev/null 2>prep.log
+  "$KILN" prep --input corpus --output data --threads 2 --set split.val_fraction=0.02 \
+    >/dev/null 2>prep.log
   L=(--set data.manifest=data --set model.arch=llama --set model.n_heads=4 --set model.n_kv_heads=2
      --set model.ffn_hidden=96 --set model.doc_mask=true --set model.seq_len=32
-     --set model.vocab_size=8192 --set data.grad_accum=4 "${CK[@]}")
+     --set model.vocab_size=8192 --set data.grad_accum=4 --set eval.every_steps=5 "${CK[@]}")
   train 1 2 one 10 "${L[@]}" 2>one.log
   train 2 2 pp2 10 "${L[@]}" --set parallel.pp=2 2>pp2.log
   grep -q "document-masked attention" pp2.log || { echo "doc_mask not on"; cat pp2.log; exit 1; }
@@ -100,6 +103,16 @@ llama)
   PYTHONPATH="$SRC/tests/python" /usr/bin/python3 - <<'PY'
 from train_compare import *
 compare("llama doc_mask PP=2 vs one process", "one", "pp2", grad_norm=True, fell=True)
+va = {r["step"]: r["val_loss"] for r in metrics("one") if "val_loss" in r}
+vb = {r["step"]: r["val_loss"] for r in metrics("pp2") if "val_loss" in r}
+print(f"val_loss steps: one process {sorted(va)}, PP=2 {sorted(vb)}")
+check("validation at steps 5 and 10 in both runs", sorted(va) == sorted(vb) == [5, 10])
+for step in va:
+    check(f"step {step}: the same domains", sorted(va[step]) == sorted(vb.get(step, {})))
+    for d, x in va[step].items():
+        y = vb[step][d]
+        print(f"step {step} {d}: val_loss {x:.8f} / {y:.8f}")
+        check(f"val_loss {d} at step {step} within 1e-5", abs(x - y) <= 1e-5 * abs(x))
 finish()
 PY
   ;;
@@ -154,8 +167,6 @@ refuse)
   refused z2 2 parallel.zero_stage "ZeRO-2/3 reduce" --set parallel.pp=2 --set parallel.zero_stage=2
   refused z3 4 parallel.zero_stage "once per micro-batch" --set parallel.pp=2 --set parallel.zero_stage=3
   refused ndiv 4 parallel.pp "" --set parallel.pp=3
-  refused ev 2 eval.every_steps "does not run through a pipeline" --set parallel.pp=2 \
-    --set eval.every_steps=5
   # Fewer micro-batches than stages trains (a warning on the bubble).
   train 2 2 few 2 --set parallel.pp=2 --set data.grad_accum=1 --set checkpoint.at_end=false \
     2>few.log

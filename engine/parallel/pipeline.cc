@@ -223,4 +223,29 @@ Result<PpTiming> PipelineExecutor::train(const std::vector<PpMicroBatch>& micro_
   return timing;
 }
 
+Status PipelineExecutor::forward(const std::vector<PpMicroBatch>& micro_batches) {
+  const int prev = stage_ - 1, next = stage_ + 1;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const PpMicroBatch& b = micro_batches[i];
+    auto named = [&](Status st, const char* what, int peer) {
+      return std::move(st).prefixed(
+          fmt::format("pipeline stage {} of {} (evaluation): {} of "
+                      "micro-batch {} {} stage {}",
+                      stage_, stages_, what, i, peer == prev ? "from" : "to", peer));
+    };
+    if (!first()) {
+      KILN_RETURN_IF_ERROR(
+          named(pp_.irecv(model_.stage_input(0), bytes_, prev, kActivationTag)->wait(),
+                "receive of the activations", prev));
+    }
+    model_.stage_forward(0, b.inputs, b.targets, b.losses, b.doc_start, 0.0f, false);
+    if (!last()) {
+      KILN_RETURN_IF_ERROR(
+          named(pp_.isend(model_.stage_output(0), bytes_, next, kActivationTag)->wait(),
+                "send of the activations", next));
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace kiln::engine

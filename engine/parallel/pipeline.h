@@ -116,6 +116,10 @@ class PipelineExecutor {
   // number of micro-batches. Parameter gradients accumulate (as forward_backward); the last
   // stage writes each micro-batch's per-token losses. dloss: as Model::forward_backward.
   Result<PpTiming> train(const std::vector<PpMicroBatch>& micro_batches, float dloss);
+  // Forward only (evaluation): the micro-batches one after another through the stages in slot
+  // 0, the last stage writing each one's per-token losses; no gradient is touched. Every stage
+  // calls it with the same micro-batches.
+  Status forward(const std::vector<PpMicroBatch>& micro_batches);
 
   int stage() const { return stage_; }
   int stages() const { return stages_; }

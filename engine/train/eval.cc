@@ -51,14 +51,28 @@ Result<std::unique_ptr<Evaluator>> Evaluator::open(DataSource& data, const EvalC
   return e;
 }
 
-WeightMap Evaluator::evaluate(Model& model) {
+namespace {
+// Model::forward on each staged micro-batch in turn, or the pass.
+// (doc_start: the rows' document starts, zeros for one document per row - a task row is one.)
+Status run_forward(Model& model, const ForwardPass& pass, DeviceBatches& staged, size_t n) {
+  std::vector<DeviceBatches::Tokens> toks;
+  std::vector<float*> losses;
+  for (size_t i = 0; i < n; ++i) {
+    toks.push_back(staged.at(i));
+    losses.push_back(staged.losses(i));
+  }
+  if (pass) return pass(toks, losses);
+  for (size_t i = 0; i < n; ++i)
+    model.forward(toks[i].inputs, toks[i].targets, losses[i], toks[i].doc_start);
+  return Status::ok();
+}
+}  // namespace
+
+Result<WeightMap> Evaluator::evaluate(Model& model, const ForwardPass& pass) {
   std::vector<double> sum(names_.size(), 0.0);
   std::vector<int64_t> count(names_.size(), 0);
-  if (batches_.empty()) return {};
-  for (size_t i = 0; i < batches_.size(); ++i) {
-    const DeviceBatches::Tokens tok = staged_->at(i);
-    model.forward(tok.inputs, tok.targets, staged_->losses(i), tok.doc_start);
-  }
+  if (batches_.empty()) return WeightMap{};
+  KILN_RETURN_IF_ERROR(run_forward(model, pass, *staged_, batches_.size()));
   const size_t per_batch = batches_[0].inputs.size();  // every batch is rows x seq_len
   losses_.resize(batches_.size() * per_batch);
   staged_->download_losses(batches_.size(), losses_.data());
@@ -116,11 +130,9 @@ TaskEvaluator::TaskEvaluator(const TokenizedTasks& tasks, int64_t micro_batch, i
   for (size_t i = 0; i < batches.size(); ++i) staged_->upload(i, batches[i]);
 }
 
-std::map<std::string, McResult> TaskEvaluator::evaluate(Model& model) {
-  for (size_t i = 0; i < batches_; ++i) {
-    const DeviceBatches::Tokens tok = staged_->at(i);
-    model.forward(tok.inputs, tok.targets, staged_->losses(i));
-  }
+Result<std::map<std::string, McResult>> TaskEvaluator::evaluate(Model& model,
+                                                                const ForwardPass& pass) {
+  KILN_RETURN_IF_ERROR(run_forward(model, pass, *staged_, batches_));
   const size_t per_row = static_cast<size_t>(seq_len_);
   losses_.resize(batches_ * static_cast<size_t>(rows_) * per_row);
   staged_->download_losses(batches_, losses_.data());

@@ -23,6 +23,13 @@
 
 namespace kiln::engine {
 
+// How an evaluator runs the model forward on its micro-batches: nullptr-empty for the whole model
+// (Model::forward on each in turn); with pipeline parallelism, the stages' forward pass
+// (PipelineExecutor::forward), after which only the last stage's losses are meaningful and the
+// caller shares its results with the other stages.
+using ForwardPass = std::function<Status(const std::vector<DeviceBatches::Tokens>& batches,
+                                         const std::vector<float*>& losses)>;
+
 class Evaluator {
  public:
   // Takes the validation set from `data`. An empty set (no validation split) gives an evaluator
@@ -33,7 +40,7 @@ class Evaluator {
   bool empty() const { return batches_.empty(); }
   int64_t sequences() const { return sequences_; }
   // Mean loss per target token of each domain that has validation sequences.
-  WeightMap evaluate(Model& model);
+  Result<WeightMap> evaluate(Model& model, const ForwardPass& pass = {});
 
  private:
   std::vector<std::string> names_;
@@ -53,7 +60,7 @@ class TaskEvaluator {
  public:
   TaskEvaluator(const TokenizedTasks& tasks, int64_t micro_batch, int64_t seq_len,
                 Runtime* runtime);
-  std::map<std::string, McResult> evaluate(Model& model);
+  Result<std::map<std::string, McResult>> evaluate(Model& model, const ForwardPass& pass = {});
 
  private:
   TokenizedTasks tasks_;

@@ -606,13 +606,6 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
                     "once per step) or 0",
                     c.parallel.zero_stage, c.parallel.pp));
   }
-  if (c.parallel.pp > 1 && c.eval.every_steps > 0) {
-    return bad("eval.every_steps",
-               fmt::format("evaluation (val_loss, eval.tasks) does not run through a pipeline: "
-                           "set eval.every_steps: 0 with parallel.pp {} (evaluate a checkpoint "
-                           "with `kiln eval` instead)",
-                           c.parallel.pp));
-  }
   return c;
 }
 

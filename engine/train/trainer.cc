@@ -833,13 +833,44 @@ Status Trainer::skip_overflow(const StepInput& in, StepRecord* rec) {
 
 // Evaluation and the mixing policy see the weights after this step's update.
 Status Trainer::observe(const StepInput& in, StepRecord* rec) {
+  // With pipeline stages the forward pass runs through them, the last stage's results are
+  // shared with the others (summed over the stages with zeros elsewhere, exact), so every rank
+  // logs and decides the same.
+  ForwardPass pass;
+  if (pipeline_) {
+    pass = [this](const std::vector<DeviceBatches::Tokens>& toks,
+                  const std::vector<float*>& losses) {
+      std::vector<PpMicroBatch> mbs;
+      for (size_t i = 0; i < toks.size(); ++i)
+        mbs.push_back({toks[i].inputs, toks[i].targets, losses[i], toks[i].doc_start});
+      return pipeline_->forward(mbs);
+    };
+  }
+  auto share = [&](std::vector<double>* v) -> Status {
+    if (!pipeline_) return Status::ok();
+    if (!pipeline_->last()) std::fill(v->begin(), v->end(), 0.0);
+    return dp_->pp_group()
+        .allreduce(v->data(), v->size(), comm::DType::kFloat64, comm::ReduceOp::kSum)
+        .prefixed("evaluation over the pipeline stages");
+  };
   if (eval_ && rec->step % config_.eval.every_steps == 0) {
-    rec->val_loss = eval_->evaluate(*model_);
+    KILN_ASSIGN_OR_RETURN(rec->val_loss, eval_->evaluate(*model_, pass));
+    std::vector<double> v;
+    for (const auto& [d, loss] : rec->val_loss) v.push_back(loss);
+    KILN_RETURN_IF_ERROR(share(&v));
+    size_t i = 0;
+    for (auto& [d, loss] : rec->val_loss) loss = v[i++];
     mix_->observe_val(rec->val_loss);
   }
   if (task_eval_ && rec->step % config_.eval.every_steps == 0) {
-    for (const auto& [name, r] : task_eval_->evaluate(*model_)) {
-      rec->tasks[name] = {{"acc", r.acc}, {"acc_norm", r.acc_norm}};
+    KILN_ASSIGN_OR_RETURN(auto results, task_eval_->evaluate(*model_, pass));
+    std::vector<double> v;
+    for (const auto& [name, r] : results) v.insert(v.end(), {r.acc, r.acc_norm});
+    KILN_RETURN_IF_ERROR(share(&v));
+    size_t i = 0;
+    for (const auto& [name, r] : results) {
+      rec->tasks[name] = {{"acc", v[i]}, {"acc_norm", v[i + 1]}};
+      i += 2;
     }
   }
   mix_->observe_step(rec->domain_loss, in.domain_sequences);
