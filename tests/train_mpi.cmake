@@ -59,9 +59,9 @@ if(KILN_HAVE_MPI)
 endif()
 # Pipeline-parallel `kiln train` (tests/train_pp.sh): PP=2/4, GPipe, PP x TP, PP x DP ZeRO-1 and
 # PP x TP x DP against one process; llama with doc_mask; spike rollback; the refusals; a stage that
-# dies or stalls.
+# dies or stalls; the first stage's measured memory against kiln plan.
 if(KILN_HAVE_MPI)
-  foreach(check equivalence llama rollback refuse fail)
+  foreach(check equivalence llama rollback refuse fail memory)
     add_test(NAME train_pp_${check}
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_pp.sh ${check} $<TARGET_FILE:kiln>
                      ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_pp ${MPIEXEC_EXECUTABLE})

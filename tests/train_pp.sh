@@ -21,6 +21,10 @@
 #   refuse       ZeRO-2 and ZeRO-3 with parallel.pp 2 (exit 2 naming parallel.zero_stage and
 #                why), pp * tp not dividing the world (exit 2 naming parallel.pp); grad_accum below
 #                pp only warns (bubble).
+#   memory       what the first stage (world rank 0, the most micro-batches in flight) allocates
+#                through the backend at most, against `kiln plan --json`'s stage 0 total: within
+#                10% for PP=2 and PP=4 at m = 4 and 8 under 1F1B and GPipe; under 1F1B it does not
+#                grow with m (the in-flight count is the stage count), under GPipe it does.
 #   fail         a stage that dies (kill -9 of rank 1 of a PP=2 run): mpirun stops every rank and
 #                names it; a stage that stalls (KILN_TEST_STALL, world rank 1 sleeps 120 s at step
 #                3) with parallel.collective_timeout_s 2: the job stops itself long before, and
@@ -84,6 +88,53 @@ skips = [r["step"] for r in metrics("pp216") if r["skipped"]]
 print(f"PP=2 fp16: steps skipped for the overflow on the last rank: {skips} (want [3])")
 check("fp16 overflow skip", skips == [3] and metrics("pp216")[2]["skip_reason"] == "overflow")
 finish()
+PY
+  ;;
+memory)
+  for pp in 2 4; do
+    for sch in 1f1b gpipe; do
+      for m in 4 8; do
+        run=pp$pp-$sch-m$m
+        train $pp 2 $run 2 --set checkpoint.at_end=false --set data.grad_accum=$m \
+          --set parallel.pp=$pp --set parallel.pp_schedule=$sch >$run.log 2>&1
+        grep -o "world rank 0 (.*peak [0-9]* bytes" $run.log >$run.peak ||
+          { echo "no peak line in $run.log"; cat $run.log; exit 1; }
+        "$KILN" plan "${MODEL[@]}" --set data.micro_batch=2 --set data.grad_accum=$m --world $pp \
+          --pp $pp --schedule $sch --json >$run.plan.json
+      done
+    done
+  done
+  /usr/bin/python3 - <<'PY'
+import json, re
+ok = True
+peak = {}
+for pp in (2, 4):
+    for sch in ("1f1b", "gpipe"):
+        for m in (4, 8):
+            run = f"pp{pp}-{sch}-m{m}"
+            line = open(f"{run}.peak").read()
+            got = int(re.search(r"peak ([0-9]+) bytes", line).group(1))
+            flight = int(re.search(r"([0-9]+) micro-batch", line).group(1))
+            rows = [p for p in json.load(open(f"{run}.plan.json"))
+                    if p["tp"] == 1 and p["pp"] == pp and p["zero_stage"] == 0
+                    and p["activation_checkpointing"] == "none"]
+            st = rows[0]["stages"][0]
+            want = st["bytes_per_rank"]["total"]
+            err = abs(got - want) / want
+            peak[pp, sch, m] = got
+            print(f"PP={pp} {sch} m={m}: stage 0 keeps {flight} in flight (plan {st['in_flight']}), "
+                  f"peak {got} bytes, plan {want} ({100 * err:.2f}% apart)")
+            ok &= flight == st["in_flight"] and err <= 0.10
+for pp in (2, 4):
+    # 1F1B: the activations stay; only the step's staged token batches (a few KiB) grow with m.
+    d1 = peak[pp, "1f1b", 8] - peak[pp, "1f1b", 4]
+    same = 0 <= d1 <= 0.02 * peak[pp, "1f1b", 4]
+    grows = peak[pp, "gpipe", 8] > 1.2 * peak[pp, "gpipe", 4]
+    print(f"PP={pp}: 1F1B m=4 -> 8 +{d1} bytes ({'the token batches only' if same else 'GROWS'}); "
+          f"GPipe m=4 -> 8 {'grows' if grows else 'DOES NOT GROW'} "
+          f"(+{peak[pp, 'gpipe', 8] - peak[pp, 'gpipe', 4]} bytes)")
+    ok &= same and grows
+raise SystemExit(0 if ok else "memory check failed")
 PY
   ;;
 llama)

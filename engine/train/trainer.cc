@@ -1261,6 +1261,13 @@ Status Trainer::run() {
           "rank {}",
           dp_->zero()->stage(), dp_->zero()->peak_buffer_bytes(), dp_->world_rank());
     }
+    // Every rank: what it allocated through the backend at most (model states, activations,
+    // staged batches, communication buffers), beside `kiln plan`'s per-rank figure.
+    const DeviceMemory dm = params_->runtime().memory();
+    KILN_LOG_INFO(
+        "world rank {} (pipeline stage {} of {}, {} micro-batch(es) in flight): peak {} bytes "
+        "allocated through the backend",
+        dp_->world_rank(), dp_->pp_rank(), dp_->pp_size(), model_->pp_slots(), dm.peak);
     if (device_memory_peak_ > 0) {
       KILN_LOG_INFO("peak device memory {} ({})", mib(device_memory_peak_),
                     params_->runtime().describe());
