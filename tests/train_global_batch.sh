@@ -7,7 +7,7 @@
 # `kiln mix set` between the save and the resume (mixset), and with an epoch end of a domain
 # between the save and the end (epoch).
 #   train_global_batch.sh CHECK KILN SOURCE_DIR WORK_DIR MPIEXEC
-#   (CHECK: equivalence | resume | mixset | epoch)
+#   (CHECK: equivalence | resume | mixset | mixset_pp | epoch)
 source "$(dirname "$0")/mpi_train_common.sh"
 if [ "$CHECK" != epoch ]; then  # epoch prepares a smaller corpus of its own
   "$SRC/tools/default_corpus" corpus >/dev/null
@@ -119,6 +119,30 @@ case "$CHECK" in
       weights "$r" 11 20 "{\"$D1\": 0.25, \"$D2\": 0.75}"
     done
     compare whole cut 11
+    same_position whole cut 20
+    ;;
+  mixset_pp)
+    # The same with pipeline stages (the loss and the per-domain sums are the last stage's,
+    # shared with every rank; the control file is read by rank 0, a first stage): save at step 10
+    # on PP=2 (2 ranks), `kiln mix set`, resume on PP=2 x DP=2 (4 ranks); the reference is the
+    # uninterrupted 2-rank data-parallel run with the schedule point at step 10.
+    read -r D1 D2 _ <<<"$(domains)"
+    OLD="{$D1: 0.5, $D2: 0.5}"
+    NEW="{$D1: 0.25, $D2: 0.75}"
+    run 2 whole 20 --set data.micro_batch=4 --set data.mixture="$OLD" --set checkpoint.every_steps=10 \
+      --set mixing.policy=schedule --set mixing.update_every=1000 \
+      --set mixing.schedule="[{step: 0, weights: $OLD}, {step: 10, weights: $NEW}]"
+    run 2 cut 10 --set data.micro_batch=4 --set data.grad_accum=2 --set parallel.pp=2 \
+      --set data.mixture="$OLD" --set checkpoint.at_end=true
+    "$KILN" mix set cut "$D1=0.25" "$D2=0.75" >mixset.log
+    run 4 cut 20 --set data.micro_batch=2 --set data.grad_accum=2 --set parallel.pp=2 \
+      --set data.mixture="$OLD" --set checkpoint.at_end=true --resume
+    grep -q "pipeline: 2 stages" cut.log || { echo "the resumed run is not pipelined"; cat cut.log; exit 1; }
+    for r in whole cut; do
+      weights "$r" 1 10 "{\"$D1\": 0.5, \"$D2\": 0.5}"
+      weights "$r" 11 20 "{\"$D1\": 0.25, \"$D2\": 0.75}"
+    done
+    compare whole cut 1
     same_position whole cut 20
     ;;
   epoch)

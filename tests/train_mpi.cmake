@@ -47,9 +47,10 @@ if(KILN_HAVE_MPI)
 endif()
 # The same global batch at any data-parallel size on `kiln prep` data (tests/train_global_batch.sh):
 # DP 1/2/4, accumulation and DP x TP ZeRO-3 against one process; resume 2 -> 4 and 4 -> 1 ranks;
-# resume 2 -> 4 with a `kiln mix set` in between (mixset) and across an epoch end (epoch).
+# resume 2 -> 4 with a `kiln mix set` in between (mixset; mixset_pp: saved on PP=2, resumed on
+# PP=2 x DP=2) and across an epoch end (epoch).
 if(KILN_HAVE_MPI)
-  foreach(check equivalence resume mixset epoch)
+  foreach(check equivalence resume mixset mixset_pp epoch)
     add_test(NAME train_global_batch_${check}
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train_global_batch.sh ${check} $<TARGET_FILE:kiln>
                      ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_global_batch
