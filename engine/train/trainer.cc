@@ -626,13 +626,9 @@ Status Trainer::forward_backward(const StepInput& in, StepRecord* rec) {
     // The losses exist on the last stage only: summed over the pipeline with zeros elsewhere
     // (exact: x + 0 is x), so every stage logs and decides the same; with the stages' waits and
     // times for the measured bubble.
-    if (!pipeline_->last()) std::fill(sums.begin(), sums.end(), 0.0);
     sums.push_back(pp_timing.wait_ms);
     sums.push_back(pp_timing.total_ms);
-    KILN_RETURN_IF_ERROR(
-        dp_->pp_group()
-            .allreduce(sums.data(), sums.size(), comm::DType::kFloat64, comm::ReduceOp::kSum)
-            .prefixed("step loss over the pipeline stages"));
+    KILN_RETURN_IF_ERROR(from_last_stage(&sums, 2, "step loss"));
     const double total = sums.back();
     sums.pop_back();
     const double waited = sums.back();
@@ -831,6 +827,14 @@ Status Trainer::skip_overflow(const StepInput& in, StepRecord* rec) {
       d.why, diagnosis));
 }
 
+Status Trainer::from_last_stage(std::vector<double>* values, size_t own, const char* what) {
+  // Zeros elsewhere make the sum exact (x + 0 is x).
+  if (!pipeline_->last()) std::fill(values->begin(), values->end() - own, 0.0);
+  return dp_->pp_group()
+      .allreduce(values->data(), values->size(), comm::DType::kFloat64, comm::ReduceOp::kSum)
+      .prefixed(fmt::format("{} over the pipeline stages", what));
+}
+
 // Evaluation and the mixing policy see the weights after this step's update.
 Status Trainer::observe(const StepInput& in, StepRecord* rec) {
   // With pipeline stages the forward pass runs through them, the last stage's results are
@@ -847,11 +851,7 @@ Status Trainer::observe(const StepInput& in, StepRecord* rec) {
     };
   }
   auto share = [&](std::vector<double>* v) -> Status {
-    if (!pipeline_) return Status::ok();
-    if (!pipeline_->last()) std::fill(v->begin(), v->end(), 0.0);
-    return dp_->pp_group()
-        .allreduce(v->data(), v->size(), comm::DType::kFloat64, comm::ReduceOp::kSum)
-        .prefixed("evaluation over the pipeline stages");
+    return pipeline_ ? from_last_stage(v, 0, "evaluation") : Status::ok();
   };
   if (eval_ && rec->step % config_.eval.every_steps == 0) {
     KILN_ASSIGN_OR_RETURN(rec->val_loss, eval_->evaluate(*model_, pass));

@@ -97,6 +97,10 @@ class Trainer {
   Status update(const StepInput& in, const StepStats& stats, StepRecord* rec);
   Status skip_overflow(const StepInput& in, StepRecord* rec);
   Status observe(const StepInput& in, StepRecord* rec);
+  // With pipeline stages: values[0, size - own) exist on the last stage only, the last `own` on
+  // every stage; summed over the stages, every rank then holds the last stage's values and the
+  // stages' sums of the rest.
+  Status from_last_stage(std::vector<double>* values, size_t own, const char* what);
   Result<StepRecord> record(StepRecord rec, const StepInput& in,
                             std::chrono::steady_clock::time_point t0);
   bool layer_stats_due(int64_t step) const;

@@ -5,12 +5,14 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "engine/model/params.h"
 #include "engine/train/train_config.h"
 #include "engine/train/trainer.h"
 
@@ -33,6 +35,19 @@ inline std::string temp_dir(const std::string& suite, const std::string& name) {
                             ("kiln_" + suite + "_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(p);
   return p.string();
+}
+
+// Model states that tell every element apart: the weights initialised from `seed`, the AdamW
+// moments a function of (tensor, element) (for checkpoint round trips and reshards).
+inline void fill_distinct_states(ParamStore& params, uint64_t seed) {
+  params.init(seed);
+  for (size_t i = 0; i < params.tensors().size(); ++i) {
+    const int ti = static_cast<int>(i);
+    for (size_t k = 0; k < params.tensors()[i].numel; ++k) {
+      params.exp_avg(ti)[k] = 0.001f * static_cast<float>(k) + static_cast<float>(i);
+      params.exp_avg_sq(ti)[k] = std::sqrt(static_cast<float>(k + i));
+    }
+  }
 }
 
 // The config that `kiln train --set s ...` would run with, for sets = base then extra; a bad key or

@@ -24,6 +24,7 @@
 
 #include "engine/model/params.h"
 #include "engine/parallel/layout_plan.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace kiln::engine {
 namespace {
@@ -41,17 +42,8 @@ ModelConfig model() {
   return m;
 }
 
-// The whole model's states: initialised weights, moments a function of (tensor, element).
-void fill_whole(ParamStore& whole) {
-  whole.init(1234);
-  for (size_t i = 0; i < whole.tensors().size(); ++i) {
-    const int ti = static_cast<int>(i);
-    for (size_t k = 0; k < whole.tensors()[i].numel; ++k) {
-      whole.exp_avg(ti)[k] = 0.001f * static_cast<float>(k) + static_cast<float>(i);
-      whole.exp_avg_sq(ti)[k] = std::sqrt(static_cast<float>(k + i));
-    }
-  }
-}
+// The whole model's states: every element distinct (engine_test_util.h).
+void fill_whole(ParamStore& whole) { test::fill_distinct_states(whole, 1234); }
 
 // A checkpoint of the whole model written by `tp` tensor-parallel ranks (one process with tp 1),
 // as the trainer writes it; in a child process, so the parent never holds the whole model.

@@ -26,6 +26,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/model/params.h"
 #include "engine/parallel/layout_plan.h"
+#include "tests/engine/engine_test_util.h"
 #include "tests/kiln_cli.h"
 
 namespace kiln::engine {
@@ -56,17 +57,8 @@ ModelConfig llama() {
   return m;
 }
 
-// The whole model's states: initialised weights, moments a function of (tensor, element).
-void fill_whole(ParamStore& whole) {
-  whole.init(4321);
-  for (size_t i = 0; i < whole.tensors().size(); ++i) {
-    const int ti = static_cast<int>(i);
-    for (size_t k = 0; k < whole.tensors()[i].numel; ++k) {
-      whole.exp_avg(ti)[k] = 0.001f * static_cast<float>(k) + static_cast<float>(i);
-      whole.exp_avg_sq(ti)[k] = std::sqrt(static_cast<float>(k + 3 * i));
-    }
-  }
-}
+// The whole model's states: every element distinct (engine_test_util.h).
+void fill_whole(ParamStore& whole) { test::fill_distinct_states(whole, 4321); }
 
 struct Layout {
   int pp = 1, tp = 1, dp = 1;   // dp > 1: ZeRO-1 partitions (every data-parallel rank writes)
@@ -173,12 +165,7 @@ void write_layout(const std::string& run, const ParamStore& whole, const Layout&
   ASSERT_TRUE(done.is_ok()) << done.to_string();
 }
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("kiln_ppck_" + std::to_string(getpid()) + "_" + name);
-  fs::remove_all(p);
-  return p.string();
-}
+std::string fresh_dir(const std::string& name) { return test::temp_dir("ppck", name); }
 
 // Loads the checkpoint into stage s / TP rank t of layout `to` (a whole store when to is 1 x 1):
 // every held unit's tensors are the whole model's slices bit for bit, only `sources` stages'
