@@ -353,6 +353,16 @@ Result<TrainConfig> parse_train_config(const Config& cfg) {
           return bad("parallel.pp_layers", "expected whole numbers of blocks");
         }
         if (v < 1) return bad("parallel.pp_layers", "every stage needs at least one block");
+        // (each entry at most n_layers <= 2^16 and at most parallel.pp entries: the sum cannot
+        // overflow, as [2^63 - 1, 2^63 - 1, 6] once did, passing the check below)
+        if (v > m.n_layers) {
+          return bad("parallel.pp_layers",
+                     fmt::format("a stage of {} blocks, model.n_layers is {}", v, m.n_layers));
+        }
+        if (static_cast<int64_t>(c.parallel.pp_layers.size()) >= c.parallel.pp) {
+          return bad("parallel.pp_layers",
+                     fmt::format("has more than parallel.pp ({}) entries", c.parallel.pp));
+        }
         total += v;
         c.parallel.pp_layers.push_back(v);
       }

@@ -19,9 +19,13 @@ Result<prep::Tokenizer> model_tokenizer(const engine::ModelWeights& w,
 // The inference model of `w` on the device `kiln generate` / `kiln eval` run on: --device
 // (`flag`: cpu | cuda) when given, else the run's config.yaml `device` (ModelWeights::device),
 // else cpu. An unknown name, or cuda where no GPU is usable (or the build has no CUDA), is an
-// error naming --device (exit 2) that says why.
+// error naming --device (exit 2) that says why. Before the weights are read, the memory of
+// `positions` positions on that device is held against what it has
+// (engine::check_inference_memory; over it: an error naming `key`, exit 2).
 Result<std::unique_ptr<engine::GptInference>> load_inference(engine::ModelWeights& w,
-                                                             const std::string& flag);
+                                                             const std::string& flag,
+                                                             int64_t positions,
+                                                             const std::string& key);
 
 // Writes the tokenizer of `w` (or `flag_path`) into an exported directory as Hugging Face
 // tokenizer.json + tokenizer_config.json (a SentencePiece tokenizer: tokenizer.model), through
