@@ -6,7 +6,9 @@
 #include <string>
 
 #include "common/atomic_file.h"
+#include "common/bounded_read.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "dataprep/tokenizer/regex_split.h"
 #include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_impl.h"
@@ -51,10 +53,19 @@ std::string eos_from_config(const std::string& origin) {
   std::error_code ec;
   auto cfg = std::filesystem::path(origin).parent_path() / "tokenizer_config.json";
   if (origin.empty() || !std::filesystem::is_regular_file(cfg, ec)) return "";
-  auto text = read_file(cfg.string());
-  if (!text.is_ok()) return "";
+  // (64 MiB: a tokenizer_config.json is a few KiB; one that is /dev/zero must not take memory)
+  auto text = read_file_capped(cfg.string(), uint64_t{64} << 20);
+  if (!text.is_ok()) {
+    KILN_LOG_WARN("{}: not read ({}); the end-of-text token is taken from the tokenizer itself",
+                  cfg.string(), text.status().message());
+    return "";
+  }
   auto parsed = parse_untrusted_json(*text);
-  if (!parsed.is_ok() || !parsed->is_object()) return "";
+  if (!parsed.is_ok() || !parsed->is_object()) {
+    KILN_LOG_WARN("{}: not a JSON object; the end-of-text token is taken from the tokenizer itself",
+                  cfg.string());
+    return "";
+  }
   auto it = parsed->find("eos_token");
   if (it == parsed->end()) return "";
   if (it->is_string()) return it->get<std::string>();
