@@ -113,7 +113,7 @@ uint64_t inference_memory_bytes(const ModelConfig& m, int64_t positions) {
 }
 
 Status check_inference_memory(const ModelConfig& m, int64_t positions, Device device,
-                              const std::string& key) {
+                              const std::string& key, uint64_t extra_bytes) {
   KILN_ASSIGN_OR_RETURN(Runtime * rt, runtime_for(device));
   uint64_t have = 0;
   std::string source;
@@ -127,7 +127,7 @@ Status check_inference_memory(const ModelConfig& m, int64_t positions, Device de
     have = host.available;
     source = host.source;
   }
-  const uint64_t need = inference_memory_bytes(m, positions);
+  const uint64_t need = inference_memory_bytes(m, positions) + extra_bytes;
   if (need <= have) return Status::ok();
   return Status::config(
              fmt::format("{} positions of this model (d_model {}, {} layers, vocabulary {}) "

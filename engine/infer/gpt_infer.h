@@ -121,8 +121,9 @@ uint64_t inference_memory_bytes(const ModelConfig& model, int64_t positions);
 // kConfig naming `key` (the flag that sets the positions, e.g. --max-tokens) when that estimate
 // is over what `device` can have (host: common/host_memory.h; a GPU: its free memory), with the
 // figures; ok when nothing can be measured. Before anything large is allocated.
+// extra_bytes: more the caller will allocate (kiln generate --logits: the full forward's).
 Status check_inference_memory(const ModelConfig& model, int64_t positions, Device device,
-                              const std::string& key);
+                              const std::string& key, uint64_t extra_bytes = 0);
 
 // Generates after `prompt` (non-empty, at most seq_len tokens), calling on_token for each new id
 // as it is made.

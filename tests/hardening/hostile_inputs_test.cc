@@ -388,6 +388,7 @@ TEST_F(HostileInputs, PlanOfSizesPastSixtyFourBitsIsRefusedNamingTheKey) {
                "/run --set data.micro_batch=1048576 --set model.seq_len=16777216");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(has(r.err, "data.micro_batch")) << r.err;
+  EXPECT_FALSE(fs::exists(root_ + "/run"));
 }
 
 // The split pp_stage_split makes (now in O(pp log L)) is the one the O(pp L^2) program made:

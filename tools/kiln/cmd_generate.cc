@@ -157,6 +157,11 @@ Status run_generate(GenerateArgs& a) {
     if (static_cast<int64_t>(p.size()) > w.model.seq_len) {
       return Status::usage("--logits: the prompt is longer than the model's context");
     }
+    // The logits on the device and their host copy (a prompt of millions of tokens over a
+    // large vocabulary is terabytes).
+    const uint64_t bytes = 2 * p.size() * static_cast<uint64_t>(w.model.vocab_size) * 4;
+    KILN_RETURN_IF_ERROR(engine::check_inference_memory(w.model, static_cast<int64_t>(p.size()),
+                                                        model->device(), "--logits", bytes));
     std::vector<float> logits(p.size() * static_cast<size_t>(w.model.vocab_size));
     model->forward_full(p.data(), static_cast<int>(p.size()), logits.data());
     KILN_RETURN_IF_ERROR(
