@@ -13,3 +13,9 @@ foreach(arch gpt2 llama)
   set_tests_properties(gguf_llama_cpp_${arch} PROPERTIES LABELS "e2e;parity" TIMEOUT 600
                        SKIP_RETURN_CODE 77)
 endforeach()
+if(KILN_HAVE_MPI)  # a DP=2 x TP=2 ZeRO-3 checkpoint's GGUF equals its consolidated file's
+  add_test(NAME gguf_llama_cpp_mpi
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/gguf_llama_cpp.sh mpi $<TARGET_FILE:kiln>
+                   ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/gguf_llama_cpp ${MPIEXEC_EXECUTABLE})
+  set_tests_properties(gguf_llama_cpp_mpi PROPERTIES LABELS "mpi;e2e" TIMEOUT 600)
+endif()

@@ -15,9 +15,14 @@
 #     max |dp| <= 1e-4 (f32; 1e-5 with llama.cpp's key/value cache in f32 instead of its default
 #     f16), f16 within 2e-3, q8_0 within 2e-2 (their greedy agreement is
 #     reported: rounded weights can flip a near-tie, and the continuation differs from there on);
+#   - a chat template in a tokenizer_config.json beside the tokenizer reaches llama.cpp as
+#     written, with bos = eos = the end-of-text id;
 #   - the export is the same bytes from the checkpoint, its consolidated file and its Hugging
 #     Face export; a tokenizer llama.cpp cannot reproduce (kiln-v1) is refused (exit 2) saying
 #     why and what to retrain with.
+# ARCH mpi (5th argument: mpiexec): a llama (GQA, biases) trained DP=2 x TP=2 ZeRO-3 on 4 ranks:
+# the GGUF of its sharded checkpoint is its consolidated file's, byte for byte, at f32 and q8_0
+# (Kiln only; llama.cpp is not needed).
 # Exit 77 (skip) only when node-llama-cpp cannot be installed / loaded here.
 set -euo pipefail
 ARCH=$1
@@ -30,6 +35,33 @@ fail() {
   echo "FAIL: $*"
   exit 1
 }
+if [ "$ARCH" = mpi ]; then
+  MPI=$5
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK"
+  "$SRC/tools/default_corpus" corpus --max-mb 1 >/dev/null 2>&1
+  "$KILN" prep --input corpus --output data --threads 2 --set tokenizer.vocab_size=512 \
+    >/dev/null 2>prep.log || { cat prep.log; fail "kiln prep"; }
+  "$MPI" -np 4 --oversubscribe "$KILN" train --quiet --config "$SRC/configs/train/tiny.yaml" \
+    --set data.manifest=data --set model.vocab_size=512 --set model.d_model=32 \
+    --set model.n_layers=2 --set model.n_heads=4 --set model.seq_len=32 --set model.arch=llama \
+    --set model.n_kv_heads=2 --set model.ffn_hidden=64 --set model.tie_embeddings=false \
+    --set model.bias=true --set parallel.tp=2 --set parallel.zero_stage=3 --set run.dir=z3 \
+    --set run.steps=2 --set run.threads=1 --set data.micro_batch=4 --set schedule.warmup_steps=1 \
+    >z3.log 2>&1 || { cat z3.log; fail "DP=2 x TP=2 ZeRO-3 run"; }
+  step=z3/checkpoints/$(cat z3/checkpoints/latest)
+  ls "$step"/shard-tp*-dp* >/dev/null || fail "no per-rank shard files"
+  "$KILN" checkpoint consolidate "$step" -o z3.safetensors >/dev/null
+  for dt in f32 q8_0; do
+    "$KILN" checkpoint export "$step" --format gguf --dtype $dt -o "shards-$dt.gguf" >/dev/null
+    "$KILN" checkpoint export z3.safetensors --format gguf --dtype $dt -o "cons-$dt.gguf" \
+      --tokenizer data/tokenizer.json >/dev/null
+    cmp "shards-$dt.gguf" "cons-$dt.gguf" || fail "$dt: the sharded checkpoint's GGUF differs"
+  done
+  echo "ok   DP=2 x TP=2 ZeRO-3 checkpoint's GGUF == its consolidated file's (f32, q8_0)"
+  echo "PASS"
+  exit 0
+fi
 if ! "$SRC/tools/llama_cpp/install"; then
   echo "SKIP: llama.cpp (npm node-llama-cpp 3.21.1) is not installed and cannot be (tools/llama_cpp/install)"
   exit 77
@@ -196,6 +228,27 @@ for dt in ["f32", "f32-kv32", "f16", "q8_0"]:
         # reported, not asserted (the distributions' bound above is the check).
         print("     %s: greedy tokens equal Kiln's at %d of %d steps" % (dt, same, total))
 sys.exit(1 if failures else 0)
+PY
+
+# A chat template (tokenizer_config.json beside the tokenizer) reaches llama.cpp as written.
+mkdir -p tpl
+cp data/tokenizer.json tpl/
+$PY - <<'PY'
+import json
+t = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|endoftext|>{% endfor %}"
+json.dump({"chat_template": t}, open("tpl/tokenizer_config.json", "w"))
+json.dump({"model": "tpl.gguf"}, open("req-tpl.json", "w"))
+PY
+"$KILN" checkpoint export run --format gguf -o tpl.gguf --tokenizer tpl/tokenizer.json >/dev/null
+node "$NODE_SCRIPT" <req-tpl.json >llama-tpl.json 2>llama-tpl.err || { cat llama-tpl.err; fail "llama.cpp on tpl.gguf"; }
+$PY - <<'PY' || fail "the chat template or the special ids differ"
+import json
+r = json.load(open("llama-tpl.json"))["meta"]
+want = json.load(open("tpl/tokenizer_config.json"))["chat_template"]
+eos = json.load(open("data/manifest.json"))["tokenizer"]["eos_id"]
+assert r["chat_template"] == want, r["chat_template"]
+assert r["eos"] == eos and r["bos"] == eos, (r["bos"], r["eos"], eos)
+print("ok   llama.cpp reads the chat template as written, bos = eos = %d" % eos)
 PY
 
 # A tokenizer llama.cpp cannot reproduce is refused, saying why and what to retrain with.

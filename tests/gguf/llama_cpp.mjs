@@ -33,6 +33,9 @@ const md = model.fileInfo.metadata;
 out.meta.architecture = md.general.architecture;
 out.meta.pre = md.tokenizer?.ggml?.pre;
 out.meta.context = md[md.general.architecture].context_length;
+out.meta.chat_template = md.tokenizer?.chat_template ?? null;
+out.meta.bos = model.tokens.bos;
+out.meta.eos = model.tokens.eos;
 out.tokens = (req.texts ?? []).map((t) => Array.from(model.tokenize(t, false)));
 
 // kv_f32: keys and values cached in f32 (llama.cpp's default is f16) and no flash attention, so
