@@ -2,8 +2,8 @@
 // export (tests/gguf_llama_cpp.sh). Reads one JSON request on stdin, writes one JSON answer:
 //   {"model": FILE.gguf, "texts": [...],                 -> "tokens": [[ids of each text]]
 //    "greedy": [[prompt ids], ...], "steps": 32,          -> "greedy": [[32 ids after each]]
-//    "dist": [prompt ids],                                -> "dist": [[p over the vocabulary]
-//                                                            after each prompt position]
+//    "dists": [[prompt ids], ...],                        -> "dists": per prompt, [[p over the
+//                                                            vocabulary] after each position]
 //    "kv_f32": false}                                        (see below)
 // plus "vocab" (n_vocab) and "meta" (a few GGUF keys as llama.cpp read them). Tokenizing is
 // llama.cpp's own (special tokens not parsed, nothing added: add_bos_token false); greedy is
@@ -64,15 +64,16 @@ for (const prompt of req.greedy ?? []) {
   }
   out.greedy.push(got);
 }
-if (req.dist) {
+out.dists = [];
+for (const prompt of req.dists ?? []) {
   await fresh();
-  const res = await seq.controlledEvaluate(req.dist.map((t) =>
+  const res = await seq.controlledEvaluate(prompt.map((t) =>
       [t, {generateNext: {probabilities: true, options: {temperature: 0}}}]));
-  out.dist = res.map((r) => {
+  out.dists.push(res.map((r) => {
     const row = new Array(r.next.probabilities.size).fill(null);
     for (const [tok, prob] of r.next.probabilities) row[tok] = prob;
     return row;
-  });
+  }));
 }
 process.stdout.write(JSON.stringify(out));
 await ctx.dispose();
