@@ -31,7 +31,7 @@ KILN=$(readlink -f "$2")
 SRC=$(readlink -f "$3")
 WORK=$4/$ARCH
 PY=/usr/bin/python3
-NODE_SCRIPT="$SRC/tests/gguf/llama_cpp.mjs"
+export NODE_SCRIPT="$SRC/tests/gguf/llama_cpp.mjs"
 fail() {
   echo "FAIL: $*"
   exit 1
@@ -255,6 +255,30 @@ eos = json.load(open("data/manifest.json"))["tokenizer"]["eos_id"]
 assert r["chat_template"] == want, r["chat_template"]
 assert r["eos"] == eos and r["bos"] == eos, (r["bos"], r["eos"], eos)
 print("ok   llama.cpp reads the chat template as written, bos = eos = %d" % eos)
+PY
+
+# A tokenizer trained with GPT-2's pre-tokenizer goes to llama.cpp as "gpt-2", with Kiln's ids
+# (tokenizing only: the model was trained on the llama3 one).
+"$KILN" tokenizer train --vocab-size 1024 --pretokenizer gpt2 --input corpus --max-bytes 2M \
+  --output gpt2_pre.json >/dev/null 2>&1
+"$KILN" checkpoint export run --format gguf -o gpt2_pre.gguf --tokenizer gpt2_pre.json >export-gpt2pre.log
+grep -q "pre-tokenizer gpt-2" export-gpt2pre.log || fail "a gpt2 pre-tokenizer is not written as gpt-2"
+$PY - "$KILN" <<'PY' || fail "llama.cpp's ids differ from Kiln's for the gpt2 pre-tokenizer"
+import json, os, subprocess, sys
+c = json.load(open("cases.json"))
+want = [[int(x) for x in subprocess.run([sys.argv[1], "tokenizer", "encode", "--tokenizer", "gpt2_pre.json"],
+                                        input=t.encode(), capture_output=True, check=True).stdout.split()]
+        for t in c["texts"]]
+json.dump({"model": "gpt2_pre.gguf", "texts": c["texts"]}, open("req-gpt2pre.json", "w"))
+got = json.loads(subprocess.run(["node", os.environ["NODE_SCRIPT"]],
+                                stdin=open("req-gpt2pre.json"), capture_output=True, check=True).stdout)
+assert got["meta"]["pre"] == "gpt-2", got["meta"]
+bad = [(t[:40], w, g) for t, w, g in zip(c["texts"], want, got["tokens"]) if w != g]
+for t, w, g in bad:
+    print("FAIL %r\n  kiln  %s\n  llama %s" % (t, w, g))
+assert not bad
+print("ok   gpt2 pre-tokenizer: llama.cpp's gpt-2 gives Kiln's ids on %d mixed texts (%d tokens)"
+      % (len(want), sum(map(len, want))))
 PY
 
 # A tokenizer llama.cpp cannot reproduce is refused, saying why and what to retrain with.
