@@ -7,7 +7,9 @@
 # f16 2e-3, q8_0 2e-2); one export from a checkpoint, its
 # consolidated file and its HF export; a kiln-v1 tokenizer refused. Skips (77) only without the
 # peer.
-foreach(arch gpt2 llama)
+# converter: llama.cpp's convert_hf_to_gguf.py (its source, from node-llama-cpp's bundle)
+# recognises the tokenizer of a `--format hf` export of GPT-2's own tokenizer by its hash.
+foreach(arch gpt2 llama converter)
   add_test(NAME gguf_llama_cpp_${arch}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/gguf_llama_cpp.sh ${arch} $<TARGET_FILE:kiln>
                    ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/gguf_llama_cpp)

@@ -24,6 +24,15 @@
 # ARCH mpi (5th argument: mpiexec): a llama (GQA, biases) trained DP=2 x TP=2 ZeRO-3 on 4 ranks:
 # the GGUF of its sharded checkpoint is its consolidated file's, byte for byte, at f32 and q8_0
 # (Kiln only; llama.cpp is not needed).
+# ARCH converter: what llama.cpp's own convert_hf_to_gguf.py (read from the llama.cpp source that
+# node-llama-cpp ships, llama/gitRelease.bundle) decides about `--format hf` exports. It
+# recognises a BPE tokenizer by the SHA-256 of its ids for a fixed text (get_vocab_base_pre(), in
+# conversion/base.py): the export of a model with GPT-2's own tokenizer (tests/data/gpt2) gives,
+# through Kiln's tokenizer.json (and Hugging Face tokenizers' ids of it, when that peer is
+# installed), the hash the converter lists as "gpt-2"; a tokenizer Kiln trains is a new
+# vocabulary, whose hash no list holds (printed: the converter refuses it whatever its
+# pre-tokenizer; `--format gguf` is the way). The converter itself needs transformers, which
+# Debian does not package, so it is not run.
 # Exit 77 (skip) only when node-llama-cpp cannot be installed / loaded here.
 set -euo pipefail
 ARCH=$1
@@ -70,6 +79,57 @@ fi
 rm -rf "$WORK"
 mkdir -p "$WORK"
 cd "$WORK"
+
+if [ "$ARCH" = converter ]; then
+  git init -q llama.cpp
+  git -C llama.cpp fetch -q "$SRC/tools/llama_cpp/node_modules/node-llama-cpp/llama/gitRelease.bundle" 2>/dev/null ||
+    fail "cannot read node-llama-cpp's llama.cpp source bundle"
+  git -C llama.cpp show FETCH_HEAD:conversion/base.py >base.py 2>/dev/null ||
+    git -C llama.cpp show FETCH_HEAD:convert_hf_to_gguf.py >base.py
+  "$KILN" train --quiet --config "$SRC/configs/train/tiny.yaml" --set model.vocab_size=50257 \
+    --set model.d_model=32 --set model.n_layers=1 --set model.n_heads=2 --set model.seq_len=16 \
+    --set run.dir=run --set run.steps=1 --set run.threads=2 --set data.micro_batch=2 \
+    --set schedule.warmup_steps=1 >train.log 2>&1 || { cat train.log; fail "kiln train"; }
+  "$KILN" checkpoint export run -o hf --tokenizer "$SRC/tests/data/gpt2/vocab.json" >/dev/null
+  "$SRC/tools/default_corpus" corpus --max-mb 1 >/dev/null 2>&1
+  "$KILN" tokenizer train --vocab-size 1024 --input corpus --output trained.json >/dev/null 2>&1
+  HF=0
+  "$SRC/tools/hf_tokenizers/install" >/dev/null 2>&1 && HF=1
+  $PY - "$KILN" "$SRC" "$HF" <<'PY'
+import ast, hashlib, json, re, subprocess, sys
+kiln, src, hf = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+text = open("base.py", encoding="utf-8").read()
+chktxt = next(ast.literal_eval(m.group(1)) for m in re.finditer(r"^\s*chktxt = (.*)$", text, re.M))
+known = dict(re.findall(r'if chkhsh == "([0-9a-f]{64})":\s*\n(?:\s*#.*\n)*\s*res = "([^"]+)"', text))
+assert len(known) > 50, "no hash list found in the converter (%d)" % len(known)
+def kiln_ids(tok):
+    out = subprocess.run([kiln, "tokenizer", "encode", "--tokenizer", tok], input=chktxt.encode(),
+                         capture_output=True, check=True).stdout
+    return [int(x) for x in out.split()]
+def chkhsh(ids):  # as the converter: sha256(str(tokenizer.encode(chktxt)))
+    return hashlib.sha256(str(ids).encode()).hexdigest()
+ids = kiln_ids("hf/tokenizer.json")
+h = chkhsh(ids)
+print("GPT-2 tokenizer through --format hf: chkhsh %s -> %s" % (h, known.get(h)))
+assert known.get(h) == "gpt-2", "the converter would not recognise the export's GPT-2 tokenizer"
+if hf:
+    json.dump({"text": chktxt}, open("chk.jsonl", "w"))
+    open("chk.jsonl", "a").write("\n")
+    subprocess.run(["node", src + "/tools/hf_tokenizers/encode.js", "ids", "hf/tokenizer.json",
+                    "chk.jsonl", "chk_hf.jsonl"], check=True)
+    hf_ids = json.loads(open("chk_hf.jsonl").readline())["ids"]
+    assert hf_ids == ids, "Hugging Face tokenizers' ids of the export differ from Kiln's"
+    print("ok   Hugging Face tokenizers (what the converter's AutoTokenizer runs) gives the same ids")
+else:
+    print("     (Hugging Face tokenizers not installed: Kiln's ids only)")
+t = chkhsh(kiln_ids("trained.json"))
+print("ok   a tokenizer Kiln trains (llama3 pre-tokenizer): chkhsh %s -> %s: %s" % (
+    t, known.get(t), "a new vocabulary, which the converter refuses whatever its pre-tokenizer"
+    if t not in known else "recognised"))
+PY
+  echo "PASS"
+  exit 0
+fi
 
 "$SRC/tools/default_corpus" corpus --max-mb 3 >/dev/null 2>&1
 "$KILN" prep --input corpus --output data --threads 2 --set tokenizer.vocab_size=1024 \
