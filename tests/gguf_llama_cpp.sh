@@ -14,7 +14,7 @@
 #   - the full next-token distributions at every position of the prompts and their continuations
 #     agree: f32 with llama.cpp's key/value cache in f32, max |dp| <= 1e-5 (llama) / 1e-4 (gpt2:
 #     ggml's GELU rounds to fp16); with its default f16 cache <= 5e-4; f16 files within 2e-3,
-#     q8_0 within 2e-2 (their greedy agreement is
+#     bf16 within 1e-2, q8_0 within 2e-2 (their greedy agreement is
 #     reported: rounded weights can flip a near-tie, and the continuation differs from there on);
 #   - a chat template in a tokenizer_config.json beside the tokenizer reaches llama.cpp as
 #     written, with bos = eos = the end-of-text id;
@@ -93,6 +93,28 @@ if [ "$ARCH" = converter ]; then
   "$KILN" checkpoint export run -o hf --tokenizer "$SRC/tests/data/gpt2/vocab.json" >/dev/null
   "$SRC/tools/default_corpus" corpus --max-mb 1 >/dev/null 2>&1
   "$KILN" tokenizer train --vocab-size 1024 --input corpus --output trained.json >/dev/null 2>&1
+  # Refusals, exit 2, saying why: no tokenizer (synthetic data), an existing output without
+  # --overwrite, a GPT-2 without biases (llama.cpp's gpt2 requires them).
+  refused() {  # refused WORD CMD...
+    local word=$1
+    shift
+    set +e
+    "$@" >/dev/null 2>refusal.err
+    local rc=$?
+    set -e
+    [ "$rc" = 2 ] && grep -qF -- "$word" refusal.err || { cat refusal.err; fail "$*: exit $rc, expected 2 naming $word"; }
+    echo "ok   refused (exit 2): $(head -c 200 refusal.err)"
+  }
+  refused "--tokenizer" "$KILN" checkpoint export run --format gguf -o none.gguf
+  [ ! -e none.gguf ] || fail "a refused export left a file"
+  "$KILN" checkpoint export run --format gguf -o gpt2tok.gguf --tokenizer "$SRC/tests/data/gpt2/vocab.json" >/dev/null
+  refused "--overwrite" "$KILN" checkpoint export run --format gguf -o gpt2tok.gguf --tokenizer "$SRC/tests/data/gpt2/vocab.json"
+  refused "--dtype" "$KILN" checkpoint export run --format gguf -o x.gguf --dtype q4_0
+  "$KILN" train --quiet --config "$SRC/configs/train/tiny.yaml" --set model.vocab_size=50257 \
+    --set model.d_model=32 --set model.n_layers=1 --set model.n_heads=2 --set model.seq_len=16 \
+    --set model.bias=false --set run.dir=nobias --set run.steps=1 --set run.threads=2 \
+    --set data.micro_batch=2 --set schedule.warmup_steps=1 >train2.log 2>&1 || { cat train2.log; fail "kiln train"; }
+  refused "biases" "$KILN" checkpoint export nobias --format gguf -o nobias.gguf --tokenizer "$SRC/tests/data/gpt2/vocab.json"
   HF=0
   "$SRC/tools/hf_tokenizers/install" >/dev/null 2>&1 && HF=1
   $PY - "$KILN" "$SRC" "$HF" <<'PY'
@@ -149,7 +171,7 @@ fi
   --set run.dir=run --set run.steps=500 --set optimizer.lr=5e-3 --set run.threads=2 --set schedule.warmup_steps=5 \
   --set checkpoint.every_steps=500 >train.log 2>&1 || { cat train.log; fail "kiln train"; }
 
-for dt in f32 f16 q8_0; do
+for dt in f32 f16 bf16 q8_0; do
   "$KILN" checkpoint export run --format gguf -o "model-$dt.gguf" --dtype "$dt" >"export-$dt.log" ||
     fail "export --dtype $dt"
   cat "export-$dt.log"
@@ -227,7 +249,7 @@ json.dump(c, open("cases.json", "w"))
 PY
 
 # f32-kv32: the f32 file with llama.cpp's key/value cache in f32 instead of its default f16.
-for dt in f32 f32-kv32 f16 q8_0; do
+for dt in f32 f32-kv32 f16 bf16 q8_0; do
   $PY - "$dt" <<'PY' >"req-$dt.json"
 import json, sys
 c = json.load(open("cases.json"))
@@ -259,8 +281,9 @@ check(p_kiln.max() > 0.1, "the model is far from uniform (max p %.3f > 0.1 = 100
 # f32-kv32 is llama.cpp computing in f32 throughout: fp32 round-off for llama; for gpt2 also
 # ggml's GELU, which rounds its input and output to fp16 (GGML_GELU_FP16, ggml-cpu/vec.h).
 # f32 with llama.cpp's default f16 key/value cache adds that rounding.
-tol = {"f32": 5e-4, "f32-kv32": 1e-5 if arch == "llama" else 1e-4, "f16": 2e-3, "q8_0": 2e-2}
-for dt in ["f32", "f32-kv32", "f16", "q8_0"]:
+tol = {"f32": 5e-4, "f32-kv32": 1e-5 if arch == "llama" else 1e-4, "f16": 2e-3, "bf16": 1e-2,
+       "q8_0": 2e-2}
+for dt in ["f32", "f32-kv32", "f16", "bf16", "q8_0"]:
     r = json.load(open("llama-%s.json" % dt))
     if dt == "f32":
         check(r["meta"]["architecture"] == arch and r["meta"]["pre"] == "llama-bpe",
