@@ -8,7 +8,8 @@
 #   - a model trained by `kiln train` exported with `kiln checkpoint export --format gguf` (f32)
 #     loads in llama.cpp with the architecture and pre-tokenizer (llama-bpe) Kiln wrote;
 #   - llama.cpp's tokenizer gives `kiln tokenizer encode`'s ids on mixed text (prose, code,
-#     numbers, contractions, whitespace and newline runs, CJK, emoji, accents);
+#     numbers, contractions, whitespace and newline runs, CJK, Korean, Thai, Devanagari, emoji,
+#     accents, controls, U+0085, a BOM) and 30 seeded random strings;
 #   - llama.cpp's greedy tokens equal `kiln generate --temperature 0 --ids` for 32 tokens on
 #     several prompts;
 #   - the full next-token distributions at every position of the prompts and their continuations
@@ -210,8 +211,17 @@ texts = [
     "\u00a0non-breaking\u2009thin\u3000ideographic space\u200bzero-width\n\u2028line",
     "e\u0301 combining accents a\u0308o\u0308 and tab\t\tstops\n \n\n \n\t\n",
     "<|endoftext|> is text here, not a special token",
+    "a\u0085b \u0085\u0085 x \ufeffBOM ctrl\x1c\x1d\x1e\x1f sep crlf\r\n\r\nline\r\n",
+    "'''s 's 'S 'll 'LL 'Ll x' \u017f's 1234567 12 123456789012 __init__(self) -> None:",
+    "\ud55c\uad6d\uc5b4 \ud14d\uc2a4\ud2b8, \u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8\u3067\u3059\u3002, \u0e44\u0e17\u0e22 \u0e20\u0e32\u0e29\u0e32, \u092e\u093e\u0928\u0915 \u0939\u093f\u0928\u094d\u0926\u0940, \U0001f468\u200d\U0001f469\u200d\U0001f467 family",
+    "x" * 300 + " " * 50 + "y" + "\n" * 7 + "z",
     open("prompts.txt").read(),
 ]
+import random
+rng = random.Random(5)  # random strings over letters, marks, spaces, CJK, emoji, apostrophes
+pool = [chr(c) for c in list(range(32, 127)) + [0xa0, 0x85, 0x2028, 0x3000, 0x4e2d, 0x6587, 0xe9,
+                                                0x301, 0x1f600, 0x9, 0xa, 0xd, 0x2019, 0x27]]
+texts += ["".join(rng.choice(pool) for _ in range(80)) for _ in range(30)]
 ids = []
 for t in texts:
     out = subprocess.run([kiln, "tokenizer", "encode", "--tokenizer", "data/tokenizer.json"],
