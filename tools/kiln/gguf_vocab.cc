@@ -51,8 +51,9 @@ Result<engine::GgufVocab> gguf_vocab(const engine::ModelWeights& w, const std::s
   } else if (label == "kiln-v1") {
     return refuse(origin,
                   "its pre-tokenizer is kiln-v1, Kiln's own, which llama.cpp does not implement "
-                  "(every pre-tokenizer llama.cpp knows splits \"\\n\\n\", kiln-v1 keeps it whole, "
-                  "and more), so typed text would get ids the model was not trained on");
+                  "(kiln-v1 keeps CJK runs apart from Latin letters and combining marks inside "
+                  "words; neither llama-bpe nor gpt-2 does), so typed text would get ids the "
+                  "model was not trained on");
   } else {
     return refuse(origin,
                   "its pre-tokenizer regex is not one this export maps to llama.cpp (Llama 3's "
