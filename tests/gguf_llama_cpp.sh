@@ -11,7 +11,7 @@
 #     numbers, contractions, whitespace and newline runs, CJK, Korean, Thai, Devanagari, emoji,
 #     accents, controls, U+0085, a BOM) and 30 seeded random strings;
 #   - llama.cpp's greedy tokens equal `kiln generate --temperature 0 --ids` for 32 tokens on
-#     several prompts;
+#     several prompts, given as Kiln's ids and as typed text (tokenized by each side);
 #   - the full next-token distributions at every position of the prompts and their continuations
 #     agree: f32 with llama.cpp's key/value cache in f32, max |dp| <= 1e-5 (llama) / 1e-4 (gpt2:
 #     ggml's GELU rounds to fp16); with its default f16 cache <= 5e-4; f16 files within 2e-3,
@@ -233,7 +233,8 @@ for p in prompts:
     out = subprocess.run([kiln, "tokenizer", "encode", "--tokenizer", "data/tokenizer.json"],
                          input=p.encode(), capture_output=True, check=True).stdout.decode()
     pids.append([int(x) for x in out.split()])
-json.dump({"texts": texts, "ids": ids, "prompts": pids}, open("cases.json", "w"))
+json.dump({"texts": texts, "ids": ids, "prompts": pids, "prompt_texts": prompts},
+          open("cases.json", "w"))
 PY
 
 # Kiln's greedy tokens and full-forward logits.
@@ -241,6 +242,7 @@ $PY - "$KILN" <<'PY' || fail "kiln generate"
 import json, subprocess, sys
 kiln = sys.argv[1]
 c = json.load(open("cases.json"))
+prompts = c["prompt_texts"]
 greedy = []
 for p in c["prompts"]:
     out = subprocess.run([kiln, "generate", "run", "--prompt-ids", " ".join(map(str, p)),
@@ -255,6 +257,14 @@ for i, dp in enumerate(c["dist_prompts"]):
                     "--temperature", "0", "--max-tokens", "1", "--logits", "kiln_logits_%d.npy" % i],
                    capture_output=True, check=True)
 c["greedy"] = greedy
+# From typed text, as a user runs it: `kiln generate --prompt TEXT`.
+c["prompt_texts"] = prompts
+c["greedy_text"] = []
+for p in prompts:
+    out = subprocess.run([kiln, "generate", "run", "--prompt", p, "--temperature", "0", "--ids",
+                          "--no-echo", "--no-stop", "--max-tokens", "32"],
+                         capture_output=True, check=True).stdout.decode()
+    c["greedy_text"].append([int(x) for x in out.split()])
 json.dump(c, open("cases.json", "w"))
 PY
 
@@ -266,6 +276,7 @@ c = json.load(open("cases.json"))
 dt = sys.argv[1]
 print(json.dumps({"model": "model-%s.gguf" % dt.split("-")[0], "texts": c["texts"],
                   "greedy": c["prompts"], "steps": 32, "dists": c["dist_prompts"],
+                  "greedy_texts": c["prompt_texts"],
                   "kv_f32": dt.endswith("-kv32")}))
 PY
   node "$NODE_SCRIPT" <"req-$dt.json" >"llama-$dt.json" 2>"llama-$dt.err" ||
@@ -322,6 +333,9 @@ for dt in ["f32", "f32-kv32", "f16", "bf16", "q8_0"]:
         if not exact:
             for g, h in zip(c["greedy"], r["greedy"]):
                 if g != h: print("     kiln", g, "\n     llama", h)
+        check(r["greedy_texts"] == c["greedy_text"],
+              "%s: from typed text (llama.cpp tokenizing it), llama.cpp continues each of the %d "
+              "prompts with kiln generate --prompt's 32 tokens" % (dt, len(c["greedy_text"])))
     else:
         # Rounded weights may flip a near-tie, and a greedy continuation differs from there on:
         # reported, not asserted (the distributions' bound above is the check).

@@ -2,6 +2,7 @@
 // export (tests/gguf_llama_cpp.sh). Reads one JSON request on stdin, writes one JSON answer:
 //   {"model": FILE.gguf, "texts": [...],                 -> "tokens": [[ids of each text]]
 //    "greedy": [[prompt ids], ...], "steps": 32,          -> "greedy": [[32 ids after each]]
+//    "greedy_texts": [text, ...],                         -> "greedy_texts": the same, from text
 //    "dists": [[prompt ids], ...],                        -> "dists": per prompt, [[p over the
 //                                                            vocabulary] after each position]
 //    "kv_f32": false}                                        (see below)
@@ -63,6 +64,22 @@ for (const prompt of req.greedy ?? []) {
     next = res[0].next.token;
   }
   out.greedy.push(got);
+}
+// greedy_texts: the same from typed text, tokenized by llama.cpp itself.
+out.greedy_texts = [];
+for (const text of req.greedy_texts ?? []) {
+  const prompt = Array.from(model.tokenize(text, false));
+  await fresh();
+  const got = [];
+  let res = await seq.controlledEvaluate(prompt.map((t, i) => i === prompt.length - 1 ? [t, greedyOpts] : t));
+  let next = res[prompt.length - 1].next.token;
+  while (got.length < (req.steps ?? 32)) {
+    got.push(next);
+    if (got.length === (req.steps ?? 32)) break;
+    res = await seq.controlledEvaluate([[next, greedyOpts]]);
+    next = res[0].next.token;
+  }
+  out.greedy_texts.push(got);
 }
 out.dists = [];
 for (const prompt of req.dists ?? []) {
