@@ -139,6 +139,9 @@ Result<std::unique_ptr<Annotator>> Annotator::create(const DomainOptions& domain
     const int64_t vocab = tokenizer.vocab_size;
     TokenizerTrainOptions opts;
     opts.vocab_size = size_t(vocab);
+    auto pre = pretokenizer_by_name(tokenizer.pretokenizer);
+    if (!pre.is_ok()) return std::move(pre).take_status().with_key("tokenizer.pretokenizer");
+    opts.pretokenizer = std::move(pre).value();
     auto sample = sample_texts(training_texts, tokenizer.train_bytes);
     uint64_t bytes = 0;
     for (auto s : sample) bytes += s.size();

@@ -186,13 +186,13 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
         r.problems.push_back(format("tokenizer eos_id %lld, manifest says %lld",
                                     (long long)tok->eos_id(), (long long)m.tokenizer.eos_id));
     }
+    const std::string pre = !tok ? "?"
+                            : std::string_view(tok->kind()) == "sentencepiece"
+                                ? "sentencepiece"
+                                : pretokenizer_label(tok->pretokenizer());
     s += format("tokenizer %s: %llu tokens, eos_id %lld, pre-tokenizer %s\n",
                 m.tokenizer.path.c_str(), (unsigned long long)m.tokenizer.vocab_size,
-                (long long)m.tokenizer.eos_id,
-                !tok ? "?"
-                : std::string_view(tok->kind()) == "sentencepiece"
-                    ? "sentencepiece"
-                    : pretokenizer_name(tok->pretokenizer().kind));
+                (long long)m.tokenizer.eos_id, pre.c_str());
   } else {
     s += "tokenizer: none (samples carry no tokens)\n";
   }

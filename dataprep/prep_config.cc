@@ -6,6 +6,7 @@
 #include "common/text.h"
 #include "dataprep/filter/filter.h"
 #include "dataprep/tagging/domain_rules.h"
+#include "dataprep/tokenizer/pretokenize.h"
 
 namespace kiln::prep {
 
@@ -43,6 +44,7 @@ tokenizer:
   path: ""
   vocab_size: 8192
   train_bytes: 67108864
+  pretokenizer: llama3
 shards:
   compression: zstd
   level: 3
@@ -162,6 +164,9 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
   if (o.tokenizer.trains() && train_bytes <= 0)
     return range_error("tokenizer.train_bytes", "must be positive");
   o.tokenizer.train_bytes = train_bytes > 0 ? static_cast<uint64_t>(train_bytes) : 0;
+  KILN_RETURN_IF_ERROR(get_into(c, "tokenizer.pretokenizer", &o.tokenizer.pretokenizer));
+  if (auto pre = pretokenizer_by_name(o.tokenizer.pretokenizer); !pre.is_ok())
+    return range_error("tokenizer.pretokenizer", pre.status().message());
 
   std::string comp;
   KILN_RETURN_IF_ERROR(get_into(c, "shards.compression", &comp));

@@ -31,6 +31,7 @@ struct TokenizerOptions {
   std::string path;                   // tokenizer.path: JSON file; "" = train one; "none" = no tokens
   int64_t vocab_size = 8192;          // tokenizer.vocab_size: 257 .. 2^31, when training
   uint64_t train_bytes = 64ull << 20; // tokenizer.train_bytes: > 0, sampled kept text to train on
+  std::string pretokenizer = "llama3";  // tokenizer.pretokenizer: llama3 | gpt2 | kiln-v1
   bool trains() const { return path.empty(); }
 };
 

@@ -401,6 +401,7 @@ std::string Tokenizer::to_json() const {
       "\"add_prefix_space\": true, \"trim_offsets\": true, \"use_regex\": true},\n \"model\": "
       "{\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, \"continuing_subword_prefix\": "
       "null, \"end_of_word_suffix\": null, \"fuse_unk\": false, \"byte_fallback\": false,\n  ";
+  if (m.ignore_merges) out += "\"ignore_merges\": true,\n  ";
   append_vocab_and_merges(out, *this, "  ");
   out += "}}\n";
   return out;

@@ -181,6 +181,10 @@ std::string gpt2_pattern() {
   return R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 }
 
+std::string llama3_pattern() {
+  return R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+}
+
 namespace {
 // kiln-v1 in pieces: White_Space spelled out (the same set in Oniguruma and PCRE2), the CJK ranges
 // of is_cjk_codepoint(), letters = \p{L} outside them or \p{M}; the CJK run's quantifier goes
@@ -255,6 +259,33 @@ Result<PretokenizerKind> parse_pretokenizer_name(std::string_view name) {
   if (name == "kiln-v1") return PretokenizerKind::kKiln;
   return Status::data("unknown pre-tokenizer '" + std::string(name) +
                       "' (expected gpt2 or kiln-v1)");
+}
+
+const PretokenizerSpec& llama3_pretokenizer() {
+  static const PretokenizerSpec spec = [] {
+    auto s = pretokenizer_for_pattern(llama3_pattern());
+    KILN_CHECK(s.is_ok(), "Llama 3's pre-tokenizer pattern does not compile");
+    return std::move(s).value();
+  }();
+  return spec;
+}
+
+Result<PretokenizerSpec> pretokenizer_by_name(std::string_view name, uint32_t cjk_chunk) {
+  if (name == "llama3" || name == "llama-bpe") return llama3_pretokenizer();
+  PretokenizerSpec spec;
+  if (name != "gpt2" && name != "kiln-v1")
+    return Status::data("unknown pre-tokenizer '" + std::string(name) +
+                        "' (expected llama3, gpt2 or kiln-v1)");
+  KILN_ASSIGN_OR_RETURN(spec.kind, parse_pretokenizer_name(name));
+  spec.cjk_chunk = spec.kind == PretokenizerKind::kKiln ? cjk_chunk : 0;
+  return spec;
+}
+
+std::string pretokenizer_label(const PretokenizerSpec& spec) {
+  if (spec.kind == PretokenizerKind::kRegex && spec.regex &&
+      spec.regex->pattern() == llama3_pattern())
+    return "llama3";
+  return pretokenizer_name(spec.kind);
 }
 
 bool is_cjk_codepoint(int32_t cp) {

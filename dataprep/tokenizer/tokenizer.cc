@@ -456,6 +456,14 @@ Result<Tokenizer> Tokenizer::train(const std::vector<std::string_view>& texts,
   }
   impl.eos_id = num_special > 0 ? 0 : -1;
   impl.model = BpeModel(byte_ids, std::move(trained.merges));
+  // Llama 3's pre-tokenizer goes with ignore_merges, as in its tokenizer.json and in llama.cpp
+  // (which always applies it for "llama-bpe"): a word in the vocabulary is one token.
+  if (pretokenizer_label(impl.pre) == "llama3") {
+    impl.ignore_merges = true;
+    impl.whole_words.reserve(impl.tokens.size());
+    for (size_t id = num_special; id < impl.tokens.size(); ++id)
+      impl.whole_words.emplace(impl.tokens[id], uint32_t(id));
+  }
   return tok;
 }
 

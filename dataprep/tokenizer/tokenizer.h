@@ -41,7 +41,7 @@ struct TokenizerTrainOptions {
   size_t vocab_size = 8192;  // including the special tokens and the 256 byte tokens
   std::vector<std::string> special_tokens = {kEndOfText};  // ids 0..; the first is the EOS
   uint64_t min_frequency = 2;  // stop merging when the best pair occurs fewer times
-  PretokenizerSpec pretokenizer;
+  PretokenizerSpec pretokenizer = llama3_pretokenizer();  // Llama 3's (llama.cpp's llama-bpe)
 };
 
 // Caps on what a tokenizer file may make Kiln build (checked right after the JSON is read, before

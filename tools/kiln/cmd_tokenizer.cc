@@ -23,7 +23,7 @@ struct TokenizerFlags {
   std::string output;
   std::vector<std::string> specials;
   uint64_t min_frequency = 2;
-  std::string pretokenizer = "kiln-v1";
+  std::string pretokenizer = "llama3";
   std::string pattern;
   uint32_t cjk_chunk = 0;
   std::string max_bytes = "0";
@@ -63,10 +63,9 @@ Status run_train(const TokenizerFlags& f) {
     if (!spec.is_ok()) return Status::usage("--pattern: " + spec.status().message());
     opts.pretokenizer = std::move(spec).value();
   } else {
-    auto kind = prep::parse_pretokenizer_name(f.pretokenizer);
-    if (!kind.is_ok()) return Status::usage("--pretokenizer: " + kind.status().message());
-    opts.pretokenizer.kind = *kind;
-    opts.pretokenizer.cjk_chunk = f.cjk_chunk;
+    auto spec = prep::pretokenizer_by_name(f.pretokenizer, f.cjk_chunk);
+    if (!spec.is_ok()) return Status::usage("--pretokenizer: " + spec.status().message());
+    opts.pretokenizer = std::move(spec).value();
   }
   KILN_ASSIGN_OR_RETURN(uint64_t max_bytes, parse_size("--max-bytes", f.max_bytes));
   KILN_ASSIGN_OR_RETURN(uint64_t max_text_bytes, parse_size("--max-text-bytes", f.max_text_bytes));
@@ -179,7 +178,10 @@ RunFn add_tokenizer_command(CLI::App& root) {
   train->add_option("--min-frequency", flags->min_frequency,
                     "stop when the most frequent pair occurs fewer times")
       ->capture_default_str();
-  train->add_option("--pretokenizer", flags->pretokenizer, "kiln-v1 or gpt2")
+  train
+      ->add_option("--pretokenizer", flags->pretokenizer,
+                   "llama3 (Llama 3's pattern: llama.cpp's llama-bpe), gpt2 or kiln-v1 (Kiln's "
+                   "own, which llama.cpp cannot reproduce)")
       ->capture_default_str();
   train->add_option("--pattern", flags->pattern,
                     "pre-tokenize with this regular expression instead (as a tokenizer.json's "
