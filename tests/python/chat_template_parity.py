@@ -27,7 +27,6 @@ messages, tools, documents=None, add_generation_prompt and the tokenizer's speci
 Exits 77 (skipped) when npm or the packages are not available.
 usage: chat_template_parity.py KILN_BINARY SOURCE_DIR WORK_DIR
 """
-import datetime
 import json
 import os
 import random
@@ -36,10 +35,8 @@ import subprocess
 import sys
 
 import jinja2
-import jinja2.ext
-from jinja2 import nodes
-from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 kiln, src, work = sys.argv[1:4]
 shutil.rmtree(work, ignore_errors=True)
@@ -63,55 +60,7 @@ def check(cond, what):
 
 # ---------------------------------------------------------------- the reference (transformers')
 
-class AssistantTracker(Extension):
-    """transformers' {% generation %} tag: records the character ranges it renders."""
-    tags = {"generation"}
-
-    def __init__(self, environment):
-        super().__init__(environment)
-        self.blocks = None
-        self.spans = None
-
-    def parse(self, parser):
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-        return nodes.CallBlock(self.call_method("_generation_support"), [], [], body).set_lineno(lineno)
-
-    def _generation_support(self, caller):
-        rv = caller()
-        if self.blocks is not None:
-            start = len("".join(self.blocks))
-            self.spans.append((start, start + len(rv)))
-        return rv
-
-
-def make_env():
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[AssistantTracker, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env
-
-
-def special_tokens(config):
-    out = {}
-    for name in ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]:
-        v = config.get(name)
-        if isinstance(v, dict):
-            v = v.get("content")
-        if isinstance(v, str):
-            out[name] = v
-    if isinstance(config.get("additional_special_tokens"), list):
-        out["additional_special_tokens"] = [v["content"] if isinstance(v, dict) else v
-                                            for v in config["additional_special_tokens"]]
-    return out
+from chat_reference import AssistantTracker, make_env, special_tokens  # noqa: E402
 
 
 def reference(source, specials, convs, add_generation_prompt):
