@@ -8,11 +8,12 @@ add_test(NAME chat_template_parity
 set_tests_properties(chat_template_parity PROPERTIES LABELS "python;cli" TIMEOUT 300
                      SKIP_RETURN_CODE 77)
 
-# `kiln prep` on chat data (tests/python/prep_chat.py): {"messages"} and prompt/completion lines
+# `kiln prep` and `kiln stream` on chat data (tests/python/prep_chat.py): {"messages"} and prompt/completion lines
 # with the Llama 3.1 and Qwen 2.5 tokenizers and templates; text = python3-jinja2's rendering,
 # tokens = Hugging Face tokenizers' (npm), .mask.npy = exactly the assistant turns with their
 # end-of-turn tokens (decoded by Hugging Face); rejects counted by reason; plain documents
-# unchanged; kiln inspect --verify; Kiln's default template; a base model's template refused.
+# unchanged; kiln inspect --verify; the loader's loss_mask through packing (kiln stream --show-tokens);
+# Kiln's default template; a base model's template refused.
 add_test(NAME prep_chat
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/prep_chat.py
                  $<TARGET_FILE:kiln> ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/prep_chat_work)

