@@ -2,8 +2,11 @@
 
 #include <cctype>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "common/text.h"
+#include "dataprep/chat/chat_template.h"
 #include "dataprep/filter/filter.h"
 #include "dataprep/tagging/domain_rules.h"
 #include "dataprep/tokenizer/pretokenize.h"
@@ -45,6 +48,8 @@ tokenizer:
   vocab_size: 8192
   train_bytes: 67108864
   pretokenizer: llama3
+chat:
+  template: ""
 shards:
   compression: zstd
   level: 3
@@ -71,6 +76,63 @@ Status range_error(const std::string& key, const std::string& what) {
 }
 
 }  // namespace
+
+// chat.template resolved (ChatOptions in prep_config.h).
+static Status resolve_chat_template(const TokenizerOptions& tokenizer, ChatOptions* chat) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string dir;
+  if (!tokenizer.path.empty() && tokenizer.path != "none")
+    dir = fs::is_directory(tokenizer.path, ec) ? tokenizer.path
+                                               : fs::path(tokenizer.path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const std::string config_path = (fs::path(dir) / "tokenizer_config.json").string();
+  const bool beside =
+      !tokenizer.path.empty() && tokenizer.path != "none" &&
+      (fs::exists(fs::path(dir) / "chat_template.jinja", ec) || fs::exists(config_path, ec));
+  auto kiln_default = [&]() -> Status {
+    // Kiln's template ends assistant turns with the tokenizer's end of text.
+    nlohmann::ordered_json specials = {{"eos_token", "<|endoftext|>"}};
+    if (beside && fs::exists(config_path, ec)) {
+      try {
+        std::ifstream in(config_path);
+        auto cfg = nlohmann::ordered_json::parse(in);
+        if (cfg.contains("eos_token") && cfg["eos_token"].is_string())
+          specials["eos_token"] = cfg["eos_token"];
+        if (cfg.contains("eos_token") && cfg["eos_token"].is_object() &&
+            cfg["eos_token"].contains("content"))
+          specials["eos_token"] = cfg["eos_token"]["content"];
+      } catch (const std::exception&) {
+      }
+    }
+    auto t = chat::ChatTemplate::from_source(chat::kKilnChatTemplate, specials,
+                                             "Kiln's default chat template");
+    if (!t.is_ok()) return t.status();
+    chat->resolved = std::make_shared<const chat::ChatTemplate>(std::move(t).value());
+    return Status::ok();
+  };
+  if (chat->template_path == "kiln") return kiln_default();
+  if (!chat->template_path.empty()) {
+    auto t = chat::ChatTemplate::load(chat->template_path);
+    if (!t.is_ok()) return Status::config(t.status().message()).with_key("chat.template");
+    Status st = t->check_trainable();
+    if (!st.is_ok()) return Status::config(st.message()).with_key("chat.template");
+    chat->resolved = std::make_shared<const chat::ChatTemplate>(std::move(t).value());
+    return Status::ok();
+  }
+  if (beside) {
+    auto t = chat::ChatTemplate::load(dir);
+    if (!t.is_ok()) return kiln_default();  // no chat_template there: Kiln's
+    Status st = t->check_trainable();
+    if (!st.is_ok()) {
+      chat->unavailable = st.message() + " (chat.template)";
+      return Status::ok();
+    }
+    chat->resolved = std::make_shared<const chat::ChatTemplate>(std::move(t).value());
+    return Status::ok();
+  }
+  return kiln_default();
+}
 
 Result<PrepOptions> prep_options_from_config(const Config& c) {
   PrepOptions o;
@@ -167,6 +229,8 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
   KILN_RETURN_IF_ERROR(get_into(c, "tokenizer.pretokenizer", &o.tokenizer.pretokenizer));
   if (auto pre = pretokenizer_by_name(o.tokenizer.pretokenizer); !pre.is_ok())
     return range_error("tokenizer.pretokenizer", pre.status().message());
+  KILN_RETURN_IF_ERROR(get_into(c, "chat.template", &o.chat.template_path));
+  KILN_RETURN_IF_ERROR(resolve_chat_template(o.tokenizer, &o.chat));
 
   std::string comp;
   KILN_RETURN_IF_ERROR(get_into(c, "shards.compression", &comp));

@@ -376,6 +376,8 @@ ParseResult parse_item(const Context& c, const RawBatch& b, const RawItem& it, b
   po.want_fields = want_fields;
   po.copy_text = copy_text;
   po.input_padded = b.data.capacity() >= b.data.size() + 64;
+  po.chat = c.opt.chat.resolved.get();
+  po.chat_unavailable = c.opt.chat.unavailable;
   ParseResult r;
   switch (it.kind) {
     case LineEventKind::kLine:

@@ -38,7 +38,7 @@ bool needs_utf8_check(std::string_view v) {
 }  // namespace
 
 std::string sample_metadata(const Document& doc) {
-  const bool simple = (!doc.carried.is_object() || doc.carried.empty()) &&
+  const bool simple = !doc.chat && (!doc.carried.is_object() || doc.carried.empty()) &&
                       !(needs_utf8_check(doc.id) && !is_valid_utf8(doc.id)) &&
                       !(needs_utf8_check(doc.source) && !is_valid_utf8(doc.source)) &&
                       !(needs_utf8_check(doc.url) && !is_valid_utf8(doc.url)) &&
@@ -51,6 +51,11 @@ std::string sample_metadata(const Document& doc) {
     meta["source"] = doc.source;
     if (!doc.url.empty()) meta["url"] = doc.url;
     meta["tokens"] = doc.tokens.size();
+    if (doc.chat) {  // a chat sample: how many of its tokens the loss counts (<key>.mask.npy)
+      uint64_t counted = 0;
+      for (uint8_t m : doc.loss_mask) counted += m;
+      meta["loss_tokens"] = counted;
+    }
     return meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   std::string out;
@@ -521,7 +526,15 @@ Status write_stage(Context& c) {
             continue;
           }
           if (index.enabled()) w.index_docs.emplace_back(docid, id_json(doc));
-          c.refilter(&doc);  // edits (c4, pii, regex) and annotations (language) of the filters
+          if (doc.chat) {
+            // A chat sample's text is its rendered template, its loss ranges byte offsets into
+            // it: the filters' annotations apply, their edits (c4 lines, PII masks) do not.
+            std::string rendered = doc.text;
+            c.refilter(&doc);
+            doc.text = std::move(rendered);
+          } else {
+            c.refilter(&doc);  // edits (c4, pii, regex) and annotations (language) of the filters
+          }
           doc.domain.clear();
           doc.domain_by.clear();
           doc.tokens.clear();
@@ -542,6 +555,9 @@ Status write_stage(Context& c) {
           o.sample.members.push_back({"json", std::move(meta)});
           if (!doc.tokens.empty())
             o.sample.members.push_back({"tokens.npy", npy_encode(doc.tokens, token_dtype)});
+          if (doc.chat && !doc.loss_mask.empty())  // 1 per token the loss counts (FORMATS.md)
+            o.sample.members.push_back(
+                {"mask.npy", npy_encode(std::span<const uint8_t>(doc.loss_mask))});
           w.outs.push_back(std::move(o));
         }
         return Status::ok();

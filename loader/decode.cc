@@ -17,6 +17,7 @@ namespace {
 struct Fill {
   Unit* unit;
   std::vector<std::string> npy, keys;
+  std::vector<std::string> mask;  // <key>.mask.npy, empty for documents without one
 };
 
 // Widens the members' tokens into unit->tokens (eos after each document, the first skip_tokens
@@ -73,6 +74,25 @@ Status pack(const Manifest& manifest, const DecodeOptions& options, Fill& f) {
   }
   unit->doc_start[views.size()] = at;
   KILN_CHECK(at == unit->tokens.size());
+  // Loss masks: only when some document has one (plain datasets keep an empty Unit::loss).
+  unit->loss.clear();
+  bool any_mask = false;
+  for (const auto& m : f.mask) any_mask |= !m.empty();
+  if (!any_mask) return Status::ok();
+  unit->loss.assign(unit->tokens.size(), 1);
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (f.mask[i].empty()) continue;
+    auto mv = npy_parse(f.mask[i]);
+    if (!mv) return std::move(mv).take_status().prefixed("member '" + f.keys[i] + ".mask.npy'");
+    if (mv->dtype != NpyDtype::kU8 || mv->size != views[i].size)
+      return Status::data(
+          "member '" + f.keys[i] + ".mask.npy' must be uint8 with one entry per token (" +
+          std::to_string(views[i].size) + " tokens, " + std::to_string(mv->size) + " entries)");
+    const uint64_t from = i == 0 ? std::min<uint64_t>(plan.skip_tokens, views[i].size) : 0;
+    uint64_t o = unit->doc_start[i];
+    for (uint64_t t = from; t < mv->size; ++t) unit->loss[o++] = mv->at(t) ? 1 : 0;
+    unit->loss[o] = 0;  // the eos after a conversation is not a target
+  }
   return Status::ok();
 }
 
@@ -99,16 +119,17 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
   // Which unit and slot each tar-order sample goes to (-1: none). Siblings (other streams' parts
   // of the same shard and epoch) are disjoint from the unit and from each other.
   std::vector<Fill> fills;
-  fills.push_back({unit, {}, {}});
+  fills.push_back({unit, {}, {}, {}});
   for (Unit* u : siblings) {
     KILN_CHECK(u->plan.shard == plan.shard, "a sibling unit of another shard");
-    fills.push_back({u, {}, {}});
+    fills.push_back({u, {}, {}, {}});
   }
   std::vector<std::pair<int32_t, int32_t>> slot_of(sh.samples, {-1, -1});
   for (size_t f = 0; f < fills.size(); ++f) {
     const UnitPlan& fp = fills[f].unit->plan;
     fills[f].npy.resize(fp.members.size());
     fills[f].keys.resize(fp.members.size());
+    fills[f].mask.assign(fp.members.size(), std::string());
     if (options.sample_ids) fills[f].unit->ids.assign(fp.members.size(), std::string());
     for (size_t i = 0; i < fp.members.size(); ++i) {
       KILN_CHECK(fp.members[i] < sh.samples && slot_of[fp.members[i]].first < 0,
@@ -135,7 +156,10 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
     Fill& fill = fills[f];
     fill.keys[slot] = sample.key;
     for (auto& m : sample.members) {
-      if (m.ext == "tokens.npy") fill.npy[slot] = std::move(m.data);
+      if (m.ext == "tokens.npy")
+        fill.npy[slot] = std::move(m.data);
+      else if (m.ext == "mask.npy")
+        fill.mask[slot] = std::move(m.data);
     }
     if (!sample.find("tokens.npy")) {
       return fail(Status::data("member '" + sample.key + ".tokens.npy' is missing"));

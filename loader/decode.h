@@ -4,9 +4,10 @@
 // decode_unit() reads the unit's shard (checking its XXH3 against the manifest when asked),
 // takes the planned members in the plan's order, widens their .tokens.npy to uint32, drops the
 // first skip_tokens tokens of the first member (a restored position) and appends the eos id after
-// every document. Problems (missing member, malformed .npy, a token id >= vocab_size, a sample
-// count that differs from the manifest) set Unit::status to a kData naming the shard and member.
-// Thread-safe for distinct units (workers decode in parallel without the loader's lock).
+// every document, and carries <key>.mask.npy loss masks beside (Unit::loss). Problems (missing
+// member, malformed .npy, a token id >= vocab_size, a sample count that differs from the manifest)
+// set Unit::status to a kData naming the shard and member. Thread-safe for distinct units (workers
+// decode in parallel without the loader's lock).
 #pragma once
 
 #include <atomic>
@@ -27,6 +28,10 @@ struct Unit {
   bool skipped = false;  // a bad shard skipped under skip_bad_shards: no documents
   Status status;
   std::vector<uint32_t> tokens;     // packed: every document's tokens then eos
+  // Per token of `tokens`: 1 when it is a target the loss counts. Empty when no document of the
+  // unit has a <key>.mask.npy (every token counts). A chat document's tokens take its mask and
+  // the eos after it 0 (its template's end-of-turn token ends it); other documents' are all 1.
+  std::vector<uint8_t> loss;
   std::vector<uint64_t> doc_start;  // offsets into tokens, size docs + 1
   std::vector<std::string> ids;     // raw JSON ids (sample_ids only)
   uint64_t tar_bytes = 0;

@@ -650,6 +650,7 @@ class LoaderImpl final : public Loader {
           qp.pos_begin == p.pos_begin && qp.pos_end == p.pos_end) {
         u->tokens = std::move(q.tokens);
         u->doc_start = std::move(q.doc_start);
+        u->loss = std::move(q.loss);
         u->ids = std::move(q.ids);
         adopted = true;
         it = D.parked.erase(it);
@@ -765,6 +766,7 @@ class LoaderImpl final : public Loader {
         unit->skipped = true;
         unit->tokens = {};
         unit->doc_start.clear();
+        unit->loss.clear();
         unit->ids.clear();
       }
       if (unit->skipped) {
@@ -818,6 +820,7 @@ class LoaderImpl final : public Loader {
     b.micro_batch = rows;
     b.seq_len = options_.seq_len;
     b.tokens.resize(rows * width);
+    b.loss_mask.resize(rows * width);
     b.domains.resize(rows);
     b.global_rows.resize(rows);
     b.docs.assign(rows, {});
@@ -837,13 +840,15 @@ class LoaderImpl final : public Loader {
       auto fetch = [&](uint64_t seq) -> std::shared_ptr<const Unit> {
         return get_unit(static_cast<int>(i), seq, gen);
       };
-      const FillResult filled = loader::detail::fill_row(
-          fetch, &current[i], &p, width, b.tokens.data() + r * width, &b.docs[r], &out->status);
+      const FillResult filled =
+          loader::detail::fill_row(fetch, &current[i], &p, width, b.tokens.data() + r * width,
+                                   &b.docs[r], &out->status, b.loss_mask.data() + r * width);
       if (filled == FillResult::kAbandoned) return false;
       if (filled == FillResult::kFailed) return true;
       ++(*seqs)[i];
       out->rows[r] = {static_cast<int>(i), p, (*seqs)[i]};
     }
+    b.has_masks = std::find(b.loss_mask.begin(), b.loss_mask.end(), 0) != b.loss_mask.end();
     return true;
   }
 

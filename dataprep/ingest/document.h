@@ -2,10 +2,10 @@
 // Owned by the prep pipeline (dataprep/prep_*); annotate.h fills the annotation fields.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln::prep {
@@ -28,6 +28,13 @@ struct Document {
   std::string domain;        // final domain (validated: no '.', '/', non-empty)
   std::string domain_by;     // which rule or model assigned it, e.g. "rule:code", "default"
   std::vector<uint32_t> tokens;  // token ids (empty when no tokenizer is configured)
+
+  // Chat samples (a "messages" or prompt/completion line, dataprep/chat/): `text` is the
+  // conversation rendered with the chat template, chat_spans the byte ranges of `text` that are
+  // assistant turns; the annotator fills loss_mask beside `tokens` (1: a target the loss counts).
+  bool chat = false;
+  std::vector<std::pair<uint32_t, uint32_t>> chat_spans;
+  std::vector<uint8_t> loss_mask;
 };
 
 }  // namespace kiln::prep
