@@ -49,7 +49,7 @@ class RulesAnnotator final : public Annotator {
       }
     }
     doc.tokens.clear();
-    if (tokenizer_) tokenizer_->encode(doc.text, &doc.tokens);
+    if (tokenizer_) KILN_RETURN_IF_ERROR(tokenizer_->encode(doc.text, &doc.tokens));
     return Status::ok();
   }
 
