@@ -41,3 +41,11 @@ add_test(NAME tokenizer_hf_prep
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/tokenizer_hf_prep.py
                  $<TARGET_FILE:kiln> ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_hf_prep_work)
 set_tests_properties(tokenizer_hf_prep PROPERTIES LABELS "python;e2e" TIMEOUT 300)
+
+# Hostile tokenizer files and texts through the CLI (tests/python/tokenizer_hardening.py): a
+# catastrophically backtracking Split pattern, a 10 MB added token on 1 MiB of text, a
+# SentencePiece .model with a corrupt charsmap or a truncated protobuf, a bad --special-tokens.
+add_test(NAME tokenizer_hardening
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/tokenizer_hardening.py
+                 $<TARGET_FILE:kiln> ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_hardening_work)
+set_tests_properties(tokenizer_hardening PROPERTIES LABELS "python;cli" TIMEOUT 300)

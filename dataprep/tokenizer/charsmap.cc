@@ -44,7 +44,11 @@ Status parse_blob(std::string_view blob, Parsed* out) {
     const uint32_t base = pos ^ offset(units[pos]);
     for (uint32_t c = 0; c < 256; ++c) {
       const uint32_t child = base ^ c;
-      if (child >= n) continue;  // (no such edge: a lookup reads the unit only after this check)
+      // A lookup of any byte reads this unit (the library without a bounds check): in a valid
+      // array every block of 256 units is whole.
+      if (child >= n)
+        return Status::data("precompiled charsmap: trie node " + std::to_string(pos) +
+                            " has children past the array (" + std::to_string(n) + " units)");
       if (label(units[child]) != c) continue;
       if (c == 0) continue;  // a leaf unit, checked below
       if (!seen[child]) {
