@@ -135,6 +135,8 @@ Result<std::unique_ptr<Annotator>> Annotator::create(const DomainOptions& domain
       return st;
     }
     a->tokenizer_ = std::move(tok).value();
+    a->tokenizer_->set_special_tokens(tokenizer.special_tokens == "parse" ? SpecialTokens::kParse
+                                                                          : SpecialTokens::kText);
   } else {
     const int64_t vocab = tokenizer.vocab_size;
     TokenizerTrainOptions opts;

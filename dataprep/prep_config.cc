@@ -43,6 +43,7 @@ tokenizer:
   path: ""
   vocab_size: 8192
   train_bytes: 67108864
+  special_tokens: text
 shards:
   compression: zstd
   level: 3
@@ -162,6 +163,10 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
   if (o.tokenizer.trains() && train_bytes <= 0)
     return range_error("tokenizer.train_bytes", "must be positive");
   o.tokenizer.train_bytes = train_bytes > 0 ? static_cast<uint64_t>(train_bytes) : 0;
+  KILN_RETURN_IF_ERROR(get_into(c, "tokenizer.special_tokens", &o.tokenizer.special_tokens));
+  if (o.tokenizer.special_tokens != "text" && o.tokenizer.special_tokens != "parse")
+    return Status::usage("must be 'text' or 'parse', not '" + o.tokenizer.special_tokens + "'")
+        .with_key("tokenizer.special_tokens");
 
   std::string comp;
   KILN_RETURN_IF_ERROR(get_into(c, "shards.compression", &comp));

@@ -31,6 +31,9 @@ struct TokenizerOptions {
   std::string path;                   // tokenizer.path: JSON file; "" = train one; "none" = no tokens
   int64_t vocab_size = 8192;          // tokenizer.vocab_size: 257 .. 2^31, when training
   uint64_t train_bytes = 64ull << 20; // tokenizer.train_bytes: > 0, sampled kept text to train on
+  // tokenizer.special_tokens: "text" (special-token text in documents is encoded as text) or
+  // "parse" (it becomes the special id, as Hugging Face's encode; chat data).
+  std::string special_tokens = "text";
   bool trains() const { return path.empty(); }
 };
 
