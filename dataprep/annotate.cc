@@ -58,7 +58,7 @@ class RulesAnnotator final : public Annotator {
       std::vector<std::pair<size_t, size_t>> spans(doc.chat_spans.begin(), doc.chat_spans.end());
       chat_->encode(doc.text, spans, &doc.tokens, &doc.loss_mask);
     } else if (tokenizer_) {
-      tokenizer_->encode(doc.text, &doc.tokens);
+      KILN_RETURN_IF_ERROR(tokenizer_->encode(doc.text, &doc.tokens));
     }
     return Status::ok();
   }
@@ -147,6 +147,8 @@ Result<std::unique_ptr<Annotator>> Annotator::create(const DomainOptions& domain
       return st;
     }
     a->tokenizer_ = std::move(tok).value();
+    a->tokenizer_->set_special_tokens(tokenizer.special_tokens == "parse" ? SpecialTokens::kParse
+                                                                          : SpecialTokens::kText);
   } else {
     const int64_t vocab = tokenizer.vocab_size;
     TokenizerTrainOptions opts;

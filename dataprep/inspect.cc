@@ -163,10 +163,12 @@ void check_shard(const Manifest& m, const ManifestShard& shard, const Tokenizer*
     stored.resize(view->size);
     for (uint64_t i = 0; i < view->size; ++i) stored[i] = view->at(i);
     expected.clear();
-    if (mask && chat_encoder)
+    if (mask && chat_encoder) {
       chat_encoder->encode(txt->data, {}, &expected, &unused_mask);
-    else
-      tok->encode(txt->data, &expected);
+    } else if (Status st = tok->encode(txt->data, &expected); !st.is_ok()) {
+      out->problem(where + ": " + st.message());
+      continue;
+    }
     if (stored != expected) {
       size_t i = 0;
       while (i < stored.size() && i < expected.size() && stored[i] == expected[i]) ++i;

@@ -48,6 +48,7 @@ tokenizer:
   vocab_size: 8192
   train_bytes: 67108864
   pretokenizer: llama3
+  special_tokens: text
 chat:
   template: ""
 shards:
@@ -231,6 +232,10 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
     return range_error("tokenizer.pretokenizer", pre.status().message());
   KILN_RETURN_IF_ERROR(get_into(c, "chat.template", &o.chat.template_path));
   KILN_RETURN_IF_ERROR(resolve_chat_template(o.tokenizer, &o.chat));
+  KILN_RETURN_IF_ERROR(get_into(c, "tokenizer.special_tokens", &o.tokenizer.special_tokens));
+  if (o.tokenizer.special_tokens != "text" && o.tokenizer.special_tokens != "parse")
+    return Status::usage("must be 'text' or 'parse', not '" + o.tokenizer.special_tokens + "'")
+        .with_key("tokenizer.special_tokens");
 
   std::string comp;
   KILN_RETURN_IF_ERROR(get_into(c, "shards.compression", &comp));

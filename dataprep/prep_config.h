@@ -36,6 +36,9 @@ struct TokenizerOptions {
   int64_t vocab_size = 8192;          // tokenizer.vocab_size: 257 .. 2^31, when training
   uint64_t train_bytes = 64ull << 20; // tokenizer.train_bytes: > 0, sampled kept text to train on
   std::string pretokenizer = "llama3";  // tokenizer.pretokenizer: llama3 | gpt2 | kiln-v1
+  // tokenizer.special_tokens: "text" (special-token text in documents is encoded as text) or
+  // "parse" (it becomes the special id, as Hugging Face's encode; chat data).
+  std::string special_tokens = "text";
   bool trains() const { return path.empty(); }
 };
 

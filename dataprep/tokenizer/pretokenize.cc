@@ -5,6 +5,7 @@
 #include <array>
 
 #include "dataprep/tokenizer/regex_split.h"
+#include "dataprep/tokenizer/unicode_data.h"
 
 namespace kiln::prep {
 namespace {
@@ -17,33 +18,15 @@ struct Ch {
   int32_t cp;   // -1 for an invalid byte
 };
 
-bool is_white_space(int32_t cp) {
-  // Unicode White_Space property (what \s means in the `regex` module GPT-2 used).
-  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-         cp == 0x205F || cp == 0x3000;
-}
-
+// Categories of Unicode 16.0, as the regex engine of Hugging Face tokenizers has them
+// (unicode_data.h); \s is Unicode White_Space (as in the `regex` module GPT-2 used).
 Cls classify_cp(int32_t cp, bool kiln) {
-  if (is_white_space(cp)) return kSpace;
-  switch (utf8proc_category(cp)) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO:
-      return (kiln && is_cjk_codepoint(cp)) ? kCjk : kLetter;
-    case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_NO:
-      return kNumber;
-    case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC:
-    case UTF8PROC_CATEGORY_ME:
-      return kiln ? kLetter : kOther;
-    default:
-      return kOther;
-  }
+  if (unicode::is_white_space(cp)) return kSpace;
+  const unicode::Gc g = unicode::category(cp);
+  if (unicode::is_letter(g)) return (kiln && is_cjk_codepoint(cp)) ? kCjk : kLetter;
+  if (unicode::is_number(g)) return kNumber;
+  if (unicode::is_mark(g)) return kiln ? kLetter : kOther;
+  return kOther;
 }
 
 std::array<Cls, 128> make_ascii_table() {
@@ -117,11 +100,7 @@ class Scanner {
     return i;
   }
 
-  static bool is_mark(int32_t cp) {
-    auto cat = utf8proc_category(cp);
-    return cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_MC ||
-           cat == UTF8PROC_CATEGORY_ME;
-  }
+  static bool is_mark(int32_t cp) { return unicode::is_mark(unicode::category(cp)); }
 
   size_t next_piece(size_t i) const {
     const size_t n = text_.size();
@@ -300,13 +279,11 @@ bool is_cjk_codepoint(int32_t cp) {
          cp == 0x3005 || cp == 0x3006;        // 々 〆
 }
 
-void pretokenize(std::string_view text, const PretokenizerSpec& spec,
-                 std::vector<std::string_view>* out) {
-  if (spec.kind == PretokenizerKind::kRegex) {
-    spec.regex->split(text, out);
-    return;
-  }
+Status pretokenize(std::string_view text, const PretokenizerSpec& spec,
+                   std::vector<std::string_view>* out) {
+  if (spec.kind == PretokenizerKind::kRegex) return spec.regex->split(text, out);
   Scanner(text, spec).run(out);
+  return Status::ok();
 }
 
 }  // namespace kiln::prep

@@ -76,9 +76,9 @@ Result<PretokenizerSpec> pretokenizer_by_name(std::string_view name, uint32_t cj
 std::string pretokenizer_label(const PretokenizerSpec& spec);
 
 // Appends the pieces of `text` to *out (views into `text`). The pieces are non-empty and
-// concatenate to `text`.
-void pretokenize(std::string_view text, const PretokenizerSpec& spec,
-                 std::vector<std::string_view>* out);
+// concatenate to `text`. A data error only when a regex gives up (RegexSplitter::split).
+Status pretokenize(std::string_view text, const PretokenizerSpec& spec,
+                   std::vector<std::string_view>* out);
 
 // True for a code point in the CJK ranges used by kKiln (and by the `zh` tagging rule).
 bool is_cjk_codepoint(int32_t cp);

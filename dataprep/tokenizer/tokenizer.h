@@ -51,6 +51,10 @@ struct TokenizerLimits {
   uint64_t max_merges = uint64_t{1} << 24;
 };
 
+enum class SpecialTokens { kText, kParse };
+// "text" / "parse"; usage error naming the value otherwise.
+Result<SpecialTokens> parse_special_tokens(std::string_view name);
+
 class Tokenizer {
  public:
   Tokenizer();
@@ -93,9 +97,17 @@ class Tokenizer {
   // Writes the GPT-2 style pair (for other tools).
   Status save_gpt2(const std::string& vocab_json_path, const std::string& merges_txt_path) const;
 
-  // Appends the ids of `text` to *out.
-  void encode(std::string_view text, std::vector<uint32_t>* out) const;
+  // Appends the ids of `text` to *out. A data error only when a pre-tokenizer regex gives up
+  // (catastrophic backtracking), naming the pattern.
+  Status encode(std::string_view text, std::vector<uint32_t>* out) const;
+  // The same for text that cannot fail so (tests, tokenizers without a regex): an error is
+  // logged and the ids so far returned.
   std::vector<uint32_t> encode(std::string_view text) const;
+  // Special-token text in the input (e.g. "<|begin_of_text|>"): kText (the default) encodes it
+  // as ordinary text, so a document can never inject a special id; kParse makes it the special
+  // token's id, as Hugging Face's encode does (chat data).
+  void set_special_tokens(SpecialTokens mode);
+  SpecialTokens special_tokens() const;
   // Encodes many texts in parallel (oneTBB); result[i] belongs to texts[i].
   std::vector<std::vector<uint32_t>> encode_batch(const std::vector<std::string_view>& texts) const;
   // Data error naming the first id that is out of range.

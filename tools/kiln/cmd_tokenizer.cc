@@ -32,6 +32,7 @@ struct TokenizerFlags {
   // encode / decode
   std::string tokenizer, vocab, merges;
   bool jsonl = false;
+  std::string special_tokens = "text";
 };
 
 Result<prep::Tokenizer> load_for_use(const TokenizerFlags& f) {
@@ -104,11 +105,15 @@ void append_ids(const std::vector<uint32_t>& ids, std::string* out) {
 }
 
 Status run_encode(const TokenizerFlags& f) {
+  auto mode = prep::parse_special_tokens(f.special_tokens);
+  if (!mode.is_ok()) return Status::usage("--special-tokens: " + mode.status().message());
   KILN_ASSIGN_OR_RETURN(prep::Tokenizer tok, load_for_use(f));
+  tok.set_special_tokens(*mode);
   std::string text = read_stdin();
   std::string out;
+  std::vector<uint32_t> ids;
   if (!f.jsonl) {
-    std::vector<uint32_t> ids = tok.encode(text);
+    KILN_RETURN_IF_ERROR(tok.encode(text, &ids));
     out.reserve(ids.size() * 6 + 1);
     append_ids(ids, &out);
   } else {
@@ -124,7 +129,10 @@ Status run_encode(const TokenizerFlags& f) {
       if (!j.is_ok() || !j->is_object() || !j->contains("text") || !(*j)["text"].is_string())
         return Status::data("standard input line " + std::to_string(line_no) +
                             ": not a JSON object with a string \"text\"");
-      append_ids(tok.encode((*j)["text"].get<std::string>()), &out);
+      ids.clear();
+      Status st = tok.encode((*j)["text"].get_ref<const std::string&>(), &ids);
+      if (!st.is_ok()) return std::move(st).with_line(long(line_no));
+      append_ids(ids, &out);
     }
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -203,6 +211,12 @@ RunFn add_tokenizer_command(CLI::App& root) {
   encode->add_flag("--jsonl", flags->jsonl,
                    "standard input is JSONL (a string \"text\" per line): print one line of ids "
                    "per input line");
+  encode
+      ->add_option("--special-tokens", flags->special_tokens,
+                   "special-token text in the input: 'text' encodes it as ordinary text (a "
+                   "document cannot inject a special id), 'parse' makes it the special token "
+                   "(as Hugging Face's encode; chat data)")
+      ->capture_default_str();
   CLI::App* decode = cmd->add_subcommand(
       "decode", "read token ids (whitespace-separated) on standard input, print the text");
   add_use_flags(decode, flags.get());
