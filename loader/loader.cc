@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -182,6 +183,12 @@ class LoaderImpl final : public Loader {
       info.tokens += sh.tokens;
     }
     if (names_.empty()) return Status::data("the manifest has no domains");
+    for (const DomainInfo& info : infos_) {  // packed tokens (with eos) of an average shard
+      shard_tokens_.push_back(info.shard_ids.empty()
+                                  ? 0.0
+                                  : static_cast<double>(info.tokens + info.samples) /
+                                        static_cast<double>(info.shard_ids.size()));
+    }
     fingerprint_ = dataset_fingerprint(manifest_);
     seed_ = o.seed;
 
@@ -623,6 +630,13 @@ class LoaderImpl final : public Loader {
   }
 
   // Picks the stream whose next unit a worker should decode, or -1. mu_ held.
+  //
+  // Read-ahead is by tokens, not units (a unit can be a whole partition's block of a shard): a
+  // stream gets its next unit decoded when what it has decoded ahead of the packer falls below its
+  // horizon, about twice what it consumes while one shard of its domain is decoded (its share of
+  // the rows times a shard's tokens). So a rank that hosts many streams does not hold, or read
+  // before it is needed, a unit ahead for every one of them (the next epoch's block, at the end of
+  // an epoch). A stream whose current unit is not planned yet comes first, most urgent first.
   int pick_domain() const {
     const auto& w = history_.at(packer_step_);
     const size_t D = names_.size();
@@ -642,13 +656,37 @@ class LoaderImpl final : public Loader {
       const DomainRt& S = *domains_[i];
       const double wd = w[i % D];
       if (wd <= 0 || ahead(S) >= per_domain) continue;
-      const double score = static_cast<double>(ahead(S) + 1) / wd;
+      double score = 0;
+      if (ahead(S) >= 0) {
+        const double horizon =
+            2.0 * wd / static_cast<double>(hosted()) * shard_tokens_[i % D] + 1.0;
+        const double left = decoded_ahead(S);
+        if (left >= horizon) continue;
+        score = left / horizon;
+      }
       if (best < 0 || score < best_score) {
         best = static_cast<int>(i);
         best_score = score;
       }
     }
     return best;
+  }
+
+  // Tokens decoded for stream S from the packer's position on (infinite while one of its planned
+  // units is still being decoded). mu_ held.
+  static double decoded_ahead(const DomainRt& S) {
+    const uint64_t current = std::max(S.packer.unit, S.packer_head);
+    double left = 0;
+    for (uint64_t seq = std::max(current, S.front_seq); seq < S.planned_end(); ++seq) {
+      const Unit& u = *S.units[seq - S.front_seq];
+      if (!u.ready) return std::numeric_limits<double>::infinity();
+      uint64_t used = 0;
+      if (seq == S.packer.unit) {
+        used = S.packer.doc < u.docs() ? u.doc_start[S.packer.doc] + S.packer.tok : u.size();
+      }
+      left += static_cast<double>(u.size() - std::min<uint64_t>(used, u.size()));
+    }
+    return left;
   }
 
   // Units planned beyond the one the packer works in.
@@ -981,6 +1019,7 @@ class LoaderImpl final : public Loader {
   uint32_t eos_ = 0;
   std::vector<std::string> names_;
   std::vector<DomainInfo> infos_;
+  std::vector<double> shard_tokens_;  // per domain: packed tokens of an average shard
   uint64_t fingerprint_ = 0;
   uint64_t seed_ = 0;
   int64_t G_ = 1;  // global batch: rows per step over all ranks
