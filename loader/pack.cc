@@ -43,7 +43,7 @@ FillResult fill_row(const UnitFetch& fetch, std::shared_ptr<const Unit>* current
     const uint64_t begin = u->doc_start[p.doc] + p.tok;
     const uint64_t end = u->doc_start[p.doc + 1];
     const uint64_t take = std::min<uint64_t>(end - begin, width - filled);
-    std::memcpy(dst + filled, u->tokens.data() + begin, take * sizeof(uint32_t));
+    u->copy_tokens(begin, take, dst + filled);
     if (loss && u->loss.empty())
       std::memset(loss + filled, 1, take);
     else if (loss)
