@@ -18,16 +18,6 @@ bool is_blank(std::string_view s) {
   return true;
 }
 
-bool valid_domain(std::string_view d) {
-  if (d.empty() || d.size() > 64) return false;
-  for (char c : d) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 int hexval(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -358,7 +348,7 @@ ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, 
     } else if (key == "domain") {
       if (!string_field(value, &doc->input_domain))
         return reject(RejectReason::kBadField, "\"domain\" must be a string");
-      if (!doc->input_domain.empty() && !valid_domain(doc->input_domain))
+      if (!doc->input_domain.empty() && !is_valid_domain_name(doc->input_domain))
         return reject(RejectReason::kBadField,
                       "\"domain\" must match [A-Za-z0-9_-]{1,64}: '" + doc->input_domain + "'");
     } else if (key == "meta") {

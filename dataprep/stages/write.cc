@@ -1,245 +1,28 @@
-// Stages 4 and 5: build the annotator (training its tokenizer on a sample of kept documents when
-// it needs one) and write the kept documents of this rank, annotated, into per-domain shards.
-#include <tbb/parallel_pipeline.h>
-#include <tbb/task_arena.h>
-#include <tbb/task_group.h>
-
-#include <atomic>
-#include <deque>
-
+// Stage 5 (write): the kept documents of this rank, annotated (domain, tokens), into per-domain
+// shards (and the validation split), with this rank's run of the dedup index.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <mutex>
 
-#include "common/atomic_file.h"
-#include "common/json.h"
 #include "common/hash.h"
-#include "common/text.h"
-#include "common/tsan.h"
-#include "common/log.h"
-#include "format/npy.h"
+#include "common/json.h"
 #include "common/progress.h"
+#include "dataprep/stages/batch_pipeline.h"
+#include "dataprep/stages/index_builder.h"
+#include "dataprep/stages/sample_metadata.h"
+#include "dataprep/stages/stages.h"
+#include "dataprep/stages/work_files.h"
+#include "format/npy.h"
 #include "format/shard_writer.h"
-#include "dataprep/prep_internal.h"
 
 namespace kiln::prep::detail {
 namespace fs = std::filesystem;
 namespace {
 
-bool needs_utf8_check(std::string_view v) {
-  for (char ch : v)
-    if (static_cast<unsigned char>(ch) >= 0x80) return true;
-  return false;
-}
-
-// The sample's <key>.json: id, domain, domain_by, source, url (when set), tokens, and the carried
-// fields, keys sorted (nlohmann's order), byte-identical to dumping the equivalent json object.
-}  // namespace
-
-std::string sample_metadata(const Document& doc) {
-  const bool simple = !doc.chat && (!doc.carried.is_object() || doc.carried.empty()) &&
-                      !(needs_utf8_check(doc.id) && !is_valid_utf8(doc.id)) &&
-                      !(needs_utf8_check(doc.source) && !is_valid_utf8(doc.source)) &&
-                      !(needs_utf8_check(doc.url) && !is_valid_utf8(doc.url)) &&
-                      !(needs_utf8_check(doc.domain_by) && !is_valid_utf8(doc.domain_by));
-  if (!simple) {
-    nlohmann::json meta = doc.carried.is_object() ? doc.carried : nlohmann::json::object();
-    meta["id"] = doc.id_is_number ? nlohmann::json::parse(doc.id) : nlohmann::json(doc.id);
-    meta["domain"] = doc.domain;
-    meta["domain_by"] = doc.domain_by;
-    meta["source"] = doc.source;
-    if (!doc.url.empty()) meta["url"] = doc.url;
-    meta["tokens"] = doc.tokens.size();
-    if (doc.chat) {  // a chat sample: how many of its tokens the loss counts (<key>.mask.npy)
-      uint64_t counted = 0;
-      for (uint8_t m : doc.loss_mask) counted += m;
-      meta["loss_tokens"] = counted;
-    }
-    return meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  }
-  std::string out;
-  out.reserve(96 + doc.id.size() + doc.source.size() + doc.url.size());
-  out.append("{\"domain\":");
-  append_json_string(&out, doc.domain);
-  out.append(",\"domain_by\":");
-  append_json_string(&out, doc.domain_by);
-  out.append(",\"id\":");
-  if (doc.id_is_number) out.append(doc.id);  // a number stays a number (canonical JSON text)
-  else append_json_string(&out, doc.id);
-  out.append(",\"source\":");
-  append_json_string(&out, doc.source);
-  out.append(",\"tokens\":");
-  out.append(std::to_string(doc.tokens.size()));
-  if (!doc.url.empty()) {
-    out.append(",\"url\":");
-    append_json_string(&out, doc.url);
-  }
-  out.push_back('}');
-  return out;
-}
-
-namespace {
-
-// Runs proc (parallel, one batch at a time) and then out (serial, in input order) over every
-// batch of this rank's files in global order.
-template <typename Work, typename Proc, typename Out>
-Status document_pass(const Context& c, Proc&& proc, Out&& out) {
-  uint32_t fid = c.my_first_file();
-  const uint32_t last = c.my_last_file();
-  std::unique_ptr<FileBatcher> batcher;
-  Status status;
-  std::mutex mu;
-  auto fail = [&](Status st) {
-    std::lock_guard lock(mu);
-    if (status.is_ok()) status = std::move(st);
-  };
-  auto failed = [&] {
-    std::lock_guard lock(mu);
-    return !status.is_ok();
-  };
-  const size_t tokens = 2 * static_cast<size_t>(tbb::this_task_arena::max_concurrency());
-  const tsan::ForkJoin fork_join;
-  tbb::parallel_pipeline(
-      tokens,
-      tbb::make_filter<void, Work*>(
-          tbb::filter_mode::serial_in_order,
-          fork_join.serial_filter([&](tbb::flow_control& fc) -> Work* {
-            while (!failed() && fid < last) {
-              if (!batcher) {
-                auto b = FileBatcher::open(c, fid);
-                if (!b.is_ok()) {
-                  fail(std::move(b).take_status());
-                  break;
-                }
-                batcher = std::move(*b);
-              }
-              auto* w = new Work();
-              auto more = batcher->next(&w->raw);
-              if (!more.is_ok()) {
-                delete w;
-                fail(std::move(more).take_status());
-                break;
-              }
-              if (*more) return w;
-              delete w;
-              batcher.reset();
-              ++fid;
-            }
-            fc.stop();
-            return nullptr;
-          })) &
-          tbb::make_filter<Work*, Work*>(tbb::filter_mode::parallel,
-                                         fork_join.parallel_filter([&](Work* w) {
-                                           if (!failed()) {
-                                             Status st = proc(*w);
-                                             if (!st.is_ok()) fail(std::move(st));
-                                           }
-                                           return w;
-                                         })) &
-          tbb::make_filter<Work*, void>(tbb::filter_mode::serial_in_order,
-                                        fork_join.serial_filter([&](Work* w) {
-                                          if (!failed()) {
-                                            Status st = out(*w);
-                                            if (!st.is_ok()) fail(std::move(st));
-                                          }
-                                          delete w;
-                                        })));
-  fork_join.join();
-  return status;
-}
-
-uint64_t sample_cut(double p) {
-  if (p >= 1.0) return ~uint64_t{0};
-  if (p <= 0.0) return 0;
-  return static_cast<uint64_t>(p * 18446744073709551616.0);
-}
-
-// Kept texts sampled uniformly (by a hash of their global index) up to tokenizer.train_bytes,
-// gathered on rank 0 in global order. Other ranks get an empty vector.
-Result<std::vector<std::string>> sample_training_texts(const Context& c) {
-  const uint64_t train_bytes = c.opt.tokenizer.train_bytes;
-  uint64_t kept_bytes = 0;
-  for (uint32_t f = c.my_first_file(); f < c.my_last_file(); ++f) kept_bytes += c.file_stats[f].text_bytes;
-  KILN_ASSIGN_OR_RETURN(uint64_t total,
-                        comm::allreduce_value<uint64_t>(*c.g, kept_bytes, comm::ReduceOp::kSum));
-  // Removed documents are skipped, so aim the rate at the kept share of the bytes.
-  double kept_share = 1.0;
-  uint64_t docs_valid = 0;
-  for (const auto& s : c.file_stats) docs_valid += s.valid;
-  if (docs_valid > 0) kept_share = 1.0 - static_cast<double>(c.removed.size()) / docs_valid;
-  double expected = static_cast<double>(total) * std::max(kept_share, 1e-9);
-  const uint64_t cut = sample_cut(expected > 0 ? train_bytes / expected : 1.0);
-  const uint64_t seed = c.opt.seed ^ 0x746f6b656e697aull;
-  struct Work {
-    RawBatch raw;
-    std::string blob;  // u64 length + bytes per chosen text
-  };
-  std::string mine;
-  Status st = document_pass<Work>(
-      c,
-      [&](Work& w) {
-        Document doc;
-        for (const RawItem& it : w.raw.items) {
-          uint64_t docid = make_docid(w.raw.fid, it.ordinal);
-          uint64_t gi = c.global_index(docid);
-          if (xxh3_64(&gi, sizeof gi, seed) > cut || c.is_removed(docid) || c.is_filtered(docid))
-            continue;
-          if (!parse_item(c, w.raw, it, false, &doc).ok) continue;
-          c.refilter(&doc);  // the tokenizer learns the text the shards will hold
-          uint64_t n = doc.text.size();
-          w.blob.append(reinterpret_cast<const char*>(&n), 8);
-          w.blob.append(doc.text);
-        }
-        return Status::ok();
-      },
-      [&](Work& w) {
-        mine += w.blob;
-        return Status::ok();
-      });
-  KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
-  KILN_ASSIGN_OR_RETURN(std::vector<std::string> blobs, comm::gather_strings(*c.g, mine, 0));
-  std::vector<std::string> texts;
-  for (const std::string& b : blobs) {
-    size_t at = 0;
-    while (at + 8 <= b.size()) {
-      uint64_t n;
-      std::memcpy(&n, b.data() + at, 8);
-      at += 8;
-      texts.emplace_back(b.substr(at, n));
-      at += n;
-    }
-  }
-  return texts;
-}
-
-std::string tokenizer_entry_json(const ManifestTokenizer& t) {
-  nlohmann::json j = {{"path", t.path}, {"vocab_size", t.vocab_size}, {"eos_id", t.eos_id}};
-  return j.dump();
-}
-
-ManifestTokenizer tokenizer_entry_from_json(const std::string& s) {
-  ManifestTokenizer t;
-  nlohmann::json j = parse_untrusted_json_or_discarded(s);
-  if (j.is_object()) {
-    t.path = j.value("path", std::string());
-    t.vocab_size = json_integer_or(j, "vocab_size", uint64_t{0});
-    t.eos_id = json_integer_or(j, "eos_id", int64_t{-1});
-  }
-  return t;
-}
-
 std::string sample_key(uint64_t global_index) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%012llu", static_cast<unsigned long long>(global_index));
   return buf;
-}
-
-bool valid_domain(const std::string& d) {
-  if (d.empty() || d.size() > 64) return false;
-  for (char ch : d)
-    if (ch == '.' || ch == '/' || ch == '\\' || static_cast<unsigned char>(ch) < 0x21) return false;
-  return true;
 }
 
 // One document ready for its shard.
@@ -302,8 +85,7 @@ class ValSplitter {
 
  private:
   static bool before(const OutSample& a, const OutSample& b) {
-    return a.split_hash != b.split_hash ? a.split_hash < b.split_hash
-                                        : a.sample.key < b.sample.key;
+    return a.split_hash != b.split_hash ? a.split_hash < b.split_hash : a.sample.key < b.sample.key;
   }
   struct Domain {
     uint64_t docs = 0, val = 0;
@@ -370,68 +152,6 @@ class DomainShards {
 
 }  // namespace
 
-Status annotator_stage(Context& c, bool fresh) {
-  const bool training = c.opt.tokenizer.trains();
-  const std::string copy = c.rank_dir + "/tokenizer.json";
-  auto create_from_copy = [&]() -> Status {
-    TokenizerOptions from_copy = c.opt.tokenizer;
-    from_copy.path = copy;
-    KILN_ASSIGN_OR_RETURN(c.annotator, Annotator::create(c.opt.domains, from_copy, {}));
-    return Status::ok();
-  };
-  if (!fresh) {  // resuming after this stage: rebuild the same annotator
-    if (training) return create_from_copy();
-    KILN_ASSIGN_OR_RETURN(c.annotator, Annotator::create(c.opt.domains, c.opt.tokenizer, {}));
-    return Status::ok();
-  }
-  std::string entry_json, tokenizer_bytes;
-  Status st;
-  if (training) {
-    KILN_ASSIGN_OR_RETURN(std::vector<std::string> texts, sample_training_texts(c));
-    if (c.rank == 0) {
-      KILN_LOG_INFO("training the tokenizer on {} sampled kept documents", texts.size());
-      auto a = Annotator::create(c.opt.domains, c.opt.tokenizer, texts);
-      if (!a.is_ok()) {
-        st = std::move(a).take_status();
-      } else {
-        auto entry = (*a)->save_tokenizer(c.out);
-        if (!entry.is_ok()) {
-          st = std::move(entry).take_status();
-        } else {
-          entry_json = tokenizer_entry_json(*entry);
-          if (!entry->path.empty()) {
-            auto bytes = read_file(c.out + "/" + entry->path);
-            if (bytes.is_ok()) tokenizer_bytes = std::move(*bytes);
-            else st = std::move(bytes).take_status();
-          }
-        }
-      }
-    }
-    KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
-    KILN_RETURN_IF_ERROR(comm::bcast_string(*c.g, &entry_json, 0));
-    KILN_RETURN_IF_ERROR(comm::bcast_string(*c.g, &tokenizer_bytes, 0));
-    // Every rank (rank 0 too) tokenizes with the saved tokenizer, so a resumed run is identical.
-    KILN_RETURN_IF_ERROR(write_file_atomic(copy, tokenizer_bytes));
-    st = create_from_copy();
-  } else {
-    auto a = Annotator::create(c.opt.domains, c.opt.tokenizer, {});
-    if (!a.is_ok()) {
-      st = std::move(a).take_status();
-    } else {
-      c.annotator = std::move(*a);
-      if (c.rank == 0) {
-        auto entry = c.annotator->save_tokenizer(c.out);
-        if (entry.is_ok()) entry_json = tokenizer_entry_json(*entry);
-        else st = std::move(entry).take_status();
-      }
-    }
-    KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
-    KILN_RETURN_IF_ERROR(comm::bcast_string(*c.g, &entry_json, 0));
-  }
-  c.tokenizer = tokenizer_entry_from_json(entry_json);
-  return st;
-}
-
 Status write_stage(Context& c) {
   // Start this rank's shards afresh (a killed attempt may have left some).
   const std::string shards_root = c.out + "/shards";
@@ -489,7 +209,8 @@ Status write_stage(Context& c) {
   std::vector<uint64_t> removed_entries;
   if (index.enabled())
     for (const RemovedEntry& e : c.removed)
-      if (e.docid >= my_lo && e.docid < my_hi && index_entry(c, e)) removed_entries.push_back(e.docid);
+      if (e.docid >= my_lo && e.docid < my_hi && index_entry(c, e))
+        removed_entries.push_back(e.docid);
   auto id_json = [](const Document& doc) {
     return doc.id_is_number ? doc.id
                             : nlohmann::json(doc.id).dump(-1, ' ', false,
@@ -506,8 +227,9 @@ Status write_stage(Context& c) {
     }
     return sink.add(std::move(o));
   };
-  Status st = document_pass<Work>(
-      c,
+  const InputView in = c.inputs();
+  Status st = pass_over_files<Work>(
+      in, c.my_first_file(), c.my_last_file(),
       [&](Work& w) -> Status {
         Document doc;
         for (const RawItem& it : w.raw.items) {
@@ -516,10 +238,10 @@ Status write_stage(Context& c) {
           const bool removed = c.is_removed(docid);
           const bool want_id = std::binary_search(wanted.begin(), wanted.end(), docid);
           if (removed && !want_id) continue;
-          if (!parse_item(c, w.raw, it, /*want_fields=*/!removed, &doc).ok) continue;
+          if (!parse_item(in, w.raw, it, /*want_fields=*/!removed, &doc).ok) continue;
           if (want_id)  // a numeric input id stays a number in removed.jsonl
-            w.ids.emplace_back(docid, doc.id_is_number ? nlohmann::json::parse(doc.id)
-                                                       : nlohmann::json(doc.id));
+            w.ids.emplace_back(
+                docid, doc.id_is_number ? nlohmann::json::parse(doc.id) : nlohmann::json(doc.id));
           if (removed) {
             if (std::binary_search(removed_entries.begin(), removed_entries.end(), docid))
               w.index_docs.emplace_back(docid, id_json(doc));
@@ -539,7 +261,7 @@ Status write_stage(Context& c) {
           doc.domain_by.clear();
           doc.tokens.clear();
           KILN_RETURN_IF_ERROR(c.annotator->annotate(doc));
-          if (!valid_domain(doc.domain))
+          if (!is_valid_domain_name(doc.domain))
             return Status::internal("annotator gave an invalid domain '" + doc.domain +
                                     "' for document " + doc.id);
           Out o;
@@ -583,8 +305,10 @@ Status write_stage(Context& c) {
   if (st.is_ok()) st = splitter.finish(emit);
   if (st.is_ok()) {
     auto shards = sink.finish();
-    if (shards.is_ok()) res.shards = std::move(*shards);
-    else st = std::move(shards).take_status();
+    if (shards.is_ok())
+      res.shards = std::move(*shards);
+    else
+      st = std::move(shards).take_status();
   }
   // The index exchanges refs between ranks: every rank gets there, or none does.
   KILN_RETURN_IF_ERROR(comm::agree(*c.g, std::move(st)));
