@@ -41,8 +41,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/model.h"
+#include "engine/config/precision.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

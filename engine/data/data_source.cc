@@ -9,15 +9,19 @@ std::string listed_samples(const std::vector<std::string>& samples) {
   return listed;
 }
 
-Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config, DataRank rank);
+Result<std::unique_ptr<DataSource>> open_loader_source(const DataConfig& data,
+                                                       const ModelConfig& model, uint64_t seed,
+                                                       DataRank rank);
 
-Result<std::unique_ptr<DataSource>> open_data_source(const TrainConfig& config, DataRank rank) {
-  if (config.data.manifest.empty()) {
-    std::unique_ptr<DataSource> s = make_synthetic_source(config, rank);
-    if (!config.data.mixture.empty()) KILN_RETURN_IF_ERROR(s->set_weights(config.data.mixture));
+Result<std::unique_ptr<DataSource>> open_data_source(const DataConfig& data,
+                                                     const ModelConfig& model, uint64_t seed,
+                                                     DataRank rank) {
+  if (data.manifest.empty()) {
+    std::unique_ptr<DataSource> s = make_synthetic_source(data, model, seed, rank);
+    if (!data.mixture.empty()) KILN_RETURN_IF_ERROR(s->set_weights(data.mixture));
     return s;
   }
-  return open_loader_source(config, rank);
+  return open_loader_source(data, model, seed, rank);
 }
 
 Status check_token_ids(const MicroBatch& b, int64_t vocab) {

@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/data.h"
+#include "engine/config/model.h"
 #include "engine/mixing/control_file.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 
@@ -89,9 +90,13 @@ struct DataRank {
 // Data-parallel rank r of W reads slots [s + r*B, s + (r+1)*B) of each group of W*B, so W ranks
 // with micro-batch B see exactly the rows one process with micro-batch W*B sees; the slot counter
 // is global, so the state is the same on every rank and resumes on any world size.
-std::unique_ptr<DataSource> make_synthetic_source(const TrainConfig& config, DataRank rank = {});
+// Each source takes config section `data`, the model (seq_len, vocab_size) and run.seed.
+std::unique_ptr<DataSource> make_synthetic_source(const DataConfig& data, const ModelConfig& model,
+                                                  uint64_t seed, DataRank rank = {});
 
 // The loader over data.manifest, or synthetic data when data.manifest is empty.
-Result<std::unique_ptr<DataSource>> open_data_source(const TrainConfig& config, DataRank rank = {});
+Result<std::unique_ptr<DataSource>> open_data_source(const DataConfig& data,
+                                                     const ModelConfig& model, uint64_t seed,
+                                                     DataRank rank = {});
 
 }  // namespace kiln::engine

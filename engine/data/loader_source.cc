@@ -135,8 +135,10 @@ class LoaderSource final : public DataSource {
 
 }  // namespace
 
-Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config, DataRank rank) {
-  auto read = read_manifest(config.data.manifest);
+Result<std::unique_ptr<DataSource>> open_loader_source(const DataConfig& data,
+                                                       const ModelConfig& model, uint64_t seed,
+                                                       DataRank rank) {
+  auto read = read_manifest(data.manifest);
   if (!read.is_ok()) {
     // The path came from the config: a missing or unreadable manifest is a config error naming it.
     if (read.status().code() == StatusCode::kNotFound || read.status().code() == StatusCode::kIo) {
@@ -145,24 +147,24 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
     return std::move(read).take_status();
   }
   Manifest manifest = std::move(read).value();
-  if (manifest.tokenizer.vocab_size > static_cast<uint64_t>(config.model.vocab_size)) {
-    return Status::config(
-               "the dataset's tokenizer has " + std::to_string(manifest.tokenizer.vocab_size) +
-               " tokens but model.vocab_size is " + std::to_string(config.model.vocab_size))
+  if (manifest.tokenizer.vocab_size > static_cast<uint64_t>(model.vocab_size)) {
+    return Status::config("the dataset's tokenizer has " +
+                          std::to_string(manifest.tokenizer.vocab_size) +
+                          " tokens but model.vocab_size is " + std::to_string(model.vocab_size))
         .with_key("model.vocab_size");
   }
   loader::LoaderOptions o;
-  o.seq_len = config.model.seq_len;
-  o.micro_batch = config.data.micro_batch;
-  o.seed = config.run.seed;
+  o.seq_len = model.seq_len;
+  o.micro_batch = data.micro_batch;
+  o.seed = seed;
   o.dp_rank = rank.rank;
   o.dp_world = rank.world;
-  o.global_batch = config.data.micro_batch * config.data.grad_accum * rank.world;
-  o.partitions = config.data.partitions;
-  o.repartition = config.data.repartition;
-  o.weights = config.data.mixture;
-  o.prefetch_depth = static_cast<int>(config.data.prefetch_depth);
-  o.workers = static_cast<int>(config.data.workers);
+  o.global_batch = data.micro_batch * data.grad_accum * rank.world;
+  o.partitions = data.partitions;
+  o.repartition = data.repartition;
+  o.weights = data.mixture;
+  o.prefetch_depth = static_cast<int>(data.prefetch_depth);
+  o.workers = static_cast<int>(data.workers);
   auto loader = loader::Loader::open(manifest, o);
   if (!loader.is_ok()) {
     // The loader names its weights "weights.<domain>"; in a train config they are data.mixture.
@@ -172,7 +174,7 @@ Result<std::unique_ptr<DataSource>> open_loader_source(const TrainConfig& config
     return st;
   }
   return std::unique_ptr<DataSource>(
-      new LoaderSource(std::move(*loader), std::move(manifest), config.data.manifest));
+      new LoaderSource(std::move(*loader), std::move(manifest), data.manifest));
 }
 
 }  // namespace kiln::engine

@@ -17,14 +17,14 @@ constexpr int kMotif = 16;
 
 class SyntheticSource final : public DataSource {
  public:
-  SyntheticSource(const TrainConfig& c, DataRank rank)
+  SyntheticSource(const DataConfig& data, const ModelConfig& model, uint64_t seed, DataRank rank)
       : rank_(rank),
-        seed_(c.run.seed),
-        rows_(c.data.micro_batch),
-        T_(c.model.seq_len),
-        V_(static_cast<uint64_t>(c.model.vocab_size)),
+        seed_(seed),
+        rows_(data.micro_batch),
+        T_(model.seq_len),
+        V_(static_cast<uint64_t>(model.vocab_size)),
         names_{"markov", "repeat"} {
-    loader::DomainWeights w = c.data.mixture;
+    loader::DomainWeights w = data.mixture;
     if (w.empty()) w = {{"markov", 1.0}, {"repeat", 1.0}};
     Status st = set_weights(w);
     KILN_CHECK(st.is_ok(), "synthetic weights were validated with the config: " + st.to_string());
@@ -155,8 +155,9 @@ class SyntheticSource final : public DataSource {
 
 }  // namespace
 
-std::unique_ptr<DataSource> make_synthetic_source(const TrainConfig& config, DataRank rank) {
-  return std::make_unique<SyntheticSource>(config, rank);
+std::unique_ptr<DataSource> make_synthetic_source(const DataConfig& data, const ModelConfig& model,
+                                                  uint64_t seed, DataRank rank) {
+  return std::make_unique<SyntheticSource>(data, model, seed, rank);
 }
 
 }  // namespace kiln::engine

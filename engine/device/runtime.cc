@@ -9,14 +9,6 @@
 
 namespace kiln::engine {
 
-const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
-
-Result<Device> parse_device(const std::string& text, const std::string& key) {
-  if (text == "cpu") return Device::kCpu;
-  if (text == "cuda") return Device::kCuda;
-  return Status::config("'" + text + "' is not one of cpu | cuda").with_key(key);
-}
-
 namespace {
 
 class CpuRuntime final : public detail::KernelRuntime<CpuBackend> {

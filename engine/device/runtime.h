@@ -30,14 +30,11 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/run.h"  // device_name, parse_device
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 
 namespace kiln::engine {
-
-const char* device_name(Device d);  // "cpu" | "cuda"
-// "cpu" | "cuda"; anything else is a config error naming `key`.
-Result<Device> parse_device(const std::string& text, const std::string& key = "device");
 
 struct DeviceMemory {
   size_t in_use = 0;           // bytes allocated through the backend now

@@ -56,14 +56,16 @@ Status write_policy_request(const std::string& run_dir, const std::string& name)
   return write_file_atomic(policy_control_path(run_dir), j.dump() + "\n");
 }
 
-Result<std::unique_ptr<MixController>> MixController::open(const TrainConfig& config,
+Result<std::unique_ptr<MixController>> MixController::open(const MixingConfig& config,
+                                                           const std::string& run_dir,
                                                            const std::vector<std::string>& domains,
                                                            const WeightMap& base) {
   std::unique_ptr<MixController> m(new MixController());
   m->config_ = config;
+  m->run_dir_ = run_dir;
   m->domains_ = domains;
   m->base_ = base;
-  MixingConfig& mc = m->config_.mixing;
+  MixingConfig& mc = m->config_;
   const double k = static_cast<double>(domains.size());
   if (mc.min_weight * k > 1.0) {
     return Status::config("min_weight x " + std::to_string(domains.size()) + " domains exceeds 1")
@@ -103,13 +105,13 @@ void MixController::observe_step(const WeightMap& domain_loss,
 }
 
 Result<std::optional<WeightMap>> MixController::after_step(int64_t step) {
-  if (!mix_due(config_.mixing, state_, step)) return std::optional<WeightMap>();
+  if (!mix_due(config_, state_, step)) return std::optional<WeightMap>();
   MixObservation obs;
   obs.step = step;
   for (const auto& [d, v] : loss_sum_) obs.train_loss[d] = v / static_cast<double>(loss_steps_[d]);
   obs.val_loss = last_val_;
   obs.sequences = sequences_;
-  KILN_ASSIGN_OR_RETURN(MixState next, mix_update(config_.mixing, state_, obs));
+  KILN_ASSIGN_OR_RETURN(MixState next, mix_update(config_, state_, obs));
   loss_sum_.clear();
   loss_steps_.clear();
   sequences_.clear();
@@ -139,7 +141,7 @@ void MixController::pin(const WeightMap& weights, int64_t step) {
 }
 
 std::optional<std::string> MixController::read_policy_request(int64_t step) {
-  const std::string path = policy_control_path(config_.run.dir);
+  const std::string path = policy_control_path(run_dir_);
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
   // Read before every step: a file past the cap is refused unread, once per size it has.
@@ -175,18 +177,18 @@ std::optional<WeightMap> MixController::apply_policy(const std::string& name, in
   if (*policy == MixPolicy::kDoremi && !reference_loaded_) {
     return reject("doremi needs mixing.doremi.reference in the run's config");
   }
-  if (*policy == MixPolicy::kSchedule && config_.mixing.schedule.empty()) {
+  if (*policy == MixPolicy::kSchedule && config_.schedule.empty()) {
     return reject("the run's config has no mixing.schedule");
   }
   state_.policy = name;
   state_.paused = false;
   if (*policy == MixPolicy::kStatic) {
-    MixingConfig fixed = config_.mixing;  // the configured weights, unfloored
+    MixingConfig fixed = config_;  // the configured weights, unfloored
     fixed.policy = MixPolicy::kStatic;
     state_.weights = mix_initial_state(fixed, domains_, base_).weights;
   } else if (*policy == MixPolicy::kSchedule) {
     for (auto& [d, v] : state_.weights) v = 0;
-    for (const auto& [d, v] : schedule_weights(config_.mixing, step)) state_.weights[d] = v;
+    for (const auto& [d, v] : schedule_weights(config_, step)) state_.weights[d] = v;
   }
   KILN_LOG_INFO("step {}: mixing policy {} resumed (kiln mix policy)", step, name);
   Status st = record(step, "resume");
@@ -222,7 +224,7 @@ Status MixController::restore(const std::string& json) {
 
 Status MixController::open_history(int64_t step) {
   if (!writes_files_) return Status::ok();
-  const std::string path = mixing_history_path(config_.run.dir);
+  const std::string path = mixing_history_path(run_dir_);
   std::string kept;
   {
     std::ifstream in(path);
@@ -247,7 +249,7 @@ Status MixController::record(int64_t step, const char* event) {
   j["policy"] = state_.policy;
   j["weights"] = to_json_map(state_.weights);
   const std::string line = j.dump() + "\n";
-  const std::string path = mixing_history_path(config_.run.dir);
+  const std::string path = mixing_history_path(run_dir_);
   std::ofstream out(path, std::ios::app | std::ios::binary);
   out << line;
   out.flush();
@@ -262,7 +264,7 @@ Status MixController::write_result() const {
   j["updates"] = state_.updates;
   j["weights"] = to_json_map(state_.policy == "doremi" ? state_.average() : state_.weights);
   j["final_weights"] = to_json_map(state_.weights);
-  return write_file_atomic(mixing_result_path(config_.run.dir), j.dump(2) + "\n");
+  return write_file_atomic(mixing_result_path(run_dir_), j.dump(2) + "\n");
 }
 
 }  // namespace kiln::engine

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/mixing.h"
 #include "engine/mixing/policy.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 
@@ -34,9 +34,11 @@ std::string mixing_result_path(const std::string& run_dir);
 
 class MixController {
  public:
+  // `config`: section mixing; `run_dir`: where the control files and the history live (run.dir).
   // `base`: the run's starting weights (data.mixture or the token shares). Loads doremi's
   // reference losses when the policy is doremi or a reference is configured (kConfig on error).
-  static Result<std::unique_ptr<MixController>> open(const TrainConfig& config,
+  static Result<std::unique_ptr<MixController>> open(const MixingConfig& config,
+                                                     const std::string& run_dir,
                                                      const std::vector<std::string>& domains,
                                                      const WeightMap& base);
 
@@ -74,7 +76,8 @@ class MixController {
   MixController() = default;
   Status record(int64_t step, const char* event);
 
-  TrainConfig config_;
+  MixingConfig config_;
+  std::string run_dir_;
   std::vector<std::string> domains_;
   WeightMap base_;
   MixState state_;

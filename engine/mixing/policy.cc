@@ -12,28 +12,6 @@
 namespace kiln::engine {
 namespace fs = std::filesystem;
 
-const char* mix_policy_name(MixPolicy p) {
-  switch (p) {
-    case MixPolicy::kStatic:
-      return "static";
-    case MixPolicy::kSchedule:
-      return "schedule";
-    case MixPolicy::kDoremi:
-      return "doremi";
-    case MixPolicy::kOdm:
-      return "odm";
-  }
-  return "?";
-}
-
-Result<MixPolicy> parse_mix_policy(const std::string& name, const std::string& key) {
-  for (MixPolicy p :
-       {MixPolicy::kStatic, MixPolicy::kSchedule, MixPolicy::kDoremi, MixPolicy::kOdm})
-    if (name == mix_policy_name(p)) return p;
-  return Status::config("'" + name + "' is not one of static | schedule | doremi | odm")
-      .with_key(key);
-}
-
 namespace {
 
 WeightMap normalised(const WeightMap& w) {

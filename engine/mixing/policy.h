@@ -32,35 +32,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/mixing.h"
 
 namespace kiln::engine {
-
-// Domain -> weight or loss. A plain map (not the loader's checked weights type): policies do
-// arithmetic on it; the trainer hands the result to DataSource::set_weights, which checks it.
-using WeightMap = std::map<std::string, double>;
-
-enum class MixPolicy { kStatic, kSchedule, kDoremi, kOdm };
-const char* mix_policy_name(MixPolicy p);
-// "static" | "schedule" | "doremi" | "odm"; kConfig naming `key` otherwise.
-Result<MixPolicy> parse_mix_policy(const std::string& name, const std::string& key);
-
-struct MixingConfig {
-  MixPolicy policy = MixPolicy::kStatic;
-  int64_t update_every = 10;  // steps between weight updates (doremi, odm, schedule)
-  double min_weight = 0.01;   // floor of every domain's weight (k * min_weight <= 1)
-  struct Point {
-    int64_t step = 0;
-    WeightMap weights;
-  };
-  std::vector<Point> schedule;  // ascending steps, the first at 0
-  bool interpolate = false;     // schedule: linear between points instead of stepped
-  double doremi_eta = 1.0;
-  double doremi_smoothing = 1e-3;
-  std::string doremi_reference;     // a finished run's directory or a JSON file {"domain": loss}
-  WeightMap doremi_reference_loss;  // resolved from doremi_reference (load_reference_loss)
-  double odm_reward_smoothing = 0.9;
-  double odm_exploration = 0;  // 0: eps_t = min(1/k, sqrt(ln k / (k t)))
-};
 
 // What training saw since the previous update: per domain, the mean training loss over the
 // interval (domains not sampled are absent) and the latest validation loss (may be empty).

@@ -1,4 +1,4 @@
-// The decoder, model.arch gpt2 or llama (engine/train/train_config.h ModelConfig):
+// The decoder, model.arch gpt2 or llama (engine/config/model.h ModelConfig):
 //   gpt2   token + learned position embeddings, pre-LayerNorm blocks (causal multi-head
 //          attention, GELU MLP), final LayerNorm, LM head tied to the token embedding
 //   llama  token embedding, pre-RMSNorm blocks (grouped-query attention with rotary positions,
@@ -12,7 +12,7 @@
 // (kiln::CpuBackend or kiln::CudaBackend, chosen once in create()); the storage type of activations
 // and working parameters is the run's precision (fp32, bf16 or fp16), parameter gradients are fp32.
 //
-// Activation checkpointing (engine/train/train_config.h Recompute):
+// Activation checkpointing (engine/config/memory.h Recompute):
 //   none       every block keeps ln1, qkv, attention output + logsumexp, res2, ln2, fc, gelu
 //   selective  the attention output/logsumexp and the GELU output are recomputed in backward
 //              (from qkv and fc) instead of kept: about 5 of 16 values per token and channel
@@ -32,8 +32,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/memory.h"
+#include "engine/config/model.h"
+#include "engine/config/precision.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

@@ -12,8 +12,8 @@
 
 #include <cstdint>
 
+#include "engine/config/optimizer.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 #include "kernels/ops.h"
 
 namespace kiln::engine {

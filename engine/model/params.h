@@ -29,8 +29,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/model.h"
+#include "engine/config/precision.h"
 #include "engine/device/runtime.h"
-#include "engine/train/train_config.h"
 #include "kernels/dtype.h"
 
 namespace kiln::engine {

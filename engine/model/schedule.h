@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "engine/train/train_config.h"
+#include "engine/config/schedule.h"
 
 namespace kiln::engine {
 

@@ -44,7 +44,7 @@ Status cuda_group_error(int world_rank, LocalPlace local, const std::string& hos
       .with_key("device");
 }
 
-Status DataParallel::open_device_groups(const TrainConfig& config) {
+Status DataParallel::open_device_groups(const ParallelConfig& parallel) {
   comm::ProcessGroup& world = *topo_.world;
   // What the build decides (the same on every rank) first, then the GPU.
   if (const Status nccl = comm::nccl_status(); !nccl.is_ok()) {
@@ -93,7 +93,7 @@ Status DataParallel::open_device_groups(const TrainConfig& config) {
     embed_data_ = std::move(e).value();
     embed_data_->set_name(topo_.embed->name());
   }
-  if (config.parallel.hierarchical) {
+  if (parallel.hierarchical) {
     KILN_LOG_INFO(
         "parallel.hierarchical applies to the host groups; on cuda NCCL chooses its own "
         "algorithms across machines");
@@ -104,7 +104,8 @@ Status DataParallel::open_device_groups(const TrainConfig& config) {
   return Status::ok();
 }
 
-Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& config) {
+Result<std::unique_ptr<DataParallel>> DataParallel::create(const ParallelConfig& parallel,
+                                                           Recompute recompute, Device device) {
   if (comm::launched_by_mpi() && comm::launcher_world_size() > 1 && !comm::mpi_available()) {
     return Status::unimplemented("launched by mpirun with " +
                                  std::to_string(comm::launcher_world_size()) +
@@ -115,22 +116,21 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const TrainConfig& co
   // here.
   comm::ProcessGroup& world = comm::world();
   comm::TopologyOptions o;
-  o.tp = static_cast<int>(config.parallel.tp);
-  o.hierarchical = config.parallel.hierarchical;
-  o.pp = static_cast<int>(config.parallel.pp);
+  o.tp = static_cast<int>(parallel.tp);
+  o.hierarchical = parallel.hierarchical;
+  o.pp = static_cast<int>(parallel.pp);
   KILN_ASSIGN_OR_RETURN(comm::Topology t, comm::make_topology(world, o));
-  KILN_CHECK(layout_trainable(Layout{t.tp_size, t.dp_size, config.parallel.zero_stage,
-                                     config.activation_checkpointing}),
+  KILN_CHECK(layout_trainable(Layout{t.tp_size, t.dp_size, parallel.zero_stage, recompute}),
              "a layout refused above is trainable per engine/parallel/layout_plan.h");
   std::unique_ptr<DataParallel> dp(
-      new DataParallel(std::move(t), config.parallel.zero_stage, config.parallel.prefetch));
-  if (world.size() > 1 && config.parallel.collective_timeout_s > 0) {
+      new DataParallel(std::move(t), parallel.zero_stage, parallel.prefetch));
+  if (world.size() > 1 && parallel.collective_timeout_s > 0) {
     // Every rank starts it here, after the same collectives (it may open a communicator).
-    KILN_RETURN_IF_ERROR(comm::start_watchdog(world, config.parallel.collective_timeout_s));
-    KILN_LOG_DEBUG("collective watchdog: {} s", config.parallel.collective_timeout_s);
+    KILN_RETURN_IF_ERROR(comm::start_watchdog(world, parallel.collective_timeout_s));
+    KILN_LOG_DEBUG("collective watchdog: {} s", parallel.collective_timeout_s);
   }
-  if (config.device == Device::kCuda && world.size() > 1) {
-    KILN_RETURN_IF_ERROR(dp->open_device_groups(config));
+  if (device == Device::kCuda && world.size() > 1) {
+    KILN_RETURN_IF_ERROR(dp->open_device_groups(parallel));
   }
   return dp;
 }

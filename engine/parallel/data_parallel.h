@@ -37,10 +37,13 @@
 #include "comm/comm.h"
 #include "comm/topology.h"
 #include "common/status.h"
+#include "engine/config/memory.h"
+#include "engine/config/optimizer.h"
+#include "engine/config/parallel.h"
 #include "engine/data/data_source.h"
 #include "engine/model/params.h"
 #include "engine/parallel/zero.h"
-#include "engine/train/train_config.h"
+#include "kernels/ops.h"
 
 namespace kiln::engine {
 
@@ -62,7 +65,10 @@ Status cuda_group_error(int world_rank, LocalPlace local, const std::string& hos
 
 class DataParallel {
  public:
-  static Result<std::unique_ptr<DataParallel>> create(const TrainConfig& config);
+  // `parallel`: the layout; `recompute` (activation_checkpointing) and `device` decide what it
+  // can run and which groups it opens.
+  static Result<std::unique_ptr<DataParallel>> create(const ParallelConfig& parallel,
+                                                      Recompute recompute, Device device);
 
   int rank() const { return topo_.dp_rank; }
   int size() const { return topo_.dp_size; }
@@ -142,7 +148,7 @@ class DataParallel {
   DataParallel(comm::Topology t, int64_t stage, int64_t prefetch)
       : topo_(std::move(t)), stage_(stage), prefetch_(prefetch) {}
   // device: cuda under mpirun: binds this rank to its GPU and opens the NCCL data group.
-  Status open_device_groups(const TrainConfig& config);
+  Status open_device_groups(const ParallelConfig& parallel);
   comm::Topology topo_;
   std::unique_ptr<comm::ProcessGroup> dp_data_;     // NCCL, with device: cuda under mpirun
   std::unique_ptr<comm::ProcessGroup> tp_data_;     // NCCL, with device: cuda and parallel.tp > 1

@@ -61,8 +61,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/train_config.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

@@ -42,8 +42,8 @@
 
 #include "comm/comm.h"
 #include "common/status.h"
+#include "engine/config/parallel.h"
 #include "engine/model/model.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

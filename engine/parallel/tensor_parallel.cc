@@ -21,11 +21,11 @@ void check(const Status& st, const char* what, int rank) {
 
 }  // namespace
 
-Result<std::unique_ptr<TensorParallel>> TensorParallel::create(const TrainConfig& config,
+Result<std::unique_ptr<TensorParallel>> TensorParallel::create(const ModelConfig& m,
+                                                               const StabilityConfig& stability,
                                                                comm::ProcessGroup& group,
                                                                comm::ProcessGroup* data_group) {
   const int64_t tp = group.size();
-  const ModelConfig& m = config.model;
   auto refuse = [&](const std::string& what, const char* key) {
     return Status::config("parallel.tp " + std::to_string(tp) + ": " + what).with_key(key);
   };
@@ -51,13 +51,13 @@ Result<std::unique_ptr<TensorParallel>> TensorParallel::create(const TrainConfig
                       "pad the vocabulary to a multiple of tp",
                   "model.vocab_size");
   }
-  if (config.stability.layer_clip_max_norm > 0) {
+  if (stability.layer_clip_max_norm > 0) {
     return refuse(
         "per-layer clipping needs whole-layer norms, not computed under tensor "
         "parallelism yet; set stability.layer_clip.max_norm: 0",
         "stability.layer_clip.max_norm");
   }
-  if (config.stability.layer_stats_every > 0) {
+  if (stability.layer_stats_every > 0) {
     return refuse(
         "per-layer statistics are not computed under tensor parallelism yet; set "
         "stability.layer_stats_every: 0",

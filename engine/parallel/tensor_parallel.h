@@ -44,9 +44,10 @@
 
 #include "comm/comm.h"
 #include "common/status.h"
+#include "engine/config/model.h"
+#include "engine/config/stability.h"
 #include "engine/model/optimizer.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 #include "kernels/ops.h"
 
 namespace kiln::engine {
@@ -58,7 +59,8 @@ class TensorParallel {
   // statistics). group must outlive it.
   // data_group (nullptr: group itself) carries the model's memory: an NCCL group over the same
   // ranks with device: cuda.
-  static Result<std::unique_ptr<TensorParallel>> create(const TrainConfig& config,
+  static Result<std::unique_ptr<TensorParallel>> create(const ModelConfig& model,
+                                                        const StabilityConfig& stability,
                                                         comm::ProcessGroup& group,
                                                         comm::ProcessGroup* data_group = nullptr);
 

@@ -53,11 +53,12 @@
 #include "comm/comm.h"
 #include "common/status.h"
 #include "engine/checkpoint/safetensors.h"
+#include "engine/config/optimizer.h"
+#include "engine/config/precision.h"
 #include "engine/model/model.h"
 #include "engine/model/optimizer.h"
 #include "engine/model/params.h"
 #include "engine/stability/monitor.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

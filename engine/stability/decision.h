@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/config/stability.h"
 #include "engine/stability/monitor.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/stability.h"
 #include "engine/data/data_source.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

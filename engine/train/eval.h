@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/eval.h"
+#include "engine/config/mixing.h"
 #include "engine/data/data_source.h"
 #include "engine/data/device_batches.h"
 #include "engine/device/runtime.h"

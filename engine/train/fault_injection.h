@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/config/stability.h"
 #include "engine/data/data_source.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

@@ -16,7 +16,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/train/train_config.h"
+#include "engine/config/model.h"
 
 namespace kiln::engine {
 

@@ -17,8 +17,8 @@
 #include <string>
 
 #include "common/status.h"
+#include "engine/config/train_config.h"
 #include "engine/device/runtime.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

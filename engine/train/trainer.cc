@@ -65,7 +65,9 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   t->config_yaml_ = config_yaml;
   t->options_ = options;
   // Under mpirun: this rank's place among the data-parallel ranks (one process otherwise).
-  KILN_ASSIGN_OR_RETURN(t->dp_, DataParallel::create(config));
+  KILN_ASSIGN_OR_RETURN(
+      t->dp_,
+      DataParallel::create(config.parallel, config.activation_checkpointing, config.device));
   if (!t->dp_->is_root()) t->options_.console = false;
   cpu::set_num_threads(static_cast<int>(config.run.threads));  // host threads (loader, CPU kernels)
   // The device is chosen here, once; everything below reaches it through the Runtime.
@@ -73,8 +75,8 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   // group that carries the device buffers; host values stay on the MPI groups.)
   KILN_ASSIGN_OR_RETURN(Runtime * runtime, runtime_for(config.device));
   if (t->dp_->tp_group().size() > 1) {
-    KILN_ASSIGN_OR_RETURN(t->tp_,
-                          TensorParallel::create(config, t->dp_->tp_group(), &t->dp_->data_tp()));
+    KILN_ASSIGN_OR_RETURN(t->tp_, TensorParallel::create(config.model, config.stability,
+                                                         t->dp_->tp_group(), &t->dp_->data_tp()));
   }
 
   // The memory preflight (engine/train/preflight.h), on every rank before its model states exist:
@@ -86,7 +88,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
                        std::max<int64_t>(1, config.parallel.pp));
   KILN_RETURN_IF_ERROR(t->dp_->agree(check_memory(config, t->dp_->world_size(), budget, pp_rank)));
 
-  auto data = open_data_source(config, t->dp_->data_rank());
+  auto data = open_data_source(config.data, config.model, config.run.seed, t->dp_->data_rank());
   KILN_RETURN_IF_ERROR(t->dp_->agree(data.is_ok() ? Status::ok() : data.status()));
   t->data_ = std::move(data).value();
   KILN_RETURN_IF_ERROR(t->build_model_states(runtime));
@@ -112,8 +114,9 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   t->mixture_ = std::make_unique<MixtureWatcher>(config.run.dir, domains);
   t->state_.seed = config.run.seed;
   t->state_.scaler = t->scaler_.state();
-  KILN_ASSIGN_OR_RETURN(
-      t->mix_, MixController::open(config, t->data_->domains(), t->data_->weights().map()));
+  KILN_ASSIGN_OR_RETURN(t->mix_,
+                        MixController::open(config.mixing, config.run.dir, t->data_->domains(),
+                                            t->data_->weights().map()));
   t->spikes_ = std::make_unique<SpikeDetector>(config.stability.spike);
   t->faults_ = std::make_unique<FaultInjection>(config.stability);
   if (config.eval.every_steps > 0) {

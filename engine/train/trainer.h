@@ -27,6 +27,7 @@
 
 #include "common/status.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/config/train_config.h"
 #include "engine/data/data_source.h"
 #include "engine/data/step_batches.h"
 #include "engine/mixing/control_file.h"
@@ -39,7 +40,6 @@
 #include "engine/train/eval.h"
 #include "engine/train/fault_injection.h"
 #include "engine/train/metrics.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 

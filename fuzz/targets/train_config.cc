@@ -1,8 +1,8 @@
-// Fuzz target: the `kiln train` YAML config with --set overrides (engine/train/train_config.h over
+// Fuzz target: the `kiln train` YAML config with --set overrides (engine/config/train_config.h over
 // common/config.h). The input is the YAML file, then optionally the line "#kiln-fuzz-sets"
 // followed by one "key.path=value" override per line. Invariant: a config that validates dumps
 // to YAML that loads and validates again.
-#include "engine/train/train_config.h"
+#include "engine/config/train_config.h"
 
 #include "fuzz/fuzz_util.h"
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/config/train_config.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 #include "engine/train/trainer.h"
 
 namespace kiln::engine::test {

@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
+#include "engine/config/train_config.h"
 #include "engine/data/data_source.h"
 #include "engine/data/step_batches.h"
 #include "engine/device/runtime.h"
-#include "engine/train/train_config.h"
 #include "tools/bench/bench_machine.h"
 
 using namespace kiln;
@@ -51,7 +51,7 @@ int run(const Args& a, bool prefetch) {
   c.data.grad_accum = a.accum;
   c.data.manifest = a.manifest;
   c.data.workers = 1;
-  auto src = open_data_source(c);
+  auto src = open_data_source(c.data, c.model, c.run.seed);
   if (!src.is_ok()) {
     std::fprintf(stderr, "bench_prefetch: %s\n", src.status().to_string().c_str());
     return 1;

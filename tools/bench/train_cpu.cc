@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/run.h"
 #include "engine/data/data_source.h"
 #include "engine/model/model.h"
 #include "engine/model/optimizer.h"
@@ -155,11 +156,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<DataSource> data;
   double pairs_kept = 0, pairs_all = 0, blocks_kept = 0, blocks_all = 0;
   if (!manifest.empty()) {
-    TrainConfig tc;
-    tc.model = m;
-    tc.data.manifest = manifest;
-    tc.data.micro_batch = B;
-    auto opened = open_data_source(tc);
+    DataConfig dc;
+    dc.manifest = manifest;
+    dc.micro_batch = B;
+    auto opened = open_data_source(dc, m, RunConfig{}.seed);
     if (!opened.is_ok()) {
       std::fprintf(stderr, "%s\n", opened.status().to_string().c_str());
       return 2;

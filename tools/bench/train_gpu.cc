@@ -27,13 +27,13 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/train_config.h"
 #include "engine/device/runtime.h"
 #include "engine/model/model.h"
 #include "engine/model/optimizer.h"
 #include "engine/model/params.h"
 #include "engine/model/rng.h"
 #include "engine/train/mfu.h"
-#include "engine/train/train_config.h"
 
 using namespace kiln;
 using namespace kiln::engine;

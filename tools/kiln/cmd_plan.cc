@@ -10,8 +10,8 @@
 #include <optional>
 
 #include "common/text.h"
+#include "engine/config/train_config.h"
 #include "engine/parallel/layout_plan.h"
-#include "engine/train/train_config.h"
 #include "tools/kiln/command.h"
 
 namespace kiln::cli {

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/train_config.h"
 #include "engine/data/data_source.h"
 #include "engine/device/runtime.h"
 #include "engine/mixing/control_file.h"
-#include "engine/train/train_config.h"
 #include "engine/train/trainer.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/loader/loader_testutil.h"
@@ -148,8 +148,8 @@ TEST(StepBatches, DrawsAheadExactlyWhatComesNext) {
   for (bool loader_data : {false, true}) {
     SCOPED_TRACE(loader_data ? "loader" : "synthetic");
     const TrainConfig c = source_config(loader_data);
-    auto ref_src = open_data_source(c);
-    auto src = open_data_source(c);
+    auto ref_src = open_data_source(c.data, c.model, c.run.seed);
+    auto src = open_data_source(c.data, c.model, c.run.seed);
     ASSERT_TRUE(ref_src.is_ok() && src.is_ok());
     const int64_t B = c.data.micro_batch, T = c.model.seq_len, V = c.model.vocab_size;
     StepBatches ref(ref_src->get(), &host_runtime(), B, T, V, /*prefetch=*/false);
@@ -197,7 +197,7 @@ TEST(StepBatches, DrawsAheadExactlyWhatComesNext) {
       // so the states are compared by what they draw.)
       probe.clear();
       if (step != 3 && step != 6 && step != 7) {
-        auto fresh = open_data_source(c);
+        auto fresh = open_data_source(c.data, c.model, c.run.seed);
         ASSERT_TRUE(fresh.is_ok());
         ASSERT_TRUE((*fresh)->restore(sb.state()).is_ok());
         StepBatches p(fresh->get(), &host_runtime(), B, T, V, false);
@@ -214,7 +214,7 @@ TEST(StepBatches, AnErrorDrawnAheadIsReportedByTheStepThatTakesIt) {
   for (bool loader_data : {false, true}) {
     SCOPED_TRACE(loader_data ? "loader" : "synthetic");
     const TrainConfig c = source_config(loader_data);
-    auto src = open_data_source(c);
+    auto src = open_data_source(c.data, c.model, c.run.seed);
     ASSERT_TRUE(src.is_ok());
     // A vocabulary smaller than the data's: the first micro-batch already fails.
     StepBatches sb(src->get(), &host_runtime(), c.data.micro_batch, c.model.seq_len, 5, true);
@@ -252,7 +252,8 @@ TEST(TrainPrefetch, LiveMixtureChangesApplyAtTheSameStep) {
     SCOPED_TRACE(manifest.empty() ? "synthetic" : "loader");
     std::vector<std::string> names;
     {
-      auto src = open_data_source(source_config(!manifest.empty()));
+      const TrainConfig c = source_config(!manifest.empty());
+      auto src = open_data_source(c.data, c.model, c.run.seed);
       ASSERT_TRUE(src.is_ok());
       names = (*src)->domains();
     }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "engine/config/train_config.h"
 #include "engine/data/device_batches.h"
 #include "engine/data/step_batches.h"
 #include "engine/device/runtime.h"
@@ -20,7 +21,6 @@
 #include "engine/model/params.h"
 #include "engine/model/rng.h"
 #include "engine/parallel/zero.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 namespace {
@@ -179,7 +179,8 @@ TEST(Device, StepBatchesDrawAheadOnASecondThread) {
   c.data.micro_batch = 3;
   for (Runtime* rt : backends()) {
     SCOPED_TRACE(rt->describe());
-    auto ref_src = make_synthetic_source(c), src = make_synthetic_source(c);
+    auto ref_src = make_synthetic_source(c.data, c.model, c.run.seed),
+         src = make_synthetic_source(c.data, c.model, c.run.seed);
     const int64_t B = c.data.micro_batch, T = c.model.seq_len, V = c.model.vocab_size;
     const size_t n = static_cast<size_t>(B * T);
     StepBatches sb(src.get(), rt, B, T, V, /*prefetch=*/true);

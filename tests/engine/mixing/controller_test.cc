@@ -11,8 +11,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "engine/config/train_config.h"
 #include "engine/mixing/control_file.h"
-#include "engine/train/train_config.h"
 #include "engine/train/trainer.h"
 #include "tests/engine/engine_test_util.h"
 

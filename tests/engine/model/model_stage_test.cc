@@ -298,9 +298,7 @@ TEST(ModelStage, FourBlocksOnFourStages) {
 TEST(ModelStage, TensorParallelPathOnOneRank) {
   auto group = comm::make_local_group();
   for (const ModelConfig& m : {gpt2(), llama()}) {
-    TrainConfig c;
-    c.model = m;
-    auto tp = TensorParallel::create(c, *group);
+    auto tp = TensorParallel::create(m, StabilityConfig{}, *group);
     ASSERT_TRUE(tp.is_ok()) << tp.status().to_string();
     const Batch b = make_batch(m);
     for (Recompute r : {Recompute::kNone, Recompute::kFull}) {

@@ -43,9 +43,7 @@ TEST(DataParallel, TooFewGpusIsAConfigErrorNamingDeviceAndTheCount) {
 
 TEST(DataParallel, OneProcessOnCudaOpensNoDeviceGroup) {
   // Without mpirun the world is one process: nothing to reduce, no NCCL, no GPU touched here.
-  TrainConfig config;
-  config.device = Device::kCuda;
-  auto dp = DataParallel::create(config);
+  auto dp = DataParallel::create(ParallelConfig{}, Recompute::kNone, Device::kCuda);
   ASSERT_TRUE(dp.is_ok()) << dp.status().to_string();
   EXPECT_EQ((*dp)->world_size(), 1);
   EXPECT_EQ((*dp)->cuda_device(), -1);

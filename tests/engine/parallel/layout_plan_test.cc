@@ -7,10 +7,10 @@
 
 #include <algorithm>
 
+#include "engine/config/train_config.h"
 #include "engine/device/runtime.h"
 #include "engine/model/model.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 namespace {

@@ -6,9 +6,9 @@
 
 #include <cstring>
 
+#include "engine/config/train_config.h"
 #include "engine/model/params.h"
 #include "engine/parallel/layout_plan.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 namespace {

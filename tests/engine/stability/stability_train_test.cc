@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/config/train_config.h"
 #include "engine/stability/monitor.h"
-#include "engine/train/train_config.h"
 #include "engine/train/trainer.h"
 #include "tests/engine/engine_test_util.h"
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/train_config.h"
 #include "engine/mixing/control_file.h"
 #include "engine/model/rng.h"
-#include "engine/train/train_config.h"
 #include "engine/train/trainer.h"
 #include "tests/kiln_cli.h"
 #include "tests/test_paths.h"

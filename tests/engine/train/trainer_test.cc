@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.h"
+#include "engine/config/train_config.h"
 #include "engine/mixing/control_file.h"
-#include "engine/train/train_config.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kiln::engine {

@@ -1,10 +1,14 @@
 // The `kiln train` config schema: defaults, --set overrides, errors naming the key.
-#include "engine/train/train_config.h"
+#include "engine/config/train_config.h"
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "tests/test_paths.h"
 
 namespace kiln::engine {
 namespace {
@@ -160,6 +164,78 @@ TEST(TrainConfig, LlamaKeys) {
     EXPECT_EQ(t.status().code(), StatusCode::kConfig) << b.key;
     EXPECT_EQ(t.status().key(), b.key) << t.status().to_string();
   }
+}
+
+// The config a default run prints to RUN/config.yaml, byte for byte: train_defaults.yaml is the
+// file a run wrote before the schema became one table per section (main f1000cf), so the
+// tables print the same keys, order and default values as the hand-written schema did.
+TEST(TrainConfig, PrintedDefaultsAreUnchanged) {
+  std::ifstream in(std::string(test::source_dir()) + "/tests/engine/config/train_defaults.yaml");
+  ASSERT_TRUE(in.good());
+  std::stringstream golden;
+  golden << in.rdbuf();
+  auto cfg = load_train_config("", {});
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  EXPECT_EQ(cfg->dump(), golden.str());
+}
+
+// One table per section: the defaults the schema prints are the struct's, so parsing the
+// printed defaults gives back a default-constructed section (the auto keys resolved as gpt2's).
+TEST(TrainConfig, SchemaDefaultsAreTheStructDefaults) {
+  auto cfg = load_train_config("", {});
+  ASSERT_TRUE(cfg.is_ok());
+  auto tc = parse_train_config(*cfg);
+  ASSERT_TRUE(tc.is_ok()) << tc.status().to_string();
+  const TrainConfig d;
+  EXPECT_EQ(tc->model.d_model, d.model.d_model);
+  EXPECT_EQ(tc->model.norm_eps, d.model.norm_eps);
+  EXPECT_EQ(tc->model.init_std, d.model.init_std);
+  EXPECT_EQ(tc->model.tie_embeddings, d.model.tie_embeddings);
+  EXPECT_EQ(tc->model.bias, d.model.bias);
+  EXPECT_EQ(tc->model.doc_mask, d.model.doc_mask);
+  EXPECT_EQ(tc->optimizer.lr, d.optimizer.lr);
+  EXPECT_EQ(tc->optimizer.beta1, d.optimizer.beta1);
+  EXPECT_EQ(tc->optimizer.beta2, d.optimizer.beta2);
+  EXPECT_EQ(tc->optimizer.eps, d.optimizer.eps);
+  EXPECT_EQ(tc->optimizer.weight_decay, d.optimizer.weight_decay);
+  EXPECT_EQ(tc->parallel.collective_timeout_s, d.parallel.collective_timeout_s);
+  EXPECT_EQ(tc->parallel.pp_schedule, d.parallel.pp_schedule);
+  EXPECT_EQ(tc->schedule.decay_shape, d.schedule.decay_shape);
+  EXPECT_EQ(tc->data.prefetch_depth, d.data.prefetch_depth);
+  EXPECT_EQ(tc->memory.margin, d.memory.margin);
+  EXPECT_FALSE(tc->memory.budget.has_value());
+  EXPECT_EQ(tc->stability.spike.window, d.stability.spike.window);
+  EXPECT_EQ(tc->stability.spike.action, d.stability.spike.action);
+  EXPECT_EQ(tc->stability.lr_burst_factor, d.stability.lr_burst_factor);
+  EXPECT_EQ(tc->mixing.doremi_smoothing, d.mixing.doremi_smoothing);
+  EXPECT_EQ(tc->mixing.odm_reward_smoothing, d.mixing.odm_reward_smoothing);
+  EXPECT_EQ(tc->eval.sequences_per_domain, d.eval.sequences_per_domain);
+  EXPECT_EQ(tc->run.seed, d.run.seed);
+  EXPECT_EQ(tc->run.dir, d.run.dir);
+  EXPECT_EQ(tc->device, d.device);
+  EXPECT_EQ(tc->activation_checkpointing, d.activation_checkpointing);
+}
+
+// A section parses on its own and names its keys; a key that depends on another section is
+// checked where both are known (parse_train_config).
+TEST(TrainConfig, SectionsParseAlone) {
+  auto cfg = load_train_config("", {"optimizer.betas=[0.8, 0.9]", "parallel.pp=2"});
+  ASSERT_TRUE(cfg.is_ok());
+  auto o = parse_optimizer_config(*cfg);
+  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+  EXPECT_FLOAT_EQ(o->beta1, 0.8f);
+  auto p = parse_parallel_config(*cfg);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(p->pp, 2);
+  ModelConfig one_block;
+  one_block.n_layers = 1;
+  const Status fits = check_parallel_fits(*p, one_block);
+  EXPECT_EQ(fits.key(), "parallel.pp") << fits.to_string();
+  auto bad = load_train_config("", {"stability.spike.window=1"});
+  ASSERT_TRUE(bad.is_ok());
+  auto st = parse_stability_config(*bad);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.status().key(), "stability.spike.window");
 }
 
 }  // namespace
