@@ -237,7 +237,8 @@ void decode_unit(const Manifest& manifest, const DecodeOptions& options,
       slot_of[fp.members[i]] = {static_cast<int32_t>(f), static_cast<int32_t>(i)};
     }
   }
-  // Only the planned samples' .tokens.npy, .mask.npy (and .json for ids) are copied out of the stream.
+  // Only the planned samples' .tokens.npy, .mask.npy (and .json for ids) are copied out of the
+  // stream.
   ShardReaderOptions ro = Manifest::reader_options(sh, options.verify_checksums);
   ro.want = [&](uint64_t i, std::string_view ext) {
     if (i >= slot_of.size()) return true;  // past the manifest's count: an error below

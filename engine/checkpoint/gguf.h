@@ -40,8 +40,8 @@
 
 #include "common/status.h"
 #include "engine/checkpoint/hf.h"
+#include "engine/config/model.h"
 #include "engine/model/params.h"
-#include "engine/train/train_config.h"
 
 namespace kiln::engine {
 
