@@ -30,7 +30,7 @@ namespace {
 
 class RulesAnnotator final : public Annotator {
  public:
-  Status annotate(Document& doc) const override {
+  Status tag(Document& doc) const override {
     std::optional<DomainMatch> m = rules_.match(doc);
     // A domain read from the input's own "domain" field is never overridden by the model.
     bool declared = m && declared_rules_.count(m->rule);
@@ -48,6 +48,10 @@ class RulesAnnotator final : public Annotator {
         doc.domain_by = "model";
       }
     }
+    return Status::ok();
+  }
+
+  Status tokenize(Document& doc) const override {
     doc.tokens.clear();
     if (tokenizer_) tokenizer_->encode(doc.text, &doc.tokens);
     return Status::ok();
