@@ -31,7 +31,7 @@ namespace {
 
 class RulesAnnotator final : public Annotator {
  public:
-  Status annotate(Document& doc) const override {
+  Status tag(Document& doc) const override {
     std::optional<DomainMatch> m = rules_.match(doc);
     // A domain read from the input's own "domain" field is never overridden by the model.
     bool declared = m && declared_rules_.count(m->rule);
@@ -49,6 +49,10 @@ class RulesAnnotator final : public Annotator {
         doc.domain_by = "model";
       }
     }
+    return Status::ok();
+  }
+
+  Status tokenize(Document& doc) const override {
     doc.tokens.clear();
     doc.loss_mask.clear();
     if (tokenizer_ && doc.chat) {

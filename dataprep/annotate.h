@@ -34,8 +34,14 @@ class Annotator {
                                                    const TokenizerOptions& tokenizer,
                                                    const std::vector<std::string>& training_texts);
 
-  // Sets doc.domain, doc.domain_by and doc.tokens. Thread-safe (const; called concurrently).
-  virtual Status annotate(Document& doc) const = 0;
+  // Sets doc.domain, doc.domain_by and doc.tokens: tag() then tokenize(). Thread-safe (const;
+  // called concurrently). The write stage calls the two apart to time them.
+  Status annotate(Document& doc) const {
+    KILN_RETURN_IF_ERROR(tag(doc));
+    return tokenize(doc);
+  }
+  virtual Status tag(Document& doc) const = 0;       // doc.domain, doc.domain_by
+  virtual Status tokenize(Document& doc) const = 0;  // doc.tokens (empty without a tokenizer)
 
   // Writes OUT/tokenizer.json (if there is a tokenizer) and returns the manifest's tokenizer
   // entry (path relative to out_dir, vocab_size, eos_id); an empty entry when none.

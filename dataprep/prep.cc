@@ -131,9 +131,26 @@ Result<nlohmann::json> load_marker(const Context& c, int stage) {
   return read_json_file(c.stage_marker(stage));
 }
 
-Status save_marker(Context& c, int stage, nlohmann::json marker, double seconds) {
+// The CPU seconds of a stage and of the parts timed inside it, from its marker.
+void restore_cpu(Context& c, int stage, const nlohmann::json& marker) {
+  c.cpu[stage_name(stage)] = marker.value("cpu_s", 0.0);
+  if (marker.contains("parts_cpu_s") && marker["parts_cpu_s"].is_object())
+    for (const auto& [part, v] : marker["parts_cpu_s"].items())
+      if (v.is_number()) c.cpu[part] = v.get<double>();
+}
+
+Status save_marker(Context& c, int stage, nlohmann::json marker, double seconds, double cpu_s) {
   marker["stage"] = stage_name(stage);
   marker["seconds"] = seconds;
+  marker["cpu_s"] = cpu_s;
+  nlohmann::json parts = nlohmann::json::object();
+  if (stage == kScan) parts["filters"] = c.filters_clock.seconds();
+  if (stage == kWrite) {
+    parts["tag"] = c.tag_clock.seconds();
+    parts["tokenize"] = c.tokenize_clock.seconds();
+  }
+  marker["parts_cpu_s"] = parts;
+  restore_cpu(c, stage, marker);
   c.timings[stage_name(stage)] = seconds;
   KILN_RETURN_IF_ERROR(write_json_file(c.stage_marker(stage), marker));
   crash_point((std::string("stage-") + stage_name(stage)).c_str());
@@ -285,6 +302,28 @@ nlohmann::ordered_json filter_stats(const Context& c, const FileStats& in) {
   return list;
 }
 
+// stats.json "cpu_s": the CPU seconds of every rank together, by part of the pipeline: scan
+// (read, parse, normalise, hash, MinHash), filters, dedup (exact + near), annotate (training a
+// tokenizer, when prep trains one), tag, tokenize, write (parse again, metadata, .npy, tar and zstd
+// in the shard writer's pool), total. `cpu` holds the ranks' sums (final_stage).
+nlohmann::ordered_json cpu_by_part(const std::map<std::string, double>& cpu) {
+  auto get = [&](const char* k) {
+    auto it = cpu.find(k);
+    return it == cpu.end() ? 0.0 : it->second;
+  };
+  auto r = [](double v) { return std::round(std::max(v, 0.0) * 1000) / 1000; };
+  nlohmann::ordered_json j;
+  j["scan"] = r(get("scan") - get("filters"));
+  j["filters"] = r(get("filters"));
+  j["dedup"] = r(get("exact") + get("dedup"));
+  j["annotate"] = r(get("annotate"));
+  j["tag"] = r(get("tag"));
+  j["tokenize"] = r(get("tokenize"));
+  j["write"] = r(get("write") - get("tag") - get("tokenize"));
+  j["total"] = r(get("scan") + get("exact") + get("dedup") + get("annotate") + get("write"));
+  return j;
+}
+
 nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
   nlohmann::ordered_json s;
   s["docs_in"] = t.in.docs_in;
@@ -374,6 +413,7 @@ nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
   }
   tm["total"] = std::round(total * 1000) / 1000;
   s["timings_s"] = tm;
+  s["cpu_s"] = cpu_by_part(c.cpu);
   return s;
 }
 
@@ -431,6 +471,18 @@ std::string make_summary(const nlohmann::ordered_json& s, const std::string& out
   text += "  time:";
   for (const auto& [k, v] : s["timings_s"].items())
     text += " " + k + " " + fmt::format("{:.2f}s", v.get<double>());
+  if (s.contains("cpu_s") && s["cpu_s"].is_object()) {
+    const double total = s["cpu_s"].value("total", 0.0);
+    text += "\n  cpu:";
+    for (const auto& [k, v] : s["cpu_s"].items())
+      if (k != "total" && (k != "annotate" || v.get<double>() >= 0.005))
+        text += " " + k + " " + fmt::format("{:.2f}s", v.get<double>());
+    text += fmt::format(" (total {:.2f}s", total);
+    if (total > 0)
+      text += fmt::format(", {:.1f} MB of input per CPU-second",
+                          1e-6 * json_integer_or(s, "bytes_in", uint64_t{0}) / total);
+    text += ")";
+  }
   text += "\n  output: " + out + "/manifest.json, stats.json, dedup/removed.jsonl, rejects/, shards/\n";
   return text;
 }
@@ -474,6 +526,17 @@ Status write_index_meta(const Context& c, const std::vector<WriteResult>& result
 }
 
 Status final_stage(Context& c, std::string* summary) {
+  {  // stats.json's CPU seconds are every rank's together
+    KILN_ASSIGN_OR_RETURN(std::vector<std::string> cpus,
+                          comm::allgather_strings(*c.g, nlohmann::json(c.cpu).dump()));
+    std::map<std::string, double> sum;
+    for (const std::string& text : cpus) {
+      const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+      if (!j.is_object()) return Status::internal("bad CPU times from a rank");
+      for (const auto& [k, v] : j.items()) sum[k] += v.is_number() ? v.get<double>() : 0.0;
+    }
+    c.cpu = std::move(sum);
+  }
   KILN_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
                         comm::allgather_strings(*c.g, c.written.to_json().dump()));
   std::vector<WriteResult> results;
@@ -990,12 +1053,15 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
     if (done >= step.stage) {
       KILN_ASSIGN_OR_RETURN(nlohmann::json m, load_marker(c, step.stage));
       c.timings[stage_name(step.stage)] = m.value("seconds", 0.0);
+      restore_cpu(c, step.stage, m);
       KILN_RETURN_IF_ERROR(step.resume(c, m, static_cast<int>(done)));
     } else {
       const auto t0 = std::chrono::steady_clock::now();
+      const double cpu0 = process_cpu_seconds();
       nlohmann::json m;
       Status st = step.run(c, static_cast<int>(done), &m);
-      if (st.is_ok()) st = save_marker(c, step.stage, m, seconds_since(t0));
+      if (st.is_ok())
+        st = save_marker(c, step.stage, m, seconds_since(t0), process_cpu_seconds() - cpu0);
       KILN_RETURN_IF_ERROR(comm::agree(g, std::move(st)));
     }
     if (step.stage == kScan) KILN_RETURN_IF_ERROR(check_reject_fraction(c));

@@ -20,6 +20,7 @@
 #include "dataprep/ingest/document.h"
 #include "dataprep/ingest/input.h"
 #include "dataprep/prep_config.h"
+#include "dataprep/stages/cpu_clock.h"
 #include "dataprep/stages/docid.h"
 #include "dataprep/stages/input_batches.h"
 #include "dataprep/stages/scan_table.h"
@@ -61,6 +62,11 @@ struct Context {
   RecordLayout layout;
   std::string fingerprint;
   std::map<std::string, double> timings;  // stage -> seconds (accumulated over runs)
+  // Stage or part -> this rank's CPU seconds (stage markers "cpu_s", "parts_cpu_s"): the stages
+  // by name, and the parts timed inside them - "filters" (of the scan), "tag" and "tokenize" (of
+  // the write stage), accumulated by the clocks below while the stage runs.
+  std::map<std::string, double> cpu;
+  PartClock filters_clock, tag_clock, tokenize_clock;
 
   // Incremental prep (dedup.against, --append): the earlier datasets' indexes, in order.
   std::vector<std::unique_ptr<DedupIndex>> against;

@@ -107,10 +107,10 @@ void process_batch(const Context& c, ScanWork* w) {
     if (!chain.empty()) {
       // The quality filters, in the scan pass: what they drop never reaches the table.
       s.text.assign(pr.text);
-      const filter::FilterInput in{
+      const filter::FilterInput fin{
           s.doc.url, !c.url_dups.empty() &&
                          std::binary_search(c.url_dups.begin(), c.url_dups.end(), this_docid)};
-      const filter::ChainOutcome o = chain.run(&s.text, in);
+      const filter::ChainOutcome o = c.filters_clock.time([&] { return chain.run(&s.text, fin); });
       if (!o.keep) {
         ++w->stats.filtered;
         FilterTally& t = w->stats.filters[o.dropped_by];

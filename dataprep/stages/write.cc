@@ -260,7 +260,8 @@ Status write_stage(Context& c) {
           doc.domain.clear();
           doc.domain_by.clear();
           doc.tokens.clear();
-          KILN_RETURN_IF_ERROR(c.annotator->annotate(doc));
+          KILN_RETURN_IF_ERROR(c.tag_clock.time([&] { return c.annotator->tag(doc); }));
+          KILN_RETURN_IF_ERROR(c.tokenize_clock.time([&] { return c.annotator->tokenize(doc); }));
           if (!is_valid_domain_name(doc.domain))
             return Status::internal("annotator gave an invalid domain '" + doc.domain +
                                     "' for document " + doc.id);

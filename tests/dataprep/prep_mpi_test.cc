@@ -40,6 +40,7 @@ std::map<std::string, std::string> samples_of(const std::string& out) {
 nlohmann::json stats_without_run_details(const std::string& out) {
   auto j = nlohmann::json::parse(read_text(out + "/stats.json"));
   j.erase("timings_s");
+  j.erase("cpu_s");
   j.erase("ranks");
   return j;
 }

@@ -235,7 +235,7 @@ inline Config prep_config(const std::vector<std::string>& sets) {
 }
 
 // Every regular file under root except the work folder, relative path -> bytes. stats.json is
-// included without its "timings_s" (wall-clock times differ between runs by nature).
+// included without its "timings_s" and "cpu_s" (times differ between runs by nature).
 inline std::map<std::string, std::string> output_tree(const std::string& root) {
   std::map<std::string, std::string> files;
   for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator();
@@ -250,6 +250,7 @@ inline std::map<std::string, std::string> output_tree(const std::string& root) {
     if (rel == "stats.json") {
       auto j = nlohmann::ordered_json::parse(bytes);
       j.erase("timings_s");
+      j.erase("cpu_s");
       bytes = j.dump(2);
     }
     files[rel] = bytes;
