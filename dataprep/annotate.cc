@@ -21,6 +21,7 @@
 #include "common/atomic_file.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "dataprep/chat/chat_data.h"
 #include "dataprep/tagging/domain_rules.h"
 #include "dataprep/tagging/tagger.h"
 #include "dataprep/tokenizer/tokenizer.h"
@@ -49,7 +50,16 @@ class RulesAnnotator final : public Annotator {
       }
     }
     doc.tokens.clear();
-    if (tokenizer_) tokenizer_->encode(doc.text, &doc.tokens);
+    doc.loss_mask.clear();
+    if (tokenizer_ && doc.chat) {
+      // Chat samples: special-token text parsed (as transformers tokenizes a rendered template)
+      // and the loss mask beside the ids.
+      if (!chat_) return chat_status_;
+      std::vector<std::pair<size_t, size_t>> spans(doc.chat_spans.begin(), doc.chat_spans.end());
+      chat_->encode(doc.text, spans, &doc.tokens, &doc.loss_mask);
+    } else if (tokenizer_) {
+      KILN_RETURN_IF_ERROR(tokenizer_->encode(doc.text, &doc.tokens));
+    }
     return Status::ok();
   }
 
@@ -78,6 +88,8 @@ class RulesAnnotator final : public Annotator {
   std::unique_ptr<FastTextTagger> model_;
   double model_threshold_ = 0.5;
   std::optional<Tokenizer> tokenizer_;
+  std::optional<chat::ChatEncoder> chat_;  // for chat samples; when unset, chat_status_ says why
+  Status chat_status_ = Status::usage("chat data needs a tokenizer");
 };
 
 // An evenly spread, deterministic sample of at most max_bytes of the texts: each text is kept
@@ -135,10 +147,15 @@ Result<std::unique_ptr<Annotator>> Annotator::create(const DomainOptions& domain
       return st;
     }
     a->tokenizer_ = std::move(tok).value();
+    a->tokenizer_->set_special_tokens(tokenizer.special_tokens == "parse" ? SpecialTokens::kParse
+                                                                          : SpecialTokens::kText);
   } else {
     const int64_t vocab = tokenizer.vocab_size;
     TokenizerTrainOptions opts;
     opts.vocab_size = size_t(vocab);
+    auto pre = pretokenizer_by_name(tokenizer.pretokenizer);
+    if (!pre.is_ok()) return std::move(pre).take_status().with_key("tokenizer.pretokenizer");
+    opts.pretokenizer = std::move(pre).value();
     auto sample = sample_texts(training_texts, tokenizer.train_bytes);
     uint64_t bytes = 0;
     for (auto s : sample) bytes += s.size();
@@ -149,6 +166,13 @@ Result<std::unique_ptr<Annotator>> Annotator::create(const DomainOptions& domain
     a->tokenizer_ = std::move(tok).value();
     KILN_LOG_INFO("tokenizer: {} tokens ({} merges)", a->tokenizer_->vocab_size(),
                   a->tokenizer_->num_merges());
+  }
+  if (a->tokenizer_) {
+    auto enc = chat::ChatEncoder::create(*a->tokenizer_);
+    if (enc.is_ok())
+      a->chat_ = std::move(enc).value();
+    else
+      a->chat_status_ = std::move(enc).take_status().with_key("tokenizer.path");
   }
   return std::unique_ptr<Annotator>(std::move(a));
 }

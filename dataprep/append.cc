@@ -3,20 +3,19 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/atomic_file.h"
 #include "common/log.h"
 #include "dataprep/dedup/dedup_index.h"
 #include "dataprep/prep_config.h"
-#include "dataprep/prep_internal.h"
+#include "dataprep/stages/work_files.h"
 #include "format/manifest.h"
 
 namespace kiln::prep {
 namespace fs = std::filesystem;
-using namespace detail;  // the stage helpers (prep_internal.h)
+using namespace detail;  // the work-folder helpers (stages/work_files.h)
 namespace {
 
 using ojson = nlohmann::ordered_json;

@@ -1,14 +1,12 @@
 #include "dataprep/inspect.h"
 
-#include "dataprep/dedup/dedup_index.h"
-
-#include <nlohmann/json.hpp>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cstdarg>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <unordered_set>
@@ -18,10 +16,12 @@
 #include "common/json.h"
 #include "common/text.h"
 #include "common/tsan.h"
+#include "dataprep/chat/chat_data.h"
+#include "dataprep/dedup/dedup_index.h"
+#include "dataprep/tokenizer/tokenizer.h"
 #include "format/manifest.h"
 #include "format/npy.h"
 #include "format/shard_reader.h"
-#include "dataprep/tokenizer/tokenizer.h"
 
 namespace kiln::prep {
 namespace fs = std::filesystem;
@@ -88,6 +88,12 @@ void check_shard(const Manifest& m, const ManifestShard& shard, const Tokenizer*
   const NpyDtype want_dtype = npy_token_dtype(tok ? tok->vocab_size() : 0);
   ShardSample sample;
   std::vector<uint32_t> stored, expected;
+  std::vector<uint8_t> unused_mask;
+  std::optional<chat::ChatEncoder> chat_encoder;  // chat samples: special-token text parsed
+  if (tok) {
+    auto enc = chat::ChatEncoder::create(*tok);
+    if (enc.is_ok()) chat_encoder = std::move(enc).value();
+  }
   while (true) {
     auto more = (*reader)->next(&sample);
     if (!more.is_ok()) {
@@ -126,6 +132,30 @@ void check_shard(const Manifest& m, const ManifestShard& shard, const Tokenizer*
     if (u64(j, "tokens") != view->size)
       out->problem(format("%s: .json says %llu tokens, .tokens.npy holds %llu", where.c_str(),
                           (unsigned long long)u64(j, "tokens"), (unsigned long long)view->size));
+    // A chat sample's loss mask (<key>.mask.npy): uint8 0/1, one per token, its count in .json.
+    const ShardMember* mask = sample.find("mask.npy");
+    if (mask) {
+      auto mv = npy_parse(mask->data);
+      if (!mv.is_ok()) {
+        out->problem(where + ": .mask.npy: " + mv.status().message());
+      } else {
+        uint64_t counted = 0;
+        bool binary = mv->dtype == NpyDtype::kU8;
+        for (uint64_t i = 0; i < mv->size; ++i) {
+          counted += mv->at(i);
+          binary &= mv->at(i) <= 1;
+        }
+        if (!binary || mv->size != view->size)
+          out->problem(
+              format("%s: .mask.npy must be |u1 zeros and ones, one per token (%llu tokens, %llu "
+                     "mask entries)",
+                     where.c_str(), (unsigned long long)view->size, (unsigned long long)mv->size));
+        if (u64(j, "loss_tokens") != counted)
+          out->problem(format("%s: .json says %llu loss tokens, .mask.npy counts %llu",
+                              where.c_str(), (unsigned long long)u64(j, "loss_tokens"),
+                              (unsigned long long)counted));
+      }
+    }
     if (!tok) continue;
     if (view->dtype != want_dtype)
       out->problem(where + ": .tokens.npy dtype " + npy_descr(view->dtype) + ", expected " +
@@ -133,7 +163,12 @@ void check_shard(const Manifest& m, const ManifestShard& shard, const Tokenizer*
     stored.resize(view->size);
     for (uint64_t i = 0; i < view->size; ++i) stored[i] = view->at(i);
     expected.clear();
-    tok->encode(txt->data, &expected);
+    if (mask && chat_encoder) {
+      chat_encoder->encode(txt->data, {}, &expected, &unused_mask);
+    } else if (Status st = tok->encode(txt->data, &expected); !st.is_ok()) {
+      out->problem(where + ": " + st.message());
+      continue;
+    }
     if (stored != expected) {
       size_t i = 0;
       while (i < stored.size() && i < expected.size() && stored[i] == expected[i]) ++i;
@@ -186,13 +221,13 @@ Result<InspectResult> inspect_dataset(const std::string& out_dir, const InspectO
         r.problems.push_back(format("tokenizer eos_id %lld, manifest says %lld",
                                     (long long)tok->eos_id(), (long long)m.tokenizer.eos_id));
     }
+    const std::string pre = !tok ? "?"
+                            : std::string_view(tok->kind()) == "sentencepiece"
+                                ? "sentencepiece"
+                                : pretokenizer_label(tok->pretokenizer());
     s += format("tokenizer %s: %llu tokens, eos_id %lld, pre-tokenizer %s\n",
                 m.tokenizer.path.c_str(), (unsigned long long)m.tokenizer.vocab_size,
-                (long long)m.tokenizer.eos_id,
-                !tok ? "?"
-                : std::string_view(tok->kind()) == "sentencepiece"
-                    ? "sentencepiece"
-                    : pretokenizer_name(tok->pretokenizer().kind));
+                (long long)m.tokenizer.eos_id, pre.c_str());
   } else {
     s += "tokenizer: none (samples carry no tokens)\n";
   }

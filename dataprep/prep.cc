@@ -1,6 +1,7 @@
 // The `kiln prep` driver: settings, inputs, resume state, the stage sequence, the final outputs.
 #include "dataprep/prep.h"
 
+#include <fmt/format.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
@@ -15,18 +16,19 @@
 #include <unordered_map>
 
 #include "common/atomic_file.h"
-#include "common/json.h"
 #include "common/hash.h"
-#include "common/text.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/stop_signal.h"
-#include "format/manifest.h"
+#include "common/text.h"
 #include "dataprep/append.h"
-#include "dataprep/prep_internal.h"
+#include "dataprep/stages/stages.h"
+#include "dataprep/stages/work_files.h"
+#include "format/manifest.h"
 
 namespace kiln::prep {
 namespace fs = std::filesystem;
-using namespace detail;  // the stages (prep_internal.h)
+using namespace detail;  // the stages (stages/stages.h)
 
 namespace {
 
@@ -107,12 +109,6 @@ bool exists(const std::string& p) {
 const char* const kOutputs[] = {
     "manifest.json", "stats.json",     "shards",          "dedup",
     "rejects",       "tokenizer.json", "tokenizer.model", "tokenizer_config.json"};
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
 
 // "2", "3-4", "5-8", ... power-of-two buckets for the cluster-size histogram.
 std::string size_bucket(uint64_t n) {
@@ -211,10 +207,11 @@ Status check_reject_fraction(const Context& c) {
   std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
     return c.file_stats[a].rejected_total() > c.file_stats[b].rejected_total();
   });
-  std::string msg = fmt("%.1f%%", 100.0 * rejected / total.docs_in) + " of the input records (" +
-                    std::to_string(rejected) + " of " + std::to_string(total.docs_in) +
+  std::string msg = fmt::format("{:.1f}%", 100.0 * rejected / total.docs_in) +
+                    " of the input records (" + std::to_string(rejected) + " of " +
+                    std::to_string(total.docs_in) +
                     ") were rejected, over input.max_reject_fraction = " +
-                    fmt("%g", c.opt.max_reject_fraction) + ". Worst files:";
+                    fmt::format("{:g}", c.opt.max_reject_fraction) + ". Worst files:";
   for (size_t k = 0; k < order.size() && k < 5; ++k) {
     const FileStats& s = c.file_stats[order[k]];
     if (s.rejected_total() == 0) break;
@@ -335,7 +332,7 @@ nlohmann::ordered_json make_stats(const Context& c, const Totals& t) {
   dd["strip_punct"] = c.opt.strip_punct;
   nlohmann::ordered_json probs = nlohmann::ordered_json::object();
   for (double j : {0.5, 0.7, 0.8, 0.9, 0.95})
-    probs[fmt("%g", j)] = std::round(lsh_candidate_probability(j, c.opt.lsh) * 1e6) / 1e6;
+    probs[fmt::format("{:g}", j)] = std::round(lsh_candidate_probability(j, c.opt.lsh) * 1e6) / 1e6;
   dd["candidate_probability"] = probs;
   dd["candidate_pairs"] = c.dedup.candidate_pairs;
   dd["verified_pairs"] = c.dedup.verified_pairs;
@@ -415,9 +412,10 @@ std::string make_summary(const nlohmann::ordered_json& s, const std::string& out
   const auto& d = s["dedup"];
   LshParams p{json_integer_or(d, "bands", 0), json_integer_or(d, "rows", 0)};
   if (d.value("near", false)) {
-    text += "  near-dup: Jaccard >= " + fmt("%.2f", d.value("threshold", 0.0)) + ", " +
+    text += "  near-dup: Jaccard >= " + fmt::format("{:.2f}", d.value("threshold", 0.0)) + ", " +
             std::to_string(json_integer_or(d, "num_perm", 0)) + " permutations, " +
-            std::to_string(json_integer_or(d, "ngram", 0)) + "-gram shingles; " + describe_lsh(p) + "\n";
+            std::to_string(json_integer_or(d, "ngram", 0)) + "-gram shingles; " + describe_lsh(p) +
+            "\n";
     text += "  clusters: " + std::to_string(json_integer_or(d, "clusters", uint64_t{0})) + " (largest " +
             std::to_string(json_integer_or(d, "largest_cluster", uint64_t{0})) + "), candidate pairs " +
             std::to_string(json_integer_or(d, "candidate_pairs", uint64_t{0})) + ", verified " +
@@ -431,7 +429,8 @@ std::string make_summary(const nlohmann::ordered_json& s, const std::string& out
             std::to_string(json_integer_or(dj, "tokens", uint64_t{0})) + " tokens\n";
   }
   text += "  time:";
-  for (const auto& [k, v] : s["timings_s"].items()) text += " " + k + " " + fmt("%.2fs", v.get<double>());
+  for (const auto& [k, v] : s["timings_s"].items())
+    text += " " + k + " " + fmt::format("{:.2f}s", v.get<double>());
   text += "\n  output: " + out + "/manifest.json, stats.json, dedup/removed.jsonl, rejects/, shards/\n";
   return text;
 }
@@ -554,10 +553,11 @@ Status final_stage(Context& c, std::string* summary) {
       if (is_external(e.kept) && !(c.against_self && external_dataset(e.kept) == 0))
         j["kept_dataset"] = c.opt.against.at(external_dataset(e.kept));
       if (!e.exact && examples.size() < 3)
-        examples.push_back(a->second.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-                           " is a near copy of " +
-                           b->second.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-                           " (similarity " + fmt("%.2f", e.similarity) + ")");
+        examples.push_back(
+            a->second.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+            " is a near copy of " +
+            b->second.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+            " (similarity " + fmt::format("{:.2f}", e.similarity) + ")");
       removed += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     }
     if (st.is_ok()) st = write_file_atomic(c.out + "/dedup/removed.jsonl", removed);
@@ -806,6 +806,26 @@ Status open_against(Context& c, const PrepRunOptions& ro) {
   return Status::ok();
 }
 
+// Loads every input the stages will need and that can be wrong - the domain rules, the tagger
+// model, the tokenizer - before anything is written (the filters' models and lists were loaded
+// with the options), so a bad one is refused with its key and leaves the output untouched. A
+// loaded tokenizer's annotator is kept for the stages; when prep trains the tokenizer, the rules
+// and the model are checked here and loaded again by the annotator stage.
+// A file the config names that does not exist is a config error (exit 2), as for the filters'
+// files; a file that exists but is damaged stays a data error (exit 3).
+Status load_inputs(Context& c) {
+  TokenizerOptions tokenizer = c.opt.tokenizer;
+  if (tokenizer.trains()) tokenizer.path = "none";
+  auto annotator = Annotator::create(c.opt.domains, tokenizer, {});
+  if (!annotator.is_ok()) {
+    Status st = std::move(annotator).take_status();
+    if (st.code() == StatusCode::kNotFound) return Status::config(st.to_string());
+    return st;
+  }
+  if (!c.opt.tokenizer.trains()) c.annotator = std::move(*annotator);
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
@@ -927,6 +947,8 @@ Result<PrepResult> run_prep(const Config& config, comm::ProcessGroup& g,
     if (!c.opt.keep_work) remove_work_folder(c);
     return result;
   }
+  // Nothing has been written yet: refuse a bad input now, before --overwrite removes anything.
+  KILN_RETURN_IF_ERROR(comm::agree(g, load_inputs(c)));
   if (v == kConflict) {
     if (!run_options.overwrite)
       return Status::usage(why + "; rerun with --overwrite to replace it, or choose another --output");

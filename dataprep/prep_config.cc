@@ -2,10 +2,14 @@
 
 #include <cctype>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "common/text.h"
+#include "dataprep/chat/chat_template.h"
 #include "dataprep/filter/filter.h"
 #include "dataprep/tagging/domain_rules.h"
+#include "dataprep/tokenizer/pretokenize.h"
 
 namespace kiln::prep {
 
@@ -43,6 +47,10 @@ tokenizer:
   path: ""
   vocab_size: 8192
   train_bytes: 67108864
+  pretokenizer: llama3
+  special_tokens: text
+chat:
+  template: ""
 shards:
   compression: zstd
   level: 3
@@ -69,6 +77,63 @@ Status range_error(const std::string& key, const std::string& what) {
 }
 
 }  // namespace
+
+// chat.template resolved (ChatOptions in prep_config.h).
+static Status resolve_chat_template(const TokenizerOptions& tokenizer, ChatOptions* chat) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string dir;
+  if (!tokenizer.path.empty() && tokenizer.path != "none")
+    dir = fs::is_directory(tokenizer.path, ec) ? tokenizer.path
+                                               : fs::path(tokenizer.path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const std::string config_path = (fs::path(dir) / "tokenizer_config.json").string();
+  const bool beside =
+      !tokenizer.path.empty() && tokenizer.path != "none" &&
+      (fs::exists(fs::path(dir) / "chat_template.jinja", ec) || fs::exists(config_path, ec));
+  auto kiln_default = [&]() -> Status {
+    // Kiln's template ends assistant turns with the tokenizer's end of text.
+    nlohmann::ordered_json specials = {{"eos_token", "<|endoftext|>"}};
+    if (beside && fs::exists(config_path, ec)) {
+      try {
+        std::ifstream in(config_path);
+        auto cfg = nlohmann::ordered_json::parse(in);
+        if (cfg.contains("eos_token") && cfg["eos_token"].is_string())
+          specials["eos_token"] = cfg["eos_token"];
+        if (cfg.contains("eos_token") && cfg["eos_token"].is_object() &&
+            cfg["eos_token"].contains("content"))
+          specials["eos_token"] = cfg["eos_token"]["content"];
+      } catch (const std::exception&) {
+      }
+    }
+    auto t = chat::ChatTemplate::from_source(chat::kKilnChatTemplate, specials,
+                                             "Kiln's default chat template");
+    if (!t.is_ok()) return t.status();
+    chat->resolved = std::make_shared<const chat::ChatTemplate>(std::move(t).value());
+    return Status::ok();
+  };
+  if (chat->template_path == "kiln") return kiln_default();
+  if (!chat->template_path.empty()) {
+    auto t = chat::ChatTemplate::load(chat->template_path);
+    if (!t.is_ok()) return Status::config(t.status().message()).with_key("chat.template");
+    Status st = t->check_trainable();
+    if (!st.is_ok()) return Status::config(st.message()).with_key("chat.template");
+    chat->resolved = std::make_shared<const chat::ChatTemplate>(std::move(t).value());
+    return Status::ok();
+  }
+  if (beside) {
+    auto t = chat::ChatTemplate::load(dir);
+    if (!t.is_ok()) return kiln_default();  // no chat_template there: Kiln's
+    Status st = t->check_trainable();
+    if (!st.is_ok()) {
+      chat->unavailable = st.message() + " (chat.template)";
+      return Status::ok();
+    }
+    chat->resolved = std::make_shared<const chat::ChatTemplate>(std::move(t).value());
+    return Status::ok();
+  }
+  return kiln_default();
+}
 
 Result<PrepOptions> prep_options_from_config(const Config& c) {
   PrepOptions o;
@@ -162,6 +227,15 @@ Result<PrepOptions> prep_options_from_config(const Config& c) {
   if (o.tokenizer.trains() && train_bytes <= 0)
     return range_error("tokenizer.train_bytes", "must be positive");
   o.tokenizer.train_bytes = train_bytes > 0 ? static_cast<uint64_t>(train_bytes) : 0;
+  KILN_RETURN_IF_ERROR(get_into(c, "tokenizer.pretokenizer", &o.tokenizer.pretokenizer));
+  if (auto pre = pretokenizer_by_name(o.tokenizer.pretokenizer); !pre.is_ok())
+    return range_error("tokenizer.pretokenizer", pre.status().message());
+  KILN_RETURN_IF_ERROR(get_into(c, "chat.template", &o.chat.template_path));
+  KILN_RETURN_IF_ERROR(resolve_chat_template(o.tokenizer, &o.chat));
+  KILN_RETURN_IF_ERROR(get_into(c, "tokenizer.special_tokens", &o.tokenizer.special_tokens));
+  if (o.tokenizer.special_tokens != "text" && o.tokenizer.special_tokens != "parse")
+    return Status::usage("must be 'text' or 'parse', not '" + o.tokenizer.special_tokens + "'")
+        .with_key("tokenizer.special_tokens");
 
   std::string comp;
   KILN_RETURN_IF_ERROR(get_into(c, "shards.compression", &comp));

@@ -13,6 +13,10 @@
 #include "dataprep/filter/filter.h"
 #include "format/shard.h"
 
+namespace kiln::chat {
+class ChatTemplate;
+}
+
 namespace kiln::prep {
 
 // YAML defaults of every prep key (the schema Config::load validates against).
@@ -31,7 +35,24 @@ struct TokenizerOptions {
   std::string path;                   // tokenizer.path: JSON file; "" = train one; "none" = no tokens
   int64_t vocab_size = 8192;          // tokenizer.vocab_size: 257 .. 2^31, when training
   uint64_t train_bytes = 64ull << 20; // tokenizer.train_bytes: > 0, sampled kept text to train on
+  std::string pretokenizer = "llama3";  // tokenizer.pretokenizer: llama3 | gpt2 | kiln-v1
+  // tokenizer.special_tokens: "text" (special-token text in documents is encoded as text) or
+  // "parse" (it becomes the special id, as Hugging Face's encode; chat data).
+  std::string special_tokens = "text";
   bool trains() const { return path.empty(); }
+};
+
+// chat.*: how chat lines ({"messages": ...}, prompt/completion) are rendered (docs/PREP.md "Chat
+// data").
+struct ChatOptions {
+  // chat.template: "" = the tokenizer's own (a tokenizer_config.json or chat_template.jinja beside
+  // tokenizer.path), else Kiln's default; "kiln" = Kiln's default; else a model directory,
+  // tokenizer_config.json or .jinja file.
+  std::string template_path;
+  // Resolved by prep_options_from_config. Null when the tokenizer's own template cannot delimit
+  // assistant turns; `unavailable` says why and chat lines are rejected with it.
+  std::shared_ptr<const chat::ChatTemplate> resolved;
+  std::string unavailable;
 };
 
 struct PrepOptions {
@@ -63,6 +84,7 @@ struct PrepOptions {
 
   DomainOptions domains;
   TokenizerOptions tokenizer;
+  ChatOptions chat;
 
   ShardCompression compression = ShardCompression::kZstd;
   int level = 3;

@@ -93,8 +93,10 @@ class HeaderParser {
           *dtype = NpyDtype::kU16;
         } else if (descr == "<u4") {
           *dtype = NpyDtype::kU32;
+        } else if (descr == "|u1" || descr == "<u1") {
+          *dtype = NpyDtype::kU8;
         } else {
-          return fail("unsupported descr '" + descr + "' (expected '<u2' or '<u4')");
+          return fail("unsupported descr '" + descr + "' (expected '<u2', '<u4' or '|u1')");
         }
       } else if (key == "fortran_order") {
         if (have_order) return fail("duplicate key 'fortran_order'");
@@ -189,8 +191,12 @@ class HeaderParser {
 
 }  // namespace
 
-size_t npy_itemsize(NpyDtype dtype) { return dtype == NpyDtype::kU16 ? 2 : 4; }
-const char* npy_descr(NpyDtype dtype) { return dtype == NpyDtype::kU16 ? "<u2" : "<u4"; }
+size_t npy_itemsize(NpyDtype dtype) {
+  return dtype == NpyDtype::kU16 ? 2 : dtype == NpyDtype::kU8 ? 1 : 4;
+}
+const char* npy_descr(NpyDtype dtype) {
+  return dtype == NpyDtype::kU16 ? "<u2" : dtype == NpyDtype::kU8 ? "|u1" : "<u4";
+}
 
 NpyDtype npy_token_dtype(uint64_t vocab_size) {
   return vocab_size <= 65536 ? NpyDtype::kU16 : NpyDtype::kU32;
@@ -202,6 +208,7 @@ void npy_append(std::string* out, std::span<const uint16_t> values) {
 }
 
 void npy_append(std::string* out, std::span<const uint32_t> values, NpyDtype dtype) {
+  KILN_CHECK(dtype != NpyDtype::kU8, "npy_append: token ids are stored as <u2 or <u4");
   append_header(out, dtype, values.size());
   if (dtype == NpyDtype::kU16) {
     append_values<uint32_t, uint16_t>(out, values);
@@ -222,7 +229,15 @@ std::string npy_encode(std::span<const uint32_t> values, NpyDtype dtype) {
   return out;
 }
 
+std::string npy_encode(std::span<const uint8_t> values) {
+  std::string out;
+  append_header(&out, NpyDtype::kU8, values.size());
+  out.append(reinterpret_cast<const char*>(values.data()), values.size());
+  return out;
+}
+
 uint32_t NpyView::at(uint64_t i) const {
+  if (dtype == NpyDtype::kU8) return static_cast<unsigned char>(data[i]);
   if (dtype == NpyDtype::kU16) return load_le<uint16_t>(data + i * 2);
   return load_le<uint32_t>(data + i * 4);
 }

@@ -33,7 +33,9 @@ const char* shard_extension(ShardCompression c);
 
 struct ShardMember {
   std::string ext;   // without the leading dot: "txt", "json", "tokens.npy"
-  std::string data;  // raw bytes
+  std::string data;  // raw bytes (empty when a reader's member filter skipped them)
+  bool skipped = false;  // ShardReaderOptions::want said no: data not read (its size and
+                         // place in the tar were still checked)
 };
 
 struct ShardSample {

@@ -86,6 +86,7 @@ class ShardReaderImpl final : public ShardReader {
     }
     // Start the sample with the pending member; swap strings so buffers circulate, not copies.
     out->key.swap(pending_key_);
+    current_key_.assign(out->key);
     if (!seen_keys_.insert(out->key).second) {
       return fail(member_error(path_, member_name_,
                                "key " + quote_name(out->key) +
@@ -146,6 +147,7 @@ class ShardReaderImpl final : public ShardReader {
     ShardMember& m = out->members[*used];
     m.ext.swap(pending_.ext);
     m.data.swap(pending_.data);
+    m.skipped = pending_.skipped;
     ++*used;
     have_pending_ = false;
   }
@@ -224,8 +226,22 @@ class ShardReaderImpl final : public ShardReader {
     if (!st.is_ok()) {
       return member_error(path_, name, "not a valid <key>.<ext> name: " + st.message());
     }
-    // Data: archive_read_data_block hands out pointers into the decompressed buffer; one copy.
+    // Which sample this member belongs to: the current one, or (another key) the next.
+    if (samples_started_ == 0 || pending_key_ != current_key_) ++samples_started_;
     pending_.data.clear();
+    pending_.skipped = options_.want && !options_.want(samples_started_ - 1, pending_.ext);
+    if (pending_.skipped) {
+      // libarchive consumes the member and its padding from the stream without a copy.
+      r = archive_read_data_skip(archive_);
+      if (r != ARCHIVE_OK) {
+        return member_error(path_, name,
+                            "reading data: " + archive_message() + " (truncated or corrupt shard)");
+      }
+      end_of_members_ = tar_bytes();
+      have_pending_ = true;
+      return true;
+    }
+    // Data: archive_read_data_block hands out pointers into the decompressed buffer; one copy.
     pending_.data.reserve(size);
     for (;;) {
       const void* block = nullptr;
@@ -347,6 +363,8 @@ class ShardReaderImpl final : public ShardReader {
   std::string pending_key_;
   ShardMember pending_;
   std::string member_name_;
+  std::string current_key_;       // key of the sample being assembled
+  uint64_t samples_started_ = 0;  // samples whose first member has been read
   uint64_t end_of_members_ = 0;
   std::unordered_set<std::string> seen_keys_;
 };

@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -27,6 +29,11 @@ struct ShardReaderOptions {
   // The uncompressed tar stream may not be longer (the manifest's "tar_bytes"; nullopt: no cap).
   std::optional<uint64_t> max_tar_bytes;
   std::optional<uint64_t> expected_xxh3;     // verify the whole file's XXH3-64 before reading
+  // Which members' data to read: called with the sample's 0-based index in the shard (tar order)
+  // and the member's ext. false: the data is skipped without a copy (the member still comes back,
+  // with `skipped` set and empty data; every name, size and structure check still applies).
+  // Empty: read every member.
+  std::function<bool(uint64_t sample, std::string_view ext)> want;
 };
 
 // Streams samples from one shard. Not thread-safe.

@@ -154,3 +154,4 @@ put("gpt2_vocab_merges", "gpt2_merges_only", (vocab + "\n#kiln-fuzz-merges\n" + 
 shutil.rmtree(tmp)
 for target in sorted(os.listdir(OUT)):
     print(target, len(os.listdir(os.path.join(OUT, target))), "seeds")
+exec(open(os.path.join(HERE, "make_seeds_issue39.py")).read())

@@ -26,8 +26,10 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -72,6 +74,12 @@ struct DomainRt {
   // Parts of shards decoded for this stream by another hosted stream's read of the same shard
   // (the shard at the boundary of two adjacent partitions' blocks), until this stream plans them.
   std::vector<std::shared_ptr<Unit>> parked;
+  // Parts of shards for this stream that another worker's read is filling right now; `waiter` is
+  // this stream's planned unit for exactly that part, completed when the read lands.
+  struct InflightPart {
+    std::shared_ptr<Unit> part, waiter;
+  };
+  std::vector<InflightPart> inflight;
   uint64_t planned_end() const { return front_seq + units.size(); }
 };
 
@@ -175,6 +183,12 @@ class LoaderImpl final : public Loader {
       info.tokens += sh.tokens;
     }
     if (names_.empty()) return Status::data("the manifest has no domains");
+    for (const DomainInfo& info : infos_) {  // packed tokens (with eos) of an average shard
+      shard_tokens_.push_back(info.shard_ids.empty()
+                                  ? 0.0
+                                  : static_cast<double>(info.tokens + info.samples) /
+                                        static_cast<double>(info.shard_ids.size()));
+    }
     fingerprint_ = dataset_fingerprint(manifest_);
     seed_ = o.seed;
 
@@ -501,6 +515,7 @@ class LoaderImpl final : public Loader {
   void reset_streams(const std::vector<DomainCursor>& starts) {
     KILN_CHECK(starts.size() == streams());
     domains_.clear();
+    redo_.clear();
     for (size_t i = 0; i < starts.size(); ++i) {
       domains_.push_back(std::make_unique<DomainRt>());
       reset_domain(i, starts[i]);
@@ -560,8 +575,33 @@ class LoaderImpl final : public Loader {
     packer_step_ = consumer_step_;
     packer_micro_ = consumer_micro_;
     packer_failed_ = false;
-    for (int i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_main(); });
+    started_ = false;
+    for (int i = 0; i < options_.workers; ++i) {
+      threads_.emplace_back([this] { worker_main(false); });
+    }
+    // Until the first batch is out, the shards that the hosted streams start in are decoded in
+    // parallel on up to the cores this rank has (they are all needed at once: a rank hosts P / W
+    // streams per domain); these extra workers end with the first batch.
+    for (int i = startup_workers(); i > options_.workers; --i) {
+      threads_.emplace_back([this] { worker_main(true); });
+    }
     threads_.emplace_back([this] { packer_main(); });
+  }
+
+  // Decoders until the first batch: the hosted streams, at most this rank's share of the cores
+  // (OMPI_COMM_WORLD_LOCAL_SIZE / LOCAL_WORLD_SIZE ranks on the machine), at least `workers`.
+  int startup_workers() const {
+    int local = 1;
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"}) {
+      if (const char* v = std::getenv(name)) {
+        local = std::max(1, std::atoi(v));
+        break;
+      }
+    }
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int share = std::max(1, cores / local);
+    return std::max(options_.workers,
+                    static_cast<int>(std::min<size_t>(static_cast<size_t>(share), streams())));
   }
 
   void stop_threads() {
@@ -579,12 +619,24 @@ class LoaderImpl final : public Loader {
   // Keeps the token buffer of a unit nobody uses any more for the next decode: shard-sized
   // buffers are large, and allocating fresh ones costs page faults on every unit. mu_ held.
   void recycle(std::shared_ptr<Unit> unit) {
-    if (unit.use_count() != 1 || unit->tokens.capacity() == 0) return;
-    if (token_pool_.size() >= static_cast<size_t>(options_.workers) + 1) return;
-    token_pool_.push_back(std::move(unit->tokens));
+    if (unit.use_count() != 1) return;
+    const size_t cap = static_cast<size_t>(options_.workers) + 1;
+    if (unit->tokens.capacity() > 0 && token_pool_.size() < cap) {
+      token_pool_.push_back(std::move(unit->tokens));
+    }
+    if (unit->tokens16.capacity() > 0 && token16_pool_.size() < cap) {
+      token16_pool_.push_back(std::move(unit->tokens16));
+    }
   }
 
   // Picks the stream whose next unit a worker should decode, or -1. mu_ held.
+  //
+  // Read-ahead is by tokens, not units (a unit can be a whole partition's block of a shard): a
+  // stream gets its next unit decoded when what it has decoded ahead of the packer falls below its
+  // horizon, about twice what it consumes while one shard of its domain is decoded (its share of
+  // the rows times a shard's tokens). So a rank that hosts many streams does not hold, or read
+  // before it is needed, a unit ahead for every one of them (the next epoch's block, at the end of
+  // an epoch). A stream whose current unit is not planned yet comes first, most urgent first.
   int pick_domain() const {
     const auto& w = history_.at(packer_step_);
     const size_t D = names_.size();
@@ -604,13 +656,37 @@ class LoaderImpl final : public Loader {
       const DomainRt& S = *domains_[i];
       const double wd = w[i % D];
       if (wd <= 0 || ahead(S) >= per_domain) continue;
-      const double score = static_cast<double>(ahead(S) + 1) / wd;
+      double score = 0;
+      if (ahead(S) >= 0) {
+        const double horizon =
+            2.0 * wd / static_cast<double>(hosted()) * shard_tokens_[i % D] + 1.0;
+        const double left = decoded_ahead(S);
+        if (left >= horizon) continue;
+        score = left / horizon;
+      }
       if (best < 0 || score < best_score) {
         best = static_cast<int>(i);
         best_score = score;
       }
     }
     return best;
+  }
+
+  // Tokens decoded for stream S from the packer's position on (infinite while one of its planned
+  // units is still being decoded). mu_ held.
+  static double decoded_ahead(const DomainRt& S) {
+    const uint64_t current = std::max(S.packer.unit, S.packer_head);
+    double left = 0;
+    for (uint64_t seq = std::max(current, S.front_seq); seq < S.planned_end(); ++seq) {
+      const Unit& u = *S.units[seq - S.front_seq];
+      if (!u.ready) return std::numeric_limits<double>::infinity();
+      uint64_t used = 0;
+      if (seq == S.packer.unit) {
+        used = S.packer.doc < u.docs() ? u.doc_start[S.packer.doc] + S.packer.tok : u.size();
+      }
+      left += static_cast<double>(u.size() - std::min<uint64_t>(used, u.size()));
+    }
+    return left;
   }
 
   // Units planned beyond the one the packer works in.
@@ -638,6 +714,21 @@ class LoaderImpl final : public Loader {
     return D.initial.next_epoch > epoch;
   }
 
+  // Whether `part` (filled for a sibling) holds exactly what unit u plans.
+  static bool same_part(const Unit& part, const Unit& u) {
+    const loader::detail::UnitPlan &qp = part.plan, &p = u.plan;
+    return p.skip_tokens == 0 && qp.epoch == p.epoch && qp.shard == p.shard &&
+           qp.pos_begin == p.pos_begin && qp.pos_end == p.pos_end;
+  }
+  static void take_decoded(Unit* from, Unit* to) {
+    to->narrow = from->narrow;
+    to->tokens = std::move(from->tokens);
+    to->tokens16 = std::move(from->tokens16);
+    to->doc_start = std::move(from->doc_start);
+    to->loss = std::move(from->loss);
+    to->ids = std::move(from->ids);
+  }
+
   // Takes the parked decode of exactly u's plan, if any, into u; drops parked parts the stream
   // has gone past (plans come in increasing (epoch, position) order). mu_ held.
   static bool adopt_parked(DomainRt& D, Unit* u) {
@@ -646,11 +737,8 @@ class LoaderImpl final : public Loader {
     for (auto it = D.parked.begin(); it != D.parked.end();) {
       Unit& q = **it;
       const loader::detail::UnitPlan& qp = q.plan;
-      if (!adopted && p.skip_tokens == 0 && qp.epoch == p.epoch && qp.shard == p.shard &&
-          qp.pos_begin == p.pos_begin && qp.pos_end == p.pos_end) {
-        u->tokens = std::move(q.tokens);
-        u->doc_start = std::move(q.doc_start);
-        u->ids = std::move(q.ids);
+      if (!adopted && same_part(q, *u)) {
+        take_decoded(&q, u);
         adopted = true;
         it = D.parked.erase(it);
       } else if (qp.epoch < p.epoch || (qp.epoch == p.epoch && qp.pos_begin < p.pos_end)) {
@@ -695,10 +783,14 @@ class LoaderImpl final : public Loader {
       // After a repartition a stream's pending intervals may cross other blocks: never the same
       // samples twice in one read.
       if (lo < plan.pos_end && plan.pos_begin < hi) continue;
-      const bool parked = std::any_of(J.parked.begin(), J.parked.end(), [&](const auto& q) {
-        return q->plan.epoch == plan.epoch && q->plan.shard == plan.shard;
-      });
-      if (parked) continue;
+      auto same_read = [&](const Unit& q) {
+        return q.plan.epoch == plan.epoch && q.plan.shard == plan.shard;
+      };
+      const bool parked = std::any_of(J.parked.begin(), J.parked.end(),
+                                      [&](const auto& q) { return same_read(*q); });
+      const bool filling = std::any_of(J.inflight.begin(), J.inflight.end(),
+                                       [&](const auto& f) { return same_read(*f.part); });
+      if (parked || filling) continue;
       auto u = std::make_shared<Unit>();
       u->plan.epoch = plan.epoch;
       u->plan.shard = plan.shard;
@@ -710,26 +802,44 @@ class LoaderImpl final : public Loader {
     return out;
   }
 
-  void worker_main() {
+  // startup: an extra worker that ends once the first batch is queued (start_threads).
+  void worker_main(bool startup) {
     std::unique_lock lk(mu_);
     while (true) {
       int d = -1;
-      cv_.wait(lk, [&] { return stop_ || (d = pick_domain()) >= 0; });
-      if (stop_) return;
-      DomainRt& D = *domains_[d];
-      auto unit = std::make_shared<Unit>();
-      unit->plan = D.planner->next();
-      D.units.push_back(unit);
-      D.planned_any = true;
-      D.last_epoch = unit->plan.epoch;
-      D.last_end = unit->plan.pos_end;
-      if (D.starving && D.planned_end() > std::max(D.packer.unit, D.packer_head)) {
-        D.starving = false;
-      }
-      if (adopt_parked(D, unit.get())) {
-        unit->ready = true;
-        cv_.notify_all();
-        continue;
+      cv_.wait(lk, [&] {
+        return stop_ || (startup && started_) || !redo_.empty() || (d = pick_domain()) >= 0;
+      });
+      if (stop_ || (startup && started_)) return;
+      std::shared_ptr<Unit> unit;
+      if (!redo_.empty()) {
+        // A unit that waited on another worker's read, which failed: decoded here on its own.
+        d = redo_.front().first;
+        unit = std::move(redo_.front().second);
+        redo_.pop_front();
+      } else {
+        DomainRt& D = *domains_[d];
+        unit = std::make_shared<Unit>();
+        unit->plan = D.planner->next();
+        D.units.push_back(unit);
+        D.planned_any = true;
+        D.last_epoch = unit->plan.epoch;
+        D.last_end = unit->plan.pos_end;
+        if (D.starving && D.planned_end() > std::max(D.packer.unit, D.packer_head)) {
+          D.starving = false;
+        }
+        if (adopt_parked(D, unit.get())) {
+          unit->ready = true;
+          cv_.notify_all();
+          continue;
+        }
+        auto fill = std::find_if(D.inflight.begin(), D.inflight.end(), [&](const auto& f) {
+          return !f.waiter && same_part(*f.part, *unit);
+        });
+        if (fill != D.inflight.end()) {
+          fill->waiter = unit;  // another worker is reading exactly this part
+          continue;
+        }
       }
       const bool known_bad = bad_shards_.count(unit->plan.shard) > 0;
       std::vector<std::pair<size_t, std::shared_ptr<Unit>>> siblings;
@@ -738,6 +848,11 @@ class LoaderImpl final : public Loader {
         unit->tokens = std::move(token_pool_.back());
         token_pool_.pop_back();
       }
+      if (!token16_pool_.empty()) {
+        unit->tokens16 = std::move(token16_pool_.back());
+        token16_pool_.pop_back();
+      }
+      for (auto& [j, u] : siblings) domains_[j]->inflight.push_back({u, nullptr});
       lk.unlock();
       if (known_bad) {
         unit->skipped = true;
@@ -747,13 +862,23 @@ class LoaderImpl final : public Loader {
         loader::detail::decode_unit(manifest_, decode_options_, abort_decode_, unit.get(), sib);
       }
       lk.lock();
-      if (unit->status.is_ok()) {
-        for (auto& [j, u] : siblings) {
-          DomainRt& J = *domains_[j];
-          if (u->status.is_ok() && !planned_past(J, u->plan.epoch, u->plan.pos_begin) &&
-              J.parked.size() < kMaxParked) {
-            J.parked.push_back(std::move(u));
-          }
+      // The siblings' parts: to the unit that waits for one, else parked for later.
+      for (auto& [j, u] : siblings) {
+        DomainRt& J = *domains_[j];
+        auto it = std::find_if(J.inflight.begin(), J.inflight.end(),
+                               [&](const auto& f) { return f.part == u; });
+        KILN_CHECK(it != J.inflight.end());
+        std::shared_ptr<Unit> waiter = std::move(it->waiter);
+        J.inflight.erase(it);
+        const bool ok = unit->status.is_ok() && u->status.is_ok();
+        if (waiter && ok) {
+          take_decoded(u.get(), waiter.get());
+          waiter->ready = true;
+        } else if (waiter) {
+          redo_.emplace_back(static_cast<int>(j), std::move(waiter));
+        } else if (ok && !planned_past(J, u->plan.epoch, u->plan.pos_begin) &&
+                   J.parked.size() < kMaxParked) {
+          J.parked.push_back(std::move(u));
         }
       }
       if (!unit->status.is_ok() && options_.skip_bad_shards && !known_bad) {
@@ -764,7 +889,9 @@ class LoaderImpl final : public Loader {
         unit->status = Status::ok();
         unit->skipped = true;
         unit->tokens = {};
+        unit->tokens16 = {};
         unit->doc_start.clear();
+        unit->loss.clear();
         unit->ids.clear();
       }
       if (unit->skipped) {
@@ -818,6 +945,7 @@ class LoaderImpl final : public Loader {
     b.micro_batch = rows;
     b.seq_len = options_.seq_len;
     b.tokens.resize(rows * width);
+    b.loss_mask.resize(rows * width);
     b.domains.resize(rows);
     b.global_rows.resize(rows);
     b.docs.assign(rows, {});
@@ -837,13 +965,15 @@ class LoaderImpl final : public Loader {
       auto fetch = [&](uint64_t seq) -> std::shared_ptr<const Unit> {
         return get_unit(static_cast<int>(i), seq, gen);
       };
-      const FillResult filled = loader::detail::fill_row(
-          fetch, &current[i], &p, width, b.tokens.data() + r * width, &b.docs[r], &out->status);
+      const FillResult filled =
+          loader::detail::fill_row(fetch, &current[i], &p, width, b.tokens.data() + r * width,
+                                   &b.docs[r], &out->status, b.loss_mask.data() + r * width);
       if (filled == FillResult::kAbandoned) return false;
       if (filled == FillResult::kFailed) return true;
       ++(*seqs)[i];
       out->rows[r] = {static_cast<int>(i), p, (*seqs)[i]};
     }
+    b.has_masks = std::find(b.loss_mask.begin(), b.loss_mask.end(), 0) != b.loss_mask.end();
     return true;
   }
 
@@ -884,6 +1014,7 @@ class LoaderImpl final : public Loader {
         }
       }
       queue_.push_back(std::move(p));
+      started_ = true;
       cv_.notify_all();
     }
   }
@@ -893,6 +1024,7 @@ class LoaderImpl final : public Loader {
   uint32_t eos_ = 0;
   std::vector<std::string> names_;
   std::vector<DomainInfo> infos_;
+  std::vector<double> shard_tokens_;  // per domain: packed tokens of an average shard
   uint64_t fingerprint_ = 0;
   uint64_t seed_ = 0;
   int64_t G_ = 1;  // global batch: rows per step over all ranks
@@ -908,12 +1040,16 @@ class LoaderImpl final : public Loader {
   WeightsHistory history_{std::vector<std::string>()};
   DecodeOptions decode_options_;
   std::deque<Prepared> queue_;
-  std::vector<std::vector<uint32_t>> token_pool_;  // recycled Unit::tokens buffers
+  std::vector<std::vector<uint32_t>> token_pool_;    // recycled Unit::tokens buffers
+  std::vector<std::vector<uint16_t>> token16_pool_;  // recycled Unit::tokens16 buffers
   bool packer_failed_ = false;
+  bool started_ = false;  // a batch was queued since the threads started (startup workers end)
   Status latched_;
   int64_t consumer_step_ = 0, packer_step_ = 0;     // global steps
   int64_t consumer_micro_ = 0, packer_micro_ = 0;   // micro-batches into that step
   std::vector<std::unique_ptr<DomainRt>> domains_;  // streams: hosted partition-major, domain
+  // Planned units whose sibling read failed: (stream, unit), decoded by the next free worker.
+  std::deque<std::pair<int, std::shared_ptr<Unit>>> redo_;
 
   std::set<uint32_t> bad_shards_;
   uint64_t skipped_before_ = 0;

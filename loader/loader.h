@@ -101,6 +101,10 @@ struct Batch {
   int64_t micro_batch = 0;  // rows
   int64_t seq_len = 0;      // row length is seq_len + 1
   std::vector<uint32_t> tokens;            // micro_batch * (seq_len + 1), row-major
+  // Beside tokens: 1 when the token is a target the loss counts (a chat sample's assistant
+  // tokens, every token of a plain document), 0 otherwise (docs/LOADER.md "Loss masks").
+  std::vector<uint8_t> loss_mask;
+  bool has_masks = false;                  // some token of the batch has loss_mask 0
   std::vector<int32_t> domains;            // domain id per row (see Loader::domain_names)
   std::vector<std::vector<DocSpan>> docs;  // per row, the document pieces in order
   std::vector<int64_t> global_rows;        // per row, its index in the step's global batch

@@ -21,7 +21,8 @@ int choose_domain(const std::vector<double>& weights, uint64_t seed, uint64_t in
 }
 
 FillResult fill_row(const UnitFetch& fetch, std::shared_ptr<const Unit>* current, Pos* pos,
-                    int64_t width, uint32_t* dst, std::vector<DocSpan>* spans, Status* error) {
+                    int64_t width, uint32_t* dst, std::vector<DocSpan>* spans, Status* error,
+                    uint8_t* loss) {
   Pos& p = *pos;
   int64_t filled = 0;
   while (filled < width) {
@@ -42,7 +43,11 @@ FillResult fill_row(const UnitFetch& fetch, std::shared_ptr<const Unit>* current
     const uint64_t begin = u->doc_start[p.doc] + p.tok;
     const uint64_t end = u->doc_start[p.doc + 1];
     const uint64_t take = std::min<uint64_t>(end - begin, width - filled);
-    std::memcpy(dst + filled, u->tokens.data() + begin, take * sizeof(uint32_t));
+    u->copy_tokens(begin, take, dst + filled);
+    if (loss && u->loss.empty())
+      std::memset(loss + filled, 1, take);
+    else if (loss)
+      std::memcpy(loss + filled, u->loss.data() + begin, take);
     DocSpan s;
     s.shard = u->plan.shard;
     s.member = u->plan.members[p.doc];

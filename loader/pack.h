@@ -35,9 +35,11 @@ using UnitFetch = std::function<std::shared_ptr<const Unit>(uint64_t seq)>;
 enum class FillResult { kFilled, kFailed, kAbandoned };
 
 // Copies the next `width` tokens of one domain's stream, from *pos on, into dst and appends one
-// DocSpan per document piece to *spans; advances *pos. *current caches the unit in use between
+// DocSpan per document piece to *spans; advances *pos. loss (may be null): the tokens' loss
+// flags (Unit::loss, 1 where a unit has none). *current caches the unit in use between
 // calls. kFailed: a unit failed to decode, *error is its status. kAbandoned: fetch gave nullptr.
 FillResult fill_row(const UnitFetch& fetch, std::shared_ptr<const Unit>* current, Pos* pos,
-                    int64_t width, uint32_t* dst, std::vector<DocSpan>* spans, Status* error);
+                    int64_t width, uint32_t* dst, std::vector<DocSpan>* spans, Status* error,
+                    uint8_t* loss = nullptr);
 
 }  // namespace kiln::loader::detail

@@ -45,7 +45,21 @@ Status run_stream(const StreamOptions& options, std::FILE* out) {
         if (k) buf.push_back(',');
         buf += b.docs[r][k].id;  // raw JSON (string or number) from <key>.json
       }
-      buf += "]}\n";
+      buf += "]";
+      if (options.show_tokens) {
+        buf += ",\"tokens\":[";
+        auto row = b.row(r);
+        for (size_t t = 0; t < row.size(); ++t) buf += (t ? "," : "") + std::to_string(row[t]);
+        buf += "],\"doc_starts\":[";
+        auto starts = b.doc_starts(r);
+        for (size_t t = 0; t < starts.size(); ++t)
+          buf += (t ? "," : "") + std::to_string(starts[t]);
+        buf += "],\"loss_mask\":\"";
+        for (size_t t = 0; t < row.size(); ++t)
+          buf.push_back(b.loss_mask[r * row.size() + t] ? '1' : '0');
+        buf += "\"";
+      }
+      buf += "}\n";
     }
     // One write per batch keeps lines whole when several ranks share a terminal or pipe.
     if (std::fwrite(buf.data(), 1, buf.size(), out) != buf.size() || std::fflush(out) != 0) {

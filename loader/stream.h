@@ -21,6 +21,9 @@ struct StreamOptions {
   int64_t steps = 0;
   std::vector<std::string> state_in;  // one state, or the states of all ranks (merged)
   std::string state_out;              // "" = none; "{rank}" is replaced by the rank
+  // Also print each sequence's "tokens" (seq_len + 1 ids), "doc_starts" (offsets where a document
+  // begins) and "loss_mask" (a string of '0' / '1' per token: 1 = a target the loss counts).
+  bool show_tokens = false;
 };
 
 // Runs the loader for `steps` batches and writes the lines to `out`; writes the state after the

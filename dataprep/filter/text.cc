@@ -11,6 +11,7 @@
 #endif
 
 #include "common/hash.h"
+#include "dataprep/filter/spacy_en.h"
 
 namespace kiln::prep::filter {
 namespace detail {
@@ -146,6 +147,33 @@ void decode_utf8(std::string_view text, CodePoints* out, Offsets* byte_at) {
 }
 
 namespace {
+#include "dataprep/filter/datatrove_tables.inc"
+struct SymbolTable {
+  bool ascii[128] = {};
+  SymbolTable() {
+    for (char32_t c : kDatatrovePunctuationSet)
+      if (c < 128) ascii[c] = true;
+  }
+};
+const SymbolTable& symbol_table() {
+  static const SymbolTable t;
+  return t;
+}
+}  // namespace
+
+bool is_symbol_char(char32_t c) {
+  if (c < 128) return symbol_table().ascii[c];
+  return std::binary_search(std::begin(kDatatrovePunctuationSet),
+                            std::end(kDatatrovePunctuationSet), c);
+}
+
+const std::vector<char32_t>& terminal_punctuation() {
+  static const std::vector<char32_t> v(std::begin(kDatatroveTerminalPunctuation),
+                                       std::end(kDatatroveTerminalPunctuation));
+  return v;
+}
+
+namespace {
 DocumentView& view() {
   thread_local DocumentView v;
   return v;
@@ -167,23 +195,12 @@ const DocumentView& document_view(std::string_view text) {
   return v;
 }
 
-namespace {
-template <typename Ch>
-void split_words_of(const Ch* t, Span s, std::vector<Span>* out);
-void split_words_ascii(const unsigned char* t, Span s, std::vector<Span>* out);
-}  // namespace
-
 const DocumentView& document_view_words(std::string_view text) {
   document_view(text);
   DocumentView& v = view();
   if (!v.have_words) {
     v.words.clear();
-    // (an ASCII text's words are found on its bytes: the same spans)
-    if (take_ascii_path(text))
-      split_words_ascii(reinterpret_cast<const unsigned char*>(text.data()),
-                        {0, static_cast<uint32_t>(text.size())}, &v.words);
-    else
-      split_words(v.cp, {0, static_cast<uint32_t>(v.cp.size())}, &v.words);
+    split_words(text, v.byte_at, &v.words);
     v.have_words = true;
   }
   return v;
@@ -322,118 +339,51 @@ void split_whitespace(const CodePoints& t, Span s, std::vector<Span>* out) {
   }
 }
 
-namespace {
-
-// A run of non-space, non-CJK code points: leading and trailing punctuation runs split off.
-template <typename Ch>
-[[gnu::always_inline]] inline void push_piece(const Ch* t, uint32_t b, uint32_t e,
-                                              std::vector<Span>* out) {
-  if (b >= e) return;
-  uint32_t lb = b;
-  while (lb < e && is_punct(t[lb])) ++lb;
-  if (lb == e) {  // all punctuation: one token
-    out->push_back({b, e});
-    return;
-  }
-  uint32_t te = e;
-  while (te > lb && is_punct(t[te - 1])) --te;
-  if (lb > b) out->push_back({b, lb});
-  out->push_back({lb, te});
-  if (te < e) out->push_back({te, e});
-}
-
-// split_words over code points, or over the bytes of an ASCII text (no CJK there).
-template <typename Ch>
-void split_words_of(const Ch* t, Span s, std::vector<Span>* out) {
-  uint32_t i = s.begin;
-  while (i < s.end) {
-    while (i < s.end && is_space(t[i])) ++i;
-    if (i >= s.end) break;
-    uint32_t j = i;
-    bool high = false;  // (a code point that may be CJK)
-    if constexpr (sizeof(Ch) == 1) {
-      while (j < s.end && !is_space(t[j])) ++j;
-    } else {
-      while (j < s.end && !is_space(t[j])) high |= t[j++] >= 0x3040;
+void split_words(std::string_view text, const Offsets& byte_at, std::vector<Span>* out) {
+  thread_local std::vector<spacy::Token> tokens;
+  spacy::tokenize(text, &tokens);
+  const bool ascii = byte_at.size() == text.size() + 1;  // (a code point per byte)
+  // (byte offsets -> code point offsets, walking forward: the tokens are in text order)
+  uint32_t cp = 0;
+  auto to_cp = [&](uint32_t byte) {
+    if (ascii) return byte;
+    while (byte_at[cp] < byte) ++cp;
+    return cp;
+  };
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  for (const spacy::Token& t : tokens) {
+    if (spacy::is_space_token(text, t)) continue;
+    const uint32_t b = to_cp(t.begin), e = to_cp(t.end);
+    // CJK ideographs and kana: one word each (Kiln's rule; spaCy's English rules keep a run of
+    // them as one token). Only tokens with a byte >= 0xE3 can hold one.
+    bool high = false;
+    if (!ascii)
+      for (uint32_t k = t.begin; k < t.end && !high; ++k) high = p[k] >= 0xE3;
+    if (!high) {
+      out->push_back({b, e});
+      continue;
     }
-    // token [i, j): CJK characters are words of their own, the runs between them pieces.
-    uint32_t piece = i;
-    if (high) {
-      for (uint32_t k = i; k < j; ++k) {
-        if (t[k] >= 0x3040 && is_cjk(t[k])) {
-          push_piece(t, piece, k, out);
-          out->push_back({k, k + 1});
-          piece = k + 1;
-        }
+    uint32_t piece = b;
+    // (the code points of [b, e) are decoded by the caller's view; recomputed here from bytes)
+    uint32_t k = t.begin, i = b;
+    while (k < t.end) {
+      const uint32_t n = byte_at[i + 1] - byte_at[i];
+      char32_t c = p[k];
+      if (n == 2) c = (p[k] & 0x1F) << 6 | (p[k + 1] & 0x3F);
+      if (n == 3) c = (p[k] & 0x0F) << 12 | (p[k + 1] & 0x3F) << 6 | (p[k + 2] & 0x3F);
+      if (n == 4)
+        c = (p[k] & 0x07) << 18 | (p[k + 1] & 0x3F) << 12 | (p[k + 2] & 0x3F) << 6 |
+            (p[k + 3] & 0x3F);
+      if (is_cjk(c)) {
+        if (piece < i) out->push_back({piece, i});
+        out->push_back({i, i + 1});
+        piece = i + 1;
       }
+      k += n;
+      ++i;
     }
-    push_piece(t, piece, j, out);
-    i = j;
+    if (piece < e) out->push_back({piece, e});
   }
-}
-
-// The white-space bytes (is_space: 9-13 and 0x1C-0x20) among t[0, 64), as bit k for byte k
-// (t must have 64 readable bytes).
-inline uint64_t space_bits64(const unsigned char* t) {
-#if defined(__SSE2__)
-  uint64_t bits = 0;
-  for (int q = 0; q < 4; ++q) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * q));
-    // x in [lo, hi] <=> min(x - lo, hi - lo) == x - lo (unsigned bytes)
-    const __m128i a = _mm_sub_epi8(x, _mm_set1_epi8(9));
-    const __m128i b = _mm_sub_epi8(x, _mm_set1_epi8(0x1C));
-    const __m128i in_a = _mm_cmpeq_epi8(_mm_min_epu8(a, _mm_set1_epi8(4)), a);
-    const __m128i in_b = _mm_cmpeq_epi8(_mm_min_epu8(b, _mm_set1_epi8(4)), b);
-    bits |=
-        static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(_mm_or_si128(in_a, in_b))))
-        << (16 * q);
-  }
-  return bits;
-#else
-  uint64_t bits = 0;
-  for (int k = 0; k < 64; ++k) bits |= static_cast<uint64_t>(is_space(t[k])) << k;
-  return bits;
-#endif
-}
-
-// split_words_of on the bytes of an ASCII text: the white-space runs found 64 bytes at a time
-// (bit masks), each token between them split by push_piece. The same spans.
-void split_words_ascii(const unsigned char* t, Span s, std::vector<Span>* out) {
-  alignas(16) unsigned char tail[64];
-  bool in_token = false;
-  uint32_t token_begin = 0;
-  for (uint32_t base = s.begin; base < s.end; base += 64) {
-    const uint32_t n = std::min<uint32_t>(64, s.end - base);
-    uint64_t space;
-    if (n == 64) {
-      space = space_bits64(t + base);
-    } else {  // (the last block: bytes past the end count as white space)
-      std::memset(tail, ' ', sizeof tail);
-      std::memcpy(tail, t + base, n);
-      space = space_bits64(tail);
-    }
-    // Bits where the byte's kind (space or not) differs from the previous byte's: token starts
-    // and ends, alternately.
-    const uint64_t prev = space << 1 | (in_token ? 0 : 1);
-    uint64_t edges = space ^ prev;
-    while (edges) {
-      const uint32_t at = base + static_cast<uint32_t>(__builtin_ctzll(edges));
-      edges &= edges - 1;
-      if (!in_token) {
-        token_begin = at;
-      } else {
-        push_piece(t, token_begin, at, out);
-      }
-      in_token = !in_token;
-    }
-  }
-  if (in_token) push_piece(t, token_begin, s.end, out);  // (a token that ends the last full block)
-}
-
-}  // namespace
-
-void split_words(const CodePoints& t, Span s, std::vector<Span>* out) {
-  split_words_of(t.data(), s, out);
 }
 
 bool span_equals(const CodePoints& t, Span s, std::u32string_view word) {

@@ -67,6 +67,11 @@ inline bool is_alpha(char32_t c) {
 inline bool is_punct(char32_t c) {
   return c < 128 ? (detail::kAsciiClass[c] & detail::kPunct) != 0 : detail::is_punct_slow(c);
 }
+// datatrove's PUNCTUATION_SET (utils/text.py at a649de79: its PUNCTUATION string, control
+// characters included, and TERMINAL_PUNCTUATION): a word of only these is a symbol word.
+bool is_symbol_char(char32_t c);
+// datatrove's TERMINAL_PUNCTUATION (159 characters), ascending: FineWeb's default stop_chars.
+const std::vector<char32_t>& terminal_punctuation();
 // Han ideographs, kana and CJK compatibility ideographs: scripts written without spaces, where a
 // character carries about a word.
 inline bool is_cjk(char32_t c) {
@@ -190,8 +195,10 @@ Span strip(const CodePoints& t, Span s);
 // str.split() (white-space separated tokens) of a span, appended.
 void split_whitespace(const CodePoints& t, Span s, std::vector<Span>* out);
 
-// The filters' words (filter.h): appended to *out.
-void split_words(const CodePoints& t, Span s, std::vector<Span>* out);
+// The filters' words (filter.h) of text, whose code points' byte offsets are byte_at (with the
+// end's): spaCy's English tokens (spacy_en.h) that are not white space, as datatrove's
+// word_tokenize gives them, with every CJK ideograph or kana a word of its own. Appended.
+void split_words(std::string_view text, const Offsets& byte_at, std::vector<Span>* out);
 
 bool span_equals(const CodePoints& t, Span s, std::u32string_view word);
 bool ends_with(const CodePoints& t, Span s, std::u32string_view suffix);

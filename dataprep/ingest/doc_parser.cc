@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "common/json.h"
+#include "dataprep/chat/chat_data.h"
+#include "dataprep/chat/chat_template.h"
 
 namespace kiln::prep {
 namespace {
@@ -13,16 +15,6 @@ namespace {
 bool is_blank(std::string_view s) {
   for (char c : s)
     if (!(c == ' ' || (c >= 0x09 && c <= 0x0d))) return false;
-  return true;
-}
-
-bool valid_domain(std::string_view d) {
-  if (d.empty() || d.size() > 64) return false;
-  for (char c : d) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-';
-    if (!ok) return false;
-  }
   return true;
 }
 
@@ -155,6 +147,18 @@ const char* reject_reason_name(RejectReason r) {
     case RejectReason::kBadField: return "bad_field";
     case RejectReason::kTruncatedFile: return "truncated_file";
     case RejectReason::kCorruptFile: return "corrupt_file";
+    case RejectReason::kChatEmpty:
+      return "chat_empty";
+    case RejectReason::kChatUnknownRole:
+      return "chat_unknown_role";
+    case RejectReason::kChatContentNotString:
+      return "chat_content_not_string";
+    case RejectReason::kChatNoAssistant:
+      return "chat_no_assistant";
+    case RejectReason::kChatMalformed:
+      return "chat_malformed";
+    case RejectReason::kChatTemplate:
+      return "chat_template_error";
   }
   return "unknown";
 }
@@ -210,6 +214,53 @@ bool repair_utf8(std::string_view in, std::string* out) {
   return true;
 }
 
+namespace {
+
+// A chat line: the conversation validated, rendered with the template into doc->text, and the
+// assistant turns' byte ranges into doc->chat_spans.
+ParseResult parse_chat(const simdjson::dom::element* fields, const bool* have,
+                       const std::string& id_base, uint64_t line_no, bool have_id,
+                       const ParseOptions& options, Document* doc, ParseResult result) {
+  static constexpr const char* kChatKeys[4] = {"messages", "prompt", "completion", "tools"};
+  nlohmann::ordered_json line = nlohmann::ordered_json::object();
+  for (int k = 0; k < 4; ++k) {
+    if (!have[k]) continue;
+    doc->carried.erase(kChatKeys[k]);  // the conversation is the sample's text, not metadata
+    line[kChatKeys[k]] = nlohmann::ordered_json::parse(simdjson::to_string(fields[k]));
+  }
+  chat::Conversation conv = chat::read_conversation(line);
+  switch (conv.problem) {
+    case chat::ChatProblem::kNone:
+      break;
+    case chat::ChatProblem::kEmpty:
+      return reject(RejectReason::kChatEmpty, conv.detail);
+    case chat::ChatProblem::kUnknownRole:
+      return reject(RejectReason::kChatUnknownRole, conv.detail);
+    case chat::ChatProblem::kContentNotString:
+      return reject(RejectReason::kChatContentNotString, conv.detail);
+    case chat::ChatProblem::kNoAssistant:
+      return reject(RejectReason::kChatNoAssistant, conv.detail);
+    case chat::ChatProblem::kMalformed:
+      return reject(RejectReason::kChatMalformed, conv.detail);
+  }
+  if (!options.chat)
+    return reject(RejectReason::kChatTemplate, std::string(options.chat_unavailable));
+  auto rendered = options.chat->render_for_training(conv.messages, conv.tools, conv.first_counted);
+  if (!rendered.is_ok()) return reject(RejectReason::kChatTemplate, rendered.status().message());
+  if (rendered->spans.empty() || is_blank(rendered->text))
+    return reject(RejectReason::kChatNoAssistant, "the template renders no assistant turn");
+  doc->text = std::move(rendered->text);
+  result.text = doc->text;
+  doc->chat = true;
+  for (auto& [b, e] : rendered->spans)
+    doc->chat_spans.emplace_back(static_cast<uint32_t>(b), static_cast<uint32_t>(e));
+  if (!have_id) doc->id = id_base + ":" + std::to_string(line_no);
+  result.ok = true;
+  return result;
+}
+
+}  // namespace
+
 ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, uint64_t line_no,
                              const ParseOptions& options, Document* doc) {
   ThreadParser& tp = thread_parser();
@@ -247,7 +298,12 @@ ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, 
     return reject(RejectReason::kNotObject, "the line is JSON but not an object");
 
   bool have_text = false, have_id = false;
+  simdjson::dom::element chat_fields[4];  // messages, prompt, completion, tools
+  bool have_chat_field[4] = {false, false, false, false};
   doc->id_is_number = false;
+  doc->chat = false;
+  doc->chat_spans.clear();
+  doc->loss_mask.clear();
   doc->source.clear();
   doc->url.clear();
   doc->input_domain.clear();
@@ -292,16 +348,27 @@ ParseResult parse_jsonl_line(std::string_view line, const std::string& id_base, 
     } else if (key == "domain") {
       if (!string_field(value, &doc->input_domain))
         return reject(RejectReason::kBadField, "\"domain\" must be a string");
-      if (!doc->input_domain.empty() && !valid_domain(doc->input_domain))
+      if (!doc->input_domain.empty() && !is_valid_domain_name(doc->input_domain))
         return reject(RejectReason::kBadField,
                       "\"domain\" must match [A-Za-z0-9_-]{1,64}: '" + doc->input_domain + "'");
     } else if (key == "meta") {
       if (!value.is_null() && !value.is_object())
         return reject(RejectReason::kBadField, "\"meta\" must be an object");
       if (options.want_fields && value.is_object()) doc->carried["meta"] = to_nlohmann(value);
-    } else if (options.want_fields) {
-      doc->carried[std::string(key)] = to_nlohmann(value);
+    } else {
+      static constexpr std::string_view kChatKeys[4] = {"messages", "prompt", "completion",
+                                                        "tools"};
+      for (int k = 0; k < 4; ++k)
+        if (key == kChatKeys[k]) {
+          chat_fields[k] = value;
+          have_chat_field[k] = true;
+        }
+      if (options.want_fields) doc->carried[std::string(key)] = to_nlohmann(value);
     }
+  }
+  if (!have_text && (have_chat_field[0] || (have_chat_field[1] && have_chat_field[2]))) {
+    return parse_chat(chat_fields, have_chat_field, id_base, line_no, have_id, options, doc,
+                      result);
   }
   if (!have_text) return reject(RejectReason::kMissingText, "no \"text\" field");
   if (is_blank(result.text)) return reject(RejectReason::kEmptyText, "\"text\" is empty");
@@ -328,6 +395,9 @@ ParseResult parse_text_document(std::string_view content, const std::string& id_
   if (is_blank(result.text)) return reject(RejectReason::kEmptyText, "the file is empty");
   doc->id = id_base;
   doc->id_is_number = false;
+  doc->chat = false;
+  doc->chat_spans.clear();
+  doc->loss_mask.clear();
   doc->source.clear();
   doc->url.clear();
   doc->input_domain.clear();

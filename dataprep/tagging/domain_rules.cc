@@ -304,11 +304,7 @@ std::set<std::string> DomainRules::rules_from_input_domain() const {
 std::string_view DomainRules::builtin_yaml() { return kDefaultDomainRulesYaml; }
 
 Status validate_domain_name(std::string_view name) {
-  bool ok = !name.empty() && name.size() <= 64;
-  for (char c : name)
-    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                c == '_' || c == '-');
-  if (!ok)
+  if (!is_valid_domain_name(name))
     return Status::config("domain name '" + std::string(name) +
                           "' must be 1-64 characters of A-Z a-z 0-9 _ -");
   return Status::ok();

@@ -42,8 +42,9 @@
 
 namespace kiln::prep {
 
-// A domain name is used in paths and file names: 1-64 characters of [A-Za-z0-9_-] (the same rule
-// the JSONL reader applies to an input "domain" field). A kConfig Status otherwise.
+// A domain name is used in paths and file names: ingest/document.h's is_valid_domain_name (1-64
+// characters of [A-Za-z0-9_-], the rule the JSONL reader applies to an input "domain" field too).
+// A kConfig Status naming the name otherwise.
 Status validate_domain_name(std::string_view name);
 
 // Text statistics used by the content conditions (exposed for tests and `kiln inspect`).

@@ -58,6 +58,18 @@ void BpeModel::encode_word(std::string_view word, std::vector<uint32_t>* out) co
     out->push_back(byte_ids_[static_cast<unsigned char>(word[0])]);
     return;
   }
+  thread_local std::vector<uint32_t> symbols;
+  symbols.resize(n);
+  for (size_t i = 0; i < n; ++i) symbols[i] = byte_ids_[static_cast<unsigned char>(word[i])];
+  encode_symbols(symbols.data(), n, out);
+}
+
+void BpeModel::encode_symbols(const uint32_t* symbols, size_t n, std::vector<uint32_t>* out) const {
+  if (n == 0) return;
+  if (n == 1) {
+    out->push_back(symbols[0]);
+    return;
+  }
   struct Candidate {
     uint32_t rank;
     uint32_t pos;
@@ -75,7 +87,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<uint32_t>* out) co
   prev.resize(n);
   heap.clear();
   for (size_t i = 0; i < n; ++i) {
-    ids[i] = byte_ids_[static_cast<unsigned char>(word[i])];
+    ids[i] = symbols[i];
     next[i] = static_cast<uint32_t>(i + 1);
     prev[i] = static_cast<int64_t>(i) - 1;
   }

@@ -32,6 +32,9 @@ class BpeModel {
 
   // Appends the tokens of one pre-token (non-empty bytes). Thread-safe (const).
   void encode_word(std::string_view word, std::vector<uint32_t>* out) const;
+  // The same from initial symbols (token ids) instead of bytes: SentencePiece-style BPE, whose
+  // symbols are characters (or byte-fallback tokens).
+  void encode_symbols(const uint32_t* symbols, size_t n, std::vector<uint32_t>* out) const;
 
   const std::array<uint32_t, 256>& byte_ids() const { return byte_ids_; }
   const std::vector<BpeMerge>& merges() const { return merges_; }

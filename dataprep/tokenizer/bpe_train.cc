@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "common/hash.h"
+#include "common/log.h"
 #include "common/tsan.h"
 
 namespace kiln::prep {
@@ -238,7 +239,11 @@ std::vector<WordCount> count_words(const std::vector<std::string_view>& texts,
     std::vector<std::string_view> pieces;
     for (size_t i = range.begin(); i != range.end(); ++i) {
       pieces.clear();
-      pretokenize(texts[i], spec, &pieces);
+      if (Status st = pretokenize(texts[i], spec, &pieces); !st.is_ok()) {
+        // (only a regex's match limit: the text is counted as one word, and said so)
+        KILN_LOG_WARN("training: text {} counted as one word: {}", i, st.message());
+        pieces.assign(1, texts[i]);
+      }
       for (auto p : pieces) {
         uint64_t h = xxh3_64(p);
         tables[part_of(h)].add(p, h, 1);

@@ -1,12 +1,17 @@
 // Hugging Face tokenizer.json in (the byte-level BPE family) and out (Kiln's own tokenizers),
 // and the tokenizer files of a Hugging Face model directory. See docs/TOKENIZER.md.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/atomic_file.h"
+#include "common/bounded_read.h"
 #include "common/json.h"
+#include "common/log.h"
+#include "dataprep/tokenizer/charsmap.h"
+#include "dataprep/tokenizer/hf_pipeline.h"
 #include "dataprep/tokenizer/regex_split.h"
 #include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_impl.h"
@@ -51,10 +56,19 @@ std::string eos_from_config(const std::string& origin) {
   std::error_code ec;
   auto cfg = std::filesystem::path(origin).parent_path() / "tokenizer_config.json";
   if (origin.empty() || !std::filesystem::is_regular_file(cfg, ec)) return "";
-  auto text = read_file(cfg.string());
-  if (!text.is_ok()) return "";
+  // (64 MiB: a tokenizer_config.json is a few KiB; one that is /dev/zero must not take memory)
+  auto text = read_file_capped(cfg.string(), uint64_t{64} << 20);
+  if (!text.is_ok()) {
+    KILN_LOG_WARN("{}: not read ({}); the end-of-text token is taken from the tokenizer itself",
+                  cfg.string(), text.status().message());
+    return "";
+  }
   auto parsed = parse_untrusted_json(*text);
-  if (!parsed.is_ok() || !parsed->is_object()) return "";
+  if (!parsed.is_ok() || !parsed->is_object()) {
+    KILN_LOG_WARN("{}: not a JSON object; the end-of-text token is taken from the tokenizer itself",
+                  cfg.string());
+    return "";
+  }
   auto it = parsed->find("eos_token");
   if (it == parsed->end()) return "";
   if (it->is_string()) return it->get<std::string>();
@@ -63,79 +77,312 @@ std::string eos_from_config(const std::string& origin) {
   return "";
 }
 
-// The pre-tokenizer: ByteLevel (GPT-2's regex), or Sequence [Split(regex, Isolated), ByteLevel
-// without regex] (Llama 3, Qwen2, Mistral-Nemo, Kiln). Sets *prefix_space.
-Result<PretokenizerSpec> read_pretokenizer(const Reader& r, const json& pt, bool* prefix_space) {
-  const std::string type = Reader::type_of(pt);
-  if (pt.is_null() || type.empty())
-    return r.fail("pre_tokenizer",
-                  "a byte-level BPE tokenizer.json needs a ByteLevel pre-tokenizer (found none)");
-  auto byte_level_ok = [&](const json& bl, const std::string& field) -> Status {
-    if (!is_null_or(bl, "trim_offsets", true) && !is_null_or(bl, "trim_offsets", false))
-      return r.fail(field + ".trim_offsets", "must be true or false");
-    return Status::ok();
-  };
-  if (type == "ByteLevel") {
-    KILN_RETURN_IF_ERROR(byte_level_ok(pt, "pre_tokenizer"));
-    if (!flag(pt, "use_regex", true))
-      return r.fail("pre_tokenizer.use_regex",
-                    "a ByteLevel pre-tokenizer without its regex and without a Split before it "
-                    "makes the whole text one word; not supported");
-    *prefix_space = flag(pt, "add_prefix_space", false);
-    return pretokenizer_for_pattern(gpt2_pattern());
-  }
-  if (type != "Sequence")
-    return r.fail("pre_tokenizer.type", "pre-tokenizer type '" + type +
-                                            "' is not supported (supported: ByteLevel, Sequence of "
-                                            "Split and ByteLevel)");
-  auto list = pt.find("pretokenizers");
-  if (list == pt.end() || !list->is_array())
-    return r.fail("pre_tokenizer.pretokenizers", "missing or not an array");
-  const json& items = *list;
-  if (items.size() == 1 && Reader::type_of(items[0]) == "ByteLevel")
-    return read_pretokenizer(r, items[0], prefix_space);
-  if (items.size() != 2 || Reader::type_of(items[0]) != "Split" ||
-      Reader::type_of(items[1]) != "ByteLevel")
-    return r.fail("pre_tokenizer.pretokenizers",
-                  "supported sequences are [Split, ByteLevel] and [ByteLevel]; found " +
-                      std::to_string(items.size()) + " pre-tokenizers starting with '" +
-                      (items.empty() ? std::string() : Reader::type_of(items[0])) + "'");
-  const json& split = items[0];
-  const json& bl = items[1];
-  const std::string sf = "pre_tokenizer.pretokenizers[0]", bf = "pre_tokenizer.pretokenizers[1]";
-  KILN_RETURN_IF_ERROR(byte_level_ok(bl, bf));
-  if (flag(bl, "use_regex", true))
-    return r.fail(bf + ".use_regex",
-                  "a ByteLevel with its own regex after a Split is not supported (expected "
-                  "use_regex: false)");
-  if (flag(bl, "add_prefix_space", false))
-    return r.fail(bf + ".add_prefix_space", "add_prefix_space after a Split is not supported");
-  auto behavior = split.find("behavior");
-  if (behavior == split.end() || !behavior->is_string() || *behavior != "Isolated")
-    return r.fail(sf + ".behavior", "Split behavior '" +
-                                        (behavior != split.end() ? behavior->dump() : "") +
-                                        "' is not supported (supported: \"Isolated\")");
-  if (flag(split, "invert", false)) return r.fail(sf + ".invert", "invert: true is not supported");
-  auto pat = split.find("pattern");
-  if (pat == split.end() || !pat->is_object() || pat->size() != 1)
-    return r.fail(sf + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
-  std::string pattern;
+bool base64_decode(std::string_view in, std::string* out);
+
+Result<HfPattern> read_pattern(const Reader& r, const json& j, const std::string& field) {
+  auto pat = j.find("pattern");
+  if (pat == j.end() || !pat->is_object() || pat->size() != 1)
+    return r.fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+  HfPattern p;
   if (pat->contains("Regex") && (*pat)["Regex"].is_string()) {
-    pattern = (*pat)["Regex"].get<std::string>();
+    const std::string re = (*pat)["Regex"].get<std::string>();
+    if (re.empty()) return r.fail(field + ".pattern", "empty pattern");
+    auto compiled = RegexSplitter::compile(re);
+    if (!compiled.is_ok())
+      return std::move(compiled).take_status().with_file(r.origin).with_key(field + ".pattern");
+    p.regex = std::move(compiled).value();
   } else if (pat->contains("String") && (*pat)["String"].is_string()) {
-    // A literal: every character escaped.
-    for (char c : (*pat)["String"].get<std::string>()) {
-      if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) pattern += '\\';
-      pattern += c;
-    }
+    p.literal = (*pat)["String"].get<std::string>();
   } else {
-    return r.fail(sf + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+    return r.fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
   }
-  if (pattern.empty()) return r.fail(sf + ".pattern", "empty pattern");
-  auto spec = pretokenizer_for_pattern(pattern);
-  if (!spec.is_ok())
-    return std::move(spec).take_status().with_file(r.origin).with_key(sf + ".pattern");
-  return spec;
+  return p;
+}
+
+Result<SplitBehavior> read_behavior(const Reader& r, const json& j, const std::string& field,
+                                    SplitBehavior fallback) {
+  auto it = j.find("behavior");
+  if (it == j.end() || it->is_null()) return fallback;
+  const std::string b = it->is_string() ? it->get<std::string>() : it->dump();
+  if (b == "Removed") return SplitBehavior::kRemoved;
+  if (b == "Isolated") return SplitBehavior::kIsolated;
+  if (b == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (b == "Contiguous") return SplitBehavior::kContiguous;
+  return r.fail(field + ".behavior", "Split behavior '" + b +
+                                         "' is not one of Removed, Isolated, MergedWithPrevious, "
+                                         "MergedWithNext, Contiguous");
+}
+
+std::string read_string(const json& j, const char* key, const std::string& fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+// Metaspace's prepend scheme (or the older add_prefix_space).
+Result<PreTokenizerStep::Prepend> read_prepend(const Reader& r, const json& j,
+                                               const std::string& field) {
+  auto it = j.find("prepend_scheme");
+  if (it != j.end() && it->is_string()) {
+    const std::string v = it->get<std::string>();
+    if (v == "always") return PreTokenizerStep::kAlways;
+    if (v == "first") return PreTokenizerStep::kFirst;
+    if (v == "never") return PreTokenizerStep::kNever;
+    return r.fail(field + ".prepend_scheme", "'" + v + "' is not always, first or never");
+  }
+  return flag(j, "add_prefix_space", true) ? PreTokenizerStep::kAlways : PreTokenizerStep::kNever;
+}
+
+// The normalizer's steps (a Sequence flattened).
+Status read_normalizer(const Reader& r, const json& n, const std::string& field,
+                       HfNormalizer* out) {
+  if (n.is_null()) return Status::ok();
+  const std::string t = Reader::type_of(n);
+  NormalizerStep step;
+  if (t == "Sequence") {
+    auto list = n.find("normalizers");
+    if (list == n.end() || !list->is_array())
+      return r.fail(field + ".normalizers", "missing or not an array");
+    for (size_t i = 0; i < list->size(); ++i)
+      KILN_RETURN_IF_ERROR(
+          read_normalizer(r, (*list)[i], field + ".normalizers[" + std::to_string(i) + "]", out));
+    return Status::ok();
+  }
+  if (t == "NFC") {
+    step.kind = NormalizerStep::kNfc;
+  } else if (t == "NFD") {
+    step.kind = NormalizerStep::kNfd;
+  } else if (t == "NFKC") {
+    step.kind = NormalizerStep::kNfkc;
+  } else if (t == "NFKD") {
+    step.kind = NormalizerStep::kNfkd;
+  } else if (t == "Lowercase") {
+    step.kind = NormalizerStep::kLowercase;
+  } else if (t == "Replace") {
+    step.kind = NormalizerStep::kReplace;
+    KILN_ASSIGN_OR_RETURN(step.pattern, read_pattern(r, n, field));
+    auto c = n.find("content");
+    if (c == n.end() || !c->is_string())
+      return r.fail(field + ".content", "missing or not a string");
+    step.content = c->get<std::string>();
+  } else if (t == "Prepend") {
+    step.kind = NormalizerStep::kPrepend;
+    auto c = n.find("prepend");
+    if (c == n.end() || !c->is_string())
+      return r.fail(field + ".prepend", "missing or not a string");
+    step.content = c->get<std::string>();
+  } else if (t == "Strip") {
+    step.kind = NormalizerStep::kStrip;
+    step.left = flag(n, "strip_left", true);
+    step.right = flag(n, "strip_right", true);
+  } else if (t == "Precompiled") {
+    step.kind = NormalizerStep::kPrecompiled;
+    auto c = n.find("precompiled_charsmap");
+    if (c == n.end() || c->is_null()) return Status::ok();  // (an empty map changes nothing)
+    if (!c->is_string()) return r.fail(field + ".precompiled_charsmap", "not a base64 string");
+    std::string blob;
+    if (!base64_decode(c->get<std::string>(), &blob))
+      return r.fail(field + ".precompiled_charsmap", "not valid base64");
+    if (blob.empty()) return Status::ok();
+    auto map = PrecompiledCharsmap::parse(blob);
+    if (!map.is_ok())
+      return std::move(map).take_status().with_file(r.origin).with_key(field +
+                                                                       ".precompiled_charsmap");
+    step.charsmap = std::move(map).value();
+  } else {
+    return r.fail(field + ".type",
+                  "normalizer '" + t +
+                      "' is not supported (supported: NFC, NFD, NFKC, NFKD, Lowercase, Replace, "
+                      "Prepend, Strip, Precompiled, Sequence)");
+  }
+  out->steps.push_back(std::move(step));
+  return Status::ok();
+}
+
+Status read_pretokenizer(const Reader& r, const json& p, const std::string& field,
+                         HfPreTokenizer* out) {
+  if (p.is_null()) return Status::ok();
+  const std::string t = Reader::type_of(p);
+  if (!out->steps.empty() && out->steps.back().kind == PreTokenizerStep::kByteLevel)
+    return r.fail(field + ".type",
+                  "a pre-tokenizer after ByteLevel is not supported (ByteLevel must be last)");
+  PreTokenizerStep step;
+  if (t == "Sequence") {
+    auto list = p.find("pretokenizers");
+    if (list == p.end() || !list->is_array())
+      return r.fail(field + ".pretokenizers", "missing or not an array");
+    for (size_t i = 0; i < list->size(); ++i)
+      KILN_RETURN_IF_ERROR(read_pretokenizer(
+          r, (*list)[i], field + ".pretokenizers[" + std::to_string(i) + "]", out));
+    return Status::ok();
+  }
+  if (t == "Split") {
+    step.kind = PreTokenizerStep::kSplit;
+    KILN_ASSIGN_OR_RETURN(step.pattern, read_pattern(r, p, field));
+    KILN_ASSIGN_OR_RETURN(step.behavior, read_behavior(r, p, field, SplitBehavior::kIsolated));
+    step.invert = flag(p, "invert", false);
+  } else if (t == "Digits") {
+    step.kind = PreTokenizerStep::kDigits;
+    step.individual_digits = flag(p, "individual_digits", false);
+  } else if (t == "Punctuation") {
+    step.kind = PreTokenizerStep::kPunctuation;
+    KILN_ASSIGN_OR_RETURN(step.behavior, read_behavior(r, p, field, SplitBehavior::kIsolated));
+  } else if (t == "Whitespace") {
+    step.kind = PreTokenizerStep::kWhitespace;
+    auto re = RegexSplitter::compile("\\w+|[^\\w\\s]+");
+    if (!re.is_ok()) return std::move(re).take_status();
+    step.pattern.regex = std::move(re).value();
+  } else if (t == "WhitespaceSplit") {
+    step.kind = PreTokenizerStep::kWhitespaceSplit;
+  } else if (t == "Metaspace") {
+    step.kind = PreTokenizerStep::kMetaspace;
+    step.replacement = read_string(p, "replacement", "\xE2\x96\x81");
+    if (step.replacement.empty()) return r.fail(field + ".replacement", "empty");
+    KILN_ASSIGN_OR_RETURN(step.prepend, read_prepend(r, p, field));
+    step.split = flag(p, "split", true);
+  } else if (t == "ByteLevel") {
+    step.kind = PreTokenizerStep::kByteLevel;
+    step.add_prefix_space = flag(p, "add_prefix_space", false);
+    step.use_regex = flag(p, "use_regex", true);
+  } else {
+    return r.fail(field + ".type",
+                  "pre-tokenizer '" + t +
+                      "' is not supported (supported: Split, Digits, Punctuation, Whitespace, "
+                      "WhitespaceSplit, Metaspace, ByteLevel, Sequence)");
+  }
+  out->steps.push_back(std::move(step));
+  return Status::ok();
+}
+
+Status read_decoder(const Reader& r, const json& d, const std::string& field, HfDecoder* out) {
+  if (d.is_null()) return Status::ok();
+  const std::string t = Reader::type_of(d);
+  DecoderStep step;
+  if (t == "Sequence") {
+    auto list = d.find("decoders");
+    if (list == d.end() || !list->is_array())
+      return r.fail(field + ".decoders", "missing or not an array");
+    for (size_t i = 0; i < list->size(); ++i)
+      KILN_RETURN_IF_ERROR(
+          read_decoder(r, (*list)[i], field + ".decoders[" + std::to_string(i) + "]", out));
+    return Status::ok();
+  }
+  if (t == "ByteLevel") {
+    step.kind = DecoderStep::kByteLevel;
+  } else if (t == "Replace") {
+    step.kind = DecoderStep::kReplace;
+    auto pat = d.find("pattern");
+    if (pat == d.end() || !pat->is_object() || !pat->contains("String") ||
+        !(*pat)["String"].is_string())
+      return r.fail(field + ".pattern", "a Replace decoder needs {\"String\": ...}");
+    step.pattern = (*pat)["String"].get<std::string>();
+    step.content = read_string(d, "content", "");
+  } else if (t == "ByteFallback") {
+    step.kind = DecoderStep::kByteFallback;
+  } else if (t == "Fuse") {
+    step.kind = DecoderStep::kFuse;
+  } else if (t == "Strip") {
+    step.kind = DecoderStep::kStrip;
+    step.content = read_string(d, "content", " ");
+    auto num = [&](const char* key) -> size_t {
+      auto it = d.find(key);
+      return it != d.end() && it->is_number_unsigned() ? it->get<size_t>() : 0;
+    };
+    step.start = num("start");
+    step.stop = num("stop");
+  } else if (t == "Metaspace") {
+    step.kind = DecoderStep::kMetaspace;
+    step.replacement = read_string(d, "replacement", "\xE2\x96\x81");
+    KILN_ASSIGN_OR_RETURN(auto prepend, read_prepend(r, d, field));
+    step.prepend = prepend != PreTokenizerStep::kNever;
+  } else {
+    return r.fail(field + ".type", "decoder '" + t +
+                                       "' is not supported (supported: ByteLevel, Replace, "
+                                       "ByteFallback, Fuse, Strip, Metaspace, Sequence)");
+  }
+  out->steps.push_back(std::move(step));
+  return Status::ok();
+}
+
+bool base64_decode(std::string_view in, std::string* out) {
+  auto val = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+' || c == '-') return 62;
+    if (c == '/' || c == '_') return 63;
+    return -1;
+  };
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=' || c == '\n' || c == '\r') continue;
+    int v = val(c);
+    if (v < 0) return false;
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out->push_back(char((acc >> bits) & 0xFF));
+    }
+  }
+  return true;
+}
+
+// SentencePiece-style BPE: tokens are literal text; a merge's result is left + right (right
+// without the continuing-subword prefix).
+Result<Tokenizer> build_char_bpe(const std::vector<std::pair<std::string, int64_t>>& vocab,
+                                 const std::vector<std::pair<std::string, std::string>>& merges,
+                                 const std::unordered_set<int64_t>& special_ids, int64_t eos_id,
+                                 const std::string& prefix, const std::string& origin) {
+  Tokenizer tok;
+  auto& impl = TokenizerAccess::impl(tok);
+  const size_t n = vocab.size();
+  std::vector<std::string> spelled(n);
+  std::vector<uint8_t> set(n, 0);
+  std::unordered_map<std::string, uint32_t> ids;
+  ids.reserve(n);
+  for (const auto& [text, id] : vocab) {
+    if (id < 0 || size_t(id) >= n)
+      return Status::data("token '" + text + "' has id " + std::to_string(id) +
+                          ": ids must be dense, 0 .. " + std::to_string(n - 1))
+          .with_file(origin)
+          .with_key("model.vocab");
+    if (set[size_t(id)])
+      return Status::data("id " + std::to_string(id) + " is used twice")
+          .with_file(origin)
+          .with_key("model.vocab");
+    set[size_t(id)] = 1;
+    spelled[size_t(id)] = text;
+    ids.emplace(text, uint32_t(id));
+  }
+  std::vector<BpeMerge> model_merges;
+  model_merges.reserve(merges.size());
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto& [l, rr] = merges[rank];
+    std::string result =
+        l + (!prefix.empty() && rr.compare(0, prefix.size(), prefix) == 0 ? rr.substr(prefix.size())
+                                                                          : rr);
+    auto li = ids.find(l), ri = ids.find(rr), xi = ids.find(result);
+    if (li == ids.end() || ri == ids.end() || xi == ids.end())
+      return Status::data("merge " + std::to_string(rank) + " '" + l + " " + rr +
+                          "' uses or makes a token that is not in the vocabulary")
+          .with_file(origin)
+          .with_key("model.merges");
+    model_merges.push_back({li->second, ri->second, xi->second});
+  }
+  if (eos_id >= 0 && !special_ids.count(eos_id))
+    return Status::data("eos_id " + std::to_string(eos_id) + " is not a special token")
+        .with_file(origin);
+  impl.eos_id = eos_id;
+  impl.tokens = spelled;
+  impl.special.assign(n, 0);
+  for (int64_t id : special_ids)
+    if (id >= 0 && size_t(id) < n) impl.special[size_t(id)] = 1;
+  impl.spelled = std::move(spelled);
+  std::array<uint32_t, 256> no_bytes{};
+  impl.model = BpeModel(no_bytes, std::move(model_merges));
+  return tok;
 }
 
 }  // namespace
@@ -164,56 +411,60 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
   if (mit == root.end() || !mit->is_object()) return r.fail("model", "missing or not an object");
   const json& model = *mit;
 
-  // The model: BPE on bytes.
+  // The model: BPE.
   const std::string mtype = Reader::type_of(model);
   if (!mtype.empty() && mtype != "BPE")
     return r.fail("model.type",
                   "model type '" + mtype +
-                      "' is not supported (Kiln reads byte-level BPE tokenizer.json files; for a "
-                      "SentencePiece model give its .model file)");
+                      "' is not supported (Kiln reads BPE tokenizer.json files; for a "
+                      "SentencePiece Unigram model give its .model file)");
   if (!model.contains("merges")) return r.fail("model.merges", "missing: not a BPE model");
   if (!is_null_or(model, "dropout", 0) && !is_null_or(model, "dropout", 0.0))
-    return r.fail("model.dropout", "BPE dropout is not supported");
-  if (!is_null_or(model, "continuing_subword_prefix", ""))
-    return r.fail("model.continuing_subword_prefix", "a subword prefix is not supported");
-  if (!is_null_or(model, "end_of_word_suffix", ""))
-    return r.fail("model.end_of_word_suffix", "an end-of-word suffix is not supported");
-  if (flag(model, "byte_fallback", false))
-    return r.fail("model.byte_fallback",
-                  "byte_fallback (SentencePiece-style BPE) is not supported; give the model's "
-                  "SentencePiece tokenizer.model instead");
+    return r.fail("model.dropout", "BPE dropout is not supported (it makes encoding random)");
   const bool ignore_merges = flag(model, "ignore_merges", false);
+  const bool byte_fallback = flag(model, "byte_fallback", false);
+  const bool fuse_unk = flag(model, "fuse_unk", false);
+  const std::string subword_prefix = read_string(model, "continuing_subword_prefix", "");
+  const std::string word_suffix = read_string(model, "end_of_word_suffix", "");
+  const std::string unk_token = read_string(model, "unk_token", "");
 
-  // Normalizer: none or NFC.
-  bool nfc = false;
-  if (auto n = root.find("normalizer"); n != root.end() && !n->is_null()) {
-    std::string t = Reader::type_of(*n);
-    const json* single = &*n;
-    if (t == "Sequence" && n->contains("normalizers") && (*n)["normalizers"].is_array()) {
-      const json& list = (*n)["normalizers"];
-      if (list.size() > 1)
-        return r.fail("normalizer.normalizers",
-                      "a sequence of several normalizers is not supported");
-      single = list.empty() ? nullptr : &list[0];
-      t = single ? Reader::type_of(*single) : "";
-    }
-    if (single && t != "NFC")
-      return r.fail("normalizer.type",
-                    "normalizer '" + t + "' is not supported (supported: none, NFC)");
-    nfc = single != nullptr;
-  }
+  auto normalizer = std::make_shared<HfNormalizer>();
+  if (auto n = root.find("normalizer"); n != root.end())
+    KILN_RETURN_IF_ERROR(read_normalizer(r, *n, "normalizer", normalizer.get()));
+  auto pretok = std::make_shared<HfPreTokenizer>();
+  if (auto pt = root.find("pre_tokenizer"); pt != root.end())
+    KILN_RETURN_IF_ERROR(read_pretokenizer(r, *pt, "pre_tokenizer", pretok.get()));
+  auto decoder = std::make_shared<HfDecoder>();
+  if (auto d = root.find("decoder"); d != root.end())
+    KILN_RETURN_IF_ERROR(read_decoder(r, *d, "decoder", decoder.get()));
 
-  // Pre-tokenizer.
-  bool prefix_space = false;
-  auto pt = root.find("pre_tokenizer");
-  KILN_ASSIGN_OR_RETURN(PretokenizerSpec pre,
-                        read_pretokenizer(r, pt == root.end() ? json() : *pt, &prefix_space));
-
-  // Decoder: none or ByteLevel (ids decode to their bytes).
-  if (auto d = root.find("decoder"); d != root.end() && !d->is_null()) {
-    std::string t = Reader::type_of(*d);
-    if (t != "ByteLevel")
-      return r.fail("decoder.type", "decoder '" + t + "' is not supported (supported: ByteLevel)");
+  // Byte-level BPE (GPT-2's family: a ByteLevel pre-tokenizer, tokens spelled in GPT-2's byte
+  // alphabet), else SentencePiece-style BPE over characters (Llama 2, Gemma).
+  const bool byte_level =
+      !pretok->steps.empty() && pretok->steps.back().kind == PreTokenizerStep::kByteLevel;
+  if (byte_level && (!subword_prefix.empty() || !word_suffix.empty()))
+    return r.fail(
+        subword_prefix.empty() ? "model.end_of_word_suffix" : "model.continuing_subword_prefix",
+        "a subword prefix or word suffix with byte-level BPE is not supported");
+  // The fast path: ByteLevel alone, or one Split (Isolated) before a ByteLevel without regex.
+  PretokenizerSpec pre;
+  bool prefix_space = false, fast = false;
+  const auto& steps = pretok->steps;
+  if (steps.size() == 1 && byte_level && steps[0].use_regex) {
+    KILN_ASSIGN_OR_RETURN(pre, pretokenizer_for_pattern(gpt2_pattern()));
+    prefix_space = steps[0].add_prefix_space;
+    fast = true;
+  } else if (steps.size() == 2 && byte_level && !steps[1].use_regex && !steps[1].add_prefix_space &&
+             steps[0].kind == PreTokenizerStep::kSplit && steps[0].pattern.regex &&
+             steps[0].behavior == SplitBehavior::kIsolated && !steps[0].invert) {
+    auto spec = pretokenizer_for_pattern(steps[0].pattern.regex->pattern());
+    if (!spec.is_ok())
+      return std::move(spec).take_status().with_file(origin).with_key(
+          "pre_tokenizer.pretokenizers[0].pattern");
+    pre = std::move(spec).value();
+    fast = true;
+  } else if (steps.size() == 1 && byte_level && !steps[0].use_regex) {
+    // ByteLevel without a regex: the whole segment is one word. (Also the general path.)
   }
 
   // Vocabulary and merges.
@@ -258,10 +509,10 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
     }
   }
 
-  // Added tokens: special ones are text of their own (never found in documents); the others are
-  // found in the text before pre-tokenisation, as Hugging Face does.
+  // Added tokens: found in the text before pre-tokenisation, as Hugging Face does; the special
+  // ones only when the special tokens are parsed (Tokenizer::set_special_tokens).
   std::unordered_set<int64_t> literal_ids, special_ids;
-  std::array<std::vector<InlineToken>, 2> inline_tokens;
+  std::array<std::array<std::vector<AddedToken>, 2>, 2> added;  // [parse][pass]
   std::unordered_map<std::string, int64_t> special_by_text;
   if (auto at = root.find("added_tokens"); at != root.end() && !at->is_null()) {
     if (!at->is_array()) return r.fail("added_tokens", "not an array");
@@ -293,16 +544,21 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
       if (special) {
         special_ids.insert(id);
         special_by_text.emplace(content, id);
-      } else {  // normalized: Hugging Face's default is !special
-        InlineToken t;
-        t.id = uint32_t(id);
-        t.lstrip = flag(a, "lstrip", false);
-        t.rstrip = flag(a, "rstrip", false);
-        t.single_word = flag(a, "single_word", false);
-        const int pass = flag(a, "normalized", true) ? 1 : 0;
-        t.text = content;
-        inline_tokens[static_cast<size_t>(pass)].push_back(std::move(t));
       }
+      AddedToken t;
+      t.id = uint32_t(id);
+      t.lstrip = flag(a, "lstrip", false);
+      t.rstrip = flag(a, "rstrip", false);
+      t.single_word = flag(a, "single_word", false);
+      t.text = content;
+      const size_t pass = flag(a, "normalized", !special) ? 1 : 0;
+      // normalized tokens are matched as the normaliser writes them.
+      if (pass == 1 && !normalizer->steps.empty()) {
+        KILN_RETURN_IF_ERROR(normalizer->apply(content, &t.text));
+        if (t.text.empty()) continue;
+      }
+      if (!special) added[0][pass].push_back(t);
+      added[1][pass].push_back(std::move(t));
     }
   }
   for (int64_t id : special_ids) literal_ids.insert(id);
@@ -318,37 +574,70 @@ Result<Tokenizer> load_hf_tokenizer_json(std::string_view text, const std::strin
     if (auto it = special_by_text.find(name); it != special_by_text.end()) eos = it->second;
   }
 
-  KILN_ASSIGN_OR_RETURN(Tokenizer tok,
-                        build_byte_bpe(vocab, merges, literal_ids, special_ids, eos, std::move(pre),
-                                       origin, "model.vocab", "model.merges"));
+  // Hugging Face allows ids with gaps (GPT-4o: 200,000 tokens, then specials at 199,999 and
+  // 200,018): each unused id gets a placeholder that no text makes and that decodes to nothing.
+  std::vector<int64_t> gaps;
+  {
+    int64_t max_id = -1;
+    for (const auto& [t, id] : vocab) max_id = std::max(max_id, id);
+    if (max_id >= 0 && uint64_t(max_id) + 1 > vocab.size() && uint64_t(max_id) < limits.max_vocab) {
+      std::vector<uint8_t> used(size_t(max_id) + 1, 0);
+      for (const auto& [t, id] : vocab)
+        if (id >= 0) used[size_t(id)] = 1;
+      for (int64_t id = 0; id <= max_id; ++id)
+        if (!used[size_t(id)]) {
+          gaps.push_back(id);
+          vocab.emplace_back("\xFF\xFE<unused " + std::to_string(id) + ">", id);
+          literal_ids.insert(id);
+          special_ids.insert(id);
+        }
+    }
+  }
+  Tokenizer tok;
+  if (byte_level) {
+    KILN_ASSIGN_OR_RETURN(
+        tok, build_byte_bpe(vocab, merges, literal_ids, special_ids, eos, std::move(pre), origin,
+                            "model.vocab", "model.merges"));
+  } else {
+    KILN_ASSIGN_OR_RETURN(tok,
+                          build_char_bpe(vocab, merges, special_ids, eos, subword_prefix, origin));
+  }
   auto& impl = TokenizerAccess::impl(tok);
+  for (int64_t id : gaps) impl.tokens[size_t(id)].clear();
   impl.source = TokenizerSource::kHuggingFace;
   impl.hf_json = std::string(text);
-  impl.nfc = nfc;
+  if (!normalizer->steps.empty()) impl.normalizer = std::move(normalizer);
+  if (!fast) impl.pretokenizer = std::move(pretok);
+  if (!decoder->steps.empty()) impl.decoder = std::move(decoder);
   impl.prefix_space = prefix_space;
   impl.ignore_merges = ignore_merges;
-  if (ignore_merges) {
+  impl.char_level = !byte_level;
+  impl.byte_fallback = byte_fallback;
+  impl.fuse_unk = fuse_unk;
+  impl.subword_prefix = subword_prefix;
+  impl.word_suffix = word_suffix;
+  if (ignore_merges || !byte_level) {
     impl.whole_words.reserve(impl.tokens.size());
     for (size_t id = 0; id < impl.tokens.size(); ++id)
-      if (!literal_ids.count(int64_t(id))) impl.whole_words.emplace(impl.tokens[id], uint32_t(id));
+      if (!literal_ids.count(int64_t(id)) || !byte_level)
+        impl.whole_words.emplace(impl.tokens[id], uint32_t(id));
   }
-  // normalized tokens are matched as the normaliser writes them.
-  if (nfc)
-    for (auto& t : inline_tokens[1]) t.text = nfc_normalize(t.text);
-  for (size_t pass = 0; pass < 2; ++pass) {
-    impl.inline_tokens[pass] = std::move(inline_tokens[pass]);
-    const auto& list = impl.inline_tokens[pass];
-    auto& by_byte = impl.inline_by_byte[pass];
-    for (uint32_t k = 0; k < list.size(); ++k)
-      by_byte[static_cast<unsigned char>(list[k].text[0])].push_back(k);
-    for (auto& l : by_byte)
-      std::stable_sort(l.begin(), l.end(), [&](uint32_t a, uint32_t b) {
-        return list[a].text.size() > list[b].text.size();
-      });
+  if (!unk_token.empty()) {
+    auto it = vocab_ids.find(unk_token);
+    if (it == vocab_ids.end())
+      return r.fail("model.unk_token", "'" + unk_token + "' is not in the vocabulary");
+    impl.unk_id = it->second;
   }
-  if (!impl.inline_tokens[0].empty() || !impl.inline_tokens[1].empty()) {
-    impl.has_inline = true;
-  }
+  impl.fallback_ids.fill(-1);
+  if (!byte_level)
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      if (auto it = vocab_ids.find(name); it != vocab_ids.end()) impl.fallback_ids[b] = it->second;
+    }
+  for (size_t parse = 0; parse < 2; ++parse)
+    for (size_t pass = 0; pass < 2; ++pass)
+      impl.added[parse][pass] = AddedMatcher(std::move(added[parse][pass]));
   return tok;
 }
 
@@ -390,6 +679,7 @@ std::string Tokenizer::to_json() const {
       "\"add_prefix_space\": true, \"trim_offsets\": true, \"use_regex\": true},\n \"model\": "
       "{\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, \"continuing_subword_prefix\": "
       "null, \"end_of_word_suffix\": null, \"fuse_unk\": false, \"byte_fallback\": false,\n  ";
+  if (m.ignore_merges) out += "\"ignore_merges\": true,\n  ";
   append_vocab_and_merges(out, *this, "  ");
   out += "}}\n";
   return out;

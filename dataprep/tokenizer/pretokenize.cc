@@ -5,6 +5,7 @@
 #include <array>
 
 #include "dataprep/tokenizer/regex_split.h"
+#include "dataprep/tokenizer/unicode_data.h"
 
 namespace kiln::prep {
 namespace {
@@ -17,33 +18,15 @@ struct Ch {
   int32_t cp;   // -1 for an invalid byte
 };
 
-bool is_white_space(int32_t cp) {
-  // Unicode White_Space property (what \s means in the `regex` module GPT-2 used).
-  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-         cp == 0x205F || cp == 0x3000;
-}
-
+// Categories of Unicode 16.0, as the regex engine of Hugging Face tokenizers has them
+// (unicode_data.h); \s is Unicode White_Space (as in the `regex` module GPT-2 used).
 Cls classify_cp(int32_t cp, bool kiln) {
-  if (is_white_space(cp)) return kSpace;
-  switch (utf8proc_category(cp)) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO:
-      return (kiln && is_cjk_codepoint(cp)) ? kCjk : kLetter;
-    case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_NO:
-      return kNumber;
-    case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC:
-    case UTF8PROC_CATEGORY_ME:
-      return kiln ? kLetter : kOther;
-    default:
-      return kOther;
-  }
+  if (unicode::is_white_space(cp)) return kSpace;
+  const unicode::Gc g = unicode::category(cp);
+  if (unicode::is_letter(g)) return (kiln && is_cjk_codepoint(cp)) ? kCjk : kLetter;
+  if (unicode::is_number(g)) return kNumber;
+  if (unicode::is_mark(g)) return kiln ? kLetter : kOther;
+  return kOther;
 }
 
 std::array<Cls, 128> make_ascii_table() {
@@ -117,11 +100,7 @@ class Scanner {
     return i;
   }
 
-  static bool is_mark(int32_t cp) {
-    auto cat = utf8proc_category(cp);
-    return cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_MC ||
-           cat == UTF8PROC_CATEGORY_ME;
-  }
+  static bool is_mark(int32_t cp) { return unicode::is_mark(unicode::category(cp)); }
 
   size_t next_piece(size_t i) const {
     const size_t n = text_.size();
@@ -179,6 +158,10 @@ const char* pretokenizer_name(PretokenizerKind kind) {
 
 std::string gpt2_pattern() {
   return R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+}
+
+std::string llama3_pattern() {
+  return R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 }
 
 namespace {
@@ -257,6 +240,33 @@ Result<PretokenizerKind> parse_pretokenizer_name(std::string_view name) {
                       "' (expected gpt2 or kiln-v1)");
 }
 
+const PretokenizerSpec& llama3_pretokenizer() {
+  static const PretokenizerSpec spec = [] {
+    auto s = pretokenizer_for_pattern(llama3_pattern());
+    KILN_CHECK(s.is_ok(), "Llama 3's pre-tokenizer pattern does not compile");
+    return std::move(s).value();
+  }();
+  return spec;
+}
+
+Result<PretokenizerSpec> pretokenizer_by_name(std::string_view name, uint32_t cjk_chunk) {
+  if (name == "llama3" || name == "llama-bpe") return llama3_pretokenizer();
+  PretokenizerSpec spec;
+  if (name != "gpt2" && name != "kiln-v1")
+    return Status::data("unknown pre-tokenizer '" + std::string(name) +
+                        "' (expected llama3, gpt2 or kiln-v1)");
+  KILN_ASSIGN_OR_RETURN(spec.kind, parse_pretokenizer_name(name));
+  spec.cjk_chunk = spec.kind == PretokenizerKind::kKiln ? cjk_chunk : 0;
+  return spec;
+}
+
+std::string pretokenizer_label(const PretokenizerSpec& spec) {
+  if (spec.kind == PretokenizerKind::kRegex && spec.regex &&
+      spec.regex->pattern() == llama3_pattern())
+    return "llama3";
+  return pretokenizer_name(spec.kind);
+}
+
 bool is_cjk_codepoint(int32_t cp) {
   return (cp >= 0x3400 && cp <= 0x4DBF) ||    // CJK Extension A
          (cp >= 0x4E00 && cp <= 0x9FFF) ||    // CJK Unified Ideographs
@@ -269,13 +279,11 @@ bool is_cjk_codepoint(int32_t cp) {
          cp == 0x3005 || cp == 0x3006;        // 々 〆
 }
 
-void pretokenize(std::string_view text, const PretokenizerSpec& spec,
-                 std::vector<std::string_view>* out) {
-  if (spec.kind == PretokenizerKind::kRegex) {
-    spec.regex->split(text, out);
-    return;
-  }
+Status pretokenize(std::string_view text, const PretokenizerSpec& spec,
+                   std::vector<std::string_view>* out) {
+  if (spec.kind == PretokenizerKind::kRegex) return spec.regex->split(text, out);
   Scanner(text, spec).run(out);
+  return Status::ok();
 }
 
 }  // namespace kiln::prep

@@ -17,6 +17,11 @@
 //         - contractions match case-insensitively, and a whitespace run holding line breaks
 //           splits after its last line break ("\n\n    x" -> "\n\n", "   ", " x").
 //
+//  llama3 Llama 3's pattern (a kRegex spec, llama3_pattern()), the default for tokenizers Kiln
+//         trains: llama.cpp knows it as the pre-tokenizer "llama-bpe", Hugging Face tokenizers as
+//         a Split. Trained with it, a tokenizer also sets ignore_merges (a word in the vocabulary
+//         is one token), as Llama 3's tokenizer.json does and llama.cpp always does for it.
+//
 //  kRegex any regular expression (a Hugging Face `Split` pre-tokenizer, "Isolated"), matched by
 //         PCRE2 with JIT (regex_split.h). Both scanners above are also regular expressions
 //         (gpt2_pattern(), kiln_v1_pattern()): a tokenizer.json naming one of those exact patterns
@@ -50,6 +55,10 @@ struct PretokenizerSpec {
 // hand-written scanners implement exactly (on valid UTF-8).
 std::string gpt2_pattern();
 std::string kiln_v1_pattern(uint32_t cjk_chunk);
+// Llama 3's pre-tokenizer regex, exactly as its tokenizer.json writes it.
+std::string llama3_pattern();
+// The llama3 spec (compiled once), the default of TokenizerTrainOptions.
+const PretokenizerSpec& llama3_pretokenizer();
 // The pattern of any spec (kRegex: the one it was compiled from).
 std::string pretokenizer_pattern(const PretokenizerSpec& spec);
 // The spec for a pattern: a hand-written scanner when the pattern is exactly one of theirs (and
@@ -59,11 +68,17 @@ Result<PretokenizerSpec> pretokenizer_for_pattern(std::string_view pattern, bool
 // "gpt2" / "kiln-v1" / "regex".
 const char* pretokenizer_name(PretokenizerKind kind);
 Result<PretokenizerKind> parse_pretokenizer_name(std::string_view name);
+// A spec by name: "llama3" (also "llama-bpe"), "gpt2" or "kiln-v1" (with its cjk_chunk); data
+// error otherwise.
+Result<PretokenizerSpec> pretokenizer_by_name(std::string_view name, uint32_t cjk_chunk = 0);
+// What a spec is called: "gpt2", "kiln-v1", "llama3" (a regex that is exactly Llama 3's), or
+// "regex".
+std::string pretokenizer_label(const PretokenizerSpec& spec);
 
 // Appends the pieces of `text` to *out (views into `text`). The pieces are non-empty and
-// concatenate to `text`.
-void pretokenize(std::string_view text, const PretokenizerSpec& spec,
-                 std::vector<std::string_view>* out);
+// concatenate to `text`. A data error only when a regex gives up (RegexSplitter::split).
+Status pretokenize(std::string_view text, const PretokenizerSpec& spec,
+                   std::vector<std::string_view>* out);
 
 // True for a code point in the CJK ranges used by kKiln (and by the `zh` tagging rule).
 bool is_cjk_codepoint(int32_t cp);

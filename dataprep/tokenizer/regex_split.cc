@@ -3,6 +3,11 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
+#include <cstdio>
+
+#include "dataprep/tokenizer/unicode_data.h"
+
 namespace kiln::prep {
 namespace {
 
@@ -12,6 +17,46 @@ constexpr const char* kSpaceBody =
     "\\x{205F}\\x{3000}";
 constexpr const char* kWordBody = "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
 constexpr const char* kHexBody = "0-9a-fA-F";
+
+// The code points of a category that Unicode 16.0 (Oniguruma's tables) has and PCRE2 10.42's
+// Unicode 14.0 lacks, as a character-class body.
+std::string added_body(std::string_view cat) {
+  std::string out;
+  char buf[40];
+  for (unicode::CpRange r : unicode::added_since_pcre2(cat)) {
+    if (r.lo == r.hi)
+      std::snprintf(buf, sizeof buf, "\\x{%X}", unsigned(r.lo));
+    else
+      std::snprintf(buf, sizeof buf, "\\x{%X}-\\x{%X}", unsigned(r.lo), unsigned(r.hi));
+    out += buf;
+  }
+  return out;
+}
+
+// The category name of a \p escape at p[i] (p[i] is 'p' or 'P'): sets *len to the characters
+// after the backslash it spans, *negated for \P or \p{^..}. "" when not a short category name.
+std::string category_escape(std::string_view p, size_t i, size_t* len, bool* negated) {
+  *negated = p[i] == 'P';
+  if (i + 1 >= p.size()) return "";
+  if (p[i + 1] != '{') {
+    *len = 2;
+    return std::string(1, p[i + 1]);
+  }
+  size_t close = p.find('}', i + 2);
+  if (close == std::string_view::npos) return "";
+  std::string name(p.substr(i + 2, close - i - 2));
+  *len = close - i + 1;
+  if (!name.empty() && name[0] == '^') {
+    *negated = !*negated;
+    name.erase(0, 1);
+  }
+  static const char* kNames[] = {"L",  "Lu", "Ll", "Lt", "Lm", "Lo", "M",  "Mn", "Mc", "Me", "N",
+                                 "Nd", "Nl", "No", "P",  "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po",
+                                 "S",  "Sm", "Sc", "Sk", "So", "Z",  "Zs", "Zl", "Zp"};
+  for (const char* n : kNames)
+    if (name == n) return name;
+  return "";
+}
 
 // Per-thread PCRE2 state: match data for one pair (the whole match is all a split needs) and a
 // JIT stack larger than the default 32 KiB, for long runs under look-arounds.
@@ -58,8 +103,25 @@ Result<std::string> oniguruma_to_pcre2(std::string_view p) {
     if (c == '\\' && i + 1 < p.size()) {
       char e = p[i + 1];
       ++i;
-      const char* body = e == 's' || e == 'S'   ? kSpaceBody
-                         : e == 'w' || e == 'W' ? kWordBody
+      std::string cat_body;
+      bool cat_negated = false;
+      if (e == 'p' || e == 'P') {
+        size_t len = 0;
+        std::string cat = category_escape(p, i, &len, &cat_negated);
+        if (!cat.empty()) {
+          cat_body = "\\p{" + cat + "}" + added_body(cat);
+          i += len - 1;
+        }
+      } else if (e == 'd' || e == 'D') {
+        cat_body = "\\p{Nd}" + added_body("Nd");
+        cat_negated = e == 'D';
+      } else if (e == 'w' || e == 'W') {
+        cat_body = std::string(kWordBody) + added_body("L") + added_body("M") + added_body("Nd") +
+                   added_body("Pc");
+        cat_negated = e == 'W';
+      }
+      const char* body = !cat_body.empty()      ? cat_body.c_str()
+                         : e == 's' || e == 'S' ? kSpaceBody
                          : e == 'h' || e == 'H' ? kHexBody
                                                 : nullptr;
       if (e == 'Q')
@@ -69,7 +131,7 @@ Result<std::string> oniguruma_to_pcre2(std::string_view p) {
         out += e;
         continue;
       }
-      const bool negated = e == 'S' || e == 'W' || e == 'H';
+      const bool negated = !cat_body.empty() ? cat_negated : e == 'S' || e == 'H';
       if (depth > 0) {
         if (negated)
           return Status::data(std::string("\\") + e +
@@ -120,37 +182,68 @@ Result<std::shared_ptr<const RegexSplitter>> RegexSplitter::compile(std::string_
 
 RegexSplitter::~RegexSplitter() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-void RegexSplitter::split(std::string_view text, std::vector<std::string_view>* out) const {
+namespace {
+// PCRE2's match limit for one search from `pos`: generous for linear work on the rest of the text,
+// small enough that catastrophic backtracking ends in well under a second.
+uint32_t match_limit(size_t remaining) {
+  return uint32_t(std::min<uint64_t>(10'000'000 + 64 * uint64_t(remaining), 2'000'000'000));
+}
+}  // namespace
+
+Status RegexSplitter::find_matches(std::string_view text,
+                                   std::vector<std::pair<size_t, size_t>>* out) const {
   auto* code = static_cast<const pcre2_code*>(code_);
   MatchState& st = match_state();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   const size_t n = text.size();
-  size_t pos = 0, prev = 0;
-  while (pos < n) {
+  size_t pos = 0;
+  size_t last_end = SIZE_MAX;  // end of the last match (an empty match there is skipped)
+  while (pos <= n) {
+    pcre2_set_match_limit(st.context, match_limit(n - pos));
     int rc = jit_ ? pcre2_jit_match(code, subject, n, pos, 0, st.data, st.context)
                   : pcre2_match(code, subject, n, pos, 0, st.data, st.context);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)  // the interpreter (heap memory) instead
+      rc = pcre2_match(code, subject, n, pos, 0, st.data, st.context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0 && jit_)  // e.g. the JIT stack ran out: the interpreter (heap memory) instead
-      rc = pcre2_match(code, subject, n, pos, 0, st.data, nullptr);
     if (rc < 0) {
-      // Nothing matched here (an error of the engine): this character is a piece of its own.
-      size_t len = char_len(text, pos);
-      if (pos > prev) out->push_back(text.substr(prev, pos - prev));
-      out->push_back(text.substr(pos, len));
-      prev = pos = pos + len;
-      continue;
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      return Status::data("pre-tokenizer pattern '" + pattern_ + "' failed at byte " +
+                          std::to_string(pos) + " of a " + std::to_string(n) +
+                          "-byte text: " + reinterpret_cast<const char*>(msg) +
+                          (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+                                   rc == PCRE2_ERROR_HEAPLIMIT
+                               ? " (catastrophic backtracking: the pattern needs exponential "
+                                 "time on this text)"
+                               : ""));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.data);
     size_t s = ov[0], e = ov[1];
-    if (e <= s) {  // empty match: skipped
-      pos = s + (s < n ? char_len(text, s) : 1);
+    if (e <= s) {  // an empty match: kept (as Oniguruma's iteration), unless right after a match
+      if (s != last_end) out->emplace_back(s, s);
+      if (s >= n) break;
+      pos = s + char_len(text, s);
       continue;
     }
+    out->emplace_back(s, e);
+    last_end = pos = e;
+  }
+  return Status::ok();
+}
+
+Status RegexSplitter::split(std::string_view text, std::vector<std::string_view>* out) const {
+  thread_local std::vector<std::pair<size_t, size_t>> matches;
+  matches.clear();
+  KILN_RETURN_IF_ERROR(find_matches(text, &matches));
+  size_t prev = 0;
+  for (auto [s, e] : matches) {
+    if (e == s) continue;
     if (s > prev) out->push_back(text.substr(prev, s - prev));
     out->push_back(text.substr(s, e - s));
-    prev = pos = e;
+    prev = e;
   }
-  if (prev < n) out->push_back(text.substr(prev));
+  if (prev < text.size()) out->push_back(text.substr(prev));
+  return Status::ok();
 }
 
 }  // namespace kiln::prep

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -36,7 +37,12 @@ class RegexSplitter {
   RegexSplitter& operator=(const RegexSplitter&) = delete;
 
   // Appends the pieces of `text` (non-empty views into it, concatenating to it) to *out.
-  void split(std::string_view text, std::vector<std::string_view>* out) const;
+  // A data error naming the pattern when PCRE2 gives up (its match limit: catastrophic
+  // backtracking, about a second at most).
+  Status split(std::string_view text, std::vector<std::string_view>* out) const;
+  // The matches [start, end) in order, as Oniguruma's iteration finds them: an empty match is
+  // kept except right at the end of the previous match. Errors as split().
+  Status find_matches(std::string_view text, std::vector<std::pair<size_t, size_t>>* out) const;
 
   const std::string& pattern() const { return pattern_; }  // as given (before rewriting)
   bool jit() const { return jit_; }

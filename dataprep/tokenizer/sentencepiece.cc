@@ -2,6 +2,7 @@
 // (Debian libsentencepiece-dev). Encoding and decoding are the library's own; Kiln adds no BOS.
 #include <sentencepiece_processor.h>
 
+#include "dataprep/tokenizer/charsmap.h"
 #include "dataprep/tokenizer/tokenizer.h"
 #include "dataprep/tokenizer/tokenizer_impl.h"
 
@@ -14,6 +15,13 @@ Result<Tokenizer> Tokenizer::from_sentencepiece(std::string bytes, const std::st
 
 Result<Tokenizer> load_sentencepiece(std::string bytes, const std::string& origin,
                                      const TokenizerLimits& limits) {
+  // The library trusts the normalizer's charsmap (a corrupt one crashes it): the protobuf's
+  // lengths and the charsmaps' tries are checked first.
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || bytes[first] != '{') {
+    Status valid = validate_sentencepiece_model(bytes);
+    if (!valid.is_ok()) return std::move(valid).with_file(origin);
+  }
   auto sp = std::make_shared<sentencepiece::SentencePieceProcessor>();
   auto st = sp->LoadFromSerializedProto(bytes);
   if (!st.ok())
@@ -38,6 +46,12 @@ Result<Tokenizer> load_sentencepiece(std::string bytes, const std::string& origi
     impl.special[id] = sp->IsControl(id) || sp->IsUnknown(id) ? 1 : 0;
   }
   impl.eos_id = sp->eos_id() >= 0 && sp->eos_id() < n ? sp->eos_id() : -1;
+  // --special-tokens parse: the control pieces' text (<s>, </s>) in the input are their ids.
+  std::vector<AddedToken> controls;
+  for (int id = 0; id < n; ++id)
+    if (sp->IsControl(id) && !impl.tokens[id].empty())
+      controls.push_back({impl.tokens[id], uint32_t(id), false, false, false});
+  impl.added[1][0] = AddedMatcher(std::move(controls));
   impl.sp = std::move(sp);
   impl.sp_model = std::move(bytes);
   return tok;

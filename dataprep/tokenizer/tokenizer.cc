@@ -109,37 +109,6 @@ void WordCache::reset() {
   size_ = 0;
 }
 
-std::string nfc_normalize(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    // The longest valid UTF-8 run from i, then the invalid byte after it (kept as it is).
-    size_t j = i;
-    while (j < text.size()) {
-      utf8proc_int32_t cp;
-      auto len = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + j),
-                                  static_cast<utf8proc_ssize_t>(text.size() - j), &cp);
-      if (len <= 0) break;
-      j += size_t(len);
-    }
-    if (j > i) {
-      utf8proc_uint8_t* mapped = nullptr;
-      auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + i),
-                            static_cast<utf8proc_ssize_t>(j - i), &mapped,
-                            utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-      if (n >= 0)
-        out.append(reinterpret_cast<const char*>(mapped), size_t(n));
-      else
-        out.append(text.substr(i, j - i));
-      std::free(mapped);
-    }
-    if (j < text.size()) out.push_back(text[j++]);
-    i = j;
-  }
-  return out;
-}
-
 std::string bytes_to_gpt2_unicode(std::string_view bytes) {
   const auto& t = byte_unicode();
   std::string out;
@@ -169,175 +138,143 @@ Result<std::string> gpt2_unicode_to_bytes(std::string_view text) {
 
 // ---- encoding ----------------------------------------------------------------------------------
 
-void Tokenizer::Impl::encode_pieces(std::string_view text, std::vector<uint32_t>* out) const {
-  thread_local std::vector<std::string_view> pieces;
-  pieces.clear();
-  pretokenize(text, pre, &pieces);
-  WordCache& cache = caches.local();
-  for (std::string_view piece : pieces) {
-    if (piece.size() == 1) {  // a single byte is its own token
-      out->push_back(model.byte_ids()[static_cast<unsigned char>(piece[0])]);
+void Tokenizer::Impl::encode_chars(std::string_view word, std::vector<uint32_t>* out) const {
+  thread_local std::vector<uint32_t> symbols;
+  symbols.clear();
+  int64_t unk = -1;  // a pending unk token (fused with the next unknown characters)
+  std::string piece;
+  size_t len = 0;
+  for (size_t i = 0; i < word.size(); i += len) {
+    len = 1;
+    auto b = static_cast<unsigned char>(word[i]);
+    if (b >= 0x80) {
+      utf8proc_int32_t cp;
+      auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(word.data() + i),
+                                static_cast<utf8proc_ssize_t>(word.size() - i), &cp);
+      len = n > 0 ? size_t(n) : 1;
+    }
+    piece.clear();
+    if (i > 0) piece += subword_prefix;
+    piece.append(word.substr(i, len));
+    if (i + len == word.size()) piece += word_suffix;
+    auto it = whole_words.find(piece);
+    if (it != whole_words.end()) {
+      if (unk >= 0) symbols.push_back(uint32_t(unk));
+      unk = -1;
+      symbols.push_back(it->second);
       continue;
     }
-    if (piece.size() > kMaxCachedWordBytes) {
-      if (ignore_merges) {
-        auto it = whole_words.find(std::string(piece));
-        if (it != whole_words.end()) {
-          out->push_back(it->second);
-          continue;
-        }
-      }
-      model.encode_word(piece, out);
-      continue;
-    }
-    uint64_t hash = xxh3_64(piece);
-    if (cache.find(piece, hash, out)) continue;
-    size_t before = out->size();
-    auto whole = ignore_merges ? whole_words.find(std::string(piece)) : whole_words.end();
-    if (whole != whole_words.end())
-      out->push_back(whole->second);
-    else
-      model.encode_word(piece, out);
-    cache.insert(piece, hash, out->data() + before, out->size() - before);
-  }
-}
-
-void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<uint32_t>* out) const {
-  if (text.empty()) return;
-  if (!nfc && !prefix_space) return encode_pieces(text, out);
-  std::string s = nfc ? nfc_normalize(text) : std::string(text);
-  if (prefix_space && s[0] != ' ') s.insert(s.begin(), ' ');
-  encode_pieces(s, out);
-}
-
-void Tokenizer::Impl::encode_normalized(std::string_view text, std::vector<uint32_t>* out) const {
-  if (text.empty()) return;
-  if (!prefix_space || text[0] == ' ') return encode_pieces(text, out);
-  encode_pieces(" " + std::string(text), out);
-}
-
-namespace {
-
-// The code point that ends / starts text (valid UTF-8 assumed; -1 when empty).
-int32_t last_code_point(std::string_view text) {
-  if (text.empty()) return -1;
-  size_t i = text.size() - 1;
-  while (i > 0 && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80) --i;
-  utf8proc_int32_t c = -1;
-  utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + i),
-                   static_cast<utf8proc_ssize_t>(text.size() - i), &c);
-  return c;
-}
-int32_t first_code_point(std::string_view text, size_t* len = nullptr) {
-  if (text.empty()) return -1;
-  utf8proc_int32_t c = -1;
-  const utf8proc_ssize_t n =
-      utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                       static_cast<utf8proc_ssize_t>(text.size()), &c);
-  if (len) *len = n > 0 ? static_cast<size_t>(n) : 1;
-  return c;
-}
-
-// Unicode's White_Space property (Rust regex \s).
-bool is_white_space(int32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
-}
-
-// Rust regex \w: Alphabetic, marks, decimal digits, connector punctuation, Join_Control.
-// Alphabetic is taken as the letters, Nl and the Other_Alphabetic symbols (circled and squared
-// Latin letters); its other Other_Alphabetic code points are marks.
-bool is_word_char(int32_t c) {
-  if (c < 0) return false;
-  if (c < 0x80)
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-  if (c == 0x200C || c == 0x200D) return true;
-  if ((c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) ||
-      (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189))
-    return true;
-  switch (utf8proc_category(c)) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO:
-    case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC:
-    case UTF8PROC_CATEGORY_ME:
-    case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_PC:
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
-template <class Gap>
-void Tokenizer::Impl::split_added(std::string_view text, int pass, std::vector<uint32_t>* out,
-                                  const Gap& gap) const {
-  const auto& tokens = inline_tokens[static_cast<size_t>(pass)];
-  const auto& by_byte = inline_by_byte[static_cast<size_t>(pass)];
-  size_t start_offset = 0;  // the end of the last match taken (stripped whitespace included)
-  size_t i = 0;             // where the next match is looked for: after the last match found
-  while (i < text.size()) {
-    const InlineToken* found = nullptr;
-    for (uint32_t k : by_byte[static_cast<unsigned char>(text[i])]) {
-      if (text.compare(i, tokens[k].text.size(), tokens[k].text) == 0) {
-        found = &tokens[k];
-        break;
+    if (byte_fallback) {
+      bool all = true;
+      for (unsigned char c : piece) all = all && fallback_ids[c] >= 0;
+      if (all) {
+        for (unsigned char c : piece) symbols.push_back(uint32_t(fallback_ids[c]));
+        continue;
       }
     }
-    if (!found) {
-      ++i;
-      continue;
+    if (unk_id >= 0) {
+      if (unk >= 0 && !fuse_unk) symbols.push_back(uint32_t(unk));
+      unk = unk_id;
     }
-    size_t start = i, stop = i + found->text.size();
-    i = stop;
-    if (found->single_word && (is_word_char(last_code_point(text.substr(0, start))) ||
-                               is_word_char(first_code_point(text.substr(stop)))))
-      continue;
-    if (found->lstrip) {
-      size_t s = start;
-      while (s > start_offset) {
-        size_t b = s - 1;
-        while (b > 0 && (static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) --b;
-        if (!is_white_space(first_code_point(text.substr(b, s - b)))) break;
-        s = b;
-      }
-      start = s;
-    }
-    if (found->rstrip) {
-      size_t len = 0;
-      while (stop < text.size() && is_white_space(first_code_point(text.substr(stop), &len)))
-        stop += len;
-    }
-    start = std::max(start, start_offset);  // (a match inside the last one's stripped spaces)
-    if (start_offset < start) gap(text.substr(start_offset, start - start_offset));
-    out->push_back(found->id);
-    start_offset = stop;
   }
-  if (start_offset < text.size()) gap(text.substr(start_offset));
+  if (unk >= 0) symbols.push_back(uint32_t(unk));
+  model.encode_symbols(symbols.data(), symbols.size(), out);
 }
 
-void Tokenizer::Impl::encode(std::string_view text, std::vector<uint32_t>* out) const {
-  if (sp) {
-    // A failure of the library here would be an internal error: it encodes any bytes.
-    Status st = sentencepiece_encode(*sp, text, out);
-    if (!st.is_ok()) KILN_LOG_ERROR("sentencepiece: {}", st.message());
+void Tokenizer::Impl::encode_word_uncached(std::string_view word,
+                                           std::vector<uint32_t>* out) const {
+  if (ignore_merges) {
+    auto it = whole_words.find(std::string(word));
+    if (it != whole_words.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
+  if (char_level) return encode_chars(word, out);
+  model.encode_word(word, out);
+}
+
+void Tokenizer::Impl::encode_word(std::string_view word, WordCache& cache,
+                                  std::vector<uint32_t>* out) const {
+  if (word.size() == 1 && !char_level) {  // a single byte is its own token
+    out->push_back(model.byte_ids()[static_cast<unsigned char>(word[0])]);
     return;
   }
-  if (!has_inline) return encode_segment(text, out);
+  if (word.size() > kMaxCachedWordBytes) return encode_word_uncached(word, out);
+  uint64_t hash = xxh3_64(word);
+  if (cache.find(word, hash, out)) return;
+  size_t before = out->size();
+  encode_word_uncached(word, out);
+  cache.insert(word, hash, out->data() + before, out->size() - before);
+}
+
+Status Tokenizer::Impl::encode_normalized(std::string_view text, bool first,
+                                          std::vector<uint32_t>* out) const {
+  if (text.empty()) return Status::ok();
+  WordCache& cache = caches.local();
+  if (pretokenizer) {
+    thread_local std::vector<Piece> pieces;
+    pieces.clear();
+    KILN_RETURN_IF_ERROR(pretokenizer->apply(text, first, &pieces));
+    for (const Piece& p : pieces) encode_word(p.text, cache, out);
+    return Status::ok();
+  }
+  std::string spaced;
+  if (prefix_space && text[0] != ' ') {
+    spaced = " " + std::string(text);
+    text = spaced;
+  }
+  thread_local std::vector<std::string_view> views;
+  views.clear();
+  KILN_RETURN_IF_ERROR(pretokenize(text, pre, &views));
+  for (std::string_view piece : views) encode_word(piece, cache, out);
+  return Status::ok();
+}
+
+Status Tokenizer::Impl::encode_segment(std::string_view text, bool first,
+                                       std::vector<uint32_t>* out) const {
+  if (text.empty()) return Status::ok();
+  if (!normalizer) return encode_normalized(text, first, out);
+  std::string norm;
+  KILN_RETURN_IF_ERROR(normalizer->apply(text, &norm));
+  return encode_normalized(norm, first, out);
+}
+
+Status Tokenizer::Impl::encode(std::string_view text, std::vector<uint32_t>* out) const {
+  if (sp) return encode_sentencepiece(text, out);
+  if (!has_added(parse_special)) return encode_segment(text, true, out);
   // Added tokens are cut out first, as Hugging Face does: those matched in the raw text, then in
   // each piece between them, normalised, those matched in normalised text.
-  split_added(text, 0, out, [&](std::string_view raw) {
-    if (inline_tokens[1].empty()) return encode_segment(raw, out);
-    const std::string norm = nfc ? nfc_normalize(raw) : std::string(raw);
-    split_added(norm, 1, out, [&](std::string_view piece) { encode_normalized(piece, out); });
+  const auto& m = added[parse_special];
+  Status st = Status::ok();
+  m[0].split(text, out, [&](std::string_view raw, size_t off) {
+    if (!st.is_ok()) return;
+    if (m[1].empty()) {
+      st = encode_segment(raw, off == 0, out);
+      return;
+    }
+    std::string norm(raw);
+    if (normalizer) {
+      st = normalizer->apply(raw, &norm);
+      if (!st.is_ok()) return;
+    }
+    m[1].split(norm, out, [&](std::string_view piece, size_t off2) {
+      if (st.is_ok()) st = encode_normalized(piece, off == 0 && off2 == 0, out);
+    });
   });
+  return st;
+}
+
+Status Tokenizer::Impl::encode_sentencepiece(std::string_view text,
+                                             std::vector<uint32_t>* out) const {
+  // With parse_special, the control pieces' text (<s>, </s>) become their ids, the library
+  // encoding the text between them.
+  if (!parse_special || added[1][0].empty()) return sentencepiece_encode(*sp, text, out);
+  Status st = Status::ok();
+  added[1][0].split(text, out, [&](std::string_view gap, size_t) {
+    if (st.is_ok()) st = sentencepiece_encode(*sp, gap, out);
+  });
+  return st;
 }
 
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
@@ -358,15 +295,30 @@ int64_t Tokenizer::special_id(std::string_view text) const {
   return -1;
 }
 
-void Tokenizer::encode(std::string_view text, std::vector<uint32_t>* out) const {
-  impl_->encode(text, out);
+Status Tokenizer::encode(std::string_view text, std::vector<uint32_t>* out) const {
+  return impl_->encode(text, out);
 }
 
 std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<uint32_t> out;
   out.reserve(text.size() / 3 + 4);
-  impl_->encode(text, &out);
+  if (Status st = impl_->encode(text, &out); !st.is_ok())
+    KILN_LOG_ERROR("tokenizer: {}", st.message());
   return out;
+}
+
+void Tokenizer::set_special_tokens(SpecialTokens mode) {
+  impl_->parse_special = mode == SpecialTokens::kParse;
+}
+
+SpecialTokens Tokenizer::special_tokens() const {
+  return impl_->parse_special ? SpecialTokens::kParse : SpecialTokens::kText;
+}
+
+Result<SpecialTokens> parse_special_tokens(std::string_view name) {
+  if (name == "text") return SpecialTokens::kText;
+  if (name == "parse") return SpecialTokens::kParse;
+  return Status::usage("special tokens must be 'text' or 'parse', not '" + std::string(name) + "'");
 }
 
 std::vector<std::vector<uint32_t>> Tokenizer::encode_batch(
@@ -390,10 +342,19 @@ Result<std::string> Tokenizer::decode(std::span<const uint32_t> ids) const {
     out += impl_->tokens[ids[i]];
   }
   if (impl_->sp) return sentencepiece_decode(*impl_->sp, ids);
+  if (impl_->char_level && impl_->decoder) {
+    std::vector<std::string> pieces;
+    pieces.reserve(ids.size());
+    for (uint32_t id : ids) pieces.push_back(impl_->tokens[id]);
+    return impl_->decoder->decode(std::move(pieces));
+  }
   return out;
 }
 
-bool Tokenizer::round_trips() const { return !impl_->sp && !impl_->nfc && !impl_->prefix_space; }
+bool Tokenizer::round_trips() const {
+  return !impl_->sp && !impl_->normalizer && !impl_->prefix_space && !impl_->char_level &&
+         !impl_->pretokenizer;
+}
 
 const char* Tokenizer::kind() const {
   switch (impl_->source) {
@@ -456,6 +417,14 @@ Result<Tokenizer> Tokenizer::train(const std::vector<std::string_view>& texts,
   }
   impl.eos_id = num_special > 0 ? 0 : -1;
   impl.model = BpeModel(byte_ids, std::move(trained.merges));
+  // Llama 3's pre-tokenizer goes with ignore_merges, as in its tokenizer.json and in llama.cpp
+  // (which always applies it for "llama-bpe"): a word in the vocabulary is one token.
+  if (pretokenizer_label(impl.pre) == "llama3") {
+    impl.ignore_merges = true;
+    impl.whole_words.reserve(impl.tokens.size());
+    for (size_t id = num_special; id < impl.tokens.size(); ++id)
+      impl.whole_words.emplace(impl.tokens[id], uint32_t(id));
+  }
   return tok;
 }
 
@@ -557,8 +526,8 @@ Result<Tokenizer> build_byte_bpe(const std::vector<std::pair<std::string, int64_
 
 std::string Tokenizer::to_kiln_v1_json() const {
   const Impl& m = *impl_;
-  if (m.sp || m.pre.kind == PretokenizerKind::kRegex || m.nfc || m.prefix_space ||
-      m.ignore_merges || m.has_inline)
+  if (m.sp || m.pre.kind == PretokenizerKind::kRegex || m.normalizer || m.prefix_space ||
+      m.ignore_merges || m.has_added(true) || m.pretokenizer || m.char_level)
     return {};
   std::string out;
   out.reserve(m.tokens.size() * 24);

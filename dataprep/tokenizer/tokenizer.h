@@ -41,7 +41,7 @@ struct TokenizerTrainOptions {
   size_t vocab_size = 8192;  // including the special tokens and the 256 byte tokens
   std::vector<std::string> special_tokens = {kEndOfText};  // ids 0..; the first is the EOS
   uint64_t min_frequency = 2;  // stop merging when the best pair occurs fewer times
-  PretokenizerSpec pretokenizer;
+  PretokenizerSpec pretokenizer = llama3_pretokenizer();  // Llama 3's (llama.cpp's llama-bpe)
 };
 
 // Caps on what a tokenizer file may make Kiln build (checked right after the JSON is read, before
@@ -50,6 +50,10 @@ struct TokenizerLimits {
   uint64_t max_vocab = uint64_t{1} << 24;   // 16.8M tokens (GPT-4o has 200k)
   uint64_t max_merges = uint64_t{1} << 24;
 };
+
+enum class SpecialTokens { kText, kParse };
+// "text" / "parse"; usage error naming the value otherwise.
+Result<SpecialTokens> parse_special_tokens(std::string_view name);
 
 class Tokenizer {
  public:
@@ -93,9 +97,17 @@ class Tokenizer {
   // Writes the GPT-2 style pair (for other tools).
   Status save_gpt2(const std::string& vocab_json_path, const std::string& merges_txt_path) const;
 
-  // Appends the ids of `text` to *out.
-  void encode(std::string_view text, std::vector<uint32_t>* out) const;
+  // Appends the ids of `text` to *out. A data error only when a pre-tokenizer regex gives up
+  // (catastrophic backtracking), naming the pattern.
+  Status encode(std::string_view text, std::vector<uint32_t>* out) const;
+  // The same for text that cannot fail so (tests, tokenizers without a regex): an error is
+  // logged and the ids so far returned.
   std::vector<uint32_t> encode(std::string_view text) const;
+  // Special-token text in the input (e.g. "<|begin_of_text|>"): kText (the default) encodes it
+  // as ordinary text, so a document can never inject a special id; kParse makes it the special
+  // token's id, as Hugging Face's encode does (chat data).
+  void set_special_tokens(SpecialTokens mode);
+  SpecialTokens special_tokens() const;
   // Encodes many texts in parallel (oneTBB); result[i] belongs to texts[i].
   std::vector<std::vector<uint32_t>> encode_batch(const std::vector<std::string_view>& texts) const;
   // Data error naming the first id that is out of range.

@@ -14,7 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "dataprep/tokenizer/added_vocab.h"
 #include "dataprep/tokenizer/bpe.h"
+#include "dataprep/tokenizer/hf_pipeline.h"
 #include "dataprep/tokenizer/tokenizer.h"
 
 namespace sentencepiece {
@@ -50,13 +52,6 @@ class WordCache {
 // Which file a tokenizer came from (what save() writes back).
 enum class TokenizerSource { kKiln, kGpt2Pair, kHuggingFace, kSentencePiece };
 
-// A non-special added token of a tokenizer.json (Tokenizer::Impl::inline_tokens).
-struct InlineToken {
-  std::string text;
-  uint32_t id = 0;
-  bool lstrip = false, rstrip = false, single_word = false;
-};
-
 struct Tokenizer::Impl {
   TokenizerSource source = TokenizerSource::kKiln;
   PretokenizerSpec pre;
@@ -67,21 +62,31 @@ struct Tokenizer::Impl {
   BpeModel model;
 
   // Hugging Face tokenizer.json extras (all off for Kiln's own tokenizers).
-  std::string hf_json;         // the file as read: save() writes it back unchanged
-  bool nfc = false;            // normalizer NFC
-  bool prefix_space = false;   // ByteLevel add_prefix_space: " " before each segment
+  std::string hf_json;  // the file as read: save() writes it back unchanged
+  std::shared_ptr<const HfNormalizer> normalizer;  // null: none
+  // The pre-tokenizer when it is not the fast path (`pre`, with prefix_space); null: fast path.
+  std::shared_ptr<const HfPreTokenizer> pretokenizer;
+  std::shared_ptr<const HfDecoder> decoder;  // null: the tokens' bytes, concatenated
+  bool prefix_space = false;   // fast path: ByteLevel add_prefix_space: " " before each segment
   bool ignore_merges = false;  // BPE ignore_merges: a word in the vocabulary is one token
-  std::unordered_map<std::string, uint32_t> whole_words;  // ignore_merges: bytes -> id
-  // Non-special added tokens, found in the text before pre-tokenisation as Hugging Face's
-  // AddedVocabulary does (leftmost, then longest; the match iteration of its find_matches):
-  // first those with normalized false in the raw text ([0]), then those with normalized true in
-  // the normalised text between the first matches ([1]; their text normalised too). lstrip /
-  // rstrip take the whitespace (Unicode White_Space) before / after a match into the token;
-  // single_word drops a match with a word character (Rust regex \w) right before or after it.
-  std::array<std::vector<InlineToken>, 2> inline_tokens;
-  // Indices into inline_tokens[pass] by first byte, longest first.
-  std::array<std::array<std::vector<uint32_t>, 256>, 2> inline_by_byte;
-  bool has_inline = false;
+  std::unordered_map<std::string, uint32_t> whole_words;  // ignore_merges / char_level: text -> id
+
+  // SentencePiece-style BPE (no ByteLevel pre-tokenizer): the model's first symbols are the
+  // characters of a word (whole_words), else its bytes as <0xXX> tokens (byte_fallback), else
+  // unk (consecutive ones fused with fuse_unk); continuing_subword_prefix before every character
+  // but the first, end_of_word_suffix after the last.
+  bool char_level = false;
+  bool byte_fallback = false, fuse_unk = false;
+  std::array<int64_t, 256> fallback_ids{};  // -1 where the vocabulary lacks <0xXX>
+  int64_t unk_id = -1;
+  std::string subword_prefix, word_suffix;
+
+  // Added tokens found in the text before pre-tokenisation, as Hugging Face's AddedVocabulary
+  // does: added[parse][0] those with normalized false, in the raw text; added[parse][1] those
+  // with normalized true, in the normalised text between the first (their text normalised too).
+  // parse = 0: the non-special ones only (special-token text stays text); 1: all.
+  std::array<std::array<AddedMatcher, 2>, 2> added;
+  bool parse_special = false;
 
   // SentencePiece model (encode / decode go through the library); its serialized bytes.
   std::shared_ptr<const sentencepiece::SentencePieceProcessor> sp;
@@ -91,16 +96,16 @@ struct Tokenizer::Impl {
   // tokenizer alive at exit otherwise has its caches reported as leaked (docs/HARDENING.md).
   mutable tbb::enumerable_thread_specific<WordCache, std::allocator<WordCache>> caches;
 
-  void encode(std::string_view text, std::vector<uint32_t>* out) const;
-  void encode_segment(std::string_view text, std::vector<uint32_t>* out) const;
-  // encode_segment of text that is already normalised.
-  void encode_normalized(std::string_view text, std::vector<uint32_t>* out) const;
-  // The added tokens of pass 0/1 in text: gap(piece) for the text between matches, the id of each.
-  template <class Gap>
-  void split_added(std::string_view text, int pass, std::vector<uint32_t>* out,
-                   const Gap& gap) const;
-  void encode_pieces(std::string_view text, std::vector<uint32_t>* out) const;
-  void encode_sentencepiece(std::string_view text, std::vector<uint32_t>* out) const;
+  Status encode(std::string_view text, std::vector<uint32_t>* out) const;
+  // Text between added tokens: normalised, then encode_normalized. first: it starts the text.
+  Status encode_segment(std::string_view text, bool first, std::vector<uint32_t>* out) const;
+  Status encode_normalized(std::string_view text, bool first, std::vector<uint32_t>* out) const;
+  // One pre-token (cached per thread when short).
+  void encode_word(std::string_view word, WordCache& cache, std::vector<uint32_t>* out) const;
+  void encode_word_uncached(std::string_view word, std::vector<uint32_t>* out) const;
+  void encode_chars(std::string_view word, std::vector<uint32_t>* out) const;
+  Status encode_sentencepiece(std::string_view text, std::vector<uint32_t>* out) const;
+  bool has_added(bool parse) const { return !added[parse][0].empty() || !added[parse][1].empty(); }
 };
 
 // Access to Tokenizer internals for the builders in this folder.
@@ -140,8 +145,5 @@ Status sentencepiece_encode(const sentencepiece::SentencePieceProcessor& sp, std
                             std::vector<uint32_t>* out);
 Result<std::string> sentencepiece_decode(const sentencepiece::SentencePieceProcessor& sp,
                                          std::span<const uint32_t> ids);
-
-// NFC of the valid UTF-8 runs of `text` (invalid bytes are kept as they are).
-std::string nfc_normalize(std::string_view text);
 
 }  // namespace kiln::prep

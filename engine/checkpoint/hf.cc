@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "common/atomic_file.h"
+#include "common/bounded_read.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
@@ -48,6 +50,12 @@ constexpr const char* kGpt2Prefix = "transformer.";
 constexpr const char* kGpt2TiedHead = "lm_head.weight";
 
 constexpr double kLayerNormEps = 1e-5;  // kernels/ops.h layernorm_forward
+
+// The largest config.json / model.safetensors.index.json read (a Llama-405B index is about
+// 100 KiB), and the largest integer a config.json size field may hold (read_hf_config; the
+// model's own bounds are check_model_shape's).
+constexpr uint64_t kMaxHfJsonBytes = 64ull << 20;
+constexpr int64_t kMaxHfConfigInteger = int64_t{1} << 31;
 
 // Llama (transformers' LlamaForCausalLM state dict). Linear weights are (out, in) as in Kiln, so
 // nothing is transposed; Kiln's fused tensors are Hugging Face's separate ones stacked by rows:
@@ -203,7 +211,7 @@ bool is_hf_dir(const std::string& path) {
 
 Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info) {
   const std::string path = (fs::path(dir) / "config.json").string();
-  KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  KILN_ASSIGN_OR_RETURN(std::string text, read_file_capped(path, kMaxHfJsonBytes));
   auto parsed = parse_untrusted_json(text);
   if (!parsed.is_ok())
     return std::move(parsed).take_status().prefixed("config.json").with_file(path);
@@ -237,6 +245,12 @@ Result<ModelConfig> read_hf_config(const std::string& dir, HfModelInfo* info) {
       return refuse(field, "must be an integer, found " + shown(field));
     }
     if (*out <= 0) return refuse(field, "must be positive, found " + shown(field));
+    // (the model's own bounds are check_model_shape's; this one keeps the arithmetic on the
+    // fields here - 4 x n_embd, products of sizes - inside 64 bits)
+    if (*out > kMaxHfConfigInteger) {
+      return refuse(field, "is " + shown(field) + ", over the limit of " +
+                               std::to_string(kMaxHfConfigInteger) + " of any model Kiln builds");
+    }
     return Status::ok();
   };
   auto fill_info = [&](const ModelConfig& mm) {
@@ -413,8 +427,14 @@ struct HfSource::Impl {
   std::vector<char> raw;
   std::vector<float> block;
 
-  // n elements of `dtype` at raw as fp32.
+  // n elements of `dtype` at raw as fp32. Only the dtypes readable() accepts: every tensor's
+  // dtype is checked with it when the directory is opened (an unchecked U8 tensor once was read
+  // here as F16, twice the bytes its buffer held).
+  static bool readable(const std::string& dtype) {
+    return dtype == "F32" || dtype == "BF16" || dtype == "F16";
+  }
   static void widen(const std::string& dtype, const void* raw, size_t n, float* out) {
+    KILN_CHECK(readable(dtype), "HfSource: widen of unchecked dtype " + dtype);
     if (dtype == "F32") {
       std::memcpy(out, raw, n * sizeof(float));
     } else if (dtype == "BF16") {
@@ -422,6 +442,15 @@ struct HfSource::Impl {
     } else {
       cpu::cast(out, static_cast<const fp16*>(raw), n);
     }
+  }
+  // A data error naming the file and tensor when `dtype` is not one widen() reads.
+  static Status check_dtype(const SafetensorsFile& f, const std::string& name,
+                            const std::string& dtype) {
+    if (readable(dtype)) return Status::ok();
+    return Status::data("tensor " + name + " is stored as " + dtype +
+                        ": Kiln reads F32, BF16 or F16 weights")
+        .with_file(f.path())
+        .with_key(name);
   }
   Status read_whole(const Where& w, size_t first, size_t n, float* out);
   Status read_transposed(const Where& w, const ParamTensor& t, size_t first, size_t n, float* out);
@@ -486,7 +515,7 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
   std::error_code ec;
   const fs::path index_path = root / "model.safetensors.index.json";
   if (fs::exists(index_path, ec)) {
-    KILN_ASSIGN_OR_RETURN(std::string text, read_file(index_path.string()));
+    KILN_ASSIGN_OR_RETURN(std::string text, read_file_capped(index_path.string(), kMaxHfJsonBytes));
     auto parsed = parse_untrusted_json(text);
     if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(index_path.string());
     const nlohmann::json& j = *parsed;
@@ -551,15 +580,17 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
       w.transpose = part.transpose;
       w.first = part.first;
       w.numel = part.numel;
+      if (!w.file->has(found)) {
+        return Status::data("model.safetensors.index.json puts tensor " + found + " in " +
+                            weight_map.at(found) + ", which does not hold it")
+            .with_file(index_path.string())
+            .with_key("weight_map." + found);
+      }
       KILN_ASSIGN_OR_RETURN(auto info, w.file->info(found));
       w.dtype = info.first;
       w.shape = info.second;
       const std::vector<int64_t>& want = part.shape;
-      if (w.dtype != "F32" && w.dtype != "BF16" && w.dtype != "F16") {
-        return Status::data("dtype " + w.dtype + " (Kiln reads F32, BF16, F16)")
-            .with_file(w.file->path())
-            .with_key(found);
-      }
+      KILN_RETURN_IF_ERROR(Impl::check_dtype(*w.file, found, w.dtype));
       if (w.shape != want) {
         std::string sa = "[", sb = "[";
         for (size_t i = 0; i < w.shape.size(); ++i)
@@ -593,6 +624,7 @@ Result<std::unique_ptr<HfSource>> HfSource::open(const std::string& dir, const P
       const Impl::Where& wte = im.where[static_cast<size_t>(params.wte())].front();
       const SafetensorsFile& hf = im.files.at(weight_map.at(name));
       KILN_ASSIGN_OR_RETURN(auto info, hf.info(name));
+      KILN_RETURN_IF_ERROR(Impl::check_dtype(hf, name, info.first));
       if (info.second != wte.shape) {
         return Status::config(
                    "the LM head's shape differs from the token embedding's: Kiln ties "
@@ -825,7 +857,9 @@ Result<ModelWeights> open_model_weights(const std::string& path_in) {
         w.model.n_kv_heads = json_integer_at<int64_t>(j, "n_kv_heads");
         w.model.ffn_hidden = json_integer_at<int64_t>(j, "ffn_hidden");
         w.model.rope_theta = j.at("rope_theta").get<double>();
-        w.model.norm_eps = j.at("norm_eps").get<float>();
+        const double eps = j.at("norm_eps").get<double>();  // (a float cast of 1e300 is UB)
+        if (!(eps > 0 && eps < 1)) throw std::runtime_error("norm_eps must be in (0, 1)");
+        w.model.norm_eps = static_cast<float>(eps);
         w.model.tie_embeddings = j.at("tie_embeddings").get<bool>();
         w.model.bias = j.at("bias").get<bool>();
       }

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -254,6 +255,36 @@ Status SafetensorsFile::parse_header(std::string_view text, size_t data_size) {
           .with_key(it.key());
     }
     index_[it.key()] = e;
+  }
+  // The format's rule (the safetensors library's validate): the tensors' byte ranges, taken in
+  // order of their offsets, follow one another from 0 with no gap or overlap and end where the
+  // data section ends - two tensors cannot share bytes, and no bytes are left unaccounted for.
+  std::vector<std::pair<std::pair<size_t, size_t>, const std::string*>> ranges;
+  ranges.reserve(index_.size());
+  for (const auto& [name, e] : index_) ranges.push_back({{e.begin, e.end}, &name});
+  std::sort(ranges.begin(), ranges.end());
+  size_t at = 0;
+  for (const auto& [range, name] : ranges) {
+    if (range.first != at) {
+      return Status::data(range.first < at
+                              ? "data_offsets [" + std::to_string(range.first) + ", " +
+                                    std::to_string(range.second) +
+                                    ") overlap another tensor's bytes (which end at " +
+                                    std::to_string(at) + ")"
+                              : "data_offsets [" + std::to_string(range.first) + ", " +
+                                    std::to_string(range.second) + ") leave the bytes [" +
+                                    std::to_string(at) + ", " + std::to_string(range.first) +
+                                    ") of the data section to no tensor")
+          .with_file(path)
+          .with_key(*name);
+    }
+    at = range.second;
+  }
+  if (at != data_size) {
+    return Status::data("the tensors' data_offsets end at byte " + std::to_string(at) +
+                        " but the data section has " + std::to_string(data_size) +
+                        " bytes (truncated, or bytes no tensor accounts for)")
+        .with_file(path);
   }
   return Status::ok();
 }

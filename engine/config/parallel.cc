@@ -29,6 +29,15 @@ Status read_pp_layers(const Config& cfg, const std::string& key, ParallelConfig*
       return bad(key, "expected whole numbers of blocks");
     }
     if (v < 1) return bad(key, "every stage needs at least one block");
+    // Each entry at most model.n_layers' bound (2^16) and at most parallel.pp's bound (2^12)
+    // entries, so the sum in check_parallel_fits cannot overflow (as [2^63 - 1, 2^63 - 1, 6]
+    // once did, passing the sum check).
+    if (v > (int64_t{1} << 16)) {
+      return bad(key, fmt::format("a stage of {} blocks, more than model.n_layers can be", v));
+    }
+    if (p->pp_layers.size() >= (size_t{1} << 12)) {
+      return bad(key, "has more entries than parallel.pp can be");
+    }
     p->pp_layers.push_back(v);
   }
   return Status::ok();
@@ -93,7 +102,13 @@ Result<ParallelConfig> parse_parallel_config(const Config& cfg) {
 Status check_parallel_fits(const ParallelConfig& p, const ModelConfig& m) {
   if (!p.pp_layers.empty()) {
     int64_t total = 0;
-    for (int64_t v : p.pp_layers) total += v;
+    for (int64_t v : p.pp_layers) {
+      if (v > m.n_layers) {
+        return bad("parallel.pp_layers",
+                   fmt::format("a stage of {} blocks, model.n_layers is {}", v, m.n_layers));
+      }
+      total += v;
+    }
     if (total != m.n_layers) {
       return bad("parallel.pp_layers",
                  fmt::format("sums to {} blocks, model.n_layers is {}", total, m.n_layers));

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_read.h"
 #include "common/json.h"
 
 namespace kiln::engine {
@@ -57,8 +58,17 @@ Result<std::vector<McExample>> read_mc_tasks(const std::string& path) {
   std::vector<McExample> out;
   std::string line;
   long no = 0;
-  while (std::getline(in, line)) {
+  bool too_long = false;
+  // (a line is one example: 64 MiB is far past any; a file without newlines is refused unread)
+  constexpr size_t kMaxLine = size_t{64} << 20;
+  while (read_line_capped(in, kMaxLine, &line, &too_long)) {
     ++no;
+    if (too_long) {
+      return Status::data("a line longer than " + std::to_string(kMaxLine) +
+                          " bytes (a file without newlines?)")
+          .with_file(path)
+          .with_line(no);
+    }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     auto bad = [&](const std::string& field, const std::string& why) {
       return Status::data(why).with_file(path).with_line(no).with_key(field);

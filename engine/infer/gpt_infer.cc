@@ -1,11 +1,15 @@
 #include "engine/infer/gpt_infer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
 
 #include "common/cuda_module.h"
+#include "common/host_memory.h"
+#include "common/text.h"
 #include "engine/infer/gpt_infer_impl.h"
 #include "kernels/ops.h"
 
@@ -86,6 +90,53 @@ void cached_attention_cpu(float* out, const float* rows, float* scores, int p0, 
 }
 
 }  // namespace infer
+
+// ---- memory ----------------------------------------------------------------------------------
+
+uint64_t inference_memory_bytes(const ModelConfig& m, int64_t positions) {
+  // (ModelConfig is within check_model_shape's bounds: these products stay far below 2^64)
+  const uint64_t P = static_cast<uint64_t>(std::max<int64_t>(1, positions));
+  const uint64_t C = static_cast<uint64_t>(m.d_model), V = static_cast<uint64_t>(m.vocab_size);
+  const uint64_t QKV = static_cast<uint64_t>(m.qkv_width()), F = static_cast<uint64_t>(m.ffn());
+  const uint64_t FC = m.llama() ? 2 * F : F, NH = static_cast<uint64_t>(m.n_heads);
+  const uint64_t L = static_cast<uint64_t>(m.n_layers);
+  const uint64_t weights =
+      (V * C * (m.tie_embeddings ? 1 : 2) + (m.llama() ? 0 : static_cast<uint64_t>(m.seq_len) * C) +
+       L * (C * QKV + C * C + C * FC + F * C + 4 * C + QKV + FC) + 2 * C) *
+      4;
+  const uint64_t cache = L * P * QKV * 4;
+  // hidden()'s buffers for P rows (x, x2, ln, att, proj, h; qkv, fc, act, lse) and the scores of
+  // a cached step; the logits (one row per step; eval's chunks are 8 MiB).
+  const uint64_t acts = P * (6 * C + QKV + FC + F + NH) * 4 + NH * P * 4 * 2;
+  const uint64_t logits = std::max<uint64_t>(V * 4, uint64_t{8} << 20) + V * 4;
+  return weights + cache + acts + logits;
+}
+
+Status check_inference_memory(const ModelConfig& m, int64_t positions, Device device,
+                              const std::string& key, uint64_t extra_bytes) {
+  KILN_ASSIGN_OR_RETURN(Runtime * rt, runtime_for(device));
+  uint64_t have = 0;
+  std::string source;
+  const DeviceMemory dm = rt->memory();
+  if (dm.total > 0) {
+    have = dm.total > dm.used_by_process ? dm.total - dm.used_by_process : 0;
+    source = "free memory of " + rt->describe();
+  } else {
+    const HostMemory host = host_memory();
+    if (!host.known) return Status::ok();
+    have = host.available;
+    source = host.source;
+  }
+  const uint64_t need = inference_memory_bytes(m, positions) + extra_bytes;
+  if (need <= have) return Status::ok();
+  return Status::config(
+             fmt::format("{} positions of this model (d_model {}, {} layers, vocabulary {}) "
+                         "need about {} (weights, KV cache, activations), but {} has {}: "
+                         "fewer positions, or a smaller model",
+                         positions, m.d_model, m.n_layers, m.vocab_size, human_bytes(need), source,
+                         human_bytes(have)))
+      .with_key(key);
+}
 
 // ---- sampling ---------------------------------------------------------------------------------
 
@@ -180,7 +231,10 @@ Status generate(GptInference& model, const std::vector<int32_t>& prompt, const G
   std::vector<float> logits(static_cast<size_t>(m.vocab_size));
   std::vector<float> full;
   GptInference::Cache cache;
-  if (o.use_cache) cache = model.new_cache();
+  // The positions this call can reach: the prompt, then one per new token but the last.
+  const int64_t positions = std::min<int64_t>(
+      m.seq_len, static_cast<int64_t>(prompt.size()) + std::max<int64_t>(0, o.max_tokens));
+  if (o.use_cache) cache = model.new_cache(positions);
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   auto forward = [&](bool first) {

@@ -57,10 +57,14 @@ class GptInference {
   struct Cache {
     std::vector<DeviceArray<float>> rows;
     int64_t len = 0;
+    int64_t capacity = 0;  // positions it holds
   };
-  virtual Cache new_cache() = 0;
-  // Runs tokens[0, n) (host) at positions cache->len .. cache->len + n - 1 (at most seq_len in
-  // all), appending their rows; logits (V, host) of the last of them into `logits`.
+  // A cache of `positions` positions (1 .. seq_len; generate() sizes it by the prompt and the
+  // tokens asked for, not the model's context: 16M positions of a small model are 12 GiB).
+  virtual Cache new_cache(int64_t positions) = 0;
+  Cache new_cache() { return new_cache(m_.seq_len); }
+  // Runs tokens[0, n) (host) at positions cache->len .. cache->len + n - 1 (at most its
+  // capacity), appending their rows; logits (V, host) of the last of them into `logits`.
   virtual void step(const int32_t* tokens, int n, Cache* cache, float* logits) = 0;
   // The full forward of tokens[0, n) (n <= seq_len) without a cache: logits (n, V, host).
   virtual void forward_full(const int32_t* tokens, int n, float* logits) = 0;
@@ -110,6 +114,17 @@ struct GenerateStats {
   double prefill_s = 0, decode_s = 0;
   std::string stop;  // "eos", "max_tokens", "context" (seq_len reached)
 };
+// The bytes GptInference::load and a generate() of `positions` positions (prompt and new tokens,
+// at most seq_len) take on the device: the fp32 weights, the KV cache, the activations and
+// logits of a prompt of that length (an estimate, from the same sizes the code allocates).
+uint64_t inference_memory_bytes(const ModelConfig& model, int64_t positions);
+// kConfig naming `key` (the flag that sets the positions, e.g. --max-tokens) when that estimate
+// is over what `device` can have (host: common/host_memory.h; a GPU: its free memory), with the
+// figures; ok when nothing can be measured. Before anything large is allocated.
+// extra_bytes: more the caller will allocate (kiln generate --logits: the full forward's).
+Status check_inference_memory(const ModelConfig& model, int64_t positions, Device device,
+                              const std::string& key, uint64_t extra_bytes = 0);
+
 // Generates after `prompt` (non-empty, at most seq_len tokens), calling on_token for each new id
 // as it is made.
 Status generate(GptInference& model, const std::vector<int32_t>& prompt,

@@ -73,9 +73,11 @@ class GptInferenceOn final : public GptInference {
 
   Device device() const override { return K::kDevice; }
 
-  Cache new_cache() override {
+  Cache new_cache(int64_t positions) override {
+    KILN_CHECK(positions >= 1 && positions <= m_.seq_len, "GptInference: cache positions");
     Cache c;
-    const size_t per = static_cast<size_t>(m_.seq_len * m_.qkv_width());
+    c.capacity = positions;
+    const size_t per = static_cast<size_t>(positions * m_.qkv_width());
     c.rows.resize(static_cast<size_t>(m_.n_layers));
     for (auto& r : c.rows) r.reset(rt_, per, "kv cache");
     return c;
@@ -147,7 +149,8 @@ class GptInferenceOn final : public GptInference {
     const int F = static_cast<int>(m_.ffn()), FC = m_.llama() ? 2 * F : F;
     const bool llama = m_.llama();
     const int p0 = cache ? static_cast<int>(cache->len) : 0;
-    KILN_CHECK(n > 0 && p0 + n <= m_.seq_len, "GptInference: positions past seq_len");
+    KILN_CHECK(n > 0 && p0 + n <= (cache ? cache->capacity : m_.seq_len),
+               "GptInference: positions past the cache or seq_len");
     const size_t nc = static_cast<size_t>(n) * C, nn = static_cast<size_t>(n);
     for (auto* b : {&x_, &x2_, &ln_, &att_, &proj_}) fit(*b, nc);
     if (!cache) fit(qkv_, nn * QKV);

@@ -1,5 +1,7 @@
 #include "engine/parallel/layout_plan.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -51,18 +53,29 @@ struct FlopModel {
   }
 };
 
-bool crosses(int64_t a, int64_t b, int64_t ranks_per_node) {
-  return ranks_per_node > 0 && a / ranks_per_node != b / ranks_per_node;
+// Whether ranks a and a + k (k >= 0) are on different machines for some a in [a0, a0 + len):
+// with consecutive ranks per machine that depends only on a's remainder by ranks_per_node n (a
+// crossing is a remainder >= n - k), so it is found without visiting the ranks.
+bool any_crosses(int64_t a0, int64_t len, int64_t k, int64_t n) {
+  if (n <= 0 || k <= 0 || len <= 0) return false;
+  if (k >= n || len >= n) return true;
+  const int64_t b = a0 % n;  // the remainders b .. b + len - 1 (mod n)
+  return b + len - 1 >= n - k;
+}
+
+// The data-parallel indices d to look at: the remainders of d x (a multiple of tp pp) by
+// ranks_per_node repeat every ranks_per_node values of d (a world of 10^12 ranks once meant
+// 10^12 iterations per stage).
+int64_t dp_period(const Layout& l, int64_t ranks_per_node) {
+  return std::min(l.dp, std::max<int64_t>(ranks_per_node, 1));
 }
 
 // Whether the boundary between stages s and s + 1 of some pipeline crosses machines (rank
 // tp_rank + tp (pp_rank + pp dp_rank), comm/topology.h).
 bool boundary_crosses(const Layout& l, int64_t s, int64_t ranks_per_node) {
-  for (int64_t d = 0; d < l.dp; ++d) {
-    for (int64_t t = 0; t < l.tp; ++t) {
-      const int64_t r = t + l.tp * (s + l.pp * d);
-      if (crosses(r, r + l.tp, ranks_per_node)) return true;
-    }
+  if (ranks_per_node <= 0 || l.tp * l.pp * l.dp <= ranks_per_node) return false;
+  for (int64_t d = 0; d < dp_period(l, ranks_per_node); ++d) {
+    if (any_crosses(l.tp * (s + l.pp * d), l.tp, l.tp, ranks_per_node)) return true;
   }
   return false;
 }
@@ -70,11 +83,9 @@ bool boundary_crosses(const Layout& l, int64_t s, int64_t ranks_per_node) {
 // Whether some first and last stage of a pipeline (the tied embedding's pair) are on different
 // machines.
 bool ends_cross(const Layout& l, int64_t ranks_per_node) {
-  for (int64_t d = 0; d < l.dp; ++d) {
-    for (int64_t t = 0; t < l.tp; ++t) {
-      const int64_t r = t + l.tp * l.pp * d;
-      if (crosses(r, r + l.tp * (l.pp - 1), ranks_per_node)) return true;
-    }
+  if (ranks_per_node <= 0 || l.tp * l.pp * l.dp <= ranks_per_node) return false;
+  for (int64_t d = 0; d < dp_period(l, ranks_per_node); ++d) {
+    if (any_crosses(l.tp * l.pp * d, l.tp, l.tp * (l.pp - 1), ranks_per_node)) return true;
   }
   return false;
 }
@@ -356,11 +367,81 @@ void estimate_step(const TrainConfig& c, const Hardware& hw, LayoutPlan* p) {
       p->step_seconds > 0 ? static_cast<double>(p->layout.dp) * m * tokens_mb / p->step_seconds : 0;
 }
 
+namespace {
+constexpr int64_t kMaxGradAccum = int64_t{1} << 20;  // data.grad_accum's bound (train_config.cc)
+constexpr int64_t kMaxRanksPerNode = 4096;
+}  // namespace
+
+Status check_plan_sizes(const TrainConfig& c) {
+  using LD = long double;
+  const ModelConfig& m = c.model;
+  const LD B = static_cast<LD>(c.data.micro_batch), T = static_cast<LD>(m.seq_len);
+  const LD C = static_cast<LD>(m.d_model), V = static_cast<LD>(m.vocab_size);
+  const LD L = static_cast<LD>(m.n_layers), NH = static_cast<LD>(m.n_heads);
+  const LD QKV = static_cast<LD>(m.qkv_width()), F = static_cast<LD>(m.ffn());
+  const LD FC = m.llama() ? 2 * F : F, A = static_cast<LD>(std::max<int64_t>(1, c.data.grad_accum));
+  const LD limit = std::ldexp(LD{1}, 60);
+  auto refuse = [&](const std::string& key, const std::string& what, LD bytes) {
+    return Status::config(
+               fmt::format("{} come to about {:.3g} bytes per rank, past the 2^60 bytes (1 EiB) "
+                           "Kiln's memory model counts (no machine has them): a smaller value",
+                           what, static_cast<double>(bytes)))
+        .with_key(key);
+  };
+  // Model states: every weight with its gradient, moments, master copy and reduction scratch.
+  const LD embed = 2 * V * C + T * C;
+  const LD blocks = L * (C * QKV + C * C + C * FC + F * C + 8 * C + QKV + FC);
+  const LD states = (embed + blocks) * 24;
+  if (states > limit) {
+    return refuse(embed > blocks ? "model.vocab_size" : "model.n_layers",
+                  fmt::format("the model states of model.vocab_size {} x model.d_model {} and "
+                              "model.n_layers {} blocks",
+                              m.vocab_size, m.d_model, m.n_layers),
+                  states);
+  }
+  // Activations: every block's tensors per token, every micro-batch in flight (GPipe), and the
+  // head's logits.
+  const LD tokens = B * T;
+  const LD acts = tokens * (L + 3) * (8 * C + 2 * QKV + 2 * FC + 2 * F + NH + 8) * 4 * A;
+  if (acts > limit) {
+    return refuse(
+        "data.micro_batch",
+        fmt::format("the activations of data.micro_batch {} x model.seq_len {} tokens "
+                    "(x data.grad_accum {} micro-batches in flight) through {} blocks "
+                    "of model.d_model {}",
+                    c.data.micro_batch, m.seq_len, c.data.grad_accum, m.n_layers, m.d_model),
+        acts);
+  }
+  const LD logits = tokens * V * 4;
+  if (logits > limit) {
+    return refuse("model.vocab_size",
+                  fmt::format("the logits of data.micro_batch {} x model.seq_len {} tokens over "
+                              "model.vocab_size {}",
+                              c.data.micro_batch, m.seq_len, m.vocab_size),
+                  logits);
+  }
+  // Bytes moved per step: weights and gradients per micro-batch (ZeRO-2/3), activations per
+  // block (tensor and pipeline parallelism).
+  const LD comm = (embed + blocks) * 12 * A + tokens * C * 8 * (6 * L + 4) * A;
+  if (comm > limit) {
+    return refuse("data.grad_accum",
+                  fmt::format("the bytes moved per step of data.grad_accum {} micro-batches",
+                              c.data.grad_accum),
+                  comm);
+  }
+  return Status::ok();
+}
+
 Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world,
                                              std::optional<uint64_t> budget, const Hardware& hw,
                                              const PlanFilter& filter) {
   if (world < 1) return Status::usage("--world must be at least 1");
   if (hw.ranks_per_node < 0) return Status::usage("--gpus-per-node must be at least 1");
+  if (hw.ranks_per_node > kMaxRanksPerNode) {  // (the crossing checks visit up to that many)
+    return Status::usage("--gpus-per-node " + std::to_string(hw.ranks_per_node) + ": at most " +
+                         std::to_string(kMaxRanksPerNode) + " ranks per machine")
+        .with_key("--gpus-per-node");
+  }
   if (!(hw.links.intra_node > 0) || !(hw.links.inter_node > 0)) {
     return Status::usage("link bandwidths must be positive");
   }
@@ -375,8 +456,12 @@ Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world
     return Status::usage("--pp " + std::to_string(*filter.pp) + ": between 1 and model.n_layers (" +
                          std::to_string(c.model.n_layers) + ")");
   }
+  KILN_RETURN_IF_ERROR(check_plan_sizes(c));
   std::vector<LayoutPlan> out;
-  for (int64_t tp = 1; tp <= world; ++tp) {
+  // tp divides the head count (at most 2^16) and pp is at most n_layers (2^16): the search is
+  // over those, never over every number up to the world (--world 1000000000000 once looped
+  // 10^12 times).
+  for (int64_t tp = 1; tp <= std::min(world, c.model.n_heads); ++tp) {
     if (world % tp != 0 || c.model.n_heads % tp != 0 || c.model.kv_heads() % tp != 0 ||
         c.model.ffn() % tp != 0 || (filter.tp && *filter.tp != tp)) {
       continue;
@@ -386,8 +471,18 @@ Result<std::vector<LayoutPlan>> plan_layouts(const TrainConfig& c, int64_t world
       const int64_t dp = world / (tp * pp);
       TrainConfig cc = c;
       if (filter.global_batch) {
-        if (*filter.global_batch % (dp * c.data.micro_batch) != 0) continue;
-        cc.data.grad_accum = *filter.global_batch / (dp * c.data.micro_batch);
+        // (dp x micro_batch may pass 2^63 on a huge world: then it cannot divide the batch)
+        int64_t per_step = 0;
+        if (__builtin_mul_overflow(dp, c.data.micro_batch, &per_step) ||
+            *filter.global_batch % per_step != 0) {
+          continue;
+        }
+        // More micro-batches than data.grad_accum may hold: not a layout a run can take.
+        if (*filter.global_batch / per_step > kMaxGradAccum) continue;
+        cc.data.grad_accum = *filter.global_batch / per_step;
+        KILN_RETURN_IF_ERROR(check_plan_sizes(cc).prefixed("--global-batch " +
+                                                           std::to_string(*filter.global_batch) +
+                                                           " on DP " + std::to_string(dp)));
       }
       std::vector<PpSchedule> schedules{PpSchedule::k1F1B};
       if (pp > 1) {

@@ -177,12 +177,21 @@ double pp_bubble(int64_t pp, int64_t m);
 // split). No time estimate (estimate_step).
 LayoutPlan plan_layout(const TrainConfig& config, const Layout& layout);
 
+// The byte counts plan_layout computes for `config`, bounded before any is computed: a config
+// whose model states, activations, logits or bytes moved per step would pass 2^60 bytes (1 EiB)
+// on a rank - past any machine, and close to where 64-bit counts wrap (a huge but legal config
+// once printed wrapped figures) - is a kConfig error naming the key that makes it so (upper
+// bounds in long double: tp = pp = dp = 1, every micro-batch in flight). plan_layouts and the
+// trainer's memory preflight (engine/train/preflight.h) call it.
+Status check_plan_sizes(const TrainConfig& config);
+
 // Which layouts plan_layouts lists (unset: all).
 struct PlanFilter {
   std::optional<int64_t> tp, pp;
   std::optional<PpSchedule> schedule;
   // Sequences per step (the global batch): each layout runs m = global_batch / (dp micro_batch)
-  // micro-batches (layouts whose dp x micro_batch does not divide it are left out); unset: every
+  // micro-batches (layouts whose dp x micro_batch does not divide it, or whose m is past
+  // data.grad_accum's limit of 2^20, are left out); unset: every
   // layout runs data.grad_accum (so the global batch grows with dp).
   std::optional<int64_t> global_batch;
 };

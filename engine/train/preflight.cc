@@ -79,6 +79,8 @@ MemoryBudget budget_for(const TrainConfig& config, Runtime& runtime, int ranks_o
 
 Status check_memory(const TrainConfig& config, int64_t world, const MemoryBudget& budget,
                     int pp_rank) {
+  // (before the estimate: its byte counts must not wrap; with memory.check off too)
+  KILN_RETURN_IF_ERROR(check_plan_sizes(config));
   if (!config.memory.check || !budget.known) return Status::ok();
   const int64_t tp = std::max<int64_t>(1, config.parallel.tp);
   const int64_t pp = std::clamp<int64_t>(config.parallel.pp, 1, config.model.n_layers);

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "dataprep/tagging/domain_rules.h"
+
 namespace kiln::prep {
 namespace {
 
@@ -84,6 +86,33 @@ TEST(DocParser, RejectReasons) {
   EXPECT_EQ(reason(R"({"text":"a","url":1})"), "bad_field");
   EXPECT_EQ(reason("{\"text\":\"bad \xff byte\"}", false), "invalid_utf8");
   EXPECT_EQ(reason(R"({"text":"lone \ud800 surrogate"})", false), "invalid_utf8");
+}
+
+// One domain-name rule (issue 38): the input field, the rules/model/default check
+// (validate_domain_name) and the write stage's invariant all use is_valid_domain_name. The names
+// below are the ones the write stage's old, looser rule let through into folder and file names.
+TEST(DocParser, DomainNameRuleIsTheOneRule) {
+  const std::string longest(64, 'z');
+  for (const std::string& good : std::vector<std::string>{"web", "zh-CN_2", "A", "0-9", longest}) {
+    EXPECT_TRUE(is_valid_domain_name(good)) << good;
+    EXPECT_TRUE(validate_domain_name(good).is_ok()) << good;
+    Document d;
+    EXPECT_TRUE(parse(R"({"text":"a","domain":")" + good + R"("})", &d).ok) << good;
+    EXPECT_EQ(d.input_domain, good);
+  }
+  for (const std::string& bad :
+       std::vector<std::string>{"a:b", "a*b", "caf\u00e9", "a|b", "a?b", "a~b", "a.b", "..", "a/b",
+                                "a b", std::string(65, 'z')}) {
+    Document d;
+    const ParseResult r = parse(R"({"text":"a","domain":")" + bad + R"("})", &d);
+    EXPECT_FALSE(r.ok) << bad;
+    EXPECT_EQ(std::string(reject_reason_name(r.reason)), "bad_field") << bad;
+    EXPECT_FALSE(is_valid_domain_name(bad)) << bad;
+  }
+  for (const char* bad : {"a:b", "caf\xc3\xa9", "a\x7f", "a\tb", ""}) {
+    EXPECT_FALSE(is_valid_domain_name(bad)) << bad;
+    EXPECT_FALSE(validate_domain_name(bad).is_ok()) << bad;
+  }
 }
 
 TEST(DocParser, Utf8Repair) {

@@ -4,9 +4,12 @@ Python (str methods, re, collections.Counter, ipaddress, urllib), independently 
 
 The rules are datatrove's (GopherQualityFilter, GopherRepetitionFilter, C4QualityFilter,
 FineWebQualityFilter, PIIFormatter, URL and regex filters) with the defaults it uses, and with
-the choices docs/PREP.md "Quality filters" documents where datatrove leans on NLTK or leaves CJK
-text out: the word splitter (words()), the sentence counter (count_sentences()), CJK characters
-as words, the CJK sentence terminators, and line widths with CJK characters counted twice.
+the choices docs/PREP.md "Quality filters" documents where datatrove leaves CJK text out: CJK
+characters as words, the CJK sentence terminators, and line widths with CJK characters counted
+twice. Words and sentences are spaCy's, as in datatrove: the pure-Python port of spaCy 3.8's
+tokenizer and Sentencizer in ../shared/peers/datatrove/shims (on spaCy's rule files), and the
+punctuation tables are read from datatrove's source (utils/text.py); both as that peer's README
+unpacks them (/tmp/peers). Without them this script exits 77 (the C++ tests then skip).
 
   filter_reference.py FILTERS_JSON < docs.jsonl > decisions.jsonl
       FILTERS_JSON: the chain, as the prep config's `filters:` list in JSON
@@ -23,7 +26,43 @@ import sys
 import time
 import unicodedata
 import urllib.parse
+import os
 from collections import Counter
+
+
+def _peer():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for p in (os.environ.get("KILN_DATATROVE_PEER", ""), os.path.join(here, "../../../shared/peers/datatrove"),
+              os.path.join(here, "../../../../shared/peers/datatrove"), "/work/shared/peers/datatrove"):
+        if p and os.path.isfile(os.path.join(p, "shims", "spacy", "_tokenizer.py")):
+            return p
+    return None
+
+
+def _load_peer():
+    peer = _peer()
+    dt = os.environ.get("KILN_DATATROVE_SRC", "/tmp/peers/datatrove")
+    text_py = os.path.join(dt, "src", "datatrove", "utils", "text.py")
+    if not peer or not os.path.isfile(text_py):
+        sys.stderr.write("filter_reference.py: needs ../shared/peers/datatrove and its sources\n")
+        sys.exit(77)
+    sys.path.insert(0, os.path.join(peer, "shims"))
+    try:
+        import spacy as port
+        from spacy._tokenizer import sentence_starts
+        tok = port.make_tokenizer("en")
+    except ImportError as e:
+        sys.stderr.write(f"filter_reference.py: {e}\n")
+        sys.exit(77)
+    src = open(text_py, encoding="utf-8").read()
+    a = src.index("PUNCTUATION = ")
+    b = src.index("\n\n", src.index("TERMINAL_PUNCTUATION = {"))
+    ns = {}
+    exec(src[a:b], ns)  # two literal constants
+    return tok, sentence_starts, set(ns["PUNCTUATION"]) | ns["TERMINAL_PUNCTUATION"], ns["TERMINAL_PUNCTUATION"]
+
+
+SPACY, SENTENCE_STARTS, PUNCTUATION_SET, TERMINAL_PUNCTUATION = _load_peer()
 
 
 class Drop(Exception):
@@ -42,39 +81,35 @@ def is_cjk(ch):
             0x4E00 <= c <= 0x9FFF or 0xF900 <= c <= 0xFAFF or 0x20000 <= c <= 0x2FA1F)
 
 
-def _pieces(s, out):
-    if not s:
-        return
-    i = 0
-    while i < len(s) and is_punct(s[i]):
-        i += 1
-    if i == len(s):
-        out.append(s)
-        return
-    j = len(s)
-    while is_punct(s[j - 1]):
-        j -= 1
-    if i:
-        out.append(s[:i])
-    out.append(s[i:j])
-    if j < len(s):
-        out.append(s[j:])
+def spacy_tokens(text):
+    with SPACY.memory_zone():
+        return SPACY(text)
 
 
 def words(text):
-    """White-space tokens; leading/trailing punctuation runs split off; CJK chars one word each."""
+    """datatrove's word_tokenize (spaCy tokens, stripped, empty ones dropped); CJK chars one
+    word each."""
     out = []
-    for token in text.split():
+    for token in spacy_tokens(text)[0]:
+        token = token.strip()
+        if not token:
+            continue
         run = ""
         for ch in token:
             if is_cjk(ch):
-                _pieces(run, out)
+                if run:
+                    out.append(run)
                 out.append(ch)
                 run = ""
             else:
                 run += ch
-        _pieces(run, out)
+        if run:
+            out.append(run)
     return out
+
+
+def is_symbol_word(w):
+    return all(c in PUNCTUATION_SET for c in w)
 
 
 def find_duplicates(items):
@@ -99,7 +134,7 @@ GOPHER_QUALITY = dict(min_doc_words=50, max_doc_words=100000, min_avg_word_lengt
 def gopher_quality(text, p):
     ws = words(text)
     n_words = len(ws)
-    non_symbol = [w for w in ws if any(not is_punct(c) for c in w)]
+    non_symbol = [w for w in ws if not is_symbol_word(w)]
     cjk_words = [w for w in non_symbol if len(w) == 1 and is_cjk(w)]
     if p["min_doc_words"] and len(non_symbol) < p["min_doc_words"]:
         raise Drop("doc_words", len(non_symbol), p["min_doc_words"])
@@ -201,21 +236,28 @@ C4_END = (".", "?", "!", '"', "'", "\u3002", "\uff01", "\uff1f", "\u300d", "\u30
 POLICY = ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies",
           "use cookies"]
 CITATION = re.compile(r"\[[0-9]*\]|\[edit\]|\[citation needed\]")
-SENTENCE_BREAK = re.compile("[.!?\u3002\uff01\uff1f]*[\u3002\uff01\uff1f][.!?\u3002\uff01\uff1f]*"
-                            r"|[.!?]+(?=\s|$)")
-
-
 def count_sentences(line):
-    return sum(1 for piece in SENTENCE_BREAK.split(line) if piece.strip())
+    """len(split_into_sentences(line)): spaCy's Sentencizer, at least one."""
+    return max(1, len(SENTENCE_STARTS(spacy_tokens(line)[0])))
+
+
+def spacy_sentences(text):
+    """split_into_sentences(text): from the end of one sentence to the end of the next."""
+    ws, sp = spacy_tokens(text)
+    starts = SENTENCE_STARTS(ws)
+    ends, pos, idx = [], 0, []
+    for w, s_ in zip(ws, sp):
+        idx.append(pos)
+        pos += len(w) + (1 if s_ else 0)
+    ends = [idx[e - 1] + len(ws[e - 1]) for e in starts[1:] + [len(ws)]] if ws else []
+    return [text[a:b] for a, b in zip([0] + ends[:-1], ends[:-1] + [len(text)])]
 
 
 def c4(text, p):
     if p["split_paragraph"]:
         lines = text.splitlines()
     else:
-        lines = [m.group(0) for m in re.finditer(
-            "(?s).*?(?:[.!?\u3002\uff01\uff1f]*[\u3002\uff01\uff1f][.!?\u3002\uff01\uff1f]*"
-            r"|[.!?]+(?=\s|$)|$)", text) if m.group(0)]
+        lines = spacy_sentences(text)
     sentences, kept = 0, []
     for line in lines:
         line = line.strip()
@@ -243,7 +285,7 @@ def c4(text, p):
         kept.append(line)
     if sentences < p["min_num_sentences"]:
         raise Drop("too_few_sentences", sentences, p["min_num_sentences"])
-    out = "\n".join(kept).strip()
+    out = ("\n" if p["split_paragraph"] else " ").join(kept).strip()
     if not out:
         raise Drop("empty", 0, 0)
     return out
@@ -252,7 +294,7 @@ def c4(text, p):
 # ---- fineweb -----------------------------------------------------------------------------------
 FINEWEB = dict(line_punct_thr=0.12, line_punct_exclude_zero=False, short_line_thr=0.67,
                short_line_length=30, char_duplicates_ratio=0.01, new_line_ratio=0.3,
-               stop_chars=[".", "'", '"', "!", "?", "\u3002", "\uff01", "\uff1f"])
+               stop_chars=sorted(TERMINAL_PUNCTUATION))
 
 
 def fineweb(text, p):
@@ -375,7 +417,7 @@ def length(text, p):
     if p["max_chars"] is not None and n > p["max_chars"]:
         raise Drop("chars", n, p["max_chars"])
     if p["min_words"] is not None or p["max_words"] is not None:
-        n = sum(1 for w in words(text) if any(not is_punct(c) for c in w))
+        n = sum(1 for w in words(text) if not is_symbol_word(w))
         if p["min_words"] is not None and n < p["min_words"]:
             raise Drop("words", n, p["min_words"])
         if p["max_words"] is not None and n > p["max_words"]:

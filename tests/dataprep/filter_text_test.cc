@@ -106,9 +106,9 @@ TEST(FilterText, FastPathsMatchPlainDefinitionsOnMixedText) {
   EXPECT_GT(with_other, 1000);
 }
 
-// An ASCII text's words are split on its bytes 64 at a time (white-space bit masks): the same
-// spans as split_words on its code points, for every length around the 64-byte blocks, tokens
-// across block edges, and every white-space and punctuation byte.
+// An ASCII text's words are the same spans whether the document view took its ASCII path or
+// decoded the text, for every length around 64-byte blocks and every white-space and
+// punctuation byte.
 TEST(FilterText, AsciiWordSplitMatchesCodePoints) {
   std::mt19937_64 rng(64);
   const std::string pool =

@@ -10,7 +10,7 @@
 #include <set>
 #include <string>
 
-#include "dataprep/prep_internal.h"
+#include "dataprep/stages/sample_metadata.h"
 #include "format/manifest.h"
 #include "format/shard_reader.h"
 #include "tests/dataprep/prep_test_util.h"

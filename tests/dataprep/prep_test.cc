@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/comm.h"
-#include "dataprep/prep_internal.h"
+#include "dataprep/stages/sample_metadata.h"
 #include "format/manifest.h"
 #include "format/shard_reader.h"
 #include "tests/compress_util.h"

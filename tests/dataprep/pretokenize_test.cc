@@ -15,7 +15,7 @@ std::vector<std::string> split(std::string_view text, PretokenizerKind kind, uin
   PretokenizerSpec spec;
   spec.kind = kind;
   spec.cjk_chunk = chunk;
-  pretokenize(text, spec, &pieces);
+  EXPECT_TRUE(pretokenize(text, spec, &pieces).is_ok());
   return {pieces.begin(), pieces.end()};
 }
 

@@ -69,6 +69,22 @@ std::string random_unicode(std::mt19937& rng, size_t max_chars) {
   return out;
 }
 
+// Trained with the default pre-tokenizer (llama3), or with `pre`.
+Tokenizer train_small(const PretokenizerSpec& pre = llama3_pretokenizer()) {
+  std::vector<std::string> texts;
+  std::mt19937 rng(1);
+  for (int i = 0; i < 300; ++i) texts.push_back(random_unicode(rng, 40));
+  std::string gpl = read_all(std::string(kiln::test::source_dir()) + "/tests/data/gpt2/sample.txt");
+  for (int i = 0; i < 5; ++i) texts.push_back(gpl);
+  std::vector<std::string_view> views(texts.begin(), texts.end());
+  TokenizerTrainOptions opts;
+  opts.vocab_size = 1000;
+  opts.pretokenizer = pre;
+  auto r = Tokenizer::train(views, opts);
+  KILN_CHECK(r.is_ok(), r.status().to_string());
+  return std::move(r).value();
+}
+
 const Tokenizer& small_trained() {
   static Tokenizer* tok = [] {
     std::vector<std::string> texts;
@@ -220,7 +236,10 @@ TEST(Tokenizer, TrainRejectsTooSmallVocabulary) {
 
 TEST(Tokenizer, MalformedFilesAreDataErrors) {
   // The older kiln-tokenizer/1 file (tokenizer.json files: tests/dataprep/hf_tokenizer_test.cc).
-  std::string good = small_trained().to_kiln_v1_json();
+  // (that format holds the gpt2 and kiln-v1 pre-tokenizers only: the default llama3 has none)
+  EXPECT_EQ(small_trained().to_kiln_v1_json(), "");
+  const std::string good = train_small(PretokenizerSpec{}).to_kiln_v1_json();
+  ASSERT_FALSE(good.empty());
   auto expect_bad = [](const std::string& text, const std::string& needle) {
     auto r = Tokenizer::from_json(text, "t.json");
     ASSERT_FALSE(r.is_ok()) << needle;
@@ -239,6 +258,39 @@ TEST(Tokenizer, MalformedFilesAreDataErrors) {
   ASSERT_NE(pos, std::string::npos);
   bad.erase(pos, bad.find('\n', pos + 1) - pos);
   expect_bad(bad, "t.json");
+}
+
+// The default pre-tokenizer is Llama 3's (llama.cpp's llama-bpe), with ignore_merges as Llama 3's
+// tokenizer.json and llama.cpp have it: every vocabulary word is one token, in the trained
+// tokenizer and in its tokenizer.json read back; kiln-v1 and gpt2 stay available without it.
+TEST(Tokenizer, DefaultPretokenizerIsLlama3WithIgnoreMerges) {
+  EXPECT_EQ(pretokenizer_label(TokenizerTrainOptions{}.pretokenizer), "llama3");
+  const Tokenizer& tok = small_trained();
+  EXPECT_EQ(pretokenizer_label(tok.pretokenizer()), "llama3");
+  EXPECT_NE(tok.to_json().find("\"ignore_merges\": true"), std::string::npos);
+  auto back = Tokenizer::from_json(tok.to_json(), "t.json");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(pretokenizer_label(back->pretokenizer()), "llama3");
+  std::vector<std::string_view> pieces;
+  size_t words = 0;
+  for (uint32_t id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.is_special(id)) continue;
+    const std::string& t = tok.token_bytes(id);
+    pieces.clear();
+    pretokenize(t, tok.pretokenizer(), &pieces);
+    if (pieces.size() != 1) continue;  // not a word on its own
+    ++words;
+    EXPECT_EQ(tok.encode(t), std::vector<uint32_t>{id}) << t;
+    EXPECT_EQ(back->encode(t), std::vector<uint32_t>{id}) << t;
+  }
+  EXPECT_GT(words, 500u);
+  for (const char* name : {"gpt2", "kiln-v1"}) {
+    auto spec = pretokenizer_by_name(name);
+    ASSERT_TRUE(spec.is_ok());
+    EXPECT_EQ(pretokenizer_label(*spec), name);
+    EXPECT_EQ(train_small(*spec).to_json().find("ignore_merges"), std::string::npos) << name;
+  }
+  EXPECT_FALSE(pretokenizer_by_name("llama4").is_ok());
 }
 
 TEST(Tokenizer, SaveAndLoadFiles) {

@@ -161,3 +161,28 @@ TEST(NpyTest, RejectsMalformed) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST(NpyTest, Uint8MasksEncodeLikeNumpySave) {
+  // np.save of np.array([0, 1, 1], dtype=np.uint8): descr '|u1', data after a 128-byte header.
+  std::vector<uint8_t> mask = {0, 1, 1};
+  std::string npy = npy_encode(std::span<const uint8_t>(mask));
+  std::string want_header = "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }";
+  want_header += std::string(128 - 10 - want_header.size() - 1, ' ') + "\n";
+  EXPECT_EQ(header_of(npy), want_header);
+  ASSERT_EQ(npy.size(), 128u + 3u);
+  Result<NpyView> view = npy_parse(npy);
+  ASSERT_TRUE(view.is_ok()) << view.status().message();
+  EXPECT_EQ(view->dtype, NpyDtype::kU8);
+  EXPECT_EQ(view->size, 3u);
+  EXPECT_EQ(view->at(0), 0u);
+  EXPECT_EQ(view->at(2), 1u);
+  std::vector<uint32_t> out;
+  ASSERT_TRUE(npy_decode(npy, &out).is_ok());
+  EXPECT_EQ(out, (std::vector<uint32_t>{0, 1, 1}));
+}
+
+}  // namespace
+}  // namespace kiln

@@ -232,6 +232,52 @@ TEST_F(ShardTest, ReaderReusesSampleAcrossCalls) {
   EXPECT_FALSE(*(*reader)->next(&s));  // stays at the end
 }
 
+TEST_F(ShardTest, MemberFilterSkipsDataButKeepsEveryCheck) {
+  auto samples = make_samples(30);
+  ASSERT_TRUE(write_shard(path("f.tar.zst"), samples, ShardCompression::kZstd).is_ok());
+  ShardReaderOptions opt;
+  std::vector<std::pair<uint64_t, std::string>> asked;
+  // Only the tokens of even samples (and the json of sample 3).
+  opt.want = [&](uint64_t i, std::string_view ext) {
+    asked.emplace_back(i, std::string(ext));
+    return (i % 2 == 0 && ext == "tokens.npy") || (i == 3 && ext == "json");
+  };
+  auto reader = ShardReader::open(path("f.tar.zst"), opt);
+  ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+  ShardSample s;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    Result<bool> more = (*reader)->next(&s);
+    ASSERT_TRUE(more.is_ok()) << more.status().to_string();
+    ASSERT_TRUE(*more);
+    EXPECT_EQ(s.key, samples[i].key);
+    ASSERT_EQ(s.members.size(), 4u);  // every member comes back, skipped or not
+    for (const ShardMember& m : s.members) {
+      const bool wanted = (i % 2 == 0 && m.ext == "tokens.npy") || (i == 3 && m.ext == "json");
+      EXPECT_EQ(m.skipped, !wanted) << i << " " << m.ext;
+      EXPECT_EQ(m.data, wanted ? samples[i].find(m.ext)->data : std::string()) << i << " " << m.ext;
+    }
+  }
+  EXPECT_FALSE(*(*reader)->next(&s));
+  ASSERT_EQ(asked.size(), 4 * samples.size());  // once per member, with its sample's index
+  for (size_t k = 0; k < asked.size(); ++k) EXPECT_EQ(asked[k].first, k / 4);
+
+  // Skipping reads nothing less of the structure: a truncated shard is still an error naming
+  // the shard, and a damaged one still fails its checksum.
+  ShardReaderOptions none;
+  none.want = [](uint64_t, std::string_view) { return false; };
+  std::string bytes = slurp(path("f.tar.zst"));
+  spit(path("cut.tar.zst"), bytes.substr(0, bytes.size() * 3 / 4));
+  EXPECT_DATA_ERROR(read_fully(path("cut.tar.zst"), none), path("cut.tar.zst"));
+  auto info = write_shard(path("g.tar"), samples, ShardCompression::kNone);
+  ASSERT_TRUE(info.is_ok());
+  std::string plain = slurp(path("g.tar"));
+  plain.resize(plain.size() - 3 * 10240);  // the end-of-archive marker and the last members
+  spit(path("g.tar"), plain);
+  EXPECT_DATA_ERROR(read_fully(path("g.tar"), none), path("g.tar"));
+  none.expected_xxh3 = info->xxh3;
+  EXPECT_DATA_ERROR(read_fully(path("g.tar"), none), "checksum mismatch");
+}
+
 TEST_F(ShardTest, EmptyMembersAndEmptyShard) {
   ShardSample s;
   s.key = "empty";

@@ -51,8 +51,70 @@ TEST(LoaderDecode, PlannedMembersInOrderWithEosAndSkippedPrefix) {
     EXPECT_EQ(u.ids[i], truth.id);
   }
   EXPECT_EQ(u.doc_start[3], expected.size());
-  EXPECT_EQ(u.tokens, expected);
+  ASSERT_EQ(u.size(), expected.size());
+  EXPECT_TRUE(u.narrow);  // the fixture's vocabulary fits uint16: stored 16 bits wide
+  std::vector<uint32_t> widened(u.size());
+  u.copy_tokens(0, u.size(), widened.data());
+  EXPECT_EQ(widened, expected);
   EXPECT_GT(u.tar_bytes, 0u);
+}
+
+TEST(LoaderDecode, WideVocabularyKeeps32BitTokens) {
+  // A vocabulary past 65,536: .tokens.npy are uint32 and the unit stores 32-bit tokens.
+  DatasetSpec spec;
+  spec.domains = {{"wide", 4, 4, 3, 9}};
+  spec.vocab_size = 200000;
+  spec.eos_id = 150000;
+  auto ds = kiln::testing::make_dataset(kiln::testing::test_tmpdir("decode_wide"), spec);
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  DecodeOptions o;
+  o.eos = 150000;
+  std::atomic<bool> abort{false};
+  Unit u = planned({3, 0});
+  decode_unit(ds->manifest, o, abort, &u);
+  ASSERT_TRUE(u.status.is_ok()) << u.status.to_string();
+  EXPECT_FALSE(u.narrow);
+  std::vector<uint32_t> expected;
+  for (uint32_t m : u.plan.members) {
+    const auto& truth = ds->docs.at({0, m});
+    expected.insert(expected.end(), truth.tokens.begin(), truth.tokens.end());
+    expected.push_back(150000);
+  }
+  std::vector<uint32_t> got(u.size());
+  u.copy_tokens(0, u.size(), got.data());
+  EXPECT_EQ(got, expected);
+}
+
+TEST(LoaderDecode, IdsAreWhatNlohmannDumps) {
+  // The ids' fast path (simdjson) and the general one (nlohmann::json) give the same text.
+  DatasetSpec spec;
+  spec.domains = {{"ids", 12, 12, 1, 4}};
+  spec.jsons = {R"({"id":"plain-7","domain":"ids"})",
+                R"({"domain":"ids","id":17})",
+                R"({"id":-3})",
+                R"({"id":18446744073709551615})",
+                R"({"id":2.50})",
+                R"({"id":1e3})",
+                R"({"id":"quote \" and \\ and \u0001 and \/"})",
+                R"({"id":"caf\u00e9 \u00e9 é"})",
+                R"({"id":"first","id":"last"})",
+                R"({"meta":{"id":"nested"},"id":"outer"})",
+                R"( { "id" : "spaced" } )",
+                R"({"id":"tab\there"})"};
+  auto ds = kiln::testing::make_dataset(kiln::testing::test_tmpdir("decode_ids"), spec);
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  DecodeOptions o;
+  o.sample_ids = true;
+  std::atomic<bool> abort{false};
+  std::vector<uint32_t> all(12);
+  for (uint32_t i = 0; i < 12; ++i) all[i] = i;
+  Unit u = planned(all);
+  decode_unit(ds->manifest, o, abort, &u);
+  ASSERT_TRUE(u.status.is_ok()) << u.status.to_string();
+  ASSERT_EQ(u.ids.size(), 12u);
+  for (uint32_t i = 0; i < 12; ++i) EXPECT_EQ(u.ids[i], ds->docs.at({0, i}).id) << i;
+  EXPECT_EQ(u.ids[0], "\"plain-7\"");
+  EXPECT_EQ(u.ids[8], "\"last\"");
 }
 
 TEST(LoaderDecode, ErrorsNameTheShard) {

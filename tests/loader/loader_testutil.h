@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct DatasetSpec {
   ShardCompression compression = ShardCompression::kZstd;
   uint64_t seed = 1;
   bool numeric_ids = false;  // "id": <number> in <key>.json instead of "<domain>-<n>"
+  // When set: document i's <key>.json is jsons[i % size] as written, its id what nlohmann::json
+  // dumps of that object's "id".
+  std::vector<std::string> jsons;
 };
 
 struct TruthDoc {
@@ -86,8 +90,14 @@ inline Result<Dataset> make_dataset(const std::string& dir, const DatasetSpec& s
       ShardSample s;
       s.key = d.name + "_" + std::to_string(i);
       s.members.push_back({"txt", "text of " + doc.id});
-      s.members.push_back({"json", "{\"id\":" + doc.id + ",\"domain\":\"" + d.name +
-                                       "\",\"tokens\":" + std::to_string(n) + "}"});
+      if (spec.jsons.empty()) {
+        s.members.push_back({"json", "{\"id\":" + doc.id + ",\"domain\":\"" + d.name +
+                                         "\",\"tokens\":" + std::to_string(n) + "}"});
+      } else {
+        const std::string& j = spec.jsons[i % spec.jsons.size()];
+        doc.id = nlohmann::json::parse(j).at("id").dump();
+        s.members.push_back({"json", j});
+      }
       s.members.push_back({"tokens.npy", npy_encode(doc.tokens, dtype)});
       KILN_RETURN_IF_ERROR(writer.add(s, n));
       docs.push_back(std::move(doc));

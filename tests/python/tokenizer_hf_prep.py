@@ -161,5 +161,34 @@ check(rc == 3 and b"wordpiece.json" in err and b"model.type" in err,
       "a WordPiece tokenizer.json: prep exits 3 naming the file and model.type (%d, %s)" %
       (rc, err.decode(errors="replace").strip()[-300:]))
 
+# 5. tokenizer.special_tokens: special-token text in documents stays text by default; "parse"
+# makes it the special id, as `kiln tokenizer encode --special-tokens parse` does.
+chat = os.path.join(work, "chat.jsonl")
+with open(chat, "w", encoding="utf-8") as f:
+    for i in range(20):
+        f.write(json.dumps({"id": "c%d" % i, "text": "<|endoftext|>user: %s, number %d.<|endoftext|>" % (
+            " ".join(rng.choice(WORDS) for _ in range(40)), i)}) + "\n")
+for mode in ("text", "parse"):
+    out = os.path.join(work, "chat_" + mode)
+    rc, _, err = run(["prep", "--input", chat, "--output", out, "--tokenizer", tok,
+                      "--set", "tokenizer.special_tokens=" + mode, "--set", "dedup.exact=false",
+                      "--set", "dedup.near=false"])
+    if not check(rc == 0, "special_tokens=%s: prep exits 0 (%s)" % (mode, err.decode(errors="replace").strip()[-300:])):
+        continue
+    manifest, samples = shard_samples(out)
+    rc, ids_out, _ = run(["tokenizer", "encode", "--tokenizer", tok, "--jsonl", "--special-tokens", mode],
+                         "".join(json.dumps({"text": t}) + "\n" for t, _ in samples).encode())
+    want = [[int(x) for x in line.split()] for line in ids_out.decode().split("\n")[:-1]]
+    got = [a.tolist() for _, a in samples]
+    check(samples and got == want, "special_tokens=%s: shard tokens equal kiln tokenizer encode "
+          "--special-tokens %s (%d samples)" % (mode, mode, len(samples)))
+    eos_count = sum(a.count(0) for a in got)
+    check(eos_count == (2 * len(samples) if mode == "parse" else 0),
+          "special_tokens=%s: the end-of-text id %d times" % (mode, eos_count))
+rc, _, err = run(["prep", "--input", chat, "--output", os.path.join(work, "chat_bad"), "--tokenizer", tok,
+                  "--set", "tokenizer.special_tokens=maybe"])
+check(rc == 2 and b"tokenizer.special_tokens" in err,
+      "special_tokens=maybe: exit 2 naming the key (%d, %s)" % (rc, err.decode(errors="replace").strip()[-200:]))
+
 print("%d failure(s)" % len(failures))
 sys.exit(1 if failures else 0)

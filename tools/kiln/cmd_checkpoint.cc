@@ -1,5 +1,6 @@
 // kiln checkpoint consolidate STEP_DIR -o model.safetensors
 // kiln checkpoint export STEP_DIR --format hf -o DIR
+// kiln checkpoint export STEP_DIR --format gguf -o FILE.gguf
 #include <sys/resource.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 
 #include "common/log.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/gguf.h"
 #include "engine/checkpoint/hf.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/model/params.h"
@@ -65,12 +67,40 @@ Status run_consolidate(const ConsolidateArgs& a) {
 struct ExportArgs {
   std::string source;
   std::string format = "hf";
+  std::string dtype;  // "": the format's default (hf fp32, gguf f32)
   engine::HfExportOptions options;
   std::string max_shard = "5G";
 };
 
+// One GGUF file for llama.cpp (engine/checkpoint/gguf.h); the vocabulary from the model's
+// tokenizer (gguf_vocab).
+Status run_export_gguf(const ExportArgs& a) {
+  engine::GgufExportOptions o;
+  o.output = a.options.output;
+  o.dtype = a.dtype.empty() ? "f32" : a.dtype;
+  o.overwrite = a.options.overwrite;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string pre;
+  auto vocab = [&](const engine::ModelWeights& w) -> Result<engine::GgufVocab> {
+    auto v = gguf_vocab(w, a.options.tokenizer);
+    if (v.is_ok()) pre = v->pre;
+    return v;
+  };
+  engine::GgufExportReport report;
+  KILN_RETURN_IF_ERROR(engine::export_gguf(a.source, o, vocab, &report));
+  std::printf("%s: GGUF v3, %s, %zu tensors, %.1f MiB (%s), pre-tokenizer %s, in %.2f s\n",
+              o.output.c_str(), report.arch.c_str(), report.tensors,
+              static_cast<double>(report.bytes) / (1 << 20), o.dtype.c_str(), pre.c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return Status::ok();
+}
+
 Status run_export(ExportArgs& a) {
-  if (a.format != "hf") return Status::usage("--format: only 'hf' (Hugging Face) is supported");
+  if (a.format == "gguf") return run_export_gguf(a);
+  if (a.format != "hf")
+    return Status::usage("--format must be hf (Hugging Face) or gguf (llama.cpp), not '" +
+                         a.format + "'");
+  if (!a.dtype.empty()) a.options.dtype = a.dtype;
   KILN_ASSIGN_OR_RETURN(a.options.max_shard_bytes, parse_size("--max-shard-size", a.max_shard));
   const auto t0 = std::chrono::steady_clock::now();
   engine::HfExportReport report;
@@ -111,23 +141,28 @@ RunFn add_checkpoint_command(CLI::App& root) {
   CLI::App* exp = cmd->add_subcommand(
       "export",
       "write a Hugging Face model directory (config.json, model.safetensors, "
-      "generation_config.json, tokenizer files) that transformers loads as it is, from a "
-      "checkpoint of any layout, a run directory or a consolidated file, tensor by tensor");
+      "generation_config.json, tokenizer files) that transformers loads as it is, or a GGUF "
+      "file that llama.cpp loads as it is, from a checkpoint of any layout, a run directory or "
+      "a consolidated file, tensor by tensor");
   exp->add_option("STEP_DIR", ex->source,
                   "RUN/checkpoints/step-NNNNNNNN, RUN (its latest checkpoint) or a consolidated "
                   "safetensors file")
       ->required();
-  exp->add_option("--format", ex->format, "output format: hf")->default_val("hf");
-  exp->add_option("-o,--output", ex->options.output, "the directory to write")->required();
-  exp->add_option("--dtype", ex->options.dtype, "tensor type written: fp32 or bf16")
-      ->default_val("fp32");
+  exp->add_option("--format", ex->format, "output format: hf (Hugging Face) or gguf (llama.cpp)")
+      ->default_val("hf");
+  exp->add_option("-o,--output", ex->options.output,
+                  "the directory to write (hf), or the .gguf file (gguf)")
+      ->required();
+  exp->add_option("--dtype", ex->dtype,
+                  "tensor type written: fp32 (default) or bf16 for hf; f32 (default), f16, bf16 "
+                  "or q8_0 for gguf");
   exp->add_option("--max-shard-size", ex->max_shard,
                   "largest model.safetensors; past it, model-NNNNN-of-NNNNN.safetensors files "
                   "and model.safetensors.index.json (bytes, or with K/M/G)")
       ->default_val("5G");
   exp->add_option("--tokenizer", ex->options.tokenizer,
                   "tokenizer file to export (default: the one of the run's data.manifest)");
-  exp->add_flag("--overwrite", ex->options.overwrite, "replace an existing output directory");
+  exp->add_flag("--overwrite", ex->options.overwrite, "replace an existing output");
   return [args, con, exp, ex]() -> Status {
     if (exp->parsed()) return run_export(*ex);
     return run_consolidate(*args);

@@ -1,4 +1,5 @@
 // kiln eval CKPT_OR_DIR (--data OUT | --jsonl FILE | --tasks FILE...) [--json]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -7,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_read.h"
 #include "common/json.h"
 #include "engine/checkpoint/hf.h"
 #include "engine/infer/eval_tasks.h"
@@ -35,13 +37,37 @@ struct EvalArgs {
 
 using Losses = std::map<std::string, engine::TextLoss>;
 
-void add_doc(engine::GptInference& model, int32_t bos, const std::vector<int32_t>& ids,
-             size_t bytes, engine::TextLoss* out) {
+// The longest line of --jsonl or a task file read (a file without newlines is refused, not held).
+constexpr size_t kMaxEvalLineBytes = size_t{64} << 20;
+
+int64_t docs_in(const Losses& l) {
+  int64_t n = 0;
+  for (const auto& [d, v] : l) n += v.docs;
+  return n;
+}
+
+// The memory preflight of the windows eval runs, as they grow: the model was loaded with one
+// position's; a document whose window (at most seq_len + 1 tokens) is longer than any before is
+// checked before it runs.
+int64_t g_checked_positions = 1;
+Status check_window(engine::GptInference& model, size_t tokens, const std::string& key) {
+  const int64_t window =
+      std::min<int64_t>(model.model().seq_len + 1, static_cast<int64_t>(tokens) + 1);
+  if (window <= g_checked_positions) return Status::ok();
+  KILN_RETURN_IF_ERROR(engine::check_inference_memory(model.model(), window, model.device(), key));
+  g_checked_positions = window;
+  return Status::ok();
+}
+
+Status add_doc(engine::GptInference& model, int32_t bos, const std::vector<int32_t>& ids,
+               size_t bytes, engine::TextLoss* out, const std::string& key) {
+  KILN_RETURN_IF_ERROR(check_window(model, ids.size(), key));
   int64_t n = 0;
   out->nats += engine::sequence_nll(model, bos, ids, &n);
   out->tokens += n;
   out->bytes += static_cast<int64_t>(bytes);
   ++out->docs;
+  return Status::ok();
 }
 
 // The validation split of a `kiln prep` dataset: each document's stored tokens and text bytes.
@@ -83,7 +109,7 @@ Status eval_dataset(const EvalArgs& a, engine::GptInference& model, int32_t bos,
         }
         ids.push_back(static_cast<int32_t>(id));
       }
-      add_doc(model, bos, ids, txt->data.size(), &(*out)[s.domain]);
+      KILN_RETURN_IF_ERROR(add_doc(model, bos, ids, txt->data.size(), &(*out)[s.domain], "--data"));
       ++docs[s.domain];
     }
   }
@@ -97,9 +123,16 @@ Status eval_jsonl(const EvalArgs& a, engine::GptInference& model, const prep::To
   if (!in) return Status::from_errno("open", a.jsonl);
   std::string line;
   long no = 0;
+  bool too_long = false;
   std::map<std::string, int64_t> docs;
-  while (std::getline(in, line)) {
+  while (read_line_capped(in, kMaxEvalLineBytes, &line, &too_long)) {
     ++no;
+    if (too_long) {
+      return Status::data("a line longer than " + std::to_string(kMaxEvalLineBytes) +
+                          " bytes (a file without newlines?)")
+          .with_file(a.jsonl)
+          .with_line(no);
+    }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     auto parsed = parse_untrusted_json(line);
     if (!parsed.is_ok()) return std::move(parsed).take_status().with_file(a.jsonl).with_line(no);
@@ -121,7 +154,7 @@ Status eval_jsonl(const EvalArgs& a, engine::GptInference& model, const prep::To
     const std::string text = j["text"].get<std::string>();
     std::vector<int32_t> ids;
     for (uint32_t id : tok.encode(text)) ids.push_back(static_cast<int32_t>(id));
-    add_doc(model, bos, ids, text.size(), &(*out)[domain]);
+    KILN_RETURN_IF_ERROR(add_doc(model, bos, ids, text.size(), &(*out)[domain], "--jsonl"));
     ++docs[domain];
   }
   return Status::ok();
@@ -149,10 +182,48 @@ Status run_eval(const EvalArgs& a) {
     KILN_ASSIGN_OR_RETURN(auto ex, engine::read_mc_tasks(f));
     tasks.emplace_back(fs::path(f).stem().string(), std::move(ex));
   }
-  KILN_ASSIGN_OR_RETURN(auto model, load_inference(w, a.device));
+  // The task examples' windows: at most one token per UTF-8 byte of the context and the longest
+  // choice, plus the end-of-text token and a leading space's.
+  int64_t positions = 1;
+  for (const auto& [name, ex] : tasks) {
+    for (const engine::McExample& e : ex) {
+      size_t longest = 0;
+      for (const std::string& c : e.choices) longest = std::max(longest, c.size());
+      positions = std::max(positions, static_cast<int64_t>(e.context.size() + longest) + 3);
+    }
+  }
+  positions = std::min(positions, w.model.seq_len + 1);
+  g_checked_positions = positions;
+  KILN_ASSIGN_OR_RETURN(
+      auto model, load_inference(w, a.device, positions, tasks.empty() ? "MODEL" : "--tasks"));
   Losses losses;
-  if (!a.data.empty()) KILN_RETURN_IF_ERROR(eval_dataset(a, *model, bos, &losses));
-  if (!a.jsonl.empty()) KILN_RETURN_IF_ERROR(eval_jsonl(a, *model, *tok, bos, &losses));
+  // No documents to score is an error (bad data, exit 3), not a report without figures.
+  auto none = [](const std::string& flag, const std::string& file, const std::string& what) {
+    return Status::data("no documents to evaluate: " + what).with_file(file).with_key(flag);
+  };
+  if (!a.data.empty()) {
+    KILN_RETURN_IF_ERROR(eval_dataset(a, *model, bos, &losses));
+    if (docs_in(losses) == 0) {
+      return none("--data", a.data, "its validation split holds no documents");
+    }
+  }
+  if (!a.jsonl.empty()) {
+    const int64_t before = docs_in(losses);
+    KILN_RETURN_IF_ERROR(eval_jsonl(a, *model, *tok, bos, &losses));
+    if (docs_in(losses) == before) {
+      return none("--jsonl", a.jsonl, "the file has no non-blank lines");
+    }
+  }
+  if (!losses.empty()) {
+    int64_t tokens = 0;
+    for (const auto& [d, l] : losses) tokens += l.tokens;
+    if (tokens == 0) {
+      return Status::data(
+                 "no tokens to score: every document is empty (or one token with no end-of-text "
+                 "token before it)")
+          .with_key(a.jsonl.empty() ? "--data" : "--jsonl");
+    }
+  }
   nlohmann::ordered_json out;
   out["model"] = w.path;
   if (w.step >= 0) out["step"] = w.step;

@@ -1,4 +1,5 @@
 // kiln generate CKPT_OR_DIR (--prompt TEXT | --prompts-file FILE | stdin) [sampling flags]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "common/bounded_read.h"
 #include "common/log.h"
 #include "engine/checkpoint/hf.h"
 #include "engine/infer/gpt_infer.h"
@@ -17,6 +19,10 @@
 
 namespace kiln::cli {
 namespace {
+
+// The longest prompt read (a line of --prompts-file, or standard input): 64 MiB of text is
+// millions of tokens, past any model's context.
+constexpr size_t kMaxPromptBytes = size_t{64} << 20;
 
 struct GenerateArgs {
   std::string model;
@@ -96,7 +102,16 @@ Status run_generate(GenerateArgs& a) {
       std::ifstream in(a.prompts_file, std::ios::binary);
       if (!in) return Status::from_errno("open", a.prompts_file);
       std::string line;
-      while (std::getline(in, line)) {
+      bool too_long = false;
+      int64_t no = 0;
+      while (read_line_capped(in, kMaxPromptBytes, &line, &too_long)) {
+        ++no;
+        if (too_long) {
+          return Status::data("a prompt longer than " + std::to_string(kMaxPromptBytes) +
+                              " bytes (a file without newlines?)")
+              .with_file(a.prompts_file)
+              .with_line(no);
+        }
         if (!line.empty()) texts.push_back(line);
       }
       if (texts.empty())
@@ -104,8 +119,16 @@ Status run_generate(GenerateArgs& a) {
     }
     for (const auto& p : a.prompts) texts.push_back(p);
     if (texts.empty()) {  // standard input, whole, as one prompt
-      texts.emplace_back(std::istreambuf_iterator<char>(std::cin),
-                         std::istreambuf_iterator<char>());
+      std::string text;
+      char buf[1 << 16];
+      while (std::cin.read(buf, sizeof buf) || std::cin.gcount() > 0) {
+        text.append(buf, static_cast<size_t>(std::cin.gcount()));
+        if (text.size() > kMaxPromptBytes) {
+          return Status::data("the prompt on standard input is longer than " +
+                              std::to_string(kMaxPromptBytes) + " bytes");
+        }
+      }
+      texts.push_back(std::move(text));
     }
     for (const std::string& text : texts) {
       std::vector<int32_t> ids;
@@ -122,12 +145,23 @@ Status run_generate(GenerateArgs& a) {
   } else {
     a.gen.eos_id = tok && tok->eos_id() >= 0 ? tok->eos_id() : w.eos_id;
   }
-  KILN_ASSIGN_OR_RETURN(auto model, load_inference(w, a.device));
+  // The positions the longest prompt and its new tokens reach (the KV cache is sized by them).
+  int64_t positions = 1;
+  for (const auto& p : prompts) {
+    positions = std::max(positions, static_cast<int64_t>(p.size()) + a.gen.max_tokens);
+  }
+  positions = std::min(positions, w.model.seq_len);
+  KILN_ASSIGN_OR_RETURN(auto model, load_inference(w, a.device, positions, "--max-tokens"));
   if (!a.logits.empty()) {  // the full forward's logits of the (first) prompt
     const auto& p = prompts[0];
     if (static_cast<int64_t>(p.size()) > w.model.seq_len) {
       return Status::usage("--logits: the prompt is longer than the model's context");
     }
+    // The logits on the device and their host copy (a prompt of millions of tokens over a
+    // large vocabulary is terabytes).
+    const uint64_t bytes = 2 * p.size() * static_cast<uint64_t>(w.model.vocab_size) * 4;
+    KILN_RETURN_IF_ERROR(engine::check_inference_memory(w.model, static_cast<int64_t>(p.size()),
+                                                        model->device(), "--logits", bytes));
     std::vector<float> logits(p.size() * static_cast<size_t>(w.model.vocab_size));
     model->forward_full(p.data(), static_cast<int>(p.size()), logits.data());
     KILN_RETURN_IF_ERROR(

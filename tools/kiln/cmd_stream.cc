@@ -69,6 +69,10 @@ RunFn add_stream_command(CLI::App& root) {
   cmd->add_flag("--repartition", o.loader.repartition,
                 "continue a --state-in whose partitions W does not divide (or whose global "
                 "batch differs) in another order instead of refusing");
+  cmd->add_flag(
+      "--show-tokens", o.show_tokens,
+      "also print each sequence's \"tokens\", \"doc_starts\" and \"loss_mask\" (a '0'/'1' "
+      "per token: 1 = a target the loss counts; chat samples count their assistant turns)");
   cmd->add_option("--seed", o.loader.seed, "shuffle and mixture seed (shared by all ranks)")
       ->capture_default_str();
   cmd->add_option("--weights", f->weights,

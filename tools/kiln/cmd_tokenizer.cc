@@ -23,7 +23,7 @@ struct TokenizerFlags {
   std::string output;
   std::vector<std::string> specials;
   uint64_t min_frequency = 2;
-  std::string pretokenizer = "kiln-v1";
+  std::string pretokenizer = "llama3";
   std::string pattern;
   uint32_t cjk_chunk = 0;
   std::string max_bytes = "0";
@@ -32,6 +32,7 @@ struct TokenizerFlags {
   // encode / decode
   std::string tokenizer, vocab, merges;
   bool jsonl = false;
+  std::string special_tokens = "text";
 };
 
 Result<prep::Tokenizer> load_for_use(const TokenizerFlags& f) {
@@ -63,10 +64,9 @@ Status run_train(const TokenizerFlags& f) {
     if (!spec.is_ok()) return Status::usage("--pattern: " + spec.status().message());
     opts.pretokenizer = std::move(spec).value();
   } else {
-    auto kind = prep::parse_pretokenizer_name(f.pretokenizer);
-    if (!kind.is_ok()) return Status::usage("--pretokenizer: " + kind.status().message());
-    opts.pretokenizer.kind = *kind;
-    opts.pretokenizer.cjk_chunk = f.cjk_chunk;
+    auto spec = prep::pretokenizer_by_name(f.pretokenizer, f.cjk_chunk);
+    if (!spec.is_ok()) return Status::usage("--pretokenizer: " + spec.status().message());
+    opts.pretokenizer = std::move(spec).value();
   }
   KILN_ASSIGN_OR_RETURN(uint64_t max_bytes, parse_size("--max-bytes", f.max_bytes));
   KILN_ASSIGN_OR_RETURN(uint64_t max_text_bytes, parse_size("--max-text-bytes", f.max_text_bytes));
@@ -105,11 +105,15 @@ void append_ids(const std::vector<uint32_t>& ids, std::string* out) {
 }
 
 Status run_encode(const TokenizerFlags& f) {
+  auto mode = prep::parse_special_tokens(f.special_tokens);
+  if (!mode.is_ok()) return Status::usage("--special-tokens: " + mode.status().message());
   KILN_ASSIGN_OR_RETURN(prep::Tokenizer tok, load_for_use(f));
+  tok.set_special_tokens(*mode);
   std::string text = read_stdin();
   std::string out;
+  std::vector<uint32_t> ids;
   if (!f.jsonl) {
-    std::vector<uint32_t> ids = tok.encode(text);
+    KILN_RETURN_IF_ERROR(tok.encode(text, &ids));
     out.reserve(ids.size() * 6 + 1);
     append_ids(ids, &out);
   } else {
@@ -125,7 +129,10 @@ Status run_encode(const TokenizerFlags& f) {
       if (!j.is_ok() || !j->is_object() || !j->contains("text") || !(*j)["text"].is_string())
         return Status::data("standard input line " + std::to_string(line_no) +
                             ": not a JSON object with a string \"text\"");
-      append_ids(tok.encode((*j)["text"].get<std::string>()), &out);
+      ids.clear();
+      Status st = tok.encode((*j)["text"].get_ref<const std::string&>(), &ids);
+      if (!st.is_ok()) return std::move(st).with_line(long(line_no));
+      append_ids(ids, &out);
     }
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -179,7 +186,10 @@ RunFn add_tokenizer_command(CLI::App& root) {
   train->add_option("--min-frequency", flags->min_frequency,
                     "stop when the most frequent pair occurs fewer times")
       ->capture_default_str();
-  train->add_option("--pretokenizer", flags->pretokenizer, "kiln-v1 or gpt2")
+  train
+      ->add_option("--pretokenizer", flags->pretokenizer,
+                   "llama3 (Llama 3's pattern: llama.cpp's llama-bpe), gpt2 or kiln-v1 (Kiln's "
+                   "own, which llama.cpp cannot reproduce)")
       ->capture_default_str();
   train->add_option("--pattern", flags->pattern,
                     "pre-tokenize with this regular expression instead (as a tokenizer.json's "
@@ -201,6 +211,12 @@ RunFn add_tokenizer_command(CLI::App& root) {
   encode->add_flag("--jsonl", flags->jsonl,
                    "standard input is JSONL (a string \"text\" per line): print one line of ids "
                    "per input line");
+  encode
+      ->add_option("--special-tokens", flags->special_tokens,
+                   "special-token text in the input: 'text' encodes it as ordinary text (a "
+                   "document cannot inject a special id), 'parse' makes it the special token "
+                   "(as Hugging Face's encode; chat data)")
+      ->capture_default_str();
   CLI::App* decode = cmd->add_subcommand(
       "decode", "read token ids (whitespace-separated) on standard input, print the text");
   add_use_flags(decode, flags.get());

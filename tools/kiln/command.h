@@ -28,6 +28,7 @@ RunFn add_plan_command(CLI::App& root);
 RunFn add_checkpoint_command(CLI::App& root);
 RunFn add_generate_command(CLI::App& root);
 RunFn add_eval_command(CLI::App& root);
+RunFn add_chat_command(CLI::App& root);  // tools/kiln/cmd_chat.cc
 
 // Adds the common "--config FILE" and repeatable "--set key.path=value" options.
 struct ConfigFlags {

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   remember(add_checkpoint_command(app));
   remember(add_generate_command(app));
   remember(add_eval_command(app));
+  remember(add_chat_command(app));
 
   try {
     app.parse(argc, argv);

@@ -22,7 +22,9 @@ Result<prep::Tokenizer> model_tokenizer(const engine::ModelWeights& w,
 }
 
 Result<std::unique_ptr<engine::GptInference>> load_inference(engine::ModelWeights& w,
-                                                             const std::string& flag) {
+                                                             const std::string& flag,
+                                                             int64_t positions,
+                                                             const std::string& key) {
   const bool from_run = flag.empty() && !w.device.empty();
   const std::string name = !flag.empty() ? flag : from_run ? w.device : "cpu";
   const std::string where =
@@ -32,6 +34,9 @@ Result<std::unique_ptr<engine::GptInference>> load_inference(engine::ModelWeight
     return Status::usage("--device '" + name + "' is not one of cpu | cuda" + where)
         .with_key("--device");
   }
+  // (a device that cannot be used is reported by load below, naming --device)
+  Status memory = engine::check_inference_memory(w.model, positions, *device, key);
+  if (!memory.is_ok() && memory.key() != "device") return memory;
   auto model = engine::GptInference::load(w, *device);
   if (!model.is_ok() && model.status().key() == "device") {
     return Status(model.status()).with_key("--device").prefixed("--device " + name + where);

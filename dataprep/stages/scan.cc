@@ -4,7 +4,6 @@
 // exists, so a killed scan resumes at unit granularity.
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_for_each.h>
-#include <tbb/parallel_pipeline.h>
 #include <tbb/task_arena.h>
 
 #include <atomic>
@@ -21,7 +20,9 @@
 #include "common/tsan.h"
 #include "dataprep/dedup/normalise.h"
 #include "dataprep/dedup/shingle.h"
-#include "dataprep/prep_internal.h"
+#include "dataprep/stages/batch_pipeline.h"
+#include "dataprep/stages/stages.h"
+#include "dataprep/stages/work_files.h"
 
 namespace kiln::prep::detail {
 namespace {
@@ -88,10 +89,11 @@ void process_batch(const Context& c, ScanWork* w) {
   w->table.reserve(w->raw.items.size() * L.bytes);
   const filter::FilterChain& chain = *c.opt.filters;
   if (!chain.empty()) w->stats.filters.resize(chain.size());
+  const InputView in = c.inputs();
   for (const RawItem& it : w->raw.items) {
     ++w->stats.docs_in;
     ParseResult pr =
-        parse_item(c, w->raw, it, /*want_fields=*/chain.needs_url(), &s.doc, /*copy_text=*/false);
+        parse_item(in, w->raw, it, /*want_fields=*/chain.needs_url(), &s.doc, /*copy_text=*/false);
     const uint64_t this_docid = make_docid(w->raw.fid, it.ordinal);
     if (!pr.ok) {
       ++w->stats.rejected[static_cast<int>(pr.reason)];
@@ -184,50 +186,28 @@ struct UnitOutput {
 
 Status scan_file(const Context& c, uint32_t fid, UnitOutput* out, FileStats* stats,
                  Progress* progress) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<FileBatcher> batcher, FileBatcher::open(c, fid));
-  Status status;
-  std::mutex status_mu;
-  auto fail = [&](Status st) {
-    std::lock_guard lock(status_mu);
-    if (status.is_ok()) status = std::move(st);
-  };
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<FileBatcher> batcher, FileBatcher::open(c.inputs(), fid));
   uint64_t reported = 0;
-  const size_t tokens = 2 * static_cast<size_t>(tbb::this_task_arena::max_concurrency());
-  const tsan::ForkJoin fork_join;
-  tbb::parallel_pipeline(
-      tokens, tbb::make_filter<void, ScanWork*>(
-                  tbb::filter_mode::serial_in_order,
-                  fork_join.serial_filter([&](tbb::flow_control& fc) -> ScanWork* {
-                    auto* w = new ScanWork();
-                    auto r = batcher->next(&w->raw);
-                    if (progress) {
-                      uint64_t now = batcher->disk_bytes();
-                      progress->add((now >> 20) - (reported >> 20));
-                      reported = now;
-                    }
-                    if (!r.is_ok() || !*r) {
-                      if (!r.is_ok()) fail(std::move(r).take_status());
-                      delete w;
-                      fc.stop();
-                      return nullptr;
-                    }
-                    return w;
-                  })) &
-                  tbb::make_filter<ScanWork*, ScanWork*>(
-                      tbb::filter_mode::parallel, fork_join.parallel_filter([&](ScanWork* w) {
-                        process_batch(c, w);
-                        return w;
-                      })) &
-                  tbb::make_filter<ScanWork*, void>(
-                      tbb::filter_mode::serial_in_order, fork_join.serial_filter([&](ScanWork* w) {
-                        Status st = out->write(w->table, w->rejects, w->filtered);
-                        if (!st.is_ok()) fail(std::move(st));
-                        stats->add(w->stats);
-                        delete w;
-                        crash_point("scan-batch");
-                      })));
-  fork_join.join();
-  return status;
+  return run_batch_pipeline<ScanWork>(
+      [&](ScanWork& w) -> Result<bool> {
+        auto more = batcher->next(&w.raw);
+        if (progress) {
+          const uint64_t now = batcher->disk_bytes();
+          progress->add((now >> 20) - (reported >> 20));
+          reported = now;
+        }
+        return more;
+      },
+      [&](ScanWork& w) {
+        process_batch(c, &w);
+        return Status::ok();
+      },
+      [&](ScanWork& w) {
+        KILN_RETURN_IF_ERROR(out->write(w.table, w.rejects, w.filtered));
+        stats->add(w.stats);
+        crash_point("scan-batch");
+        return Status::ok();
+      });
 }
 
 Status scan_unit(const Context& c, const FileRun& u, Progress* progress) {
@@ -262,7 +242,8 @@ bool load_unit(Context& c, const FileRun& u, bool verify) {
   if (!marker.is_ok()) return false;
   const nlohmann::json& m = *marker;
   try {
-    if (json_integer_at<uint32_t>(m, "first") != u.first || json_integer_at<uint32_t>(m, "last") != u.last)
+    if (json_integer_at<uint32_t>(m, "first") != u.first ||
+        json_integer_at<uint32_t>(m, "last") != u.last)
       return false;
     for (const char* part : {"table", "rejects", "filtered"}) {
       const std::string p = part;
@@ -301,13 +282,14 @@ Status find_url_duplicates(Context& c) {
   std::vector<std::vector<Entry>> per_file(last - first);
   Status status;
   std::mutex mu;
+  const InputView in = c.inputs();
   const tsan::ForkJoin fork_join;
   tbb::parallel_for(first, last, fork_join.task([&](uint32_t fid) {
     auto fail = [&](Status st) {
       std::lock_guard lock(mu);
       if (status.is_ok()) status = std::move(st);
     };
-    auto batcher = FileBatcher::open(c, fid);
+    auto batcher = FileBatcher::open(c.inputs(), fid);
     if (!batcher.is_ok()) return fail(std::move(batcher).take_status());
     RawBatch b;
     Document doc;
@@ -316,7 +298,7 @@ Status find_url_duplicates(Context& c) {
       if (!more.is_ok()) return fail(std::move(more).take_status());
       if (!*more) break;
       for (const RawItem& it : b.items) {
-        ParseResult pr = parse_item(c, b, it, /*want_fields=*/true, &doc, /*copy_text=*/false);
+        ParseResult pr = parse_item(in, b, it, /*want_fields=*/true, &doc, /*copy_text=*/false);
         if (!pr.ok || doc.url.empty()) continue;
         const std::string key = filter::url_dedup_key(doc.url);
         if (key.empty()) continue;
@@ -415,8 +397,8 @@ Status scan_stage(Context& c) {
   // Every unit is done: load the stats of the ones just written.
   for (const FileRun& u : pending)
     if (!load_unit(c, u, /*verify=*/false))
-      return Status::internal("unit marker missing right after the scan").with_file(
-          c.unit_path(u, "done"));
+      return Status::internal("unit marker missing right after the scan")
+          .with_file(c.unit_path(u, "done"));
   return Status::ok();
 }
 

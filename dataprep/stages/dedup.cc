@@ -1,4 +1,4 @@
-// Stages 2 and 3: exact and near-duplicate resolution across all ranks.
+// Stages 2 and 3 (exact, dedup): exact and near-duplicate resolution across all ranks.
 //
 // Exact: (128-bit hash, docid) records go to owner rank hash % size, are sorted (spilling runs
 // past the memory budget) and grouped; in each group the earliest document is the leader and the
@@ -22,52 +22,10 @@
 #include "common/log.h"
 #include "common/tsan.h"
 #include "dataprep/dedup/external_sort.h"
-#include "dataprep/prep_internal.h"
+#include "dataprep/stages/stages.h"
+#include "dataprep/stages/work_files.h"
 
 namespace kiln::prep::detail {
-
-TableScanner::~TableScanner() {
-  if (f_) std::fclose(f_);
-}
-
-const uint8_t* TableScanner::next() {
-  const size_t rb = c_.layout.bytes;
-  while (at_ + rb > n_) {
-    if (f_ && std::feof(f_)) {
-      std::fclose(f_);
-      f_ = nullptr;
-    }
-    if (!f_) {
-      if (unit_ >= c_.units.size()) return nullptr;
-      std::string path = c_.unit_path(c_.units[unit_++], "tbl");
-      f_ = std::fopen(path.c_str(), "rb");
-      if (!f_) {
-        status_ = Status::from_errno("open", path);
-        return nullptr;
-      }
-      buf_.resize(std::max<size_t>(rb * 4096, size_t{4} << 20) / rb * rb);
-      n_ = at_ = 0;
-      continue;
-    }
-    size_t keep = n_ - at_;  // records never straddle files, so keep is 0 here normally
-    std::memmove(buf_.data(), buf_.data() + at_, keep);
-    size_t got = std::fread(buf_.data() + keep, 1, buf_.size() - keep, f_);
-    if (got == 0 && std::ferror(f_)) {
-      status_ = Status::io("reading a scan table failed");
-      return nullptr;
-    }
-    n_ = keep + got;
-    at_ = 0;
-    if (got == 0) {
-      std::fclose(f_);
-      f_ = nullptr;
-      n_ = at_ = 0;
-    }
-  }
-  const uint8_t* p = buf_.data() + at_;
-  at_ += rb;
-  return p;
-}
 
 DedupSettings dedup_settings(const PrepOptions& opt) {
   DedupSettings s;
@@ -110,9 +68,8 @@ Status exchange(Context& c, Produce&& produce, Owner&& owner, ExternalSorter<Rec
     }
     KILN_ASSIGN_OR_RETURN(std::vector<Rec> got, comm::alltoallv(*c.g, per_dest));
     KILN_RETURN_IF_ERROR(sorter->add(got.data(), got.size()));
-    KILN_ASSIGN_OR_RETURN(int64_t more,
-                          comm::allreduce_value<int64_t>(*c.g, exhausted ? 0 : 1,
-                                                         comm::ReduceOp::kMax));
+    KILN_ASSIGN_OR_RETURN(int64_t more, comm::allreduce_value<int64_t>(*c.g, exhausted ? 0 : 1,
+                                                                       comm::ReduceOp::kMax));
     if (more == 0) break;
   }
   return Status::ok();
@@ -129,9 +86,7 @@ struct ExactRec {
 
 struct BandRec {
   uint64_t key, docid;
-  bool operator<(const BandRec& o) const {
-    return key != o.key ? key < o.key : docid < o.docid;
-  }
+  bool operator<(const BandRec& o) const { return key != o.key ? key < o.key : docid < o.docid; }
 };
 
 using Pair = DocPair;
@@ -159,8 +114,8 @@ Status read_signatures(const Context& c, const std::vector<uint64_t>& want,
     auto pread_all = [&](void* buf, size_t n, uint64_t off) {
       size_t done = 0;
       while (done < n) {
-        ssize_t r = ::pread(fd, static_cast<char*>(buf) + done, n - done,
-                            static_cast<off_t>(off + done));
+        ssize_t r =
+            ::pread(fd, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(off + done));
         if (r <= 0) return false;
         done += static_cast<size_t>(r);
       }
@@ -198,8 +153,10 @@ Status read_signatures(const Context& c, const std::vector<uint64_t>& want,
         while (a < b) {
           uint64_t mid = (a + b) / 2, d = 0;
           if (!pread_all(&d, 8, mid * L.bytes)) break;
-          if (d < want[k]) a = mid + 1;
-          else b = mid;
+          if (d < want[k])
+            a = mid + 1;
+          else
+            b = mid;
         }
         if (a >= nrec || !pread_all(rec.data(), L.bytes, a * L.bytes) ||
             RecordView{rec.data()}.docid() != want[k]) {
@@ -261,8 +218,10 @@ Result<std::vector<double>> pair_similarities(Context& c, const std::vector<Pair
     std::vector<std::vector<uint64_t>> requests(c.size);
     std::vector<uint64_t> external;
     for (uint64_t d : docs) {
-      if (is_external(d)) external.push_back(d);
-      else requests[c.file_owner(docid_file(d))].push_back(d);
+      if (is_external(d))
+        external.push_back(d);
+      else
+        requests[c.file_owner(docid_file(d))].push_back(d);
     }
     std::vector<size_t> req_counts;
     KILN_ASSIGN_OR_RETURN(std::vector<uint64_t> asked,
@@ -360,8 +319,10 @@ class DocUnionFind {
   void unite(uint64_t a, uint64_t b) {
     size_t ra = find(index(a)), rb = find(index(b));
     if (ra == rb) return;
-    if (ra < rb) parent_[rb] = ra;  // indices follow docid order: the smaller index is earlier
-    else parent_[ra] = rb;
+    if (ra < rb)
+      parent_[rb] = ra;  // indices follow docid order: the smaller index is earlier
+    else
+      parent_[ra] = rb;
   }
   uint64_t rep(uint64_t d) { return nodes_[find(index(d))]; }
   const std::vector<uint64_t>& nodes() const { return nodes_; }
@@ -378,7 +339,7 @@ Status exact_stage(Context& c) {
   if (!c.opt.exact) return Status::ok();
   KILN_RETURN_IF_ERROR(make_dirs(c.tmp_dir()));
   ExternalSorter<ExactRec> sorter(c.tmp_dir(), "exact", c.opt.memory_bytes / 2);
-  TableScanner scan(c);
+  TableScanner scan(c.layout, c.table_paths());
   auto produce = [&](ExactRec* r) {
     const uint8_t* p = scan.next();
     if (!p) return false;
@@ -386,9 +347,10 @@ Status exact_stage(Context& c) {
     *r = {v.hash_lo(), v.hash_hi(), v.docid()};
     return true;
   };
-  Status st = exchange<ExactRec>(c, produce, [&](const ExactRec& r) {
-    return static_cast<int>(r.lo % static_cast<uint64_t>(c.size));
-  }, &sorter);
+  Status st = exchange<ExactRec>(
+      c, produce,
+      [&](const ExactRec& r) { return static_cast<int>(r.lo % static_cast<uint64_t>(c.size)); },
+      &sorter);
   if (st.is_ok()) st = scan.status();
   KILN_RETURN_IF_ERROR(st);
   std::vector<Pair> local;
@@ -428,7 +390,7 @@ Status dedup_stage(Context& c) {
     std::vector<Pair> candidates;
     {
       ExternalSorter<BandRec> sorter(c.tmp_dir(), "bands", c.opt.memory_bytes / 2);
-      TableScanner scan(c);
+      TableScanner scan(c.layout, c.table_paths());
       RecordView cur{nullptr};
       int band = bands;
       auto produce = [&](BandRec* r) {
@@ -443,9 +405,10 @@ Status dedup_stage(Context& c) {
         ++band;
         return true;
       };
-      Status st = exchange<BandRec>(c, produce, [&](const BandRec& r) {
-        return static_cast<int>(r.key % static_cast<uint64_t>(c.size));
-      }, &sorter);
+      Status st = exchange<BandRec>(
+          c, produce,
+          [&](const BandRec& r) { return static_cast<int>(r.key % static_cast<uint64_t>(c.size)); },
+          &sorter);
       if (st.is_ok()) st = scan.status();
       KILN_RETURN_IF_ERROR(st);
       std::vector<uint64_t> group, refs;
@@ -501,9 +464,9 @@ Status dedup_stage(Context& c) {
     } else {
       local_edges = candidates;
     }
-    KILN_ASSIGN_OR_RETURN(uint64_t total_candidates,
-                          comm::allreduce_value<uint64_t>(*c.g, candidates.size(),
-                                                          comm::ReduceOp::kSum));
+    KILN_ASSIGN_OR_RETURN(
+        uint64_t total_candidates,
+        comm::allreduce_value<uint64_t>(*c.g, candidates.size(), comm::ReduceOp::kSum));
     c.dedup.candidate_pairs = total_candidates;
     std::vector<Pair>().swap(candidates);
     KILN_ASSIGN_OR_RETURN(edges, comm::allgatherv(*c.g, local_edges));
@@ -519,7 +482,8 @@ Status dedup_stage(Context& c) {
           if (!is_external(d)) continue;
           KILN_ASSIGN_OR_RETURN(uint64_t kept,
                                 c.against.at(external_dataset(d))->kept_ref(external_ref(d)));
-          if (kept != external_ref(d)) links.push_back({make_external(external_dataset(d), kept), d});
+          if (kept != external_ref(d))
+            links.push_back({make_external(external_dataset(d), kept), d});
         }
       edges.insert(edges.end(), links.begin(), links.end());
       tsan::parallel_sort(edges.begin(), edges.end());
@@ -548,7 +512,8 @@ Status dedup_stage(Context& c) {
       // The earliest document of a cluster is never one its own run removed (it links to an
       // earlier one), so removed.jsonl names a kept document.
       if (is_external(r)) {
-        KILN_ASSIGN_OR_RETURN(uint64_t kept, c.against.at(external_dataset(r))->kept_ref(external_ref(r)));
+        KILN_ASSIGN_OR_RETURN(uint64_t kept,
+                              c.against.at(external_dataset(r))->kept_ref(external_ref(r)));
         if (kept != external_ref(r))
           return Status::internal("dedup: a cluster is kept by a removed document of " +
                                   c.opt.against.at(external_dataset(r)));
@@ -596,8 +561,9 @@ Status dedup_stage(Context& c) {
     }
     c.removed.push_back(e);
   }
-  tsan::parallel_sort(c.removed.begin(), c.removed.end(),
-                      [](const RemovedEntry& a, const RemovedEntry& b) { return a.docid < b.docid; });
+  tsan::parallel_sort(
+      c.removed.begin(), c.removed.end(),
+      [](const RemovedEntry& a, const RemovedEntry& b) { return a.docid < b.docid; });
   return Status::ok();
 }
 

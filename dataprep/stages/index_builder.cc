@@ -3,10 +3,13 @@
 // it costs one more pass over the tables and no re-reading of text. Its entries are the kept
 // documents and the near duplicates removed for a document of this same dataset
 // (index_entry()), each linked to the document its cluster kept.
+#include "dataprep/stages/index_builder.h"
+
 #include <algorithm>
 #include <cstring>
 
-#include "dataprep/prep_internal.h"
+#include "dataprep/stages/stages.h"
+#include "dataprep/stages/work_files.h"
 
 namespace kiln::prep::detail {
 
@@ -26,11 +29,10 @@ IndexBuilder::IndexBuilder(Context& c) : c_(c), enabled_(c.opt.index) {
     if (!index_entry(c, e)) ++removed_in_file[docid_file(e.docid)];
   for (uint32_t f = 0; f < c.my_first_file(); ++f)
     first_ += c.file_stats[f].valid - removed_in_file[f];
-  writer_ = std::make_unique<IndexRunWriter>(c.out + "/dedup/index", c.index_segment, c.rank,
-                                             c.opt.near ? c.layout.num_perm : 0,
-                                             c.opt.near ? c.layout.bands : 0, c.tmp_dir(),
-                                             c.opt.memory_bytes / 2);
-  scan_ = std::make_unique<TableScanner>(c);
+  writer_ = std::make_unique<IndexRunWriter>(
+      c.out + "/dedup/index", c.index_segment, c.rank, c.opt.near ? c.layout.num_perm : 0,
+      c.opt.near ? c.layout.bands : 0, c.tmp_dir(), c.opt.memory_bytes / 2);
+  scan_ = std::make_unique<TableScanner>(c.layout, c.table_paths());
   const uint64_t lo = make_docid(c.my_first_file(), 0), hi = make_docid(c.my_last_file(), 0);
   for (const RemovedEntry& e : c.removed)
     if (!is_external(e.kept) && e.kept >= lo && e.kept < hi) reps_.push_back(e.kept);
@@ -143,7 +145,8 @@ Result<nlohmann::json> IndexBuilder::finish() {
   std::vector<DocRef> offer;
   for (const auto& [docid, ref] : my_reps_) offer.push_back({docid, ref});
   KILN_ASSIGN_OR_RETURN(std::vector<DocRef> all, comm::allgatherv(*c_.g, offer));
-  std::sort(all.begin(), all.end(), [](const DocRef& a, const DocRef& b) { return a.docid < b.docid; });
+  std::sort(all.begin(), all.end(),
+            [](const DocRef& a, const DocRef& b) { return a.docid < b.docid; });
   for (const Pending& p : pending_) {
     auto it = std::lower_bound(all.begin(), all.end(), p.kept,
                                [](const DocRef& a, uint64_t d) { return a.docid < d; });
