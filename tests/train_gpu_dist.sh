@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data parallelism, ZeRO and tensor parallelism with `device: cuda` under mpirun (ctest
 # train_gpu_dist_*): the model's buffers and activations over NCCL, host values over MPI
-# (engine/parallel/data_parallel.h, engine/parallel/tensor_parallel.h). One check per invocation:
+# (engine/parallel/parallelism.h, engine/parallel/tensor_parallel.h). One check per invocation:
 #   train_gpu_dist.sh CHECK KILN_BINARY SOURCE_DIR WORK_DIR MPIEXEC
 # CHECK:
 #   refuse  (any machine) what cannot run is a config error naming `device` (exit 2) on every

@@ -111,7 +111,7 @@ class Runtime {
 // `device` when the build has no CUDA or no GPU is usable (the reason is in the message).
 Result<Runtime*> runtime_for(Device d);
 // Makes GPU `ordinal` this process's CUDA device (before anything is allocated on a GPU; for
-// several ranks on one machine, engine/parallel/data_parallel.h). kUnimplemented naming `device` as
+// several ranks on one machine, engine/parallel/parallelism.h). kUnimplemented naming `device` as
 // runtime_for when no GPU is usable; kConfig naming `device` when `ordinal` does not exist (the
 // message says how many devices this process sees).
 Status select_cuda_device(int ordinal);

@@ -85,7 +85,7 @@ struct RankMemory {
   uint64_t peak() const { return total() > startup ? total() : startup; }
 };
 
-// Whether this version's `kiln train` runs the layout (engine/parallel/data_parallel.h,
+// Whether this version's `kiln train` runs the layout (engine/parallel/parallelism.h,
 // engine/parallel/pipeline.h: ZeRO-2/3 with pp > 1 are refused); the others are estimates on
 // paper.
 bool layout_trainable(const Layout& layout);

@@ -31,7 +31,7 @@
 // stage finishes.
 //
 // PipelineExecutor carries out a plan on a Model of one stage over the pp group: host memory
-// (MPI) on the CPU, device memory (the pp group's NCCL twin, engine/parallel/data_parallel.h) on
+// (MPI) on the CPU, device memory (the pp group's NCCL twin, engine/parallel/parallelism.h) on
 // cuda. Activations are tagged 0, gradients 1. A failed or stalled message is reported by the
 // group (the collective watchdog names the peer, comm/comm.h). Not thread-safe.
 #pragma once

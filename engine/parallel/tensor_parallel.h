@@ -26,7 +26,7 @@
 // With ZeRO (engine/parallel/zero.h) each TP rank's slices are sharded over its data-parallel
 // group, and ZeroOptimizer::inspect takes over the norm below. Checkpoints: every TP rank writes
 // its own slices (engine/checkpoint/checkpoint.h); loading reshards to any TP size. Two groups over
-// the same ranks, as data parallelism has (engine/parallel/data_parallel.h): the host group (MPI)
+// the same ranks, as data parallelism has (engine/parallel/parallelism.h): the host group (MPI)
 // for host values (the gradient norm's sum) and the data group for the model's memory - the same
 // MPI group on the CPU, an NCCL group with device: cuda, where the activation sums, the embedding
 // and the cross-entropy statistics stay on the GPU. The model's calls are templates over the kernel

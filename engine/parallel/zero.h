@@ -39,7 +39,7 @@
 // than its own states.
 //
 // Memory: the shards and every buffer live in params.runtime()'s memory, and the collectives on
-// them go over `dp`, the group that carries that memory (engine/parallel/data_parallel.h chooses it
+// them go over `dp`, the group that carries that memory (engine/parallel/parallelism.h chooses it
 // once: an MPI group on the CPU, an NCCL group on a GPU); the norm's and the overflow count's
 // scalars go over `dp_host` (and `tp`), host-memory groups of the same ranks. Nothing here branches
 // on the device. Not thread-safe: the training thread owns it.

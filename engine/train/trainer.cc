@@ -21,8 +21,10 @@
 #include "common/stop_signal.h"
 #include "common/text.h"
 #include "engine/checkpoint/hf.h"
+#include "engine/checkpoint/sharded_save.h"
 #include "engine/model/schedule.h"
-#include "engine/parallel/data_parallel.h"
+#include "engine/parallel/gradient_strategy.h"
+#include "engine/parallel/parallelism.h"
 #include "engine/parallel/pipeline.h"
 #include "engine/parallel/tensor_parallel.h"
 #include "engine/stability/decision.h"
@@ -66,17 +68,17 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   t->options_ = options;
   // Under mpirun: this rank's place among the data-parallel ranks (one process otherwise).
   KILN_ASSIGN_OR_RETURN(
-      t->dp_,
-      DataParallel::create(config.parallel, config.activation_checkpointing, config.device));
-  if (!t->dp_->is_root()) t->options_.console = false;
+      t->par_,
+      Parallelism::create(config.parallel, config.activation_checkpointing, config.device));
+  if (!t->par_->is_root()) t->options_.console = false;
   cpu::set_num_threads(static_cast<int>(config.run.threads));  // host threads (loader, CPU kernels)
   // The device is chosen here, once; everything below reaches it through the Runtime.
-  // (Under mpirun with cuda, DataParallel::create bound this rank to its GPU and opened the NCCL
+  // (Under mpirun with cuda, Parallelism::create bound this rank to its GPU and opened the NCCL
   // group that carries the device buffers; host values stay on the MPI groups.)
   KILN_ASSIGN_OR_RETURN(Runtime * runtime, runtime_for(config.device));
-  if (t->dp_->tp_group().size() > 1) {
+  if (t->par_->tp_group().size() > 1) {
     KILN_ASSIGN_OR_RETURN(t->tp_, TensorParallel::create(config.model, config.stability,
-                                                         t->dp_->tp_group(), &t->dp_->data_tp()));
+                                                         t->par_->tp_group(), &t->par_->data_tp()));
   }
 
   // The memory preflight (engine/train/preflight.h), on every rank before its model states exist:
@@ -86,25 +88,28 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   const int pp_rank =
       static_cast<int>((comm::world().rank() / std::max<int64_t>(1, config.parallel.tp)) %
                        std::max<int64_t>(1, config.parallel.pp));
-  KILN_RETURN_IF_ERROR(t->dp_->agree(check_memory(config, t->dp_->world_size(), budget, pp_rank)));
+  KILN_RETURN_IF_ERROR(
+      t->par_->agree(check_memory(config, t->par_->world_size(), budget, pp_rank)));
 
-  auto data = open_data_source(config.data, config.model, config.run.seed, t->dp_->data_rank());
-  KILN_RETURN_IF_ERROR(t->dp_->agree(data.is_ok() ? Status::ok() : data.status()));
+  auto data = open_data_source(config.data, config.model, config.run.seed, t->par_->data_rank());
+  KILN_RETURN_IF_ERROR(t->par_->agree(data.is_ok() ? Status::ok() : data.status()));
   t->data_ = std::move(data).value();
   KILN_RETURN_IF_ERROR(t->build_model_states(runtime));
   t->optimizer_ = std::make_unique<AdamW>(config.optimizer);
+  t->grads_ =
+      make_gradient_strategy(*t->par_, *t->params_, *t->optimizer_, config.optimizer, t->tp_.get());
   t->scaler_ = LossScaler(config.loss_scale, config.precision == Precision::kFp16);
   // Pipeline parallelism: this stage's model keeps the schedule's micro-batches in flight, and
   // the executor runs the step's micro-batches through the stages.
-  const int pp = t->dp_->pp_size();
+  const int pp = t->par_->pp_size();
   const int accum = static_cast<int>(config.data.grad_accum);
   const int pp_slots =
-      pp > 1 ? pp_in_flight(config.parallel.pp_schedule, t->dp_->pp_rank(), pp, accum) : 1;
+      pp > 1 ? pp_in_flight(config.parallel.pp_schedule, t->par_->pp_rank(), pp, accum) : 1;
   t->model_ = Model::create(t->params_.get(), config.data.micro_batch,
                             config.activation_checkpointing, 0, t->tp_.get(), pp_slots);
   if (pp > 1) {
     t->pipeline_ = std::make_unique<PipelineExecutor>(
-        *t->model_, t->dp_->data_pp(), config.parallel.pp_schedule,
+        *t->model_, t->par_->data_pp(), config.parallel.pp_schedule,
         t->model_->stage_activation_elems() * dtype_size(t->params_->work_dtype()));
   }
   t->batches_ = std::make_unique<StepBatches>(t->data_.get(), runtime, config.data.micro_batch,
@@ -144,7 +149,7 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   }
 
   // Rank 0 owns the run directory; every rank learns whether it could.
-  KILN_RETURN_IF_ERROR(t->dp_->agree(t->dp_->is_root() ? t->prepare_run_dir() : Status::ok()));
+  KILN_RETURN_IF_ERROR(t->par_->agree(t->par_->is_root() ? t->prepare_run_dir() : Status::ok()));
 
   t->flops_per_token_ = model_flops_per_token(config.model, t->params_->num_params());
   if (!runtime->product_name().empty()) {  // an accelerator
@@ -153,14 +158,14 @@ Result<std::unique_ptr<Trainer>> Trainer::open(const TrainConfig& config,
   t->log_run_summary(*runtime);
   KILN_RETURN_IF_ERROR(t->restore_resumed_state());
   // ZeRO-2/3: the model hands each unit's gradients over (and gathers its weights) as it goes.
-  if (t->dp_->zero() && t->dp_->zero()->stage() >= 2) t->model_->set_unit_hooks(t->dp_->zero());
+  if (t->par_->zero() && t->par_->zero()->stage() >= 2) t->model_->set_unit_hooks(t->par_->zero());
   if (t->state_.step == 0 && t->mix_->weights() != t->batches_->weights().map()) {
     KILN_RETURN_IF_ERROR(t->batches_->set_weights(t->mix_->weights()));
   }
-  t->mix_->set_writes_files(t->dp_->is_root());
+  t->mix_->set_writes_files(t->par_->is_root());
   KILN_LOG_INFO("mixing: policy {}{}", t->mix_->state().policy,
                 t->mix_->state().paused ? " (paused: weights pinned by kiln mix set)" : "");
-  if (!t->dp_->is_root()) return t;  // rank 0 alone writes the run directory's files
+  if (!t->par_->is_root()) return t;  // rank 0 alone writes the run directory's files
   KILN_RETURN_IF_ERROR(t->mix_->open_history(t->state_.step));
   KILN_RETURN_IF_ERROR(t->mixture_->publish_if_absent(t->batches_->weights().normalised()));
   // metrics.jsonl: keep the lines up to the step we continue from, then append.
@@ -200,16 +205,16 @@ void Trainer::log_run_summary(Runtime& runtime) {
                   mib(base > stored ? base - stored : 0));
   }
   KILN_LOG_INFO("data: {}", data_->describe());
-  if (dp_->world_size() > 1) {
+  if (par_->world_size() > 1) {
     KILN_LOG_INFO(
         "distributed: {} ranks ({}), data-parallel {}, tensor-parallel {}, pipeline {}, ZeRO "
         "stage {}{}; global batch {} sequences",
-        dp_->world_size(), dp_->backend(), dp_->size(), config.parallel.tp, dp_->pp_size(),
+        par_->world_size(), par_->backend(), par_->size(), config.parallel.tp, par_->pp_size(),
         config.parallel.zero_stage, config.parallel.hierarchical ? ", hierarchical all-reduce" : "",
-        config.data.micro_batch * config.data.grad_accum * dp_->size());
+        config.data.micro_batch * config.data.grad_accum * par_->size());
   }
-  if (dp_->pp_size() > 1) {
-    const int p = dp_->pp_size();
+  if (par_->pp_size() > 1) {
+    const int p = par_->pp_size();
     const int m = static_cast<int>(config.data.grad_accum);
     const std::vector<int64_t> bounds = pp_stage_split(config.model, p, config.parallel.pp_layers);
     std::string split;
@@ -225,7 +230,7 @@ void Trainer::log_run_summary(Runtime& runtime) {
         "pipeline: {} stages, schedule {}, {} micro-batches per step; bubble (p-1)/(m+p-1) = "
         "{:.3f}; this rank: stage {} ({} micro-batches in flight); {}",
         p, pp_schedule_name(config.parallel.pp_schedule), m, pp_bubble_fraction(p, m),
-        dp_->pp_rank(), model_->pp_slots(), split);
+        par_->pp_rank(), model_->pp_slots(), split);
     if (m < p) {
       KILN_LOG_WARN(
           "pipeline: data.grad_accum {} (micro-batches per step) is below parallel.pp {}: "
@@ -290,26 +295,26 @@ Status Trainer::build_model_states(Runtime* runtime) {
   const auto t0 = std::chrono::steady_clock::now();
   // ZeRO: a rank keeps only shards of its model states, so its store starts without buffers.
   // Pipeline parallelism: the store allocates only this stage's units (ParamStore::holds).
-  const PpStage stage = dp_->pp_size() > 1 ? pp_stage(config.model, dp_->pp_rank(), dp_->pp_size(),
-                                                      config.parallel.pp_layers)
-                                           : PpStage{};
+  const PpStage stage = par_->pp_size() > 1 ? pp_stage(config.model, par_->pp_rank(),
+                                                       par_->pp_size(), config.parallel.pp_layers)
+                                            : PpStage{};
   params_ = std::make_unique<ParamStore>(
       config.model, config.precision, config.optimizer.decay_norms_and_biases, runtime,
-      tp_ ? tp_->shard() : TpShard{}, !dp_->shards_states(), stage);
+      tp_ ? tp_->shard() : TpShard{}, !par_->shards_states(), stage);
   std::unique_ptr<StateSource> source;
   std::string from = "the initialisation (run.seed " + std::to_string(config.run.seed) + ")";
   if (options_.resume) {
     // Rank 0 picks the checkpoint; every rank reads the same one (a shared run directory).
     auto latest = latest_checkpoint(config.run.dir);
     std::string found = latest.is_ok() ? *latest : std::string();
-    KILN_RETURN_IF_ERROR(dp_->broadcast(&found));
+    KILN_RETURN_IF_ERROR(par_->broadcast(&found));
     if (!latest.is_ok() && latest.status().code() != StatusCode::kNotFound && found.empty()) {
       return std::move(latest).take_status();
     }
     if (!found.empty()) {
       // Any layout: each rank reads its TP slices' shards from the writer's partitions.
       auto reader = CheckpointReader::open(found, *params_, &resumed_state_);
-      KILN_RETURN_IF_ERROR(dp_->agree(reader.is_ok() ? Status::ok() : reader.status()));
+      KILN_RETURN_IF_ERROR(par_->agree(reader.is_ok() ? Status::ok() : reader.status()));
       source = std::move(reader).value();
       resumed_ = true;
       resumed_from_ = found;
@@ -321,20 +326,20 @@ Status Trainer::build_model_states(Runtime* runtime) {
   if (!source && !config.model.init_from.empty() && is_hf_dir(config.model.init_from)) {
     // A Hugging Face directory (engine/checkpoint/hf.h): each rank reads its slices' ranges.
     auto reader = HfSource::open(config.model.init_from, *params_, "model.init_from");
-    KILN_RETURN_IF_ERROR(dp_->agree(reader.is_ok() ? Status::ok() : reader.status()));
+    KILN_RETURN_IF_ERROR(par_->agree(reader.is_ok() ? Status::ok() : reader.status()));
     source = std::move(reader).value();
     from = config.model.init_from + " (model.init_from, Hugging Face; AdamW moments start at zero)";
   } else if (!source && !config.model.init_from.empty()) {
     auto reader =
         CheckpointReader::open_consolidated(config.model.init_from, *params_, "model.init_from");
-    KILN_RETURN_IF_ERROR(dp_->agree(reader.is_ok() ? Status::ok() : reader.status()));
+    KILN_RETURN_IF_ERROR(par_->agree(reader.is_ok() ? Status::ok() : reader.status()));
     source = std::move(reader).value();
     from = config.model.init_from + " (model.init_from; AdamW moments start at zero)";
   }
   if (!source) source = std::make_unique<InitSource>(*params_, config.run.seed);
   Runtime& rt = *runtime;
   // ZeRO: each rank computes or reads only its shards (and the full buffers its stage keeps).
-  KILN_RETURN_IF_ERROR(dp_->agree(dp_->attach(*params_, config.optimizer, *source)));
+  KILN_RETURN_IF_ERROR(par_->agree(par_->attach(*params_, config.optimizer, *source)));
   if (auto* reader = dynamic_cast<CheckpointReader*>(source.get())) reader->log_reshard();
   const DeviceMemory after = rt.memory();
   struct rusage ru {};
@@ -346,7 +351,7 @@ Status Trainer::build_model_states(Runtime* runtime) {
       after.in_use - before.in_use,
       before.peak == before.in_use ? std::to_string(after.peak - before.in_use)
                                    : std::string("(not measurable: memory freed before)"),
-      dp_->shards_states() ? " (this rank's shards and the buffers its ZeRO stage keeps)" : "",
+      par_->shards_states() ? " (this rank's shards and the buffers its ZeRO stage keeps)" : "",
       rt.host_addressable() ? 0 : kStateChunk * sizeof(float),
       static_cast<double>(ru.ru_maxrss) / 1024.0);
   return Status::ok();
@@ -356,14 +361,14 @@ Status Trainer::truncate_metrics(int64_t step) {
   history_.erase(std::remove_if(history_.begin(), history_.end(),
                                 [&](const StepRecord& r) { return r.step > step; }),
                  history_.end());
-  if (!dp_->is_root()) return Status::ok();  // rank 0 writes the run directory's files
-  metrics_.reset();                          // closes the file before MetricsLog::open rewrites it
+  if (!par_->is_root()) return Status::ok();  // rank 0 writes the run directory's files
+  metrics_.reset();                           // closes the file before MetricsLog::open rewrites it
   KILN_ASSIGN_OR_RETURN(metrics_, MetricsLog::open(config_.run.dir, step));
   return Status::ok();
 }
 
 Status Trainer::log_event(const std::string& json_line) {
-  if (!dp_->is_root()) return Status::ok();  // rank 0 writes the run directory's files
+  if (!par_->is_root()) return Status::ok();  // rank 0 writes the run directory's files
   const std::string path = (fs::path(config_.run.dir) / "stability.jsonl").string();
   std::ofstream out(path, std::ios::app | std::ios::binary);
   out << json_line << "\n";
@@ -413,13 +418,13 @@ Result<bool> Trainer::rollback(StepRecord* rec) {
   }
   const StabilityState now = stab_;
   TrainerState ck;
-  if (ZeroOptimizer* zero = dp_->zero()) {  // each rank reads its shards' ranges again
+  if (ZeroOptimizer* zero = par_->zero()) {  // each rank reads its shards' ranges again
     auto reader = CheckpointReader::open(*latest, *params_, &ck);
     Status st = reader.is_ok() ? zero->reload(**reader) : reader.status();
-    KILN_RETURN_IF_ERROR(dp_->agree(std::move(st).prefixed("rollback")));
+    KILN_RETURN_IF_ERROR(par_->agree(std::move(st).prefixed("rollback")));
   } else {
     KILN_RETURN_IF_ERROR(
-        dp_->agree(load_checkpoint(*latest, params_.get(), &ck).prefixed("rollback")));
+        par_->agree(load_checkpoint(*latest, params_.get(), &ck).prefixed("rollback")));
   }
   StabilityState at_ck;
   spikes_ = std::make_unique<SpikeDetector>(config_.stability.spike);
@@ -502,7 +507,7 @@ Result<StepRecord> Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   StepRecord rec;
   rec.step = state_.step + 1;
-  dp_->begin_step(rec.step);
+  par_->begin_step(rec.step);
   KILN_RETURN_IF_ERROR(apply_controls(&rec));
   KILN_ASSIGN_OR_RETURN(StepInput in, draw_checked_batches(&rec));
   if (in.bad_anywhere) return skip_bad_batch(rec, in.check, t0);
@@ -518,10 +523,10 @@ Result<StepRecord> Trainer::step() {
 // rank applies what it read, at the same step.
 Status Trainer::apply_controls(StepRecord* rec) {
   std::string polled;
-  if (dp_->is_root()) {
+  if (par_->is_root()) {
     if (auto w = mixture_->poll()) polled = mixture_to_json(*w);
   }
-  KILN_RETURN_IF_ERROR(dp_->broadcast(&polled));
+  KILN_RETURN_IF_ERROR(par_->broadcast(&polled));
   std::optional<loader::DomainWeights> w;
   if (!polled.empty()) {
     KILN_ASSIGN_OR_RETURN(w, parse_mixture_json(polled, "rank 0's control file"));
@@ -538,8 +543,8 @@ Status Trainer::apply_controls(StepRecord* rec) {
   }
   // `kiln mix policy`: rank 0 reads the request, every rank applies it.
   std::string policy_request;
-  if (dp_->is_root()) policy_request = mix_->read_policy_request(rec->step).value_or("");
-  KILN_RETURN_IF_ERROR(dp_->broadcast(&policy_request));
+  if (par_->is_root()) policy_request = mix_->read_policy_request(rec->step).value_or("");
+  KILN_RETURN_IF_ERROR(par_->broadcast(&policy_request));
   if (!policy_request.empty()) {
     if (auto pw = mix_->apply_policy(policy_request, rec->step)) {
       KILN_RETURN_IF_ERROR(batches_->set_weights(*pw));
@@ -564,13 +569,13 @@ Result<Trainer::StepInput> Trainer::draw_checked_batches(StepRecord* rec) {
   if (fetched.is_ok() && faults_->corrupt_batch(rec->step, &batches)) {
     for (size_t bi = 0; bi < batches.size(); ++bi) batches_->staged().upload(bi, batches[bi]);
   }
-  KILN_RETURN_IF_ERROR(dp_->agree(std::move(fetched)));
-  KILN_RETURN_IF_ERROR(dp_->sum(&in.valid, 1));
+  KILN_RETURN_IF_ERROR(par_->agree(std::move(fetched)));
+  KILN_RETURN_IF_ERROR(par_->sum(&in.valid, 1));
   in.check = inspect_batch(batches, config_.stability.bad_batch_token_fraction);
   const std::vector<std::string>& domains = data_->domains();
   std::vector<int64_t> counts = count_domain_sequences(batches, domains.size());
   counts.insert(counts.begin(), in.check.bad ? 1 : 0);
-  KILN_RETURN_IF_ERROR(dp_->sum(counts.data(), counts.size()));
+  KILN_RETURN_IF_ERROR(par_->sum(counts.data(), counts.size()));
   in.bad_anywhere = counts[0] > 0;
   for (size_t d = 0; d < domains.size(); ++d) {
     if (counts[1 + d] == 0) continue;
@@ -588,9 +593,8 @@ Status Trainer::forward_backward(const StepInput& in, StepRecord* rec) {
   std::vector<MicroBatch>& batches = batches_->batches();
   DeviceBatches& staged = batches_->staged();
   const float dloss = static_cast<float>(in.scale / std::max<int64_t>(1, in.valid));
-  ZeroOptimizer* zero = dp_->zero();
   params_->zero_grads();
-  if (zero) zero->zero_grads();
+  grads_->zero_grads();
   // The next step's micro-batches are drawn (and uploaded) while this one computes - not after
   // the last step, nor when the mixing policy may change the weights after this one (they would
   // be drawn again; StepBatches keeps the data exact either way).
@@ -638,31 +642,19 @@ Status Trainer::forward_backward(const StepInput& in, StepRecord* rec) {
     sums.pop_back();
     rec->pp_bubble = total > 0 ? waited / total : 0.0;
   }
-  KILN_RETURN_IF_ERROR(dp_->sum(sums.data(), sums.size()));
+  KILN_RETURN_IF_ERROR(par_->sum(sums.data(), sums.size()));
   rec->loss = sums[0] / std::max<int64_t>(1, in.valid);
   for (size_t d = 0; d < domains.size(); ++d) {
     const double targets = sums[1 + domains.size() + d];
     if (targets > 0) rec->domain_loss[domains[d]] = sums[1 + d] / targets;
   }
-  if (faults_->overflow(rec->step, dp_->world_rank(), dp_->world_size())) {
-    // ZeRO-2/3 reduced the gradients during backward: the shard gets it. A pipeline stage: its
-    // first tensor (the last stage may not hold the embeddings).
-    int t = 0;
-    while (!params_->holds(params_->tensors()[static_cast<size_t>(t)].unit)) ++t;
-    float* g = zero && zero->stage() >= 2 ? zero->shard_grad(0) : params_->grad(t);
-    params_->runtime().fill(g, std::numeric_limits<float>::infinity(), 1);
+  if (faults_->overflow(rec->step, par_->world_rank(), par_->world_size())) {
+    params_->runtime().fill(grads_->overflow_target(), std::numeric_limits<float>::infinity(), 1);
   }
-  // The tied embedding: the first stage's embedding gradient plus the last stage's head gradient
-  // on both (before the data-parallel reduction: both copies then take the same update).
-  KILN_RETURN_IF_ERROR(dp_->sum_tied_embedding(*params_));
-  if (zero) {
-    KILN_RETURN_IF_ERROR(zero->reduce_scatter_gradients());
-  } else {
-    KILN_RETURN_IF_ERROR(dp_->reduce_gradients(*params_));
-  }
+  // The tied embedding's stage copies, then the data-parallel reduction (gradient_strategy.h).
+  KILN_RETURN_IF_ERROR(grads_->reduce());
   // Collectives after backward, and ZeRO-2/3's waits during it: the step's exposed comm time.
-  rec->comm_ms = ms_since(c0);
-  if (zero) rec->comm_ms += zero->take_wait_ms();
+  rec->comm_ms = ms_since(c0) + grads_->take_wait_ms();
   return Status::ok();
 }
 
@@ -670,12 +662,11 @@ Status Trainer::forward_backward(const StepInput& in, StepRecord* rec) {
 // check (one decision on every rank).
 Result<StepStats> Trainer::inspect_gradients(const StepInput& in, StepRecord* rec) {
   const StabilityConfig& sc = config_.stability;
-  ZeroOptimizer* zero = dp_->zero();
   rec->lr = faults_->learning_rate(
       rec->step, learning_rate(config_.schedule, config_.optimizer.lr, state_.step));
   // Per-layer statistics and clipping read whole gradients: not with ZeRO's sharded ones (yet).
   if (layer_stats_due(rec->step)) rec->grad_norm_layers = unit_grad_norms(*params_, in.scale);
-  if (!zero && !pipeline_) {  // whole units on every rank only (not ZeRO's shards, not stages)
+  if (grads_->whole_units()) {  // not ZeRO's shards, not a pipeline's stages
     rec->layers_clipped =
         clip_units(*params_, in.scale, sc.layer_clip_max_norm, sc.layer_clip_factor, &layer_norms_);
   }
@@ -684,16 +675,7 @@ Result<StepStats> Trainer::inspect_gradients(const StepInput& in, StepRecord* re
     KILN_LOG_WARN("step {}: clipped {} on its own (gradient norm {:.4g}; stability.layer_clip)",
                   rec->step, unit, norm);
   }
-  StepStats stats;
-  if (zero) {
-    KILN_ASSIGN_OR_RETURN(stats, zero->inspect(in.scale));
-  } else if (pipeline_) {
-    KILN_ASSIGN_OR_RETURN(stats, inspect_pipeline(in.scale));
-  } else if (tp_) {  // the norm over every rank's slices, one overflow decision
-    stats = tp_->inspect(*optimizer_, *params_, in.scale);
-  } else {
-    stats = optimizer_->inspect(*params_, in.scale);
-  }
+  KILN_ASSIGN_OR_RETURN(StepStats stats, grads_->inspect(in.scale));
   rec->grad_norm = stats.grad_norm;
   rec->clip_coef = stats.clip_coef;
   rec->loss_mean = spikes_->loss().mean();
@@ -703,7 +685,7 @@ Result<StepStats> Trainer::inspect_gradients(const StepInput& in, StepRecord* re
 
 bool Trainer::layer_stats_due(int64_t step) const {
   const int64_t every = config_.stability.layer_stats_every;
-  return !dp_->zero() && !pipeline_ && every > 0 && step % every == 0;
+  return grads_->whole_units() && every > 0 && step % every == 0;
 }
 
 // The stability decision (engine/stability/decision.h) carried out: the optimizer's update, a
@@ -781,14 +763,7 @@ Status Trainer::update(const StepInput& in, const StepStats& stats, StepRecord* 
   const bool layer_stats = layer_stats_due(rec->step);
   std::vector<std::vector<float>> before;
   if (layer_stats) before = snapshot_masters(*params_);
-  if (ZeroOptimizer* zero = dp_->zero()) {
-    KILN_RETURN_IF_ERROR(zero->apply(rec->lr, in.scale, stats, optimizer_->updates() + 1));
-    optimizer_->set_updates(optimizer_->updates() + 1);
-  } else if (pipeline_) {
-    apply_pipeline(rec->lr, in.scale, stats);
-  } else {
-    optimizer_->apply(*params_, rec->lr, in.scale, stats);
-  }
+  KILN_RETURN_IF_ERROR(grads_->apply(rec->lr, in.scale, stats));
   if (layer_stats) rec->update_ratio = update_ratios(*params_, before);
   return Status::ok();
 }
@@ -797,15 +772,7 @@ Status Trainer::update(const StepInput& in, const StepStats& stats, StepRecord* 
 Status Trainer::skip_overflow(const StepInput& in, StepRecord* rec) {
   rec->skipped = true;
   rec->skip_reason = "overflow";
-  ZeroOptimizer* zero = dp_->zero();
-  NonFinite nf;
-  if (zero && (zero->stage() >= 2 || pipeline_)) {  // the full gradients are gone: the shards
-    KILN_ASSIGN_OR_RETURN(nf, zero->find_nonfinite());
-  } else if (pipeline_) {
-    KILN_ASSIGN_OR_RETURN(nf, find_nonfinite_pipeline());
-  } else {
-    nf = find_nonfinite(*params_);
-  }
+  KILN_ASSIGN_OR_RETURN(NonFinite nf, grads_->find_nonfinite());
   rec->nonfinite = nf.count;
   rec->nonfinite_layer = nf.first_unit;
   ++stab_.nonfinite_in_row;
@@ -833,7 +800,7 @@ Status Trainer::skip_overflow(const StepInput& in, StepRecord* rec) {
 Status Trainer::from_last_stage(std::vector<double>* values, size_t own, const char* what) {
   // Zeros elsewhere make the sum exact (x + 0 is x).
   if (!pipeline_->last()) std::fill(values->begin(), values->end() - own, 0.0);
-  return dp_->pp_group()
+  return par_->pp_group()
       .allreduce(values->data(), values->size(), comm::DType::kFloat64, comm::ReduceOp::kSum)
       .prefixed(fmt::format("{} over the pipeline stages", what));
 }
@@ -895,8 +862,8 @@ Result<StepRecord> Trainer::record(StepRecord rec, const StepInput& in,
   const double secs = seconds_since(t0);
   rec.step_ms = secs * 1e3;
   rec.tokens_per_s = secs > 0 ? static_cast<double>(in.valid) / secs : 0.0;
-  if (dp_->world_size() > 1) {
-    std::map<std::string, uint64_t> now = dp_->comm_bytes();
+  if (par_->world_size() > 1) {
+    std::map<std::string, uint64_t> now = par_->comm_bytes();
     for (const auto& [k, v] : now) {
       const uint64_t before_step = comm_seen_.count(k) ? comm_seen_[k] : 0;
       if (v > before_step) rec.comm_bytes[k] = v - before_step;
@@ -949,120 +916,6 @@ void Trainer::print_progress(const StepRecord& r) {
   std::fflush(stdout);
 }
 
-// Sharded states (ZeRO, tensor or pipeline parallelism): every rank that holds states of its own
-// writes its file into the directory rank 0 prepares - with pipelining, the units its stage owns
-// (checkpoint_owns) in its stage's files - and rank 0, once every rank's checksum has arrived,
-// checks the replicated tensors' digests and completes the checkpoint. *written: rank 0's state
-// so far in, the checkpoint's result out.
-Status Trainer::write_sharded_checkpoint(const CheckpointLayout& layout_in, Status* written) {
-  ZeroOptimizer* zero = dp_->zero();
-  CheckpointLayout layout = layout_in;
-  const int64_t tp = layout.tp_partitions, pp = layout.pp, P = layout.partitions;
-  const PpStage stage = params_->pp_stage();
-  const int64_t end_block = stage.end_block < 0 ? config_.model.n_layers : stage.end_block;
-  std::string tmp;
-  if (dp_->is_root() && written->is_ok()) {
-    auto begun = begin_checkpoint(config_.run.dir, state_.step);
-    if (begun.is_ok())
-      tmp = *begun;
-    else
-      *written = begun.status();
-  }
-  KILN_RETURN_IF_ERROR(dp_->agree(std::move(*written)));
-  KILN_RETURN_IF_ERROR(dp_->broadcast(&tmp));
-  const bool writer = zero || dp_->rank() == 0;
-  const int64_t index = zero ? dp_->rank() : 0;
-  // "<stage> <first block> <end block> <tp rank> <partition> <file XXH3> <replicated tensors'
-  // digest>" (writers; every rank of every stage takes part in the gather).
-  std::string mine;
-  Status local = Status::ok();
-  if (writer) {
-    std::deque<std::vector<float>> scratch;
-    const std::vector<TensorView> views =
-        zero ? owned_views(*params_, zero->checkpoint_partition(&scratch))
-             : unit_partition(*params_, &scratch);
-    auto hash =
-        write_checkpoint_partition(tmp, index, P, views, dp_->tp_rank(), tp, stage.rank, pp);
-    if (hash.is_ok()) {
-      mine = fmt::format("{} {} {} {} {} {} {}", stage.rank, stage.first_block, end_block,
-                         dp_->tp_rank(), index, hex64(*hash),
-                         hex64(replicated_digest(*params_, index, P, views)));
-    } else {
-      local = hash.status();
-    }
-  }
-  KILN_RETURN_IF_ERROR(dp_->agree(std::move(local)));
-  KILN_ASSIGN_OR_RETURN(std::vector<std::string> got, dp_->gather_world(mine));
-  *written = Status::ok();
-  if (dp_->is_root()) {
-    // The files are listed stage first, then TP rank, then partition (tensor_files).
-    const size_t files = static_cast<size_t>(pp * tp * P);
-    std::vector<uint64_t> h(files, 0);
-    std::vector<std::string> digest(files);
-    std::vector<bool> have(files, false);
-    layout.pp_bounds.assign(pp > 1 ? static_cast<size_t>(pp + 1) : 0, -1);
-    // (A bad report sets *written: every rank still meets rank 0 in save()'s agreement.)
-    for (size_t w = 0; w < got.size() && written->is_ok(); ++w) {
-      if (got[w].empty()) continue;
-      std::istringstream in(got[w]);
-      int64_t s = -1, first = -1, end = -1, t = -1, r = -1;
-      std::string hash_hex, dig;
-      in >> s >> first >> end >> t >> r >> hash_hex >> dig;
-      auto v = parse_hex64(hash_hex);
-      if (!in || s < 0 || s >= pp || t < 0 || t >= tp || r < 0 || r >= P || !v.is_ok()) {
-        *written = Status::internal("checkpoint: rank " + std::to_string(w) +
-                                    " reported an unreadable file: " + got[w]);
-        break;
-      }
-      const size_t at = static_cast<size_t>((s * tp + t) * P + r);
-      h[at] = *v;
-      digest[at] = dig;
-      have[at] = true;
-      for (auto [i, b] : {std::pair{s, first}, std::pair{s + 1, end}}) {
-        if (pp <= 1) break;
-        int64_t& slot = layout.pp_bounds[static_cast<size_t>(i)];
-        if (slot >= 0 && slot != b) {
-          *written = Status::internal(
-              fmt::format("checkpoint: pipeline stages disagree on block boundary {} ({} and {}): "
-                          "checkpoint not written",
-                          i, slot, b));
-        }
-        slot = b;
-      }
-    }
-    for (size_t f = 0; f < files && written->is_ok(); ++f) {
-      if (!have[f]) {
-        *written = Status::internal("checkpoint: no rank wrote file " + std::to_string(f) + " of " +
-                                    std::to_string(files) + ": checkpoint not written");
-      }
-    }
-    // The replicated parameters (norms, wpe, row-parallel biases) live by being bit-identical
-    // on every TP rank: each partition's digest must agree across the TP ranks of its stage.
-    for (int64_t s = 0; s < pp && written->is_ok(); ++s) {
-      for (int64_t t = 1; t < tp && written->is_ok(); ++t) {
-        for (int64_t r = 0; r < P; ++r) {
-          if (digest[static_cast<size_t>((s * tp + t) * P + r)] !=
-              digest[static_cast<size_t>(s * tp * P + r)]) {
-            *written = Status::internal(fmt::format(
-                "replicated parameters differ between tensor-parallel ranks 0 and {} (partition "
-                "{}{}): checkpoint not written",
-                t, r, pp > 1 ? fmt::format(", pipeline stage {}", s) : std::string()));
-            break;
-          }
-        }
-      }
-    }
-    if (tp > 1 && written->is_ok()) {
-      KILN_LOG_INFO("checkpoint: replicated tensors identical on {} tensor-parallel ranks", tp);
-    }
-    if (written->is_ok()) {
-      *written = finish_checkpoint(config_.run.dir, tmp, *params_, state_, config_yaml_,
-                                   config_.checkpoint.keep_last, layout, h);
-    }
-  }
-  return Status::ok();
-}
-
 Status Trainer::save() {
   // Every data-parallel rank's loader position, merged on rank 0 into one state that resumes on
   // any number of ranks. Replicated states (ZeRO-0 without tensor parallelism): rank 0 writes
@@ -1070,12 +923,12 @@ Status Trainer::save() {
   // rank 0 prepares — with ZeRO-1/2/3 every rank its shards, with tensor parallelism (ZeRO-0)
   // data-parallel rank 0 of each TP rank its slices — and rank 0 completes it
   // (engine/checkpoint/checkpoint.h).
-  KILN_ASSIGN_OR_RETURN(std::vector<std::string> per_rank, dp_->gather(batches_->state()));
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> per_rank, par_->gather(batches_->state()));
   Status written = Status::ok();
   state_.extra["mixing"] = mix_->state_json();
   state_.extra["stability"] = stab_.to_json(*spikes_);
   const auto t0 = std::chrono::steady_clock::now();
-  if (dp_->is_root()) {
+  if (par_->is_root()) {
     auto merged = data_->merge_states(per_rank);
     if (merged.is_ok()) {
       state_.data_state = *merged;
@@ -1087,24 +940,26 @@ Status Trainer::save() {
       written = merged.status();
     }
   }
-  ZeroOptimizer* zero = dp_->zero();
-  const int64_t tp = dp_->tp_size();
+  ZeroOptimizer* zero = par_->zero();
+  const int64_t tp = par_->tp_size();
   CheckpointLayout layout;
-  layout.world = dp_->world_size();
-  layout.dp = dp_->size();
+  layout.world = par_->world_size();
+  layout.dp = par_->size();
   layout.tp = tp;
   layout.zero_stage = config_.parallel.zero_stage;
-  layout.partitions = zero ? dp_->size() : 1;
+  layout.partitions = zero ? par_->size() : 1;
   layout.tp_partitions = tp;
   // Pipeline stages: each writes the units it owns (the stage bounds are gathered from them).
   layout.pp = params_->pp_stage().size;
   if (layout.sharded()) {
-    KILN_RETURN_IF_ERROR(write_sharded_checkpoint(layout, &written));
-  } else if (dp_->is_root() && written.is_ok()) {
+    KILN_RETURN_IF_ERROR(save_sharded_checkpoint(*par_, par_->checkpoint_shard(*params_),
+                                                 config_.run.dir, *params_, state_, config_yaml_,
+                                                 config_.checkpoint.keep_last, layout, &written));
+  } else if (par_->is_root() && written.is_ok()) {
     written = save_checkpoint(config_.run.dir, *params_, state_, config_yaml_,
                               config_.checkpoint.keep_last, layout);
   }
-  KILN_RETURN_IF_ERROR(dp_->agree(std::move(written)));
+  KILN_RETURN_IF_ERROR(par_->agree(std::move(written)));
   last_saved_step_ = state_.step;
   const int64_t files = layout.sharded() ? layout.partitions * layout.tp_partitions * layout.pp : 0;
   KILN_LOG_INFO(
@@ -1112,89 +967,6 @@ Status Trainer::save() {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
       files > 0 ? fmt::format(", {} shard files", files) : "");
   return Status::ok();
-}
-
-// ---- pipeline parallelism without ZeRO (parallel.pp > 1, ZeRO-0) ----
-
-// Whether gradient norms and inf/NaN counts take tensor t on this rank: its stage holds it, the
-// tied embedding once (on the first stage; the last holds an identical copy), replicated tensors
-// of tensor parallelism on TP rank 0 (as TensorParallel::inspect).
-static bool counted_here(const ParamStore& params, int t, bool last_stage, int tp_rank) {
-  const ParamTensor& pt = params.tensors()[static_cast<size_t>(t)];
-  if (!params.holds(pt.unit)) return false;
-  if (pt.unit == 0 && last_stage && !params.pp_stage().first()) return false;
-  return pt.split_dim >= 0 || tp_rank == 0;
-}
-
-Result<StepStats> Trainer::inspect_pipeline(double loss_scale) {
-  std::vector<const float*> ptrs;
-  std::vector<size_t> sizes;
-  const bool last = pipeline_->last();
-  for (size_t i = 0; i < params_->tensors().size(); ++i) {
-    const int t = static_cast<int>(i);
-    if (!counted_here(*params_, t, last, dp_->tp_rank())) continue;
-    ptrs.push_back(params_->grad(t));
-    sizes.push_back(params_->tensors()[i].numel);
-  }
-  double ss =
-      params_->runtime().sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()));
-  // inf/NaN anywhere makes the sum inf/NaN on every rank: one overflow decision.
-  if (dp_->tp_size() > 1) {
-    KILN_RETURN_IF_ERROR(dp_->tp_group()
-                             .allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum)
-                             .prefixed("gradient norm over the tensor-parallel group"));
-  }
-  KILN_RETURN_IF_ERROR(dp_->pp_group()
-                           .allreduce(&ss, 1, comm::DType::kFloat64, comm::ReduceOp::kSum)
-                           .prefixed("gradient norm over the pipeline stages"));
-  return optimizer_->stats_from_sum_squares(ss, loss_scale);
-}
-
-void Trainer::apply_pipeline(double lr, double loss_scale, const StepStats& stats) {
-  KILN_CHECK(stats.finite, "apply_pipeline with non-finite gradients");
-  const int64_t update = optimizer_->updates() + 1;
-  const AdamWParams hp = adamw_params(config_.optimizer, lr, loss_scale, stats, update);
-  // As AdamW::apply, over the tensors of this stage's units.
-  const auto& tensors = params_->tensors();
-  std::vector<AdamWTensor> batch;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const int t = static_cast<int>(i);
-    if (!params_->holds(tensors[i].unit)) continue;
-    AdamWTensor& a = batch.emplace_back();
-    a.params = params_->master(t);
-    a.m = params_->exp_avg(t);
-    a.v = params_->exp_avg_sq(t);
-    a.grads = params_->grad(t);
-    a.params_lp = params_->work_bytes(t);
-    a.n = tensors[i].numel;
-    a.weight_decay = tensors[i].decay ? config_.optimizer.weight_decay : 0.0f;
-  }
-  params_->runtime().adamw_update_multi(batch.data(), static_cast<int>(batch.size()), hp,
-                                        params_->work_dtype());
-  optimizer_->set_updates(update);
-}
-
-Result<NonFinite> Trainer::find_nonfinite_pipeline() {
-  const auto& units = params_->units();
-  std::vector<int64_t> counts(units.size(), 0);
-  std::vector<float> host;
-  const bool last = pipeline_->last();
-  for (size_t i = 0; i < params_->tensors().size(); ++i) {
-    const int t = static_cast<int>(i);
-    if (!counted_here(*params_, t, last, 0)) continue;  // every TP rank its own slices
-    const ParamTensor& pt = params_->tensors()[i];
-    host.resize(pt.numel);  // after an overflow only: a copy is fine
-    params_->runtime().copy_to_host(host.data(), params_->grad(t), pt.numel * sizeof(float));
-    for (float v : host) counts[static_cast<size_t>(pt.unit)] += !std::isfinite(v);
-  }
-  KILN_RETURN_IF_ERROR(dp_->pp_group().allreduce(counts.data(), counts.size(), comm::DType::kInt64,
-                                                 comm::ReduceOp::kSum));
-  NonFinite r;
-  for (size_t i = counts.size(); i-- > 0;) {  // backward order, as engine/stability/monitor.h
-    if (counts[i] > 0 && r.first_unit.empty()) r.first_unit = units[i].name;
-    r.count += counts[i];
-  }
-  return r;
 }
 
 Status Trainer::run() {
@@ -1222,10 +994,10 @@ Status Trainer::run() {
     // Every rank stops after the same step when any rank got the signal (SIGTERM / SIGINT /
     // SIGUSR1): finish the step, checkpoint, exit 0 so a requeued job resumes from it.
     int64_t sig_any = StopSignals::requested();
-    if (dp_->world_size() > 1) {
+    if (par_->world_size() > 1) {
       // Over the world: a signal to one stage or TP rank must stop its peers too.
       int64_t v[1] = {sig_any};
-      KILN_RETURN_IF_ERROR(dp_->sum_world(v, 1));
+      KILN_RETURN_IF_ERROR(par_->sum_world(v, 1));
       sig_any = v[0] ? (StopSignals::requested() ? StopSignals::requested() : SIGTERM) : 0;
     }
     if (int sig = static_cast<int>(sig_any)) {
@@ -1258,11 +1030,11 @@ Status Trainer::run() {
         "peak memory {}",
         first + 1, state_.step, secs, first_loss, last_loss, state_.skipped_steps,
         mib(static_cast<size_t>(ru.ru_maxrss) * 1024));
-    if (dp_->zero() && dp_->zero()->stage() >= 2) {
+    if (par_->zero() && par_->zero()->stage() >= 2) {
       KILN_LOG_INFO(
           "ZeRO-{}: gathered weights and full gradient buffers peaked at {} bytes on "
           "rank {}",
-          dp_->zero()->stage(), dp_->zero()->peak_buffer_bytes(), dp_->world_rank());
+          par_->zero()->stage(), par_->zero()->peak_buffer_bytes(), par_->world_rank());
     }
     // Every rank: what it allocated through the backend at most (model states, activations,
     // staged batches, communication buffers), beside `kiln plan`'s per-rank figure.
@@ -1270,7 +1042,7 @@ Status Trainer::run() {
     KILN_LOG_INFO(
         "world rank {} (pipeline stage {} of {}, {} micro-batch(es) in flight): peak {} bytes "
         "allocated through the backend",
-        dp_->world_rank(), dp_->pp_rank(), dp_->pp_size(), model_->pp_slots(), dm.peak);
+        par_->world_rank(), par_->pp_rank(), par_->pp_size(), model_->pp_slots(), dm.peak);
     if (device_memory_peak_ > 0) {
       KILN_LOG_INFO("peak device memory {} ({})", mib(device_memory_peak_),
                     params_->runtime().describe());

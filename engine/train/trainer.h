@@ -1,5 +1,5 @@
 // The training loop behind `kiln train`: one process, or one rank of many under mpirun (data
-// parallelism and ZeRO: engine/parallel/data_parallel.h, zero.h; tensor parallelism:
+// parallelism and ZeRO: engine/parallel/parallelism.h, zero.h; tensor parallelism:
 // tensor_parallel.h) - every rank runs the same Trainer, in step.
 //
 // Trainer::open() prepares RUN (config.yaml, metrics.jsonl, checkpoints/, control/), builds the
@@ -51,9 +51,10 @@ struct TrainOptions {
   TokenizedTasks eval_tasks;
 };
 
-class DataParallel;
+class Parallelism;
 class TensorParallel;
 class PipelineExecutor;
+class GradientStrategy;
 
 class Trainer {
  public:
@@ -113,31 +114,26 @@ class Trainer {
   // The metrics lines (and history) up to `step` only (reopens the MetricsLog).
   Status truncate_metrics(int64_t step);
   // params_ on `runtime` and the model states from the checkpoint (--resume), model.init_from or
-  // the initialisation, each rank building only what it keeps (DataParallel::attach); reads the
+  // the initialisation, each rank building only what it keeps (Parallelism::attach); reads the
   // checkpoint's trainer state into resumed_state_. Logs the time, bytes and peaks.
   Status build_model_states(Runtime* runtime);
   // open()'s log of the run: CPU path, device, model, model states and activation sizes, data,
   // layout, MFU reference.
   void log_run_summary(Runtime& runtime);
   Status restore_resumed_state();
-  Status write_sharded_checkpoint(const CheckpointLayout& layout, Status* written);
-  // Pipeline parallelism (parallel.pp > 1): the global norm over the stages' units, the AdamW
-  // update and the inf/NaN count of this stage's units (ZeRO-0; ZeRO-1 does these itself).
-  Result<StepStats> inspect_pipeline(double loss_scale);
-  void apply_pipeline(double lr, double loss_scale, const StepStats& stats);
-  Result<NonFinite> find_nonfinite_pipeline();
   void print_progress(const StepRecord& r);
 
   TrainConfig config_;
   std::string config_yaml_;
   TrainOptions options_;
-  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<Parallelism> par_;
   std::unique_ptr<TensorParallel> tp_;          // parallel.tp > 1 only
   std::unique_ptr<PipelineExecutor> pipeline_;  // parallel.pp > 1 only
   std::map<std::string, uint64_t> comm_seen_;
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<GradientStrategy> grads_;  // the layout's reduce / norm / update, chosen at open
   LossScaler scaler_;
   std::unique_ptr<DataSource> data_;  // moved only through batches_ (engine/data/step_batches.h)
   std::unique_ptr<MixtureWatcher> mixture_;

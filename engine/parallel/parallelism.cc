@@ -1,4 +1,4 @@
-#include "engine/parallel/data_parallel.h"
+#include "engine/parallel/parallelism.h"
 
 #include <unistd.h>
 
@@ -44,7 +44,7 @@ Status cuda_group_error(int world_rank, LocalPlace local, const std::string& hos
       .with_key("device");
 }
 
-Status DataParallel::open_device_groups(const ParallelConfig& parallel) {
+Status Parallelism::open_device_groups(const ParallelConfig& parallel) {
   comm::ProcessGroup& world = *topo_.world;
   // What the build decides (the same on every rank) first, then the GPU.
   if (const Status nccl = comm::nccl_status(); !nccl.is_ok()) {
@@ -104,8 +104,8 @@ Status DataParallel::open_device_groups(const ParallelConfig& parallel) {
   return Status::ok();
 }
 
-Result<std::unique_ptr<DataParallel>> DataParallel::create(const ParallelConfig& parallel,
-                                                           Recompute recompute, Device device) {
+Result<std::unique_ptr<Parallelism>> Parallelism::create(const ParallelConfig& parallel,
+                                                         Recompute recompute, Device device) {
   if (comm::launched_by_mpi() && comm::launcher_world_size() > 1 && !comm::mpi_available()) {
     return Status::unimplemented("launched by mpirun with " +
                                  std::to_string(comm::launcher_world_size()) +
@@ -122,8 +122,8 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const ParallelConfig&
   KILN_ASSIGN_OR_RETURN(comm::Topology t, comm::make_topology(world, o));
   KILN_CHECK(layout_trainable(Layout{t.tp_size, t.dp_size, parallel.zero_stage, recompute}),
              "a layout refused above is trainable per engine/parallel/layout_plan.h");
-  std::unique_ptr<DataParallel> dp(
-      new DataParallel(std::move(t), parallel.zero_stage, parallel.prefetch));
+  std::unique_ptr<Parallelism> dp(
+      new Parallelism(std::move(t), parallel.zero_stage, parallel.prefetch));
   if (world.size() > 1 && parallel.collective_timeout_s > 0) {
     // Every rank starts it here, after the same collectives (it may open a communicator).
     KILN_RETURN_IF_ERROR(comm::start_watchdog(world, parallel.collective_timeout_s));
@@ -135,18 +135,18 @@ Result<std::unique_ptr<DataParallel>> DataParallel::create(const ParallelConfig&
   return dp;
 }
 
-DataParallel::~DataParallel() {
+Parallelism::~Parallelism() {
   // Before the groups go: the watchdog may look at an outstanding collective's group.
   if (topo_.world && topo_.world->size() > 1) comm::stop_watchdog();
 }
 
-void DataParallel::begin_step(int64_t step) {
+void Parallelism::begin_step(int64_t step) {
   comm::set_watchdog_context("step " + std::to_string(step));
   comm::test_stall(world_rank(), step);
 }
 
-Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer,
-                            StateSource& source) {
+Status Parallelism::attach(ParamStore& params, const OptimizerConfig& optimizer,
+                           StateSource& source) {
   if (!shards_states()) {
     if (stage_ >= 1) KILN_LOG_INFO("ZeRO-{} with one data-parallel rank: nothing to shard", stage_);
     return params.fill(source);
@@ -173,19 +173,19 @@ Status DataParallel::attach(ParamStore& params, const OptimizerConfig& optimizer
   return Status::ok();
 }
 
-Status DataParallel::sum(double* values, size_t n) {
+Status Parallelism::sum(double* values, size_t n) {
   return topo_.dp->allreduce(values, n, comm::DType::kFloat64, comm::ReduceOp::kSum);
 }
 
-Status DataParallel::sum(int64_t* values, size_t n) {
+Status Parallelism::sum(int64_t* values, size_t n) {
   return topo_.dp->allreduce(values, n, comm::DType::kInt64, comm::ReduceOp::kSum);
 }
 
-Status DataParallel::sum_world(int64_t* values, size_t n) {
+Status Parallelism::sum_world(int64_t* values, size_t n) {
   return topo_.world->allreduce(values, n, comm::DType::kInt64, comm::ReduceOp::kSum);
 }
 
-Status DataParallel::reduce_gradients(ParamStore& params) {
+Status Parallelism::reduce_gradients(ParamStore& params) {
   if (topo_.dp_size == 1) return Status::ok();
   for (size_t i = 0; i < params.units().size(); ++i) {
     if (!params.holds(static_cast<int>(i))) continue;  // another pipeline stage's
@@ -198,7 +198,7 @@ Status DataParallel::reduce_gradients(ParamStore& params) {
   return Status::ok();
 }
 
-Status DataParallel::sum_tied_embedding(ParamStore& params) {
+Status Parallelism::sum_tied_embedding(ParamStore& params) {
   comm::ProcessGroup* e = data_embed();
   if (!e || !params.model().tie_embeddings || !params.holds(0)) return Status::ok();
   ParamUnit& u = params.units()[0];
@@ -206,21 +206,21 @@ Status DataParallel::sum_tied_embedding(ParamStore& params) {
       .prefixed("tied embedding gradient sum between the first and last pipeline stage");
 }
 
-Status DataParallel::agree(Status local) { return comm::agree(*topo_.world, std::move(local)); }
+Status Parallelism::agree(Status local) { return comm::agree(*topo_.world, std::move(local)); }
 
-Status DataParallel::broadcast(std::string* blob) {
+Status Parallelism::broadcast(std::string* blob) {
   return comm::bcast_string(*topo_.world, blob, 0);
 }
 
-Result<std::vector<std::string>> DataParallel::gather(const std::string& mine) {
+Result<std::vector<std::string>> Parallelism::gather(const std::string& mine) {
   return comm::gather_strings(*topo_.dp, mine, 0);
 }
 
-Result<std::vector<std::string>> DataParallel::gather_world(const std::string& mine) {
+Result<std::vector<std::string>> Parallelism::gather_world(const std::string& mine) {
   return comm::gather_strings(*topo_.world, mine, 0);
 }
 
-std::map<std::string, uint64_t> DataParallel::comm_bytes() const {
+std::map<std::string, uint64_t> Parallelism::comm_bytes() const {
   std::map<std::string, uint64_t> out;
   std::vector<const comm::ProcessGroup*> groups = topo_.groups();
   if (dp_data_) groups.push_back(dp_data_.get());  // its bytes add to the host group's name
@@ -233,6 +233,19 @@ std::map<std::string, uint64_t> DataParallel::comm_bytes() const {
     }
   }
   return out;
+}
+
+ShardContent Parallelism::checkpoint_shard(const ParamStore& params) {
+  ZeroOptimizer* z = zero();
+  ShardContent c;
+  c.writes = z != nullptr || rank() == 0;
+  c.index = z != nullptr ? rank() : 0;
+  c.tp_rank = tp_rank();
+  c.views = [z, &params](std::deque<std::vector<float>>* scratch) {
+    return z != nullptr ? owned_views(params, z->checkpoint_partition(scratch))
+                        : unit_partition(params, scratch);
+  };
+  return c;
 }
 
 }  // namespace kiln::engine

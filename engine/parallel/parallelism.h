@@ -1,7 +1,9 @@
-// Internal to engine/ (used by the trainer): data parallelism for the training loop: the ranks of
-// `mpirun`, their groups, and every value the ranks must agree on.
+// Internal to engine/ (used by the trainer): the run's parallelism, every dimension of it - the
+// ranks of `mpirun` and their data, tensor and pipeline groups (comm/topology.h), ZeRO's sharded
+// states (zero()), what each rank writes into a sharded checkpoint (checkpoint_shard()), and
+// every value the ranks must agree on. (Named DataParallel until issue 38: it always held more.)
 //
-// DataParallel::create() builds the topology (comm/topology.h) over the world: one process
+// Parallelism::create() builds the topology (comm/topology.h) over the world: one process
 // without mpirun, N ranks under it. Each data-parallel rank reads its own part of the data
 // (DataRank); gradients are summed across ranks unit by unit (embeddings, each block, the final
 // norm: one all-reduce each, deterministic rank-order sums, so every rank holds the same bits
@@ -37,6 +39,7 @@
 #include "comm/comm.h"
 #include "comm/topology.h"
 #include "common/status.h"
+#include "engine/checkpoint/sharded_save.h"
 #include "engine/config/memory.h"
 #include "engine/config/optimizer.h"
 #include "engine/config/parallel.h"
@@ -63,16 +66,16 @@ int cuda_device_for(LocalPlace local, const char* visible);
 Status cuda_group_error(int world_rank, LocalPlace local, const std::string& host, int device,
                         const Status& why);
 
-class DataParallel {
+class Parallelism final : public ShardedSaveGroup {
  public:
   // `parallel`: the layout; `recompute` (activation_checkpointing) and `device` decide what it
   // can run and which groups it opens.
-  static Result<std::unique_ptr<DataParallel>> create(const ParallelConfig& parallel,
-                                                      Recompute recompute, Device device);
+  static Result<std::unique_ptr<Parallelism>> create(const ParallelConfig& parallel,
+                                                     Recompute recompute, Device device);
 
   int rank() const { return topo_.dp_rank; }
   int size() const { return topo_.dp_size; }
-  bool is_root() const { return topo_.world->rank() == 0; }
+  bool is_root() const override { return topo_.world->rank() == 0; }
   int world_rank() const { return topo_.world->rank(); }
   int world_size() const { return topo_.world->size(); }
   // The ranks that split each layer with this one (tensor parallelism; one rank when tp is 1).
@@ -97,13 +100,16 @@ class DataParallel {
   // rank's pipeline stage holds (all of them without a pipeline).
   Status reduce_gradients(ParamStore& params);
   // Everyone gets an error if anyone failed (the message names the failing rank).
-  Status agree(Status local);
+  Status agree(Status local) override;
   // Root's value on every rank.
-  Status broadcast(std::string* blob);
+  Status broadcast(std::string* blob) override;
   // Every data-parallel rank's blob, in rank order, on the root only.
   Result<std::vector<std::string>> gather(const std::string& mine);
   // Every rank's blob (the world), in world-rank order, on the root only.
-  Result<std::vector<std::string>> gather_world(const std::string& mine);
+  Result<std::vector<std::string>> gather_world(const std::string& mine) override;
+  // What this rank writes into a sharded checkpoint: with ZeRO-1/2/3 every rank its shards of the
+  // units its stage owns, else data-parallel rank 0 of each TP rank and stage its slices.
+  ShardContent checkpoint_shard(const ParamStore& params);
   int tp_rank() const { return topo_.tp_rank; }
   int tp_size() const { return topo_.tp_size; }
 
@@ -142,10 +148,10 @@ class DataParallel {
   // messages. Test-only hook: KILN_TEST_STALL=RANK:STEP:SECONDS makes world rank RANK sleep
   // SECONDS before the first collective of step STEP (a rank that stops arriving).
   void begin_step(int64_t step);
-  ~DataParallel();
+  ~Parallelism();
 
  private:
-  DataParallel(comm::Topology t, int64_t stage, int64_t prefetch)
+  Parallelism(comm::Topology t, int64_t stage, int64_t prefetch)
       : topo_(std::move(t)), stage_(stage), prefetch_(prefetch) {}
   // device: cuda under mpirun: binds this rank to its GPU and opens the NCCL data group.
   Status open_device_groups(const ParallelConfig& parallel);

@@ -1,13 +1,13 @@
-// engine/parallel/data_parallel.h: where a rank runs on a GPU machine, and the errors of device:
+// engine/parallel/parallelism.h: where a rank runs on a GPU machine, and the errors of device:
 // cuda under mpirun that need no GPU to check (tests/train_gpu_dist.sh runs the real thing).
-#include "engine/parallel/data_parallel.h"
+#include "engine/parallel/parallelism.h"
 
 #include <gtest/gtest.h>
 
 namespace kiln::engine {
 namespace {
 
-TEST(DataParallel, LocalPlaceCountsTheRanksOfTheSameHostInRankOrder) {
+TEST(Parallelism, LocalPlaceCountsTheRanksOfTheSameHostInRankOrder) {
   const std::vector<std::string> hosts{"a", "a", "b", "b", "a"};
   EXPECT_EQ(local_place(hosts, 0).rank, 0);
   EXPECT_EQ(local_place(hosts, 1).rank, 1);
@@ -19,7 +19,7 @@ TEST(DataParallel, LocalPlaceCountsTheRanksOfTheSameHostInRankOrder) {
   EXPECT_EQ(local_place({"only"}, 0).size, 1);
 }
 
-TEST(DataParallel, EachLocalRankGetsItsOwnGpuUnlessTheLauncherBoundOne) {
+TEST(Parallelism, EachLocalRankGetsItsOwnGpuUnlessTheLauncherBoundOne) {
   EXPECT_EQ(cuda_device_for({3, 4}, nullptr), 3);
   EXPECT_EQ(cuda_device_for({3, 4}, ""), 3);
   EXPECT_EQ(cuda_device_for({3, 4}, "0,1,2,3"), 3);  // all visible: the local rank's
@@ -27,7 +27,7 @@ TEST(DataParallel, EachLocalRankGetsItsOwnGpuUnlessTheLauncherBoundOne) {
   EXPECT_EQ(cuda_device_for({0, 1}, nullptr), 0);
 }
 
-TEST(DataParallel, TooFewGpusIsAConfigErrorNamingDeviceAndTheCount) {
+TEST(Parallelism, TooFewGpusIsAConfigErrorNamingDeviceAndTheCount) {
   const Status why = Status::internal(
       "CUDA set device 3: invalid device ordinal (this process "
       "sees 2 CUDA devices)");
@@ -41,9 +41,9 @@ TEST(DataParallel, TooFewGpusIsAConfigErrorNamingDeviceAndTheCount) {
   EXPECT_NE(text.find("4 ranks on node1 need 4 GPUs"), std::string::npos) << text;
 }
 
-TEST(DataParallel, OneProcessOnCudaOpensNoDeviceGroup) {
+TEST(Parallelism, OneProcessOnCudaOpensNoDeviceGroup) {
   // Without mpirun the world is one process: nothing to reduce, no NCCL, no GPU touched here.
-  auto dp = DataParallel::create(ParallelConfig{}, Recompute::kNone, Device::kCuda);
+  auto dp = Parallelism::create(ParallelConfig{}, Recompute::kNone, Device::kCuda);
   ASSERT_TRUE(dp.is_ok()) << dp.status().to_string();
   EXPECT_EQ((*dp)->world_size(), 1);
   EXPECT_EQ((*dp)->cuda_device(), -1);
