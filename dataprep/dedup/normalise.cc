@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include "dataprep/filter/text.h"
+
 namespace kiln::prep {
 namespace {
 
@@ -24,20 +26,7 @@ bool is_space_cp(int32_t cp) {
          cat == UTF8PROC_CATEGORY_ZP;
 }
 
-bool is_punct_cp(int32_t cp) {
-  switch (utf8proc_category(cp)) {
-    case UTF8PROC_CATEGORY_PC:
-    case UTF8PROC_CATEGORY_PD:
-    case UTF8PROC_CATEGORY_PS:
-    case UTF8PROC_CATEGORY_PE:
-    case UTF8PROC_CATEGORY_PI:
-    case UTF8PROC_CATEGORY_PF:
-    case UTF8PROC_CATEGORY_PO:
-      return true;
-    default:
-      return false;
-  }
-}
+bool is_punct_cp(int32_t cp) { return filter::is_punctuation_category(static_cast<char32_t>(cp)); }
 
 // Per-ASCII-byte classes, derived from utf8proc so both paths agree by construction.
 struct AsciiTable {

@@ -423,21 +423,6 @@ void Rules::apply_special_cases(std::string_view text, std::vector<Token>* toks)
   toks->swap(result);
 }
 
-bool is_p_category(char32_t c) {
-  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
-    case UTF8PROC_CATEGORY_PC:
-    case UTF8PROC_CATEGORY_PD:
-    case UTF8PROC_CATEGORY_PS:
-    case UTF8PROC_CATEGORY_PE:
-    case UTF8PROC_CATEGORY_PI:
-    case UTF8PROC_CATEGORY_PF:
-    case UTF8PROC_CATEGORY_PO:
-      return true;
-    default:
-      return false;
-  }
-}
-
 bool is_sentence_punct(char32_t c) {
   return std::binary_search(std::begin(kSpacySentencePunct), std::end(kSpacySentencePunct), c);
 }
@@ -477,7 +462,7 @@ void sentence_starts(std::string_view text, const std::vector<Token>& tokens,
     if (seen_period && !in_punct_chars) {
       bool punct = true;  // token.is_punct: every character is P*
       for (uint32_t k = t.begin; k < t.end && punct; k += n)
-        punct = is_p_category(decode_at(p + k, &n));
+        punct = is_punctuation_category(decode_at(p + k, &n));
       if (!punct) {
         starts->push_back(i);
         seen_period = false;

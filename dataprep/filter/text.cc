@@ -53,14 +53,8 @@ bool is_alpha_slow(char32_t c) {
 }
 
 bool is_punct_slow(char32_t c) {
+  if (is_punctuation_category(c)) return true;
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
-    case UTF8PROC_CATEGORY_PC:
-    case UTF8PROC_CATEGORY_PD:
-    case UTF8PROC_CATEGORY_PS:
-    case UTF8PROC_CATEGORY_PE:
-    case UTF8PROC_CATEGORY_PI:
-    case UTF8PROC_CATEGORY_PF:
-    case UTF8PROC_CATEGORY_PO:
     case UTF8PROC_CATEGORY_SM:
     case UTF8PROC_CATEGORY_SC:
     case UTF8PROC_CATEGORY_SK:
@@ -72,6 +66,21 @@ bool is_punct_slow(char32_t c) {
 }
 
 }  // namespace detail
+
+bool is_punctuation_category(char32_t c) {
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_PD:
+    case UTF8PROC_CATEGORY_PS:
+    case UTF8PROC_CATEGORY_PE:
+    case UTF8PROC_CATEGORY_PI:
+    case UTF8PROC_CATEGORY_PF:
+    case UTF8PROC_CATEGORY_PO:
+      return true;
+    default:
+      return false;
+  }
+}
 
 void decode_utf8(std::string_view text, CodePoints* out, Offsets* byte_at) {
   out->resize(text.size());

@@ -63,6 +63,8 @@ inline bool is_space(char32_t c) {
 inline bool is_alpha(char32_t c) {
   return c < 128 ? (detail::kAsciiClass[c] & detail::kAlpha) != 0 : detail::is_alpha_slow(c);
 }
+// Unicode P* (Pc Pd Ps Pe Pi Pf Po): spaCy's token.is_punct per character, dedup's punctuation.
+bool is_punctuation_category(char32_t c);
 // Unicode P* or S*
 inline bool is_punct(char32_t c) {
   return c < 128 ? (detail::kAsciiClass[c] & detail::kPunct) != 0 : detail::is_punct_slow(c);
