@@ -51,35 +51,27 @@ async function fresh() {  // one sequence, its KV cache emptied
   return seq;
 }
 const greedyOpts = {generateNext: {token: true, options: {temperature: 0}}};
-out.greedy = [];
-for (const prompt of req.greedy ?? []) {
+// req.steps greedy tokens after a prompt of ids, from a fresh sequence.
+async function greedy(prompt) {
   await fresh();
+  const steps = req.steps ?? 32;
   const got = [];
   let res = await seq.controlledEvaluate(prompt.map((t, i) => i === prompt.length - 1 ? [t, greedyOpts] : t));
   let next = res[prompt.length - 1].next.token;
-  while (got.length < (req.steps ?? 32)) {
+  while (got.length < steps) {
     got.push(next);
-    if (got.length === (req.steps ?? 32)) break;
+    if (got.length === steps) break;
     res = await seq.controlledEvaluate([[next, greedyOpts]]);
     next = res[0].next.token;
   }
-  out.greedy.push(got);
+  return got;
 }
+out.greedy = [];
+for (const prompt of req.greedy ?? []) out.greedy.push(await greedy(prompt));
 // greedy_texts: the same from typed text, tokenized by llama.cpp itself.
 out.greedy_texts = [];
 for (const text of req.greedy_texts ?? []) {
-  const prompt = Array.from(model.tokenize(text, false));
-  await fresh();
-  const got = [];
-  let res = await seq.controlledEvaluate(prompt.map((t, i) => i === prompt.length - 1 ? [t, greedyOpts] : t));
-  let next = res[prompt.length - 1].next.token;
-  while (got.length < (req.steps ?? 32)) {
-    got.push(next);
-    if (got.length === (req.steps ?? 32)) break;
-    res = await seq.controlledEvaluate([[next, greedyOpts]]);
-    next = res[0].next.token;
-  }
-  out.greedy_texts.push(got);
+  out.greedy_texts.push(await greedy(Array.from(model.tokenize(text, false))));
 }
 out.dists = [];
 for (const prompt of req.dists ?? []) {
